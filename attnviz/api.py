@@ -1,0 +1,205 @@
+"""The public Python API; the CLI is a thin layer over it.
+
+>>> import attnviz
+>>> bundle = attnviz.load("en-de")                       # a name under pretrained/, or a directory
+>>> attnviz.translate(bundle, "twenty-one")
+'einundzwanzig'
+>>> maps = attnviz.attention(bundle, "twenty-one")       # the same data as `attnviz attention`
+>>> maps.cross.shape                                     # (layers, heads, target, source)
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import sentencepiece
+import torch
+
+from attnviz import __version__
+from attnviz.checkpoint import Bundle, load_checkpoint
+from attnviz.decoding import Decoding, greedy_decode
+from attnviz.decoding import step_through as _step_through
+from attnviz.errors import CheckpointError, InputError
+
+DEFAULT_MODEL = "en-de"
+MAX_OUTPUT_TOKENS = 256
+
+AXES = {
+    "encoder": ["layer", "head", "query: source position", "key: source position"],
+    "decoder": ["layer", "head", "query: decoder input position", "key: decoder input position"],
+    "cross": ["layer", "head", "query: decoder input position", "key: source position"],
+}
+
+
+def pretrained_dir() -> Path:
+    """Where shipped checkpoints live: $ATTNVIZ_PRETRAINED, else pretrained/ beside the package."""
+    env = os.environ.get("ATTNVIZ_PRETRAINED")
+    return Path(env) if env else Path(__file__).resolve().parent.parent / "pretrained"
+
+
+def list_models() -> list[str]:
+    """Names of the shipped checkpoints (folders under pretrained/ that hold a config.json)."""
+    root = pretrained_dir()
+    if not root.is_dir():
+        return []
+    return sorted(p.name for p in root.iterdir() if (p / "config.json").is_file())
+
+
+def resolve_model(name_or_dir: str | Path) -> Path:
+    """The checkpoint directory for a shipped model's name or a path."""
+    text = str(name_or_dir).strip()
+    if not text:
+        raise CheckpointError("no model given: pass a shipped model's name or a checkpoint directory")
+    path = Path(text).expanduser()
+    if path.is_dir():
+        return path
+    if "/" not in text and os.sep not in text and (pretrained_dir() / text).is_dir():
+        return pretrained_dir() / text
+    raise CheckpointError(
+        f"no model named {text!r} and no directory at that path; shipped models: "
+        f"{', '.join(list_models()) or 'none found in ' + str(pretrained_dir())}"
+    )
+
+
+def load(name_or_dir: str | Path = DEFAULT_MODEL, device: str = "auto") -> Bundle:
+    """Load a shipped model by name, or any checkpoint directory, onto ``device``."""
+    return load_checkpoint(resolve_model(name_or_dir), device)
+
+
+def _source_tensor(bundle: Bundle, text: str) -> tuple[torch.Tensor, tuple[str, ...]]:
+    enc = bundle.tokenizer.encode_source(text)
+    return torch.tensor([enc.ids], device=bundle.device), enc.tokens
+
+
+def _max_output(src_len: int) -> int:
+    return min(MAX_OUTPUT_TOKENS, 2 * src_len + 16)
+
+
+def translate(bundle: Bundle, text: str, beam: int = 1) -> str:
+    """The model's output for ``text``: greedy with ``beam`` 1, else beam search."""
+    src, _ = _source_tensor(bundle, text)
+    if beam == 1:
+        ids = greedy_decode(bundle.model, src, max_len=_max_output(src.shape[1]))[0]
+    else:
+        ids = _step_through(bundle.model, src, beam_size=beam, max_len=_max_output(src.shape[1])).ids
+    return bundle.tokenizer.decode(ids)
+
+
+def step_through(bundle: Bundle, text: str, beam: int = 1, top_k: int = 5, target: str | None = None) -> Decoding:
+    """Decode ``text`` step by step (greedy, beam search, or teacher-forced on ``target``).
+
+    Every :class:`~attnviz.decoding.DecodeStep` holds the chosen token, the top-k candidates, and
+    that step's decoder self-attention and cross-attention rows for every layer and head.
+    """
+    src, _ = _source_tensor(bundle, text)
+    forced = None
+    if target is not None:
+        forced = list(bundle.tokenizer.encode_target(target)[1].ids)
+    return _step_through(
+        bundle.model, src, beam_size=beam, top_k=top_k, max_len=_max_output(src.shape[1]), forced=forced
+    )
+
+
+@dataclass(frozen=True)
+class AttentionExport:
+    """Every attention map for one sentence pair, as numpy arrays, with token labels.
+
+    ``encoder`` (L, H, S, S), ``decoder`` (L, H, T, T), ``cross`` (L, H, T, S), float32: rows are
+    queries, columns are keys. ``tgt_ids`` is exactly the decoder input, starting with the start token.
+    """
+
+    encoder: np.ndarray
+    decoder: np.ndarray
+    cross: np.ndarray
+    src_ids: np.ndarray
+    tgt_ids: np.ndarray
+    src_tokens: tuple[str, ...]
+    tgt_tokens: tuple[str, ...]
+    manifest: dict
+
+    def arrays(self) -> dict[str, np.ndarray]:
+        """The arrays of the .npz file: numbers, unicode strings and a JSON manifest; no objects."""
+        return {
+            "encoder": self.encoder,
+            "decoder": self.decoder,
+            "cross": self.cross,
+            "src_ids": self.src_ids,
+            "tgt_ids": self.tgt_ids,
+            "src_tokens": np.array(self.src_tokens, dtype=str),
+            "tgt_tokens": np.array(self.tgt_tokens, dtype=str),
+            "manifest": np.array(json.dumps(self.manifest, ensure_ascii=False)),
+        }
+
+    def save(self, path: str | Path) -> Path:
+        path = Path(path)
+        with open(path, "wb") as f:  # a file object, so numpy does not append ".npz" to the name
+            np.savez_compressed(f, **self.arrays())
+        return path
+
+
+def load_export(path: str | Path) -> AttentionExport:
+    """Read a file written by :meth:`AttentionExport.save` (never unpickles)."""
+    with np.load(path, allow_pickle=False) as z:
+        return AttentionExport(
+            encoder=z["encoder"],
+            decoder=z["decoder"],
+            cross=z["cross"],
+            src_ids=z["src_ids"],
+            tgt_ids=z["tgt_ids"],
+            src_tokens=tuple(z["src_tokens"].tolist()),
+            tgt_tokens=tuple(z["tgt_tokens"].tolist()),
+            manifest=json.loads(str(z["manifest"])),
+        )
+
+
+@torch.no_grad()
+def attention(bundle: Bundle, src: str, tgt: str | None = None) -> AttentionExport:
+    """Every attention map for ``src``, with ``tgt`` (or, without it, the model's greedy output)
+    as the decoder input."""
+    tok = bundle.tokenizer
+    src_ids, src_tokens = _source_tensor(bundle, src)
+    if tgt is None:
+        out = greedy_decode(bundle.model, src_ids, max_len=_max_output(src_ids.shape[1]))[0]
+        tgt_ids = (tok.bos_id, *out)
+        tgt_tokens = ("<s>", *(tok.target_token(i) for i in out))
+    else:
+        enc, _ = tok.encode_target(tgt)
+        tgt_ids, tgt_tokens = enc.ids, enc.tokens
+    if len(tgt_ids) > bundle.config.max_len:
+        raise InputError(f"the target is {len(tgt_ids)} tokens long; this model takes at most {bundle.config.max_len}")
+    tgt_tensor = torch.tensor([tgt_ids], device=bundle.device)
+    result = bundle.model(src_ids, tgt_tensor, return_attention=True).attention
+
+    def stack(kind: str) -> np.ndarray:
+        return result.stacked(kind)[:, 0].float().cpu().numpy()  # (L, B=1, H, Q, K) -> (L, H, Q, K)
+
+    manifest = {
+        "model": bundle.name,
+        "checkpoint_sha256": bundle.sha256,
+        "config": bundle.config.to_dict(),
+        "src": src,
+        "tgt": tgt,
+        "tgt_from": "given" if tgt is not None else "greedy output of the model",
+        "axes": AXES,
+        "note": "rows are queries, columns are keys; weights are post-softmax, per head",
+        "versions": {
+            "attnviz": __version__,
+            "torch": torch.__version__,
+            "numpy": np.__version__,
+            "sentencepiece": sentencepiece.__version__,
+        },
+    }
+    return AttentionExport(
+        encoder=stack("encoder"),
+        decoder=stack("decoder"),
+        cross=stack("cross"),
+        src_ids=np.array(src_ids[0].tolist(), dtype=np.int64),
+        tgt_ids=np.array(tgt_ids, dtype=np.int64),
+        src_tokens=tuple(src_tokens),
+        tgt_tokens=tuple(tgt_tokens),
+        manifest=manifest,
+    )

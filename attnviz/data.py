@@ -1,0 +1,187 @@
+"""Training and evaluation data, generated at run time from real locale data: no download.
+
+Two tasks ship with attnviz:
+
+* ``en-de``: English phrases to German where the word order changes: dates in the four CLDR
+  formats (Babel's ``format_date``), clock times, money amounts (``format_currency``) and numbers
+  written as words (``num2words``: "twenty-one" -> "einundzwanzig", ones before tens).
+* ``reverse``: a sequence of letters to the same letters backwards; its cross-attention is the
+  anti-diagonal of the textbook.
+
+Every task splits the space of source strings in two by a hash of the source: training only ever
+draws from the ``train`` part and evaluation only from the ``heldout`` part, so the evaluation
+inputs were never seen in training, whatever the seeds.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import itertools
+import random
+import string
+import zlib
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+
+HELDOUT_SHARE = 10  # one source string in ten is held out
+
+
+def is_heldout(src: str) -> bool:
+    """True for the held-out tenth of source strings (by CRC-32, stable across runs and machines)."""
+    return zlib.crc32(src.encode("utf-8")) % HELDOUT_SHARE == 0
+
+
+def _clean(text: str) -> str:
+    # CLDR puts narrow and ordinary no-break spaces in times and amounts; users type plain spaces.
+    return text.replace("\u202f", " ").replace("\xa0", " ")
+
+
+# ---------------------------------------------------------------------------------------------
+# English -> German
+
+
+def _random_date(rng: random.Random) -> dt.date:
+    start = dt.date(1900, 1, 1).toordinal()
+    return dt.date.fromordinal(rng.randint(start, dt.date(2099, 12, 31).toordinal()))
+
+
+def _date_pair(rng: random.Random) -> tuple[str, str]:
+    from babel.dates import format_date
+
+    day = _random_date(rng)
+    style = rng.choice(("full", "long", "medium", "short"))
+    return format_date(day, style, locale="en_US"), format_date(day, style, locale="de_DE")
+
+
+def _time_pair(rng: random.Random) -> tuple[str, str]:
+    from babel.dates import format_time
+
+    clock = dt.time(rng.randrange(24), rng.randrange(60))
+    return format_time(clock, "short", locale="en_US"), format_time(clock, "short", locale="de_DE")
+
+
+def _money_pair(rng: random.Random) -> tuple[str, str]:
+    from babel.numbers import format_currency
+
+    cents = int(10 ** rng.uniform(0, 7))  # 0.01 .. 99,999.99, spread over magnitudes
+    amount = cents / 100
+    currency = rng.choice(("EUR", "USD", "GBP"))
+    return format_currency(amount, currency, locale="en_US"), format_currency(amount, currency, locale="de_DE")
+
+
+def _number_pair(rng: random.Random) -> tuple[str, str]:
+    from num2words import num2words
+
+    n = rng.randrange(10_000)
+    return num2words(n, lang="en"), num2words(n, lang="de")
+
+
+_EN_DE_KINDS: tuple[tuple[Callable[[random.Random], tuple[str, str]], float], ...] = (
+    (_date_pair, 0.40),
+    (_number_pair, 0.35),
+    (_money_pair, 0.15),
+    (_time_pair, 0.10),
+)
+
+
+# Pieces the en-de tokenizer always keeps whole (sentencepiece ``user_defined_symbols``), so that a
+# German number word splits into its parts ("ein" "und" "zwanzig") and its cross-attention can
+# show the ones-before-tens reordering; byte-pair merges alone glue them into opaque chunks.
+# Symbols match anywhere, so English words that contain one ("h-und-red", "S-und-ay") are listed
+# whole, with the word-start mark, to win the longest match.
+EN_DE_SYMBOLS = (
+    *"eins ein zwei drei vier fünf sechs sieben acht neun zehn elf zwölf".split(),
+    *"dreizehn vierzehn fünfzehn sechzehn siebzehn achtzehn neunzehn".split(),
+    *"zwanzig dreißig vierzig fünfzig sechzig siebzig achtzig neunzig hundert tausend und".split(),
+    "\u2581hundred",
+    "\u2581Sunday",
+)
+
+
+def _en_de_pair(rng: random.Random) -> tuple[str, str]:
+    make = rng.choices([k for k, _ in _EN_DE_KINDS], weights=[w for _, w in _EN_DE_KINDS])[0]
+    src, tgt = make(rng)
+    return _clean(src), _clean(tgt)
+
+
+# ---------------------------------------------------------------------------------------------
+# Reverse
+
+
+REVERSE_ALPHABET = string.ascii_lowercase
+REVERSE_LENGTHS = (3, 20)
+
+
+def _reverse_pair(rng: random.Random) -> tuple[str, str]:
+    letters = rng.choices(REVERSE_ALPHABET, k=rng.randint(*REVERSE_LENGTHS))
+    return " ".join(letters), " ".join(reversed(letters))
+
+
+# ---------------------------------------------------------------------------------------------
+# Tasks
+
+
+@dataclass(frozen=True)
+class Task:
+    """A generated dataset: how to draw a pair, and examples to show."""
+
+    name: str
+    description: str
+    make_pair: Callable[[random.Random], tuple[str, str]]
+    examples: tuple[str, ...]
+    vocab_size: int  # sentencepiece vocabulary, shared by source and target
+    spm_model_type: str = "bpe"
+    symbols: tuple[str, ...] = ()  # pieces the tokenizer always keeps whole
+
+    def stream(self, seed: int, split: str = "train") -> Iterator[tuple[str, str]]:
+        """An endless stream of pairs drawn with ``seed`` from one split ("train" or "heldout")."""
+        if split not in ("train", "heldout"):
+            raise ValueError(f"split must be 'train' or 'heldout', got {split!r}")
+        rng = random.Random(f"{self.name}/{split}/{seed}")
+        want_heldout = split == "heldout"
+        while True:
+            src, tgt = self.make_pair(rng)
+            if is_heldout(src) == want_heldout:
+                yield src, tgt
+
+    def pairs(self, n: int, seed: int, split: str = "train") -> list[tuple[str, str]]:
+        """``n`` pairs drawn with ``seed`` from one split."""
+        return list(itertools.islice(self.stream(seed, split), n))
+
+
+TASKS: dict[str, Task] = {
+    "en-de": Task(
+        name="en-de",
+        description=(
+            "English to German dates, clock times, money amounts and numbers written as words, "
+            "generated from CLDR locale data (Babel) and num2words"
+        ),
+        make_pair=_en_de_pair,
+        examples=(
+            "Thursday, July 2, 1998",
+            "twenty-one",
+            "three thousand, four hundred and fifty-six",
+            "$1,234.50",
+            "7/2/98",
+            "3:45 PM",
+        ),
+        vocab_size=300,
+        symbols=EN_DE_SYMBOLS,
+    ),
+    "reverse": Task(
+        name="reverse",
+        description="a sequence of 3 to 20 lowercase letters, written backwards",
+        make_pair=_reverse_pair,
+        examples=("a t t e n t i o n", "t r a n s f o r m e r", "a b c d e f g h"),
+        vocab_size=4 + len(REVERSE_ALPHABET),  # one piece per letter, after the 4 special ids
+        spm_model_type="word",
+    ),
+}
+
+
+def get_task(name: str) -> Task:
+    """The task called ``name``; the error lists the ones there are."""
+    try:
+        return TASKS[name]
+    except KeyError:
+        raise ValueError(f"unknown task {name!r}; tasks: {', '.join(TASKS)}") from None

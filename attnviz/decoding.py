@@ -1,0 +1,192 @@
+"""Decoding with an incremental key/value cache: batched greedy, beam search, and a step-through.
+
+Each decoding step feeds only the newest token to the decoder; the keys and values of earlier
+positions come from a :class:`~attnviz.model.LayerCache`, and the encoder's keys and values for
+cross-attention are projected once. The step-through records, for every step, the decoder
+self-attention row and the cross-attention row of every layer and head: the same numbers as the
+corresponding rows of one teacher-forced forward pass over the same prefix.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+from attnviz.model import LayerCache, Transformer
+
+# GNMT length penalty with alpha = 0.6, as the paper's beam search (section 6.1).
+LENGTH_PENALTY_ALPHA = 0.6
+
+
+def length_penalty(length: int, alpha: float = LENGTH_PENALTY_ALPHA) -> float:
+    return ((5 + length) / 6) ** alpha
+
+
+def _new_cache(model: Transformer) -> list[LayerCache]:
+    return [LayerCache() for _ in model.decoder_layers]
+
+
+@torch.no_grad()
+def greedy_decode(
+    model: Transformer, src: Tensor, src_valid: Tensor | None = None, max_len: int = 64
+) -> list[list[int]]:
+    """Greedy outputs for a batch of source ids (B, S), each without the start and end tokens."""
+    cfg = model.cfg
+    B = src.shape[0]
+    memory, _ = model.encode(src, src_valid)
+    cache = _new_cache(model)
+    token = torch.full((B, 1), cfg.bos_id, dtype=torch.long, device=src.device)
+    done = torch.zeros(B, dtype=torch.bool, device=src.device)
+    out = []
+    for _ in range(max_len):
+        logits, _, _ = model.decode(token, memory, src_valid, cache=cache)
+        token = logits[:, -1].argmax(-1, keepdim=True)  # (B, 1)
+        out.append(token)
+        done |= token[:, 0] == cfg.eos_id
+        if bool(done.all()):
+            break
+    ids = torch.cat(out, dim=1).tolist()
+    return [seq[: seq.index(cfg.eos_id)] if cfg.eos_id in seq else seq for seq in ids]
+
+
+@dataclass(frozen=True)
+class Candidate:
+    token_id: int
+    prob: float
+
+
+@dataclass(frozen=True)
+class Beam:
+    """A live hypothesis after a step: its output ids so far and its summed log-probability."""
+
+    ids: tuple[int, ...]
+    score: float
+
+
+@dataclass(frozen=True)
+class DecodeStep:
+    """One decoding step of the followed hypothesis.
+
+    At step t the decoder's query is position t of its input (``<s>`` and the t tokens chosen so
+    far) and it picks output token t. Rows are that query's attention.
+    """
+
+    index: int  # t
+    token_id: int  # the token chosen (or given, under teacher forcing) at this step
+    prob: float  # the model's probability for that token
+    top: tuple[Candidate, ...]  # the k most likely next tokens, most likely first
+    self_attn: Tensor  # (L, H, t + 1): decoder self-attention row over the prefix, keys 0..t
+    cross_attn: Tensor  # (L, H, S): cross-attention row over the source
+    beams: tuple[Beam, ...] = ()  # beam search: the live hypotheses before this step
+    followed: int = 0  # which of ``beams`` the followed hypothesis extends
+
+
+@dataclass(frozen=True)
+class Decoding:
+    ids: tuple[int, ...]  # the output, without start and end tokens
+    steps: tuple[DecodeStep, ...]  # one per output token, the end token included
+    score: float  # summed log-probability of the output (with the end token)
+
+
+@torch.no_grad()
+def step_through(
+    model: Transformer,
+    src: Tensor,
+    beam_size: int = 1,
+    top_k: int = 5,
+    max_len: int = 64,
+    forced: list[int] | None = None,
+) -> Decoding:
+    """Decode one source sentence (src: (1, S)) and record every step of the best hypothesis.
+
+    ``beam_size`` 1 is greedy. With ``forced`` (target ids ending with the end token) the decoder
+    is teacher-forced: each step takes the given token and records the model's own prediction in
+    ``top``. Beam search keeps ``beam_size`` live hypotheses, finishes those that emit the end
+    token, and returns the best by the GNMT length-normalised score.
+    """
+    if src.dim() != 2 or src.shape[0] != 1:
+        raise ValueError(f"step_through decodes one sentence: src must be (1, S), got {tuple(src.shape)}")
+    if not 1 <= beam_size <= 64:
+        raise ValueError(f"beam_size must be between 1 and 64, got {beam_size}")
+    if forced is not None:
+        beam_size, max_len = 1, len(forced)
+    cfg = model.cfg
+    memory, _ = model.encode(src)  # (1, S, D)
+    cache = _new_cache(model)
+    live = [Beam((), 0.0)]
+    # Per step, per live beam: (parent beam index, self rows, cross rows, top-k, log-probs).
+    history: list[dict] = []
+    finished: list[tuple[float, Beam, int, int]] = []  # (normalised score, beam, step, beam index)
+    for t in range(max_len):
+        n = len(live)
+        last = torch.tensor([[b.ids[-1] if b.ids else cfg.bos_id] for b in live], device=src.device)
+        logits, self_recs, cross_recs = model.decode(last, memory.expand(n, -1, -1), cache=cache, capture="weights")
+        logp = torch.log_softmax(logits[:, -1].float(), dim=-1)  # (n, V)
+        self_rows = torch.stack([r.weights[:, :, 0] for r in self_recs], dim=1)  # (n, L, H, t+1)
+        cross_rows = torch.stack([r.weights[:, :, 0] for r in cross_recs], dim=1)  # (n, L, H, S)
+        top_p, top_i = logp.exp().topk(min(top_k, logp.shape[-1]), dim=-1)
+        history.append(
+            {
+                "beams": tuple(live),
+                "self": self_rows,
+                "cross": cross_rows,
+                "logp": logp,
+                "top": [
+                    tuple(Candidate(i, p) for i, p in zip(ii, pp, strict=True))
+                    for ii, pp in zip(top_i.tolist(), top_p.tolist(), strict=True)
+                ],
+            }
+        )
+        if forced is not None:
+            choices = [(live[0].score + float(logp[0, forced[t]]), 0, forced[t])]
+        else:
+            total = torch.tensor([b.score for b in live], device=logp.device)[:, None] + logp  # (n, V)
+            scores, flat = total.flatten().topk(min(2 * beam_size, total.numel()))
+            V = logp.shape[-1]
+            choices = [(s, f // V, f % V) for s, f in zip(scores.tolist(), flat.tolist(), strict=True)]
+        new_live, parents = [], []
+        for score, parent, token in choices:
+            beam = Beam(live[parent].ids + (token,), score)
+            if token == cfg.eos_id or (forced is not None and t == max_len - 1):
+                finished.append((score / length_penalty(len(beam.ids)), beam, t, parent))
+            else:
+                new_live.append(beam)
+                parents.append(parent)
+            if len(new_live) == beam_size or len(finished) >= beam_size:
+                break
+        history[-1]["parents"] = parents
+        if len(finished) >= beam_size or not new_live:
+            break
+        live = new_live
+        index = torch.tensor(parents, device=src.device)
+        cache = [c.select(index) for c in cache]
+    if not finished:  # ran out of length: the live hypotheses compete as they are
+        last_t = len(history) - 1
+        for i, beam in enumerate(live if history[-1]["parents"] else []):
+            finished.append((beam.score / length_penalty(len(beam.ids)), beam, last_t, history[-1]["parents"][i]))
+    _, best, t_end, parent = max(finished, key=lambda f: f[0])
+    # Walk back from the end: at each step, which live beam did the best hypothesis extend?
+    chain = [0] * (t_end + 1)
+    chain[t_end] = parent
+    for t in range(t_end - 1, -1, -1):
+        chain[t] = history[t]["parents"][chain[t + 1]]
+    steps = []
+    for t in range(t_end + 1):
+        h, b = history[t], chain[t]
+        token = best.ids[t]
+        steps.append(
+            DecodeStep(
+                index=t,
+                token_id=token,
+                prob=float(h["logp"][b, token].exp()),
+                top=h["top"][b],
+                self_attn=h["self"][b].cpu(),
+                cross_attn=h["cross"][b].cpu(),
+                beams=h["beams"],
+                followed=b,
+            )
+        )
+    ids = best.ids[:-1] if best.ids and best.ids[-1] == cfg.eos_id else best.ids
+    return Decoding(ids=tuple(ids), steps=tuple(steps), score=best.score)

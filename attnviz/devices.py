@@ -1,0 +1,37 @@
+"""Device choice: cpu, cuda, mps or auto (cuda if available, else mps, else cpu)."""
+
+from __future__ import annotations
+
+import torch
+
+from attnviz.errors import DeviceError
+
+DEVICE_CHOICES = ("auto", "cpu", "cuda", "mps")
+
+
+def _mps_available() -> bool:
+    return hasattr(torch.backends, "mps") and torch.backends.mps.is_available()
+
+
+def available_devices() -> list[str]:
+    """The concrete devices this machine has, cpu always first."""
+    devices = ["cpu"]
+    if torch.cuda.is_available():
+        devices.append("cuda")
+    if _mps_available():
+        devices.append("mps")
+    return devices
+
+
+def resolve_device(name: str | None = "auto") -> torch.device:
+    """The torch device for ``name``; raises DeviceError when it is not on this machine."""
+    name = (name or "auto").lower()
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "mps" if _mps_available() else "cpu")
+    if name.split(":")[0] not in DEVICE_CHOICES[1:]:
+        raise DeviceError(f"unknown device {name!r}; choose one of {', '.join(DEVICE_CHOICES)}")
+    if name.startswith("cuda") and not torch.cuda.is_available():
+        raise DeviceError("device 'cuda' was asked for but no CUDA GPU is available; use 'cpu' or 'auto'")
+    if name == "mps" and not _mps_available():
+        raise DeviceError("device 'mps' was asked for but Apple's MPS is not available; use 'cpu' or 'auto'")
+    return torch.device(name)

@@ -1,0 +1,94 @@
+"""Shared fixtures: a tiny seeded model, its config, a tiny sentencepiece model, padded batches."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from attnviz.data import get_task
+from attnviz.model import Transformer, TransformerConfig
+from attnviz.tokenizer import train_sentencepiece
+
+# The tiny model gains nothing from intra-op threads, and on a machine whose cores are busy they
+# make each small op wait for a spinning peer (measured: 100x slower decoding on 2 busy cores).
+torch.set_num_threads(1)
+
+TINY_VOCAB = 50
+FIRST_ORDINARY_ID = 4  # ids 0..3 are pad, bos, eos, unk in every attnviz vocabulary
+
+
+def tiny_config(**overrides) -> TransformerConfig:
+    """The tiny test config, with some fields replaced."""
+    fields = dict(
+        src_vocab_size=TINY_VOCAB,
+        tgt_vocab_size=TINY_VOCAB,
+        n_enc_layers=2,
+        n_dec_layers=2,
+        d_model=32,
+        n_heads=4,
+        d_ff=64,
+        dropout=0.0,
+        max_len=64,
+    )
+    return TransformerConfig(**{**fields, **overrides})
+
+
+def seeded_model(cfg: TransformerConfig, seed: int = 0) -> Transformer:
+    """A randomly initialised model in eval mode; the same seed gives the same weights."""
+    torch.manual_seed(seed)
+    return Transformer(cfg).eval()
+
+
+def random_padded_batch(
+    lengths: list[int], seed: int, vocab_size: int = TINY_VOCAB, pad_id: int = 0, first_id: int | None = None
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Random ordinary ids of the given lengths, right-padded: ids (B, L) long, valid (B, L) bool.
+
+    With ``first_id`` every row starts with it (a decoder input starts with the start token).
+    """
+    g = torch.Generator().manual_seed(seed)
+    width = max(lengths)
+    ids = torch.full((len(lengths), width), pad_id, dtype=torch.long)
+    valid = torch.zeros((len(lengths), width), dtype=torch.bool)
+    for row, n in enumerate(lengths):
+        ids[row, :n] = torch.randint(FIRST_ORDINARY_ID, vocab_size, (n,), generator=g)
+        valid[row, :n] = True
+        if first_id is not None:
+            ids[row, 0] = first_id
+    return ids, valid
+
+
+@pytest.fixture(scope="session")
+def tiny_cfg() -> TransformerConfig:
+    return tiny_config()
+
+
+@pytest.fixture
+def tiny_model(tiny_cfg) -> Transformer:
+    # Function scope: building it takes milliseconds, and no test can leak changes into another.
+    return seeded_model(tiny_cfg, seed=0)
+
+
+@pytest.fixture(scope="session")
+def padded_batch():
+    """The padded-batch builder, for tests that want their own lengths."""
+    return random_padded_batch
+
+
+@pytest.fixture(scope="session")
+def batch(tiny_cfg) -> dict[str, torch.Tensor]:
+    """A padded batch of three pairs whose source and target lengths all differ."""
+    src, src_valid = random_padded_batch([6, 9, 3], seed=1, pad_id=tiny_cfg.pad_id)
+    tgt, tgt_valid = random_padded_batch([7, 2, 5], seed=2, pad_id=tiny_cfg.pad_id, first_id=tiny_cfg.bos_id)
+    return {"src": src, "src_valid": src_valid, "tgt": tgt, "tgt_valid": tgt_valid}
+
+
+@pytest.fixture(scope="session")
+def reverse_pairs() -> list[tuple[str, str]]:
+    return get_task("reverse").pairs(300, 0)
+
+
+@pytest.fixture(scope="session")
+def tiny_spm(reverse_pairs) -> bytes:
+    """A byte-pair sentencepiece model with exactly TINY_VOCAB pieces, trained in memory."""
+    return train_sentencepiece([s for pair in reverse_pairs for s in pair], TINY_VOCAB, "bpe")

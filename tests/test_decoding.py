@@ -1,0 +1,199 @@
+"""Decoding: the key/value cache against teacher forcing, greedy against beam size 1, beam search."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+from conftest import seeded_model
+
+from attnviz.data import get_task
+from attnviz.decoding import greedy_decode, length_penalty, step_through
+from attnviz.model import Transformer
+from attnviz.tokenizer import Tokenizer
+from attnviz.train import make_batch
+
+ATOL = 1e-5
+MAX_LEN = 30  # longer than any output of the briefly trained model that stops
+
+
+@pytest.fixture(scope="module")
+def tokenizer(tiny_spm) -> Tokenizer:
+    return Tokenizer(tiny_spm)
+
+
+@pytest.fixture(scope="module")
+def model(tiny_cfg, tokenizer, reverse_pairs) -> Transformer:
+    """The tiny model after 60 steps on the reverse task (about 2 s).
+
+    A random model never emits the end token; a little training gives outputs that stop at
+    different lengths, some that run to the length limit, and beams that disagree with greedy.
+    """
+    model = seeded_model(tiny_cfg, seed=0).train()
+    optimizer = torch.optim.Adam(model.parameters(), lr=3e-3)
+    for step in range(60):
+        start = (step * 32) % (len(reverse_pairs) - 32)
+        src, src_valid, tgt, tgt_valid, labels = make_batch(reverse_pairs[start : start + 32], tokenizer, "cpu")
+        logits = model(src, tgt, src_valid, tgt_valid).logits
+        loss = F.cross_entropy(logits.flatten(0, 1), labels.flatten(), ignore_index=-100)
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+    return model.eval().requires_grad_(False)
+
+
+@pytest.fixture(scope="module")
+def pairs() -> list[tuple[str, str]]:
+    return get_task("reverse").pairs(8, seed=3, split="heldout")
+
+
+@pytest.fixture(scope="module")
+def sources(pairs, tokenizer) -> list[torch.Tensor]:
+    """Held-out source sentences, each as (1, S) ids."""
+    return [torch.tensor([tokenizer.encode_source(src).ids]) for src, _ in pairs]
+
+
+def _teacher_forced(model: Transformer, src: torch.Tensor, outputs: list[int]):
+    """One forward over the decoder input ``<s> outputs[:-1]``: the query at t predicts outputs[t]."""
+    tgt = torch.tensor([[model.cfg.bos_id, *outputs[:-1]]])
+    return model(src, tgt, return_attention=True)
+
+
+def _log_prob(model: Transformer, src: torch.Tensor, outputs: list[int]) -> float:
+    """Summed log-probability of ``outputs`` under teacher forcing."""
+    if not outputs:
+        return 0.0
+    logp = torch.log_softmax(_teacher_forced(model, src, outputs).logits[0], dim=-1)  # (T, V)
+    return float(logp[torch.arange(len(outputs)), torch.tensor(outputs)].sum())
+
+
+def _assert_steps_match_teacher_forcing(model, src, steps) -> None:
+    outputs = [step.token_id for step in steps]
+    out = _teacher_forced(model, src, outputs)
+    probs = torch.softmax(out.logits[0], dim=-1)  # (T, V)
+    self_maps = out.attention.stacked("decoder")[:, 0]  # (L, H, T, T)
+    cross_maps = out.attention.stacked("cross")[:, 0]  # (L, H, T, S)
+    for t, step in enumerate(steps):
+        assert step.index == t
+        assert step.self_attn.shape == (model.cfg.n_dec_layers, model.cfg.n_heads, t + 1)
+        torch.testing.assert_close(step.self_attn, self_maps[:, :, t, : t + 1], atol=ATOL, rtol=0, msg=f"step {t}")
+        torch.testing.assert_close(step.cross_attn, cross_maps[:, :, t], atol=ATOL, rtol=0, msg=f"step {t}")
+        assert step.prob == pytest.approx(float(probs[t, step.token_id]), abs=ATOL)
+        for candidate in step.top:
+            assert candidate.prob == pytest.approx(float(probs[t, candidate.token_id]), abs=ATOL)
+
+
+# ---------------------------------------------------------------------------------------------
+# The cache gives the rows of a teacher-forced forward pass
+
+
+def test_greedy_steps_equal_rows_of_a_teacher_forced_forward(model, sources):
+    for src in sources[:4]:
+        decoding = step_through(model, src, beam_size=1, max_len=MAX_LEN)
+        assert len(decoding.steps) > 1
+        _assert_steps_match_teacher_forcing(model, src, decoding.steps)
+
+
+def test_beam_steps_equal_rows_of_a_teacher_forced_forward(model, sources):
+    # Beam search reorders the cache between steps; the followed hypothesis must get its own rows.
+    for src in sources[:4]:
+        decoding = step_through(model, src, beam_size=4, max_len=MAX_LEN)
+        _assert_steps_match_teacher_forcing(model, src, decoding.steps)
+
+
+def test_forced_steps_follow_the_given_target(model, pairs, tokenizer, sources):
+    for (_, target), src in zip(pairs[:4], sources[:4], strict=True):
+        forced = list(tokenizer.encode_target(target)[1].ids)  # pieces, then the end token
+        decoding = step_through(model, src, forced=forced)
+        assert [step.token_id for step in decoding.steps] == forced
+        assert list(decoding.ids) == forced[:-1]
+        _assert_steps_match_teacher_forcing(model, src, decoding.steps)
+        assert decoding.score == pytest.approx(_log_prob(model, src, forced), abs=1e-4)
+
+
+# ---------------------------------------------------------------------------------------------
+# Greedy
+
+
+def test_beam_size_one_is_greedy_decode(model, sources):
+    lengths = []
+    for src in sources:
+        greedy = greedy_decode(model, src, max_len=MAX_LEN)[0]
+        decoding = step_through(model, src, beam_size=1, max_len=MAX_LEN)
+        assert list(decoding.ids) == greedy
+        assert [step.top[0].token_id for step in decoding.steps] == [step.token_id for step in decoding.steps]
+        lengths.append(len(greedy))
+    assert len(set(lengths)) > 1, f"outputs too alike to test anything: lengths {lengths}"
+    assert min(lengths) > 0
+
+
+def test_greedy_decode_of_a_padded_batch_equals_one_by_one(model, sources, padded_batch):
+    ids = [src[0].tolist() for src in sources]
+    src, src_valid = padded_batch([len(s) for s in ids], seed=0)
+    for row, s in enumerate(ids):
+        src[row, : len(s)] = torch.tensor(s)
+    together = greedy_decode(model, src, src_valid, max_len=MAX_LEN)
+    assert together == [greedy_decode(model, torch.tensor([s]), max_len=MAX_LEN)[0] for s in ids]
+
+
+# ---------------------------------------------------------------------------------------------
+# Beam search
+
+
+def test_beam_score_is_the_teacher_forced_log_probability(model, sources):
+    for src in sources:
+        decoding = step_through(model, src, beam_size=4, max_len=MAX_LEN)
+        outputs = [step.token_id for step in decoding.steps]
+        assert decoding.score == pytest.approx(_log_prob(model, src, outputs), abs=1e-4)
+
+
+def test_beam_steps_record_the_live_beams_and_the_followed_one(model, sources):
+    for src in sources:
+        decoding = step_through(model, src, beam_size=4, max_len=MAX_LEN)
+        outputs = [step.token_id for step in decoding.steps]
+        for t, step in enumerate(decoding.steps):
+            assert 1 <= len(step.beams) <= 4
+            assert 0 <= step.followed < len(step.beams)
+            followed = step.beams[step.followed]
+            assert followed.ids == tuple(outputs[:t]), f"step {t} follows another hypothesis"
+            assert followed.score == pytest.approx(_log_prob(model, src, outputs[:t]), abs=1e-4)
+        assert len(decoding.steps[0].beams) == 1  # the search starts from <s> alone
+
+
+def test_beam_is_at_least_as_good_as_greedy_when_greedy_stops(model, sources):
+    eos = model.cfg.eos_id
+    compared = 0
+    for src in sources:
+        greedy = greedy_decode(model, src, max_len=MAX_LEN)[0]
+        if len(greedy) == MAX_LEN:  # greedy ran out of length: no finished score to compare
+            continue
+        greedy_outputs = [*greedy, eos]
+        greedy_norm = _log_prob(model, src, greedy_outputs) / length_penalty(len(greedy_outputs))
+        decoding = step_through(model, src, beam_size=4, max_len=MAX_LEN)
+        beam_outputs = [step.token_id for step in decoding.steps]
+        beam_norm = _log_prob(model, src, beam_outputs) / length_penalty(len(beam_outputs))
+        assert beam_norm >= greedy_norm - 1e-5, (decoding.ids, greedy)
+        compared += 1
+    assert compared >= 3
+
+
+def test_top_candidates_are_sorted_and_their_probabilities_sum_to_at_most_one(model, sources):
+    for beam_size in (1, 4):
+        decoding = step_through(model, sources[0], beam_size=beam_size, top_k=5, max_len=MAX_LEN)
+        for step in decoding.steps:
+            probs = [c.prob for c in step.top]
+            assert len(step.top) == 5
+            assert probs == sorted(probs, reverse=True)
+            assert len({c.token_id for c in step.top}) == 5
+            assert all(p > 0 for p in probs)
+            assert sum(probs) <= 1 + 1e-6
+
+
+def test_step_through_refuses_a_batch(model, sources):
+    with pytest.raises(ValueError, match="one sentence"):
+        step_through(model, torch.cat([sources[0], sources[0]]))
+
+
+def test_length_penalty_is_gnmt_with_alpha_0_6():
+    assert length_penalty(1) == 1.0
+    assert length_penalty(7) == pytest.approx(2**0.6)

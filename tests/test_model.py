@@ -1,0 +1,530 @@
+"""The model: config validation, positions, parity with torch's layers, and invariants of every map."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+from conftest import TINY_VOCAB, seeded_model, tiny_config
+from torch import nn
+
+from attnviz.errors import ConfigError, InputError
+from attnviz.model import (
+    DecoderLayer,
+    EncoderLayer,
+    MultiHeadAttention,
+    Transformer,
+    TransformerConfig,
+    attention,
+    attention_masks,
+    fused_attention,
+    sinusoidal_table,
+)
+
+ATOL = 1e-5  # across CPUs results differ around 1e-6..1e-5 (FACTS.md, "Numbers")
+KINDS = ("encoder", "decoder", "cross")
+
+
+def _lengths(valid: torch.Tensor) -> list[int]:
+    return valid.sum(dim=1).tolist()
+
+
+# ---------------------------------------------------------------------------------------------
+# Config
+
+
+def test_defaults_are_the_papers_base_model():
+    cfg = TransformerConfig()
+    assert (cfg.n_enc_layers, cfg.n_dec_layers) == (6, 6)  # N
+    assert (cfg.d_model, cfg.n_heads, cfg.d_head, cfg.d_ff) == (512, 8, 64, 2048)
+    assert cfg.dropout == 0.1
+    assert cfg.norm_first is False  # post-LN
+    assert cfg.activation == "relu"
+    assert cfg.pos_encoding == "sinusoidal"
+    assert cfg.share_embeddings and cfg.tie_output and cfg.scale_embedding
+    assert cfg.src_vocab_size == cfg.tgt_vocab_size == 37000
+
+
+def test_default_model_has_the_papers_parameter_count():
+    # Table 3 gives 65 x 10^6 parameters for "base"; the meta device allocates nothing.
+    with torch.device("meta"):
+        model = Transformer(TransformerConfig())
+    n_params = sum(p.numel() for p in model.parameters())
+    assert 60e6 < n_params < 66e6, n_params
+
+
+@pytest.mark.parametrize(
+    ("overrides", "words"),
+    [
+        ({"d_model": 30, "n_heads": 4}, ["d_model (30)", "divisible", "n_heads (4)"]),
+        ({"activation": "tanh"}, ["activation", "'tanh'", "relu"]),
+        ({"pos_encoding": "rotary"}, ["pos_encoding", "'rotary'", "sinusoidal"]),
+        ({"share_embeddings": True, "tgt_vocab_size": 60}, ["share_embeddings", "src_vocab_size == tgt_vocab_size"]),
+        ({"dropout": 1.0}, ["dropout", "[0, 1)"]),
+        ({"n_heads": 0}, ["n_heads", "positive"]),
+        ({"n_enc_layers": -1}, ["n_enc_layers", "non-negative"]),
+        ({"bos_id": TINY_VOCAB}, ["bos_id", str(TINY_VOCAB)]),
+        ({"d_model": 33, "n_heads": 3}, ["even d_model"]),
+    ],
+)
+def test_invalid_config_raises_config_error_naming_the_field(overrides, words):
+    with pytest.raises(ConfigError) as info:
+        tiny_config(**overrides)
+    for word in words:
+        assert word in str(info.value)
+
+
+def test_config_error_lists_every_problem_at_once():
+    with pytest.raises(ConfigError) as info:
+        tiny_config(activation="tanh", pos_encoding="rotary")
+    assert "activation" in str(info.value) and "pos_encoding" in str(info.value)
+
+
+@pytest.mark.parametrize(
+    "overrides", [{"d_model": "32"}, {"pos_encoding": None}, {"dropout": "0.1"}], ids=["str", "none", "str-dropout"]
+)
+def test_mistyped_config_value_raises_config_error(overrides):
+    with pytest.raises(ConfigError):
+        tiny_config(**overrides)
+
+
+def test_from_dict_names_unknown_keys():
+    data = {**tiny_config().to_dict(), "n_head": 4, "num_layers": 2}
+    with pytest.raises(ConfigError) as info:
+        TransformerConfig.from_dict(data)
+    assert "n_head" in str(info.value) and "num_layers" in str(info.value)
+
+
+def test_from_dict_rejects_a_non_object():
+    with pytest.raises(ConfigError, match="JSON object"):
+        TransformerConfig.from_dict([1, 2])
+
+
+def test_from_dict_round_trips_to_dict():
+    cfg = tiny_config(norm_first=True, activation="gelu", pos_encoding="learned")
+    assert TransformerConfig.from_dict(cfg.to_dict()) == cfg
+
+
+# ---------------------------------------------------------------------------------------------
+# Positional encoding (3.5)
+
+
+def _paper_sinusoids(n_positions: int, d_model: int) -> torch.Tensor:
+    """PE(pos, 2i) = sin(pos / 10000^(2i/d)), PE(pos, 2i+1) = cos(...), written out with math."""
+    rows = []
+    for pos in range(n_positions):
+        row = []
+        for j in range(d_model):
+            angle = pos / 10000 ** (2 * (j // 2) / d_model)
+            row.append(math.sin(angle) if j % 2 == 0 else math.cos(angle))
+        rows.append(row)
+    return torch.tensor(rows, dtype=torch.float32)
+
+
+def test_interleaved_sinusoids_follow_the_papers_formula():
+    table = sinusoidal_table(50, 16, "interleaved")
+    assert table.shape == (50, 16)
+    torch.testing.assert_close(table, _paper_sinusoids(50, 16), atol=1e-6, rtol=0)
+
+
+def test_concat_sinusoids_are_the_same_numbers_sines_first():
+    interleaved = sinusoidal_table(50, 16, "interleaved")
+    concat = sinusoidal_table(50, 16, "concat")
+    sines_then_cosines = list(range(0, 16, 2)) + list(range(1, 16, 2))
+    assert torch.equal(concat, interleaved[:, sines_then_cosines])
+    assert not torch.equal(concat, interleaved)
+
+
+def test_sinusoid_table_rejects_unknown_layout():
+    with pytest.raises(ValueError, match="layout"):
+        sinusoidal_table(4, 8, "spiral")
+
+
+@pytest.mark.parametrize(("kind", "columns"), [("sinusoidal", "interleaved"), ("sinusoidal_concat", "concat")])
+def test_model_adds_the_configured_sinusoids(kind, columns):
+    cfg = tiny_config(pos_encoding=kind)
+    model = seeded_model(cfg)
+    table = sinusoidal_table(cfg.max_len, cfg.d_model, columns)
+    torch.testing.assert_close(model.pos.table, table, atol=0, rtol=0)
+    x = torch.zeros(1, 5, cfg.d_model)
+    torch.testing.assert_close(model.pos(x, start=3), table[None, 3:8], atol=0, rtol=0)
+
+
+# ---------------------------------------------------------------------------------------------
+# Parity with torch's own layers (an independent implementation)
+
+
+def _copy_into_torch_mha(ours: MultiHeadAttention, ref: nn.MultiheadAttention) -> None:
+    with torch.no_grad():
+        ref.in_proj_weight.copy_(torch.cat([ours.q_proj.weight, ours.k_proj.weight, ours.v_proj.weight]))
+        ref.in_proj_bias.copy_(torch.cat([ours.q_proj.bias, ours.k_proj.bias, ours.v_proj.bias]))
+        ref.out_proj.weight.copy_(ours.out_proj.weight)
+        ref.out_proj.bias.copy_(ours.out_proj.bias)
+
+
+def _randomise_norms(module: nn.Module, seed: int) -> None:
+    """LayerNorms start as the identity; random ones make a swapped norm visible."""
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for m in module.modules():
+            if isinstance(m, nn.LayerNorm):
+                m.weight.copy_(1 + 0.5 * torch.randn(m.weight.shape, generator=g))
+                m.bias.copy_(0.5 * torch.randn(m.bias.shape, generator=g))
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_multi_head_attention_matches_torch(kind, batch):
+    cfg = tiny_config()
+    torch.manual_seed(3)
+    ours = MultiHeadAttention(cfg).eval()
+    ref = nn.MultiheadAttention(cfg.d_model, cfg.n_heads, dropout=0.0, bias=True, batch_first=True).eval()
+    _copy_into_torch_mha(ours, ref)
+    src_valid, tgt_valid = batch["src_valid"], batch["tgt_valid"]
+    masks = attention_masks(src_valid, tgt_valid)
+    B, S, T = src_valid.shape[0], src_valid.shape[1], tgt_valid.shape[1]
+    x_src, x_tgt = torch.randn(B, S, cfg.d_model), torch.randn(B, T, cfg.d_model)
+    # nn.MultiheadAttention's boolean masks mean the opposite of ours: True = blocked.
+    if kind == "encoder":
+        x_q, x_kv, ref_kwargs = x_src, x_src, {"key_padding_mask": ~src_valid}
+    elif kind == "decoder":
+        causal = torch.ones(T, T, dtype=torch.bool).tril()
+        x_q, x_kv, ref_kwargs = x_tgt, x_tgt, {"key_padding_mask": ~tgt_valid, "attn_mask": ~causal}
+    else:
+        x_q, x_kv, ref_kwargs = x_tgt, x_src, {"key_padding_mask": ~src_valid}
+
+    with torch.no_grad():
+        out, record = ours(x_q, x_kv, masks[kind], capture="weights")
+        fused_out, no_record = ours(x_q, x_kv, masks[kind])
+        ref_out, ref_weights = ref(x_q, x_kv, x_kv, need_weights=True, average_attn_weights=False, **ref_kwargs)
+
+    assert no_record is None
+    assert record.weights.shape == ref_weights.shape == (B, cfg.n_heads, x_q.shape[1], x_kv.shape[1])
+    torch.testing.assert_close(record.weights, ref_weights, atol=ATOL, rtol=0)
+    torch.testing.assert_close(out, ref_out, atol=ATOL, rtol=0)
+    torch.testing.assert_close(fused_out, ref_out, atol=ATOL, rtol=0)
+
+
+@pytest.mark.parametrize(("norm_first", "activation"), [(False, "relu"), (True, "relu"), (False, "gelu")])
+def test_encoder_layer_matches_torch(norm_first, activation, batch):
+    cfg = tiny_config(norm_first=norm_first, activation=activation)
+    torch.manual_seed(4)
+    ours = EncoderLayer(cfg).eval()
+    _randomise_norms(ours, seed=5)
+    ref = nn.TransformerEncoderLayer(
+        cfg.d_model,
+        cfg.n_heads,
+        cfg.d_ff,
+        dropout=0.0,
+        activation=activation,
+        layer_norm_eps=cfg.ln_eps,
+        batch_first=True,
+        norm_first=norm_first,
+    ).eval()
+    _copy_into_torch_mha(ours.self_attn, ref.self_attn)
+    with torch.no_grad():
+        for ref_mod, our_mod in [
+            (ref.linear1, ours.ffn.up),
+            (ref.linear2, ours.ffn.down),
+            (ref.norm1, ours.attn_block.norm),
+            (ref.norm2, ours.ffn_block.norm),
+        ]:
+            ref_mod.load_state_dict(our_mod.state_dict())
+    src_valid = batch["src_valid"]
+    x = torch.randn(*src_valid.shape, cfg.d_model)
+    mask = attention_masks(src_valid)["encoder"]
+
+    # Gradients stay enabled: that keeps torch on its plain Python path, not its fused fast path.
+    expected = ref(x, src_key_padding_mask=~src_valid)
+    fused, _ = ours(x, mask, None)
+    explicit, record = ours(x, mask, "weights")
+
+    torch.testing.assert_close(fused, expected, atol=ATOL, rtol=0)
+    torch.testing.assert_close(explicit, expected, atol=ATOL, rtol=0)
+    assert record.weights.shape == (src_valid.shape[0], cfg.n_heads, src_valid.shape[1], src_valid.shape[1])
+
+
+@pytest.mark.parametrize(("norm_first", "activation"), [(False, "relu"), (True, "gelu")])
+def test_decoder_layer_matches_torch(norm_first, activation, batch):
+    cfg = tiny_config(norm_first=norm_first, activation=activation)
+    torch.manual_seed(6)
+    ours = DecoderLayer(cfg).eval()
+    _randomise_norms(ours, seed=7)
+    ref = nn.TransformerDecoderLayer(
+        cfg.d_model,
+        cfg.n_heads,
+        cfg.d_ff,
+        dropout=0.0,
+        activation=activation,
+        layer_norm_eps=cfg.ln_eps,
+        batch_first=True,
+        norm_first=norm_first,
+    ).eval()
+    _copy_into_torch_mha(ours.self_attn, ref.self_attn)
+    _copy_into_torch_mha(ours.cross_attn, ref.multihead_attn)
+    with torch.no_grad():
+        for ref_mod, our_mod in [
+            (ref.linear1, ours.ffn.up),
+            (ref.linear2, ours.ffn.down),
+            (ref.norm1, ours.self_block.norm),
+            (ref.norm2, ours.cross_block.norm),
+            (ref.norm3, ours.ffn_block.norm),
+        ]:
+            ref_mod.load_state_dict(our_mod.state_dict())
+    src_valid, tgt_valid = batch["src_valid"], batch["tgt_valid"]
+    T = tgt_valid.shape[1]
+    x = torch.randn(*tgt_valid.shape, cfg.d_model)
+    memory = torch.randn(*src_valid.shape, cfg.d_model)
+    masks = attention_masks(src_valid, tgt_valid)
+
+    expected = ref(
+        x,
+        memory,
+        tgt_mask=~torch.ones(T, T, dtype=torch.bool).tril(),
+        tgt_key_padding_mask=~tgt_valid,
+        memory_key_padding_mask=~src_valid,
+    )
+    got, _, _ = ours(x, memory, masks["decoder"], masks["cross"], None)
+    explicit, _, _ = ours(x, memory, masks["decoder"], masks["cross"], "weights")
+
+    torch.testing.assert_close(got, expected, atol=ATOL, rtol=0)
+    torch.testing.assert_close(explicit, expected, atol=ATOL, rtol=0)
+
+
+# ---------------------------------------------------------------------------------------------
+# The fused kernel and the explicit path compute the same thing
+
+
+@pytest.mark.parametrize("pos_encoding", ["sinusoidal", "sinusoidal_concat", "learned", "none"])
+@pytest.mark.parametrize("norm_first", [False, True])
+def test_fused_path_equals_explicit_path(norm_first, pos_encoding, batch):
+    model = seeded_model(tiny_config(norm_first=norm_first, pos_encoding=pos_encoding), seed=8)
+    with torch.no_grad():
+        fused = model(**batch)
+        explicit = model(**batch, return_attention=True)
+    assert fused.attention is None
+    assert explicit.attention is not None
+    torch.testing.assert_close(fused.logits, explicit.logits, atol=ATOL, rtol=0)
+    torch.testing.assert_close(fused.memory, explicit.memory, atol=ATOL, rtol=0)
+
+
+# ---------------------------------------------------------------------------------------------
+# Invariants of every map
+
+
+def test_every_map_has_the_right_shape_rows_and_zeros(tiny_model, tiny_cfg, batch):
+    with torch.no_grad():
+        attn = tiny_model(**batch, return_attention=True).attention
+    B, S = batch["src"].shape
+    T = batch["tgt"].shape[1]
+    assert S != T  # so that a transposed cross map cannot pass
+    H = tiny_cfg.n_heads
+    src_len, tgt_len = _lengths(batch["src_valid"]), _lengths(batch["tgt_valid"])
+    spec = {
+        "encoder": ((B, H, S, S), src_len, src_len, tiny_cfg.n_enc_layers),
+        "decoder": ((B, H, T, T), tgt_len, tgt_len, tiny_cfg.n_dec_layers),
+        "cross": ((B, H, T, S), tgt_len, src_len, tiny_cfg.n_dec_layers),
+    }
+    for kind, (shape, query_len, key_len, n_layers) in spec.items():
+        maps = getattr(attn, kind)
+        assert len(maps) == n_layers, kind
+        assert attn.stacked(kind).shape == (n_layers, *shape)
+        for layer, weights in enumerate(maps):
+            where = f"{kind} layer {layer}"
+            assert weights.shape == shape, where
+            assert torch.isfinite(weights).all(), where
+            assert (weights >= 0).all(), where
+            for b in range(B):
+                real_rows = weights[b, :, : query_len[b]]
+                torch.testing.assert_close(real_rows.sum(-1), torch.ones(H, query_len[b]), atol=1e-5, rtol=0, msg=where)
+                assert (weights[b, :, :, key_len[b] :] == 0).all(), f"{where}: a padded key gets weight"
+                assert (real_rows[:, :, : key_len[b]] > 0).any(), where
+            if kind == "decoder":
+                future = torch.ones(T, T, dtype=torch.bool).triu(diagonal=1)
+                assert (weights[:, :, future] == 0).all(), f"{where}: a query sees a later position"
+
+
+def test_internals_hold_scores_masked_with_minus_infinity(tiny_model, tiny_cfg, batch):
+    with torch.no_grad():
+        attn = tiny_model(**batch, return_internals=True).attention
+    masks = attention_masks(batch["src_valid"], batch["tgt_valid"])
+    B, S = batch["src"].shape
+    T = batch["tgt"].shape[1]
+    H, Dh = tiny_cfg.n_heads, tiny_cfg.d_head
+    lengths = {"encoder": (S, S), "decoder": (T, T), "cross": (T, S)}
+    for kind in KINDS:
+        Q, K = lengths[kind]
+        for layer, record in enumerate(attn.internals[kind]):
+            where = f"{kind} layer {layer}"
+            assert record.q.shape == (B, H, Q, Dh), where
+            assert record.k.shape == record.v.shape == (B, H, K, Dh), where
+            assert record.scores.shape == (B, H, Q, K), where
+            blocked = ~masks[kind].expand(B, H, Q, K)
+            assert torch.equal(torch.isneginf(record.scores), blocked), where
+            assert torch.isfinite(record.scores[~blocked]).all(), where
+            dot = record.q @ record.k.transpose(-2, -1) / math.sqrt(Dh)
+            torch.testing.assert_close(record.scores[~blocked], dot[~blocked], atol=1e-5, rtol=0, msg=where)
+            torch.testing.assert_close(torch.softmax(record.scores, -1), record.weights, atol=1e-6, rtol=0, msg=where)
+            assert record.weights is getattr(attn, kind)[layer], where
+
+
+def test_a_query_with_no_key_gets_zeros_not_nan():
+    g = torch.Generator().manual_seed(9)
+    q, k, v = (torch.randn(2, 3, 4, 8, generator=g) for _ in range(3))  # (B, H, L, Dh)
+    mask = torch.ones(2, 1, 4, 4, dtype=torch.bool)
+    mask[0, 0, 1] = False  # query 1 of the first sentence may attend to nothing
+    mask[1, 0, :, 2:] = False
+
+    out, weights, scores = attention(q, k, v, mask)
+    fused = fused_attention(q, k, v, mask)
+
+    for tensor in (out, weights, fused):
+        assert not torch.isnan(tensor).any()
+    assert (weights[0, :, 1] == 0).all()
+    assert (out[0, :, 1] == 0).all()
+    assert (fused[0, :, 1] == 0).all()
+    assert torch.isneginf(scores[0, :, 1]).all()
+    has_key = mask.any(-1).expand(2, 3, 4)  # (B, H, Q)
+    assert int((~has_key).sum()) == 3  # one query, three heads
+    row_sums = weights.sum(-1)
+    torch.testing.assert_close(row_sums[has_key], torch.ones(21), atol=1e-6, rtol=0)
+    torch.testing.assert_close(fused, out, atol=1e-6, rtol=0)
+
+
+def test_a_sentence_has_the_same_maps_alone_as_in_a_padded_batch(tiny_model, batch):
+    with torch.no_grad():
+        together = tiny_model(**batch, return_attention=True)
+    src_len, tgt_len = _lengths(batch["src_valid"]), _lengths(batch["tgt_valid"])
+    for b, (S, T) in enumerate(zip(src_len, tgt_len, strict=True)):
+        with torch.no_grad():
+            alone = tiny_model(batch["src"][b : b + 1, :S], batch["tgt"][b : b + 1, :T], return_attention=True)
+        torch.testing.assert_close(together.logits[b, :T], alone.logits[0], atol=ATOL, rtol=0)
+        for kind, (Q, K) in {"encoder": (S, S), "decoder": (T, T), "cross": (T, S)}.items():
+            for layer, (w_batch, w_alone) in enumerate(
+                zip(getattr(together.attention, kind), getattr(alone.attention, kind), strict=True)
+            ):
+                assert w_alone.shape[2:] == (Q, K)
+                torch.testing.assert_close(
+                    w_batch[b, :, :Q, :K], w_alone[0], atol=ATOL, rtol=0, msg=f"sentence {b} {kind} layer {layer}"
+                )
+
+
+# ---------------------------------------------------------------------------------------------
+# Bad input
+
+
+@pytest.mark.parametrize("side", ["src", "tgt"])
+def test_too_long_input_raises_input_error(tiny_model, tiny_cfg, side):
+    ids = {"src": torch.full((1, 5), 7), "tgt": torch.full((1, 5), 7)}
+    ids[side] = torch.full((1, tiny_cfg.max_len + 1), 7)
+    with pytest.raises(InputError, match=str(tiny_cfg.max_len)):
+        tiny_model(ids["src"], ids["tgt"])
+
+
+def test_input_of_exactly_max_len_is_accepted(tiny_model, tiny_cfg):
+    full = torch.full((1, tiny_cfg.max_len), 7)
+    assert tiny_model(full, full).logits.shape == (1, tiny_cfg.max_len, tiny_cfg.tgt_vocab_size)
+
+
+@pytest.mark.parametrize(
+    ("side", "bad"),
+    [("src", TINY_VOCAB), ("src", -1), ("tgt", TINY_VOCAB), ("tgt", -3)],
+)
+def test_out_of_range_ids_raise_input_error(tiny_model, side, bad):
+    ids = {"src": torch.full((1, 4), 7), "tgt": torch.full((1, 3), 7)}
+    ids[side][0, 1] = bad
+    with pytest.raises(InputError, match=rf"\[0, {TINY_VOCAB}\)"):
+        tiny_model(ids["src"], ids["tgt"], return_attention=True)
+
+
+def test_ids_without_a_batch_axis_raise_input_error(tiny_model):
+    with pytest.raises(InputError, match="batch, length"):
+        tiny_model(torch.tensor([5, 6, 7]), torch.tensor([[1, 5]]))
+
+
+# ---------------------------------------------------------------------------------------------
+# The cached model is shared: a forward must not change it
+
+
+def _snapshot(model: nn.Module) -> dict:
+    """Every module's attributes (containers copied), so that a write during a forward shows up."""
+    return {
+        name: {key: dict(value) if isinstance(value, dict) else value for key, value in vars(module).items()}
+        for name, module in model.named_modules()
+    }
+
+
+def _same(before: dict, after: dict) -> bool:
+    if before.keys() != after.keys():
+        return False
+    for name in before:
+        if before[name].keys() != after[name].keys():
+            return False
+        for key, old in before[name].items():
+            new = after[name][key]
+            if isinstance(old, dict):
+                if old.keys() != new.keys() or any(old[k] is not new[k] for k in old):
+                    return False
+            elif old is not new and old != new:
+                return False
+    return True
+
+
+def test_a_forward_does_not_mutate_the_model(tiny_model, batch):
+    state = {k: v.clone() for k, v in tiny_model.state_dict().items()}
+    before = _snapshot(tiny_model)
+    with torch.no_grad():
+        tiny_model(**batch, return_attention=True)
+        tiny_model(**batch, return_internals=True)
+        tiny_model(**batch)
+    after_state = tiny_model.state_dict()
+    assert after_state.keys() == state.keys()
+    for key, value in state.items():
+        assert torch.equal(after_state[key], value), key
+    assert _same(before, _snapshot(tiny_model))
+    assert not tiny_model.training
+
+
+def test_mutation_check_sees_a_stashed_attribute(tiny_model):
+    # The check above must be able to fail: the Annotated Transformer's `self.attn = p_attn`.
+    before = _snapshot(tiny_model)
+    tiny_model.decoder_layers[1].cross_attn.attn = torch.zeros(1)
+    assert not _same(before, _snapshot(tiny_model))
+
+
+# ---------------------------------------------------------------------------------------------
+# One mask convention: boolean, True = may attend
+
+
+def test_attention_masks_say_true_for_may_attend():
+    src_valid = torch.tensor([[True, True, False]])
+    tgt_valid = torch.tensor([[True, True, True, False]])
+    masks = attention_masks(src_valid, tgt_valid)
+    assert {m.dtype for m in masks.values()} == {torch.bool}
+    assert masks["encoder"].shape == (1, 1, 1, 3)
+    assert masks["encoder"][0, 0, 0].tolist() == [True, True, False]
+    assert masks["cross"][0, 0, 0].tolist() == [True, True, False]
+    assert masks["decoder"][0, 0].int().tolist() == [
+        [1, 0, 0, 0],
+        [1, 1, 0, 0],
+        [1, 1, 1, 0],
+        [1, 1, 1, 0],
+    ]
+    assert attention_masks(src_valid).keys() == {"encoder", "cross"}
+    # No padding: nothing to mask on the source side, and the decoder mask is purely causal.
+    unpadded = attention_masks(None, tgt_len=3)
+    assert unpadded["encoder"] is None and unpadded["cross"] is None
+    assert unpadded["decoder"][0, 0].int().tolist() == [[1, 0, 0], [1, 1, 0], [1, 1, 1]]
+
+
+@pytest.mark.parametrize("return_attention", [False, True])
+def test_ids_at_padded_positions_do_not_change_real_positions(tiny_model, batch, return_attention):
+    # If the model read the mask with the opposite polarity, padding would be all it looks at.
+    noisy = dict(batch)
+    noisy["src"] = batch["src"].masked_fill(~batch["src_valid"], 11)
+    noisy["tgt"] = batch["tgt"].masked_fill(~batch["tgt_valid"], 13)
+    with torch.no_grad():
+        clean_out = tiny_model(**batch, return_attention=return_attention)
+        noisy_out = tiny_model(**noisy, return_attention=return_attention)
+    for b, T in enumerate(_lengths(batch["tgt_valid"])):
+        torch.testing.assert_close(noisy_out.logits[b, :T], clean_out.logits[b, :T], atol=1e-6, rtol=0)
