@@ -10,6 +10,7 @@
 
 from __future__ import annotations
 
+import io
 import json
 import os
 from dataclasses import dataclass
@@ -23,7 +24,7 @@ from attnviz import __version__
 from attnviz.checkpoint import Bundle, load_checkpoint
 from attnviz.decoding import Decoding, greedy_decode
 from attnviz.decoding import step_through as _step_through
-from attnviz.errors import CheckpointError, InputError
+from attnviz.errors import CheckpointError
 
 DEFAULT_MODEL = "en-de"
 MAX_OUTPUT_TOKENS = 256
@@ -75,17 +76,18 @@ def _source_tensor(bundle: Bundle, text: str) -> tuple[torch.Tensor, tuple[str, 
     return torch.tensor([enc.ids], device=bundle.device), enc.tokens
 
 
-def _max_output(src_len: int) -> int:
-    return min(MAX_OUTPUT_TOKENS, 2 * src_len + 16)
+def _max_output(bundle: Bundle, src_len: int) -> int:
+    """How many tokens decoding may produce: generous, but within the model's positions."""
+    return min(MAX_OUTPUT_TOKENS, 2 * src_len + 16, bundle.config.max_len - 1)
 
 
 def translate(bundle: Bundle, text: str, beam: int = 1) -> str:
     """The model's output for ``text``: greedy with ``beam`` 1, else beam search."""
     src, _ = _source_tensor(bundle, text)
     if beam == 1:
-        ids = greedy_decode(bundle.model, src, max_len=_max_output(src.shape[1]))[0]
+        ids = greedy_decode(bundle.model, src, max_len=_max_output(bundle, src.shape[1]))[0]
     else:
-        ids = _step_through(bundle.model, src, beam_size=beam, max_len=_max_output(src.shape[1])).ids
+        ids = _step_through(bundle.model, src, beam_size=beam, max_len=_max_output(bundle, src.shape[1])).ids
     return bundle.tokenizer.decode(ids)
 
 
@@ -100,7 +102,7 @@ def step_through(bundle: Bundle, text: str, beam: int = 1, top_k: int = 5, targe
     if target is not None:
         forced = list(bundle.tokenizer.encode_target(target)[1].ids)
     return _step_through(
-        bundle.model, src, beam_size=beam, top_k=top_k, max_len=_max_output(src.shape[1]), forced=forced
+        bundle.model, src, beam_size=beam, top_k=top_k, max_len=_max_output(bundle, src.shape[1]), forced=forced
     )
 
 
@@ -136,9 +138,14 @@ class AttentionExport:
 
     def save(self, path: str | Path) -> Path:
         path = Path(path)
-        with open(path, "wb") as f:  # a file object, so numpy does not append ".npz" to the name
-            np.savez_compressed(f, **self.arrays())
+        path.write_bytes(self.to_bytes())  # bytes, so numpy does not append ".npz" to the name
         return path
+
+    def to_bytes(self) -> bytes:
+        """The .npz file's content (what `attnviz attention --out` writes)."""
+        buf = io.BytesIO()
+        np.savez_compressed(buf, **self.arrays())
+        return buf.getvalue()
 
 
 def load_export(path: str | Path) -> AttentionExport:
@@ -156,23 +163,43 @@ def load_export(path: str | Path) -> AttentionExport:
         )
 
 
+def _decoder_input(bundle: Bundle, src_ids: torch.Tensor, tgt: str | None) -> tuple[tuple[int, ...], tuple[str, ...]]:
+    """The decoder input ids and labels: ``<s>`` and ``tgt``'s pieces, or the greedy output."""
+    tok = bundle.tokenizer
+    if tgt is None:
+        out = greedy_decode(bundle.model, src_ids, max_len=_max_output(bundle, src_ids.shape[1]))[0]
+        return (tok.bos_id, *out), ("<s>", *(tok.target_token(i) for i in out))
+    enc, _ = tok.encode_target(tgt)
+    return enc.ids, enc.tokens
+
+
 @torch.no_grad()
+def _forward(bundle: Bundle, src: str, tgt: str | None, internals: bool):
+    src_ids, src_tokens = _source_tensor(bundle, src)
+    tgt_ids, tgt_tokens = _decoder_input(bundle, src_ids, tgt)
+    tgt_tensor = torch.tensor([tgt_ids], device=bundle.device)
+    result = bundle.model(
+        src_ids, tgt_tensor, return_attention=True, return_internals=internals, return_logits=False
+    ).attention
+    return result, src_ids[0].tolist(), src_tokens, tgt_ids, tgt_tokens
+
+
+def attention_scores(bundle: Bundle, src: str, tgt: str | None = None) -> dict[str, np.ndarray]:
+    """The scaled scores Q K^T / sqrt(d_k) before the softmax, per kind, (L, H, Q, K) float32.
+
+    The same inputs as :func:`attention`; masked entries are ``-inf``.
+    """
+    result = _forward(bundle, src, tgt, internals=True)[0]
+    return {
+        kind: torch.stack([r.scores for r in records])[:, 0].float().cpu().numpy()
+        for kind, records in result.internals.items()
+    }
+
+
 def attention(bundle: Bundle, src: str, tgt: str | None = None) -> AttentionExport:
     """Every attention map for ``src``, with ``tgt`` (or, without it, the model's greedy output)
     as the decoder input."""
-    tok = bundle.tokenizer
-    src_ids, src_tokens = _source_tensor(bundle, src)
-    if tgt is None:
-        out = greedy_decode(bundle.model, src_ids, max_len=_max_output(src_ids.shape[1]))[0]
-        tgt_ids = (tok.bos_id, *out)
-        tgt_tokens = ("<s>", *(tok.target_token(i) for i in out))
-    else:
-        enc, _ = tok.encode_target(tgt)
-        tgt_ids, tgt_tokens = enc.ids, enc.tokens
-    if len(tgt_ids) > bundle.config.max_len:
-        raise InputError(f"the target is {len(tgt_ids)} tokens long; this model takes at most {bundle.config.max_len}")
-    tgt_tensor = torch.tensor([tgt_ids], device=bundle.device)
-    result = bundle.model(src_ids, tgt_tensor, return_attention=True).attention
+    result, src_ids, src_tokens, tgt_ids, tgt_tokens = _forward(bundle, src, tgt, internals=False)
 
     def stack(kind: str) -> np.ndarray:
         return result.stacked(kind)[:, 0].float().cpu().numpy()  # (L, B=1, H, Q, K) -> (L, H, Q, K)
@@ -197,7 +224,7 @@ def attention(bundle: Bundle, src: str, tgt: str | None = None) -> AttentionExpo
         encoder=stack("encoder"),
         decoder=stack("decoder"),
         cross=stack("cross"),
-        src_ids=np.array(src_ids[0].tolist(), dtype=np.int64),
+        src_ids=np.array(src_ids, dtype=np.int64),
         tgt_ids=np.array(tgt_ids, dtype=np.int64),
         src_tokens=tuple(src_tokens),
         tgt_tokens=tuple(tgt_tokens),

@@ -30,12 +30,19 @@ def _new_cache(model: Transformer) -> list[LayerCache]:
 
 @torch.no_grad()
 def greedy_decode(
-    model: Transformer, src: Tensor, src_valid: Tensor | None = None, max_len: int = 64
+    model: Transformer,
+    src: Tensor,
+    src_valid: Tensor | None = None,
+    max_len: int = 64,
+    encoder_mask: Tensor | None = None,
 ) -> list[list[int]]:
-    """Greedy outputs for a batch of source ids (B, S), each without the start and end tokens."""
+    """Greedy outputs for a batch of source ids (B, S), each without the start and end tokens.
+
+    ``encoder_mask`` is passed to :meth:`Transformer.encode` (an extra encoder self-attention mask).
+    """
     cfg = model.cfg
     B = src.shape[0]
-    memory, _ = model.encode(src, src_valid)
+    memory, _ = model.encode(src, src_valid, encoder_mask=encoder_mask)
     cache = _new_cache(model)
     token = torch.full((B, 1), cfg.bos_id, dtype=torch.long, device=src.device)
     done = torch.zeros(B, dtype=torch.bool, device=src.device)

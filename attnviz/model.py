@@ -9,6 +9,13 @@ Attention is returned, not hooked: every attention module returns ``(out, record
 model gathers the records into a frozen :class:`Attention` when ``return_attention=True``. Without
 the flag the fused ``F.scaled_dot_product_attention`` kernel runs and no map is materialised.
 
+Where the paper is silent this file chooses, and says so: biases on the attention projections
+(``attn_bias``, as in tensor2tensor and Marian), LayerNorm epsilon 1e-5, Xavier-uniform
+initialisation of the linear layers, positions counted from 0, and a query with no key to attend
+to (only possible with an all-padding row) giving zeros instead of NaN. Options beyond the paper
+(pre-LN, GELU/swish, learned or concatenated positions, an output bias) exist for real checkpoints;
+the defaults are the paper's.
+
 Shape letters, used in comments throughout: B batch, S source length, T target length, Q query
 length, K key length, H heads, Dh d_head, D d_model, F d_ff, V vocabulary size, L layers.
 """
@@ -438,7 +445,7 @@ class Attention:
 
 @dataclass(frozen=True)
 class Seq2SeqOutput:
-    logits: Tensor  # (B, T, V): scores for the token after each target position
+    logits: Tensor | None  # (B, T, V): scores for the token after each target position
     memory: Tensor  # (B, S, D): the encoder output
     attention: Attention | None = None
 
@@ -484,12 +491,28 @@ class Transformer(nn.Module):
             raise InputError(f"{side} ids must lie in [0, {vocab_size}); got {int(ids.min())}..{int(ids.max())}")
 
     def encode(
-        self, src: Tensor, src_valid: Tensor | None = None, capture: str | None = None
+        self,
+        src: Tensor,
+        src_valid: Tensor | None = None,
+        capture: str | None = None,
+        encoder_mask: Tensor | None = None,
+        use_positions: bool = True,
     ) -> tuple[Tensor, list[AttentionRecord | None]]:
-        """Source ids (B, S) -> memory (B, S, D) and each layer's self-attention record."""
+        """Source ids (B, S) -> memory (B, S, D) and each layer's self-attention record.
+
+        Two experiments leave the model untouched: ``encoder_mask`` (S, S) or (B, 1, S, S), True =
+        may attend, restricts encoder self-attention further (sparse patterns); ``use_positions``
+        False skips the positional encoding (self-attention alone then sees a bag of tokens).
+        """
         self._check_ids(src, self.cfg.src_vocab_size, "source")
         mask = attention_masks(src_valid)["encoder"]
-        x = self.dropout(self.pos(self.src_embed(src)))
+        if encoder_mask is not None:
+            S = src.shape[1]
+            if encoder_mask.shape[-2:] != (S, S) or encoder_mask.dtype != torch.bool:
+                raise InputError(f"encoder_mask must be a boolean ({S}, {S}) mask, got {tuple(encoder_mask.shape)}")
+            mask = encoder_mask if mask is None else mask & encoder_mask
+        x = self.src_embed(src)
+        x = self.dropout(self.pos(x) if use_positions else x)
         records = []
         for layer in self.encoder_layers:
             x, rec = layer(x, mask, capture)
@@ -504,11 +527,14 @@ class Transformer(nn.Module):
         tgt_valid: Tensor | None = None,
         capture: str | None = None,
         cache: list[LayerCache] | None = None,
-    ) -> tuple[Tensor, list, list]:
+        with_logits: bool = True,
+    ) -> tuple[Tensor | None, list, list]:
         """Target ids (B, T) and memory -> logits (B, T, V), self and cross records per layer.
 
         With ``cache`` (one :class:`LayerCache` per layer), ``tgt`` holds only the new positions;
-        earlier keys and values come from the cache, which is updated in place.
+        earlier keys and values come from the cache, which is updated in place. Without
+        ``with_logits`` the output projection (a large matmul over the vocabulary) is skipped and
+        None is returned in its place: attention maps do not need it.
         """
         self._check_ids(tgt, self.cfg.tgt_vocab_size, "target")
         B, T = tgt.shape
@@ -521,7 +547,7 @@ class Transformer(nn.Module):
             x, s_rec, c_rec = layer(x, memory, self_mask, masks["cross"], capture, None if cache is None else cache[i])
             self_recs.append(s_rec)
             cross_recs.append(c_rec)
-        return self.logits(self.decoder_norm(x)), self_recs, cross_recs
+        return (self.logits(self.decoder_norm(x)) if with_logits else None), self_recs, cross_recs
 
     def logits(self, x: Tensor) -> Tensor:
         """The pre-softmax linear transformation, tied to the target embedding (3.4)."""
@@ -538,16 +564,20 @@ class Transformer(nn.Module):
         *,
         return_attention: bool = False,
         return_internals: bool = False,
+        return_logits: bool = True,
     ) -> Seq2SeqOutput:
         """Teacher-forced forward pass.
 
         ``src`` (B, S) and ``tgt`` (B, T) are token ids; ``tgt`` starts with the start token.
         ``src_valid`` / ``tgt_valid`` (bool, True = real token) mark padding. With
         ``return_attention`` every map is returned; ``return_internals`` adds scores, Q, K, V.
+        ``return_logits=False`` skips the output projection (``logits`` is then None).
         """
         capture = "internals" if return_internals else "weights" if return_attention else None
         memory, enc_recs = self.encode(src, src_valid, capture)
-        logits, self_recs, cross_recs = self.decode(tgt, memory, src_valid, tgt_valid, capture)
+        logits, self_recs, cross_recs = self.decode(
+            tgt, memory, src_valid, tgt_valid, capture, with_logits=return_logits
+        )
         attn = None
         if capture is not None:
             attn = Attention(

@@ -49,7 +49,7 @@ class Recipe:
 RECIPES = {
     "en-de": Recipe(d_model=128, n_layers=3, n_heads=4, d_ff=512, steps=8000, batch_size=96, warmup=1000),
     "reverse": Recipe(
-        d_model=64, n_layers=2, n_heads=4, d_ff=256, steps=6000, batch_size=64, warmup=500, target_exact_match=0.99
+        d_model=128, n_layers=2, n_heads=4, d_ff=512, steps=5000, batch_size=64, warmup=1000, target_exact_match=0.99
     ),
 }
 
