@@ -201,7 +201,8 @@ def train(
         loss.backward()
         optimizer.step()
         schedule.step()
-        loss_avg = float(loss) if loss_avg is None else 0.98 * loss_avg + 0.02 * float(loss)
+        value = float(loss.detach())
+        loss_avg = value if loss_avg is None else 0.98 * loss_avg + 0.02 * value
         if not math.isfinite(loss_avg):
             raise RuntimeError(f"training diverged at step {step} (loss {loss_avg}); lower --lr-scale")
         if step % 500 == 0 or step == recipe.steps:

@@ -1,0 +1,112 @@
+"""The CLI contract: output formats, the .npz layout, exit codes and messages."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+import attnviz
+from attnviz.cli import main
+
+
+def run_cli(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "attnviz.cli", *args], capture_output=True, text=True, timeout=300, check=False
+    )
+
+
+def test_translate_prints_the_output(capsys):
+    assert main(["translate", "--model", "en-de", "--device", "cpu", "Thursday, July 2, 1998"]) == 0
+    assert capsys.readouterr().out.strip() == "Donnerstag, 2. Juli 1998"
+
+
+def test_translate_with_beam(capsys):
+    assert main(["translate", "--model", "reverse", "--beam", "4", "a b c d"]) == 0
+    assert capsys.readouterr().out.strip() == "d c b a"
+
+
+def test_attention_export_layout(tmp_path):
+    out = tmp_path / "maps.npz"
+    assert (
+        main(["attention", "--model", "en-de", "--src", "twenty-one", "--tgt", "einundzwanzig", "--out", str(out)]) == 0
+    )
+    bundle = attnviz.load("en-de", device="cpu")
+    cfg = bundle.config
+    with np.load(out, allow_pickle=False) as z:
+        assert set(z.files) == {
+            "encoder",
+            "decoder",
+            "cross",
+            "src_ids",
+            "tgt_ids",
+            "src_tokens",
+            "tgt_tokens",
+            "manifest",
+        }
+        S, T = len(z["src_ids"]), len(z["tgt_ids"])
+        assert z["encoder"].dtype == np.float32 and z["encoder"].shape == (cfg.n_enc_layers, cfg.n_heads, S, S)
+        assert z["decoder"].dtype == np.float32 and z["decoder"].shape == (cfg.n_dec_layers, cfg.n_heads, T, T)
+        assert z["cross"].dtype == np.float32 and z["cross"].shape == (cfg.n_dec_layers, cfg.n_heads, T, S)
+        assert z["src_ids"].dtype.kind == "i" and z["tgt_ids"].dtype.kind == "i"
+        assert z["src_tokens"].dtype.kind == "U" and len(z["src_tokens"]) == S
+        # Exactly the ids the model read: the source ends with </s>, the decoder input starts with <s>.
+        assert z["src_ids"][-1] == cfg.eos_id and z["tgt_ids"][0] == cfg.bos_id
+        enc = bundle.tokenizer.encode_source("twenty-one")
+        assert z["src_ids"].tolist() == list(enc.ids)
+        manifest = json.loads(str(z["manifest"]))
+        assert manifest["model"] == "en-de" and manifest["checkpoint_sha256"] == bundle.sha256
+        assert manifest["config"]["d_model"] == cfg.d_model
+        assert manifest["axes"]["cross"][2].startswith("query") and manifest["axes"]["cross"][3].startswith("key")
+        assert {"attnviz", "torch", "numpy"} <= set(manifest["versions"])
+
+
+def test_attention_without_tgt_uses_the_greedy_output(tmp_path):
+    out = tmp_path / "maps.npz"
+    assert main(["attention", "--model", "en-de", "--src", "twenty-one", "--out", str(out)]) == 0
+    export = attnviz.load_export(out)
+    bundle = attnviz.load("en-de", device="cpu")
+    assert bundle.tokenizer.decode(export.tgt_ids) == attnviz.translate(bundle, "twenty-one") == "einundzwanzig"
+    assert export.manifest["tgt"] is None
+
+
+def test_evaluate_last_line(capsys):
+    assert main(["evaluate", "--model", "reverse", "--n", "50", "--seed", "5"]) == 0
+    last = capsys.readouterr().out.strip().splitlines()[-1]
+    assert last.startswith("exact_match=")
+    assert 0.0 <= float(last.split("=")[1]) <= 1.0
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["translate", "--model", "no-such-model", "hi"], "no model named 'no-such-model'"),
+        (["translate", "--model", "en-de", "   "], "source text is empty"),
+        (["translate", "--model", "en-de", "x" * 50_000], "at most"),
+        (["attention", "--model", "/nonexistent/dir", "--src", "a", "--out", "x.npz"], "no model named"),
+    ],
+)
+def test_errors_exit_2_with_a_message(args, message, capsys):
+    assert main(args) == 2
+    err = capsys.readouterr().err
+    assert message in err and "Traceback" not in err
+
+
+def test_console_script_runs_and_reports_errors():
+    proc = run_cli("translate", "--model", "reverse", "a b c")
+    assert proc.returncode == 0 and proc.stdout.strip() == "c b a"
+    proc = run_cli("translate", "--model", "reverse", "")
+    assert proc.returncode == 2 and "empty" in proc.stderr and "Traceback" not in proc.stderr
+
+
+def test_train_writes_a_loadable_checkpoint(tmp_path, capsys):
+    out = tmp_path / "tiny-reverse"
+    assert main(["train", "reverse", "--out", str(out), "--steps", "30", "--eval-n", "20"]) == 0
+    bundle = attnviz.load(str(out), device="cpu")
+    assert bundle.info["task"] == "reverse" and bundle.info["metrics"]["n"] == 20
+    card = (out / "README.md").read_text()
+    assert f"attnviz train reverse --out {out.as_posix()} --seed 0 --steps 30" in card
+    assert "exact_match=" in capsys.readouterr().err
