@@ -1,0 +1,78 @@
+"""attnviz: the home page. Run with `streamlit run app.py`."""
+
+import streamlit as st
+
+from attnviz.app_support import PAGES, run_attention, show_error, sidebar
+from attnviz.plots import attention_heatmap
+
+st.set_page_config(page_title="attnviz", page_icon="🔍", layout="wide")
+choices = sidebar()
+
+st.title("attnviz: attention in the Transformer")
+st.markdown(
+    """
+attnviz shows the attention of the encoder-decoder Transformer of *Attention Is All You Need*
+(Vaswani et al., 2017), per layer and per head, for a sentence you choose, with models that really
+were trained (see each model's card in `pretrained/`).
+
+**How to read a map.** Each row is a *query* position, each column a *key* position; a row holds
+the weights with which that query mixes the keys' values, and sums to 1. Cross-attention maps are
+*target rows by source columns*: the decoder, about to write its next token, looks at the source.
+Grey cells are masked: the model could not look there (a future position, or padding).
+
+**Attention is not explanation.** A large weight says that a value vector was mixed in, not that
+it caused the output: values differ in size, residual connections carry information around
+attention, and other heads and layers can undo what one head does (Jain & Wallace, 2019;
+Wiegreffe & Pinter, 2019). Read maps as what the model computed, not as why it decided.
+"""
+)
+
+st.subheader("Pages")
+DESCRIPTIONS = {
+    "pages/explorer.py": "every map of every layer and head: one head large (weights or the scores before "
+    "the softmax), all heads as a grid, BertViz-style lines, head averages and attention rollout, and a "
+    "table of head statistics; each view exports as PNG/SVG, CSV and NPZ.",
+    "pages/decoding.py": "greedy or beam search one token at a time: the top candidates, where every head "
+    "of the decoder looks at each step, and the alignment growing row by row; teacher forcing with a "
+    "target sentence.",
+    "pages/mechanics.py": "equation 1 by hand on a 3-token example you can edit, why the scores are divided by "
+    "sqrt(d_k), the padding and subsequent masks, the shapes of multi-head attention, why self-attention "
+    "without positions is a bag of tokens (shown on the loaded model), and the learning-rate schedule.",
+    "pages/variants.py": "sparse attention patterns (local, dilated, strided) and their cost, the same patterns "
+    "imposed on the loaded model's encoder, Synthesizer attention without token-to-token scores, and the "
+    "complexity table of section 4 with timings measured on this machine.",
+    "pages/positional.py": "the sinusoidal encoding as a matrix and as curves, its wavelengths, how the dot "
+    "product of two positions depends only on their offset, the interleaved and concatenated layouts, and the "
+    "positions of the loaded model.",
+    "pages/linearity.py": "section 3.5's claim that PE(pos + k) is a linear function (a rotation) of PE(pos): "
+    "the matrix M_k, the angle-addition identities, least-squares fits for sinusoidal, random and learned "
+    "tables, and where floating point makes it break.",
+}
+for path, label, icon in PAGES[1:]:
+    st.page_link(path, label=label, icon=icon)
+    st.caption(DESCRIPTIONS.get(path, ""))
+
+if choices is not None:
+    try:
+        export = run_attention(choices.model, choices.device, choices.src, choices.tgt)
+    except Exception as e:  # noqa: BLE001 - the user sees a message, never a traceback
+        show_error(e)
+    else:
+        L, H = export.cross.shape[:2]
+        output = "".join(export.tgt_tokens[1:]).replace("▁", " ").strip()
+        st.subheader("Where the decoder looks")
+        st.markdown(f"**Source:** {choices.src}  \n**Decoder input:** {output or '(empty)'}")
+        st.caption(
+            f"Cross-attention of the last layer ({L}), averaged over its {H} heads. "
+            "The attention explorer shows every layer and head."
+        )
+        st.plotly_chart(
+            attention_heatmap(
+                export.cross[-1].mean(0),
+                export.tgt_tokens,
+                export.src_tokens,
+                "cross",
+                title=f"Cross-attention, layer {L}, mean of {H} heads",
+            ),
+            width="stretch",
+        )

@@ -1,0 +1,311 @@
+"""Summaries of attention maps: head averages, attention rollout, per-head statistics, exports.
+
+Everything here takes plain numpy arrays and token lists (the data of
+:class:`attnviz.api.AttentionExport`) and returns numpy arrays or pandas DataFrames; nothing needs
+torch, a model or Streamlit. Maps are per head and post-softmax, rows are queries and columns are
+keys, as in the export: ``encoder`` (L, H, S, S), ``decoder`` (L, H, T, T), ``cross`` (L, H, T, S).
+
+Shape letters: L layers, H heads, Q queries, K keys, S source length, T target (decoder input) length.
+Layers and heads are numbered from 1 in every DataFrame, as in the app; token positions from 0.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+
+import numpy as np
+import pandas as pd
+
+KINDS = ("encoder", "decoder", "cross")
+
+# What `mean_distance` measures for each kind of map; also in the `distance_note` attribute of the
+# DataFrame `head_statistics` returns, so a page or a CSV export can show it beside the numbers.
+DISTANCE_NOTES = {
+    "encoder": "mean |query position - key position|, in source tokens",
+    "decoder": "mean |query position - key position|, in target tokens (keys at or before the query)",
+    "cross": (
+        "target and source positions do not correspond one to one, so each query position t is first "
+        "mapped onto the source axis, t * (S - 1) / (T - 1), the straight line from the first to the "
+        "last token of both; the distance is |mapped position - key position|, in source tokens. "
+        "It measures how far a head strays from a monotone, length-proportional alignment, "
+        "not a distance between the words themselves"
+    ),
+}
+
+# Row sums of a post-softmax map are 1, or 0 for a query whose every key is masked (the model's rule);
+# float32 sums over a few hundred keys stay far inside this tolerance.
+_ROW_SUM_TOLERANCE = 1e-3
+
+
+def _check_head_axis(maps: np.ndarray) -> np.ndarray:
+    maps = np.asarray(maps)
+    if maps.ndim not in (3, 4):
+        raise ValueError(
+            f"expected attention maps of shape (layers, heads, query, key) or (heads, query, key), "
+            f"got an array of shape {maps.shape}"
+        )
+    if maps.shape[-3] == 0:
+        raise ValueError(f"the maps have no heads (shape {maps.shape}); there is nothing to combine")
+    return maps
+
+
+def head_mean(maps: np.ndarray) -> np.ndarray:
+    """The mean over heads of (L, H, Q, K) or (H, Q, K) maps: (L, Q, K) or (Q, K).
+
+    Each row is still a probability distribution over keys (a mean of distributions), and it is what
+    the layer would attend with if its heads' outputs were weighted equally, which they are not: the
+    output projection mixes heads with learned weights, and the values differ per head. The mean also
+    hides disagreement: a head looking left and one looking right average to a blur that no head
+    shows. Look at single heads, or at :func:`head_max`, before reading much into a mean.
+    """
+    return _check_head_axis(maps).mean(axis=-3)
+
+
+def head_max(maps: np.ndarray) -> np.ndarray:
+    """The largest weight any head gives each (query, key) pair: (L, Q, K) or (Q, K).
+
+    Use it to find where some head attends strongly, whichever head that is. It is not attention:
+    rows do not sum to 1 (anything from 1 to the number of heads), so it cannot be used as weights,
+    rolled out or fed to :func:`head_statistics`, and it cannot tell one sharp head from several.
+    """
+    return _check_head_axis(maps).max(axis=-3)
+
+
+def attention_rollout(encoder_maps: np.ndarray, add_residual: bool = True) -> np.ndarray:
+    """The rollout of encoder self-attention up to and including each layer: (L, S, S), float64.
+
+    Attention rollout (Abnar & Zuidema 2020, "Quantifying Attention Flow in Transformers",
+    arXiv:2005.00928, section 3). Per layer l, with W_l the mean of its heads' maps:
+
+        A_l = normalise_rows(0.5 * W_l + 0.5 * I)     (I only with ``add_residual``)
+        rollout_1 = A_1,    rollout_l = A_l @ rollout_{l-1}
+
+    Row q of ``result[l - 1]`` says how much of the representation at source position q after layer
+    l comes from each input token (rows: queries of layer l; columns: input tokens, the embeddings
+    before layer 1). Each row sums to 1; a row of zeros (a fully masked query) stays zero without
+    the residual.
+
+    The 0.5 * I stands for the residual connection around each attention sub-layer, weighting the
+    skip path and the attention path equally. Rollout assumes information mixes linearly through the
+    attention weights alone: it ignores the values and output projection (a head that attends to a
+    token but writes nothing from it still counts), the feed-forward sub-layers, LayerNorm, and the
+    real relative size of the residual stream. It is a picture of possible token mixing, not an
+    attribution of the model's output.
+    """
+    maps = np.asarray(encoder_maps)
+    if maps.ndim != 4 or maps.shape[-1] != maps.shape[-2]:
+        raise ValueError(
+            f"attention rollout needs encoder self-attention maps of shape (layers, heads, S, S), got {maps.shape}"
+        )
+    n_layers, _, n_tokens, _ = maps.shape
+    mixing = head_mean(maps).astype(np.float64)  # (L, S, S)
+    if add_residual:
+        mixing = 0.5 * mixing + 0.5 * np.eye(n_tokens)
+    sums = mixing.sum(axis=-1, keepdims=True)
+    mixing = np.divide(mixing, sums, out=np.zeros_like(mixing), where=sums > 0)
+    rollout = np.empty((n_layers, n_tokens, n_tokens))
+    flow = np.eye(n_tokens)
+    for layer in range(n_layers):
+        flow = mixing[layer] @ flow  # later layers on the left: rows are this layer's queries
+        rollout[layer] = flow
+    return rollout
+
+
+def _check_maps(maps: np.ndarray, query_tokens: Sequence[str], key_tokens: Sequence[str]) -> np.ndarray:
+    maps = np.asarray(maps)
+    if maps.ndim != 4:
+        raise ValueError(f"expected attention maps of shape (layers, heads, query, key), got {maps.shape}")
+    n_queries, n_keys = maps.shape[-2:]
+    if n_queries != len(query_tokens):
+        raise ValueError(
+            f"the maps have {n_queries} query rows but {len(query_tokens)} query tokens were given; "
+            f"pass the tokens of the query axis (rows)"
+        )
+    if n_keys != len(key_tokens):
+        raise ValueError(
+            f"the maps have {n_keys} key columns but {len(key_tokens)} key tokens were given; "
+            f"pass the tokens of the key axis (columns)"
+        )
+    return maps
+
+
+def _aligned_keys(n_queries: int, n_keys: int, kind: str) -> np.ndarray:
+    """Float key position each query lines up with: itself for self-attention, the scaled diagonal for cross."""
+    positions = np.arange(n_queries, dtype=np.float64)
+    if kind != "cross":
+        return positions
+    if n_queries == 1:
+        return np.zeros(1)
+    return positions * (n_keys - 1) / (n_queries - 1)
+
+
+def _mean_over(values: np.ndarray, rows: np.ndarray) -> np.ndarray:
+    """Mean of (L, H, Q) ``values`` over the queries where ``rows`` (Q,) is True; NaN if there are none."""
+    if not rows.any():
+        return np.full(values.shape[:2], np.nan)
+    return values[..., rows].mean(axis=-1)
+
+
+def head_statistics(
+    maps: np.ndarray, query_tokens: Sequence[str], key_tokens: Sequence[str], kind: str
+) -> pd.DataFrame:
+    """One row of summary numbers per (layer, head) of one kind of attention map.
+
+    ``maps`` is (L, H, Q, K), ``kind`` one of ``"encoder"``, ``"decoder"``, ``"cross"``, and the
+    token lists label the query rows and key columns. Columns (``layer`` and ``head`` from 1; every
+    other column a mean over the real query rows, those with any weight, so a fully masked query is
+    left out):
+
+    - ``entropy``: -sum_k p log p, in nats (0 log 0 = 0). Low is sharp, log(K) is uniform.
+    - ``entropy_norm``: entropy / log(number of keys the query may attend to): K for the encoder and
+      cross-attention, t + 1 for decoder query t (causal mask). 1 is uniform over the allowed keys;
+      a query with one allowed key has no choice and contributes 0.
+    - ``mean_distance``: sum_k p |aligned(q) - k|; see ``DISTANCE_NOTES`` and the frame's
+      ``attrs["distance_note"]``. For self-attention aligned(q) = q, in tokens; for cross-attention
+      the query position is scaled onto the source axis, aligned(t) = t (S - 1) / (T - 1).
+    - ``diagonal``: weight on the aligned key, round(aligned(q)) rounded half up: the query itself
+      for self-attention, the scaled diagonal for cross-attention.
+    - ``previous``: weight on the key just before the aligned one, over the queries that have one
+      (query 0 of self-attention has no previous token), so a previous-token head scores 1.
+    - ``first``: weight on key 0 (the first source token, or ``<s>`` for the decoder).
+    - ``end``: weight on the last key, which on the source side is the end token ``</s>``. NaN for
+      decoder self-attention: the decoder input ``<s> pieces`` holds no end token, and only the last
+      query may see its last key.
+
+    Raises ValueError when the shape, the tokens or the kind do not fit, when rows are not
+    distributions (sum 1, or 0 when fully masked: not a :func:`head_max` map), or when a decoder
+    map puts weight on future keys.
+    """
+    if kind not in KINDS:
+        raise ValueError(f"kind must be one of {KINDS}, got {kind!r}")
+    maps = _check_maps(maps, query_tokens, key_tokens)
+    n_layers, n_heads, n_queries, n_keys = maps.shape
+    if kind != "cross" and n_queries != n_keys:
+        raise ValueError(f"{kind} self-attention maps must be square, got {n_queries} queries and {n_keys} keys")
+    if kind == "encoder" and tuple(query_tokens) != tuple(key_tokens):
+        raise ValueError("encoder self-attention has the source tokens on both axes; the two token lists differ")
+    weights = maps.astype(np.float64)  # (L, H, Q, K)
+    if not np.isfinite(weights).all() or (weights < 0).any():
+        raise ValueError("attention weights must be finite and non-negative (post-softmax maps)")
+    row_sums = weights.sum(axis=-1)  # (L, H, Q)
+    if not (np.isclose(row_sums, 1.0, atol=_ROW_SUM_TOLERANCE) | (row_sums == 0)).all():
+        raise ValueError(
+            "every query row must sum to 1 (or 0 when fully masked): pass per-head post-softmax maps "
+            "or head_mean, not head_max or a rollout of another kind"
+        )
+    if kind == "decoder" and np.triu(weights, k=1).max(initial=0.0) > _ROW_SUM_TOLERANCE:
+        raise ValueError("decoder self-attention must be causal, but these maps put weight on later positions")
+
+    # Queries are "real" if any head of any layer gives them weight: masking is per query, not per head.
+    real = (row_sums > 0).any(axis=(0, 1))  # (Q,)
+    plogp = weights * np.log(np.where(weights > 0, weights, 1.0))
+    entropy = -plogp.sum(axis=-1)  # (L, H, Q)
+    allowed = np.arange(1, n_queries + 1) if kind == "decoder" else np.full(n_queries, n_keys)
+    log_allowed = np.log(allowed.astype(np.float64))
+    entropy_norm = np.divide(entropy, log_allowed, out=np.zeros_like(entropy), where=allowed > 1)
+
+    query_at = np.arange(n_queries)
+    aligned = _aligned_keys(n_queries, n_keys, kind)  # (Q,)
+    distance = np.abs(aligned[:, None] - np.arange(n_keys)[None, :])  # (Q, K)
+    diagonal_key = np.floor(aligned + 0.5).astype(int)
+    has_previous = diagonal_key >= 1
+
+    columns = {
+        "entropy": _mean_over(entropy, real),
+        "entropy_norm": _mean_over(entropy_norm, real),
+        "mean_distance": _mean_over((weights * distance).sum(axis=-1), real),
+        "diagonal": _mean_over(weights[..., query_at, diagonal_key], real),
+        "previous": _mean_over(weights[..., query_at, np.maximum(diagonal_key - 1, 0)], real & has_previous),
+        "first": _mean_over(weights[..., 0], real),
+        "end": (
+            np.full((n_layers, n_heads), np.nan) if kind == "decoder" else _mean_over(weights[..., n_keys - 1], real)
+        ),
+    }
+    layer, head = np.meshgrid(np.arange(1, n_layers + 1), np.arange(1, n_heads + 1), indexing="ij")
+    frame = pd.DataFrame(
+        {"layer": layer.ravel(), "head": head.ravel(), **{name: v.ravel() for name, v in columns.items()}}
+    )
+    frame.attrs["distance_note"] = DISTANCE_NOTES[kind]
+    return frame
+
+
+def _select(chosen: Iterable[int] | None, count: int, what: str) -> np.ndarray:
+    """0-based indices for 1-based ``chosen`` numbers (all when None), checked against ``count``."""
+    if chosen is None:
+        return np.arange(count)
+    numbers = np.array(list(chosen), dtype=int)
+    bad = [int(n) for n in numbers if not 1 <= n <= count]
+    if bad:
+        raise ValueError(f"{what} numbers start at 1 and these maps have {count}; got {bad}")
+    return numbers - 1
+
+
+def long_form(
+    maps: np.ndarray,
+    query_tokens: Sequence[str],
+    key_tokens: Sequence[str],
+    layers: Iterable[int] | None = None,
+    heads: Iterable[int] | None = None,
+) -> pd.DataFrame:
+    """One row per (layer, head, query, key) weight of (L, H, Q, K) maps, for CSV export.
+
+    Columns: ``layer``, ``head`` (from 1, as in the app), ``query_index``, ``query_token``,
+    ``key_index``, ``key_token`` (positions from 0) and ``weight``. ``layers`` and ``heads`` pick
+    1-based layers and heads in the given order (None: all), so the export can match the view shown.
+    Rows are ordered by layer, head, query, then key.
+    """
+    maps = _check_maps(maps, query_tokens, key_tokens)
+    n_layers, n_heads, n_queries, n_keys = maps.shape
+    layer_at = _select(layers, n_layers, "layer")
+    head_at = _select(heads, n_heads, "head")
+    chosen = maps[np.ix_(layer_at, head_at)]  # (l, h, Q, K), the selected layers and heads
+    layer, head, query, key = (
+        a.ravel() for a in np.meshgrid(layer_at, head_at, np.arange(n_queries), np.arange(n_keys), indexing="ij")
+    )
+    return pd.DataFrame(
+        {
+            "layer": layer + 1,
+            "head": head + 1,
+            "query_index": query,
+            "query_token": np.asarray(query_tokens, dtype=object)[query],
+            "key_index": key,
+            "key_token": np.asarray(key_tokens, dtype=object)[key],
+            "weight": chosen.ravel(),
+        }
+    )
+
+
+def _block_edges(length: int, n_blocks: int) -> np.ndarray:
+    """Start of each of ``n_blocks`` contiguous blocks covering ``length``, sizes differing by at most 1."""
+    sizes = np.full(n_blocks, length // n_blocks)
+    sizes[: length % n_blocks] += 1  # the first blocks take the remainder, as np.array_split does
+    return np.concatenate([[0], np.cumsum(sizes)])
+
+
+def downsample(matrix: np.ndarray, max_size: int) -> tuple[np.ndarray, list[tuple[int, int]], list[tuple[int, int]]]:
+    """A block-averaged (Q, K) matrix of at most ``max_size`` x ``max_size`` cells, with each cell's ranges.
+
+    Returns ``(cells, row_ranges, col_ranges)``: cell (i, j) is the mean of
+    ``matrix[r0:r1, c0:c1]`` with ``(r0, r1) = row_ranges[i]`` and ``(c0, c1) = col_ranges[j]``
+    (half-open). Blocks are contiguous and their sizes differ by at most one; an axis already short
+    enough keeps one position per cell, so a small matrix comes back unchanged (as float64).
+
+    What is preserved, exactly: the sum of every block (cell * block area), hence the total and the
+    area-weighted mean; the plain mean of the cells equals the matrix mean when the blocks are equal
+    in size, and differs slightly otherwise. For attention rows, sum_j cells[i, j] * (c1 - c0) of
+    column block j is the mean row sum of the rows in block i, that is 1: a cell's rows no longer sum
+    to 1 themselves unless every column block has one position. It is for thumbnails only; a sharp
+    single weight is spread over its block.
+    """
+    matrix = np.asarray(matrix, dtype=np.float64)
+    if matrix.ndim != 2 or 0 in matrix.shape:
+        raise ValueError(f"expected a non-empty (query, key) matrix, got shape {matrix.shape}")
+    if isinstance(max_size, bool) or not isinstance(max_size, (int, np.integer)) or max_size < 1:
+        raise ValueError(f"max_size must be a positive integer, got {max_size!r}")
+    row_edges = _block_edges(matrix.shape[0], min(matrix.shape[0], max_size))
+    col_edges = _block_edges(matrix.shape[1], min(matrix.shape[1], max_size))
+    sums = np.add.reduceat(np.add.reduceat(matrix, row_edges[:-1], axis=0), col_edges[:-1], axis=1)
+    areas = np.outer(np.diff(row_edges), np.diff(col_edges))
+    row_ranges = [(int(a), int(b)) for a, b in zip(row_edges[:-1], row_edges[1:], strict=True)]
+    col_ranges = [(int(a), int(b)) for a, b in zip(col_edges[:-1], col_edges[1:], strict=True)]
+    return sums / areas, row_ranges, col_ranges

@@ -1,0 +1,184 @@
+"""Decoding step-through: watch the decoder write its output one token at a time."""
+
+import html
+import time
+
+import numpy as np
+import pandas as pd
+import streamlit as st
+
+from attnviz import plots
+from attnviz.app_support import clamp_state, load_bundle, run_decoding, show_error, sidebar
+
+st.set_page_config(page_title="attnviz: decoding step by step", page_icon="🔍", layout="wide")
+choices = sidebar()
+st.title("Decoding, step by step")
+st.caption(
+    "At step t the decoder reads the start token and the t tokens it has written, attends to them "
+    "(masked self-attention) and to the source (cross-attention), and picks the next token. "
+    "Each row here is the query of the newest position."
+)
+
+
+def move(delta: int | None = None, to: int | None = None) -> None:
+    """Button callbacks: change the step before the rerun draws the slider."""
+    n = st.session_state.get("n_steps", 1)
+    step = st.session_state.get("step", 1)
+    st.session_state["step"] = max(1, min(n, to if to is not None else step + delta))
+
+
+def tick() -> None:
+    """The play timer (a fragment rerun every second): a full rerun once a second has passed."""
+    if time.time() - st.session_state.get("last_tick", 0.0) >= 0.9:
+        st.rerun(scope="app")
+
+
+def play_step(n: int) -> None:
+    """While playing, advance one step per second of wall time; stop at the last step.
+
+    Runs before the step widgets exist, the only time their state may be changed.
+    """
+    if not st.session_state.get("playing") or time.time() - st.session_state.get("last_tick", 0.0) < 0.9:
+        return
+    st.session_state["last_tick"] = time.time()
+    if st.session_state.get("step", 1) >= n:
+        st.session_state["playing"] = False
+    else:
+        move(+1)
+
+
+def main() -> None:
+    if choices is None:
+        return
+    c1, c2 = st.columns([2, 1])
+    teacher = c2.toggle(
+        "Teacher forcing",
+        key="teacher",
+        disabled=choices.tgt is None,
+        help="Feed the target sentence from the sidebar instead of the model's own tokens.",
+    )
+    teacher = teacher and choices.tgt is not None
+    beam = c1.slider("Beam size (1 = greedy)", 1, 8, key="beam", disabled=teacher)
+    try:
+        bundle = load_bundle(choices.model, choices.device)
+        dec = run_decoding(
+            choices.model, choices.device, choices.src, 1 if teacher else beam, choices.tgt if teacher else None
+        )
+    except Exception as e:  # noqa: BLE001 - the user sees a message, never a traceback
+        show_error(e)
+        return
+    tok = bundle.tokenizer
+    src_tokens = tok.encode_source(choices.src).tokens
+    n = len(dec.steps)
+    st.session_state["n_steps"] = n
+    clamp_state("step", range(1, n + 1))
+    play_step(n)
+
+    b = st.columns([1.2, 1.2, 1.2, 1.2, 1.4, 4.5])
+    b[0].button("First", icon=":material/first_page:", key="step_first", on_click=move, kwargs={"to": 1})
+    b[1].button("Back", icon=":material/chevron_left:", key="step_prev", on_click=move, kwargs={"delta": -1})
+    b[2].button("Next", icon=":material/chevron_right:", key="step_next", on_click=move, kwargs={"delta": +1})
+    b[3].button("Last", icon=":material/last_page:", key="step_last", on_click=move, kwargs={"to": n})
+    b[4].toggle("Play", key="playing", help="advance one step a second")
+    if n > 1:
+        b[5].slider("Step", 1, n, key="step", label_visibility="collapsed")
+    if st.session_state.get("playing"):
+        st.fragment(tick, run_every=1.0)()  # the timer exists only while playing
+    t = st.session_state.get("step", 1) - 1
+    step = dec.steps[t]
+
+    pieces = [tok.target_token(s.token_id) for s in dec.steps]
+    dec_input = ["<s>", *pieces[:-1]]  # what the decoder reads: the start token, then its own output
+    words = "".join(
+        f"<span style='background:#ffd54f;padding:0 2px'>{html.escape(p)}</span>"
+        if i == t
+        else f"<span style='opacity:{1 if i < t else 0.35}'>{html.escape(p)}</span>"
+        for i, p in enumerate(pieces)
+    )
+    st.markdown(f"**Step {t + 1} of {n}.** Output: {words}", unsafe_allow_html=True)
+
+    left, right = st.columns(2)
+    with left:
+        labels = [tok.target_token(c.token_id) for c in step.top]
+        chosen = tok.target_token(step.token_id)
+        st.plotly_chart(plots.topk_bar(labels, [c.prob for c in step.top], chosen=chosen), width="stretch")
+        if teacher:
+            predicted = step.top[0]
+            verdict = "✅ the same" if predicted.token_id == step.token_id else "❌ different"
+            st.markdown(
+                f"Given token **{html.escape(chosen)}** (the model gives it p = {step.prob:.3f}); "
+                f"the model's own prediction: **{html.escape(labels[0])}** (p = {predicted.prob:.3f}): {verdict}."
+            )
+        else:
+            st.markdown(f"Chosen: **{html.escape(chosen)}** with p = {step.prob:.3f}.")
+        if beam > 1 and not teacher:
+            rows = [
+                {
+                    "beam": i + 1,
+                    "followed": "→" if i == step.followed else "",
+                    "output so far": tok.decode(bm.ids) or "(start)",
+                    "log-probability": round(bm.score, 4),
+                }
+                for i, bm in enumerate(step.beams)
+            ]
+            st.markdown("**Beams before this step** (the arrow marks the one the final output extends):")
+            st.dataframe(pd.DataFrame(rows), hide_index=True, width="stretch")
+    with right:
+        st.plotly_chart(
+            plots.step_rows_grid(
+                step.cross_attn.numpy(), src_tokens, title=f"Cross-attention of step {t + 1}, every layer and head"
+            ),
+            width="stretch",
+        )
+
+    L, H = step.cross_attn.shape[:2]
+    clamp_state("layer", range(1, L + 1))
+    clamp_state("head", range(1, H + 1))
+    c1, c2 = st.columns(2)
+    layer = c1.selectbox("Layer", range(1, L + 1), key="layer")
+    head = c2.selectbox("Head", range(1, H + 1), key="head")
+    left, right = st.columns(2)
+    with left:
+        self_row = step.self_attn[layer - 1, head - 1].numpy()[None]  # (1, t + 1): only the prefix
+        st.plotly_chart(
+            plots.attention_heatmap(
+                self_row,
+                [dec_input[t]],
+                dec_input[: t + 1],
+                "decoder",
+                query_start=t,
+                title=f"Decoder self-attention of step {t + 1}, layer {layer}, head {head}",
+            ),
+            width="stretch",
+        )
+        cross_row = step.cross_attn[layer - 1, head - 1].numpy()[None]
+        st.plotly_chart(
+            plots.attention_heatmap(
+                cross_row,
+                [dec_input[t]],
+                src_tokens,
+                "cross",
+                query_start=t,
+                title=f"Cross-attention of step {t + 1}, layer {layer}, head {head}",
+            ),
+            width="stretch",
+        )
+    with right:
+        grown = np.stack([s.cross_attn[layer - 1, head - 1].numpy() for s in dec.steps[: t + 1]])  # (t + 1, S)
+        st.plotly_chart(
+            plots.attention_heatmap(
+                grown,
+                dec_input[: t + 1],
+                src_tokens,
+                "cross",
+                title=f"Cross-attention so far (one row per step), layer {layer}, head {head}",
+            ),
+            width="stretch",
+        )
+        st.caption(
+            "The alignment grows by one row per step: row t is where the decoder looked while writing "
+            "output token t + 1."
+        )
+
+
+main()

@@ -1,0 +1,175 @@
+"""Attention explorer: one head, all heads, lines, aggregates and head statistics, with exports."""
+
+import numpy as np
+import streamlit as st
+
+from attnviz import analysis, plots
+from attnviz.app_support import (
+    clamp_state,
+    download_buttons,
+    run_attention,
+    run_scores,
+    show_error,
+    sidebar,
+)
+
+st.set_page_config(page_title="attnviz: attention explorer", page_icon="🔍", layout="wide")
+choices = sidebar()
+st.title("Attention explorer")
+st.caption(
+    "Rows are queries, columns are keys: row i shows how the token at position i mixes the values "
+    "of the tokens it attends to, and sums to 1. Cross-attention has target rows and source columns."
+)
+
+VIEWS = {
+    "one": "One head",
+    "grid": "All heads (model view)",
+    "lines": "Lines",
+    "aggregate": "Aggregate",
+    "stats": "Head statistics",
+}
+
+
+def open_one_head() -> None:
+    st.session_state["view"] = "one"
+
+
+def select_head_from_table() -> None:
+    """Clicking a row of the statistics table selects that layer and head (runs before the rerun)."""
+    event = st.session_state.get("stats_table")
+    rows = event.selection.rows if event is not None else []
+    table = st.session_state.get("stats_rows")
+    if rows and table is not None:
+        st.session_state["layer"], st.session_state["head"] = table[rows[0]]
+        st.session_state["view"] = "one"
+
+
+def main() -> None:
+    if choices is None:
+        return
+    try:
+        export = run_attention(choices.model, choices.device, choices.src, choices.tgt)
+    except Exception as e:  # noqa: BLE001 - the user sees a message, never a traceback
+        show_error(e)
+        return
+
+    kinds = [k for k in plots.KIND_TITLES if getattr(export, k) is not None]
+    st.session_state.setdefault("kind", "cross" if "cross" in kinds else kinds[0])
+    clamp_state("kind", kinds)
+    kind = st.radio("Attention", kinds, format_func=lambda k: plots.KIND_TITLES[k][0], horizontal=True, key="kind")
+    maps = getattr(export, kind)  # (L, H, Q, K)
+    L, H, Q, K = maps.shape
+    q_tokens = export.src_tokens if kind == "encoder" else export.tgt_tokens
+    k_tokens = export.tgt_tokens if kind == "decoder" else export.src_tokens
+    mask = np.tril(np.ones((Q, K), dtype=bool)) if kind == "decoder" else None
+
+    clamp_state("layer", range(1, L + 1))
+    clamp_state("head", range(1, H + 1))
+    c1, c2, c3 = st.columns([1, 1, 2])
+    layer = c1.selectbox("Layer", range(1, L + 1), key="layer")
+    head = c2.selectbox("Head", range(1, H + 1), key="head")
+    view = c3.selectbox("View", list(VIEWS), format_func=VIEWS.get, key="view")
+    stem = f"{choices.model.replace('/', '_')}-{kind}"
+
+    if view == "one":
+        show_scores = st.toggle(
+            "Scaled scores before the softmax",
+            key="scores",
+            help="Q·K/√d_k: the logits the softmax turns into weights. Masked entries are grey.",
+        )
+        if show_scores:
+            scores = run_scores(choices.model, choices.device, choices.src, choices.tgt)[kind]
+            matrix = scores[layer - 1, head - 1]
+        else:
+            matrix = maps[layer - 1, head - 1]
+        fig = plots.attention_heatmap(
+            matrix,
+            q_tokens,
+            k_tokens,
+            kind,
+            mask=mask,
+            scores=show_scores,
+            title=f"{plots.KIND_TITLES[kind][0]}, layer {layer}, head {head}" + (" (scores)" if show_scores else ""),
+        )
+        shown = analysis.long_form(maps, q_tokens, k_tokens, layers=[layer], heads=[head])
+        if show_scores:
+            shown = shown.rename(columns={"weight": "score"})
+            shown["score"] = matrix.reshape(-1)
+        name = f"{stem}-L{layer}H{head}"
+    elif view == "grid":
+        fig = plots.model_view(maps, q_tokens, k_tokens, kind, selected=(layer, head))
+        st.caption("Every layer (rows) and head (columns); the outlined map is the layer and head chosen above.")
+        st.button(f"Open layer {layer}, head {head} large", on_click=open_one_head, key="open_large")
+        shown = analysis.long_form(maps, q_tokens, k_tokens)
+        name = f"{stem}-all-heads"
+    elif view == "lines":
+        heads = st.multiselect("Heads", range(1, H + 1), default=[head], key="lines_heads")
+        if not heads:
+            st.info("Choose at least one head.")
+            return
+        fig = plots.lines_view(maps[layer - 1, [h - 1 for h in heads]], q_tokens, k_tokens, heads, kind)
+        st.caption("Queries on the left, keys on the right; a line's opacity is the weight (under 0.01 not drawn).")
+        shown = analysis.long_form(maps, q_tokens, k_tokens, layers=[layer], heads=heads)
+        name = f"{stem}-L{layer}-lines"
+    elif view == "aggregate":
+        options = ["mean", "max"] + (["rollout"] if kind == "encoder" else [])
+        clamp_state("aggregate", options)
+        how = st.radio("Aggregate", options, horizontal=True, key="aggregate")
+        if how == "mean":
+            matrix = analysis.head_mean(maps)[layer - 1]
+            st.info(
+                "**Mean over heads**: the average map of this layer. It hides heads that disagree, and the "
+                "model itself does not weight heads equally (W^O mixes them)."
+            )
+        elif how == "max":
+            matrix = analysis.head_max(maps)[layer - 1]
+            st.info(
+                "**Max over heads**: for each cell, the strongest head. Rows no longer sum to 1: it shows "
+                "where *some* head looks, not how the layer mixes."
+            )
+        else:
+            matrix = analysis.attention_rollout(maps)[layer - 1].astype(np.float32)
+            st.info(
+                "**Attention rollout** (Abnar & Zuidema, 2020): heads averaged, the residual added as "
+                "0.5·I, and layers 1..l multiplied, so row i estimates how much each *input* token flows "
+                "into position i after layer l. It assumes linear mixing and ignores values, W^O, the "
+                "feed-forward layers and LayerNorm: a rough estimate, not a measurement."
+            )
+        fig = plots.attention_heatmap(
+            np.clip(matrix, 0, 1),
+            q_tokens,
+            k_tokens,
+            kind,
+            mask=mask,
+            title=f"{plots.KIND_TITLES[kind][0]}, layer {layer}, {how} over heads",
+        )
+        shown = analysis.long_form(matrix[None, None], q_tokens, k_tokens).assign(layer=layer, head=how)
+        name = f"{stem}-L{layer}-{how}"
+    else:
+        table = analysis.head_statistics(maps, q_tokens, k_tokens, kind)
+        st.session_state["stats_rows"] = list(zip(table["layer"], table["head"], strict=True))
+        st.caption(
+            "One row per head; click a row to open that head. **entropy**: how spread a query's weights "
+            "are (0 = one key; normalised: 1 = uniform). **mean_distance**: how far queries look, in "
+            f"positions ({table.attrs.get('distance_note', '')}). **diagonal / previous / first / end**: "
+            "share of weight on the same position, the one before, the first token and the last token."
+        )
+        st.dataframe(
+            table.round(4),
+            key="stats_table",
+            on_select=select_head_from_table,
+            selection_mode="single-row",
+            hide_index=True,
+            width="stretch",
+        )
+        download_buttons(table, None, None, f"{stem}-head-statistics")
+        return
+
+    fmt = st.session_state.get("image_format", "png")
+    st.plotly_chart(fig, width="stretch", config=plots.export_config(name, fmt))
+    if Q > 512 or K > 512:
+        st.warning("Over 512 tokens: the browser may be slow to draw every cell.")
+    download_buttons(shown, export, fmt, name)
+
+
+main()

@@ -1,0 +1,170 @@
+"""Every page of the app runs without exceptions, on defaults and after every widget changes (AppTest).
+
+AppTest starts from app.py and switches pages; with a folder named pages/ beside app.py it then
+runs the page file alone (shared/FACTS.md), which is why every page draws the shared sidebar itself.
+"""
+
+from __future__ import annotations
+
+import pytest
+import streamlit as st
+from streamlit.testing.v1 import AppTest
+
+from attnviz.app_support import CUSTOM_PATH
+
+PAGES = ["app.py", "pages/explorer.py", "pages/decoding.py"]
+
+
+@pytest.fixture(autouse=True)
+def clear_caches():
+    st.cache_data.clear()
+    st.cache_resource.clear()
+
+
+def open_page(page: str) -> AppTest:
+    at = AppTest.from_file("../app.py", default_timeout=120)
+    at.run()
+    if page != "app.py":
+        at.switch_page(page).run()
+    return at
+
+
+def assert_ok(at: AppTest) -> None:
+    assert not at.exception, [e.value for e in at.exception]
+
+
+@pytest.mark.parametrize("page", PAGES)
+def test_page_runs_on_defaults(page):
+    at = open_page(page)
+    assert_ok(at)
+    assert not at.error, [e.value for e in at.error]
+    assert at.sidebar.selectbox(key="model").value == "en-de"
+    assert at.sidebar.text_area(key="src").value  # an example is already analysed: no typing needed
+    assert at.get("plotly_chart"), "a first-time visitor sees attention without doing anything"
+
+
+def test_explorer_every_widget():
+    at = open_page("pages/explorer.py")
+    for kind in ("encoder", "decoder", "cross"):
+        at.radio(key="kind").set_value(kind).run()
+        assert_ok(at)
+        at.selectbox(key="layer").set_value(at.selectbox(key="layer").options[-1]).run()
+        at.selectbox(key="head").set_value(at.selectbox(key="head").options[-1]).run()
+        for view in ("one", "grid", "lines", "aggregate", "stats"):
+            at.selectbox(key="view").set_value(view).run()
+            assert_ok(at)
+            if view == "stats":
+                assert at.dataframe, "the head statistics table"
+            else:
+                assert at.get("plotly_chart"), (kind, view)
+            if view == "grid":
+                at.button(key="open_large").click().run()
+                assert at.selectbox(key="view").value == "one", "the selected head opens large"
+            if view == "aggregate":
+                for how in at.radio(key="aggregate").options:
+                    at.radio(key="aggregate").set_value(how).run()
+                    assert_ok(at)
+    at.selectbox(key="view").set_value("one").run()
+    at.toggle(key="scores").set_value(True).run()
+    assert_ok(at)
+    at.radio(key="image_format").set_value("svg").run()
+    assert_ok(at)
+    labels = [b.label for b in at.get("download_button")]
+    assert "CSV of what is shown" in labels and "NPZ of every map" in labels
+
+
+def test_explorer_other_model_and_device():
+    at = open_page("pages/explorer.py")
+    at.sidebar.selectbox(key="model").set_value("reverse").run()
+    assert_ok(at)
+    assert at.sidebar.text_area(key="src").value.startswith("a t t")  # that model's own example
+    at.sidebar.selectbox(key="device").set_value("cpu").run()
+    assert_ok(at)
+    at.selectbox(key="layer").set_value(2).run()
+    assert_ok(at)
+    assert at.get("plotly_chart")
+
+
+def test_device_that_is_missing_falls_back_with_a_notice():
+    at = open_page("app.py")
+    at.sidebar.selectbox(key="device").set_value("mps").run()
+    assert_ok(at)
+    assert any("CPU instead" in w.value for w in at.sidebar.warning)
+    assert at.get("plotly_chart")
+
+
+def test_decoding_every_widget():
+    at = open_page("pages/decoding.py")
+    assert_ok(at)
+    n = at.session_state["n_steps"]
+    assert n > 1
+    for key in ("step_last", "step_prev", "step_first", "step_next"):
+        at.button(key=key).click().run()
+        assert_ok(at)
+    assert at.session_state["step"] == 2  # first, then next
+    at.slider(key="step").set_value(n).run()
+    assert_ok(at)
+    at.slider(key="beam").set_value(4).run()
+    assert_ok(at)
+    assert at.dataframe, "the beams table"
+    at.selectbox(key="layer").set_value(2).run()
+    at.selectbox(key="head").set_value(3).run()
+    assert_ok(at)
+    at.toggle(key="playing").set_value(True).run()
+    assert_ok(at)
+
+
+def test_decoding_teacher_forcing():
+    at = open_page("pages/decoding.py")
+    at.sidebar.text_area(key="src").set_value("twenty-one").run()
+    at.sidebar.text_input(key="tgt").set_value("zweiundzwanzig").run()
+    at.toggle(key="teacher").set_value(True).run()
+    assert_ok(at)
+    at.button(key="step_next").click().run()  # step 2: the given token is "zwei"
+    assert_ok(at)
+    text = " ".join(m.value for m in at.markdown)
+    assert "Given token" in text and "the model's own prediction" in text
+    assert "❌ different" in text  # the model would write "ein", not the given "zwei"
+
+
+@pytest.mark.parametrize("page", PAGES)
+@pytest.mark.parametrize("text", ["", "x " * 2500, "😀 漢字 ✓ عربى"], ids=["empty", "5000-chars", "emoji"])
+def test_bad_source_text_gives_a_message(page, text):
+    at = open_page(page)
+    at.sidebar.text_area(key="src").set_value(text).run()
+    assert_ok(at)
+    if text.strip() and len(text) < 1000:
+        assert at.get("plotly_chart"), "unknown characters still give a map (as <unk> tokens)"
+    else:
+        assert at.error, "expected a clear message"
+        assert "empty" in at.error[0].value or "at most" in at.error[0].value
+
+
+def test_bad_checkpoint_path_gives_a_message(tmp_path):
+    garbage = tmp_path / "garbage"
+    garbage.mkdir()
+    (garbage / "config.json").write_text("{not json")
+    at = open_page("pages/explorer.py")
+    at.sidebar.selectbox(key="model").set_value(CUSTOM_PATH).run()
+    for path, message in (("/no/such/dir", "no model named"), (str(garbage), "not valid JSON")):
+        at.sidebar.text_input(key="model_path").set_value(path).run()
+        assert_ok(at)
+        assert at.error and message in at.error[0].value
+
+
+def test_changing_layer_head_or_view_does_not_rerun_the_model(monkeypatch):
+    import attnviz.api
+
+    calls = []
+    real = attnviz.api.attention
+    monkeypatch.setattr(attnviz.api, "attention", lambda *a, **k: calls.append(a[1:]) or real(*a, **k))
+    at = open_page("pages/explorer.py")
+    assert len(calls) == 1
+    at.selectbox(key="layer").set_value(2).run()
+    at.selectbox(key="head").set_value(3).run()
+    at.selectbox(key="view").set_value("grid").run()
+    at.radio(key="kind").set_value("encoder").run()
+    assert_ok(at)
+    assert len(calls) == 1, "a view change must reuse the cached forward pass"
+    at.sidebar.text_area(key="src").set_value("twenty-two").run()
+    assert len(calls) == 2, "a new sentence runs the model once"

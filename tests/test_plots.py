@@ -1,0 +1,243 @@
+"""Figure builders: each figure holds exactly the numbers it claims to show, with unique, ordered labels.
+
+Arrays are compared on ``fig.data[i].z`` (numpy) rather than the JSON, where plotly encodes them as
+base64 typed arrays.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import plotly.graph_objects as go
+import pytest
+
+from attnviz.analysis import downsample
+from attnviz.plots import (
+    HIGHLIGHT,
+    KIND_TITLES,
+    MAX_TICK_LABELS,
+    attention_heatmap,
+    export_config,
+    lines_view,
+    model_view,
+    plotly_labels,
+    position_labels,
+    step_rows_grid,
+    topk_bar,
+)
+
+L, H, T, S = 3, 4, 5, 7
+SRC = ["▁the", "▁cat", "▁sat", "▁on", "▁the", "▁mat", "</s>"]  # "▁the" twice
+TGT = ["<s>", "▁die", "▁Katze", "▁saß", "▁die"]
+
+
+def random_maps(*shape: int, seed: int = 0) -> np.ndarray:
+    """Random post-softmax-like maps: positive, rows sum to 1, not symmetric."""
+    rng = np.random.default_rng(seed)
+    maps = rng.random(shape).astype(np.float32) ** 3
+    return maps / maps.sum(-1, keepdims=True)
+
+
+@pytest.fixture
+def cross() -> np.ndarray:
+    return random_maps(L, H, T, S)  # (L, H, T, S): target rows, source columns
+
+
+def test_labels_are_unique_and_escaped():
+    tokens = ["▁the", "▁cat", "▁the", "</s>"]
+    assert position_labels(tokens) == ["0 ▁the", "1 ▁cat", "2 ▁the", "3 </s>"]
+    # plotly reads "<s>" as strike-through: the escaped form is what it displays as "3 </s>".
+    assert plotly_labels(tokens) == ["0 ▁the", "1 ▁cat", "2 ▁the", "3 &lt;/s&gt;"]
+
+
+def test_cross_heatmap_holds_the_slice_with_target_rows_and_source_columns(cross):
+    fig = attention_heatmap(cross[1, 2], TGT, SRC, "cross", title="layer 2, head 3")
+    z = fig.data[0].z
+    assert z.shape == (T, S)
+    np.testing.assert_array_equal(z, cross[1, 2])
+    assert list(fig.data[0].y) == plotly_labels(TGT) and list(fig.data[0].x) == plotly_labels(SRC)
+    assert list(fig.layout.yaxis.ticktext) == plotly_labels(TGT)
+    assert list(fig.layout.xaxis.ticktext) == plotly_labels(SRC)
+    assert (fig.layout.xaxis.type, fig.layout.yaxis.type) == ("category", "category")
+    assert fig.layout.yaxis.title.text == KIND_TITLES["cross"][1] and "query" in fig.layout.yaxis.title.text
+    assert fig.layout.xaxis.title.text == KIND_TITLES["cross"][2] and "key" in fig.layout.xaxis.title.text
+    assert (fig.data[0].zmin, fig.data[0].zmax) == (0.0, 1.0)
+    assert ".6f" in fig.data[0].hovertemplate and "query %{y}" in fig.data[0].hovertemplate
+    assert len(fig.data) == 1  # nothing masked: no mask trace
+
+
+def test_repeated_tokens_keep_distinct_ticks_in_order():
+    tokens = ["▁the", "▁cat", "▁the", "</s>"]
+    fig = attention_heatmap(random_maps(4, 4), tokens, tokens, "encoder")
+    ticks = list(fig.layout.xaxis.ticktext)
+    assert len(set(ticks)) == 4 and ticks == plotly_labels(tokens)
+    assert list(fig.layout.yaxis.tickvals) == list(fig.data[0].y) == plotly_labels(tokens)
+
+
+def test_masked_cells_are_nan_and_grey_while_true_zeros_stay_zero():
+    weights = np.tril(random_maps(4, 4, seed=1))
+    weights[2, 1] = 0.0  # a learned zero the model was allowed to attend to
+    mask = np.tril(np.ones((4, 4), dtype=bool))
+    fig = attention_heatmap(weights, TGT[:4], TGT[:4], "decoder", mask=mask)
+    z = fig.data[0].z
+    assert np.isnan(z[~mask]).all()
+    assert z[2, 1] == 0.0
+    np.testing.assert_array_equal(z[mask], weights[mask])
+    grey = fig.data[1]
+    assert grey.name == "masked" and "masked" in grey.hovertemplate and not grey.showscale
+    np.testing.assert_array_equal(~np.isnan(grey.z), ~mask)  # grey exactly where masked
+    assert {c for _, c in grey.colorscale} == {fig.layout.plot_bgcolor}
+
+
+def test_mask_of_the_wrong_shape_is_refused():
+    with pytest.raises(ValueError, match="mask"):
+        attention_heatmap(random_maps(4, 4), TGT[:4], TGT[:4], "decoder", mask=np.ones((3, 4), dtype=bool))
+    with pytest.raises(ValueError, match="kind"):
+        attention_heatmap(random_maps(4, 4), TGT[:4], TGT[:4], "self")
+
+
+def test_scores_mode_is_diverging_around_zero_and_masks_minus_infinity():
+    rng = np.random.default_rng(2)
+    scores = (rng.standard_normal((4, 4)) * 3).astype(np.float32)
+    scores[np.triu_indices(4, k=1)] = -np.inf
+    fig = attention_heatmap(scores, TGT[:4], TGT[:4], "decoder", scores=True)
+    trace = fig.data[0]
+    assert trace.zmid == 0.0 and trace.zmin is None and trace.zmax is None
+    assert trace.colorscale == go.Heatmap(colorscale="RdBu_r").colorscale
+    assert trace.colorbar.title.text == "score" and "score %{z:.6f}" in trace.hovertemplate
+    future = np.triu(np.ones((4, 4), dtype=bool), k=1)
+    assert np.isnan(trace.z[future]).all()
+    np.testing.assert_array_equal(trace.z[~future], scores[~future])
+    np.testing.assert_array_equal(~np.isnan(fig.data[1].z), future)
+
+
+def test_long_axes_thin_the_labels_but_keep_every_value():
+    n = 200
+    weights = random_maps(n, n, seed=3)
+    fig = attention_heatmap(weights, ["▁a"] * n, ["▁b"] * n, "encoder")
+    np.testing.assert_array_equal(fig.data[0].z, weights)
+    ticks = list(fig.layout.xaxis.ticktext)
+    assert len(ticks) <= MAX_TICK_LABELS and ticks[:2] == ["0 ▁b", "3 ▁b"]
+    assert len(fig.data[0].x) == n
+
+
+def test_model_view_grid_holds_every_head(cross):
+    fig = model_view(cross, TGT, SRC, "cross", selected=(2, 3))
+    assert len(fig.data) == L * H
+    trace = fig.data[(2 - 1) * H + (3 - 1)]  # make_subplots adds subplots row by row
+    assert trace.name == "layer 2 head 3"
+    np.testing.assert_allclose(trace.z, cross[1, 2], atol=5e-5)
+    subplot = fig.get_subplot(2, 3)
+    assert trace.xaxis == subplot.xaxis.plotly_name.replace("axis", "")
+    assert trace.yaxis == subplot.yaxis.plotly_name.replace("axis", "")
+    assert all(t.coloraxis == "coloraxis" for t in fig.data)
+    assert (fig.layout.coloraxis.cmin, fig.layout.coloraxis.cmax) == (0.0, 1.0)
+    titles = {a.text for a in fig.layout.annotations}
+    assert {f"layer {i}" for i in range(1, L + 1)} | {f"head {i}" for i in range(1, H + 1)} <= titles
+    assert "downsampled" not in fig.layout.title.text
+    assert "query" in fig.layout.title.subtitle.text and "key" in fig.layout.title.subtitle.text
+    assert fig.layout.xaxis.showticklabels is False and fig.layout.yaxis.showticklabels is False
+    (outline,) = fig.layout.shapes
+    assert (outline.xref, outline.yref) == (f"{trace.xaxis} domain", f"{trace.yaxis} domain")
+    assert outline.line.color == HIGHLIGHT
+
+
+def test_model_view_block_averages_long_axes():
+    maps = random_maps(2, 2, 10, 9, seed=4)
+    tokens_q, tokens_k = [f"q{i}" for i in range(10)], [f"k{i}" for i in range(9)]
+    fig = model_view(maps, tokens_q, tokens_k, "cross", max_cells=4)
+    expected, rows, cols = downsample(maps[1, 0], 4)
+    trace = fig.data[2]  # layer 2, head 1
+    assert trace.z.shape == (4, 4)
+    np.testing.assert_allclose(trace.z, expected, atol=5e-5)
+    assert rows[0] == (0, 3) and list(trace.y)[0] == "positions 0-2"
+    assert "downsampled" in fig.layout.title.text and "up to 3x3 positions" in fig.layout.title.text
+
+
+def test_model_view_refuses_a_selection_outside_the_grid(cross):
+    with pytest.raises(ValueError, match="selected"):
+        model_view(cross, TGT, SRC, "cross", selected=(L + 1, 1))
+
+
+def test_lines_view_draws_one_line_per_weight_above_threshold(cross):
+    heads = [1, 3]
+    chosen = cross[1][[h - 1 for h in heads]]  # layer 2, heads 1 and 3: (2, T, S)
+    fig = lines_view(chosen, TGT, SRC, heads, "cross", threshold=0.05)
+    lines = [t for t in fig.data if t.meta]
+    expected = {(heads[i], q, k): chosen[i, q, k] for i, q, k in zip(*np.nonzero(chosen >= 0.05), strict=True)}
+    assert len(lines) == len(expected) > 0
+    for t in lines:
+        key = (t.meta["head"], t.meta["query"], t.meta["key"])
+        assert t.opacity == pytest.approx(float(expected.pop(key)))
+        assert (t.y[0], t.y[-1]) == (key[1], key[2]) and (t.x[0], t.x[-1]) == (0.0, 1.0)
+    assert not expected
+    colours = {t.meta["head"]: t.line.color for t in lines}
+    assert len(set(colours.values())) == len(heads)
+    assert [t.name for t in fig.data if t.showlegend is not False and t.mode == "lines"] == ["head 1", "head 3"]
+    texts = [t for t in fig.data if t.mode == "text"]
+    assert list(texts[0].text) == plotly_labels(TGT) and list(texts[1].text) == plotly_labels(SRC)
+    annotations = " ".join(a.text for a in fig.layout.annotations)
+    assert "queries" in annotations and "keys" in annotations
+    opacities = [t.opacity for t in lines]
+    assert opacities == sorted(opacities)  # strongest drawn last, on top
+
+
+def test_lines_view_keeps_the_strongest_lines_when_capped(cross):
+    fig = lines_view(cross[0], TGT, SRC, [1, 2, 3, 4], "cross", threshold=0.0, max_lines=10)
+    lines = [t for t in fig.data if t.meta]
+    assert len(lines) == 10
+    assert min(t.opacity for t in lines) == pytest.approx(float(np.sort(cross[0].ravel())[-10]))
+    assert "10 strongest" in fig.layout.title.subtitle.text
+
+
+def test_topk_bar_puts_the_most_likely_on_top_and_highlights_the_chosen():
+    fig = topk_bar(["▁a", "▁b", "</s>", "▁c"], [0.1, 0.6, 0.25, 0.05], chosen="</s>")
+    bar = fig.data[0]
+    assert list(bar.y) == ["1 ▁b", "2 &lt;/s&gt;", "3 ▁a", "4 ▁c"]
+    np.testing.assert_allclose(bar.x, [0.6, 0.25, 0.1, 0.05])
+    assert fig.layout.yaxis.autorange == "reversed"  # first category at the top
+    assert [c == HIGHLIGHT for c in bar.marker.color] == [False, True, False, False]
+    assert fig.layout.xaxis.title.text == "probability" and tuple(fig.layout.xaxis.range) == (0.0, 1.0)
+    missing = topk_bar(["▁a", "▁b"], [0.3, 0.7], chosen="▁z")
+    assert "not in the top 2" in missing.layout.title.text
+    assert HIGHLIGHT not in missing.data[0].marker.color
+
+
+def test_step_rows_grid_stacks_layers_and_heads(cross):
+    rows = cross[:, :, 3]  # (L, H, S): every layer's and head's cross-attention row of query 3
+    fig = step_rows_grid(rows, SRC, "step 3")
+    trace = fig.data[0]
+    assert trace.z.shape == (L * H, S)
+    assert list(trace.y)[: H + 1] == [f"layer 1 head {h}" for h in range(1, H + 1)] + ["layer 2 head 1"]
+    np.testing.assert_array_equal(trace.z[(2 - 1) * H + (3 - 1)], cross[1, 2, 3])
+    assert list(fig.layout.xaxis.ticktext) == plotly_labels(SRC)
+    assert (trace.zmin, trace.zmax) == (0.0, 1.0) and fig.layout.title.text == "step 3"
+    assert "key" in fig.layout.xaxis.title.text and "query" in fig.layout.yaxis.title.text
+
+
+def test_step_rows_grid_takes_torch_tensors(cross):
+    torch = pytest.importorskip("torch")
+    fig = step_rows_grid(torch.from_numpy(cross[:, :, 0]), SRC, "step 0")
+    np.testing.assert_array_equal(fig.data[0].z, cross[:, :, 0].reshape(L * H, S))
+
+
+def test_export_config_downloads_the_named_format():
+    assert export_config("attention", "svg") == {
+        "toImageButtonOptions": {"format": "svg", "filename": "attention"},
+        "displaylogo": False,
+    }
+    png = export_config("cross_l2_h3.png", "png")
+    assert png["toImageButtonOptions"]["format"] == "png"
+    assert png["toImageButtonOptions"]["filename"] == "cross_l2_h3"  # plotly adds the extension
+    assert png["displaylogo"] is False
+    with pytest.raises(ValueError, match="png"):
+        export_config("x", "jpeg")
+
+
+def test_figures_stay_small():
+    n = 512
+    fig = attention_heatmap(
+        random_maps(n, n, seed=5), ["▁a"] * n, ["▁b"] * n, "decoder", mask=np.tril(np.ones((n, n), bool))
+    )
+    assert len(fig.to_json()) < 5_000_000
+    grid = model_view(random_maps(6, 8, 100, 100, seed=6), ["▁a"] * 100, ["▁b"] * 100, "encoder")
+    assert len(grid.to_json()) < 1_500_000
