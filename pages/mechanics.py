@@ -1,0 +1,286 @@
+"""Mechanics: scaled dot-product and multi-head attention step by step (sections 3.2, 3.5 and 5.3)."""
+
+import numpy as np
+import pandas as pd
+import streamlit as st
+
+from attnviz import mechanics
+from attnviz import teaching_plots as tp
+from attnviz.app_support import clamp_state, keep_in_range, load_bundle, show_error, sidebar
+
+st.set_page_config(page_title="attnviz: mechanics of attention", page_icon="🧮", layout="wide")
+choices = sidebar()
+st.title("The mechanics of attention")
+st.markdown(
+    "This page computes attention by hand: a three-token example of equation 1 whose every number you "
+    "can check on paper, then why the scores are divided by √d_k, what masks do, how multi-head "
+    "attention splits the model's width, why the model needs positional encoding, and the learning-rate "
+    "schedule it was trained with. Knowing these mechanics is what lets you read an attention map as a "
+    "computation rather than as a picture."
+)
+
+MATRICES = {  # key suffix: (title, default, row label, column label, rows can be added)
+    "X": ("Input X (one row per token)", mechanics.DEFAULT_X, "token", "dim", True),
+    "WQ": ("W_Q", mechanics.DEFAULT_W_Q, "dim", "q", False),
+    "WK": ("W_K", mechanics.DEFAULT_W_K, "dim", "k", False),
+    "WV": ("W_V", mechanics.DEFAULT_W_V, "dim", "v", False),
+}
+
+
+@st.cache_data(show_spinner="Sampling queries and keys…", max_entries=32)
+def scaling(d_ks: tuple[int, ...], n_keys: int, seed: int) -> pd.DataFrame:
+    return mechanics.scaling_experiment(d_ks, n_keys=n_keys, n_samples=1000, seed=seed)
+
+
+@st.cache_data(show_spinner="Shuffling the sentence and running the encoder…", max_entries=32)
+def permutation(model: str, device: str, src: str, order: str, seed: int):
+    """Tokens, the order, and the check without and with positional encoding."""
+    bundle = load_bundle(model, device)
+    enc = bundle.tokenizer.encode_source(src)
+    n = len(enc.ids)
+    perm = tuple(range(n - 1, -1, -1)) if order == "reverse" else mechanics.shuffled_order(n, seed)
+    checks = {up: mechanics.permutation_check(bundle.model, enc.ids, perm, up) for up in (False, True)}
+    return enc.tokens, perm, checks
+
+
+def reset_example() -> None:
+    for name in MATRICES:
+        st.session_state.pop(f"mech_{name}", None)
+
+
+def matrix_editor(name: str, container) -> np.ndarray:
+    title, default, row_label, col_label, dynamic = MATRICES[name]
+    default = np.asarray(default, dtype=float)
+    table = pd.DataFrame(default, columns=[f"{col_label} {j}" for j in range(default.shape[1])])
+    if not dynamic:
+        table.index = [f"{row_label} {i}" for i in range(default.shape[0])]
+    container.markdown(f"**{title}**")
+    edited = container.data_editor(
+        table,
+        key=f"mech_{name}",
+        num_rows="dynamic" if dynamic else "fixed",
+        hide_index=dynamic or None,
+        column_config={col: st.column_config.NumberColumn(width=56) for col in table.columns},
+    )
+    return edited.apply(pd.to_numeric, errors="coerce").to_numpy(dtype=float)
+
+
+def show_table(title: str, matrix: np.ndarray, rows: str, cols: str, container=st) -> None:
+    container.markdown(f"**{title}**")
+    container.table(mechanics.labelled(matrix, rows, cols).style.format("{:.4f}"))
+
+
+def worked_example_tab() -> None:
+    st.markdown(
+        "Three input vectors of four dimensions, projected to queries, keys and values of three "
+        "dimensions (d_k = d_v = 3). Edit any cell (rows of X can be added or deleted); every table "
+        "below is recomputed: **scores = Q Kᵀ / √d_k**, **weights = softmax of each row**, "
+        "**output = weights V**."
+    )
+    cols = st.columns([5, 4, 4, 4])
+    inputs = {name: matrix_editor(name, col) for name, col in zip(MATRICES, cols, strict=True)}
+    st.button("Reset to the example's matrices", on_click=reset_example, key="mech_reset")
+    scale = st.toggle("Divide the scores by √d_k (the paper)", value=True, key="mech_scale")
+    try:
+        shown = mechanics.worked_example(inputs["X"], inputs["WQ"], inputs["WK"], inputs["WV"], scale=scale)
+        scaled = mechanics.worked_example(inputs["X"], inputs["WQ"], inputs["WK"], inputs["WV"], scale=True)
+        unscaled = mechanics.worked_example(inputs["X"], inputs["WQ"], inputs["WK"], inputs["WV"], scale=False)
+    except Exception as e:  # noqa: BLE001 - the user sees a message, never a traceback
+        show_error(e)
+        return
+    c = st.columns(3)
+    show_table("Q = X W_Q", shown.Q, "token", "dim", c[0])
+    show_table("K = X W_K", shown.K, "token", "dim", c[1])
+    show_table("V = X W_V", shown.V, "token", "dim", c[2])
+    divisor = f"√{shown.Q.shape[1]} = {shown.divisor:.4f}" if scale else "1 (no scaling)"
+    c = st.columns(3)
+    show_table(f"Scores Q Kᵀ / {divisor}", shown.scores, "query", "key", c[0])
+    show_table("Weights: softmax of each row", shown.weights, "query", "key", c[1])
+    show_table("Output = weights V", shown.output, "query", "dim", c[2])
+    st.caption("Rows of the scores and weights are queries, columns are keys; each row of weights sums to 1.")
+
+    st.subheader("What the scaling changes")
+    table = mechanics.scaling_comparison(scaled, unscaled)
+    biggest = table.loc[table["largest weight change"].idxmax()]
+    st.markdown(
+        f"Dividing by √d_k = {scaled.divisor:.4f} shrinks every score by the same factor, so each query still "
+        "ranks the keys in the same order; but the softmax becomes **less peaked**: the largest weight of "
+        f"query {int(biggest['query'])} is {biggest['largest weight, scaled']:.4f} with scaling and "
+        f"{biggest['largest weight, unscaled']:.4f} without, and its output row moves by up to "
+        f"{biggest['largest output change']:.4f}. With d_k = 3 the effect is mild; with the paper's d_k = 64 "
+        "the unscaled softmax is nearly one-hot (next tab)."
+    )
+    st.table(table.style.format(precision=4))
+    st.caption("Per query: largest weight and entropy with and without scaling, and how far weights and outputs move.")
+
+
+def scaling_tab() -> None:
+    st.markdown(
+        "If the components of q and k are independent with mean 0 and variance 1, **q · k has variance d_k** "
+        "(footnote 4 of the paper). Large scores push the softmax towards one-hot, where its gradient "
+        "diag(p) − p pᵀ is almost zero and learning stalls. Dividing by √d_k brings the variance back to 1."
+    )
+    c = st.columns(3)
+    d_max = c[0].select_slider("Largest d_k", [16, 64, 256, 1024], value=1024, key="mech_dk_max")
+    n_keys = c[1].slider("Keys per query", 2, 64, 10, key="mech_n_keys")
+    seed = c[2].number_input("Random seed", 0, 10_000, 0, key="mech_seed")
+    d_ks = tuple(d for d in (1, 4, 16, 64, 256, 1024) if d <= d_max)
+    df = scaling(d_ks, n_keys, int(seed))
+    st.plotly_chart(tp.scaling_figure(df), width="stretch", key="mech_scaling_chart")
+    st.caption(
+        f"Means over 1000 random queries, each against {n_keys} random keys. Blue: scores divided by √d_k; red: "
+        "raw dot products. Without scaling the entropy falls towards 0 and the largest weight towards 1 as d_k "
+        "grows, and the softmax gradient vanishes; with scaling all three stay nearly constant."
+    )
+    st.dataframe(df.round(4), hide_index=True)
+
+
+def masks_tab() -> None:
+    st.markdown(
+        "A mask says which keys each query may attend to (blue); masked scores are set to −∞ before the "
+        "softmax, so their weights are exactly 0 and the rest of the row is renormalised. The **padding "
+        "mask** hides the padding that fills a short sentence up to the batch's length; the **subsequent "
+        "mask** stops a decoder position from seeing the positions after it (3.2.3)."
+    )
+    c = st.columns(4)
+    n = c[0].slider("Positions n", 2, 16, 6, key="mech_mask_n")
+    keep_in_range("mech_pad_len", 4, 1, n)
+    keep_in_range("mech_mask_row", 2, 0, n - 1)
+    length = c[1].slider("Real tokens in the padded sentence", 1, n, key="mech_pad_len")
+    row = c[2].slider("Query row", 0, n - 1, key="mech_mask_row")
+    kind = c[3].radio("Mask applied to the row", ["padding", "subsequent", "both"], key="mech_mask_kind")
+    padding = mechanics.padding_mask([length], n)[0]
+    subsequent = mechanics.subsequent_mask(n)
+    masks = {"padding": padding, "subsequent": subsequent, "both": padding & subsequent}
+    titles = {"padding": "padding mask", "subsequent": "subsequent mask", "both": "both: padding and subsequent"}
+    st.plotly_chart(
+        tp.mask_grid({titles[name]: m for name, m in masks.items()}), width="stretch", key="mech_mask_chart"
+    )
+    st.caption(
+        f"Rows are queries, columns keys, for a sentence of {length} tokens padded to {n}. Padding is masked "
+        "as a key only: a padding query still attends to the real tokens, and its output is never used. "
+        "'both' is the decoder's self-attention mask in a padded batch."
+    )
+    scores = np.random.default_rng(row).standard_normal(n) * 1.5
+    table = mechanics.apply_mask_to_row(scores, masks[kind][row])
+    c = st.columns([3, 2])
+    c[0].plotly_chart(tp.masked_row_bars(table, row), width="stretch", key="mech_row_chart")
+    c[0].caption(
+        f"Query {row} with random scores: grey without the mask, blue after the {kind} mask. Masked keys get "
+        "weight 0 and the others grow so that the row still sums to 1."
+    )
+    c[1].table(table.style.format(precision=4))
+
+
+def multihead_tab() -> None:
+    st.markdown(
+        "Multi-head attention runs h attentions in parallel on **slices** of the model's width: each head "
+        "projects d_model down to d_k = d_model / h, attends, and the h results are concatenated and mixed "
+        "by W^O (3.2.2). Because the heads are narrow, h heads cost about as much as one full-width head."
+    )
+    c = st.columns(3)
+    n = c[0].slider("Tokens n", 1, 64, 10, key="mech_n")
+    d_model = c[1].select_slider("d_model", [64, 128, 256, 512, 1024], value=512, key="mech_d_model")
+    h = c[2].select_slider("Heads h", [1, 2, 4, 8, 16], value=8, key="mech_h")
+    try:
+        steps = mechanics.multihead_shapes(n, d_model, h)
+        cost = mechanics.narrow_vs_wide_cost(n, d_model, h)
+    except Exception as e:  # noqa: BLE001 - the user sees a message, never a traceback
+        show_error(e)
+        return
+    st.table(pd.DataFrame([(s, str(shape), what) for s, shape, what in steps], columns=["step", "shape", "what"]))
+    st.caption(f"Shapes for one sentence: d_k = d_v = {d_model} / {h} = {d_model // h}.")
+    c = st.columns(2)
+    c[0].plotly_chart(tp.head_cost_bars(cost), width="stretch", key="mech_cost_chart")
+    c[0].caption(
+        "Narrow heads (the paper) against wide heads that each see all d_model dimensions: wide costs h times "
+        "the parameters and multiply-adds. Biases left out."
+    )
+    c[1].table(cost.set_index("attention").T.style.format("{:,}"))
+
+
+def permutation_tab() -> None:
+    st.markdown(
+        "Self-attention itself has no notion of order: shuffle the input tokens and, without positional "
+        "encoding, the encoder's outputs and every attention map are shuffled the same way "
+        "(enc(P x) = P enc(x), A(P x) = P A(x) Pᵀ), so the model sees a bag of words. With the positional "
+        "encoding added (3.5), the shuffled sentence is a different input. This runs the loaded model, "
+        "unchanged, on the sidebar's sentence."
+    )
+    if choices is None:
+        st.info("Choose a model in the sidebar to run this experiment.")
+        return
+    c = st.columns(4)
+    order = c[0].radio("New order", ["reverse", "shuffle"], horizontal=True, key="mech_perm_order")
+    seed = c[1].number_input("Shuffle seed", 0, 10_000, 0, key="mech_perm_seed", disabled=order != "shuffle")
+    try:
+        tokens, perm, checks = permutation(choices.model, choices.device, choices.src, order, int(seed))
+    except Exception as e:  # noqa: BLE001 - the user sees a message, never a traceback
+        show_error(e)
+        return
+    L, H = checks[True].attention.shape[:2]
+    clamp_state("mech_perm_layer", range(1, L + 1))
+    clamp_state("mech_perm_head", range(1, H + 1))
+    layer = c[2].selectbox("Layer", range(1, L + 1), key="mech_perm_layer")
+    head = c[3].selectbox("Head", range(1, H + 1), key="mech_perm_head")
+    if len(tokens) < 2:
+        st.warning("The sentence has one token: there is nothing to shuffle. Type a longer sentence.")
+    shuffled = [tokens[i] for i in perm]
+    st.markdown("**Shuffled order:** " + " ".join(f"`{t}`" for t in shuffled))
+    summary = pd.DataFrame(
+        {
+            "positional encoding": ["off", "on"],
+            "max |enc(P x) − P enc(x)|": [checks[False].output_max_diff, checks[True].output_max_diff],
+            "max |A(P x) − P A(x) Pᵀ|, every layer": [checks[False].max_diff, checks[True].max_diff],
+            "max |enc(x)|, for scale": [checks[False].output_max_abs, checks[True].output_max_abs],
+        }
+    )
+    st.table(summary.style.format("{:.3g}", subset=summary.columns[1:]))
+    holds = checks[False].max_diff < 1e-6
+    st.markdown(
+        f"Without positions the largest difference is {checks[False].max_diff:.1e} "
+        f"({'exact up to float64 rounding' if holds else 'NOT exact: this model is not order-blind'}); "
+        f"with positions it is {checks[True].max_diff:.3g}: order matters."
+    )
+    for use_positions in (False, True):
+        check = checks[use_positions]
+        fig = tp.permutation_figure(
+            check.permuted_attention[layer - 1, head - 1],
+            check.expected()[layer - 1, head - 1],
+            shuffled,
+            f"Positional encoding {'on' if use_positions else 'off'}: encoder layer {layer}, head {head}",
+        )
+        st.plotly_chart(fig, width="stretch", key=f"mech_perm_chart_{use_positions}")
+        st.caption(
+            "Left: the map for the shuffled sentence. Middle: the original sentence's map with rows and columns "
+            "shuffled. Right: their difference, "
+            + ("blank when order does not matter." if not use_positions else "far from 0: the positions changed.")
+        )
+
+
+def learning_rate_tab() -> None:
+    st.markdown(
+        "The paper trains with Adam and a learning rate that rises linearly for warmup_steps and then decays "
+        "with the inverse square root of the step (equation 3, 5.3). A larger d_model gets a smaller rate."
+    )
+    c = st.columns(3)
+    d_model = c[0].select_slider("d_model", [128, 256, 512, 1024], value=512, key="mech_lr_d_model")
+    warmup = c[1].slider("warmup_steps", 100, 10_000, 4000, step=100, key="mech_lr_warmup")
+    steps = c[2].slider("Steps shown", 1000, 100_000, 20_000, step=1000, key="mech_lr_steps")
+    df = mechanics.lr_schedule(d_model, warmup, steps)
+    peak = df["learning rate"].max()
+    st.plotly_chart(tp.lr_curve(df, warmup), width="stretch", key="mech_lr_chart")
+    where = (
+        f"The peak, {peak:.3e} = d_model^-0.5 · warmup_steps^-0.5, is at the end of warm-up, step {warmup}."
+        if warmup <= steps
+        else f"Warm-up lasts longer than the {steps} steps shown: the rate is still rising ({peak:.3e} at the end)."
+    )
+    st.caption(f"{where} The paper's base model used d_model = 512 and warmup_steps = 4000.")
+
+
+tabs = st.tabs(["Worked example", "Why √d_k", "Masks", "Multi-head", "Permutation", "Learning rate"])
+for tab, draw in zip(
+    tabs, [worked_example_tab, scaling_tab, masks_tab, multihead_tab, permutation_tab, learning_rate_tab], strict=True
+):
+    with tab:
+        draw()

@@ -1,0 +1,190 @@
+"""Attention variants: sparse mask patterns, the Synthesizer, and the cost table of section 4."""
+
+import pandas as pd
+import streamlit as st
+
+from attnviz import plots, variants
+from attnviz import teaching_plots as tp
+from attnviz.app_support import clamp_state, keep_in_range, load_bundle, show_error, sidebar
+
+st.set_page_config(page_title="attnviz: attention variants", page_icon="🧩", layout="wide")
+choices = sidebar()
+st.title("Attention variants")
+st.markdown(
+    "Full self-attention compares every position with every other: n² pairs per head and layer. This page "
+    "shows the sparse patterns that compute only some pairs, what one of them does to the trained model's "
+    "maps and translation, attention weights that are not computed from token pairs at all (the "
+    "Synthesizer), and the paper's own comparison of self-attention with recurrent and convolutional layers, "
+    "measured on this machine. They show what full attention buys and what it costs as sentences grow."
+)
+
+
+@st.cache_data(show_spinner="Running the encoder with the pattern, then decoding…", max_entries=32)
+def run_pattern(model: str, device: str, src: str, name: str | None, k: int):
+    """Source tokens, the pattern's mask (None for the model as trained), the run, and its translation."""
+    bundle = load_bundle(model, device)
+    enc = bundle.tokenizer.encode_source(src)
+    mask = None if name is None else variants.pattern(name, len(enc.ids), k)
+    run = variants.encode_with_pattern(bundle.model, enc.ids, mask)
+    return enc.tokens, mask, run, bundle.tokenizer.decode(run.output_ids)
+
+
+@st.cache_data(show_spinner="Timing self-attention and a GRU…", max_entries=8)
+def timing(d: int) -> pd.DataFrame:
+    return variants.time_self_attention_vs_gru(d=d, repeats=5)
+
+
+def patterns_tab() -> None:
+    st.markdown(
+        "Each pattern is a mask over n positions (blue: the pair is computed). **Local** attention keeps the "
+        "k − 1 neighbours on each side, **dilated** (atrous) attention every k-th position, and the "
+        "**sparse** pattern of Sparse Transformers (Child et al., 2019) both, so that any position reaches "
+        "any other in two steps. Ticking *causal* keeps only keys at or before the query, as in a decoder."
+    )
+    c = st.columns(3)
+    n = c[0].slider("Positions n", 4, 64, 16, key="var_n")
+    k = c[1].slider("Window / stride k", 1, 16, 4, key="var_k")
+    causal = c[2].toggle("Causal", key="var_causal")
+    masks = {name: variants.pattern(name, n, k, causal) for name in variants.PATTERNS}
+    counts = {name: variants.pair_count(m) for name, m in masks.items()}
+    st.plotly_chart(
+        tp.mask_grid({f"{name}: {counts[name]} pairs": m for name, m in masks.items()}),
+        width="stretch",
+        key="var_pattern_chart",
+    )
+    st.caption(f"Rows are queries, columns keys; n = {n}, k = {k}. The title gives the pairs each pattern computes.")
+    st.table(
+        pd.DataFrame(
+            {
+                "pattern": list(masks),
+                "which keys": [variants.PATTERNS[name][0] for name in masks],
+                "computed pairs": [counts[name] for name in masks],
+                "share of n²": [f"{counts[name] / n**2:.1%}" for name in masks],
+                "cost": [variants.PATTERNS[name][1] for name in masks],
+            }
+        )
+    )
+    curves = variants.cost_curves(k=k, causal=causal)
+    st.plotly_chart(tp.cost_figure(curves, k), width="stretch", key="var_cost_chart")
+    st.caption(
+        "Exact pair counts of each pattern from n = 16 to 1024 on log-log axes: the slope is the exponent. Full "
+        "and causal grow as n², local as n·k, dilated as n²/k; sparse as n·k + n²/k, which is n√n when k = √n."
+    )
+
+
+def model_tab() -> None:
+    st.markdown(
+        "The trained model never saw these patterns: here one of them is ANDed into every encoder "
+        "self-attention layer of the loaded model (the model itself is not changed), and the sentence is "
+        "translated again. Masked pairs are grey."
+    )
+    if choices is None:
+        st.info("Choose a model in the sidebar to run this experiment.")
+        return
+    c = st.columns(4)
+    name = c[0].selectbox("Pattern", ["local", "dilated", "sparse", "causal"], key="var_pattern")
+    k = c[1].slider("Window / stride k", 1, 8, 2, key="var_model_k", disabled=name == "causal")
+    try:
+        tokens, _, base, base_text = run_pattern(choices.model, choices.device, choices.src, None, k)
+        _, mask, run, text = run_pattern(choices.model, choices.device, choices.src, name, k)
+    except Exception as e:  # noqa: BLE001 - the user sees a message, never a traceback
+        show_error(e)
+        return
+    L, H = base.maps.shape[:2]
+    clamp_state("var_layer", range(1, L + 1))
+    clamp_state("var_head", range(1, H + 1))
+    layer = c[2].selectbox("Layer", range(1, L + 1), key="var_layer")
+    head = c[3].selectbox("Head", range(1, H + 1), key="var_head")
+    S = len(tokens)
+    st.markdown(
+        f"**As trained:** {base_text or '(empty)'}  \n"
+        f"**With the {name} pattern{'' if name == 'causal' else f', k = {k}'}:** {text or '(empty)'}  \n"
+        f"The pattern keeps {variants.pair_count(mask)} of {S * S} pairs."
+        + (" The translation is unchanged." if text == base_text else " The translation changed.")
+    )
+    c = st.columns(2)
+    for col, maps, title, m in ((c[0], base.maps, "as trained", None), (c[1], run.maps, f"{name} pattern", mask)):
+        fig = plots.attention_heatmap(
+            maps[layer - 1, head - 1], tokens, tokens, "encoder", title=f"Layer {layer}, head {head}: {title}", mask=m
+        )
+        col.plotly_chart(fig, width="stretch", key=f"var_map_{m is None}")
+    st.caption(
+        "Encoder self-attention of the chosen layer and head, rows are queries and columns keys. In layer 1 the "
+        "pattern only renormalises the trained weights over the allowed keys; deeper layers also receive "
+        "different inputs, so their maps change more."
+    )
+
+
+def synthesizer_tab() -> None:
+    st.markdown(
+        "Dot-product attention is **token-to-token**: the score of query i for key j depends on both tokens. "
+        "The Synthesizer (Tay et al., 2020) drops that: the **dense** Synthesizer predicts the whole row of "
+        "scores from token i alone (ReLU(X W1) W2, one column per key *position*), the **random** Synthesizer "
+        "uses a fixed matrix learned for the task that never reads the input. All three here use the same "
+        "random input X and untrained, random parameters."
+    )
+    c = st.columns(4)
+    n = c[0].slider("Tokens n", 3, 12, 6, key="var_syn_n")
+    d = c[1].slider("Width d", 2, 32, 8, key="var_syn_d")
+    seed = c[2].number_input("Random seed", 0, 10_000, 0, key="var_syn_seed")
+    keep_in_range("var_syn_token", 2, 0, n - 1)
+    token = c[3].slider("Token to change", 0, n - 1, key="var_syn_token")
+    demo = variants.synthesizer_demo(n, d, int(seed))
+    st.plotly_chart(tp.heatmap_row(demo.weights), width="stretch", key="var_syn_weights")
+    st.caption("Attention weights of the three methods for the same input: rows are queries, columns keys.")
+    changed = variants.token_dependence(demo, token)
+    st.plotly_chart(
+        tp.mask_grid(
+            {f"{m}: {int(v.sum())} scores change": v for m, v in changed.items()},
+            x_title="key",
+            y_title="query",
+            legend=("unchanged", "changed"),
+        ),
+        width="stretch",
+        key="var_syn_changed",
+    )
+    st.caption(
+        f"Which scores change (blue) when token {token} is replaced by another vector: dot-product, its row and its "
+        "column (it is a query and a key); dense Synthesizer, its row only; random Synthesizer, nothing."
+    )
+
+
+def complexity_tab() -> None:
+    st.markdown(
+        "Section 4 compares layer types by the work per layer, the operations that must run one after "
+        "another, and the longest path a signal travels between two positions (Table 1). Self-attention is "
+        "cheaper than a recurrent layer when n < d, runs in parallel, and connects any two positions directly."
+    )
+    c = st.columns(4)
+    n = c[0].number_input("Sequence length n", 1, 100_000, 50, key="var_cx_n")
+    d = c[1].number_input("Width d", 1, 10_000, 512, key="var_cx_d")
+    k = c[2].number_input("Kernel width k", 2, 64, 3, key="var_cx_k")
+    r = c[3].number_input("Neighbourhood r", 1, 1024, 4, key="var_cx_r")
+    table = variants.complexity_table(int(n), int(d), int(k), int(r))
+    st.table(table.style.format("{:,}", subset=table.columns[4:]))
+    st.caption(
+        "The symbolic columns are the paper's Table 1; the evaluated columns drop the constants as it does. "
+        "Path length of the convolutional layer: dilated convolutions, ⌈log_k(n)⌉ layers."
+    )
+    c = st.columns([1, 3])
+    width = c[0].select_slider("Width d for timing", [32, 64, 128, 256], value=64, key="var_time_d")
+    if c[0].button("Measure again", key="var_measure"):
+        timing.clear()
+    try:
+        df = timing(width)
+    except Exception as e:  # noqa: BLE001 - the user sees a message, never a traceback
+        show_error(e)
+        return
+    c[1].plotly_chart(tp.timing_figure(df), width="stretch", key="var_time_chart")
+    c[1].caption(
+        f"Median of 5 runs of one layer of width {width} on one sequence, on this machine's CPU "
+        f"({df.attrs.get('threads', '?')} threads). The GRU steps through the n positions one after another; "
+        "self-attention does all of them at once, so its time grows more slowly until n² work dominates."
+    )
+    c[0].dataframe(df.round(3), hide_index=True)
+
+
+tabs = st.tabs(["Mask patterns", "Pattern on the model", "Synthesizer", "Complexity (section 4)"])
+for tab, draw in zip(tabs, [patterns_tab, model_tab, synthesizer_tab, complexity_tab], strict=True):
+    with tab:
+        draw()

@@ -1,0 +1,195 @@
+"""The two teaching pages (mechanics, variants) run on defaults and after every control changes (AppTest).
+
+Controls are changed a tab at a time, then the page is rerun once: every widget is exercised
+without a rerun per widget. The loaded model's parts use the shipped "en-de" and "reverse" models.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import streamlit as st
+from streamlit.testing.v1 import AppTest
+
+from attnviz.app_support import CUSTOM_PATH
+
+MECHANICS, VARIANTS = "pages/mechanics.py", "pages/variants.py"
+
+
+@pytest.fixture(autouse=True)
+def clear_caches():
+    st.cache_data.clear()
+    st.cache_resource.clear()
+
+
+def open_page(page: str) -> AppTest:
+    at = AppTest.from_file("../app.py", default_timeout=120)
+    at.run()
+    at.switch_page(page).run()
+    return at
+
+
+def assert_ok(at: AppTest) -> None:
+    assert not at.exception, [e.value for e in at.exception]
+    assert not at.error, [e.value for e in at.error]
+
+
+def texts(at: AppTest) -> str:
+    return "\n".join(m.value for m in at.markdown)
+
+
+def table(at: AppTest, first_column: str):
+    """The st.table whose first column is named ``first_column`` (tables are found by content, not order)."""
+    return next(t.value for t in at.table if list(t.value.columns)[:1] == [first_column])
+
+
+def frame(at: AppTest, column: str):
+    """The read-only st.dataframe that has a column named ``column``."""
+    return next(d.value for d in at.dataframe if d.editing_mode == "read_only" and column in d.value.columns)
+
+
+def test_mechanics_on_defaults_shows_the_worked_example_and_every_part():
+    at = open_page(MECHANICS)
+    assert_ok(at)
+    assert [e.key for e in at.data_editor] == ["mech_X", "mech_WQ", "mech_WK", "mech_WV"]
+    scores = next(t.value for t in at.table if list(t.value.index) == ["query 0", "query 1", "query 2"])
+    np.testing.assert_allclose(scores.to_numpy(), np.array([[2, 4, 4], [4, 16, 12], [4, 12, 10]]) / np.sqrt(3))
+    assert "What the scaling changes" in [h.value for h in at.subheader]
+    body = texts(at)
+    assert "exact up to float64 rounding" in body, "the permutation property holds on the shipped model"
+    assert "order matters" in body
+    assert len(at.get("plotly_chart")) == 7  # scaling, masks, row, head cost, 2 permutation maps, learning rate
+    assert at.caption and all(c.value for c in at.caption)
+
+
+def test_mechanics_every_control():
+    at = open_page(MECHANICS)
+    # Worked example: edit a cell and add a token, blank a cell, reset, switch off scaling.
+    at.session_state["mech_X"] = {
+        "edited_rows": {0: {"dim 0": 2.0}},
+        "added_rows": [{"dim 0": 1, "dim 1": 1, "dim 2": 0, "dim 3": 0}],
+        "deleted_rows": [],
+    }
+    at.run()
+    assert_ok(at)
+    np.testing.assert_array_equal(table(at, "dim 0").to_numpy()[[0, 3]], [[2, 0, 3], [2, 0, 1]])
+    at.session_state["mech_WQ"] = {"edited_rows": {1: {"q 0": None}}, "added_rows": [], "deleted_rows": []}
+    at.run()
+    assert not at.exception
+    assert at.error and "fill every cell" in at.error[0].value
+    at.button(key="mech_reset").click().run()
+    assert_ok(at)
+    np.testing.assert_array_equal(table(at, "dim 0").to_numpy()[0], [1, 0, 2])
+    at.toggle(key="mech_scale").set_value(False).run()
+    assert_ok(at)
+    unscaled = next(t.value for t in at.table if list(t.value.index) == ["query 0", "query 1", "query 2"])
+    np.testing.assert_array_equal(unscaled.to_numpy(), [[2, 4, 4], [4, 16, 12], [4, 12, 10]])
+    # Why sqrt(d_k).
+    at.select_slider(key="mech_dk_max").set_value(64)
+    at.slider(key="mech_n_keys").set_value(20)
+    at.number_input(key="mech_seed").set_value(3).run()
+    assert_ok(at)
+    assert list(frame(at, "d_k")["d_k"]) == [1, 4, 16, 64]
+    # Masks: shrinking n clamps the padded length and the row.
+    at.slider(key="mech_mask_n").set_value(3).run()
+    assert_ok(at)
+    assert at.slider(key="mech_pad_len").value == 3 and at.slider(key="mech_mask_row").value == 2
+    at.slider(key="mech_pad_len").set_value(2)
+    at.slider(key="mech_mask_row").set_value(2)
+    at.radio(key="mech_mask_kind").set_value("both").run()
+    assert_ok(at)
+    row = table(at, "key")
+    assert list(row["may attend"]) == [True, True, False] and row["weight with mask"].iloc[2] == 0
+    # Multi-head.
+    at.slider(key="mech_n").set_value(5)
+    at.select_slider(key="mech_d_model").set_value(64)
+    at.select_slider(key="mech_h").set_value(16).run()
+    assert_ok(at)
+    assert "(16, 5, 4)" in list(table(at, "step")["shape"])
+    # Permutation.
+    at.radio(key="mech_perm_order").set_value("shuffle").run()  # enables the seed
+    at.number_input(key="mech_perm_seed").set_value(5)
+    at.selectbox(key="mech_perm_layer").set_value(at.selectbox(key="mech_perm_layer").options[-1])
+    at.selectbox(key="mech_perm_head").set_value(at.selectbox(key="mech_perm_head").options[-1]).run()
+    assert_ok(at)
+    assert "exact up to float64 rounding" in texts(at)
+    # Learning rate.
+    at.select_slider(key="mech_lr_d_model").set_value(256)
+    at.slider(key="mech_lr_warmup").set_value(1000)
+    at.slider(key="mech_lr_steps").set_value(5000).run()
+    assert_ok(at)
+    assert any(f"{256**-0.5 * 1000**-0.5:.3e}" in c.value for c in at.caption), "the peak at the end of warm-up"
+
+
+def test_variants_on_defaults():
+    at = open_page(VARIANTS)
+    assert_ok(at)
+    pairs = table(at, "pattern").set_index("pattern")["computed pairs"]
+    assert pairs["full"] == 16 * 16 and pairs["causal"] == 16 * 17 // 2 and pairs["local"] == 16 + 2 * (15 + 14 + 13)
+    assert "**As trained:**" in texts(at)
+    assert len(at.get("plotly_chart")) == 7  # patterns, cost, 2 maps, 2 synthesizer rows, timing
+    assert table(at, "layer type")["layer type"].tolist()[0] == "Self-Attention"
+    assert set(frame(at, "median ms")["layer"]) == {"self-attention", "recurrent (GRU)"}
+
+
+def test_variants_every_control():
+    at = open_page(VARIANTS)
+    at.slider(key="var_n").set_value(9)
+    at.slider(key="var_k").set_value(3)
+    at.toggle(key="var_causal").set_value(True).run()
+    assert_ok(at)
+    pairs = table(at, "pattern").set_index("pattern")["computed pairs"]
+    assert pairs["full"] == pairs["causal"] == 45 and pairs["local"] == 9 + 8 + 7
+    for name in ("causal", "dilated", "sparse", "local"):
+        at.selectbox(key="var_pattern").set_value(name).run()
+        assert_ok(at)
+        assert f"With the {name} pattern" in texts(at)
+    at.slider(key="var_model_k").set_value(1)
+    at.selectbox(key="var_layer").set_value(at.selectbox(key="var_layer").options[-1])
+    at.selectbox(key="var_head").set_value(at.selectbox(key="var_head").options[-1]).run()
+    assert_ok(at)
+    at.slider(key="var_syn_token").set_value(3).run()
+    at.slider(key="var_syn_n").set_value(4).run()
+    assert at.slider(key="var_syn_token").value == 3, "a token that still exists stays chosen"
+    at.slider(key="var_syn_d").set_value(3)
+    at.number_input(key="var_syn_seed").set_value(7)
+    at.slider(key="var_syn_token").set_value(3).run()
+    assert_ok(at)
+    assert any("token 3 is replaced" in c.value for c in at.caption)
+    at.slider(key="var_syn_n").set_value(3).run()  # now token 3 is gone: clamped, not an error
+    assert_ok(at)
+    assert at.slider(key="var_syn_token").value == 2
+    at.number_input(key="var_cx_n").set_value(1000)
+    at.number_input(key="var_cx_d").set_value(64)
+    at.number_input(key="var_cx_k").set_value(5)
+    at.number_input(key="var_cx_r").set_value(10)
+    at.select_slider(key="var_time_d").set_value(32).run()
+    assert_ok(at)
+    assert "operations at n=1000, d=64" in table(at, "layer type").columns
+    at.button(key="var_measure").click().run()
+    assert_ok(at)
+
+
+@pytest.mark.parametrize("page", [MECHANICS, VARIANTS])
+def test_pages_with_the_reverse_model(page):
+    at = open_page(page)
+    at.sidebar.selectbox(key="model").set_value("reverse").run()
+    assert_ok(at)
+    assert len(at.get("plotly_chart")) == 7
+
+
+@pytest.mark.parametrize("page", [MECHANICS, VARIANTS])
+def test_pages_without_a_model_still_teach_and_say_what_to_do(page):
+    at = open_page(page)
+    at.sidebar.selectbox(key="model").set_value(CUSTOM_PATH).run()
+    assert not at.exception
+    assert any("Choose a model in the sidebar" in i.value for i in at.info)
+    assert len(at.get("plotly_chart")) >= 4, "the parts that need no model still draw"
+
+
+@pytest.mark.parametrize("page", [MECHANICS, VARIANTS])
+def test_bad_sentence_gives_a_message_not_a_traceback(page):
+    at = open_page(page)
+    at.sidebar.text_area(key="src").set_value("").run()
+    assert not at.exception
+    assert at.error and "empty" in at.error[0].value
