@@ -1,0 +1,277 @@
+"""How long one forward pass takes with all attention maps, without them, and in transformers.
+
+Run it from the repository root:
+
+    python benchmarks/bench_forward.py                 # CPU, S=T=64 and 256, median of 15
+    python benchmarks/bench_forward.py --threads 1 --repeats 30 --lengths 32 128 512
+
+What it measures, on the paper's base model (N=6, d_model=512, h=8, d_ff=2048; one vocabulary of
+8000 tokens shared by source and target; random weights, eval mode, torch.no_grad, batch 1) and
+for each length S = T:
+
+  (1) attnviz with every attention map (``return_attention=True``: the explicit softmax path);
+  (2) attnviz without maps (the fused ``F.scaled_dot_product_attention`` kernel);
+  (3) Hugging Face ``MarianMTModel`` of the same size (relu, eager attention) called with
+      ``output_attentions=True``, when ``transformers`` is installed (``pip install transformers``);
+  (1b) attnviz with every map but no output projection (``return_logits=False``: what
+      ``attnviz.attention`` and the app run), against
+  (3b) the same MarianMTModel's encoder-decoder alone (``model.model``, no LM head), like for like.
+
+All three get the same token ids and the same all-real padding masks; the target starts with the
+start token, which is also Marian's ``decoder_start_token_id``. Each time is the median over
+``--repeats`` runs after warm-up. Within one repeat the variants run one after the other, so
+drifting background load slows them alike. Two targets are checked:
+
+  capture overhead  (1)/(2) - 1 <= 5%
+  versus transformers  (1)/(3) <= 0.9, i.e. returning every map is at least 10% faster.
+"""
+
+from __future__ import annotations
+
+import argparse
+import platform
+import statistics
+import time
+from collections.abc import Callable
+
+import torch
+from torch import nn
+
+from attnviz.devices import resolve_device
+from attnviz.errors import DeviceError
+from attnviz.model import Transformer, TransformerConfig
+
+VOCAB_SIZE = 8000
+MAX_OVERHEAD = 0.05  # target for (1)/(2) - 1
+MAX_RATIO_VS_HF = 0.9  # target for (1)/(3)
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(
+        description="Time attnviz's forward pass with and without attention maps, and against transformers."
+    )
+    parser.add_argument("--lengths", type=int, nargs="+", default=[64, 256], help="S = T lengths (default: 64 256)")
+    parser.add_argument("--repeats", type=int, default=15, help="timed runs per variant (default: 15)")
+    parser.add_argument("--warmup", type=int, default=3, help="untimed runs per variant first (default: 3)")
+    parser.add_argument("--threads", type=int, default=None, help="torch.set_num_threads (default: torch's own)")
+    parser.add_argument("--device", choices=("auto", "cpu", "cuda"), default="cpu", help="default: cpu")
+    parser.add_argument("--seed", type=int, default=0, help="seed for weights and token ids")
+    args = parser.parse_args(argv)
+    if args.repeats < 1 or args.warmup < 0:
+        parser.error("--repeats must be at least 1 and --warmup at least 0")
+    if args.threads is not None and args.threads < 1:
+        parser.error("--threads must be at least 1")
+    if any(not 2 <= n <= TransformerConfig.max_len for n in args.lengths):
+        parser.error(f"--lengths must lie in [2, {TransformerConfig.max_len}]")
+    try:
+        args.device = resolve_device(args.device)
+    except DeviceError as err:
+        parser.error(str(err))
+    return args
+
+
+def cpu_model() -> str:
+    """The CPU's name from /proc/cpuinfo, or what the platform module knows."""
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine() or "unknown"
+
+
+def build_marian(cfg: TransformerConfig, device: torch.device) -> nn.Module | None:
+    """A random MarianMTModel the size of ``cfg`` with eager attention; None without transformers."""
+    try:
+        import transformers
+        from transformers import MarianConfig, MarianMTModel
+    except ImportError:
+        return None
+    transformers.logging.set_verbosity_error()
+    hf_cfg = MarianConfig(
+        vocab_size=cfg.src_vocab_size,
+        d_model=cfg.d_model,
+        encoder_layers=cfg.n_enc_layers,
+        decoder_layers=cfg.n_dec_layers,
+        encoder_attention_heads=cfg.n_heads,
+        decoder_attention_heads=cfg.n_heads,
+        encoder_ffn_dim=cfg.d_ff,
+        decoder_ffn_dim=cfg.d_ff,
+        activation_function=cfg.activation,
+        max_position_embeddings=cfg.max_len,
+        scale_embedding=cfg.scale_embedding,
+        pad_token_id=cfg.pad_id,
+        eos_token_id=cfg.eos_id,
+        forced_eos_token_id=cfg.eos_id,
+        decoder_start_token_id=cfg.bos_id,  # so one target tensor starts both decoders
+        use_cache=False,  # a teacher-forced pass, like ours: no key/value cache to build
+        attn_implementation="eager",  # the only implementation that returns attention maps
+    )
+    model = MarianMTModel(hf_cfg).to(device).eval()
+    if model.config._attn_implementation != "eager":
+        raise RuntimeError(f"MarianMTModel runs {model.config._attn_implementation!r} attention, not eager")
+    return model
+
+
+def hardware_name(device: torch.device) -> str:
+    if device.type == "cuda":
+        return torch.cuda.get_device_name(device)
+    return cpu_model() if device.type == "cpu" else device.type
+
+
+def synchronize(device: torch.device) -> None:
+    """Wait for queued GPU work, so that a timer measures the kernels, not their launch."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    elif device.type == "mps":  # "auto" picks it on Apple silicon
+        torch.mps.synchronize()
+
+
+def time_ms(
+    variants: dict[str, Callable[[], object]], repeats: int, warmup: int, device: torch.device
+) -> dict[str, list[float]]:
+    """Wall times in ms of each variant's timed runs; each repeat runs every variant once, in turn."""
+    times: dict[str, list[float]] = {name: [] for name in variants}
+    for i in range(warmup + repeats):
+        for name, run in variants.items():
+            synchronize(device)
+            start = time.perf_counter()
+            run()
+            synchronize(device)
+            if i >= warmup:
+                times[name].append((time.perf_counter() - start) * 1e3)
+    return times
+
+
+def relative_spread(ms: list[float]) -> float:
+    """Interquartile range over median: how far apart runs were (a few % on a quiet machine)."""
+    if len(ms) < 2:
+        return 0.0
+    q1, _, q3 = statistics.quantiles(ms, n=4)
+    return (q3 - q1) / statistics.median(ms)
+
+
+def check_same_shapes(ours, hf) -> None:
+    """Fail loudly unless both models return the same logits shape and 3 x 6 maps of equal shapes."""
+    pairs = [(ours.logits, hf.logits)]
+    for mine, theirs in [
+        (ours.attention.encoder, hf.encoder_attentions),
+        (ours.attention.decoder, hf.decoder_attentions),
+        (ours.attention.cross, hf.cross_attentions),
+    ]:
+        if theirs is None or len(mine) != len(theirs):
+            raise RuntimeError("transformers did not return one attention map per layer")
+        pairs += zip(mine, theirs, strict=True)
+    for mine, theirs in pairs:
+        if mine.shape != theirs.shape:
+            raise RuntimeError(f"shape mismatch with transformers: {tuple(mine.shape)} vs {tuple(theirs.shape)}")
+
+
+def forward_variants(
+    model: Transformer, marian: nn.Module | None, length: int, device: torch.device
+) -> dict[str, Callable[[], object]]:
+    """The forward passes to time at S = T = ``length``, all on the same ids and masks."""
+    cfg = model.cfg
+    src = torch.randint(4, cfg.src_vocab_size, (1, length), device=device)  # no special ids
+    tgt = torch.randint(4, cfg.tgt_vocab_size, (1, length), device=device)
+    tgt[:, 0] = cfg.bos_id
+    src_valid = torch.ones_like(src, dtype=torch.bool)  # no padding, said explicitly to every model
+    tgt_valid = torch.ones_like(tgt, dtype=torch.bool)
+    variants: dict[str, Callable[[], object]] = {
+        "maps": lambda: model(src, tgt, src_valid, tgt_valid, return_attention=True),
+        "fused": lambda: model(src, tgt, src_valid, tgt_valid),
+        "maps_only": lambda: model(src, tgt, src_valid, tgt_valid, return_attention=True, return_logits=False),
+    }
+    if marian is not None:
+        if int(tgt[0, 0]) != marian.config.decoder_start_token_id:
+            raise RuntimeError("Marian's decoder input must start with its decoder_start_token_id")
+        src_mask, tgt_mask = src_valid.long(), tgt_valid.long()  # transformers' 1 = real token
+        variants["hf"] = lambda: marian(
+            input_ids=src,
+            attention_mask=src_mask,
+            decoder_input_ids=tgt,
+            decoder_attention_mask=tgt_mask,
+            output_attentions=True,
+            use_cache=False,
+        )
+        variants["hf_base"] = lambda: marian.model(
+            input_ids=src,
+            attention_mask=src_mask,
+            decoder_input_ids=tgt,
+            decoder_attention_mask=tgt_mask,
+            output_attentions=True,
+            use_cache=False,
+        )
+    return variants
+
+
+def verdict(passed: bool) -> str:
+    return "PASS" if passed else "MISS"
+
+
+def table_row(length: int, ms: dict[str, float]) -> str:
+    overhead = ms["maps"] / ms["fused"] - 1
+    row = f"{length:>5} {ms['maps']:>10.1f} {ms['fused']:>10.1f} "
+    row += f"{ms['hf']:>13.1f}" if "hf" in ms else f"{'skipped':>13}"
+    row += f"   {overhead:>+11.1%} {verdict(overhead <= MAX_OVERHEAD)}"
+    if "hf" not in ms:
+        return row + f"   {'n/a':>12}   {ms['maps_only']:>9.1f}"
+    ratio = ms["maps"] / ms["hf"]
+    row += f"   {ratio:>7.2f} {verdict(ratio <= MAX_RATIO_VS_HF)}"
+    return row + f"   {ms['maps_only']:>9.1f} {ms['hf_base']:>9.1f} {ms['maps_only'] / ms['hf_base']:>10.2f}"
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = parse_args(argv)
+    if args.threads is not None:
+        torch.set_num_threads(args.threads)
+    device = args.device
+    torch.manual_seed(args.seed)
+
+    cfg = TransformerConfig(src_vocab_size=VOCAB_SIZE, tgt_vocab_size=VOCAB_SIZE)  # base model otherwise
+    model = Transformer(cfg).to(device).eval()
+    marian = build_marian(cfg, device)
+
+    print(
+        f"Paper base model: N={cfg.n_enc_layers}+{cfg.n_dec_layers}, d_model={cfg.d_model}, h={cfg.n_heads}, "
+        f"d_ff={cfg.d_ff}, shared vocab {VOCAB_SIZE}; random weights, eval, torch.no_grad, batch 1"
+    )
+    versions = f"torch {torch.__version__}"
+    if marian is not None:
+        import transformers
+
+        versions += f", transformers {transformers.__version__}"
+    print(f"{versions} | device {device} ({hardware_name(device)}) | {torch.get_num_threads()} threads")
+    print(f"median of {args.repeats} runs after {args.warmup} warm-up runs; ms per forward pass\n")
+
+    print(
+        f"{'S=T':>5} {'(1) maps':>10} {'(2) fused':>10} {'(3) HF eager':>13}   {'(1)/(2)-1':>17}   {'(1)/(3)':>12}"
+        f"   {'(1b) maps':>9} {'(3b) HF':>9} {'(1b)/(3b)':>10}"
+    )
+    spread = 0.0
+    for length in args.lengths:
+        variants = forward_variants(model, marian, length, device)
+        with torch.no_grad():
+            if marian is not None:
+                check_same_shapes(variants["maps"](), variants["hf"]())
+            times = time_ms(variants, args.repeats, args.warmup, device)
+        spread = max(spread, *(relative_spread(t) for t in times.values()))
+        print(table_row(length, {name: statistics.median(t) for name, t in times.items()}))
+
+    print(f"\ntargets: capture overhead (1)/(2)-1 <= {MAX_OVERHEAD:.0%}; (1)/(3) <= {MAX_RATIO_VS_HF} vs transformers")
+    print("(1b), (3b): every map without the output projection over the vocabulary, ours and transformers'")
+    print(
+        f"largest run-to-run spread (interquartile range / median): {spread:.1%}; "
+        "a verdict within that distance of its target is noise"
+    )
+    if marian is None:
+        print(
+            "(3) skipped: transformers is not installed. Install it with `pip install transformers` "
+            f'(add "torch=={torch.__version__.split("+")[0]}" to keep this torch).'
+        )
+
+
+if __name__ == "__main__":
+    main()
