@@ -168,7 +168,7 @@ def _decoder_input(bundle: Bundle, src_ids: torch.Tensor, tgt: str | None) -> tu
     tok = bundle.tokenizer
     if tgt is None:
         out = greedy_decode(bundle.model, src_ids, max_len=_max_output(bundle, src_ids.shape[1]))[0]
-        return (tok.bos_id, *out), ("<s>", *(tok.target_token(i) for i in out))
+        return (tok.bos_id, *out), tuple(tok.target_token(i) for i in (tok.bos_id, *out))
     enc, _ = tok.encode_target(tgt)
     return enc.ids, enc.tokens
 

@@ -165,10 +165,17 @@ def _read_weights(file: Path, expected: dict[str, torch.Size]) -> dict[str, torc
 
 
 def load_checkpoint(path: str | Path, device: str = "auto") -> Bundle:
-    """Load a checkpoint directory onto ``device`` (cpu, cuda, mps or auto), in eval mode."""
+    """Load a checkpoint directory onto ``device`` (cpu, cuda, mps or auto), in eval mode.
+
+    attnviz's own directories and Hugging Face Marian (opus-mt) folders are recognised.
+    """
     path = Path(path)
     if not path.is_dir():
         raise CheckpointError(f"no checkpoint directory at {path}")
+    from attnviz.marian import is_marian_dir, load_marian  # here: attnviz.marian imports this module
+
+    if is_marian_dir(path):
+        return load_marian(path, device)
     data = _read_config(path)
     try:
         cfg = TransformerConfig.from_dict(data.get("model"))

@@ -88,7 +88,7 @@ def main() -> None:
     step = dec.steps[t]
 
     pieces = [tok.target_token(s.token_id) for s in dec.steps]
-    dec_input = ["<s>", *pieces[:-1]]  # what the decoder reads: the start token, then its own output
+    dec_input = [tok.target_token(tok.bos_id), *pieces[:-1]]  # the start token, then its own output
     words = "".join(
         f"<span style='background:#ffd54f;padding:0 2px'>{html.escape(p)}</span>"
         if i == t

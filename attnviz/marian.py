@@ -1,0 +1,539 @@
+"""Hugging Face Marian (Helsinki-NLP opus-mt) checkpoints, loaded into attnviz's own Transformer.
+
+Marian is the paper's base architecture with a few choices of its own, all representable in
+:class:`~attnviz.model.TransformerConfig`: post-LN with epsilon 1e-5 and no LayerNorm after the
+embeddings or at the stack ends, swish (SiLU) in classic opus-mt models and ReLU in tc-big ones,
+embeddings scaled by sqrt(d_model), biases on every attention projection, a bias on the logits
+(``final_logits_bias``), sinusoids with every sine before every cosine (not interleaved), and the
+pad token as the decoder's start token. ``transformers`` is never imported: the config is read as
+JSON, the weights with safetensors (or, for old pickled files, ``torch.load(weights_only=True)``),
+and the tokenizer is rebuilt from ``source.spm`` / ``target.spm`` and ``vocab.json``.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import pickle
+import re
+from collections.abc import Iterable
+from pathlib import Path
+
+import sentencepiece as spm
+import torch
+from safetensors import SafetensorError, safe_open
+
+from attnviz.checkpoint import Bundle, sha256_file
+from attnviz.devices import resolve_device
+from attnviz.errors import CheckpointError, ConfigError, InputError
+from attnviz.model import Transformer, TransformerConfig, sinusoidal_table
+from attnviz.tokenizer import Encoded
+
+log = logging.getLogger(__name__)
+
+CONFIG_FILE = "config.json"
+SAFETENSORS_FILE = "model.safetensors"
+PICKLE_FILE = "pytorch_model.bin"
+SOURCE_SPM, TARGET_SPM = "source.spm", "target.spm"
+VOCAB_FILE, TARGET_VOCAB_FILE = "vocab.json", "target_vocab.json"
+ACTIVATIONS = {"swish": "swish", "silu": "swish", "relu": "relu", "gelu": "gelu"}
+# Flags of older Marian/BART-style configs that describe an architecture we cannot represent: the
+# value Marian uses, and what the flag would change.
+FIXED_FLAGS = {
+    "normalize_before": (False, "pre-LN layers"),
+    "add_final_layer_norm": (False, "a LayerNorm at the end of each stack"),
+    "normalize_embedding": (False, "a LayerNorm after the embeddings"),
+    "layernorm_embedding": (False, "a LayerNorm after the embeddings"),
+    "add_bias_logits": (False, "a separate logits bias layer"),
+    "static_position_embeddings": (True, "learned positions"),
+}
+LANGUAGE_CODE = re.compile(r">>.+<<")  # a target-language tag such as ">>fra<<" (multilingual models)
+SOURCE_EXAMPLES = {
+    "en": ["The cat sat on the mat.", "I would like a cup of coffee, please.", "Where is the train station?"],
+    "de": ["Die Katze sitzt auf der Matte.", "Ich hätte gern eine Tasse Kaffee."],
+    "fr": ["Le chat est assis sur le tapis.", "Je voudrais une tasse de café."],
+}
+
+
+# ---------------------------------------------------------------------------------------------
+# Finding the files
+
+
+def _snapshot(path: Path) -> Path:
+    """``path`` itself, or the single snapshot of a hub cache folder ``models--X``."""
+    snapshots = path / "snapshots"
+    if (path / CONFIG_FILE).exists() or not snapshots.is_dir():
+        return path
+    found = sorted(p.name for p in snapshots.iterdir() if p.is_dir())
+    if len(found) != 1:
+        raise CheckpointError(
+            f"{path} is a Hugging Face hub cache folder with {len(found)} snapshots {found}: "
+            f"pass one of them, e.g. {snapshots / found[0]}"
+            if found
+            else f"{path} is a Hugging Face hub cache folder without snapshots: download the model again"
+        )
+    return snapshots / found[0]
+
+
+def _read_json(file: Path) -> object:
+    try:
+        return json.loads(file.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise CheckpointError(f"{file} is not readable JSON ({e})") from None
+
+
+def is_marian_dir(path: str | Path) -> bool:
+    """Whether ``path`` (or the snapshot of a hub cache folder) holds a Marian config.json."""
+    path = Path(path)
+    if not path.is_dir():
+        return False
+    snapshots = path / "snapshots"
+    candidates = [path] if (path / CONFIG_FILE).exists() or not snapshots.is_dir() else list(snapshots.iterdir())
+    for folder in candidates:
+        try:
+            data = json.loads((folder / CONFIG_FILE).read_text(encoding="utf-8"))
+        except (OSError, UnicodeDecodeError, json.JSONDecodeError):
+            continue
+        if isinstance(data, dict) and data.get("model_type") == "marian":
+            return True
+    return False
+
+
+# ---------------------------------------------------------------------------------------------
+# The config
+
+
+def marian_config(hf: dict, unk_id: int = 1, source: str = CONFIG_FILE) -> TransformerConfig:
+    """Our config for a Hugging Face Marian ``config.json`` (as a dict), refusing what we cannot run.
+
+    ``unk_id`` comes from vocab.json (Marian's config does not hold it); ``source`` names the file
+    in error messages.
+    """
+
+    def fail(what: str) -> CheckpointError:
+        return CheckpointError(f"{source}: {what}; attnviz cannot load this Marian model faithfully")
+
+    if not isinstance(hf, dict):
+        raise CheckpointError(f"{source} must hold a JSON object")
+    if hf.get("model_type") != "marian":
+        raise fail(f'"model_type" is {hf.get("model_type")!r}, expected "marian"')
+    for key, (marian_value, meaning) in FIXED_FLAGS.items():
+        if key in hf and bool(hf[key]) != marian_value:
+            raise fail(
+                f'"{key}": {json.dumps(hf[key])} asks for {meaning}, which attnviz does not implement for Marian'
+            )
+    for enc, dec in (("encoder_attention_heads", "decoder_attention_heads"), ("encoder_ffn_dim", "decoder_ffn_dim")):
+        if hf.get(enc) != hf.get(dec):
+            raise fail(f'"{enc}" ({hf.get(enc)!r}) differs from "{dec}" ({hf.get(dec)!r})')
+    activation = hf.get("activation_function", "gelu")
+    if activation not in ACTIVATIONS:
+        raise fail(f'"activation_function" {activation!r} is not one of {sorted(ACTIVATIONS)}')
+    eos = hf.get("eos_token_id", 0)
+    if isinstance(eos, list):
+        if len(eos) != 1:
+            raise fail(f'"eos_token_id" lists several end tokens {eos}; attnviz stops on one')
+        eos = eos[0]
+    pad = hf.get("pad_token_id", 58100)
+    shared = hf.get("share_encoder_decoder_embeddings", True)
+    src_vocab = hf.get("vocab_size", 58101)
+    tgt_vocab = src_vocab if shared else (hf.get("decoder_vocab_size") or src_vocab)
+    try:
+        return TransformerConfig(
+            src_vocab_size=src_vocab,
+            tgt_vocab_size=tgt_vocab,
+            n_enc_layers=hf.get("encoder_layers", 12),
+            n_dec_layers=hf.get("decoder_layers", 12),
+            d_model=hf.get("d_model", 1024),
+            n_heads=hf.get("encoder_attention_heads", 16),
+            d_ff=hf.get("encoder_ffn_dim", 4096),
+            dropout=float(hf.get("dropout", 0.1)),
+            norm_first=False,
+            activation=ACTIVATIONS[activation],
+            pos_encoding="sinusoidal_concat",
+            max_len=hf.get("max_position_embeddings", 1024),
+            share_embeddings=bool(shared),
+            tie_output=bool(hf.get("tie_word_embeddings", True)),
+            output_bias=True,
+            attn_bias=True,
+            scale_embedding=bool(hf.get("scale_embedding", False)),
+            ln_eps=1e-5,
+            pad_id=pad,
+            bos_id=hf.get("decoder_start_token_id", pad),
+            eos_id=eos,
+            unk_id=unk_id,
+        )
+    except ConfigError as e:
+        raise fail(str(e)) from None
+
+
+# ---------------------------------------------------------------------------------------------
+# The tokenizer
+
+
+class MarianTokenizer:
+    """Marian's tokenisation with the interface of :class:`attnviz.tokenizer.Tokenizer`.
+
+    sentencepiece cuts text into pieces; vocab.json (target_vocab.json for a separate target
+    vocabulary) maps pieces to ids, and pieces it lacks become ``<unk>``. ``</s>`` ends every
+    sequence; there is no BOS: the decoder starts with the pad token.
+    """
+
+    def __init__(
+        self,
+        src_model: bytes,
+        tgt_model: bytes,
+        src_vocab: dict[str, int],
+        tgt_vocab: dict[str, int] | None = None,
+        *,
+        pad_id: int,
+        eos_id: int,
+        unk_id: int,
+        bos_id: int | None = None,
+        max_tokens: int = 512,
+    ):
+        self.src = spm.SentencePieceProcessor(model_proto=src_model)
+        self.tgt = self.src if tgt_model == src_model else spm.SentencePieceProcessor(model_proto=tgt_model)
+        self.src_vocab = dict(src_vocab)
+        self.tgt_vocab = self.src_vocab if tgt_vocab is None else dict(tgt_vocab)
+        self.tgt_pieces = {i: piece for piece, i in self.tgt_vocab.items()}
+        self.pad_id, self.eos_id, self.unk_id = pad_id, eos_id, unk_id
+        self.bos_id = pad_id if bos_id is None else bos_id  # the decoder start token
+        self.max_tokens = max_tokens
+
+    def _pieces(self, sp: spm.SentencePieceProcessor, vocab: dict[str, int], text: str, side: str) -> Encoded:
+        if not isinstance(text, str):
+            raise InputError(f"the {side} text must be a string, got {type(text).__name__}")
+        if not text.strip():
+            raise InputError(f"the {side} text is empty: type a sentence")
+        if len(text) > 20 * self.max_tokens:
+            raise InputError(
+                f"the {side} text has {len(text):,} characters; this model takes at most "
+                f"{self.max_tokens} tokens: shorten it"
+            )
+        ids, tokens = [], []
+        code = LANGUAGE_CODE.match(text)  # as Hugging Face's MarianTokenizer: the tag is one token
+        if code:
+            tag = code.group(0)
+            ids.append(vocab.get(tag, self.unk_id))
+            tokens.append(tag if ids[-1] != self.unk_id else f"<unk:{tag}>")
+            text = LANGUAGE_CODE.sub("", text)
+        for piece in sp.encode(text, return_type="proto").pieces:
+            ids.append(vocab.get(piece.piece, self.unk_id))
+            tokens.append(f"<unk:{piece.surface}>" if ids[-1] == self.unk_id else piece.piece)
+        return Encoded(tuple(ids), tuple(tokens))
+
+    def _check_length(self, n: int, side: str) -> None:
+        if n > self.max_tokens:
+            raise InputError(f"the {side} text is {n} tokens long; this model takes at most {self.max_tokens}")
+
+    def encode_source(self, text: str) -> Encoded:
+        """Encoder input: the pieces, then ``</s>``."""
+        enc = self._pieces(self.src, self.src_vocab, text, "source")
+        out = Encoded(enc.ids + (self.eos_id,), enc.tokens + ("</s>",))
+        self._check_length(len(out.ids), "source")
+        return out
+
+    def encode_target(self, text: str) -> tuple[Encoded, Encoded]:
+        """(decoder input, labels): ``<pad> pieces`` and ``pieces </s>``, one shifted from the other."""
+        enc = self._pieces(self.tgt, self.tgt_vocab, text, "target")
+        inp = Encoded((self.bos_id,) + enc.ids, (self.target_token(self.bos_id),) + enc.tokens)
+        labels = Encoded(enc.ids + (self.eos_id,), enc.tokens + ("</s>",))
+        self._check_length(len(inp.ids), "target")
+        return inp, labels
+
+    def target_token(self, token_id: int) -> str:
+        return self.tgt_pieces.get(int(token_id), "<unk>")
+
+    def decode(self, ids: Iterable[int]) -> str:
+        """Target ids to text; special ids are dropped."""
+        specials = {self.pad_id, self.bos_id, self.eos_id}
+        pieces = [self.target_token(i) for i in ids if int(i) not in specials]
+        return self.tgt.decode_pieces(pieces)
+
+    @property
+    def src_vocab_size(self) -> int:
+        return max(self.src_vocab.values()) + 1
+
+    @property
+    def tgt_vocab_size(self) -> int:
+        return max(self.tgt_vocab.values()) + 1
+
+
+def _read_vocab(file: Path, vocab_size: int) -> dict[str, int]:
+    if not file.is_file():
+        raise CheckpointError(f"{file} is missing: Marian's map from sentencepiece pieces to token ids")
+    vocab = _read_json(file)
+    if not isinstance(vocab, dict) or not vocab or not all(isinstance(i, int) for i in vocab.values()):
+        raise CheckpointError(f"{file} must hold a JSON object mapping each piece to an integer id")
+    bad = [(p, i) for p, i in vocab.items() if not 0 <= i < vocab_size]
+    if bad:
+        raise CheckpointError(
+            f"{file} maps {bad[:3]} outside the {vocab_size} ids {CONFIG_FILE} declares: the files are from "
+            "different models"
+        )
+    return vocab
+
+
+def _read_tokenizer(path: Path, hf: dict, cfg_vocab: tuple[int, int], max_tokens: int) -> MarianTokenizer:
+    src_vocab = _read_vocab(path / VOCAB_FILE, cfg_vocab[0])
+    tgt_vocab = None
+    if (path / TARGET_VOCAB_FILE).is_file():
+        tgt_vocab = _read_vocab(path / TARGET_VOCAB_FILE, cfg_vocab[1])
+    elif cfg_vocab[0] != cfg_vocab[1]:
+        raise CheckpointError(
+            f"{path / TARGET_VOCAB_FILE} is missing: config.json declares separate source ({cfg_vocab[0]}) and "
+            f"target ({cfg_vocab[1]}) vocabularies"
+        )
+    models = {}
+    for name in (SOURCE_SPM, TARGET_SPM):
+        file = path / name
+        if not file.is_file():
+            raise CheckpointError(f"{file} is missing: one of Marian's two sentencepiece models")
+        models[name] = file.read_bytes()
+        try:
+            spm.SentencePieceProcessor(model_proto=models[name])
+        except RuntimeError as e:
+            raise CheckpointError(f"{file} is not a readable sentencepiece model ({e})") from None
+    if "<unk>" not in src_vocab:
+        raise CheckpointError(f"{path / VOCAB_FILE} has no '<unk>' entry: Marian vocabularies always do")
+    eos = hf.get("eos_token_id", 0)
+    return MarianTokenizer(
+        models[SOURCE_SPM],
+        models[TARGET_SPM],
+        src_vocab,
+        tgt_vocab,
+        pad_id=hf.get("pad_token_id", 58100),
+        eos_id=eos[0] if isinstance(eos, list) else eos,
+        unk_id=src_vocab["<unk>"],
+        bos_id=hf.get("decoder_start_token_id"),
+        max_tokens=max_tokens,
+    )
+
+
+# ---------------------------------------------------------------------------------------------
+# The weights
+
+
+def _key_map(cfg: TransformerConfig) -> dict[str, str]:
+    """Our parameter name for each Hugging Face tensor name (embeddings are handled apart)."""
+    names = {}
+    attn = ("q_proj", "k_proj", "v_proj", "out_proj")
+    for i in range(cfg.n_enc_layers):
+        hf, ours = f"model.encoder.layers.{i}.", f"encoder_layers.{i}."
+        for proj in attn:
+            for p in ("weight", "bias"):
+                names[f"{hf}self_attn.{proj}.{p}"] = f"{ours}self_attn.{proj}.{p}"
+        for p in ("weight", "bias"):
+            names[f"{hf}self_attn_layer_norm.{p}"] = f"{ours}attn_block.norm.{p}"
+            names[f"{hf}fc1.{p}"] = f"{ours}ffn.up.{p}"
+            names[f"{hf}fc2.{p}"] = f"{ours}ffn.down.{p}"
+            names[f"{hf}final_layer_norm.{p}"] = f"{ours}ffn_block.norm.{p}"
+    for i in range(cfg.n_dec_layers):
+        hf, ours = f"model.decoder.layers.{i}.", f"decoder_layers.{i}."
+        for proj in attn:
+            for p in ("weight", "bias"):
+                names[f"{hf}self_attn.{proj}.{p}"] = f"{ours}self_attn.{proj}.{p}"
+                names[f"{hf}encoder_attn.{proj}.{p}"] = f"{ours}cross_attn.{proj}.{p}"
+        for p in ("weight", "bias"):
+            names[f"{hf}self_attn_layer_norm.{p}"] = f"{ours}self_block.norm.{p}"
+            names[f"{hf}encoder_attn_layer_norm.{p}"] = f"{ours}cross_block.norm.{p}"
+            names[f"{hf}fc1.{p}"] = f"{ours}ffn.up.{p}"
+            names[f"{hf}fc2.{p}"] = f"{ours}ffn.down.{p}"
+            names[f"{hf}final_layer_norm.{p}"] = f"{ours}ffn_block.norm.{p}"
+    return names
+
+
+def _embedding_sources(cfg: TransformerConfig) -> dict[str, tuple[str, ...]]:
+    """For each embedding-like parameter of ours, the Hugging Face names that may hold it.
+
+    Files differ in which copies of a tied matrix they store; every copy present must agree.
+    """
+    if cfg.share_embeddings:
+        shared = ("model.shared.weight", "model.encoder.embed_tokens.weight", "model.decoder.embed_tokens.weight")
+        sources = {"src_embed.weight": shared}
+        target_key = "src_embed.weight"
+    else:
+        sources = {
+            "src_embed.weight": ("model.encoder.embed_tokens.weight",),
+            "tgt_embed.weight": ("model.decoder.embed_tokens.weight",),
+        }
+        target_key = "tgt_embed.weight"
+    if cfg.tie_output:
+        sources[target_key] += ("lm_head.weight",)
+    else:
+        sources["out_proj"] = ("lm_head.weight",)
+    return sources
+
+
+class _Reader:
+    """Tensor shapes and values from model.safetensors or (weights_only) pytorch_model.bin."""
+
+    def __init__(self, file: Path):
+        self.file = file
+        self.tensors: dict[str, torch.Tensor] | None = None
+        self.handle = None
+        if file.name == PICKLE_FILE:
+            log.warning(
+                "%s is a pickle file; loading it with torch.load(weights_only=True). Prefer model.safetensors "
+                "(convert once with safetensors.torch.save_file)",
+                file,
+            )
+            try:
+                data = torch.load(str(file), map_location="cpu", weights_only=True)
+            except (pickle.UnpicklingError, RuntimeError, OSError, EOFError, ValueError) as e:
+                raise CheckpointError(
+                    f"{file} could not be read with torch.load(weights_only=True) ({e}); it may be truncated or "
+                    "hold more than tensors. Use model.safetensors instead"
+                ) from None
+            if not isinstance(data, dict) or not all(isinstance(v, torch.Tensor) for v in data.values()):
+                raise CheckpointError(f"{file} does not hold a dictionary of tensors (a state dict)")
+            self.tensors = data
+            keys = set(data)
+        else:
+            try:
+                self.handle = safe_open(str(file), framework="pt")
+                keys = set(self.handle.keys())
+            except (SafetensorError, OSError, ValueError) as e:
+                raise CheckpointError(f"{file} is not a readable safetensors file ({e}); it may be truncated") from None
+        # A bare MarianModel state dict has no "model." prefix; MarianMTModel's does.
+        self.prefix = "" if any(k.startswith("model.") for k in keys) else "model."
+        self.keys = {self.prefix + k for k in keys}
+
+    def _raw(self, key: str) -> str:
+        return key[len(self.prefix) :]
+
+    def shape(self, key: str) -> tuple[int, ...]:
+        if self.tensors is not None:
+            return tuple(self.tensors[self._raw(key)].shape)
+        return tuple(self.handle.get_slice(self._raw(key)).get_shape())
+
+    def get(self, key: str) -> torch.Tensor:
+        try:
+            t = self.tensors[self._raw(key)] if self.tensors is not None else self.handle.get_tensor(self._raw(key))
+        except (SafetensorError, OSError, ValueError) as e:
+            raise CheckpointError(f"{self.file}: tensor '{key}' could not be read ({e})") from None
+        if not t.is_floating_point():
+            raise CheckpointError(f"{self.file}: tensor '{key}' has dtype {t.dtype}; weights must be floating point")
+        return t.float()
+
+
+def _load_tensors(reader: _Reader, cfg: TransformerConfig) -> dict[str, torch.Tensor]:
+    """Our parameters by name, read from the file after checking every name and shape."""
+    file = reader.file
+    with torch.device("meta"):
+        expected = {k: tuple(p.shape) for k, p in Transformer(cfg).named_parameters()}
+
+    def check_shape(hf_key: str, want: tuple[int, ...]) -> None:
+        got = reader.shape(hf_key)
+        if hf_key == "final_logits_bias" and len(got) == 2 and got[0] == 1:
+            got = got[1:]  # stored (1, V), ours is (V,)
+        if got != want:
+            raise CheckpointError(f"{file}: tensor '{hf_key}' has shape {got} but {CONFIG_FILE} implies {want}")
+
+    plan: dict[str, list[str]] = {}  # ours -> the Hugging Face tensors to read (first is used)
+    missing = []
+    for hf_key, ours in _key_map(cfg).items():
+        if hf_key in reader.keys:
+            plan[ours] = [hf_key]
+        else:
+            missing.append(hf_key)
+    for ours, candidates in _embedding_sources(cfg).items():
+        present = [k for k in candidates if k in reader.keys]
+        if present:
+            plan[ours] = present
+        else:
+            missing.append(" or ".join(candidates))
+    if "final_logits_bias" in reader.keys:
+        plan["out_bias"] = ["final_logits_bias"]
+    else:  # optional, as in transformers: a checkpoint without it has a zero logits bias
+        log.info("%s has no final_logits_bias; using zeros", file)
+    if missing:
+        raise CheckpointError(
+            f"{file} does not fit {CONFIG_FILE}: missing tensors {missing[:5]}"
+            + (f" and {len(missing) - 5} more" if len(missing) > 5 else "")
+        )
+    for ours, hf_keys in plan.items():
+        for hf_key in hf_keys:
+            check_shape(hf_key, expected[ours])
+    tensors = {"out_bias": torch.zeros(cfg.tgt_vocab_size)}
+    for ours, hf_keys in plan.items():
+        first = reader.get(hf_keys[0])
+        for other in hf_keys[1:]:
+            if not torch.equal(first, reader.get(other)):
+                raise CheckpointError(
+                    f"{file}: '{other}' differs from '{hf_keys[0]}' but {CONFIG_FILE} says they are one tied matrix"
+                )
+        tensors[ours] = first.reshape(expected[ours])
+    table = sinusoidal_table(cfg.max_len, cfg.d_model, "concat")
+    for side in ("encoder", "decoder"):
+        key = f"model.{side}.embed_positions.weight"
+        if key in reader.keys:
+            stored = reader.get(key)
+            if tuple(stored.shape) != tuple(table.shape) or not torch.allclose(stored, table, atol=1e-5, rtol=0):
+                raise CheckpointError(
+                    f"{file}: '{key}' is not the sinusoid table Marian uses (sines then cosines, positions from 0); "
+                    "attnviz regenerates that table and cannot run other positions"
+                )
+    return tensors
+
+
+def _weights_file(path: Path) -> Path:
+    for name in (SAFETENSORS_FILE, PICKLE_FILE):
+        if (path / name).is_file():
+            return path / name
+    found = sorted(p.name for p in path.iterdir())[:12]
+    raise CheckpointError(f"{path} has no {SAFETENSORS_FILE} or {PICKLE_FILE} (the Marian weights); found {found}")
+
+
+def _hub_name(path: Path) -> str:
+    """``Helsinki-NLP/opus-mt-en-de`` for a hub cache snapshot, else the folder's name."""
+    for part in reversed(path.parts):
+        if part.startswith("models--"):
+            return part[len("models--") :].replace("--", "/")
+    return path.name
+
+
+def load_marian(path: str | Path, device: str = "auto") -> Bundle:
+    """A :class:`Bundle` holding a Hugging Face Marian checkpoint run by our Transformer, in eval mode."""
+    path = Path(path)
+    if not path.is_dir():
+        raise CheckpointError(f"no checkpoint directory at {path}")
+    path = _snapshot(path)
+    config_file = path / CONFIG_FILE
+    if not config_file.is_file():
+        found = sorted(p.name for p in path.iterdir())[:12]
+        raise CheckpointError(
+            f"{config_file} is missing: a Marian folder holds {CONFIG_FILE}, {SAFETENSORS_FILE} (or {PICKLE_FILE}), "
+            f"{SOURCE_SPM}, {TARGET_SPM} and {VOCAB_FILE}; found {found or 'nothing'}"
+        )
+    hf = _read_json(config_file)
+    if not isinstance(hf, dict):
+        raise CheckpointError(f"{config_file} must hold a JSON object")
+    if hf.get("model_type") != "marian":
+        raise CheckpointError(
+            f'{config_file} has "model_type": {hf.get("model_type")!r}; expected "marian" '
+            "(a Helsinki-NLP opus-mt model) or an attnviz checkpoint"
+        )
+    vocab_probe = marian_config(hf, unk_id=0, source=str(config_file))  # vocabulary sizes, before vocab.json
+    tokenizer = _read_tokenizer(
+        path, hf, (vocab_probe.src_vocab_size, vocab_probe.tgt_vocab_size), max_tokens=vocab_probe.max_len
+    )
+    cfg = marian_config(hf, unk_id=tokenizer.unk_id, source=str(config_file))
+    weights_file = _weights_file(path)
+    tensors = _load_tensors(_Reader(weights_file), cfg)
+    model = Transformer(cfg)
+    with torch.no_grad():
+        for key, p in model.named_parameters():
+            p.copy_(tensors[key])
+    model.eval().requires_grad_(False)
+    model.to(resolve_device(device))
+    name = _hub_name(path)
+    lang = re.search(r"opus-mt-(?:tc-big-)?([a-z]{2,3})-", name)
+    info = {
+        "family": "marian",
+        "source": "Hugging Face Marian",
+        "name": name,
+        "weights_file": weights_file.name,
+        "examples": SOURCE_EXAMPLES.get(lang.group(1), []) if lang else [],
+    }
+    return Bundle(model, tokenizer, name, path.resolve(), sha256_file(weights_file), info)
