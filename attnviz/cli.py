@@ -20,8 +20,9 @@ def _attention(args) -> None:
 
     export = attention(load(args.model, args.device), args.src, args.tgt)
     path = export.save(args.out)
-    L, H, T, S = export.cross.shape
-    print(f"wrote {path}: {L} layers x {H} heads, source {S} tokens, decoder input {T} tokens")
+    L, H, S, _ = export.encoder.shape
+    decoder = "" if export.tgt_ids is None else f", decoder input {len(export.tgt_ids)} tokens"
+    print(f"wrote {path}: {L} layers x {H} heads, source {S} tokens{decoder}")
 
 
 def _evaluate(args) -> None:

@@ -27,7 +27,7 @@ from attnviz.checkpoint import Bundle, sha256_file
 from attnviz.devices import resolve_device
 from attnviz.errors import CheckpointError, ConfigError, InputError
 from attnviz.model import Transformer, TransformerConfig, sinusoidal_table
-from attnviz.tokenizer import Encoded
+from attnviz.tokenizer import Encoded, check_text
 
 log = logging.getLogger(__name__)
 
@@ -201,15 +201,7 @@ class MarianTokenizer:
         self.max_tokens = max_tokens
 
     def _pieces(self, sp: spm.SentencePieceProcessor, vocab: dict[str, int], text: str, side: str) -> Encoded:
-        if not isinstance(text, str):
-            raise InputError(f"the {side} text must be a string, got {type(text).__name__}")
-        if not text.strip():
-            raise InputError(f"the {side} text is empty: type a sentence")
-        if len(text) > 20 * self.max_tokens:
-            raise InputError(
-                f"the {side} text has {len(text):,} characters; this model takes at most "
-                f"{self.max_tokens} tokens: shorten it"
-            )
+        check_text(text, side, self.max_tokens)
         ids, tokens = [], []
         code = LANGUAGE_CODE.match(text)  # as Hugging Face's MarianTokenizer: the tag is one token
         if code:

@@ -57,6 +57,8 @@ class TransformerConfig:
     attn_bias: bool = True  # biases on the Q, K, V and output projections
     scale_embedding: bool = True  # multiply embeddings by sqrt(d_model) (3.4)
     ln_eps: float = 1e-5  # LayerNorm epsilon
+    type_vocab_size: int = 0  # BERT's token-type (segment) embeddings, type 0 used; 0: none, as in the paper
+    embed_norm: bool = False  # a LayerNorm on the encoder's embedding sum (BERT); the paper has none
     pad_id: int = 0
     bos_id: int = 1  # the decoder's start token
     eos_id: int = 2
@@ -74,7 +76,7 @@ class TransformerConfig:
         for name in ("src_vocab_size", "tgt_vocab_size", "d_model", "n_heads", "d_ff", "max_len"):
             if getattr(self, name) < 1:
                 problems.append(f"{name} must be a positive integer, got {getattr(self, name)!r}")
-        for name in ("n_enc_layers", "n_dec_layers"):
+        for name in ("n_enc_layers", "n_dec_layers", "type_vocab_size"):
             if getattr(self, name) < 0:
                 problems.append(f"{name} must be a non-negative integer, got {getattr(self, name)!r}")
         if not problems and self.d_model % self.n_heads:
@@ -97,6 +99,11 @@ class TransformerConfig:
                 problems.append(f"{name} must be a token id inside both vocabularies, got {value!r}")
         if problems:
             raise ConfigError("invalid model config: " + "; ".join(problems))
+
+    @property
+    def encoder_only(self) -> bool:
+        """True for a model with no decoder (BERT-style): it has encoder self-attention only."""
+        return self.n_dec_layers == 0
 
     @property
     def d_head(self) -> int:
@@ -451,7 +458,7 @@ class Seq2SeqOutput:
 
 
 class Transformer(nn.Module):
-    """The encoder-decoder of Figure 1."""
+    """The encoder-decoder of Figure 1 (or its encoder alone, with ``n_dec_layers=0``)."""
 
     def __init__(self, cfg: TransformerConfig):
         super().__init__()
@@ -463,6 +470,9 @@ class Transformer(nn.Module):
             else TokenEmbedding(cfg.tgt_vocab_size, cfg.d_model, cfg.scale_embedding)
         )
         self.pos = PositionalEncoding(cfg)
+        if cfg.type_vocab_size:
+            self.token_type = nn.Parameter(torch.zeros(cfg.type_vocab_size, cfg.d_model))
+        self.embed_norm = nn.LayerNorm(cfg.d_model, eps=cfg.ln_eps) if cfg.embed_norm else nn.Identity()
         self.dropout = nn.Dropout(cfg.dropout)
         self.encoder_layers = nn.ModuleList(EncoderLayer(cfg) for _ in range(cfg.n_enc_layers))
         self.decoder_layers = nn.ModuleList(DecoderLayer(cfg) for _ in range(cfg.n_dec_layers))
@@ -477,7 +487,7 @@ class Transformer(nn.Module):
 
     def _init_weights(self) -> None:
         for name, p in self.named_parameters():
-            if p.dim() == 2 and "embed" not in name and name != "pos.table":
+            if p.dim() == 2 and "embed" not in name and name not in ("pos.table", "token_type"):
                 nn.init.xavier_uniform_(p)
 
     @property
@@ -512,7 +522,11 @@ class Transformer(nn.Module):
                 raise InputError(f"encoder_mask must be a boolean ({S}, {S}) mask, got {tuple(encoder_mask.shape)}")
             mask = encoder_mask if mask is None else mask & encoder_mask
         x = self.src_embed(src)
-        x = self.dropout(self.pos(x) if use_positions else x)
+        if use_positions:
+            x = self.pos(x)
+        if self.cfg.type_vocab_size:
+            x = x + self.token_type[0]  # one segment: every token has type 0
+        x = self.dropout(self.embed_norm(x))
         records = []
         for layer in self.encoder_layers:
             x, rec = layer(x, mask, capture)
@@ -536,6 +550,8 @@ class Transformer(nn.Module):
         ``with_logits`` the output projection (a large matmul over the vocabulary) is skipped and
         None is returned in its place: attention maps do not need it.
         """
+        if self.cfg.encoder_only:
+            raise InputError("this model is encoder-only: it has no decoder to translate or decode with")
         self._check_ids(tgt, self.cfg.tgt_vocab_size, "target")
         B, T = tgt.shape
         start = 0 if cache is None or cache[0].self_k is None else cache[0].self_k.shape[2]
@@ -558,7 +574,7 @@ class Transformer(nn.Module):
     def forward(
         self,
         src: Tensor,
-        tgt: Tensor,
+        tgt: Tensor | None = None,
         src_valid: Tensor | None = None,
         tgt_valid: Tensor | None = None,
         *,
@@ -572,12 +588,15 @@ class Transformer(nn.Module):
         ``src_valid`` / ``tgt_valid`` (bool, True = real token) mark padding. With
         ``return_attention`` every map is returned; ``return_internals`` adds scores, Q, K, V.
         ``return_logits=False`` skips the output projection (``logits`` is then None).
+        Without ``tgt`` (the only way for an encoder-only model) just the encoder runs.
         """
         capture = "internals" if return_internals else "weights" if return_attention else None
         memory, enc_recs = self.encode(src, src_valid, capture)
-        logits, self_recs, cross_recs = self.decode(
-            tgt, memory, src_valid, tgt_valid, capture, with_logits=return_logits
-        )
+        logits, self_recs, cross_recs = None, [], []
+        if tgt is not None:
+            logits, self_recs, cross_recs = self.decode(
+                tgt, memory, src_valid, tgt_valid, capture, with_logits=return_logits
+            )
         attn = None
         if capture is not None:
             attn = Attention(

@@ -40,6 +40,19 @@ def train_sentencepiece(
     return buf.getvalue()
 
 
+def check_text(text: str, side: str, max_tokens: int) -> None:
+    """Raise InputError for text no tokenizer should take: not a string, empty, or far too long."""
+    if not isinstance(text, str):
+        raise InputError(f"the {side} text must be a string, got {type(text).__name__}")
+    if not text.strip():
+        raise InputError(f"the {side} text is empty: type a sentence")
+    # A cheap guard before tokenising: tokens are rarely shorter than a character on average.
+    if len(text) > 20 * max_tokens:
+        raise InputError(
+            f"the {side} text has {len(text):,} characters; this model takes at most {max_tokens} tokens: shorten it"
+        )
+
+
 @dataclass(frozen=True)
 class Encoded:
     """Token ids and one display label per id."""
@@ -62,16 +75,7 @@ class Tokenizer:
         self.pad_id, self.bos_id, self.eos_id, self.unk_id = PAD_ID, BOS_ID, EOS_ID, UNK_ID
 
     def _pieces(self, sp: spm.SentencePieceProcessor, text: str, side: str) -> Encoded:
-        if not isinstance(text, str):
-            raise InputError(f"the {side} text must be a string, got {type(text).__name__}")
-        if not text.strip():
-            raise InputError(f"the {side} text is empty: type a sentence")
-        # Cheap guard before tokenising: pieces are never shorter than one character.
-        if len(text) > 20 * self.max_tokens:
-            raise InputError(
-                f"the {side} text has {len(text):,} characters; this model takes at most "
-                f"{self.max_tokens} tokens: shorten it"
-            )
+        check_text(text, side, self.max_tokens)
         ids, tokens = [], []
         for piece in sp.encode(text, return_type="proto").pieces:
             ids.append(piece.id)

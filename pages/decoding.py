@@ -59,6 +59,12 @@ def main() -> None:
     )
     teacher = teacher and choices.tgt is not None
     beam = c1.slider("Beam size (1 = greedy)", 1, 8, key="beam", disabled=teacher)
+    if load_bundle(choices.model, choices.device).config.encoder_only:
+        st.info(
+            "This model is encoder-only: it has no decoder, so there is nothing to decode step by step. "
+            "The attention explorer shows its self-attention."
+        )
+        return
     try:
         bundle = load_bundle(choices.model, choices.device)
         dec = run_decoding(

