@@ -6,8 +6,10 @@ Every page calls :func:`sidebar` first. Widget state lives under fixed keys in
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
+import pandas as pd
 import streamlit as st
 
 from attnviz import api
@@ -154,12 +156,21 @@ def keep_in_range(key: str, default: int, low: int, high: int) -> None:
     st.session_state[key] = min(max(st.session_state.get(key, default), low), high)
 
 
-def download_buttons(table, export: api.AttentionExport | None, image_format: str | None, name: str) -> None:
-    """CSV of the matrix shown, NPZ of every tensor, and the image format of the figure's camera button."""
+def download_buttons(
+    make_table: Callable[[], pd.DataFrame],
+    export: api.AttentionExport | None,
+    image_format: str | None,
+    name: str,
+) -> None:
+    """CSV of the matrix shown, NPZ of every tensor, and the image format of the figure's camera button.
+
+    The files are built only when a button is clicked (a callable ``data``): a long form of every
+    head of a 500-token sentence has millions of rows, too many to build on every rerun.
+    """
     cols = st.columns(3)
     cols[0].download_button(
         "CSV of what is shown",
-        table.to_csv(index=False).encode("utf-8"),
+        lambda: make_table().to_csv(index=False).encode("utf-8"),
         f"{name}.csv",
         "text/csv",
         help="Long form: layer, head, query index and token, key index and token, value.",
@@ -167,7 +178,7 @@ def download_buttons(table, export: api.AttentionExport | None, image_format: st
     if export is not None:
         cols[1].download_button(
             "NPZ of every map",
-            export.to_bytes(),
+            export.to_bytes,
             f"{name.split('-')[0]}-attention.npz",
             "application/octet-stream",
             help="The same file as `attnviz attention`: encoder, decoder, cross, ids, tokens and a manifest.",

@@ -91,16 +91,19 @@ def main() -> None:
             scores=show_scores,
             title=f"{plots.KIND_TITLES[kind][0]}, layer {layer}, head {head}" + (" (scores)" if show_scores else ""),
         )
-        shown = analysis.long_form(maps, q_tokens, k_tokens, layers=[layer], heads=[head])
-        if show_scores:
-            shown = shown.rename(columns={"weight": "score"})
-            shown["score"] = matrix.reshape(-1)
+
+        def shown():
+            table = analysis.long_form(maps, q_tokens, k_tokens, layers=[layer], heads=[head])
+            if show_scores:
+                table = table.rename(columns={"weight": "score"}).assign(score=matrix.reshape(-1))
+            return table
+
         name = f"{stem}-L{layer}H{head}"
     elif view == "grid":
         fig = plots.model_view(maps, q_tokens, k_tokens, kind, selected=(layer, head))
         st.caption("Every layer (rows) and head (columns); the outlined map is the layer and head chosen above.")
         st.button(f"Open layer {layer}, head {head} large", on_click=open_one_head, key="open_large")
-        shown = analysis.long_form(maps, q_tokens, k_tokens)
+        shown = lambda: analysis.long_form(maps, q_tokens, k_tokens)  # noqa: E731 - built on click
         name = f"{stem}-all-heads"
     elif view == "lines":
         heads = st.multiselect("Heads", range(1, H + 1), default=[head], key="lines_heads")
@@ -109,7 +112,7 @@ def main() -> None:
             return
         fig = plots.lines_view(maps[layer - 1, [h - 1 for h in heads]], q_tokens, k_tokens, heads, kind)
         st.caption("Queries on the left, keys on the right; a line's opacity is the weight (under 0.01 not drawn).")
-        shown = analysis.long_form(maps, q_tokens, k_tokens, layers=[layer], heads=heads)
+        shown = lambda: analysis.long_form(maps, q_tokens, k_tokens, layers=[layer], heads=heads)  # noqa: E731
         name = f"{stem}-L{layer}-lines"
     elif view == "aggregate":
         options = ["mean", "max"] + (["rollout"] if kind == "encoder" else [])
@@ -143,7 +146,9 @@ def main() -> None:
             mask=mask,
             title=f"{plots.KIND_TITLES[kind][0]}, layer {layer}, {how} over heads",
         )
-        shown = analysis.long_form(matrix[None, None], q_tokens, k_tokens).assign(layer=layer, head=how)
+        shown = lambda: analysis.long_form(matrix[None, None], q_tokens, k_tokens).assign(  # noqa: E731
+            layer=layer, head=how
+        )
         name = f"{stem}-L{layer}-{how}"
     else:
         table = analysis.head_statistics(maps, q_tokens, k_tokens, kind)
@@ -162,7 +167,7 @@ def main() -> None:
             hide_index=True,
             width="stretch",
         )
-        download_buttons(table, None, None, f"{stem}-head-statistics")
+        download_buttons(lambda: table, None, None, f"{stem}-head-statistics")
         return
 
     fmt = st.session_state.get("image_format", "png")
