@@ -262,3 +262,33 @@ def attention(bundle: Bundle, src: str, tgt: str | None = None) -> AttentionExpo
         tgt_tokens=None if tgt_tokens is None else tuple(tgt_tokens),
         manifest=manifest,
     )
+
+
+@dataclass(frozen=True)
+class Walkthrough:
+    """Every intermediate tensor of one teacher-forced forward pass, for the walkthrough page.
+
+    ``tensors`` maps names such as ``encoder.0.attn.weights`` to float32 arrays without the batch
+    axis (see :meth:`attnviz.model.Transformer.forward`'s ``return_trace``); ``tgt_ids`` and
+    ``tgt_tokens`` are None for an encoder-only model.
+    """
+
+    tensors: dict[str, np.ndarray]
+    src_ids: tuple[int, ...]
+    src_tokens: tuple[str, ...]
+    tgt_ids: tuple[int, ...] | None
+    tgt_tokens: tuple[str, ...] | None
+
+
+@torch.no_grad()
+def walkthrough(bundle: Bundle, src: str, tgt: str | None = None) -> Walkthrough:
+    """The model's real intermediate tensors for ``src`` (and ``tgt``, or the greedy output)."""
+    src_ids, src_tokens = _source_tensor(bundle, src)
+    tgt_ids = tgt_tokens = tgt_tensor = None
+    if not bundle.config.encoder_only:
+        tgt_ids, tgt_tokens = _decoder_input(bundle, src_ids, tgt)
+        tgt_tensor = torch.tensor([tgt_ids], device=bundle.device)
+    trace = bundle.model(src_ids, tgt_tensor, return_trace=True).trace
+    # Batch of one: drop the batch axis; position tables have none.
+    tensors = {k: (v if k.endswith(".pos") else v[0]).float().cpu().numpy() for k, v in trace.items()}
+    return Walkthrough(tensors, tuple(src_ids[0].tolist()), tuple(src_tokens), tgt_ids, tgt_tokens)

@@ -232,6 +232,29 @@ class AttentionRecord:
     v: Tensor | None = None  # (B, H, K, Dh)
 
 
+class Tracer:
+    """Collects a forward pass's intermediate tensors by name, for the step-by-step walkthrough.
+
+    Modules call ``trace("name", tensor)`` and hand ``trace.sub("part")`` to their children, so names
+    read like paths: ``encoder.0.attn.weights``. Nothing is stored on the modules: the model stays
+    immutable and shareable; the collected dict belongs to the caller.
+    """
+
+    def __init__(self, store: dict[str, Tensor] | None = None, prefix: str = ""):
+        self.store = {} if store is None else store
+        self.prefix = prefix
+
+    def sub(self, name: str) -> Tracer:
+        return Tracer(self.store, f"{self.prefix}{name}.")
+
+    def __call__(self, name: str, tensor: Tensor) -> None:
+        self.store[self.prefix + name] = tensor.detach()
+
+
+def _sub(trace: Tracer | None, name: str) -> Tracer | None:
+    return None if trace is None else trace.sub(name)
+
+
 def attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None) -> tuple[Tensor, Tensor, Tensor]:
     """Equation 1, softmax(Q K^T / sqrt(d_k)) V, explicitly: returns (output, weights, scores).
 
@@ -276,12 +299,21 @@ class MultiHeadAttention(nn.Module):
         return self.split_heads(self.k_proj(x)), self.split_heads(self.v_proj(x))
 
     def attend(
-        self, q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, capture: str | None
+        self,
+        q: Tensor,
+        k: Tensor,
+        v: Tensor,
+        mask: Tensor | None,
+        capture: str | None,
+        trace: Tracer | None = None,
     ) -> tuple[Tensor, AttentionRecord | None]:
         """Attention over already projected heads, then concat and W^O.
 
         ``capture`` is None (fused kernel, no record), "weights" or "internals" (also scores, Q, K, V).
+        ``trace`` also collects each head's weighted sum of values, their concatenation and W^O's output.
         """
+        if trace is not None:
+            capture = "internals"
         if capture is None:
             heads, record = fused_attention(q, k, v, mask), None
         else:
@@ -292,14 +324,32 @@ class MultiHeadAttention(nn.Module):
                 record = AttentionRecord(weights)
         B, H, Q, Dh = heads.shape
         concat = heads.transpose(1, 2).reshape(B, Q, H * Dh)  # (B, H, Q, Dh) -> (B, Q, D)
-        return self.out_proj(concat), record
+        out = self.out_proj(concat)
+        if trace is not None:
+            for name, value in (
+                ("q", q),
+                ("k", k),
+                ("v", v),
+                ("scores", record.scores),
+                ("weights", record.weights),
+                ("heads", heads),
+                ("concat", concat),
+                ("out", out),
+            ):
+                trace(name, value)
+        return out, record
 
     def forward(
-        self, x_q: Tensor, x_kv: Tensor, mask: Tensor | None, capture: str | None = None
+        self,
+        x_q: Tensor,
+        x_kv: Tensor,
+        mask: Tensor | None,
+        capture: str | None = None,
+        trace: Tracer | None = None,
     ) -> tuple[Tensor, AttentionRecord | None]:
         q = self.split_heads(self.q_proj(x_q))  # (B, H, Q, Dh)
         k, v = self.project_kv(x_kv)  # (B, H, K, Dh) each
-        return self.attend(q, k, v, mask, capture)
+        return self.attend(q, k, v, mask, capture, trace)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -315,8 +365,13 @@ class FeedForward(nn.Module):
         self.down = nn.Linear(cfg.d_ff, cfg.d_model)  # W_2: F -> D
         self.act = {"relu": F.relu, "gelu": F.gelu, "swish": F.silu}[cfg.activation]
 
-    def forward(self, x: Tensor) -> Tensor:
-        return self.down(self.act(self.up(x)))
+    def forward(self, x: Tensor, trace: Tracer | None = None) -> Tensor:
+        hidden = self.act(self.up(x))  # (B, L, F)
+        out = self.down(hidden)
+        if trace is not None:
+            trace("hidden", hidden)
+            trace("out", out)
+        return out
 
 
 # ---------------------------------------------------------------------------------------------
@@ -335,13 +390,24 @@ class SublayerConnection(nn.Module):
         self.dropout = nn.Dropout(cfg.dropout)
         self.norm_first = cfg.norm_first
 
-    def forward(self, x: Tensor, sublayer) -> tuple[Tensor, AttentionRecord | None]:
-        """``sublayer`` maps a tensor to ``(out, record)``; returns ``(new x, record)``."""
+    def forward(self, x: Tensor, sublayer, trace: Tracer | None = None) -> tuple[Tensor, AttentionRecord | None]:
+        """``sublayer`` maps a tensor to ``(out, record)``; returns ``(new x, record)``.
+
+        ``trace`` collects the block's ``input``, the ``residual`` sum and the ``output``.
+        """
         if self.norm_first:
             out, record = sublayer(self.norm(x))
-            return x + self.dropout(out), record
-        out, record = sublayer(x)
-        return self.norm(x + self.dropout(out)), record
+            residual = x + self.dropout(out)
+            new_x = residual
+        else:
+            out, record = sublayer(x)
+            residual = x + self.dropout(out)
+            new_x = self.norm(residual)
+        if trace is not None:
+            trace("input", x)
+            trace("residual", residual)
+            trace("output", new_x)
+        return new_x, record
 
 
 class EncoderLayer(nn.Module):
@@ -354,9 +420,13 @@ class EncoderLayer(nn.Module):
         self.attn_block = SublayerConnection(cfg)
         self.ffn_block = SublayerConnection(cfg)
 
-    def forward(self, x: Tensor, mask: Tensor, capture: str | None) -> tuple[Tensor, AttentionRecord | None]:
-        x, record = self.attn_block(x, lambda h: self.self_attn(h, h, mask, capture))
-        x, _ = self.ffn_block(x, lambda h: (self.ffn(h), None))
+    def forward(
+        self, x: Tensor, mask: Tensor, capture: str | None, trace: Tracer | None = None
+    ) -> tuple[Tensor, AttentionRecord | None]:
+        x, record = self.attn_block(
+            x, lambda h: self.self_attn(h, h, mask, capture, _sub(trace, "attn")), _sub(trace, "attn_block")
+        )
+        x, _ = self.ffn_block(x, lambda h: (self.ffn(h, _sub(trace, "ffn")), None), _sub(trace, "ffn_block"))
         return x, record
 
 
@@ -391,7 +461,7 @@ class DecoderLayer(nn.Module):
         self.cross_block = SublayerConnection(cfg)
         self.ffn_block = SublayerConnection(cfg)
 
-    def _self(self, h: Tensor, mask: Tensor, capture: str | None, cache: LayerCache | None):
+    def _self(self, h: Tensor, mask: Tensor, capture: str | None, cache: LayerCache | None, trace=None):
         attn = self.self_attn
         q = attn.split_heads(attn.q_proj(h))  # (B, H, t_new, Dh)
         k, v = attn.project_kv(h)
@@ -400,9 +470,11 @@ class DecoderLayer(nn.Module):
                 k = torch.cat([cache.self_k, k], dim=2)  # (B, H, t_old + t_new, Dh)
                 v = torch.cat([cache.self_v, v], dim=2)
             cache.self_k, cache.self_v = k, v
-        return attn.attend(q, k, v, mask, capture)
+        return attn.attend(q, k, v, mask, capture, trace)
 
-    def _cross(self, h: Tensor, memory: Tensor, mask: Tensor, capture: str | None, cache: LayerCache | None):
+    def _cross(
+        self, h: Tensor, memory: Tensor, mask: Tensor, capture: str | None, cache: LayerCache | None, trace=None
+    ):
         attn = self.cross_attn
         q = attn.split_heads(attn.q_proj(h))  # queries from the decoder
         if cache is not None and cache.cross_k is not None:
@@ -411,7 +483,7 @@ class DecoderLayer(nn.Module):
             k, v = attn.project_kv(memory)  # keys and values from the encoder output
             if cache is not None:
                 cache.cross_k, cache.cross_v = k, v
-        return attn.attend(q, k, v, mask, capture)
+        return attn.attend(q, k, v, mask, capture, trace)
 
     def forward(
         self,
@@ -421,10 +493,17 @@ class DecoderLayer(nn.Module):
         cross_mask: Tensor,
         capture: str | None,
         cache: LayerCache | None = None,
+        trace: Tracer | None = None,
     ) -> tuple[Tensor, AttentionRecord | None, AttentionRecord | None]:
-        x, self_rec = self.self_block(x, lambda h: self._self(h, self_mask, capture, cache))
-        x, cross_rec = self.cross_block(x, lambda h: self._cross(h, memory, cross_mask, capture, cache))
-        x, _ = self.ffn_block(x, lambda h: (self.ffn(h), None))
+        x, self_rec = self.self_block(
+            x, lambda h: self._self(h, self_mask, capture, cache, _sub(trace, "self_attn")), _sub(trace, "self_block")
+        )
+        x, cross_rec = self.cross_block(
+            x,
+            lambda h: self._cross(h, memory, cross_mask, capture, cache, _sub(trace, "cross_attn")),
+            _sub(trace, "cross_block"),
+        )
+        x, _ = self.ffn_block(x, lambda h: (self.ffn(h, _sub(trace, "ffn")), None), _sub(trace, "ffn_block"))
         return x, self_rec, cross_rec
 
 
@@ -455,6 +534,7 @@ class Seq2SeqOutput:
     logits: Tensor | None  # (B, T, V): scores for the token after each target position
     memory: Tensor  # (B, S, D): the encoder output
     attention: Attention | None = None
+    trace: dict[str, Tensor] | None = None  # with return_trace: every intermediate tensor by name
 
 
 class Transformer(nn.Module):
@@ -507,6 +587,7 @@ class Transformer(nn.Module):
         capture: str | None = None,
         encoder_mask: Tensor | None = None,
         use_positions: bool = True,
+        trace: Tracer | None = None,
     ) -> tuple[Tensor, list[AttentionRecord | None]]:
         """Source ids (B, S) -> memory (B, S, D) and each layer's self-attention record.
 
@@ -522,16 +603,25 @@ class Transformer(nn.Module):
                 raise InputError(f"encoder_mask must be a boolean ({S}, {S}) mask, got {tuple(encoder_mask.shape)}")
             mask = encoder_mask if mask is None else mask & encoder_mask
         x = self.src_embed(src)
+        if trace is not None:
+            trace("src.embed", x)  # already scaled by sqrt(d_model) when the config says so
+            if use_positions and self.pos.table is not None:
+                trace("src.pos", self.pos.table[: src.shape[1]])
         if use_positions:
             x = self.pos(x)
         if self.cfg.type_vocab_size:
             x = x + self.token_type[0]  # one segment: every token has type 0
         x = self.dropout(self.embed_norm(x))
+        if trace is not None:
+            trace("src.input", x)
         records = []
-        for layer in self.encoder_layers:
-            x, rec = layer(x, mask, capture)
+        for i, layer in enumerate(self.encoder_layers):
+            x, rec = layer(x, mask, capture, _sub(trace, f"encoder.{i}"))
             records.append(rec)
-        return self.encoder_norm(x), records
+        x = self.encoder_norm(x)
+        if trace is not None:
+            trace("memory", x)
+        return x, records
 
     def decode(
         self,
@@ -542,6 +632,7 @@ class Transformer(nn.Module):
         capture: str | None = None,
         cache: list[LayerCache] | None = None,
         with_logits: bool = True,
+        trace: Tracer | None = None,
     ) -> tuple[Tensor | None, list, list]:
         """Target ids (B, T) and memory -> logits (B, T, V), self and cross records per layer.
 
@@ -557,13 +648,34 @@ class Transformer(nn.Module):
         start = 0 if cache is None or cache[0].self_k is None else cache[0].self_k.shape[2]
         masks = attention_masks(src_valid, tgt_valid, tgt_len=start + T, device=tgt.device)
         self_mask = masks["decoder"][:, :, start:, :]  # rows of the new positions only
-        x = self.dropout(self.pos(self.tgt_embed(tgt), start=start))
+        x = self.tgt_embed(tgt)
+        if trace is not None:
+            trace("tgt.embed", x)
+            if self.pos.table is not None:
+                trace("tgt.pos", self.pos.table[start : start + T])
+        x = self.dropout(self.pos(x, start=start))
+        if trace is not None:
+            trace("tgt.input", x)
         self_recs, cross_recs = [], []
         for i, layer in enumerate(self.decoder_layers):
-            x, s_rec, c_rec = layer(x, memory, self_mask, masks["cross"], capture, None if cache is None else cache[i])
+            x, s_rec, c_rec = layer(
+                x,
+                memory,
+                self_mask,
+                masks["cross"],
+                capture,
+                None if cache is None else cache[i],
+                _sub(trace, f"decoder.{i}"),
+            )
             self_recs.append(s_rec)
             cross_recs.append(c_rec)
-        return (self.logits(self.decoder_norm(x)) if with_logits else None), self_recs, cross_recs
+        x = self.decoder_norm(x)
+        logits = self.logits(x) if with_logits else None
+        if trace is not None:
+            trace("decoder_out", x)
+            if logits is not None:
+                trace("logits", logits)
+        return logits, self_recs, cross_recs
 
     def logits(self, x: Tensor) -> Tensor:
         """The pre-softmax linear transformation, tied to the target embedding (3.4)."""
@@ -581,6 +693,7 @@ class Transformer(nn.Module):
         return_attention: bool = False,
         return_internals: bool = False,
         return_logits: bool = True,
+        return_trace: bool = False,
     ) -> Seq2SeqOutput:
         """Teacher-forced forward pass.
 
@@ -589,13 +702,19 @@ class Transformer(nn.Module):
         ``return_attention`` every map is returned; ``return_internals`` adds scores, Q, K, V.
         ``return_logits=False`` skips the output projection (``logits`` is then None).
         Without ``tgt`` (the only way for an encoder-only model) just the encoder runs.
+        ``return_trace`` also returns every intermediate tensor by name (``trace``): embeddings,
+        positions added, each attention's Q, K, V, scores, weights, per-head sums, concatenation and
+        W^O output, each residual sum and LayerNorm output, the feed-forward hidden layer, the logits.
         """
+        if return_trace:
+            return_internals = True
         capture = "internals" if return_internals else "weights" if return_attention else None
-        memory, enc_recs = self.encode(src, src_valid, capture)
+        trace = Tracer() if return_trace else None
+        memory, enc_recs = self.encode(src, src_valid, capture, trace=trace)
         logits, self_recs, cross_recs = None, [], []
         if tgt is not None:
             logits, self_recs, cross_recs = self.decode(
-                tgt, memory, src_valid, tgt_valid, capture, with_logits=return_logits
+                tgt, memory, src_valid, tgt_valid, capture, with_logits=return_logits, trace=trace
             )
         attn = None
         if capture is not None:
@@ -609,4 +728,4 @@ class Transformer(nn.Module):
                     else None
                 ),
             )
-        return Seq2SeqOutput(logits=logits, memory=memory, attention=attn)
+        return Seq2SeqOutput(logits=logits, memory=memory, attention=attn, trace=None if trace is None else trace.store)
