@@ -553,3 +553,33 @@ def test_token_type_and_embedding_norm_change_the_encoder_input():
         model.token_type[0].add_(1.0)
         after = model.encode(src)[0]
     assert not torch.allclose(before, after), "token type 0 must be added to every embedding"
+
+
+@pytest.mark.parametrize("norm_first", [False, True])
+def test_trace_records_the_real_intermediate_tensors_and_they_chain(norm_first):
+    model = seeded_model(tiny_config(norm_first=norm_first))
+    src = torch.randint(4, TINY_VOCAB, (1, 6))
+    tgt = torch.randint(4, TINY_VOCAB, (1, 5))
+    with torch.no_grad():
+        out = model(src, tgt, return_trace=True)
+        plain = model(src, tgt)
+    t = out.trace
+    torch.testing.assert_close(out.logits, plain.logits, atol=1e-5, rtol=0)
+    torch.testing.assert_close(t["src.input"], t["src.embed"] + t["src.pos"], atol=1e-6, rtol=0)
+    layer0 = model.encoder_layers[0]
+    torch.testing.assert_close(t["encoder.0.attn_block.input"], t["src.input"])
+    concat = t["encoder.0.attn.heads"].transpose(1, 2).reshape(1, 6, -1)
+    torch.testing.assert_close(t["encoder.0.attn.concat"], concat)
+    torch.testing.assert_close(t["encoder.0.attn.out"], layer0.self_attn.out_proj(concat), atol=1e-6, rtol=0)
+    torch.testing.assert_close(
+        t["encoder.0.attn_block.residual"], t["encoder.0.attn_block.input"] + t["encoder.0.attn.out"]
+    )
+    norm = layer0.attn_block.norm
+    expected = t["encoder.0.attn_block.residual"] if norm_first else norm(t["encoder.0.attn_block.residual"])
+    torch.testing.assert_close(t["encoder.0.attn_block.output"], expected, atol=1e-6, rtol=0)
+    torch.testing.assert_close(t["encoder.0.ffn_block.input"], t["encoder.0.attn_block.output"])
+    torch.testing.assert_close(t["encoder.1.attn_block.input"], t["encoder.0.ffn_block.output"])
+    torch.testing.assert_close(model.encoder_norm(t["encoder.1.ffn_block.output"]), t["memory"])
+    k = model.decoder_layers[0].cross_attn.k_proj(t["memory"]).view(1, 6, 4, -1).transpose(1, 2)
+    torch.testing.assert_close(t["decoder.0.cross_attn.k"], k, atol=1e-6, rtol=0)
+    torch.testing.assert_close(t["logits"], t["decoder_out"] @ model.tgt_embed.weight.T, atol=1e-5, rtol=0)
