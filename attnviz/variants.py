@@ -235,7 +235,7 @@ class PatternRun:
     """The encoder's self-attention and the greedy output for one sentence under an extra mask."""
 
     maps: np.ndarray  # (L, H, S, S) encoder self-attention, float32
-    output_ids: tuple[int, ...]  # greedy output, without start and end tokens
+    output_ids: tuple[int, ...] | None  # greedy output without start and end tokens; None: encoder-only
 
 
 @torch.no_grad()
@@ -254,6 +254,8 @@ def encode_with_pattern(model: Transformer, src_ids, mask: np.ndarray | None, ma
         extra = torch.as_tensor(mask, device=model.device)
     _, records = model.encode(ids, capture="weights", encoder_mask=extra)
     maps = torch.stack([r.weights[0] for r in records]).float().cpu().numpy()
+    if model.cfg.encoder_only:  # no decoder: the maps are the whole experiment
+        return PatternRun(maps=maps, output_ids=None)
     limit = max_len if max_len is not None else min(2 * S + 16, model.cfg.max_len - 1)
     output = greedy_decode(model, ids, max_len=limit, encoder_mask=extra)[0]
     return PatternRun(maps=maps, output_ids=tuple(output))

@@ -26,7 +26,8 @@ def run_pattern(model: str, device: str, src: str, name: str | None, k: int):
     enc = bundle.tokenizer.encode_source(src)
     mask = None if name is None else variants.pattern(name, len(enc.ids), k)
     run = variants.encode_with_pattern(bundle.model, enc.ids, mask)
-    return enc.tokens, mask, run, bundle.tokenizer.decode(run.output_ids)
+    text = None if run.output_ids is None else bundle.tokenizer.decode(run.output_ids)
+    return enc.tokens, mask, run, text
 
 
 @st.cache_data(show_spinner="Timing self-attention and a GRU…", max_entries=8)
@@ -96,12 +97,15 @@ def model_tab() -> None:
     layer = c[2].selectbox("Layer", range(1, L + 1), key="var_layer")
     head = c[3].selectbox("Head", range(1, H + 1), key="var_head")
     S = len(tokens)
-    st.markdown(
-        f"**As trained:** {base_text or '(empty)'}  \n"
-        f"**With the {name} pattern{'' if name == 'causal' else f', k = {k}'}:** {text or '(empty)'}  \n"
-        f"The pattern keeps {variants.pair_count(mask)} of {S * S} pairs."
-        + (" The translation is unchanged." if text == base_text else " The translation changed.")
-    )
+    kept = f"The pattern keeps {variants.pair_count(mask)} of {S * S} pairs."
+    if base_text is None:
+        st.markdown(f"{kept} This model is encoder-only: there is no translation to compare, only the maps.")
+    else:
+        st.markdown(
+            f"**As trained:** {base_text or '(empty)'}  \n"
+            f"**With the {name} pattern{'' if name == 'causal' else f', k = {k}'}:** {text or '(empty)'}  \n"
+            f"{kept}" + (" The translation is unchanged." if text == base_text else " The translation changed.")
+        )
     c = st.columns(2)
     for col, maps, title, m in ((c[0], base.maps, "as trained", None), (c[1], run.maps, f"{name} pattern", mask)):
         fig = plots.attention_heatmap(
