@@ -186,3 +186,34 @@ def test_encoder_only_model_in_every_page():
         else:
             assert at.get("plotly_chart")
     assert at.sidebar.text_input(key="tgt").disabled
+
+
+def test_marian_folder_in_every_page(tmp_path):
+    """A Hugging Face Marian folder, chosen by path, works on every page (a small random one)."""
+    pytest.importorskip("transformers")
+    from test_marian import make_marian
+
+    folder = tmp_path / "opus-mt-tiny"
+    make_marian(folder, shared=True, activation="swish", d_model=48, heads=3, enc=2, dec=2)
+    for page in PAGES:
+        at = open_page("app.py")
+        at.sidebar.selectbox(key="model").set_value(CUSTOM_PATH).run()
+        at.sidebar.text_input(key="model_path").set_value(str(folder)).run()
+        at.sidebar.text_area(key="src").set_value("a b c").run()
+        if page != "app.py":
+            at.switch_page(page).run()
+        assert_ok(at)
+        assert not at.error, [e.value for e in at.error]
+        assert at.get("plotly_chart"), page
+
+
+def test_long_input_stays_usable():
+    """About 480 source tokens: every view runs; the all-heads grid says it is downsampled."""
+    at = open_page("pages/explorer.py")
+    at.sidebar.text_area(key="src").set_value(" ".join(["twenty-one"] * 160)).run()
+    at.radio(key="kind").set_value("encoder").run()
+    for view in ("one", "grid", "lines", "aggregate", "stats"):
+        at.selectbox(key="view").set_value(view).run()
+        assert_ok(at)
+        if view == "grid":
+            assert "downsampled" in at.get("plotly_chart")[0].proto.spec
