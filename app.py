@@ -35,6 +35,9 @@ DESCRIPTIONS = {
     "pages/decoding.py": "greedy or beam search one token at a time: the top candidates, where every head "
     "of the decoder looks at each step, and the alignment growing row by row; teacher forcing with a "
     "target sentence.",
+    "pages/walkthrough.py": "one sentence through the whole model, stage by stage, with the loaded model's own "
+    "numbers: tokens, embeddings and positions, each encoder layer's Q, K, V, scores, weights, heads, W_O, "
+    "residuals, LayerNorms and feed-forward, the decoder's masked self- and cross-attention, and the output.",
     "pages/mechanics.py": "equation 1 by hand on a 3-token example you can edit, why the scores are divided by "
     "sqrt(d_k), the padding and subsequent masks, the shapes of multi-head attention, why self-attention "
     "without positions is a bag of tokens (shown on the loaded model), and the learning-rate schedule.",

@@ -22,6 +22,7 @@ PAGES = (
     ("app.py", "Home", ":material/home:"),
     ("pages/explorer.py", "Attention explorer", ":material/grid_on:"),
     ("pages/decoding.py", "Decoding step by step", ":material/play_circle:"),
+    ("pages/walkthrough.py", "Forward-pass walkthrough", ":material/route:"),
     ("pages/mechanics.py", "Mechanics of attention", ":material/calculate:"),
     ("pages/variants.py", "Attention variants", ":material/blur_on:"),
     ("pages/positional.py", "Positional encoding", ":material/waves:"),
@@ -99,6 +100,11 @@ KEYS = (
     "lin_length",
     "lin_pair",
     "lin_precision",
+    "wt_stage",
+    "wt_layer",
+    "wt_head",
+    "wt_step",
+    "wt_k",
     "lin_start",
 )
 
@@ -127,6 +133,12 @@ def run_attention(model: str, device: str, src: str, tgt: str | None) -> api.Att
 def run_scores(model: str, device: str, src: str, tgt: str | None) -> dict:
     """Scaled scores before the softmax, per kind (L, H, Q, K); cached like the maps."""
     return api.attention_scores(load_bundle(model, device), src, tgt)
+
+
+@st.cache_data(show_spinner="Running the model…", max_entries=16)
+def run_walkthrough(model: str, device: str, src: str, tgt: str | None) -> api.Walkthrough:
+    """Every intermediate tensor of one forward pass, cached: moving between stages does not rerun it."""
+    return api.walkthrough(load_bundle(model, device), src, tgt)
 
 
 @st.cache_data(show_spinner="Decoding…", max_entries=32)

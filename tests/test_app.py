@@ -12,7 +12,7 @@ from streamlit.testing.v1 import AppTest
 
 from attnviz.app_support import CUSTOM_PATH
 
-PAGES = ["app.py", "pages/explorer.py", "pages/decoding.py"]
+PAGES = ["app.py", "pages/explorer.py", "pages/decoding.py", "pages/walkthrough.py"]
 
 
 @pytest.fixture(autouse=True)
@@ -33,6 +33,11 @@ def assert_ok(at: AppTest) -> None:
     assert not at.exception, [e.value for e in at.exception]
 
 
+def shows_content(at: AppTest) -> bool:
+    """A chart, or for the walkthrough's first stage (the tokens), its table."""
+    return bool(at.get("plotly_chart") or at.dataframe or at.table)
+
+
 @pytest.mark.parametrize("page", PAGES)
 def test_page_runs_on_defaults(page):
     at = open_page(page)
@@ -40,7 +45,7 @@ def test_page_runs_on_defaults(page):
     assert not at.error, [e.value for e in at.error]
     assert at.sidebar.selectbox(key="model").value == "en-de"
     assert at.sidebar.text_area(key="src").value  # an example is already analysed: no typing needed
-    assert at.get("plotly_chart"), "a first-time visitor sees attention without doing anything"
+    assert shows_content(at), "a first-time visitor sees the model at work without doing anything"
 
 
 def test_explorer_every_widget():
@@ -134,7 +139,7 @@ def test_bad_source_text_gives_a_message(page, text):
     at.sidebar.text_area(key="src").set_value(text).run()
     assert_ok(at)
     if text.strip() and len(text) < 1000:
-        assert at.get("plotly_chart"), "unknown characters still give a map (as <unk> tokens)"
+        assert shows_content(at), "unknown characters still give a map (as <unk> tokens)"
     else:
         assert at.error, "expected a clear message"
         assert "empty" in at.error[0].value or "at most" in at.error[0].value
@@ -184,7 +189,7 @@ def test_encoder_only_model_in_every_page():
         if page == "pages/decoding.py":
             assert "encoder-only" in at.info[0].value
         else:
-            assert at.get("plotly_chart")
+            assert shows_content(at)
     assert at.sidebar.text_input(key="tgt").disabled
 
 
@@ -204,7 +209,7 @@ def test_marian_folder_in_every_page(tmp_path):
             at.switch_page(page).run()
         assert_ok(at)
         assert not at.error, [e.value for e in at.error]
-        assert at.get("plotly_chart"), page
+        assert shows_content(at), page
 
 
 def test_long_input_stays_usable():

@@ -23,6 +23,7 @@ PAGES = {
     "home": "",
     "explorer": "explorer",
     "decoding": "decoding",
+    "walkthrough": "walkthrough",
     "mechanics": "mechanics",
     "variants": "variants",
     "positional": "positional",
@@ -114,6 +115,7 @@ def test_every_page_renders_without_exception(server):
                 _wait_for_run(page)
                 page.screenshot(path=str(ARTIFACTS / f"{name}.png"))
                 assert page.locator("[data-testid='stException']").count() == 0, f"exception on {name}"
-                assert page.locator(".js-plotly-plot").count() >= 1, f"no chart on {name}"
+                content = ".js-plotly-plot, [data-testid='stTable'], [data-testid='stDataFrame']"
+                assert page.locator(content).count() >= 1, f"nothing drawn on {name}"
         finally:
             browser.close()

@@ -1,0 +1,562 @@
+"""The forward-pass walkthrough: the stages of one sentence's pass, and the matrices each one shows.
+
+Every matrix is SELECTED (indexed or sliced) from :class:`attnviz.api.Walkthrough`, the tensors the
+model itself recorded during the forward pass, or from the model's own embedding/output weights;
+nothing is recomputed here, so what the page shows is what the model computed. The one exception
+is the output stage's probabilities: the softmax of the model's real logits, a display of them.
+
+Shape letters: S source length, T decoder input length, H heads, Dh d_k, D d_model, F d_ff,
+V vocabulary size. Layers, heads and positions are numbered from 0 here; the page adds 1 to layers
+and heads.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import pandas as pd
+
+from attnviz.api import Walkthrough
+
+ENCODER_STAGES = (
+    ("tokens", "1. Tokens"),
+    ("embedding", "2. Embedding"),
+    ("positions", "3. Positional encoding added"),
+    ("enc_qkv", "4a. Encoder: Q, K, V of one head"),
+    ("enc_scores", "4b. Encoder: scores and softmax weights"),
+    ("enc_heads", "4c. Encoder: weighted sum, concatenation, W^O"),
+    ("enc_norm", "4d. Encoder: residual and LayerNorm"),
+    ("enc_ffn", "4e. Encoder: feed-forward and second Add & Norm"),
+)
+DECODER_STAGES = (
+    ("dec_input", "5a. Decoder: shifted target input"),
+    ("dec_self", "5b. Decoder: masked self-attention"),
+    ("dec_cross", "5c. Decoder: cross-attention"),
+    ("dec_ffn", "5d. Decoder: feed-forward"),
+    ("output", "6. Output: linear layer and softmax"),
+)
+USES_LAYER = {"enc_qkv", "enc_scores", "enc_heads", "enc_norm", "enc_ffn", "dec_self", "dec_cross", "dec_ffn"}
+USES_HEAD = {"enc_qkv", "enc_scores", "enc_heads", "dec_self", "dec_cross"}
+USES_STEP = {"dec_input", "dec_self", "dec_cross", "dec_ffn", "output"}
+TOP_CANDIDATES = 10
+
+
+@dataclass(frozen=True)
+class Matrix:
+    """One 2-D matrix a stage shows, and the full tensor it was selected from (for the CSV download).
+
+    ``style`` is "matrix" (a labelled heatmap), "weights" or "scores" (an attention map, drawn with
+    ``attention_kind``'s axis titles; ``mask`` True = may attend).
+    """
+
+    title: str
+    values: np.ndarray  # (rows, columns), float32
+    row_axis: str
+    col_axis: str
+    row_labels: tuple[str, ...]
+    col_labels: tuple[str, ...] | None  # None: columns are numbered dimensions
+    source: str  # the trace name (or model weight) it was selected from
+    full: np.ndarray  # that whole tensor
+    full_axes: tuple[str, ...]  # one name per axis of ``full``
+    style: str = "matrix"
+    attention_kind: str | None = None
+    mask: np.ndarray | None = None
+
+    @property
+    def shape_text(self) -> str:
+        """'(heads 4, source position 12, d_k 32)': the full tensor's shape with its axis names."""
+        return "(" + ", ".join(f"{a} {n}" for a, n in zip(self.full_axes, self.full.shape, strict=True)) + ")"
+
+
+@dataclass(frozen=True)
+class Stage:
+    key: str
+    title: str
+    text: str  # two sentences: what happens here
+    matrices: tuple[Matrix, ...]
+    notes: tuple[str, ...] = ()  # extra lines: the model's own order, which tensor feeds which
+    table: pd.DataFrame | None = None  # tokens and ids, or the top candidates
+    arrow: tuple[str, str] | None = None  # (from, to): which tensor feeds this stage
+    candidates: tuple[tuple[str, float], ...] = ()  # (token, probability), most likely first
+    chosen: str | None = None
+
+
+def stage_list(encoder_only: bool) -> tuple[tuple[str, str], ...]:
+    """(key, title) of every stage, in order; an encoder-only model stops after the encoder."""
+    return ENCODER_STAGES if encoder_only else ENCODER_STAGES + DECODER_STAGES
+
+
+@dataclass(frozen=True)
+class MatrixView:
+    shown: np.ndarray  # (rows, min(k, columns)): the first k columns
+    columns: tuple[str, ...]
+    csv: str  # long form of the whole matrix: row, token, column, value
+
+
+def matrix_view(matrix: np.ndarray, row_labels: Sequence[str], k: int) -> MatrixView:
+    """The first ``k`` columns of a (rows, columns) matrix, and a long-form CSV of all of it."""
+    matrix = np.asarray(matrix)
+    if matrix.ndim != 2:
+        raise ValueError(f"matrix must have 2 axes, got shape {matrix.shape}")
+    if len(row_labels) != matrix.shape[0]:
+        raise ValueError(f"{len(row_labels)} row labels for {matrix.shape[0]} rows")
+    if k < 1:
+        raise ValueError(f"k must be at least 1, got {k}")
+    shown = matrix[:, :k]
+    return MatrixView(
+        shown, tuple(f"dim {j}" for j in range(shown.shape[1])), tensor_csv(matrix, ("row", "column"), row_labels)
+    )
+
+
+def tensor_csv(tensor: np.ndarray, axes: Sequence[str], row_labels: Sequence[str] | None = None) -> str:
+    """Long form of a whole tensor: one line per entry, an index column per axis, then the value.
+
+    With ``row_labels`` (one per entry of the second-to-last axis, the token positions) a ``token``
+    column names each row's token.
+    """
+    tensor = np.asarray(tensor)
+    if len(axes) != tensor.ndim:
+        raise ValueError(f"{len(axes)} axis names for a tensor of {tensor.ndim} axes")
+    index = np.indices(tensor.shape).reshape(tensor.ndim, -1)
+    frame = pd.DataFrame({name.replace(" ", "_"): index[i] for i, name in enumerate(axes)})
+    if row_labels is not None and tensor.ndim >= 2:
+        frame.insert(tensor.ndim - 1, "token", np.asarray(row_labels, dtype=object)[index[tensor.ndim - 2]])
+    frame["value"] = tensor.reshape(-1)
+    return frame.to_csv(index=False)
+
+
+# ---------------------------------------------------------------------------------------------
+# Building the stages
+
+
+@dataclass(frozen=True)
+class ModelFacts:
+    """What the stages need to know about the model besides its traced tensors."""
+
+    d_model: int
+    n_heads: int
+    d_ff: int
+    n_enc_layers: int
+    n_dec_layers: int
+    norm_first: bool
+    scale_embedding: bool
+    embed_norm: bool
+    pos_encoding: str
+    activation: str
+    tie_output: bool
+    output_bias: bool
+
+    @classmethod
+    def of(cls, cfg) -> ModelFacts:
+        return cls(**{f: getattr(cfg, f) for f in cls.__dataclass_fields__})
+
+
+def _m(wt: Walkthrough, name: str, axes, rows, title, select=(), cols=None, **kw) -> Matrix:
+    full = wt.tensors[name]
+    values = full[select] if select != () else full
+    return Matrix(
+        title=title,
+        values=values,
+        row_axis=axes[-2] if len(axes) >= 2 else "",
+        col_axis=axes[-1],
+        row_labels=tuple(rows),
+        col_labels=None if cols is None else tuple(cols),
+        source=name,
+        full=full,
+        full_axes=tuple(axes),
+        **kw,
+    )
+
+
+def _order_note(facts: ModelFacts) -> str:
+    if facts.norm_first:
+        return (
+            "This model is pre-LN (a later variant): it normalises the sub-layer's INPUT, x + Sublayer(LN(x)), "
+            "so the block's output is the residual sum itself; the paper's post-LN order is LN(x + Sublayer(x))."
+        )
+    return "Post-LN, the paper's order: LayerNorm(x + Sublayer(x)), so the block's output is the normalised sum."
+
+
+def build_stage(
+    wt: Walkthrough,
+    facts: ModelFacts,
+    key: str,
+    layer: int = 0,
+    head: int = 0,
+    step: int = 0,
+    embedding: np.ndarray | None = None,
+    output_weight: np.ndarray | None = None,
+    output_bias: np.ndarray | None = None,
+    token_of: Callable[[int], str] | None = None,
+) -> Stage:
+    """The stage ``key`` for encoder or decoder ``layer``, ``head`` and decoder ``step`` (all from 0).
+
+    ``embedding`` (V, D) is the raw embedding matrix (stage 2); ``output_weight`` (V, D) and
+    ``output_bias`` (V,) the output layer and ``token_of`` maps a vocabulary id to its piece (stage 6).
+    """
+    titles = dict(stage_list(False))
+    if key not in titles:
+        raise ValueError(f"unknown stage {key!r}; stages: {', '.join(titles)}")
+    builder = _BUILDERS[key]
+    matrices, text, extra = builder(
+        wt,
+        facts,
+        layer=layer,
+        head=head,
+        step=step,
+        embedding=embedding,
+        output_weight=output_weight,
+        output_bias=output_bias,
+        token_of=token_of,
+    )
+    return Stage(key=key, title=titles[key], text=text, matrices=tuple(matrices), **extra)
+
+
+S_AX, T_AX = "source position", "decoder input position"
+
+
+def _tokens(wt, facts, **_):
+    rows = [
+        {"side": "source", "position": i, "piece": t, "id": int(n)}
+        for i, (t, n) in enumerate(zip(wt.src_tokens, wt.src_ids, strict=True))
+    ]
+    if wt.tgt_ids is not None:
+        rows += [
+            {"side": "decoder input", "position": i, "piece": t, "id": int(n)}
+            for i, (t, n) in enumerate(zip(wt.tgt_tokens, wt.tgt_ids, strict=True))
+        ]
+    text = (
+        "The tokenizer cuts the sentence into pieces and maps each piece to an id in the vocabulary. "
+        "The model never sees letters: from here on, every row of every matrix is one of these pieces."
+    )
+    return [], text, {"table": pd.DataFrame(rows)}
+
+
+def _embedding(wt, facts, embedding=None, **_):
+    mats = []
+    if embedding is not None:
+        ids = np.asarray(wt.src_ids)
+        raw = embedding[ids]  # the rows of E for these ids: a selection, not a computation
+        mats.append(
+            Matrix(
+                "Rows of the embedding matrix E",
+                raw,
+                S_AX,
+                "d_model",
+                wt.src_tokens,
+                None,
+                "model.src_embed.weight[ids]",
+                raw,
+                (S_AX, "d_model"),
+            )
+        )
+    scaled = f"multiplied by sqrt(d_model) = {math.sqrt(facts.d_model):.2f} (section 3.4)"
+    mats.append(
+        _m(
+            wt,
+            "src.embed",
+            (S_AX, "d_model"),
+            wt.src_tokens,
+            "Token embeddings" + (", scaled by sqrt(d_model)" if facts.scale_embedding else ""),
+        )
+    )
+    text = f"Each id selects one row of the embedding matrix E, a vector of d_model = {facts.d_model} numbers. " + (
+        f"The rows are {scaled}." if facts.scale_embedding else "This model does not scale them (the paper does)."
+    )
+    return mats, text, {}
+
+
+def _positions(wt, facts, **_):
+    ax = (S_AX, "d_model")
+    mats = [_m(wt, "src.embed", ax, wt.src_tokens, "Embedding")]
+    if "src.pos" in wt.tensors:
+        mats.append(_m(wt, "src.pos", ax, wt.src_tokens, f"Positional encoding ({facts.pos_encoding})"))
+    mats.append(_m(wt, "src.input", ax, wt.src_tokens, "Encoder input"))
+    notes = []
+    if "src.pos" not in wt.tensors:
+        notes.append("This model has no positional encoding: the encoder input is the embedding itself.")
+    if facts.embed_norm:
+        notes.append(
+            "This model (BERT-style) adds a token-type row and applies a LayerNorm to the sum; the paper does neither."
+        )
+    text = (
+        "Attention alone cannot tell positions apart, so a vector that depends only on the position is added "
+        "to each embedding (section 3.5). The sum, row by row, is the encoder's input."
+    )
+    return mats, text, {"notes": tuple(notes)}
+
+
+def _attn_prefix(stack: str, layer: int, part: str) -> str:
+    return f"{stack}.{layer}.{part}"
+
+
+def _qkv(wt, p, head, q_rows, kv_rows, q_ax, kv_ax, q_n=None, kv_n=None):
+    qs = slice(None) if q_n is None else slice(0, q_n)
+    ks = slice(None) if kv_n is None else slice(0, kv_n)
+    return [
+        _m(wt, f"{p}.q", ("head", q_ax, "d_k"), q_rows, f"Q, head {head + 1}", (head, qs)),
+        _m(wt, f"{p}.k", ("head", kv_ax, "d_k"), kv_rows, f"K, head {head + 1}", (head, ks)),
+        _m(wt, f"{p}.v", ("head", kv_ax, "d_k"), kv_rows, f"V, head {head + 1}", (head, ks)),
+    ]
+
+
+def _maps(wt, p, head, q_rows, kv_rows, q_ax, kv_ax, kind, q_n=None, kv_n=None):
+    qs = slice(None) if q_n is None else slice(0, q_n)
+    ks = slice(None) if kv_n is None else slice(0, kv_n)
+    scores = wt.tensors[f"{p}.scores"][head, qs, ks]
+    mask = np.isfinite(scores)  # the model's own mask: it wrote -inf where a query may not look
+    axes = ("head", q_ax, kv_ax)
+    return [
+        _m(
+            wt,
+            f"{p}.scores",
+            axes,
+            q_rows,
+            f"Scores Q K^T / sqrt(d_k), head {head + 1}",
+            (head, qs, ks),
+            kv_rows,
+            style="scores",
+            attention_kind=kind,
+            mask=mask,
+        ),
+        _m(
+            wt,
+            f"{p}.weights",
+            axes,
+            q_rows,
+            f"Weights after the softmax, head {head + 1}",
+            (head, qs, ks),
+            kv_rows,
+            style="weights",
+            attention_kind=kind,
+            mask=mask,
+        ),
+    ]
+
+
+def _enc_qkv(wt, facts, layer, head, **_):
+    p = _attn_prefix("encoder", layer, "attn")
+    text = (
+        f"Layer {layer + 1}'s input is multiplied by W^Q, W^K and W^V and cut into {facts.n_heads} heads of "
+        f"d_k = {facts.d_model // facts.n_heads} columns each. Every position gets a query (what it looks for), "
+        "a key (what it offers) and a value (what it passes on)."
+    )
+    mats = [_m(wt, f"encoder.{layer}.attn_block.input", (S_AX, "d_model"), wt.src_tokens, f"Layer {layer + 1} input")]
+    mats += _qkv(wt, p, head, wt.src_tokens, wt.src_tokens, S_AX, S_AX)
+    notes = (_order_note(facts),) if facts.norm_first else ()
+    if facts.norm_first:
+        notes += ("Pre-LN: Q, K and V are projected from LayerNorm(input), not from the input shown here.",)
+    return mats, text, {"notes": notes}
+
+
+def _enc_scores(wt, facts, layer, head, **_):
+    p = _attn_prefix("encoder", layer, "attn")
+    mats = _maps(wt, p, head, wt.src_tokens, wt.src_tokens, "query: " + S_AX, "key: " + S_AX, "encoder")
+    text = (
+        "Each query is compared with every key by a dot product divided by sqrt(d_k) (equation 1), and a softmax "
+        "turns each row into weights that sum to 1. Padding positions would be masked (grey); one sentence "
+        "alone has no padding, so every key is allowed."
+    )
+    return mats, text, {}
+
+
+def _heads(wt, p, head, rows, ax, n=None):
+    s = slice(None) if n is None else slice(0, n)
+    return [
+        _m(wt, f"{p}.heads", ("head", ax, "d_k"), rows, f"Weighted sum of values, head {head + 1}", (head, s)),
+        _m(wt, f"{p}.concat", (ax, "d_model"), rows, "All heads concatenated", (s,)),
+        _m(wt, f"{p}.out", (ax, "d_model"), rows, "After W^O", (s,)),
+    ]
+
+
+def _enc_heads(wt, facts, layer, head, **_):
+    text = (
+        "Each head mixes the value rows with its weights, giving one d_k-wide vector per position. "
+        f"The {facts.n_heads} heads are laid side by side (concatenated) and W^O maps them back to d_model."
+    )
+    return _heads(wt, _attn_prefix("encoder", layer, "attn"), head, wt.src_tokens, S_AX), text, {}
+
+
+def _block(wt, p, rows, ax, sub_out, sub_title, n=None):
+    s = slice(None) if n is None else slice(0, n)
+    return [
+        _m(wt, f"{p}.input", (ax, "d_model"), rows, "Block input x", (s,)),
+        _m(wt, sub_out, (ax, "d_model"), rows, sub_title, (s,)),
+        _m(wt, f"{p}.residual", (ax, "d_model"), rows, "Residual: x + sub-layer output", (s,)),
+        _m(wt, f"{p}.output", (ax, "d_model"), rows, "Block output", (s,)),
+    ]
+
+
+def _enc_norm(wt, facts, layer, **_):
+    text = (
+        "The attention output is added to the layer's input (a residual connection), so the layer only has "
+        "to learn a correction. " + _order_note(facts)
+    )
+    mats = _block(
+        wt, f"encoder.{layer}.attn_block", wt.src_tokens, S_AX, f"encoder.{layer}.attn.out", "Attention output"
+    )
+    return mats, text, {}
+
+
+def _ffn(wt, p, rows, ax, facts, n=None):
+    s = slice(None) if n is None else slice(0, n)
+    return [
+        _m(wt, f"{p}.ffn_block.input", (ax, "d_model"), rows, "Feed-forward input", (s,)),
+        _m(wt, f"{p}.ffn.hidden", (ax, "d_ff"), rows, f"Hidden layer after {facts.activation}", (s,)),
+        _m(wt, f"{p}.ffn.out", (ax, "d_model"), rows, "Feed-forward output", (s,)),
+        _m(wt, f"{p}.ffn_block.residual", (ax, "d_model"), rows, "Residual sum", (s,)),
+        _m(wt, f"{p}.ffn_block.output", (ax, "d_model"), rows, "Layer output", (s,)),
+    ]
+
+
+def _enc_ffn(wt, facts, layer, **_):
+    text = (
+        f"Each position goes alone through the same two linear layers, d_model {facts.d_model} -> d_ff {facts.d_ff} "
+        f"-> d_model {facts.d_model}, with a {facts.activation} between (equation 2). "
+        "Then a second Add & Norm; its output is the next layer's input."
+    )
+    notes = [_order_note(facts)]
+    if layer == facts.n_enc_layers - 1:
+        notes.append(
+            "This is the last encoder layer: its output is the encoder output (memory)"
+            + (" after a final LayerNorm (pre-LN)." if facts.norm_first else ".")
+        )
+    return _ffn(wt, f"encoder.{layer}", wt.src_tokens, S_AX, facts), text, {"notes": tuple(notes)}
+
+
+def _dec_input(wt, facts, step, **_):
+    n = step + 1
+    ax = (T_AX, "d_model")
+    rows = wt.tgt_tokens[:n]
+    mats = [_m(wt, "tgt.embed", ax, rows, "Target embedding", (slice(0, n),))]
+    if "tgt.pos" in wt.tensors:
+        mats.append(_m(wt, "tgt.pos", ax, rows, "Positional encoding", (slice(0, n),)))
+    mats.append(_m(wt, "tgt.input", ax, rows, "Decoder input", (slice(0, n),)))
+    text = (
+        "The decoder reads the target shifted right by one: a start token, then the tokens written so far, "
+        f"so at step {step + 1} it sees positions 0..{step}. They are embedded and get positions like the source."
+    )
+    return mats, text, {}
+
+
+def _dec_self(wt, facts, layer, head, step, **_):
+    n, rows = step + 1, wt.tgt_tokens[: step + 1]
+    p = f"decoder.{layer}.self_attn"
+    mats = _qkv(wt, p, head, rows, rows, T_AX, T_AX, n, n)
+    mats += _maps(wt, p, head, rows, rows, "query: " + T_AX, "key: " + T_AX, "decoder", n, n)
+    mats += [_m(wt, f"{p}.out", (T_AX, "d_model"), rows, "After W^O", (slice(0, n),))]
+    mats += [_m(wt, f"decoder.{layer}.self_block.output", (T_AX, "d_model"), rows, "After Add & Norm", (slice(0, n),))]
+    text = (
+        "Self-attention in the decoder is masked: a position may attend only to itself and earlier positions "
+        "(the subsequent mask, grey above the diagonal), since later tokens are not written yet. "
+        "Otherwise it is the encoder's attention: Q, K, V, scores, softmax, heads, W^O, Add & Norm."
+    )
+    return mats, text, {}
+
+
+def _dec_cross(wt, facts, layer, head, step, **_):
+    n, rows = step + 1, wt.tgt_tokens[: step + 1]
+    p = f"decoder.{layer}.cross_attn"
+    mats = [_m(wt, "memory", (S_AX, "d_model"), wt.src_tokens, "Encoder output (memory)")]
+    mats += _qkv(wt, p, head, rows, wt.src_tokens, T_AX, S_AX, q_n=n)
+    mats += _maps(wt, p, head, rows, wt.src_tokens, "query: " + T_AX, "key: " + S_AX, "cross", q_n=n)
+    mats += [_m(wt, f"decoder.{layer}.cross_block.output", (T_AX, "d_model"), rows, "After Add & Norm", (slice(0, n),))]
+    source = f"encoder layer {facts.n_enc_layers} output" + (" + final LayerNorm" if facts.norm_first else "")
+    text = (
+        "Cross-attention takes its queries from the decoder and its keys and values from the encoder output, "
+        "so each target position can look at every source token. The same memory feeds every decoder layer."
+    )
+    arrow = (f"memory ({source}), {S_AX} x d_model", f"K and V of decoder layer {layer + 1}'s cross-attention")
+    return mats, text, {"arrow": arrow}
+
+
+def _dec_ffn(wt, facts, layer, step, **_):
+    n = step + 1
+    mats = _ffn(wt, f"decoder.{layer}", wt.tgt_tokens[:n], T_AX, facts, n)
+    notes = [_order_note(facts)]
+    if layer == facts.n_dec_layers - 1:
+        mats.append(_m(wt, "decoder_out", (T_AX, "d_model"), wt.tgt_tokens[:n], "Decoder output", (slice(0, n),)))
+        notes.append("This is the last decoder layer: its output goes to the output layer.")
+    text = (
+        f"As in the encoder, each position goes alone through d_model {facts.d_model} -> d_ff {facts.d_ff} -> "
+        f"d_model {facts.d_model}, followed by Add & Norm. The last decoder layer's output feeds the output layer."
+    )
+    return mats, text, {"notes": tuple(notes)}
+
+
+def _output(wt, facts, step, output_weight=None, output_bias=None, token_of=None, **_):
+    n, rows = step + 1, wt.tgt_tokens[: step + 1]
+    logits = wt.tensors["logits"][step]
+    z = logits.astype(np.float64) - logits.max()
+    probs = np.exp(z) / np.exp(z).sum()  # a display of the real logits, not a new computation of the model
+    top = np.argsort(-probs, kind="stable")[:TOP_CANDIDATES]
+    name = token_of or str
+    candidates = tuple((name(int(i)), float(probs[i])) for i in top)
+    best = name(int(top[0]))
+    mats = [
+        _m(wt, "decoder_out", (T_AX, "d_model"), rows, "Decoder output", (slice(0, n),)),
+        _m(wt, "logits", (T_AX, "vocabulary"), rows, "Logits (scores for every vocabulary entry)", (slice(0, n),)),
+    ]
+    if output_weight is not None:
+        w = output_weight[top]  # rows of the output matrix for the top candidates: a selection
+        src = "model.tgt_embed.weight" if facts.tie_output else "model.out_proj"
+        mats.append(
+            Matrix(
+                "Output-layer rows of the top candidates",
+                w,
+                "candidate",
+                "d_model",
+                tuple(c for c, _ in candidates),
+                None,
+                f"{src}[top]",
+                w,
+                ("candidate", "d_model"),
+            )
+        )
+    given = wt.tgt_ids[step + 1] if step + 1 < len(wt.tgt_ids) else None
+    chosen = best if given is None else name(int(given))
+    tied = "tied to the embedding matrix E (section 3.4)" if facts.tie_output else "its own matrix (not tied)"
+    text = (
+        f"The output layer multiplies the decoder output by a {facts.d_model} x vocabulary matrix, {tied}"
+        + (", plus a bias" if facts.output_bias else "")
+        + ", giving one logit per vocabulary entry. A softmax turns the logits into probabilities "
+        "(computed here from the real logits, for display), and the chosen token becomes the next decoder input."
+    )
+    notes = [f"The model's most likely token at step {step + 1}: {best} (p = {candidates[0][1]:.3f})."]
+    if given is not None:
+        notes.append(f"The next decoder input (position {step + 1}) is {chosen}.")
+    else:
+        notes.append("This is the last position: the decoder input ends here.")
+    return mats, text, {"notes": tuple(notes), "candidates": candidates, "chosen": chosen}
+
+
+_BUILDERS = {
+    "tokens": _tokens,
+    "embedding": _embedding,
+    "positions": _positions,
+    "enc_qkv": _enc_qkv,
+    "enc_scores": _enc_scores,
+    "enc_heads": _enc_heads,
+    "enc_norm": _enc_norm,
+    "enc_ffn": _enc_ffn,
+    "dec_input": _dec_input,
+    "dec_self": _dec_self,
+    "dec_cross": _dec_cross,
+    "dec_ffn": _dec_ffn,
+    "output": _output,
+}
+
+
+def matrix_csv(matrix: Matrix, wt: Walkthrough) -> str:
+    """Long-form CSV of the whole tensor ``matrix`` was selected from, rows named by their tokens."""
+    n_rows = matrix.full.shape[-2] if matrix.full.ndim >= 2 else 0
+    labels = None
+    for axis_part, tokens in (("source", wt.src_tokens), ("decoder input", wt.tgt_tokens)):
+        if matrix.full.ndim >= 2 and axis_part in matrix.full_axes[-2] and tokens is not None and len(tokens) == n_rows:
+            labels = tokens
+    if labels is None and len(matrix.row_labels) == n_rows:
+        labels = matrix.row_labels
+    return tensor_csv(matrix.full, matrix.full_axes, labels)

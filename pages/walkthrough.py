@@ -1,0 +1,142 @@
+"""Forward-pass walkthrough: one sentence through the whole model, one stage per step, real numbers."""
+
+import html
+
+import streamlit as st
+
+from attnviz import api, plots
+from attnviz import walkthrough as wk
+from attnviz.app_support import clamp_state, load_bundle, run_walkthrough, show_error, sidebar
+from attnviz.walkthrough_plots import feed_arrow, matrix_figure
+
+st.set_page_config(page_title="attnviz: forward-pass walkthrough", page_icon="🔍", layout="wide")
+choices = sidebar()
+st.title("Forward-pass walkthrough")
+st.caption(
+    "One sentence through the encoder, the decoder and the output layer, one stage at a time. Every matrix is "
+    "the loaded model's own intermediate tensor for this sentence, recorded during its forward pass."
+)
+
+
+def move(delta: int) -> None:
+    """Previous / Next: change the stage before the rerun draws the stage list."""
+    keys = st.session_state.get("wt_keys", [])
+    if keys:
+        i = keys.index(st.session_state.get("wt_stage", keys[0])) if st.session_state.get("wt_stage") in keys else 0
+        st.session_state["wt_stage"] = keys[max(0, min(len(keys) - 1, i + delta))]
+
+
+def show_matrix(m: wk.Matrix, wt: api.Walkthrough, k: int, i: int) -> None:
+    st.plotly_chart(matrix_figure(m, k), width="stretch", key=f"wt_fig_{i}")
+    shown = "" if m.style != "matrix" or m.values.shape[1] <= k else f"; the first {k} of {m.values.shape[1]} columns"
+    st.caption(
+        f"`{m.source}`: full tensor {m.shape_text}; shown: {m.row_axis} {m.values.shape[0]} x "
+        f"{m.col_axis} {m.values.shape[1]}{shown}. Hover a cell for its value."
+    )
+    st.download_button(
+        f"CSV of the full {m.source}",
+        lambda: wk.matrix_csv(m, wt).encode("utf-8"),
+        f"{m.source.replace('[', '_').replace(']', '')}.csv",
+        "text/csv",
+        key=f"wt_csv_{i}",
+        on_click="ignore",
+        help="Long form: one line per entry, an index column per axis (and the token), then the value.",
+    )
+
+
+def main() -> None:
+    if choices is None:
+        return
+    try:
+        bundle = load_bundle(choices.model, choices.device)
+        wt = run_walkthrough(choices.model, choices.device, choices.src, choices.tgt)
+    except Exception as e:  # noqa: BLE001 - the user sees a message, never a traceback
+        show_error(e)
+        return
+    cfg = bundle.config
+    facts = wk.ModelFacts.of(cfg)
+    stages = wk.stage_list(cfg.encoder_only)
+    keys, titles = [k for k, _ in stages], dict(stages)
+    st.session_state["wt_keys"] = keys
+    st.session_state.setdefault("wt_stage", keys[0])
+    clamp_state("wt_stage", keys)
+    if cfg.encoder_only:
+        st.info(
+            "This model is encoder-only (BERT-style): it has no decoder, so the walkthrough stops after the encoder."
+        )
+
+    b = st.columns([1.6, 1.6, 5])
+    b[0].button(
+        "Previous",
+        icon=":material/chevron_left:",
+        key="wt_prev",
+        on_click=move,
+        args=(-1,),
+        shortcut="Shift+Left",
+        help="Shift+Left",
+    )
+    b[1].button(
+        "Next",
+        icon=":material/chevron_right:",
+        key="wt_next",
+        on_click=move,
+        args=(+1,),
+        shortcut="Shift+Right",
+        help="Shift+Right",
+    )
+    key = b[2].selectbox("Stage", keys, format_func=titles.get, key="wt_stage", label_visibility="collapsed")
+
+    decoder_stage = key in wk.USES_STEP
+    n_layers = cfg.n_dec_layers if decoder_stage else cfg.n_enc_layers
+    T = 1 if wt.tgt_ids is None else len(wt.tgt_ids)
+    clamp_state("wt_layer", range(1, n_layers + 1))
+    clamp_state("wt_head", range(1, cfg.n_heads + 1))
+    clamp_state("wt_step", range(1, T + 1))
+    c = st.columns(4)
+    layer = c[0].selectbox(
+        "Decoder layer" if decoder_stage else "Encoder layer",
+        range(1, n_layers + 1),
+        key="wt_layer",
+        disabled=key not in wk.USES_LAYER,
+    )
+    head = c[1].selectbox("Head", range(1, cfg.n_heads + 1), key="wt_head", disabled=key not in wk.USES_HEAD)
+    step = c[2].selectbox(
+        "Output step",
+        range(1, T + 1),
+        key="wt_step",
+        disabled=key not in wk.USES_STEP,
+        help="Step t: the decoder has read positions 0..t-1 and predicts the token after them.",
+    )
+    k = c[3].number_input("Dimensions shown (k)", 1, 4096, 16, key="wt_k", help="columns drawn; the CSV has all")
+
+    out_w = bundle.model.tgt_embed.weight if cfg.tie_output else getattr(bundle.model, "out_proj", None)
+    stage = wk.build_stage(
+        wt,
+        facts,
+        key,
+        layer=layer - 1,
+        head=head - 1,
+        step=step - 1,
+        embedding=bundle.model.src_embed.weight.detach().cpu().numpy() if key == "embedding" else None,
+        output_weight=None if key != "output" or out_w is None else out_w.detach().cpu().numpy(),
+        token_of=bundle.tokenizer.target_token if not cfg.encoder_only else None,
+    )
+    st.subheader(stage.title)
+    st.markdown(stage.text)
+    for note in stage.notes:
+        st.markdown(f"- {html.escape(note)}")
+    if stage.table is not None:
+        st.dataframe(stage.table, hide_index=True, width="stretch")
+    if stage.arrow is not None:
+        st.plotly_chart(feed_arrow(*stage.arrow), width="stretch", key="wt_arrow")
+    if stage.candidates:
+        labels, probs = zip(*stage.candidates, strict=True)
+        st.plotly_chart(plots.topk_bar(list(labels), list(probs), chosen=stage.chosen), width="stretch", key="wt_top")
+        st.caption("Probabilities: the softmax of the model's logits at this step, computed for display.")
+    cols = st.columns(2)
+    for i, m in enumerate(stage.matrices):
+        with cols[i % 2]:
+            show_matrix(m, wt, int(k), i)
+
+
+main()

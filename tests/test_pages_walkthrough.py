@@ -1,0 +1,75 @@
+"""The walkthrough page runs on defaults, through every stage and with every control (AppTest)."""
+
+from __future__ import annotations
+
+import pytest
+import streamlit as st
+from streamlit.testing.v1 import AppTest
+
+from attnviz import api
+from attnviz.walkthrough import stage_list
+
+PAGE = "pages/walkthrough.py"
+
+
+@pytest.fixture(autouse=True)
+def clear_caches():
+    st.cache_data.clear()
+    st.cache_resource.clear()
+
+
+def open_page(model: str | None = None) -> AppTest:
+    at = AppTest.from_file("../app.py", default_timeout=120)
+    at.run()
+    if model is not None:
+        at.sidebar.selectbox(key="model").set_value(model).run()
+    at.switch_page(PAGE).run()
+    return at
+
+
+def assert_ok(at: AppTest) -> None:
+    assert not at.exception, [e.value for e in at.exception]
+    assert not at.error, [e.value for e in at.error]
+
+
+def test_defaults_show_the_first_stage():
+    at = open_page()
+    assert_ok(at)
+    assert at.selectbox(key="wt_stage").value == "tokens"
+    assert at.dataframe, "the tokens and their ids"
+    assert [b.key for b in at.button][:2] == ["wt_prev", "wt_next"]
+
+
+@pytest.mark.parametrize("model", ["en-de", "reverse", "minilm"])
+def test_next_through_every_stage_then_jump_and_change_controls(model):
+    if model not in api.list_models():
+        pytest.skip(f"{model} is not installed")
+    at = open_page(model)
+    assert_ok(at)
+    encoder_only = model == "minilm"
+    keys = [k for k, _ in stage_list(encoder_only)]
+    assert at.selectbox(key="wt_stage").options == [t for _, t in stage_list(encoder_only)]
+    seen = []
+    for _ in keys:
+        seen.append(at.selectbox(key="wt_stage").value)
+        assert_ok(at)
+        if seen[-1] != "tokens":
+            assert at.get("plotly_chart"), seen[-1]
+            assert at.get("download_button"), seen[-1]
+        at.button(key="wt_next").click().run()
+    assert seen == keys
+    assert at.selectbox(key="wt_stage").value == keys[-1], "Next stops at the last stage"
+    at.button(key="wt_prev").click().run()
+    assert at.selectbox(key="wt_stage").value == keys[-2]
+    if encoder_only:
+        assert any("stops after the encoder" in i.value for i in at.info)
+    for key in reversed(keys):  # jump with the stage list, changing every control on the way
+        at.selectbox(key="wt_stage").set_value(key).run()
+        for picker in ("wt_layer", "wt_head", "wt_step"):
+            box = at.selectbox(key=picker)
+            if not box.disabled:
+                box.set_value(box.options[-1]).run()
+                assert_ok(at)
+        at.number_input(key="wt_k").set_value(5).run()
+        assert_ok(at)
+    assert at.selectbox(key="wt_stage").value == "tokens"
