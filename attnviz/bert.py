@@ -23,7 +23,7 @@ from safetensors import SafetensorError, safe_open
 from attnviz.checkpoint import Bundle, sha256_file
 from attnviz.devices import resolve_device
 from attnviz.errors import CheckpointError, ConfigError, InputError
-from attnviz.marian import _hub_name, _read_json, _snapshot
+from attnviz.hf_folders import hub_name, read_hf_config, snapshot
 from attnviz.model import Transformer, TransformerConfig
 from attnviz.tokenizer import Encoded, check_text
 
@@ -76,7 +76,7 @@ def minilm_dir() -> Path | None:
 
 def _model_folder(path: Path) -> Path:
     """``path``, the snapshot of a hub cache folder, or the ``model/`` folder of a package folder."""
-    path = _snapshot(path)
+    path = snapshot(path)
     if not (path / CONFIG_FILE).exists() and (path / "model" / CONFIG_FILE).is_file():
         return path / "model"
     return path
@@ -326,20 +326,11 @@ def load_bert(path: str | Path, device: str = "auto") -> Bundle:
         raise CheckpointError(f"no checkpoint directory at {path}")
     path = _model_folder(path)
     config_file = path / CONFIG_FILE
-    if not config_file.is_file():
-        found = sorted(p.name for p in path.iterdir())[:12]
-        raise CheckpointError(
-            f"{config_file} is missing: a BERT folder holds {CONFIG_FILE}, {SAFETENSORS_FILE} and {TOKENIZER_FILE}; "
-            f"found {found or 'nothing'}"
-        )
-    hf = _read_json(config_file)
-    if not isinstance(hf, dict):
-        raise CheckpointError(f"{config_file} must hold a JSON object")
-    if hf.get("model_type") != "bert":
-        raise CheckpointError(
-            f'{config_file} has "model_type": {hf.get("model_type")!r}; expected "bert" (a BERT-family encoder '
-            "such as all-MiniLM-L6-v2) or an attnviz checkpoint"
-        )
+    hf = read_hf_config(
+        path,
+        "bert",
+        f"a BERT-family encoder such as all-MiniLM-L6-v2 holds {CONFIG_FILE}, {SAFETENSORS_FILE} and {TOKENIZER_FILE}",
+    )
     # Refuse an unsupported model before reading more; the special ids come from tokenizer.json next.
     probe = bert_config(hf, dict.fromkeys(SPECIALS, 0), source=str(config_file))
     tokenizer = _read_tokenizer(path, max_tokens=probe.max_len)
@@ -364,7 +355,7 @@ def load_bert(path: str | Path, device: str = "auto") -> Bundle:
     model.eval().requires_grad_(False)
     model.to(resolve_device(device))
     package = minilm_dir()
-    name = MINILM_NAME if package is not None and package.resolve() == path.resolve() else _hub_name(path)
+    name = MINILM_NAME if package is not None and package.resolve() == path.resolve() else hub_name(path)
     info = {
         "family": "bert",
         "source": "Hugging Face BERT",

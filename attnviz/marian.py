@@ -26,6 +26,7 @@ from safetensors import SafetensorError, safe_open
 from attnviz.checkpoint import Bundle, sha256_file
 from attnviz.devices import resolve_device
 from attnviz.errors import CheckpointError, ConfigError, InputError
+from attnviz.hf_folders import hub_name, read_hf_config, read_json, snapshot
 from attnviz.model import Transformer, TransformerConfig, sinusoidal_table
 from attnviz.tokenizer import Encoded, check_text
 
@@ -57,29 +58,6 @@ SOURCE_EXAMPLES = {
 
 # ---------------------------------------------------------------------------------------------
 # Finding the files
-
-
-def _snapshot(path: Path) -> Path:
-    """``path`` itself, or the single snapshot of a hub cache folder ``models--X``."""
-    snapshots = path / "snapshots"
-    if (path / CONFIG_FILE).exists() or not snapshots.is_dir():
-        return path
-    found = sorted(p.name for p in snapshots.iterdir() if p.is_dir())
-    if len(found) != 1:
-        raise CheckpointError(
-            f"{path} is a Hugging Face hub cache folder with {len(found)} snapshots {found}: "
-            f"pass one of them, e.g. {snapshots / found[0]}"
-            if found
-            else f"{path} is a Hugging Face hub cache folder without snapshots: download the model again"
-        )
-    return snapshots / found[0]
-
-
-def _read_json(file: Path) -> object:
-    try:
-        return json.loads(file.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise CheckpointError(f"{file} is not readable JSON ({e})") from None
 
 
 def is_marian_dir(path: str | Path) -> bool:
@@ -254,7 +232,7 @@ class MarianTokenizer:
 def _read_vocab(file: Path, vocab_size: int) -> dict[str, int]:
     if not file.is_file():
         raise CheckpointError(f"{file} is missing: Marian's map from sentencepiece pieces to token ids")
-    vocab = _read_json(file)
+    vocab = read_json(file)
     if not isinstance(vocab, dict) or not vocab or not all(isinstance(i, int) for i in vocab.values()):
         raise CheckpointError(f"{file} must hold a JSON object mapping each piece to an integer id")
     bad = [(p, i) for p, i in vocab.items() if not 0 <= i < vocab_size]
@@ -477,35 +455,19 @@ def _weights_file(path: Path) -> Path:
     raise CheckpointError(f"{path} has no {SAFETENSORS_FILE} or {PICKLE_FILE} (the Marian weights); found {found}")
 
 
-def _hub_name(path: Path) -> str:
-    """``Helsinki-NLP/opus-mt-en-de`` for a hub cache snapshot, else the folder's name."""
-    for part in reversed(path.parts):
-        if part.startswith("models--"):
-            return part[len("models--") :].replace("--", "/")
-    return path.name
-
-
 def load_marian(path: str | Path, device: str = "auto") -> Bundle:
     """A :class:`Bundle` holding a Hugging Face Marian checkpoint run by our Transformer, in eval mode."""
     path = Path(path)
     if not path.is_dir():
         raise CheckpointError(f"no checkpoint directory at {path}")
-    path = _snapshot(path)
+    path = snapshot(path)
     config_file = path / CONFIG_FILE
-    if not config_file.is_file():
-        found = sorted(p.name for p in path.iterdir())[:12]
-        raise CheckpointError(
-            f"{config_file} is missing: a Marian folder holds {CONFIG_FILE}, {SAFETENSORS_FILE} (or {PICKLE_FILE}), "
-            f"{SOURCE_SPM}, {TARGET_SPM} and {VOCAB_FILE}; found {found or 'nothing'}"
-        )
-    hf = _read_json(config_file)
-    if not isinstance(hf, dict):
-        raise CheckpointError(f"{config_file} must hold a JSON object")
-    if hf.get("model_type") != "marian":
-        raise CheckpointError(
-            f'{config_file} has "model_type": {hf.get("model_type")!r}; expected "marian" '
-            "(a Helsinki-NLP opus-mt model) or an attnviz checkpoint"
-        )
+    hf = read_hf_config(
+        path,
+        "marian",
+        f"a Marian folder (a Helsinki-NLP opus-mt model) holds {CONFIG_FILE}, {SAFETENSORS_FILE} (or "
+        f"{PICKLE_FILE}), {SOURCE_SPM}, {TARGET_SPM} and {VOCAB_FILE}",
+    )
     vocab_probe = marian_config(hf, unk_id=0, source=str(config_file))  # vocabulary sizes, before vocab.json
     tokenizer = _read_tokenizer(
         path, hf, (vocab_probe.src_vocab_size, vocab_probe.tgt_vocab_size), max_tokens=vocab_probe.max_len
@@ -519,7 +481,7 @@ def load_marian(path: str | Path, device: str = "auto") -> Bundle:
             p.copy_(tensors[key])
     model.eval().requires_grad_(False)
     model.to(resolve_device(device))
-    name = _hub_name(path)
+    name = hub_name(path)
     lang = re.search(r"opus-mt-(?:tc-big-)?([a-z]{2,3})-", name)
     info = {
         "family": "marian",
