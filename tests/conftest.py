@@ -92,3 +92,32 @@ def reverse_pairs() -> list[tuple[str, str]]:
 def tiny_spm(reverse_pairs) -> bytes:
     """A byte-pair sentencepiece model with exactly TINY_VOCAB pieces, trained in memory."""
     return train_sentencepiece([s for pair in reverse_pairs for s in pair], TINY_VOCAB, "bpe")
+
+
+# ---------------------------------------------------------------------------------------------
+# AppTest: Streamlit's caches are process-global, so app tests start from empty ones.
+
+
+@pytest.fixture
+def fresh_streamlit_caches():
+    import streamlit as st
+
+    st.cache_data.clear()
+    st.cache_resource.clear()
+
+
+def open_app(page: str = "app.py", model: str | None = None):
+    """An AppTest of the app, on ``model`` when given, switched to ``page``.
+
+    It starts from app.py and switches pages; with a folder named pages/ beside app.py the page file
+    then runs alone (shared/FACTS.md), which is why every page draws the shared sidebar itself.
+    """
+    from streamlit.testing.v1 import AppTest
+
+    at = AppTest.from_file("../app.py", default_timeout=120)
+    at.run()
+    if model is not None:
+        at.sidebar.selectbox(key="model").set_value(model).run()
+    if page != "app.py":
+        at.switch_page(page).run()
+    return at

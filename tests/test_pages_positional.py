@@ -8,8 +8,7 @@ tiny checkpoints whose positions are learned or absent.
 from __future__ import annotations
 
 import pytest
-import streamlit as st
-from conftest import seeded_model, tiny_config
+from conftest import open_app, seeded_model, tiny_config
 from streamlit.testing.v1 import AppTest
 
 from attnviz.app_support import CUSTOM_PATH
@@ -18,10 +17,7 @@ from attnviz.checkpoint import save_checkpoint
 POSITIONAL, LINEARITY = "pages/positional.py", "pages/linearity.py"
 
 
-@pytest.fixture(autouse=True)
-def clear_caches():
-    st.cache_data.clear()
-    st.cache_resource.clear()
+pytestmark = pytest.mark.usefixtures("fresh_streamlit_caches")
 
 
 @pytest.fixture(scope="module")
@@ -33,13 +29,6 @@ def tiny_checkpoints(tmp_path_factory, tiny_spm) -> dict[str, str]:
         save_checkpoint(seeded_model(tiny_config(pos_encoding=kind)), out, tiny_spm, {"name": kind}, "# tiny\n")
         dirs[kind] = str(out)
     return dirs
-
-
-def open_page(page: str) -> AppTest:
-    at = AppTest.from_file("../app.py", default_timeout=120)
-    at.run()
-    at.switch_page(page).run()
-    return at
 
 
 def assert_ok(at: AppTest, errors: bool = False) -> None:
@@ -63,7 +52,7 @@ def use_checkpoint(at: AppTest, path: str) -> None:
 
 @pytest.mark.parametrize("page", [POSITIONAL, LINEARITY])
 def test_page_runs_on_defaults_and_opens_with_an_explanation(page):
-    at = open_page(page)
+    at = open_app(page)
     assert_ok(at)
     assert at.sidebar.selectbox(key="model").value == "en-de"
     first, second = list(at.main.children.values())[:2]
@@ -74,14 +63,14 @@ def test_page_runs_on_defaults_and_opens_with_an_explanation(page):
 
 
 def test_positional_defaults_show_the_models_positions():
-    at = open_page(POSITIONAL)
+    at = open_app(POSITIONAL)
     assert "en-de: sinusoidal positions" in texts(at)
     assert "en-de (sinusoidal)" in chart_names(at)
     assert texts(at).count("depends on the offset only") >= 2  # the page's sinusoids and the model's
 
 
 def test_positional_every_control():
-    at = open_page(POSITIONAL)
+    at = open_app(POSITIONAL)
     changes = [
         ("selectbox", "pe_d_model", 1024),
         ("slider", "pe_length", 512),
@@ -108,13 +97,13 @@ def test_positional_every_control():
 
 
 def test_linearity_defaults_show_rounding_only_and_the_models_fit():
-    at = open_page(LINEARITY)
+    at = open_app(LINEARITY)
     assert "Largest residual over every position: **1.19e-07**" in texts(at)  # float32 table by default
     assert "en-de (sinusoidal)" in chart_names(at) and "random table" in chart_names(at)
 
 
 def test_linearity_every_control():
-    at = open_page(LINEARITY)
+    at = open_app(LINEARITY)
     changes = [
         ("selectbox", "lin_d_model", 1024),
         ("selectbox", "lin_dim", 1023),
@@ -143,7 +132,7 @@ def test_linearity_every_control():
 
 
 def test_linearity_float32_angles_at_large_positions_break_the_shift():
-    at = open_page(LINEARITY)
+    at = open_app(LINEARITY)
     at.radio(key="lin_precision").set_value("float64").run()
     assert "Largest residual over every position: **" in texts(at)
     small = float(texts(at).split("Largest residual over every position: **")[1].split("**")[0])
@@ -156,14 +145,14 @@ def test_linearity_float32_angles_at_large_positions_break_the_shift():
 
 @pytest.mark.parametrize("page", [POSITIONAL, LINEARITY])
 def test_pages_with_the_reverse_model(page):
-    at = open_page(page)
+    at = open_app(page)
     at.sidebar.selectbox(key="model").set_value("reverse").run()
     assert_ok(at)
     assert "reverse (sinusoidal)" in chart_names(at)
 
 
 def test_positional_with_learned_and_without_positions(tiny_checkpoints):
-    at = open_page(POSITIONAL)
+    at = open_app(POSITIONAL)
     use_checkpoint(at, tiny_checkpoints["learned"])
     assert_ok(at)
     assert "learned positions, a table of 64 × 32" in texts(at)
@@ -176,7 +165,7 @@ def test_positional_with_learned_and_without_positions(tiny_checkpoints):
 
 
 def test_linearity_with_learned_and_without_positions(tiny_checkpoints):
-    at = open_page(LINEARITY)
+    at = open_app(LINEARITY)
     use_checkpoint(at, tiny_checkpoints["learned"])
     assert_ok(at)
     assert "any table would fit exactly" in texts(at), "64 positions minus k = 64 leave too few pairs"
@@ -190,7 +179,7 @@ def test_linearity_with_learned_and_without_positions(tiny_checkpoints):
 
 @pytest.mark.parametrize("page", [POSITIONAL, LINEARITY])
 def test_pages_without_a_usable_model_still_teach(page):
-    at = open_page(page)
+    at = open_app(page)
     at.sidebar.selectbox(key="model").set_value(CUSTOM_PATH).run()
     assert_ok(at)
     assert "Choose a model in the sidebar" in texts(at)

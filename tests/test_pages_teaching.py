@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-import streamlit as st
+from conftest import open_app
 from streamlit.testing.v1 import AppTest
 
 from attnviz.app_support import CUSTOM_PATH
@@ -16,17 +16,7 @@ from attnviz.app_support import CUSTOM_PATH
 MECHANICS, VARIANTS = "pages/mechanics.py", "pages/variants.py"
 
 
-@pytest.fixture(autouse=True)
-def clear_caches():
-    st.cache_data.clear()
-    st.cache_resource.clear()
-
-
-def open_page(page: str) -> AppTest:
-    at = AppTest.from_file("../app.py", default_timeout=120)
-    at.run()
-    at.switch_page(page).run()
-    return at
+pytestmark = pytest.mark.usefixtures("fresh_streamlit_caches")
 
 
 def assert_ok(at: AppTest) -> None:
@@ -49,7 +39,7 @@ def frame(at: AppTest, column: str):
 
 
 def test_mechanics_on_defaults_shows_the_worked_example_and_every_part():
-    at = open_page(MECHANICS)
+    at = open_app(MECHANICS)
     assert_ok(at)
     assert [e.key for e in at.data_editor] == ["mech_X", "mech_WQ", "mech_WK", "mech_WV"]
     scores = next(t.value for t in at.table if list(t.value.index) == ["query 0", "query 1", "query 2"])
@@ -63,7 +53,7 @@ def test_mechanics_on_defaults_shows_the_worked_example_and_every_part():
 
 
 def test_mechanics_every_control():
-    at = open_page(MECHANICS)
+    at = open_app(MECHANICS)
     # Worked example: edit a cell and add a token, blank a cell, reset, switch off scaling.
     at.session_state["mech_X"] = {
         "edited_rows": {0: {"dim 0": 2.0}},
@@ -122,7 +112,7 @@ def test_mechanics_every_control():
 
 
 def test_variants_on_defaults():
-    at = open_page(VARIANTS)
+    at = open_app(VARIANTS)
     assert_ok(at)
     pairs = table(at, "pattern").set_index("pattern")["computed pairs"]
     assert pairs["full"] == 16 * 16 and pairs["causal"] == 16 * 17 // 2 and pairs["local"] == 16 + 2 * (15 + 14 + 13)
@@ -133,7 +123,7 @@ def test_variants_on_defaults():
 
 
 def test_variants_every_control():
-    at = open_page(VARIANTS)
+    at = open_app(VARIANTS)
     at.slider(key="var_n").set_value(9)
     at.slider(key="var_k").set_value(3)
     at.toggle(key="var_causal").set_value(True).run()
@@ -172,7 +162,7 @@ def test_variants_every_control():
 
 @pytest.mark.parametrize("page", [MECHANICS, VARIANTS])
 def test_pages_with_the_reverse_model(page):
-    at = open_page(page)
+    at = open_app(page)
     at.sidebar.selectbox(key="model").set_value("reverse").run()
     assert_ok(at)
     assert len(at.get("plotly_chart")) == 7
@@ -180,7 +170,7 @@ def test_pages_with_the_reverse_model(page):
 
 @pytest.mark.parametrize("page", [MECHANICS, VARIANTS])
 def test_pages_without_a_model_still_teach_and_say_what_to_do(page):
-    at = open_page(page)
+    at = open_app(page)
     at.sidebar.selectbox(key="model").set_value(CUSTOM_PATH).run()
     assert not at.exception
     assert any("Choose a model in the sidebar" in i.value for i in at.info)
@@ -189,7 +179,7 @@ def test_pages_without_a_model_still_teach_and_say_what_to_do(page):
 
 @pytest.mark.parametrize("page", [MECHANICS, VARIANTS])
 def test_bad_sentence_gives_a_message_not_a_traceback(page):
-    at = open_page(page)
+    at = open_app(page)
     at.sidebar.text_area(key="src").set_value("").run()
     assert not at.exception
     assert at.error and "empty" in at.error[0].value

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import pytest
-import streamlit as st
+from conftest import open_app
 from streamlit.testing.v1 import AppTest
 
 from attnviz import api
@@ -12,19 +12,11 @@ from attnviz.walkthrough import stage_list
 PAGE = "pages/walkthrough.py"
 
 
-@pytest.fixture(autouse=True)
-def clear_caches():
-    st.cache_data.clear()
-    st.cache_resource.clear()
+pytestmark = pytest.mark.usefixtures("fresh_streamlit_caches")
 
 
 def open_page(model: str | None = None) -> AppTest:
-    at = AppTest.from_file("../app.py", default_timeout=120)
-    at.run()
-    if model is not None:
-        at.sidebar.selectbox(key="model").set_value(model).run()
-    at.switch_page(PAGE).run()
-    return at
+    return open_app(PAGE, model)
 
 
 def assert_ok(at: AppTest) -> None:
