@@ -220,7 +220,12 @@ def sidebar() -> Choices | None:
         for path, label, icon in PAGES:
             st.page_link(path, label=label, icon=icon)
         st.divider()
-        choice = st.selectbox("Model", [*models, CUSTOM_PATH], key="model")
+        choice = st.selectbox(
+            "Model",
+            [*models, CUSTOM_PATH],
+            key="model",
+            format_func=lambda m: "minilm: MiniLM, a real English encoder (BERT)" if m == api.MINILM else m,
+        )
         model = choice
         if choice == CUSTOM_PATH:
             model = st.text_input("Checkpoint directory", key="model_path").strip()

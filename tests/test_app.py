@@ -189,7 +189,8 @@ def test_marian_folder_in_every_page(tmp_path):
 
     folder = tmp_path / "opus-mt-tiny"
     make_marian(folder, shared=True, activation="swish", d_model=48, heads=3, enc=2, dec=2)
-    for page in PAGES:
+    teaching = ["pages/mechanics.py", "pages/variants.py", "pages/positional.py", "pages/linearity.py"]
+    for page in PAGES + teaching:
         at = open_app("app.py")
         at.sidebar.selectbox(key="model").set_value(CUSTOM_PATH).run()
         at.sidebar.text_input(key="model_path").set_value(str(folder)).run()
