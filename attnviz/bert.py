@@ -20,11 +20,10 @@ from pathlib import Path
 import torch
 from safetensors import SafetensorError, safe_open
 
-from attnviz.checkpoint import Bundle, sha256_file
-from attnviz.devices import resolve_device
+from attnviz.checkpoint import Bundle, build_model, expected_shapes, folder_listing, sha256_file
 from attnviz.errors import CheckpointError, ConfigError, InputError
 from attnviz.hf_folders import hub_name, read_hf_config, snapshot
-from attnviz.model import Transformer, TransformerConfig
+from attnviz.model import TransformerConfig
 from attnviz.tokenizer import Encoded, check_text
 
 log = logging.getLogger(__name__)
@@ -278,8 +277,7 @@ def _canonical(key: str) -> str:
 
 def _load_tensors(file: Path, cfg: TransformerConfig) -> dict[str, torch.Tensor]:
     """Our parameters by name, read from model.safetensors after checking every name and shape."""
-    with torch.device("meta"):
-        expected = {k: tuple(p.shape) for k, p in Transformer(cfg).named_parameters()}
+    expected = expected_shapes(cfg)
     key_map = _key_map(cfg)
     unmapped = sorted(set(expected) - set(key_map.values()))
     if unmapped:  # a model.py parameter this importer does not fill: a bug in attnviz, not the file
@@ -342,18 +340,13 @@ def load_bert(path: str | Path, device: str = "auto") -> Bundle:
     cfg = bert_config(hf, tokenizer.special_ids, source=str(config_file))
     weights_file = path / SAFETENSORS_FILE
     if not weights_file.is_file():
-        found = sorted(p.name for p in path.iterdir())[:12]
+        found = folder_listing(path)
         raise CheckpointError(
             f"{weights_file} is missing: attnviz reads BERT weights only from {SAFETENSORS_FILE} (never from pickled "
             f"pytorch_model.bin); found {found}"
         )
     tensors = _load_tensors(weights_file, cfg)
-    model = Transformer(cfg)
-    with torch.no_grad():
-        for key, p in model.named_parameters():
-            p.copy_(tensors[key])
-    model.eval().requires_grad_(False)
-    model.to(resolve_device(device))
+    model = build_model(cfg, tensors, device)
     package = minilm_dir()
     name = MINILM_NAME if package is not None and package.resolve() == path.resolve() else hub_name(path)
     info = {

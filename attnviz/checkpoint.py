@@ -81,10 +81,38 @@ def save_checkpoint(model: Transformer, out_dir: str | Path, spm_model: bytes, i
     return out
 
 
+def expected_shapes(cfg: TransformerConfig) -> dict[str, tuple[int, ...]]:
+    """Every parameter's shape for ``cfg``, from a model on the meta device.
+
+    Nothing is allocated, so a hostile config asking for a huge model cannot exhaust memory before
+    the weights file is checked against these shapes.
+    """
+    with torch.device("meta"):
+        return {k: tuple(p.shape) for k, p in unique_parameters(Transformer(cfg)).items()}
+
+
+def build_model(cfg: TransformerConfig, tensors: dict[str, torch.Tensor], device: str) -> Transformer:
+    """A read-only model in eval mode on ``device``, its parameters copied from checked ``tensors``.
+
+    Every loader (ours, Marian, BERT) ends here, once the tensors are known to fit ``cfg``.
+    """
+    model = Transformer(cfg)
+    with torch.no_grad():
+        for key, p in unique_parameters(model).items():
+            p.copy_(tensors[key])
+    model.eval().requires_grad_(False)
+    return model.to(resolve_device(device))
+
+
+def folder_listing(path: Path) -> list[str]:
+    """Up to 12 file names in ``path``, for messages that say what was found."""
+    return sorted(p.name for p in path.iterdir())[:12]
+
+
 def _read_config(path: Path) -> dict:
     cfg_path = path / CONFIG_FILE
     if not cfg_path.is_file():
-        found = sorted(p.name for p in path.iterdir())[:12]
+        found = folder_listing(path)
         raise CheckpointError(
             f"{cfg_path} is missing: found {found or 'nothing'}; expected an attnviz checkpoint "
             f"({CONFIG_FILE}, {WEIGHTS_FILE}, {SPM_FILE}), a Hugging Face Marian folder (config.json, "
@@ -136,7 +164,7 @@ def _read_tokenizer(path: Path, data: dict, cfg: TransformerConfig) -> Tokenizer
     return Tokenizer(models["source"], models["target"], max_tokens=cfg.max_len)
 
 
-def _read_weights(file: Path, expected: dict[str, torch.Size]) -> dict[str, torch.Tensor]:
+def _read_weights(file: Path, expected: dict[str, tuple[int, ...]]) -> dict[str, torch.Tensor]:
     if not file.is_file():
         raise CheckpointError(f"{file} is missing: the model's weights (safetensors)")
     try:
@@ -150,10 +178,8 @@ def _read_weights(file: Path, expected: dict[str, torch.Size]) -> dict[str, torc
                 )
             for key, shape in expected.items():
                 got = tuple(f.get_slice(key).get_shape())
-                if got != tuple(shape):
-                    raise CheckpointError(
-                        f"{file}: tensor '{key}' has shape {got} but {CONFIG_FILE} implies {tuple(shape)}"
-                    )
+                if got != shape:
+                    raise CheckpointError(f"{file}: tensor '{key}' has shape {got} but {CONFIG_FILE} implies {shape}")
             tensors = {key: f.get_tensor(key) for key in expected}
     except (SafetensorError, OSError, ValueError) as e:
         raise CheckpointError(
@@ -189,17 +215,9 @@ def load_checkpoint(path: str | Path, device: str = "auto") -> Bundle:
     except ConfigError as e:
         raise CheckpointError(f"{path / CONFIG_FILE}: {e}") from None
     tokenizer = _read_tokenizer(path, data, cfg)
-    # Shapes come from a model on the meta device: nothing is allocated until the file is known to
-    # fit, so a hostile config asking for a huge model cannot exhaust memory before the check.
-    with torch.device("meta"):
-        expected = {k: p.shape for k, p in unique_parameters(Transformer(cfg)).items()}
+    expected = expected_shapes(cfg)
     weights_file = path / WEIGHTS_FILE
     tensors = _read_weights(weights_file, expected)
-    model = Transformer(cfg)
-    with torch.no_grad():
-        for key, p in unique_parameters(model).items():
-            p.copy_(tensors[key])
-    model.eval().requires_grad_(False)
-    model.to(resolve_device(device))
+    model = build_model(cfg, tensors, device)
     info = {k: v for k, v in data.items() if k not in ("model", "tokenizer")}
     return Bundle(model, tokenizer, info.get("name", path.name), path.resolve(), sha256_file(weights_file), info)

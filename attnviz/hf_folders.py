@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from attnviz.checkpoint import folder_listing
 from attnviz.errors import CheckpointError
 
 CONFIG_FILE = "config.json"
@@ -48,7 +49,7 @@ def read_hf_config(path: Path, model_type: str, expected: str) -> dict:
     """
     config_file = path / CONFIG_FILE
     if not config_file.is_file():
-        found = sorted(p.name for p in path.iterdir())[:12]
+        found = folder_listing(path)
         raise CheckpointError(f"{config_file} is missing: {expected}; found {found or 'nothing'}")
     hf = read_json(config_file)
     if not isinstance(hf, dict):

@@ -23,11 +23,10 @@ import sentencepiece as spm
 import torch
 from safetensors import SafetensorError, safe_open
 
-from attnviz.checkpoint import Bundle, sha256_file
-from attnviz.devices import resolve_device
+from attnviz.checkpoint import Bundle, build_model, expected_shapes, folder_listing, sha256_file
 from attnviz.errors import CheckpointError, ConfigError, InputError
 from attnviz.hf_folders import hub_name, read_hf_config, read_json, snapshot
-from attnviz.model import Transformer, TransformerConfig, sinusoidal_table
+from attnviz.model import TransformerConfig, sinusoidal_table
 from attnviz.tokenizer import Encoded, check_text
 
 log = logging.getLogger(__name__)
@@ -390,8 +389,7 @@ class _Reader:
 def _load_tensors(reader: _Reader, cfg: TransformerConfig) -> dict[str, torch.Tensor]:
     """Our parameters by name, read from the file after checking every name and shape."""
     file = reader.file
-    with torch.device("meta"):
-        expected = {k: tuple(p.shape) for k, p in Transformer(cfg).named_parameters()}
+    expected = expected_shapes(cfg)
 
     def check_shape(hf_key: str, want: tuple[int, ...]) -> None:
         got = reader.shape(hf_key)
@@ -451,7 +449,7 @@ def _weights_file(path: Path) -> Path:
     for name in (SAFETENSORS_FILE, PICKLE_FILE):
         if (path / name).is_file():
             return path / name
-    found = sorted(p.name for p in path.iterdir())[:12]
+    found = folder_listing(path)
     raise CheckpointError(f"{path} has no {SAFETENSORS_FILE} or {PICKLE_FILE} (the Marian weights); found {found}")
 
 
@@ -475,12 +473,7 @@ def load_marian(path: str | Path, device: str = "auto") -> Bundle:
     cfg = marian_config(hf, unk_id=tokenizer.unk_id, source=str(config_file))
     weights_file = _weights_file(path)
     tensors = _load_tensors(_Reader(weights_file), cfg)
-    model = Transformer(cfg)
-    with torch.no_grad():
-        for key, p in model.named_parameters():
-            p.copy_(tensors[key])
-    model.eval().requires_grad_(False)
-    model.to(resolve_device(device))
+    model = build_model(cfg, tensors, device)
     name = hub_name(path)
     lang = re.search(r"opus-mt-(?:tc-big-)?([a-z]{2,3})-", name)
     info = {
