@@ -308,6 +308,58 @@ def test_fused_path_equals_explicit_path(norm_first, pos_encoding, batch):
     torch.testing.assert_close(fused.memory, explicit.memory, atol=ATOL, rtol=0)
 
 
+def textbook_attention(q, k, v, mask):
+    """Equation 1 written plainly, the reference for the model's fewer-pass version."""
+    scores = q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1])
+    if mask is not None:
+        scores = scores.masked_fill(~mask, float("-inf"))
+    return torch.softmax(scores, dim=-1) @ v, scores
+
+
+def _mask(shape, seed):
+    """A random boolean mask in which every query keeps at least one key."""
+    mask = torch.rand(shape, generator=torch.Generator().manual_seed(seed)) > 0.4
+    mask[..., 0] = True
+    return mask
+
+
+@pytest.mark.parametrize(
+    "mask_shape",
+    [None, (4, 6), (2, 1, 1, 6), (1, 1, 4, 6), (2, 1, 4, 6)],
+    ids=["none", "2d", "key-padding", "shared", "per-sentence"],
+)
+@pytest.mark.parametrize("keep_scores", [True, False])
+def test_attention_equals_equation_1_written_plainly(mask_shape, keep_scores):
+    g = torch.Generator().manual_seed(4)
+    q = torch.randn(2, 6, 3, 8, generator=g).transpose(1, 2)[:, :, :4]  # (B, H, Q=4, Dh): a strided view
+    k = torch.randn(2, 3, 6, 8, generator=g)
+    v = torch.randn(2, 3, 6, 5, generator=g)  # d_v != d_k
+    mask = None if mask_shape is None else _mask(mask_shape, seed=5)
+    expected_out, expected_scores = textbook_attention(q, k, v, mask)
+
+    out, weights, scores = attention(q, k, v, mask, keep_scores=keep_scores)
+
+    torch.testing.assert_close(out, expected_out, atol=1e-6, rtol=0)
+    torch.testing.assert_close(weights, torch.softmax(expected_scores, -1), atol=1e-6, rtol=0)
+    if keep_scores:
+        assert torch.equal(torch.isneginf(scores), torch.isneginf(expected_scores))
+        torch.testing.assert_close(scores, expected_scores, atol=1e-6, rtol=0)
+    else:
+        assert scores is None
+
+
+def test_attention_without_scores_still_has_the_right_gradients():
+    """Overwriting the scores in place is only for inference: with autograd the softmax is not in place."""
+    g = torch.Generator().manual_seed(6)
+    q, k, v = (torch.randn(1, 2, 5, 4, generator=g, requires_grad=True) for _ in range(3))
+    mask = _mask((1, 1, 5, 5), seed=7)
+    out, _, _ = attention(q, k, v, mask, keep_scores=False)
+    grads = torch.autograd.grad(out.square().sum(), (q, k, v))
+    expected = torch.autograd.grad(textbook_attention(q, k, v, mask)[0].square().sum(), (q, k, v))
+    for got, want in zip(grads, expected, strict=True):
+        torch.testing.assert_close(got, want, atol=1e-6, rtol=0)
+
+
 # ---------------------------------------------------------------------------------------------
 # Invariants of every map
 
