@@ -30,6 +30,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from attnviz.errors import ConfigError, InputError
+from attnviz.linear import Linear, linear
 
 ACTIVATIONS = ("relu", "gelu", "swish")
 POS_ENCODINGS = ("sinusoidal", "sinusoidal_concat", "learned", "none")
@@ -306,10 +307,10 @@ class MultiHeadAttention(nn.Module):
     def __init__(self, cfg: TransformerConfig):
         super().__init__()
         self.n_heads, self.d_head = cfg.n_heads, cfg.d_head
-        self.q_proj = nn.Linear(cfg.d_model, cfg.d_model, bias=cfg.attn_bias)  # W^Q for all heads
-        self.k_proj = nn.Linear(cfg.d_model, cfg.d_model, bias=cfg.attn_bias)  # W^K
-        self.v_proj = nn.Linear(cfg.d_model, cfg.d_model, bias=cfg.attn_bias)  # W^V
-        self.out_proj = nn.Linear(cfg.d_model, cfg.d_model, bias=cfg.attn_bias)  # W^O
+        self.q_proj = Linear(cfg.d_model, cfg.d_model, bias=cfg.attn_bias)  # W^Q for all heads
+        self.k_proj = Linear(cfg.d_model, cfg.d_model, bias=cfg.attn_bias)  # W^K
+        self.v_proj = Linear(cfg.d_model, cfg.d_model, bias=cfg.attn_bias)  # W^V
+        self.out_proj = Linear(cfg.d_model, cfg.d_model, bias=cfg.attn_bias)  # W^O
 
     def split_heads(self, x: Tensor) -> Tensor:
         B, L, _ = x.shape
@@ -381,12 +382,12 @@ class FeedForward(nn.Module):
 
     def __init__(self, cfg: TransformerConfig):
         super().__init__()
-        self.up = nn.Linear(cfg.d_model, cfg.d_ff)  # W_1: D -> F
-        self.down = nn.Linear(cfg.d_ff, cfg.d_model)  # W_2: F -> D
-        self.act = {"relu": F.relu, "gelu": F.gelu, "swish": F.silu}[cfg.activation]
+        self.up = Linear(cfg.d_model, cfg.d_ff)  # W_1: D -> F
+        self.down = Linear(cfg.d_ff, cfg.d_model)  # W_2: F -> D
+        self.activation = cfg.activation
 
     def forward(self, x: Tensor, trace: Tracer | None = None) -> Tensor:
-        hidden = self.act(self.up(x))  # (B, L, F)
+        hidden = self.up(x, activation=self.activation)  # (B, L, F)
         out = self.down(hidden)
         if trace is not None:
             trace("hidden", hidden)
@@ -700,8 +701,7 @@ class Transformer(nn.Module):
     def logits(self, x: Tensor) -> Tensor:
         """The pre-softmax linear transformation, tied to the target embedding (3.4)."""
         weight = self.tgt_embed.weight if self.cfg.tie_output else self.out_proj
-        out = x @ weight.T  # (B, T, D) @ (D, V) -> (B, T, V)
-        return out + self.out_bias if self.cfg.output_bias else out
+        return linear(x, weight, self.out_bias if self.cfg.output_bias else None)  # (B, T, D) -> (B, T, V)
 
     def forward(
         self,

@@ -15,6 +15,7 @@ import numpy as np
 import pandas as pd
 import pytest
 import torch
+import torch.nn.functional as F
 from conftest import seeded_model, tiny_config
 
 import attnviz
@@ -172,6 +173,14 @@ def check_attention(mha, x_q, x_kv, tensors, p, H):
     close(heads, w @ t(tensors[f"{p}.v"]), f"{p}.heads")
 
 
+ACTIVATIONS = {"relu": F.relu, "gelu": F.gelu, "swish": F.silu}
+
+
+def ffn_hidden(ffn, x, activation):
+    """The feed-forward hidden layer from the module's weights with torch's own ops."""
+    return ACTIVATIONS[activation](F.linear(x, ffn.up.weight, ffn.up.bias))
+
+
 def check_block(block, tensors, p, sub_out):
     residual = t(tensors[f"{p}.input"]) + t(tensors[sub_out])
     close(tensors[f"{p}.residual"], residual, f"{p}.residual")
@@ -202,7 +211,7 @@ def assert_chains(model, wt) -> None:
         check_block(layer.attn_block, T, f"{p}.attn_block", f"{p}.attn.out")
         close(T[f"{p}.ffn_block.input"], T[f"{p}.attn_block.output"], f"{p}.ffn_block.input")
         hf = pre(layer.ffn_block, t(T[f"{p}.ffn_block.input"]))
-        close(T[f"{p}.ffn.hidden"], layer.ffn.act(layer.ffn.up(hf)), f"{p}.ffn.hidden")
+        close(T[f"{p}.ffn.hidden"], ffn_hidden(layer.ffn, hf, cfg.activation), f"{p}.ffn.hidden")
         close(T[f"{p}.ffn.out"], layer.ffn.down(t(T[f"{p}.ffn.hidden"])), f"{p}.ffn.out")
         check_block(layer.ffn_block, T, f"{p}.ffn_block", f"{p}.ffn.out")
         x = t(T[f"{p}.ffn_block.output"])
@@ -227,7 +236,7 @@ def assert_chains(model, wt) -> None:
         check_block(layer.cross_block, T, f"{p}.cross_block", f"{p}.cross_attn.out")
         close(T[f"{p}.ffn_block.input"], T[f"{p}.cross_block.output"], f"{p}.ffn_block.input")
         hf = pre(layer.ffn_block, t(T[f"{p}.ffn_block.input"]))
-        close(T[f"{p}.ffn.hidden"], layer.ffn.act(layer.ffn.up(hf)), f"{p}.ffn.hidden")
+        close(T[f"{p}.ffn.hidden"], ffn_hidden(layer.ffn, hf, cfg.activation), f"{p}.ffn.hidden")
         close(T[f"{p}.ffn.out"], layer.ffn.down(t(T[f"{p}.ffn.hidden"])), f"{p}.ffn.out")
         check_block(layer.ffn_block, T, f"{p}.ffn_block", f"{p}.ffn.out")
         x = t(T[f"{p}.ffn_block.output"])

@@ -1,0 +1,120 @@
+"""The linear layers' matrix multiply: oneDNN's kernel on x86-64 CPUs at inference, else ``F.linear``.
+
+Why: on CPU, torch's ``F.linear`` calls MKL, which picks its kernels by processor vendor. On the
+2-core AMD EPYC (Zen 4, with AVX-512) this project is tested on, MKL's float32 products ran at
+100-170 GFLOP/s and oneDNN's at 290-430 GFLOP/s, for the base model's shapes (64 or 256 rows by
+512, 1536, 2048 or 8000 columns). oneDNN ships inside every x86-64 torch wheel and picks the widest
+vector unit the processor has; ``mkldnn::_linear_pointwise`` is the kernel torch.compile's CPU
+backend uses for frozen linear layers, called here directly. ``benchmarks/bench_forward.py`` prints
+the effect on a whole forward pass, and the same pass with oneDNN off.
+
+It is the same float32 arithmetic summed in a different order: results equal ``F.linear``'s to
+about 1e-6 relative (``tests/test_linear.py``). oneDNN is used only where all of these hold:
+
+- a CPU float32 input and weight, on an x86-64 torch built with oneDNN;
+- no gradient is being recorded: the kernel has no backward, so training always takes ``F.linear``;
+- the product is large enough, (rows x out x in) >= ``MIN_WORK``: each oneDNN call costs about 25 us
+  more than MKL's, which only pays off above about 2 million multiply-adds (measured: a 64 x 128
+  by 128 x 128 product is 1.5x slower in oneDNN, a 64 x 512 by 512 x 512 one 1.8x faster);
+- input and weight are contiguous (a strided weight is re-laid out on every call);
+- it is not switched off: ``ATTNVIZ_ONEDNN=0`` in the environment, or :func:`use_onednn`.
+
+Should oneDNN ever refuse a product, ``F.linear`` computes it and every later one, with a warning.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import platform
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+logger = logging.getLogger(__name__)
+
+MIN_WORK = 2**21  # multiply-adds below which MKL's lower fixed cost wins
+
+
+def onednn_supported() -> bool:
+    """Whether this torch and machine have oneDNN's linear kernel (x86-64 only)."""
+    if platform.machine().lower() not in ("x86_64", "amd64") or not torch.backends.mkldnn.is_available():
+        return False
+    try:
+        torch.ops.mkldnn._linear_pointwise  # noqa: B018  (a private op: absent from some builds)
+    except (AttributeError, RuntimeError):
+        return False
+    return True
+
+
+_enabled = onednn_supported() and os.environ.get("ATTNVIZ_ONEDNN", "1") != "0"
+
+
+@contextmanager
+def use_onednn(enabled: bool) -> Iterator[None]:
+    """Within the block, use oneDNN where it applies (``True``) or always ``F.linear`` (``False``)."""
+    global _enabled
+    before = _enabled
+    _enabled = enabled and onednn_supported()
+    try:
+        yield
+    finally:
+        _enabled = before
+
+
+def onednn_enabled() -> bool:
+    """Whether linear layers currently take oneDNN where it applies."""
+    return _enabled
+
+
+def _takes_onednn(x: Tensor, weight: Tensor, bias: Tensor | None) -> bool:
+    tensors = (x, weight) if bias is None else (x, weight, bias)
+    if not _enabled or any(t.device.type != "cpu" or t.dtype != torch.float32 for t in tensors):
+        return False
+    if torch.is_grad_enabled() and any(t.requires_grad for t in tensors):
+        return False  # no backward: the gradients would be silently wrong
+    if x.shape[-1] != weight.shape[-1] or (bias is not None and bias.shape != weight.shape[:1]):
+        return False  # F.linear raises its own clear error
+    if not (x.is_contiguous() and weight.is_contiguous()):
+        return False  # a strided weight is re-laid out on every call (100x slower); some strided inputs fail
+    rows = x.numel() // max(x.shape[-1], 1)
+    return rows * weight.shape[0] * weight.shape[1] >= MIN_WORK
+
+
+# activation -> (the eager function, oneDNN's fused post-op and its algorithm argument)
+ACTIVATIONS = {
+    None: (None, "none", ""),
+    "relu": (F.relu, "relu", ""),
+    "gelu": (F.gelu, "gelu", "none"),  # the exact (erf) GELU, as F.gelu's default
+    "swish": (F.silu, "swish", ""),
+}
+
+
+def linear(x: Tensor, weight: Tensor, bias: Tensor | None = None, activation: str | None = None) -> Tensor:
+    """act(x W^T + b), shaped (..., out), like ``F.linear``; through oneDNN where that is faster.
+
+    ``activation`` (None, "relu", "gelu" or "swish") is applied to the result; oneDNN applies it as
+    the product is written, saving a pass over (and an allocation of) the output.
+    """
+    if activation not in ACTIVATIONS:
+        raise ValueError(f"activation must be one of {sorted(a for a in ACTIVATIONS if a)} or None, got {activation!r}")
+    act, post_op, algorithm = ACTIVATIONS[activation]
+    if _takes_onednn(x, weight, bias):
+        try:
+            return torch.ops.mkldnn._linear_pointwise(x, weight, bias, post_op, [], algorithm)
+        except RuntimeError as err:  # a primitive this build or CPU cannot make: F.linear from now on
+            global _enabled
+            _enabled = False
+            logger.warning("oneDNN's linear kernel failed (%s); using F.linear from now on", err)
+    out = F.linear(x, weight, bias)
+    return out if act is None else act(out)
+
+
+class Linear(nn.Linear):
+    """``nn.Linear`` (same parameters, same state_dict keys) whose forward calls :func:`linear`."""
+
+    def forward(self, x: Tensor, activation: str | None = None) -> Tensor:
+        return linear(x, self.weight, self.bias, activation)
