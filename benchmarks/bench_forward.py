@@ -15,12 +15,16 @@ for each length S = T:
       ``output_attentions=True``, when ``transformers`` is installed (``pip install transformers``);
   (1b) attnviz with every map but no output projection (``return_logits=False``: what
       ``attnviz.attention`` and the app run), against
-  (3b) the same MarianMTModel's encoder-decoder alone (``model.model``, no LM head), like for like.
+  (3b) the same MarianMTModel's encoder-decoder alone (``model.model``, no LM head), like for like;
+  (1a) (1) again with oneDNN switched off (``attnviz.linear.use_onednn(False)``): every linear
+      layer through ``F.linear``, the same kernel transformers uses. (1)/(3) measures what a user
+      gets; (1a)/(3) separates what the model code does from what the faster kernel does.
 
 All three get the same token ids and the same all-real padding masks; the target starts with the
 start token, which is also Marian's ``decoder_start_token_id``. Each time is the median over
 ``--repeats`` runs after warm-up. Within one repeat the variants run one after the other, so
-drifting background load slows them alike. Two targets are checked:
+drifting background load slows them alike; each ratio is therefore the median of the ratios
+within a repeat, not a ratio of medians. Two targets are checked:
 
   capture overhead  (1)/(2) - 1 <= 5%
   versus transformers  (1)/(3) <= 0.9, i.e. returning every map is at least 10% faster.
@@ -39,6 +43,7 @@ from torch import nn
 
 from attnviz.devices import resolve_device
 from attnviz.errors import DeviceError
+from attnviz.linear import onednn_enabled, use_onednn
 from attnviz.model import Transformer, TransformerConfig
 
 VOCAB_SIZE = 8000
@@ -132,10 +137,18 @@ def synchronize(device: torch.device) -> None:
 def time_ms(
     variants: dict[str, Callable[[], object]], repeats: int, warmup: int, device: torch.device
 ) -> dict[str, list[float]]:
-    """Wall times in ms of each variant's timed runs; each repeat runs every variant once, in turn."""
+    """Wall times in ms of each variant's timed runs; each repeat runs every variant once, in turn.
+
+    The order rotates from one repeat to the next: a variant that always ran first, or always after
+    transformers, would pay alone for whatever the one before it left behind (freed memory the
+    allocator has handed back to the system, a cold cache).
+    """
     times: dict[str, list[float]] = {name: [] for name in variants}
+    names = list(variants)
     for i in range(warmup + repeats):
-        for name, run in variants.items():
+        shift = i % len(names)
+        for name in names[shift:] + names[:shift]:
+            run = variants[name]
             synchronize(device)
             start = time.perf_counter()
             run()
@@ -169,6 +182,16 @@ def check_same_shapes(ours, hf) -> None:
             raise RuntimeError(f"shape mismatch with transformers: {tuple(mine.shape)} vs {tuple(theirs.shape)}")
 
 
+def onednn_applies(device: torch.device) -> bool:
+    """Whether attnviz's linear layers take oneDNN in this run (CPU only; see attnviz/linear.py)."""
+    return device.type == "cpu" and onednn_enabled()
+
+
+def maps_without_onednn(model: Transformer, *inputs: torch.Tensor) -> object:
+    with use_onednn(False):
+        return model(*inputs, return_attention=True)
+
+
 def forward_variants(
     model: Transformer, marian: nn.Module | None, length: int, device: torch.device
 ) -> dict[str, Callable[[], object]]:
@@ -184,6 +207,8 @@ def forward_variants(
         "fused": lambda: model(src, tgt, src_valid, tgt_valid),
         "maps_only": lambda: model(src, tgt, src_valid, tgt_valid, return_attention=True, return_logits=False),
     }
+    if onednn_applies(device):
+        variants["maps_aten"] = lambda: maps_without_onednn(model, src, tgt, src_valid, tgt_valid)
     if marian is not None:
         if int(tgt[0, 0]) != marian.config.decoder_start_token_id:
             raise RuntimeError("Marian's decoder input must start with its decoder_start_token_id")
@@ -211,16 +236,34 @@ def verdict(passed: bool) -> str:
     return "PASS" if passed else "MISS"
 
 
-def table_row(length: int, ms: dict[str, float]) -> str:
-    overhead = ms["maps"] / ms["fused"] - 1
+def repeat_ratios(times: dict[str, list[float]], a: str, b: str) -> list[float]:
+    """a's time / b's time within each repeat.
+
+    The two ran back to back, so load that drifts across repeats (on a shared machine) slows both
+    alike and cancels in each ratio; a ratio of two medians would keep it.
+    """
+    return [x / y for x, y in zip(times[a], times[b], strict=True)]
+
+
+def paired_ratio(times: dict[str, list[float]], a: str, b: str) -> float:
+    """The median of :func:`repeat_ratios`: how much slower a is than b."""
+    return statistics.median(repeat_ratios(times, a, b))
+
+
+def table_row(length: int, times: dict[str, list[float]]) -> str:
+    ms = {name: statistics.median(t) for name, t in times.items()}
+    overhead = paired_ratio(times, "maps", "fused") - 1
     row = f"{length:>5} {ms['maps']:>10.1f} {ms['fused']:>10.1f} "
     row += f"{ms['hf']:>13.1f}" if "hf" in ms else f"{'skipped':>13}"
     row += f"   {overhead:>+11.1%} {verdict(overhead <= MAX_OVERHEAD)}"
     if "hf" not in ms:
         return row + f"   {'n/a':>12}   {ms['maps_only']:>9.1f}"
-    ratio = ms["maps"] / ms["hf"]
+    ratio = paired_ratio(times, "maps", "hf")
     row += f"   {ratio:>7.2f} {verdict(ratio <= MAX_RATIO_VS_HF)}"
-    return row + f"   {ms['maps_only']:>9.1f} {ms['hf_base']:>9.1f} {ms['maps_only'] / ms['hf_base']:>10.2f}"
+    row += f"   {ms['maps_only']:>9.1f} {ms['hf_base']:>9.1f} {paired_ratio(times, 'maps_only', 'hf_base'):>10.2f}"
+    if "maps_aten" in ms:
+        row += f"   {ms['maps_aten']:>9.1f} {paired_ratio(times, 'maps_aten', 'hf'):>8.2f}"
+    return row
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -244,11 +287,14 @@ def main(argv: list[str] | None = None) -> None:
 
         versions += f", transformers {transformers.__version__}"
     print(f"{versions} | device {device} ({hardware_name(device)}) | {torch.get_num_threads()} threads")
-    print(f"median of {args.repeats} runs after {args.warmup} warm-up runs; ms per forward pass\n")
+    print(
+        f"median of {args.repeats} runs after {args.warmup} warm-up runs; ms per forward pass; "
+        "ratios: median of the per-repeat ratios\n"
+    )
 
     print(
         f"{'S=T':>5} {'(1) maps':>10} {'(2) fused':>10} {'(3) HF eager':>13}   {'(1)/(2)-1':>17}   {'(1)/(3)':>12}"
-        f"   {'(1b) maps':>9} {'(3b) HF':>9} {'(1b)/(3b)':>10}"
+        f"   {'(1b) maps':>9} {'(3b) HF':>9} {'(1b)/(3b)':>10}   {'(1a) maps':>9} {'(1a)/(3)':>8}"
     )
     spread = 0.0
     for length in args.lengths:
@@ -257,13 +303,18 @@ def main(argv: list[str] | None = None) -> None:
             if marian is not None:
                 check_same_shapes(variants["maps"](), variants["hf"]())
             times = time_ms(variants, args.repeats, args.warmup, device)
-        spread = max(spread, *(relative_spread(t) for t in times.values()))
-        print(table_row(length, {name: statistics.median(t) for name, t in times.items()}))
+        checked = [("maps", "fused")] + ([("maps", "hf")] if "hf" in times else [])
+        spread = max(spread, *(relative_spread(repeat_ratios(times, a, b)) for a, b in checked))
+        print(table_row(length, times))
 
     print(f"\ntargets: capture overhead (1)/(2)-1 <= {MAX_OVERHEAD:.0%}; (1)/(3) <= {MAX_RATIO_VS_HF} vs transformers")
     print("(1b), (3b): every map without the output projection over the vocabulary, ours and transformers'")
+    if onednn_applies(device):
+        print("(1a): (1) with oneDNN off, every linear layer through F.linear as in transformers")
+    else:
+        print("oneDNN does not apply here (off, unavailable or not a CPU): (1) runs F.linear, no (1a) column")
     print(
-        f"largest run-to-run spread (interquartile range / median): {spread:.1%}; "
+        f"largest spread of a checked ratio across repeats (interquartile range / median): {spread:.1%}; "
         "a verdict within that distance of its target is noise"
     )
     if marian is None:

@@ -1,0 +1,43 @@
+"""The benchmark script: it runs end to end, rotates the order of variants, and pairs its ratios."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+import bench_forward  # noqa: E402
+
+from attnviz.linear import onednn_supported  # noqa: E402
+
+
+def test_every_variant_takes_every_place_in_the_order():
+    calls: list[str] = []
+    variants = {name: (lambda name=name: calls.append(name)) for name in "abc"}
+    times = bench_forward.time_ms(variants, repeats=3, warmup=0, device=torch.device("cpu"))
+    assert {name: len(t) for name, t in times.items()} == {"a": 3, "b": 3, "c": 3}
+    rounds = [calls[i : i + 3] for i in range(0, 9, 3)]
+    assert rounds == [["a", "b", "c"], ["b", "c", "a"], ["c", "a", "b"]]
+
+
+def test_ratios_pair_runs_of_the_same_repeat():
+    # Repeat 2 ran under load: both variants slowed alike. Paired, a is 1.1x b every time.
+    times = {"a": [11.0, 33.0, 12.1], "b": [10.0, 30.0, 11.0]}
+    assert bench_forward.paired_ratio(times, "a", "b") == pytest.approx(1.1)
+    assert bench_forward.relative_spread(bench_forward.repeat_ratios(times, "a", "b")) == pytest.approx(0, abs=1e-9)
+
+
+def test_the_script_runs_and_prints_every_column(capsys):
+    bench_forward.main(["--lengths", "6", "--repeats", "2", "--warmup", "0", "--threads", "1"])
+    out = capsys.readouterr().out
+    rows = [line.split() for line in out.splitlines() if line.strip().startswith("6 ")]
+    assert len(rows) == 1
+    row = rows[0]
+    assert row.count("PASS") + row.count("MISS") == (2 if "skipped" not in row else 1)
+    if onednn_supported() and "skipped" not in row:
+        assert len(row) == 13  # S=T, (1) (2) (3), 2 ratios with verdicts, (1b) (3b) ratio, (1a) ratio
+        assert "(1a): (1) with oneDNN off" in out
+    assert "per-repeat ratios" in out
