@@ -55,7 +55,11 @@ _enabled = onednn_supported() and os.environ.get("ATTNVIZ_ONEDNN", "1") != "0"
 
 @contextmanager
 def use_onednn(enabled: bool) -> Iterator[None]:
-    """Within the block, use oneDNN where it applies (``True``) or always ``F.linear`` (``False``)."""
+    """Within the block, use oneDNN where it applies (``True``) or always ``F.linear`` (``False``).
+
+    The switch is process-wide, like ``torch.backends`` flags: meant for benchmarks and tests, not
+    for threads that want different answers at the same time.
+    """
     global _enabled
     before = _enabled
     _enabled = enabled and onednn_supported()

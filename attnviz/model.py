@@ -264,7 +264,8 @@ def attention(
     ``q`` and ``k`` (B, H, Q or K, Dh), ``v`` (B, H, K, Dv); ``mask`` (True = may attend) broadcasts to
     (B, H, Q, K). Blocked scores are -inf, and a query whose every key is blocked gets all-zero
     weights (and output), not NaN. With ``keep_scores=False`` the scores are not returned (None)
-    and, when no gradient is recorded, the softmax overwrites them: one (B, H, Q, K) allocation less.
+    and, on the CPU when no gradient is recorded, the softmax overwrites them: one (B, H, Q, K)
+    allocation less, whose first touch of fresh memory was the main cost on long inputs.
 
     It computes what ``(q / sqrt(d_k)) @ k^T``, ``masked_fill`` and ``softmax`` would, in fewer passes
     over the scores: the scale and the mask (as an added 0 / -inf bias) go into the matrix multiply,
@@ -279,9 +280,9 @@ def attention(
     else:
         bias = torch.zeros(mask.shape, dtype=q.dtype, device=q.device).masked_fill_(~mask, float("-inf"))
         scores = torch.baddbmm(bias.expand(B, H, Q, K).reshape(B * H, Q, K), q3, kT3, alpha=Dh**-0.5)
-    if keep_scores or (torch.is_grad_enabled() and scores.requires_grad):
+    if keep_scores or scores.device.type != "cpu" or (torch.is_grad_enabled() and scores.requires_grad):
         weights = torch.softmax(scores, dim=-1)
-    else:  # row by row, each element is read before it is overwritten: safe in place
+    else:  # torch's CPU kernel reads each element of a row before it overwrites it: safe in place
         weights = torch.ops.aten._softmax.out(scores, -1, False, out=scores)
     weights = weights.view(B, H, Q, K)
     if mask is not None and not bool(mask.any(dim=-1).all()):
