@@ -30,9 +30,10 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from attnviz.errors import ConfigError, InputError
+from attnviz.linear import ACTIVATIONS as LINEAR_ACTIVATIONS
 from attnviz.linear import Linear, linear
 
-ACTIVATIONS = ("relu", "gelu", "swish")
+ACTIVATIONS = tuple(name for name in LINEAR_ACTIVATIONS if name)  # ("relu", "gelu", "swish")
 POS_ENCODINGS = ("sinusoidal", "sinusoidal_concat", "learned", "none")
 
 

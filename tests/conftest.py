@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+import torch.nn.functional as F
 
 from attnviz.data import get_task
 from attnviz.model import Transformer, TransformerConfig
@@ -15,6 +16,8 @@ torch.set_num_threads(1)
 
 TINY_VOCAB = 50
 FIRST_ORDINARY_ID = 4  # ids 0..3 are pad, bos, eos, unk in every attnviz vocabulary
+# The config's activations as torch's own functions: a reference independent of attnviz.linear.
+EAGER_ACTIVATIONS = {"relu": F.relu, "gelu": F.gelu, "swish": F.silu}
 
 
 def tiny_config(**overrides) -> TransformerConfig:

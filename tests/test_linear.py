@@ -9,14 +9,14 @@ import sys
 import pytest
 import torch
 import torch.nn.functional as F
-from conftest import seeded_model
+from conftest import EAGER_ACTIVATIONS, seeded_model
 from torch.profiler import ProfilerActivity, profile
 
 from attnviz.linear import MIN_WORK, Linear, linear, onednn_enabled, onednn_supported, use_onednn
 from attnviz.model import TransformerConfig
 
 needs_onednn = pytest.mark.skipif(not onednn_supported(), reason="this torch or CPU has no oneDNN linear kernel")
-EAGER = {None: lambda x: x, "relu": F.relu, "gelu": F.gelu, "swish": F.silu}
+EAGER = {None: lambda x: x, **EAGER_ACTIVATIONS}
 
 
 def ran_onednn(fn) -> bool:

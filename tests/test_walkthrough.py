@@ -16,7 +16,7 @@ import pandas as pd
 import pytest
 import torch
 import torch.nn.functional as F
-from conftest import seeded_model, tiny_config
+from conftest import EAGER_ACTIVATIONS, seeded_model, tiny_config
 
 import attnviz
 from attnviz import api
@@ -173,12 +173,9 @@ def check_attention(mha, x_q, x_kv, tensors, p, H):
     close(heads, w @ t(tensors[f"{p}.v"]), f"{p}.heads")
 
 
-ACTIVATIONS = {"relu": F.relu, "gelu": F.gelu, "swish": F.silu}
-
-
 def ffn_hidden(ffn, x, activation):
     """The feed-forward hidden layer from the module's weights with torch's own ops."""
-    return ACTIVATIONS[activation](F.linear(x, ffn.up.weight, ffn.up.bias))
+    return EAGER_ACTIVATIONS[activation](F.linear(x, ffn.up.weight, ffn.up.bias))
 
 
 def check_block(block, tensors, p, sub_out):
@@ -198,6 +195,12 @@ def assert_chains(model, wt) -> None:
     def pre(block, v):  # pre-LN normalises the sub-layer's input; post-LN (the paper) does not
         return block.norm(v) if cfg.norm_first else v
 
+    def check_ffn(layer, p):
+        hf = pre(layer.ffn_block, t(T[f"{p}.ffn_block.input"]))
+        close(T[f"{p}.ffn.hidden"], ffn_hidden(layer.ffn, hf, cfg.activation), f"{p}.ffn.hidden")
+        close(T[f"{p}.ffn.out"], layer.ffn.down(t(T[f"{p}.ffn.hidden"])), f"{p}.ffn.out")
+        check_block(layer.ffn_block, T, f"{p}.ffn_block", f"{p}.ffn.out")
+
     scale = math.sqrt(cfg.d_model) if cfg.scale_embedding else 1.0
     close(T["src.embed"], model.src_embed.weight[list(wt.src_ids)] * scale, "src.embed = E[ids] * sqrt(d_model)")
     if not cfg.embed_norm and not cfg.type_vocab_size:
@@ -210,10 +213,7 @@ def assert_chains(model, wt) -> None:
         check_attention(layer.self_attn, h, h, T, f"{p}.attn", H)
         check_block(layer.attn_block, T, f"{p}.attn_block", f"{p}.attn.out")
         close(T[f"{p}.ffn_block.input"], T[f"{p}.attn_block.output"], f"{p}.ffn_block.input")
-        hf = pre(layer.ffn_block, t(T[f"{p}.ffn_block.input"]))
-        close(T[f"{p}.ffn.hidden"], ffn_hidden(layer.ffn, hf, cfg.activation), f"{p}.ffn.hidden")
-        close(T[f"{p}.ffn.out"], layer.ffn.down(t(T[f"{p}.ffn.hidden"])), f"{p}.ffn.out")
-        check_block(layer.ffn_block, T, f"{p}.ffn_block", f"{p}.ffn.out")
+        check_ffn(layer, p)
         x = t(T[f"{p}.ffn_block.output"])
     close(T["memory"], model.encoder_norm(x), "memory = last encoder layer output (+ final LN when pre-LN)")
     if cfg.encoder_only:
@@ -235,10 +235,7 @@ def assert_chains(model, wt) -> None:
         check_attention(layer.cross_attn, q_in, memory, T, f"{p}.cross_attn", H)
         check_block(layer.cross_block, T, f"{p}.cross_block", f"{p}.cross_attn.out")
         close(T[f"{p}.ffn_block.input"], T[f"{p}.cross_block.output"], f"{p}.ffn_block.input")
-        hf = pre(layer.ffn_block, t(T[f"{p}.ffn_block.input"]))
-        close(T[f"{p}.ffn.hidden"], ffn_hidden(layer.ffn, hf, cfg.activation), f"{p}.ffn.hidden")
-        close(T[f"{p}.ffn.out"], layer.ffn.down(t(T[f"{p}.ffn.hidden"])), f"{p}.ffn.out")
-        check_block(layer.ffn_block, T, f"{p}.ffn_block", f"{p}.ffn.out")
+        check_ffn(layer, p)
         x = t(T[f"{p}.ffn_block.output"])
     close(T["decoder_out"], x, "decoder_out = last decoder layer output")
     W = model.tgt_embed.weight if cfg.tie_output else model.out_proj
