@@ -212,23 +212,16 @@ def forward_variants(
     if marian is not None:
         if int(tgt[0, 0]) != marian.config.decoder_start_token_id:
             raise RuntimeError("Marian's decoder input must start with its decoder_start_token_id")
-        src_mask, tgt_mask = src_valid.long(), tgt_valid.long()  # transformers' 1 = real token
-        variants["hf"] = lambda: marian(
-            input_ids=src,
-            attention_mask=src_mask,
-            decoder_input_ids=tgt,
-            decoder_attention_mask=tgt_mask,
-            output_attentions=True,
-            use_cache=False,
-        )
-        variants["hf_base"] = lambda: marian.model(
-            input_ids=src,
-            attention_mask=src_mask,
-            decoder_input_ids=tgt,
-            decoder_attention_mask=tgt_mask,
-            output_attentions=True,
-            use_cache=False,
-        )
+        hf_inputs = {
+            "input_ids": src,
+            "attention_mask": src_valid.long(),  # transformers' 1 = real token
+            "decoder_input_ids": tgt,
+            "decoder_attention_mask": tgt_valid.long(),
+            "output_attentions": True,
+            "use_cache": False,
+        }
+        variants["hf"] = lambda: marian(**hf_inputs)
+        variants["hf_base"] = lambda: marian.model(**hf_inputs)  # no LM head
     return variants
 
 
