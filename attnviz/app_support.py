@@ -13,6 +13,7 @@ import pandas as pd
 import streamlit as st
 
 from attnviz import api
+from attnviz import positional as pe
 from attnviz.checkpoint import Bundle
 from attnviz.devices import DEVICE_CHOICES, available_devices
 from attnviz.errors import AttnvizError
@@ -166,6 +167,33 @@ def keep_in_range(key: str, default: int, low: int, high: int) -> None:
     through session_state before the slider is drawn carries it over.
     """
     st.session_state[key] = min(max(st.session_state.get(key, default), low), high)
+
+
+SINUSOID_D_MODELS = [16, 32, 64, 128, 256, 512, 1024]
+LAYOUT_NAMES = {"interleaved": "interleaved (paper)", "concat": "concatenated (sin | cos)"}
+
+
+def sinusoid_inputs(columns, prefix: str, base_help: str, layout_help: str | None = None) -> tuple[int, float, str]:
+    """The d_model, base and layout widgets of the two positional-encoding pages, in three containers.
+
+    Keys are ``{prefix}_d_model``, ``{prefix}_base`` and ``{prefix}_layout``.
+    """
+    d_col, base_col, layout_col = columns
+    d_model = d_col.selectbox("d_model", SINUSOID_D_MODELS, index=SINUSOID_D_MODELS.index(128), key=f"{prefix}_d_model")
+    base = base_col.number_input(
+        "Base",
+        min_value=1.0,
+        max_value=1e9,
+        value=pe.PAPER_BASE,
+        step=1000.0,
+        format="%g",
+        key=f"{prefix}_base",
+        help=base_help,
+    )
+    layout = layout_col.radio(
+        "Layout", pe.LAYOUTS, format_func=LAYOUT_NAMES.get, key=f"{prefix}_layout", help=layout_help
+    )
+    return d_model, float(base), layout
 
 
 def download_buttons(

@@ -5,7 +5,7 @@ import streamlit as st
 
 from attnviz import positional as pe
 from attnviz import positional_plots as pp
-from attnviz.app_support import clamp_state, load_bundle, show_error, sidebar
+from attnviz.app_support import clamp_state, keep_in_range, load_bundle, show_error, sidebar, sinusoid_inputs
 from attnviz.errors import InputError
 
 st.set_page_config(page_title="attnviz: relative-position linearity", page_icon="🔄", layout="wide")
@@ -18,9 +18,7 @@ st.markdown(
     "because attention is built from linear maps: a head can learn to look k tokens back wherever it is."
 )
 
-D_MODELS = [16, 32, 64, 128, 256, 512, 1024]
 STARTS = [0, 1_000, 100_000, 10_000_000]
-LAYOUT_NAMES = {"interleaved": "interleaved (paper)", "concat": "concatenated (sin | cos)"}
 RANDOM_SEED = 0
 
 
@@ -46,36 +44,18 @@ def model_fit(model: str, device: str, ks: tuple[int, ...]) -> tuple[str, np.nda
     return kind, None if table is None else pe.fit_residual_by_offset(table, ks)
 
 
-def slider_state(key: str, high: int) -> None:
-    """Bring a stored slider value within a range that shrank (a smaller d_model or length)."""
-    if key in st.session_state and st.session_state[key] > high:
-        st.session_state[key] = high
-
-
 def controls() -> dict:
     c1, c2, c3, c4 = st.columns(4)
-    d_model = c1.selectbox("d_model", D_MODELS, index=D_MODELS.index(128), key="lin_d_model")
-    base = c2.number_input(
-        "Base",
-        min_value=1.0,
-        max_value=1e9,
-        value=pe.PAPER_BASE,
-        step=1000.0,
-        format="%g",
-        key="lin_base",
-        help="The paper's 10000. Any base gives an exact M_k: try 10, or 1e8.",
-    )
-    layout = c3.radio(
-        "Layout",
-        pe.LAYOUTS,
-        key="lin_layout",
-        format_func=LAYOUT_NAMES.get,
-        help="M_k for the concatenated layout is the same matrix with rows and columns reordered.",
+    d_model, base, layout = sinusoid_inputs(
+        (c1, c2, c3),
+        "lin",
+        base_help="The paper's 10000. Any base gives an exact M_k: try 10, or 1e8.",
+        layout_help="M_k for the concatenated layout is the same matrix with rows and columns reordered.",
     )
     n = c4.slider("Positions", 32, 512, 256, step=32, key="lin_length")
     c1, c2, c3 = st.columns([1, 2, 1])
-    slider_state("lin_k", n - 1)
-    k = c1.slider("Offset k", 1, min(256, n - 1), 5, key="lin_k")
+    keep_in_range("lin_k", 5, 1, min(256, n - 1))
+    k = c1.slider("Offset k", 1, min(256, n - 1), key="lin_k")
     precision = c2.radio(
         "Precision",
         list(pe.PRECISIONS),
@@ -88,7 +68,7 @@ def controls() -> dict:
     start = c3.select_slider("First position", STARTS, key="lin_start", format_func=lambda s: f"{s:,}")
     return {
         "d_model": d_model,
-        "base": float(base),
+        "base": base,
         "layout": layout,
         "n": n,
         "k": k,
@@ -144,8 +124,8 @@ def rotation_section(c: dict, M: np.ndarray, table: np.ndarray) -> None:
 def angle_section(c: dict) -> None:
     st.header("The angle-addition form")
     d_model = c["d_model"]
-    slider_state("lin_pair", d_model // 2 - 1)
-    i = st.slider("Frequency pair i", 0, d_model // 2 - 1, min(16, d_model // 2 - 1), key="lin_pair")
+    keep_in_range("lin_pair", 16, 0, d_model // 2 - 1)
+    i = st.slider("Frequency pair i", 0, d_model // 2 - 1, key="lin_pair")
     st.latex(r"PE_{pos+k,\,2i} = PE_{pos,\,2i}\,PE_{k,\,2i+1} + PE_{pos,\,2i+1}\,PE_{k,\,2i}")
     st.latex(r"PE_{pos+k,\,2i+1} = PE_{pos,\,2i+1}\,PE_{k,\,2i+1} - PE_{pos,\,2i}\,PE_{k,\,2i}")
     pos = c["start"] + np.arange(c["n"])

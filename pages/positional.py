@@ -5,7 +5,7 @@ import streamlit as st
 
 from attnviz import positional as pe
 from attnviz import positional_plots as pp
-from attnviz.app_support import load_bundle, show_error, sidebar
+from attnviz.app_support import load_bundle, show_error, sidebar, sinusoid_inputs
 
 st.set_page_config(page_title="attnviz: positional encoding", page_icon="🌊", layout="wide")
 choices = sidebar()
@@ -18,26 +18,14 @@ st.markdown(
     "on where they are, which is what makes relative positions easy for attention to use."
 )
 
-D_MODELS = [16, 32, 64, 128, 256, 512, 1024]
-LAYOUT_NAMES = {"interleaved": "interleaved (paper)", "concat": "concatenated (sin | cos)"}
-
 
 def controls() -> tuple[int, int, float, str]:
     c1, c2, c3, c4 = st.columns(4)
-    d_model = c1.selectbox("d_model", D_MODELS, index=D_MODELS.index(128), key="pe_d_model")
-    n = c2.slider("Positions", 8, 512, 128, step=8, key="pe_length", help="Positions 0 to this number minus 1.")
-    base = c3.number_input(
-        "Base",
-        min_value=1.0,
-        max_value=1e9,
-        value=pe.PAPER_BASE,
-        step=1000.0,
-        format="%g",
-        key="pe_base",
-        help="The paper's 10000: the longest wavelength is just under 2π times the base.",
+    d_model, base, layout = sinusoid_inputs(
+        (c1, c3, c4), "pe", base_help="The paper's 10000: the longest wavelength is just under 2π times the base."
     )
-    layout = c4.radio("Layout", pe.LAYOUTS, format_func=LAYOUT_NAMES.get, key="pe_layout")
-    return d_model, n, float(base), layout
+    n = c2.slider("Positions", 8, 512, 128, step=8, key="pe_length", help="Positions 0 to this number minus 1.")
+    return d_model, n, base, layout
 
 
 def encoding_section(table: np.ndarray, d_model: int, base: float, layout: str) -> None:
