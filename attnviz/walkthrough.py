@@ -309,31 +309,21 @@ def _maps(wt, p, head, q_rows, kv_rows, q_ax, kv_ax, kind, q_n=None, kv_n=None):
     scores = wt.tensors[f"{p}.scores"][head, qs, ks]
     mask = np.isfinite(scores)  # the model's own mask: it wrote -inf where a query may not look
     axes = ("head", q_ax, kv_ax)
+    titles = {"scores": "Scores Q K^T / sqrt(d_k)", "weights": "Weights after the softmax"}
     return [
         _m(
             wt,
-            f"{p}.scores",
+            f"{p}.{name}",
             axes,
             q_rows,
-            f"Scores Q K^T / sqrt(d_k), head {head + 1}",
+            f"{title}, head {head + 1}",
             (head, qs, ks),
             kv_rows,
-            style="scores",
+            style=name,
             attention_kind=kind,
             mask=mask,
-        ),
-        _m(
-            wt,
-            f"{p}.weights",
-            axes,
-            q_rows,
-            f"Weights after the softmax, head {head + 1}",
-            (head, qs, ks),
-            kv_rows,
-            style="weights",
-            attention_kind=kind,
-            mask=mask,
-        ),
+        )
+        for name, title in titles.items()
     ]
 
 
