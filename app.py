@@ -2,8 +2,8 @@
 
 import streamlit as st
 
-from attnviz.app_support import PAGES, run_attention, show_error, sidebar
-from attnviz.plots import attention_heatmap
+from attnviz.app import registry, run_attention, show_error, sidebar
+from attnviz.figures.attention import attention_heatmap
 
 st.set_page_config(page_title="attnviz", page_icon="🔍", layout="wide")
 choices = sidebar()
@@ -28,32 +28,9 @@ Wiegreffe & Pinter, 2019). Read maps as what the model computed, not as why it d
 )
 
 st.subheader("Pages")
-DESCRIPTIONS = {
-    "pages/explorer.py": "every map of every layer and head: one head large (weights or the scores before "
-    "the softmax), all heads as a grid, BertViz-style lines, head averages and attention rollout, and a "
-    "table of head statistics; each view exports as PNG/SVG, CSV and NPZ.",
-    "pages/decoding.py": "greedy or beam search one token at a time: the top candidates, where every head "
-    "of the decoder looks at each step, and the alignment growing row by row; teacher forcing with a "
-    "target sentence.",
-    "pages/walkthrough.py": "one sentence through the whole model, stage by stage, with the loaded model's own "
-    "numbers: tokens, embeddings and positions, each encoder layer's Q, K, V, scores, weights, heads, W_O, "
-    "residuals, LayerNorms and feed-forward, the decoder's masked self- and cross-attention, and the output.",
-    "pages/mechanics.py": "equation 1 by hand on a 3-token example you can edit, why the scores are divided by "
-    "sqrt(d_k), the padding and subsequent masks, the shapes of multi-head attention, why self-attention "
-    "without positions is a bag of tokens (shown on the loaded model), and the learning-rate schedule.",
-    "pages/variants.py": "sparse attention patterns (local, dilated, strided) and their cost, the same patterns "
-    "imposed on the loaded model's encoder, Synthesizer attention without token-to-token scores, and the "
-    "complexity table of section 4 with timings measured on this machine.",
-    "pages/positional.py": "the sinusoidal encoding as a matrix and as curves, its wavelengths, how the dot "
-    "product of two positions depends only on their offset, the interleaved and concatenated layouts, and the "
-    "positions of the loaded model.",
-    "pages/linearity.py": "section 3.5's claim that PE(pos + k) is a linear function (a rotation) of PE(pos): "
-    "the matrix M_k, the angle-addition identities, least-squares fits for sinusoidal, random and learned "
-    "tables, and where floating point makes it break.",
-}
-for path, label, icon in PAGES[1:]:
-    st.page_link(path, label=label, icon=icon)
-    st.caption(DESCRIPTIONS.get(path, ""))
+for page in registry.PAGES[1:]:
+    st.page_link(page.path, label=page.title, icon=page.icon)
+    st.caption(page.description)
 
 
 def show_teaser(export) -> None:

@@ -1,8 +1,6 @@
 """attnviz: see and explore attention in the Transformer of "Attention Is All You Need"."""
 
-__version__ = "0.1.0"
-
-from attnviz.api import (  # noqa: E402
+from attnviz.api import (
     DEFAULT_MODEL,
     AttentionExport,
     attention,
@@ -12,9 +10,12 @@ from attnviz.api import (  # noqa: E402
     step_through,
     translate,
 )
-from attnviz.checkpoint import Bundle  # noqa: E402
-from attnviz.errors import AttnvizError, CheckpointError, ConfigError, DeviceError, InputError  # noqa: E402
-from attnviz.model import Attention, Transformer, TransformerConfig  # noqa: E402
+from attnviz.checkpoints import Bundle
+from attnviz.errors import AttnvizError, CheckpointError, ConfigError, DeviceError, InputError
+from attnviz.export import package_version
+from attnviz.model import Attention, Transformer, TransformerConfig
+
+__version__ = package_version("attnviz")
 
 __all__ = [
     "DEFAULT_MODEL",
@@ -28,6 +29,7 @@ __all__ = [
     "InputError",
     "Transformer",
     "TransformerConfig",
+    "__version__",
     "attention",
     "list_models",
     "load",

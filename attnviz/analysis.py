@@ -16,7 +16,7 @@ from collections.abc import Iterable, Sequence
 import numpy as np
 import pandas as pd
 
-KINDS = ("encoder", "decoder", "cross")
+from attnviz.kinds import KINDS, causal_mask
 
 # What `mean_distance` measures for each kind of map; also in the `distance_note` attribute of the
 # DataFrame `head_statistics` returns, so a page or a CSV export can show it beside the numbers.
@@ -193,7 +193,7 @@ def head_statistics(
             "every query row must sum to 1 (or 0 when fully masked): pass per-head post-softmax maps "
             "or head_mean, not head_max or a rollout of another kind"
         )
-    if kind == "decoder" and np.triu(weights, k=1).max(initial=0.0) > _ROW_SUM_TOLERANCE:
+    if kind == "decoder" and weights[..., ~causal_mask(*weights.shape[-2:])].max(initial=0.0) > _ROW_SUM_TOLERANCE:
         raise ValueError("decoder self-attention must be causal, but these maps put weight on later positions")
 
     # Queries are "real" if any head of any layer gives them weight: masking is per query, not per head.

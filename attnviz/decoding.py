@@ -1,7 +1,7 @@
 """Decoding with an incremental key/value cache: batched greedy, beam search, and a step-through.
 
 Each decoding step feeds only the newest token to the decoder; the keys and values of earlier
-positions come from a :class:`~attnviz.model.LayerCache`, and the encoder's keys and values for
+positions come from a :class:`~attnviz.kvcache.LayerCache`, and the encoder's keys and values for
 cross-attention are projected once. The step-through records, for every step, the decoder
 self-attention row and the cross-attention row of every layer and head: the same numbers as the
 corresponding rows of one teacher-forced forward pass over the same prefix.
@@ -14,7 +14,8 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from attnviz.model import LayerCache, Transformer
+from attnviz.kvcache import LayerCache
+from attnviz.model import Transformer
 
 # GNMT length penalty with alpha = 0.6, as the paper's beam search (section 6.1).
 LENGTH_PENALTY_ALPHA = 0.6
@@ -25,7 +26,7 @@ def length_penalty(length: int, alpha: float = LENGTH_PENALTY_ALPHA) -> float:
 
 
 def _new_cache(model: Transformer) -> list[LayerCache]:
-    return [LayerCache() for _ in model.decoder_layers]
+    return [LayerCache.empty() for _ in model.decoder_layers]
 
 
 @torch.no_grad()
@@ -34,15 +35,11 @@ def greedy_decode(
     src: Tensor,
     src_valid: Tensor | None = None,
     max_len: int = 64,
-    encoder_mask: Tensor | None = None,
 ) -> list[list[int]]:
-    """Greedy outputs for a batch of source ids (B, S), each without the start and end tokens.
-
-    ``encoder_mask`` is passed to :meth:`Transformer.encode` (an extra encoder self-attention mask).
-    """
+    """Greedy outputs for a batch of source ids (B, S), each without the start and end tokens."""
     cfg = model.cfg
     B = src.shape[0]
-    memory, _ = model.encode(src, src_valid, encoder_mask=encoder_mask)
+    memory, _ = model.encode(src, src_valid)
     cache = _new_cache(model)
     token = torch.full((B, 1), cfg.bos_id, dtype=torch.long, device=src.device)
     done = torch.zeros(B, dtype=torch.bool, device=src.device)
@@ -129,10 +126,10 @@ def step_through(
     for t in range(max_len):
         n = len(live)
         last = torch.tensor([[b.ids[-1] if b.ids else cfg.bos_id] for b in live], device=src.device)
-        logits, self_recs, cross_recs = model.decode(last, memory.expand(n, -1, -1), cache=cache, capture="weights")
+        logits, self_w, cross_w = model.decode(last, memory.expand(n, -1, -1), need_weights=True, cache=cache)
         logp = torch.log_softmax(logits[:, -1].float(), dim=-1)  # (n, V)
-        self_rows = torch.stack([r.weights[:, :, 0] for r in self_recs], dim=1)  # (n, L, H, t+1)
-        cross_rows = torch.stack([r.weights[:, :, 0] for r in cross_recs], dim=1)  # (n, L, H, S)
+        self_rows = torch.stack([w[:, :, 0] for w in self_w], dim=1)  # (n, L, H, t+1)
+        cross_rows = torch.stack([w[:, :, 0] for w in cross_w], dim=1)  # (n, L, H, S)
         top_p, top_i = logp.exp().topk(min(top_k, logp.shape[-1]), dim=-1)
         history.append(
             {

@@ -1,10 +1,17 @@
-"""Sentencepiece tokenisation that keeps every piece as an axis label."""
+"""What the model needs from a tokenizer, and attnviz's own sentencepiece tokenizer.
+
+:class:`Tokenizer` is the interface every tokenizer implements: attnviz's
+:class:`SentencePieceTokenizer`, Marian's (:mod:`attnviz.checkpoints.marian`) and BERT's WordPiece
+(:mod:`attnviz.checkpoints.bert`). Each keeps every piece as a display label, since the pieces are
+the rows and columns of every attention map.
+"""
 
 from __future__ import annotations
 
 import io
 from collections.abc import Iterable
 from dataclasses import dataclass
+from typing import Protocol
 
 import sentencepiece as spm
 import torch
@@ -61,7 +68,39 @@ class Encoded:
     tokens: tuple[str, ...]
 
 
-class Tokenizer:
+class Tokenizer(Protocol):
+    """What the model and the app need from a tokenizer; every tokenizer in attnviz implements it."""
+
+    pad_id: int
+    bos_id: int  # the decoder's start token
+    eos_id: int
+    unk_id: int
+    max_tokens: int  # the longest sequence the model's positions allow
+
+    def encode_source(self, text: str) -> Encoded:
+        """Encoder input ids and their labels, ending with the end token; InputError for unusable text."""
+        ...
+
+    def encode_target(self, text: str) -> tuple[Encoded, Encoded]:
+        """(decoder input, labels): the start token and the pieces, and the pieces and the end token."""
+        ...
+
+    def target_token(self, token_id: int) -> str:
+        """The label of a target id."""
+        ...
+
+    def decode(self, ids: Iterable[int]) -> str:
+        """Target ids to text, special ids dropped."""
+        ...
+
+    @property
+    def src_vocab_size(self) -> int: ...
+
+    @property
+    def tgt_vocab_size(self) -> int: ...
+
+
+class SentencePieceTokenizer:
     """Source and target sentencepiece models (often the same one) and the special ids."""
 
     def __init__(self, src_model: bytes, tgt_model: bytes | None = None, max_tokens: int = 1024):

@@ -20,12 +20,13 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from attnviz.checkpoint import WEIGHTS_FILE, save_checkpoint
+from attnviz.checkpoints.native import WEIGHTS_FILE, save_checkpoint
 from attnviz.data import HELDOUT_SHARE, Task, get_task
 from attnviz.decoding import greedy_decode
 from attnviz.devices import resolve_device
 from attnviz.model import Transformer, TransformerConfig
-from attnviz.tokenizer import Tokenizer, pad_batch, train_sentencepiece
+from attnviz.optim import paper_optimizer
+from attnviz.tokenizer import SentencePieceTokenizer, Tokenizer, pad_batch, train_sentencepiece
 
 
 @dataclass(frozen=True)
@@ -52,12 +53,6 @@ RECIPES = {
         d_model=128, n_layers=2, n_heads=4, d_ff=512, steps=5000, batch_size=64, warmup=1000, target_exact_match=0.99
     ),
 }
-
-
-def learning_rate(step: int, d_model: int, warmup: int, scale: float = 1.0) -> float:
-    """Equation 3 of the paper, with steps counted from 1."""
-    step = max(step, 1)
-    return scale * d_model**-0.5 * min(step**-0.5, step * warmup**-1.5)
 
 
 def make_batch(pairs: list[tuple[str, str]], tok: Tokenizer, device):
@@ -171,7 +166,7 @@ def train(
 
     sentences = [s for pair in task.pairs(recipe.spm_sentences, seed) for s in pair]
     spm_bytes = train_sentencepiece(sentences, task.vocab_size, task.spm_model_type, task.symbols)
-    tok = Tokenizer(spm_bytes)
+    tok = SentencePieceTokenizer(spm_bytes)
     cfg = TransformerConfig(
         src_vocab_size=tok.src_vocab_size,
         tgt_vocab_size=tok.tgt_vocab_size,
@@ -184,10 +179,7 @@ def train(
         max_len=512,
     )
     model = Transformer(cfg).to(dev).train()
-    optimizer = torch.optim.Adam(model.parameters(), lr=1.0, betas=(0.9, 0.98), eps=1e-9)
-    schedule = torch.optim.lr_scheduler.LambdaLR(
-        optimizer, lambda i: learning_rate(i + 1, cfg.d_model, recipe.warmup, recipe.lr_scale)
-    )
+    optimizer, schedule = paper_optimizer(model.parameters(), cfg.d_model, recipe.warmup, recipe.lr_scale)
     stream = task.stream(seed, "train")
     monitor = task.pairs(200, seed, "heldout")  # progress only; the card reports a fresh draw
     loss_avg, extra = None, ""

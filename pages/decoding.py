@@ -7,8 +7,9 @@ import numpy as np
 import pandas as pd
 import streamlit as st
 
-from attnviz import plots
-from attnviz.app_support import clamp_state, load_bundle, run_decoding, show_error, sidebar
+from attnviz.app import clamp_state, load_bundle, run_decoding, show_error, sidebar
+from attnviz.figures.attention import attention_heatmap
+from attnviz.figures.decoding import step_rows_grid, topk_bar
 
 st.set_page_config(page_title="attnviz: decoding step by step", page_icon="🔍", layout="wide")
 choices = sidebar()
@@ -81,10 +82,10 @@ def main() -> None:
     play_step(n)
 
     b = st.columns([1.2, 1.2, 1.2, 1.2, 1.4, 4.5])
-    b[0].button("First", icon=":material/first_page:", key="step_first", on_click=move, kwargs={"to": 1})
-    b[1].button("Back", icon=":material/chevron_left:", key="step_prev", on_click=move, kwargs={"delta": -1})
-    b[2].button("Next", icon=":material/chevron_right:", key="step_next", on_click=move, kwargs={"delta": +1})
-    b[3].button("Last", icon=":material/last_page:", key="step_last", on_click=move, kwargs={"to": n})
+    b[0].button("First", icon=":material/first_page:", key="_step_first", on_click=move, kwargs={"to": 1})
+    b[1].button("Back", icon=":material/chevron_left:", key="_step_prev", on_click=move, kwargs={"delta": -1})
+    b[2].button("Next", icon=":material/chevron_right:", key="_step_next", on_click=move, kwargs={"delta": +1})
+    b[3].button("Last", icon=":material/last_page:", key="_step_last", on_click=move, kwargs={"to": n})
     b[4].toggle("Play", key="playing", help="advance one step a second")
     if n > 1:
         b[5].slider("Step", 1, n, key="step", label_visibility="collapsed")
@@ -107,7 +108,7 @@ def main() -> None:
     with left:
         labels = [tok.target_token(c.token_id) for c in step.top]
         chosen = tok.target_token(step.token_id)
-        st.plotly_chart(plots.topk_bar(labels, [c.prob for c in step.top], chosen=chosen), width="stretch")
+        st.plotly_chart(topk_bar(labels, [c.prob for c in step.top], chosen=chosen), width="stretch")
         if teacher:
             predicted = step.top[0]
             verdict = "✅ the same" if predicted.token_id == step.token_id else "❌ different"
@@ -131,7 +132,7 @@ def main() -> None:
             st.dataframe(pd.DataFrame(rows), hide_index=True, width="stretch")
     with right:
         st.plotly_chart(
-            plots.step_rows_grid(
+            step_rows_grid(
                 step.cross_attn.numpy(), src_tokens, title=f"Cross-attention of step {t + 1}, every layer and head"
             ),
             width="stretch",
@@ -147,7 +148,7 @@ def main() -> None:
     with left:
         self_row = step.self_attn[layer - 1, head - 1].numpy()[None]  # (1, t + 1): only the prefix
         st.plotly_chart(
-            plots.attention_heatmap(
+            attention_heatmap(
                 self_row,
                 [dec_input[t]],
                 dec_input[: t + 1],
@@ -159,7 +160,7 @@ def main() -> None:
         )
         cross_row = step.cross_attn[layer - 1, head - 1].numpy()[None]
         st.plotly_chart(
-            plots.attention_heatmap(
+            attention_heatmap(
                 cross_row,
                 [dec_input[t]],
                 src_tokens,
@@ -172,7 +173,7 @@ def main() -> None:
     with right:
         grown = np.stack([s.cross_attn[layer - 1, head - 1].numpy() for s in dec.steps[: t + 1]])  # (t + 1, S)
         st.plotly_chart(
-            plots.attention_heatmap(
+            attention_heatmap(
                 grown,
                 dec_input[: t + 1],
                 src_tokens,

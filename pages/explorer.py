@@ -3,15 +3,11 @@
 import numpy as np
 import streamlit as st
 
-from attnviz import analysis, plots
-from attnviz.app_support import (
-    clamp_state,
-    download_buttons,
-    run_attention,
-    run_scores,
-    show_error,
-    sidebar,
-)
+from attnviz import analysis
+from attnviz.app import clamp_state, download_buttons, run_attention, run_scores, show_error, sidebar
+from attnviz.figures.attention import attention_heatmap, lines_view, model_view
+from attnviz.figures.common import export_config
+from attnviz.kinds import KINDS, TITLES, allowed
 
 st.set_page_config(page_title="attnviz: attention explorer", page_icon="🔍", layout="wide")
 choices = sidebar()
@@ -36,7 +32,7 @@ def open_one_head() -> None:
 
 def select_head_from_table() -> None:
     """Clicking a row of the statistics table selects that layer and head (runs before the rerun)."""
-    event = st.session_state.get("stats_table")
+    event = st.session_state.get("_stats_table")
     rows = event.selection.rows if event is not None else []
     table = st.session_state.get("stats_rows")
     if rows and table is not None:
@@ -53,15 +49,15 @@ def main() -> None:
         show_error(e)
         return
 
-    kinds = [k for k in plots.KIND_TITLES if getattr(export, k) is not None]
+    kinds = [k for k in KINDS if getattr(export, k) is not None]
     st.session_state.setdefault("kind", "cross" if "cross" in kinds else kinds[0])
     clamp_state("kind", kinds)
-    kind = st.radio("Attention", kinds, format_func=lambda k: plots.KIND_TITLES[k][0], horizontal=True, key="kind")
+    kind = st.radio("Attention", kinds, format_func=TITLES.get, horizontal=True, key="kind")
     maps = getattr(export, kind)  # (L, H, Q, K)
     L, H, Q, K = maps.shape
     q_tokens = export.src_tokens if kind == "encoder" else export.tgt_tokens
     k_tokens = export.tgt_tokens if kind == "decoder" else export.src_tokens
-    mask = np.tril(np.ones((Q, K), dtype=bool)) if kind == "decoder" else None
+    mask = allowed(kind, Q, K)
 
     clamp_state("layer", range(1, L + 1))
     clamp_state("head", range(1, H + 1))
@@ -82,14 +78,14 @@ def main() -> None:
             matrix = scores[layer - 1, head - 1]
         else:
             matrix = maps[layer - 1, head - 1]
-        fig = plots.attention_heatmap(
+        fig = attention_heatmap(
             matrix,
             q_tokens,
             k_tokens,
             kind,
             mask=mask,
             scores=show_scores,
-            title=f"{plots.KIND_TITLES[kind][0]}, layer {layer}, head {head}" + (" (scores)" if show_scores else ""),
+            title=f"{TITLES[kind]}, layer {layer}, head {head}" + (" (scores)" if show_scores else ""),
         )
 
         def shown():
@@ -100,9 +96,9 @@ def main() -> None:
 
         name = f"{stem}-L{layer}H{head}"
     elif view == "grid":
-        fig = plots.model_view(maps, q_tokens, k_tokens, kind, selected=(layer, head))
+        fig = model_view(maps, q_tokens, k_tokens, kind, selected=(layer, head))
         st.caption("Every layer (rows) and head (columns); the outlined map is the layer and head chosen above.")
-        st.button(f"Open layer {layer}, head {head} large", on_click=open_one_head, key="open_large")
+        st.button(f"Open layer {layer}, head {head} large", on_click=open_one_head, key="_open_large")
         shown = lambda: analysis.long_form(maps, q_tokens, k_tokens)  # noqa: E731 - built on click
         name = f"{stem}-all-heads"
     elif view == "lines":
@@ -110,7 +106,7 @@ def main() -> None:
         if not heads:
             st.info("Choose at least one head.")
             return
-        fig = plots.lines_view(maps[layer - 1, [h - 1 for h in heads]], q_tokens, k_tokens, heads, kind)
+        fig = lines_view(maps[layer - 1, [h - 1 for h in heads]], q_tokens, k_tokens, heads, kind)
         st.caption("Queries on the left, keys on the right; a line's opacity is the weight (under 0.01 not drawn).")
         shown = lambda: analysis.long_form(maps, q_tokens, k_tokens, layers=[layer], heads=heads)  # noqa: E731
         name = f"{stem}-L{layer}-lines"
@@ -138,13 +134,13 @@ def main() -> None:
                 "into position i after layer l. It assumes linear mixing and ignores values, W^O, the "
                 "feed-forward layers and LayerNorm: a rough estimate, not a measurement."
             )
-        fig = plots.attention_heatmap(
+        fig = attention_heatmap(
             np.clip(matrix, 0, 1),
             q_tokens,
             k_tokens,
             kind,
             mask=mask,
-            title=f"{plots.KIND_TITLES[kind][0]}, layer {layer}, {how} over heads",
+            title=f"{TITLES[kind]}, layer {layer}, {how} over heads",
         )
         shown = lambda: analysis.long_form(matrix[None, None], q_tokens, k_tokens).assign(  # noqa: E731
             layer=layer, head=how
@@ -161,7 +157,7 @@ def main() -> None:
         )
         st.dataframe(
             table.round(4),
-            key="stats_table",
+            key="_stats_table",
             on_select=select_head_from_table,
             selection_mode="single-row",
             hide_index=True,
@@ -171,7 +167,7 @@ def main() -> None:
         return
 
     fmt = st.session_state.get("image_format", "png")
-    st.plotly_chart(fig, width="stretch", config=plots.export_config(name, fmt))
+    st.plotly_chart(fig, width="stretch", config=export_config(name, fmt))
     if Q > 512 or K > 512:
         st.warning("Over 512 tokens: the browser may be slow to draw every cell.")
     download_buttons(shown, export, fmt, name)

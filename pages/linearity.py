@@ -3,10 +3,10 @@
 import numpy as np
 import streamlit as st
 
-from attnviz import positional as pe
-from attnviz import positional_plots as pp
-from attnviz.app_support import clamp_state, keep_in_range, load_bundle, show_error, sidebar, sinusoid_inputs
+from attnviz.app import clamp_state, keep_in_range, load_bundle, show_error, sidebar, sinusoid_inputs
 from attnviz.errors import InputError
+from attnviz.figures import positional as pp
+from attnviz.lessons import positional as pe
 
 st.set_page_config(page_title="attnviz: relative-position linearity", page_icon="🔄", layout="wide")
 choices = sidebar()

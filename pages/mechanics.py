@@ -4,9 +4,9 @@ import numpy as np
 import pandas as pd
 import streamlit as st
 
-from attnviz import mechanics
-from attnviz import teaching_plots as tp
-from attnviz.app_support import clamp_state, keep_in_range, load_bundle, show_error, sidebar
+from attnviz.app import clamp_state, keep_in_range, load_bundle, show_error, sidebar
+from attnviz.figures import teaching as tp
+from attnviz.lessons import mechanics
 
 st.set_page_config(page_title="attnviz: mechanics of attention", page_icon="🧮", layout="wide")
 choices = sidebar()
@@ -45,7 +45,7 @@ def permutation(model: str, device: str, src: str, order: str, seed: int):
 
 def reset_example() -> None:
     for name in MATRICES:
-        st.session_state.pop(f"mech_{name}", None)
+        st.session_state.pop(f"_mech_{name}", None)
 
 
 def matrix_editor(name: str, container) -> np.ndarray:
@@ -57,7 +57,7 @@ def matrix_editor(name: str, container) -> np.ndarray:
     container.markdown(f"**{title}**")
     edited = container.data_editor(
         table,
-        key=f"mech_{name}",
+        key=f"_mech_{name}",
         num_rows="dynamic" if dynamic else "fixed",
         hide_index=dynamic or None,
         column_config={col: st.column_config.NumberColumn(width=56) for col in table.columns},
@@ -79,7 +79,7 @@ def worked_example_tab() -> None:
     )
     cols = st.columns([5, 4, 4, 4])
     inputs = {name: matrix_editor(name, col) for name, col in zip(MATRICES, cols, strict=True)}
-    st.button("Reset to the example's matrices", on_click=reset_example, key="mech_reset")
+    st.button("Reset to the example's matrices", on_click=reset_example, key="_mech_reset")
     scale = st.toggle("Divide the scores by √d_k (the paper)", value=True, key="mech_scale")
     try:
         shown = mechanics.worked_example(inputs["X"], inputs["WQ"], inputs["WK"], inputs["WV"], scale=scale)

@@ -3,9 +3,9 @@
 import numpy as np
 import streamlit as st
 
-from attnviz import positional as pe
-from attnviz import positional_plots as pp
-from attnviz.app_support import load_bundle, show_error, sidebar, sinusoid_inputs
+from attnviz.app import load_bundle, show_error, sidebar, sinusoid_inputs
+from attnviz.figures import positional as pp
+from attnviz.lessons import positional as pe
 
 st.set_page_config(page_title="attnviz: positional encoding", page_icon="🌊", layout="wide")
 choices = sidebar()

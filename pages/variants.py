@@ -3,9 +3,10 @@
 import pandas as pd
 import streamlit as st
 
-from attnviz import plots, variants
-from attnviz import teaching_plots as tp
-from attnviz.app_support import clamp_state, keep_in_range, load_bundle, show_error, sidebar
+from attnviz.app import clamp_state, keep_in_range, load_bundle, show_error, sidebar
+from attnviz.figures import teaching as tp
+from attnviz.figures.attention import attention_heatmap
+from attnviz.lessons import variants
 
 st.set_page_config(page_title="attnviz: attention variants", page_icon="🧩", layout="wide")
 choices = sidebar()
@@ -108,7 +109,7 @@ def model_tab() -> None:
         )
     c = st.columns(2)
     for col, maps, title, m in ((c[0], base.maps, "as trained", None), (c[1], run.maps, f"{name} pattern", mask)):
-        fig = plots.attention_heatmap(
+        fig = attention_heatmap(
             maps[layer - 1, head - 1], tokens, tokens, "encoder", title=f"Layer {layer}, head {head}: {title}", mask=m
         )
         col.plotly_chart(fig, width="stretch", key=f"var_map_{m is None}")
@@ -172,7 +173,7 @@ def complexity_tab() -> None:
     )
     c = st.columns([1, 3])
     width = c[0].select_slider("Width d for timing", [32, 64, 128, 256], value=64, key="var_time_d")
-    if c[0].button("Measure again", key="var_measure"):
+    if c[0].button("Measure again", key="_var_measure"):
         timing.clear()
     try:
         df = timing(width)

@@ -4,10 +4,11 @@ import html
 
 import streamlit as st
 
-from attnviz import api, plots
-from attnviz import walkthrough as wk
-from attnviz.app_support import clamp_state, load_bundle, run_walkthrough, show_error, sidebar
-from attnviz.walkthrough_plots import feed_arrow, matrix_figure
+from attnviz.app import clamp_state, load_bundle, run_forward_pass, show_error, sidebar
+from attnviz.export import ForwardPass
+from attnviz.figures.decoding import topk_bar
+from attnviz.figures.walkthrough import feed_arrow, matrix_figure
+from attnviz.lessons import walkthrough as wk
 
 st.set_page_config(page_title="attnviz: forward-pass walkthrough", page_icon="🔍", layout="wide")
 choices = sidebar()
@@ -26,7 +27,7 @@ def move(delta: int) -> None:
         st.session_state["wt_stage"] = keys[max(0, min(len(keys) - 1, i + delta))]
 
 
-def show_matrix(m: wk.Matrix, wt: api.Walkthrough, k: int, i: int) -> None:
+def show_matrix(m: wk.Matrix, wt: ForwardPass, k: int, i: int) -> None:
     st.plotly_chart(matrix_figure(m, k), width="stretch", key=f"wt_fig_{i}")
     shown = "" if m.style != "matrix" or m.values.shape[1] <= k else f"; the first {k} of {m.values.shape[1]} columns"
     st.caption(
@@ -38,7 +39,7 @@ def show_matrix(m: wk.Matrix, wt: api.Walkthrough, k: int, i: int) -> None:
         lambda: wk.matrix_csv(m, wt).encode("utf-8"),
         f"{m.source.replace('[', '_').replace(']', '')}.csv",
         "text/csv",
-        key=f"wt_csv_{i}",
+        key=f"_wt_csv_{i}",
         on_click="ignore",
         help="Long form: one line per entry, an index column per axis (and the token), then the value.",
     )
@@ -49,7 +50,7 @@ def main() -> None:
         return
     try:
         bundle = load_bundle(choices.model, choices.device)
-        wt = run_walkthrough(choices.model, choices.device, choices.src, choices.tgt)
+        wt = run_forward_pass(choices.model, choices.device, choices.src, choices.tgt)
     except Exception as e:  # noqa: BLE001 - the user sees a message, never a traceback
         show_error(e)
         return
@@ -69,7 +70,7 @@ def main() -> None:
     b[0].button(
         "Previous",
         icon=":material/chevron_left:",
-        key="wt_prev",
+        key="_wt_prev",
         on_click=move,
         args=(-1,),
         shortcut="Shift+Left",
@@ -78,7 +79,7 @@ def main() -> None:
     b[1].button(
         "Next",
         icon=":material/chevron_right:",
-        key="wt_next",
+        key="_wt_next",
         on_click=move,
         args=(+1,),
         shortcut="Shift+Right",
@@ -131,7 +132,7 @@ def main() -> None:
         st.plotly_chart(feed_arrow(*stage.arrow), width="stretch", key="wt_arrow")
     if stage.candidates:
         labels, probs = zip(*stage.candidates, strict=True)
-        st.plotly_chart(plots.topk_bar(list(labels), list(probs), chosen=stage.chosen), width="stretch", key="wt_top")
+        st.plotly_chart(topk_bar(list(labels), list(probs), chosen=stage.chosen), width="stretch", key="wt_top")
         st.caption("Probabilities: the softmax of the model's logits at this step, computed for display.")
     cols = st.columns(2)
     for i, m in enumerate(stage.matrices):

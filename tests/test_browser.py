@@ -16,19 +16,13 @@ from pathlib import Path
 
 import pytest
 
+from attnviz.app import registry
+
 ROOT = Path(__file__).resolve().parent.parent
 CHROMIUM = Path("/usr/bin/chromium")
 ARTIFACTS = ROOT / "test-artifacts"
-PAGES = {
-    "home": "",
-    "explorer": "explorer",
-    "decoding": "decoding",
-    "walkthrough": "walkthrough",
-    "mechanics": "mechanics",
-    "variants": "variants",
-    "positional": "positional",
-    "linearity": "linearity",
-}
+# screenshot name -> address, for every page in the app's registry
+PAGES = {page.url_path or "home": page.url_path for page in registry.PAGES}
 CHROMIUM_ARGS = [  # this machine's network is closed: no background connections, no sandbox as root
     "--no-sandbox",
     "--disable-gpu",

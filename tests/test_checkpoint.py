@@ -14,7 +14,8 @@ import torch
 from conftest import seeded_model, tiny_config
 from safetensors import safe_open
 
-from attnviz.checkpoint import CONFIG_FILE, SPM_FILE, WEIGHTS_FILE, load_checkpoint, save_checkpoint
+from attnviz.checkpoints import load_checkpoint
+from attnviz.checkpoints.native import CONFIG_FILE, SPM_FILE, WEIGHTS_FILE, save_checkpoint
 from attnviz.devices import resolve_device
 from attnviz.errors import CheckpointError, DeviceError
 

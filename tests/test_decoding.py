@@ -10,7 +10,7 @@ from conftest import seeded_model
 from attnviz.data import get_task
 from attnviz.decoding import greedy_decode, length_penalty, step_through
 from attnviz.model import Transformer
-from attnviz.tokenizer import Tokenizer
+from attnviz.tokenizer import SentencePieceTokenizer
 from attnviz.train import make_batch
 
 ATOL = 1e-5
@@ -18,8 +18,8 @@ MAX_LEN = 30  # longer than any output of the briefly trained model that stops
 
 
 @pytest.fixture(scope="module")
-def tokenizer(tiny_spm) -> Tokenizer:
-    return Tokenizer(tiny_spm)
+def tokenizer(tiny_spm) -> SentencePieceTokenizer:
+    return SentencePieceTokenizer(tiny_spm)
 
 
 @pytest.fixture(scope="module")

@@ -1,7 +1,7 @@
 """Parity of the Marian importer with Hugging Face transformers, and its error messages.
 
 Small random ``MarianMTModel``s (no download) are saved as Hugging Face folders with sentencepiece
-models and a vocab.json, loaded by :func:`attnviz.marian.load_marian` into our Transformer, and
+models and a vocab.json, loaded by :func:`attnviz.checkpoints.marian.load` into our Transformer, and
 compared with transformers' eager attention: logits, every encoder, decoder and cross-attention
 map, and greedy outputs. LayerNorms and biases are perturbed so that a wrong mapping cannot pass.
 """
@@ -19,9 +19,10 @@ from safetensors.torch import load_file, save_file
 
 transformers = pytest.importorskip("transformers")
 
+from attnviz.checkpoints import marian  # noqa: E402
+from attnviz.checkpoints.marian import marian_config  # noqa: E402
 from attnviz.decoding import greedy_decode  # noqa: E402
 from attnviz.errors import CheckpointError  # noqa: E402
-from attnviz.marian import is_marian_dir, load_marian, marian_config  # noqa: E402
 from attnviz.tokenizer import train_sentencepiece  # noqa: E402
 
 SOURCE = [
@@ -167,8 +168,8 @@ def _assert_parity(bundle, hf) -> None:
 
 def test_logits_attention_and_greedy_match_transformers(pair):
     hf, folder = pair
-    assert is_marian_dir(folder)
-    bundle = load_marian(folder, device="cpu")
+    assert marian.detect(folder)
+    bundle = marian.load(folder, device="cpu")
     assert not bundle.model.training
     assert bundle.info["family"] == "marian" and bundle.info["source"] == "Hugging Face Marian"
     cfg = bundle.config
@@ -185,7 +186,7 @@ def test_tokenizer_matches_transformers(pair):
     hf, folder = pair
     separate = not hf.config.share_encoder_decoder_embeddings
     ref = transformers.MarianTokenizer.from_pretrained(str(folder), separate_vocabs=separate)
-    tok = load_marian(folder, device="cpu").tokenizer
+    tok = marian.load(folder, device="cpu").tokenizer
     for src_text, tgt_text in INPUTS + [("the zebra quietly xylophones", "das zebra")]:
         assert list(tok.encode_source(src_text).ids) == ref(src_text)["input_ids"]
         assert list(tok.encode_target(tgt_text)[1].ids) == ref(text_target=tgt_text)["input_ids"]
@@ -212,8 +213,8 @@ def test_pickled_weights_load_with_weights_only(marian_dir, tmp_path, caplog, mo
         return real_load(*args, **kwargs)
 
     monkeypatch.setattr(torch, "load", spy)
-    with caplog.at_level(logging.WARNING, logger="attnviz.marian"):
-        bundle = load_marian(folder, device="cpu")
+    with caplog.at_level(logging.WARNING, logger="attnviz.checkpoints.files"):
+        bundle = marian.load(folder, device="cpu")
     assert calls and all(c.get("weights_only") is True for c in calls)
     assert "safetensors" in caplog.text
     _assert_parity(bundle, hf)
@@ -228,25 +229,25 @@ def test_hub_cache_layout_with_symlinks(marian_dir, tmp_path):
         blob = repo / "blobs" / f"blob-{file.name}"
         shutil.copy(file, blob)
         (snap / file.name).symlink_to(Path("../../blobs") / blob.name)
-    assert is_marian_dir(repo)
-    bundle = load_marian(repo, device="cpu")
+    assert marian.detect(repo)
+    bundle = marian.load(repo, device="cpu")
     assert bundle.name == "Helsinki-NLP/opus-mt-en-de"
     assert bundle.path == snap.resolve()
     assert bundle.info["examples"]
     (repo / "snapshots" / "def456").mkdir()
     with pytest.raises(CheckpointError, match="2 snapshots.*abc123.*def456"):
-        load_marian(repo, device="cpu")
+        marian.load(repo, device="cpu")
 
 
 def test_foreign_directory_says_what_it_found(tmp_path):
     (tmp_path / "weights.npz").write_bytes(b"x")
-    assert not is_marian_dir(tmp_path)
+    assert not marian.detect(tmp_path)
     with pytest.raises(CheckpointError, match=r"config\.json is missing.*source\.spm.*weights\.npz"):
-        load_marian(tmp_path, device="cpu")
+        marian.load(tmp_path, device="cpu")
     (tmp_path / "config.json").write_text(json.dumps({"model_type": "bert"}))
-    assert not is_marian_dir(tmp_path)
+    assert not marian.detect(tmp_path)
     with pytest.raises(CheckpointError, match=r"config\.json.*'bert'.*expected \"marian\""):
-        load_marian(tmp_path, device="cpu")
+        marian.load(tmp_path, device="cpu")
 
 
 def _copy_with(marian_dir: Path, tmp_path: Path, edit) -> Path:
@@ -261,7 +262,7 @@ def _copy_with(marian_dir: Path, tmp_path: Path, edit) -> Path:
 def test_missing_tensor_names_file_and_tensor(marian_dir, tmp_path):
     folder = _copy_with(marian_dir, tmp_path, lambda t: t.pop("model.decoder.layers.1.encoder_attn.k_proj.bias"))
     with pytest.raises(CheckpointError, match=r"model\.safetensors.*missing.*decoder\.layers\.1\.encoder_attn\.k_proj"):
-        load_marian(folder, device="cpu")
+        marian.load(folder, device="cpu")
 
 
 def test_wrong_shape_names_file_and_tensor(marian_dir, tmp_path):
@@ -270,7 +271,7 @@ def test_wrong_shape_names_file_and_tensor(marian_dir, tmp_path):
 
     folder = _copy_with(marian_dir, tmp_path, edit)
     with pytest.raises(CheckpointError, match=r"model\.safetensors.*encoder\.layers\.0\.fc1\.weight.*shape"):
-        load_marian(folder, device="cpu")
+        marian.load(folder, device="cpu")
 
 
 def test_wrong_positions_are_refused(marian_dir, tmp_path):
@@ -279,7 +280,7 @@ def test_wrong_positions_are_refused(marian_dir, tmp_path):
 
     folder = _copy_with(marian_dir, tmp_path, edit)
     with pytest.raises(CheckpointError, match="embed_positions.*sinusoid"):
-        load_marian(folder, device="cpu")
+        marian.load(folder, device="cpu")
 
 
 @pytest.mark.parametrize(

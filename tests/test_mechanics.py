@@ -9,11 +9,11 @@ import pytest
 import torch
 from conftest import seeded_model, tiny_config
 
-from attnviz import mechanics
-from attnviz import teaching_plots as tp
 from attnviz.errors import InputError
+from attnviz.figures import teaching as tp
+from attnviz.lessons import mechanics
 from attnviz.model import MultiHeadAttention, attention
-from attnviz.train import learning_rate
+from attnviz.optim import learning_rate
 
 X, W_Q, W_K, W_V = mechanics.DEFAULT_X, mechanics.DEFAULT_W_Q, mechanics.DEFAULT_W_K, mechanics.DEFAULT_W_V
 # The default example worked on paper: row i of X picks and adds rows of each W.
@@ -160,10 +160,10 @@ def test_multihead_shapes_match_the_model_module():
     mha = MultiHeadAttention(tiny_config(d_model=d_model, n_heads=h))
     x = torch.randn(1, n, d_model)
     q = mha.split_heads(mha.q_proj(x))  # (1, H, n, Dh)
-    out, record = mha(x, x, None, capture="weights")
+    out, weights = mha(x, x, None, need_weights=True)
     assert steps["input X"] == (n, d_model)
     assert steps["split into heads"] == tuple(q.shape[1:]) == (h, n, d_model // h)
-    assert steps["weights = softmax(scores)"] == tuple(record.weights.shape[1:])
+    assert steps["weights = softmax(scores)"] == tuple(weights.shape[1:])
     assert steps["Concat(head_1..head_h)"] == (n, d_model)
     assert steps["output = Concat(...) W^O"] == tuple(out.shape[1:])
     with pytest.raises(InputError, match="divisible"):

@@ -10,6 +10,7 @@ from conftest import TINY_VOCAB, seeded_model, tiny_config
 from torch import nn
 
 from attnviz.errors import ConfigError, InputError
+from attnviz.hooks import Recorder, act_name, attention_site
 from attnviz.model import (
     DecoderLayer,
     EncoderLayer,
@@ -24,6 +25,7 @@ from attnviz.model import (
 
 ATOL = 1e-5  # across CPUs results differ around 1e-6..1e-5 (FACTS.md, "Numbers")
 KINDS = ("encoder", "decoder", "cross")
+PARTS = ("q", "k", "v", "scores", "weights")
 
 
 def _lengths(valid: torch.Tensor) -> list[int]:
@@ -123,14 +125,14 @@ def _paper_sinusoids(n_positions: int, d_model: int) -> torch.Tensor:
 
 
 def test_interleaved_sinusoids_follow_the_papers_formula():
-    table = sinusoidal_table(50, 16, "interleaved")
+    table = torch.from_numpy(sinusoidal_table(50, 16, "interleaved"))
     assert table.shape == (50, 16)
     torch.testing.assert_close(table, _paper_sinusoids(50, 16), atol=1e-6, rtol=0)
 
 
 def test_concat_sinusoids_are_the_same_numbers_sines_first():
-    interleaved = sinusoidal_table(50, 16, "interleaved")
-    concat = sinusoidal_table(50, 16, "concat")
+    interleaved = torch.from_numpy(sinusoidal_table(50, 16, "interleaved"))
+    concat = torch.from_numpy(sinusoidal_table(50, 16, "concat"))
     sines_then_cosines = list(range(0, 16, 2)) + list(range(1, 16, 2))
     assert torch.equal(concat, interleaved[:, sines_then_cosines])
     assert not torch.equal(concat, interleaved)
@@ -145,10 +147,9 @@ def test_sinusoid_table_rejects_unknown_layout():
 def test_model_adds_the_configured_sinusoids(kind, columns):
     cfg = tiny_config(pos_encoding=kind)
     model = seeded_model(cfg)
-    table = sinusoidal_table(cfg.max_len, cfg.d_model, columns)
+    table = torch.from_numpy(sinusoidal_table(cfg.max_len, cfg.d_model, columns))
     torch.testing.assert_close(model.pos.table, table, atol=0, rtol=0)
-    x = torch.zeros(1, 5, cfg.d_model)
-    torch.testing.assert_close(model.pos(x, start=3), table[None, 3:8], atol=0, rtol=0)
+    torch.testing.assert_close(model.pos(start=3, length=5), table[3:8], atol=0, rtol=0)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -194,13 +195,13 @@ def test_multi_head_attention_matches_torch(kind, batch):
         x_q, x_kv, ref_kwargs = x_tgt, x_src, {"key_padding_mask": ~src_valid}
 
     with torch.no_grad():
-        out, record = ours(x_q, x_kv, masks[kind], capture="weights")
-        fused_out, no_record = ours(x_q, x_kv, masks[kind])
+        out, weights = ours(x_q, x_kv, masks[kind], need_weights=True)
+        fused_out, no_weights = ours(x_q, x_kv, masks[kind])
         ref_out, ref_weights = ref(x_q, x_kv, x_kv, need_weights=True, average_attn_weights=False, **ref_kwargs)
 
-    assert no_record is None
-    assert record.weights.shape == ref_weights.shape == (B, cfg.n_heads, x_q.shape[1], x_kv.shape[1])
-    torch.testing.assert_close(record.weights, ref_weights, atol=ATOL, rtol=0)
+    assert no_weights is None
+    assert weights.shape == ref_weights.shape == (B, cfg.n_heads, x_q.shape[1], x_kv.shape[1])
+    torch.testing.assert_close(weights, ref_weights, atol=ATOL, rtol=0)
     torch.testing.assert_close(out, ref_out, atol=ATOL, rtol=0)
     torch.testing.assert_close(fused_out, ref_out, atol=ATOL, rtol=0)
 
@@ -236,12 +237,12 @@ def test_encoder_layer_matches_torch(norm_first, activation, batch):
 
     # Gradients stay enabled: that keeps torch on its plain Python path, not its fused fast path.
     expected = ref(x, src_key_padding_mask=~src_valid)
-    fused, _ = ours(x, mask, None)
-    explicit, record = ours(x, mask, "weights")
+    fused, _ = ours(x, mask)
+    explicit, weights = ours(x, mask, need_weights=True)
 
     torch.testing.assert_close(fused, expected, atol=ATOL, rtol=0)
     torch.testing.assert_close(explicit, expected, atol=ATOL, rtol=0)
-    assert record.weights.shape == (src_valid.shape[0], cfg.n_heads, src_valid.shape[1], src_valid.shape[1])
+    assert weights.shape == (src_valid.shape[0], cfg.n_heads, src_valid.shape[1], src_valid.shape[1])
 
 
 @pytest.mark.parametrize(("norm_first", "activation"), [(False, "relu"), (True, "gelu")])
@@ -284,8 +285,8 @@ def test_decoder_layer_matches_torch(norm_first, activation, batch):
         tgt_key_padding_mask=~tgt_valid,
         memory_key_padding_mask=~src_valid,
     )
-    got, _, _ = ours(x, memory, masks["decoder"], masks["cross"], None)
-    explicit, _, _ = ours(x, memory, masks["decoder"], masks["cross"], "weights")
+    got, _, _ = ours(x, memory, masks["decoder"], masks["cross"])
+    explicit, _, _ = ours(x, memory, masks["decoder"], masks["cross"], need_weights=True)
 
     torch.testing.assert_close(got, expected, atol=ATOL, rtol=0)
     torch.testing.assert_close(explicit, expected, atol=ATOL, rtol=0)
@@ -396,9 +397,9 @@ def test_every_map_has_the_right_shape_rows_and_zeros(tiny_model, tiny_cfg, batc
                 assert (weights[:, :, future] == 0).all(), f"{where}: a query sees a later position"
 
 
-def test_internals_hold_scores_masked_with_minus_infinity(tiny_model, tiny_cfg, batch):
-    with torch.no_grad():
-        attn = tiny_model(**batch, return_internals=True).attention
+def test_recorded_scores_are_masked_with_minus_infinity(tiny_model, tiny_cfg, batch):
+    with torch.no_grad(), Recorder() as rec:
+        attn = tiny_model(**batch, return_attention=True).attention
     masks = attention_masks(batch["src_valid"], batch["tgt_valid"])
     B, S = batch["src"].shape
     T = batch["tgt"].shape[1]
@@ -406,18 +407,19 @@ def test_internals_hold_scores_masked_with_minus_infinity(tiny_model, tiny_cfg, 
     lengths = {"encoder": (S, S), "decoder": (T, T), "cross": (T, S)}
     for kind in KINDS:
         Q, K = lengths[kind]
-        for layer, record in enumerate(attn.internals[kind]):
+        for layer, returned in enumerate(getattr(attn, kind)):
             where = f"{kind} layer {layer}"
-            assert record.q.shape == (B, H, Q, Dh), where
-            assert record.k.shape == record.v.shape == (B, H, K, Dh), where
-            assert record.scores.shape == (B, H, Q, K), where
+            q, k, v, scores, weights = (rec.tensors[act_name(attention_site(kind, layer), part)] for part in PARTS)
+            assert q.shape == (B, H, Q, Dh), where
+            assert k.shape == v.shape == (B, H, K, Dh), where
+            assert scores.shape == (B, H, Q, K), where
             blocked = ~masks[kind].expand(B, H, Q, K)
-            assert torch.equal(torch.isneginf(record.scores), blocked), where
-            assert torch.isfinite(record.scores[~blocked]).all(), where
-            dot = record.q @ record.k.transpose(-2, -1) / math.sqrt(Dh)
-            torch.testing.assert_close(record.scores[~blocked], dot[~blocked], atol=1e-5, rtol=0, msg=where)
-            torch.testing.assert_close(torch.softmax(record.scores, -1), record.weights, atol=1e-6, rtol=0, msg=where)
-            assert record.weights is getattr(attn, kind)[layer], where
+            assert torch.equal(torch.isneginf(scores), blocked), where
+            assert torch.isfinite(scores[~blocked]).all(), where
+            dot = q @ k.transpose(-2, -1) / math.sqrt(Dh)
+            torch.testing.assert_close(scores[~blocked], dot[~blocked], atol=1e-5, rtol=0, msg=where)
+            torch.testing.assert_close(torch.softmax(scores, -1), weights, atol=1e-6, rtol=0, msg=where)
+            assert torch.equal(weights, returned), where
 
 
 def test_a_query_with_no_key_gets_zeros_not_nan():
@@ -527,7 +529,8 @@ def test_a_forward_does_not_mutate_the_model(tiny_model, batch):
     before = _snapshot(tiny_model)
     with torch.no_grad():
         tiny_model(**batch, return_attention=True)
-        tiny_model(**batch, return_internals=True)
+        with Recorder():
+            tiny_model(**batch)
         tiny_model(**batch)
     after_state = tiny_model.state_dict()
     assert after_state.keys() == state.keys()
@@ -608,14 +611,15 @@ def test_token_type_and_embedding_norm_change_the_encoder_input():
 
 
 @pytest.mark.parametrize("norm_first", [False, True])
-def test_trace_records_the_real_intermediate_tensors_and_they_chain(norm_first):
+def test_recorder_keeps_the_real_intermediate_tensors_and_they_chain(norm_first):
     model = seeded_model(tiny_config(norm_first=norm_first))
     src = torch.randint(4, TINY_VOCAB, (1, 6))
     tgt = torch.randint(4, TINY_VOCAB, (1, 5))
     with torch.no_grad():
-        out = model(src, tgt, return_trace=True)
+        with Recorder() as rec:
+            out = model(src, tgt)
         plain = model(src, tgt)
-    t = out.trace
+    t = rec.tensors
     torch.testing.assert_close(out.logits, plain.logits, atol=1e-5, rtol=0)
     torch.testing.assert_close(t["src.input"], t["src.embed"] + t["src.pos"], atol=1e-6, rtol=0)
     layer0 = model.encoder_layers[0]

@@ -11,8 +11,8 @@ import pytest
 from conftest import open_app, seeded_model, tiny_config
 from streamlit.testing.v1 import AppTest
 
-from attnviz.app_support import CUSTOM_PATH
-from attnviz.checkpoint import save_checkpoint
+from attnviz.app import CUSTOM_PATH
+from attnviz.checkpoints.native import save_checkpoint
 
 POSITIONAL, LINEARITY = "pages/positional.py", "pages/linearity.py"
 

@@ -11,7 +11,7 @@ import pytest
 from conftest import open_app
 from streamlit.testing.v1 import AppTest
 
-from attnviz.app_support import CUSTOM_PATH
+from attnviz.app import CUSTOM_PATH
 
 MECHANICS, VARIANTS = "pages/mechanics.py", "pages/variants.py"
 
@@ -41,7 +41,7 @@ def frame(at: AppTest, column: str):
 def test_mechanics_on_defaults_shows_the_worked_example_and_every_part():
     at = open_app(MECHANICS)
     assert_ok(at)
-    assert [e.key for e in at.data_editor] == ["mech_X", "mech_WQ", "mech_WK", "mech_WV"]
+    assert [e.key for e in at.data_editor] == ["_mech_X", "_mech_WQ", "_mech_WK", "_mech_WV"]
     scores = next(t.value for t in at.table if list(t.value.index) == ["query 0", "query 1", "query 2"])
     np.testing.assert_allclose(scores.to_numpy(), np.array([[2, 4, 4], [4, 16, 12], [4, 12, 10]]) / np.sqrt(3))
     assert "What the scaling changes" in [h.value for h in at.subheader]
@@ -55,7 +55,7 @@ def test_mechanics_on_defaults_shows_the_worked_example_and_every_part():
 def test_mechanics_every_control():
     at = open_app(MECHANICS)
     # Worked example: edit a cell and add a token, blank a cell, reset, switch off scaling.
-    at.session_state["mech_X"] = {
+    at.session_state["_mech_X"] = {
         "edited_rows": {0: {"dim 0": 2.0}},
         "added_rows": [{"dim 0": 1, "dim 1": 1, "dim 2": 0, "dim 3": 0}],
         "deleted_rows": [],
@@ -63,11 +63,11 @@ def test_mechanics_every_control():
     at.run()
     assert_ok(at)
     np.testing.assert_array_equal(table(at, "dim 0").to_numpy()[[0, 3]], [[2, 0, 3], [2, 0, 1]])
-    at.session_state["mech_WQ"] = {"edited_rows": {1: {"q 0": None}}, "added_rows": [], "deleted_rows": []}
+    at.session_state["_mech_WQ"] = {"edited_rows": {1: {"q 0": None}}, "added_rows": [], "deleted_rows": []}
     at.run()
     assert not at.exception
     assert at.error and "fill every cell" in at.error[0].value
-    at.button(key="mech_reset").click().run()
+    at.button(key="_mech_reset").click().run()
     assert_ok(at)
     np.testing.assert_array_equal(table(at, "dim 0").to_numpy()[0], [1, 0, 2])
     at.toggle(key="mech_scale").set_value(False).run()
@@ -156,7 +156,7 @@ def test_variants_every_control():
     at.select_slider(key="var_time_d").set_value(32).run()
     assert_ok(at)
     assert "operations at n=1000, d=64" in table(at, "layer type").columns
-    at.button(key="var_measure").click().run()
+    at.button(key="_var_measure").click().run()
     assert_ok(at)
 
 

@@ -7,7 +7,7 @@ from conftest import open_app
 from streamlit.testing.v1 import AppTest
 
 from attnviz import api
-from attnviz.walkthrough import stage_list
+from attnviz.lessons.walkthrough import stage_list
 
 PAGE = "pages/walkthrough.py"
 
@@ -29,7 +29,7 @@ def test_defaults_show_the_first_stage():
     assert_ok(at)
     assert at.selectbox(key="wt_stage").value == "tokens"
     assert at.dataframe, "the tokens and their ids"
-    assert [b.key for b in at.button][:2] == ["wt_prev", "wt_next"]
+    assert [b.key for b in at.button][:2] == ["_wt_prev", "_wt_next"]
 
 
 @pytest.mark.parametrize("model", ["en-de", "reverse", "minilm"])
@@ -48,10 +48,10 @@ def test_next_through_every_stage_then_jump_and_change_controls(model):
         if seen[-1] != "tokens":
             assert at.get("plotly_chart"), seen[-1]
             assert at.get("download_button"), seen[-1]
-        at.button(key="wt_next").click().run()
+        at.button(key="_wt_next").click().run()
     assert seen == keys
     assert at.selectbox(key="wt_stage").value == keys[-1], "Next stops at the last stage"
-    at.button(key="wt_prev").click().run()
+    at.button(key="_wt_prev").click().run()
     assert at.selectbox(key="wt_stage").value == keys[-2]
     if encoder_only:
         assert any("stops after the encoder" in i.value for i in at.info)

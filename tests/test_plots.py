@@ -11,19 +11,16 @@ import plotly.graph_objects as go
 import pytest
 
 from attnviz.analysis import downsample
-from attnviz.plots import (
+from attnviz.figures.attention import attention_heatmap, lines_view, model_view
+from attnviz.figures.common import (
     HIGHLIGHT,
-    KIND_TITLES,
     MAX_TICK_LABELS,
-    attention_heatmap,
     export_config,
-    lines_view,
-    model_view,
+    kind_titles,
     plotly_labels,
     position_labels,
-    step_rows_grid,
-    topk_bar,
 )
+from attnviz.figures.decoding import step_rows_grid, topk_bar
 
 L, H, T, S = 3, 4, 5, 7
 SRC = ["▁the", "▁cat", "▁sat", "▁on", "▁the", "▁mat", "</s>"]  # "▁the" twice
@@ -58,8 +55,8 @@ def test_cross_heatmap_holds_the_slice_with_target_rows_and_source_columns(cross
     assert list(fig.layout.yaxis.ticktext) == plotly_labels(TGT)
     assert list(fig.layout.xaxis.ticktext) == plotly_labels(SRC)
     assert (fig.layout.xaxis.type, fig.layout.yaxis.type) == ("category", "category")
-    assert fig.layout.yaxis.title.text == KIND_TITLES["cross"][1] and "query" in fig.layout.yaxis.title.text
-    assert fig.layout.xaxis.title.text == KIND_TITLES["cross"][2] and "key" in fig.layout.xaxis.title.text
+    assert fig.layout.yaxis.title.text == kind_titles("cross")[1] and "query" in fig.layout.yaxis.title.text
+    assert fig.layout.xaxis.title.text == kind_titles("cross")[2] and "key" in fig.layout.xaxis.title.text
     assert (fig.data[0].zmin, fig.data[0].zmax) == (0.0, 1.0)
     assert ".6f" in fig.data[0].hovertemplate and "query %{y}" in fig.data[0].hovertemplate
     assert len(fig.data) == 1  # nothing masked: no mask trace

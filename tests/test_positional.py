@@ -14,10 +14,10 @@ import pytest
 import torch
 from conftest import seeded_model, tiny_config
 
-from attnviz import positional as pe
-from attnviz import positional_plots as pp
 from attnviz.errors import InputError
-from attnviz.model import sinusoidal_table
+from attnviz.figures import positional as pp
+from attnviz.lessons import positional as pe
+from attnviz.model import PositionalEncoding, TransformerConfig
 
 SIZES = [(2, 10.0), (8, 10000.0), (64, 10000.0), (128, 1e8), (512, 10000.0)]  # (d_model, base)
 
@@ -66,8 +66,10 @@ def test_encoding_matrix_is_the_formula_of_section_3_5(layout, d_model, base, st
 
 @pytest.mark.parametrize("layout", pe.LAYOUTS)
 @pytest.mark.parametrize("n,d_model", [(1, 2), (50, 16), (300, 128), (1024, 512)])
-def test_encoding_matrix_equals_the_models_table_for_base_10000(layout, n, d_model):
-    model_table = sinusoidal_table(n, d_model, layout).numpy()
+def test_encoding_matrix_equals_the_table_the_model_adds(layout, n, d_model):
+    kind = "sinusoidal" if layout == "interleaved" else "sinusoidal_concat"
+    model_table = PositionalEncoding(TransformerConfig(d_model=d_model, n_heads=1, max_len=n, pos_encoding=kind)).table
+    model_table = model_table.numpy()
     ours = pe.encoding_matrix(n, d_model, 10000.0, layout, dtype=np.float32)
     assert ours.dtype == np.float32
     np.testing.assert_allclose(ours, model_table, rtol=0, atol=1e-7)  # both: float64 angles, rounded table

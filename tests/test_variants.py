@@ -6,10 +6,10 @@ import numpy as np
 import pytest
 import torch
 
-from attnviz import teaching_plots as tp
-from attnviz import variants
 from attnviz.errors import InputError
-from attnviz.mechanics import softmax
+from attnviz.figures import teaching as tp
+from attnviz.lessons import variants
+from attnviz.lessons.mechanics import softmax
 
 SIZES = [(1, 1), (2, 1), (7, 2), (7, 3), (16, 4), (33, 5), (10, 40)]
 

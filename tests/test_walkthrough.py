@@ -20,14 +20,16 @@ from conftest import EAGER_ACTIVATIONS, seeded_model, tiny_config
 
 import attnviz
 from attnviz import api
-from attnviz import walkthrough as wk
-from attnviz.walkthrough_plots import feed_arrow, matrix_figure, matrix_heatmap
+from attnviz.export import ForwardPass
+from attnviz.figures.walkthrough import feed_arrow, matrix_figure, matrix_heatmap
+from attnviz.hooks import Recorder
+from attnviz.lessons import walkthrough as wk
 
 ATOL = 1e-5
 
 
-def tiny_walkthrough(model, S: int = 7, T: int = 5) -> api.Walkthrough:
-    """A Walkthrough of a model built in the test (no tokenizer): made-up pieces, random ids."""
+def tiny_walkthrough(model, S: int = 7, T: int = 5) -> ForwardPass:
+    """A ForwardPass of a model built in the test (no tokenizer): made-up pieces, random ids."""
     g = torch.Generator().manual_seed(3)
     cfg = model.cfg
     src = torch.randint(4, cfg.src_vocab_size, (1, S), generator=g)
@@ -36,11 +38,11 @@ def tiny_walkthrough(model, S: int = 7, T: int = 5) -> api.Walkthrough:
         if cfg.encoder_only
         else torch.cat([torch.tensor([[cfg.bos_id]]), torch.randint(4, 50, (1, T - 1), generator=g)], 1)
     )
-    with torch.no_grad():
-        trace = model(src, tgt, return_trace=True).trace
-    tensors = {k: (v if k.endswith(".pos") else v[0]).float().numpy() for k, v in trace.items()}
+    with torch.no_grad(), Recorder() as rec:
+        model(src, tgt)
+    tensors = {k: (v if k.endswith(".pos") else v[0]).float().numpy() for k, v in rec.tensors.items()}
     tgt_ids = None if tgt is None else tuple(tgt[0].tolist())
-    return api.Walkthrough(
+    return ForwardPass(
         tensors,
         tuple(src[0].tolist()),
         tuple(f"s{i}" for i in range(S)),
@@ -63,7 +65,7 @@ def encoder_only():
 
 @pytest.fixture(scope="module", params=["en-de", "reverse", "marian-like", "encoder-only"])
 def case(request):
-    """(model, Walkthrough) for each kind of model the app can load."""
+    """(model, ForwardPass) for each kind of model the app can load."""
     if request.param == "marian-like":
         model = marian_like()
         return model, tiny_walkthrough(model)
@@ -71,7 +73,7 @@ def case(request):
         model = encoder_only()
         return model, tiny_walkthrough(model)
     bundle = attnviz.load(request.param, "cpu")
-    return bundle.model, api.walkthrough(bundle, bundle.info["examples"][0])
+    return bundle.model, api.forward_pass(bundle, bundle.info["examples"][0])
 
 
 def t(a) -> torch.Tensor:
@@ -85,7 +87,7 @@ def close(a, b, what: str) -> None:
 
 
 # ---------------------------------------------------------------------------------------------
-# The stages show the Walkthrough's tensors
+# The stages show the ForwardPass's tensors
 
 
 def all_stages(model, wt, layer, head, step):

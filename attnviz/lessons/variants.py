@@ -18,8 +18,11 @@ import numpy as np
 import pandas as pd
 import torch
 
+from attnviz.decoding import greedy_decode
 from attnviz.errors import InputError
-from attnviz.mechanics import softmax
+from attnviz.hooks import Edit, act_name, attention_site
+from attnviz.kinds import causal_mask
+from attnviz.lessons.mechanics import softmax
 from attnviz.model import MultiHeadAttention, Transformer, TransformerConfig
 
 PATTERNS = {
@@ -45,14 +48,14 @@ def pattern(name: str, n: int, k: int = 1, causal: bool = False) -> np.ndarray:
     if name == "full":
         mask = np.ones((n, n), dtype=bool)
     elif name == "causal":
-        mask = offset >= 0
+        mask = causal_mask(n)
     elif name == "local":
         mask = np.abs(offset) < k
     elif name == "dilated":
         mask = offset % k == 0
     else:
         mask = (np.abs(offset) < k) | (offset % k == 0)
-    return mask & (offset >= 0) if causal else mask
+    return mask & causal_mask(n) if causal else mask
 
 
 def pair_count(mask: np.ndarray) -> int:
@@ -241,21 +244,23 @@ class PatternRun:
 @torch.no_grad()
 def encode_with_pattern(model: Transformer, src_ids, mask: np.ndarray | None, max_len: int | None = None) -> PatternRun:
     """Encoder maps and greedy translation of one sentence with ``mask`` (S, S) ANDed into encoder
-    self-attention (None: the model as trained). The model is only read, never changed."""
-    from attnviz.decoding import greedy_decode  # decoding is only needed for this experiment
-
+    self-attention (None: the model as trained). The model is only read, never changed: the mask is
+    applied by an :class:`~attnviz.hooks.Edit` of each encoder layer's mask point."""
     ids = torch.as_tensor(src_ids, dtype=torch.long).reshape(1, -1).to(model.device)  # (1, S)
     S = ids.shape[1]
-    extra = None
+    edits = {}
     if mask is not None:
         mask = np.asarray(mask, dtype=bool)
         if mask.shape != (S, S):
             raise InputError(f"the mask is {mask.shape} but the sentence has {S} tokens: build it for n = {S}")
         extra = torch.as_tensor(mask, device=model.device)
-    _, records = model.encode(ids, capture="weights", encoder_mask=extra)
-    maps = torch.stack([r.weights[0] for r in records]).float().cpu().numpy()
-    if model.cfg.encoder_only:  # no decoder: the maps are the whole experiment
-        return PatternRun(maps=maps, output_ids=None)
-    limit = max_len if max_len is not None else min(2 * S + 16, model.cfg.max_len - 1)
-    output = greedy_decode(model, ids, max_len=limit, encoder_mask=extra)[0]
+        narrow = lambda m: extra if m is None else m & extra  # noqa: E731 - None: no padding to mask
+        edits = {act_name(attention_site("encoder", i), "mask"): narrow for i in range(model.cfg.n_enc_layers)}
+    with Edit(edits):
+        _, weights = model.encode(ids, need_weights=True)
+        maps = torch.stack([w[0] for w in weights]).float().cpu().numpy()
+        if model.cfg.encoder_only:  # no decoder: the maps are the whole experiment
+            return PatternRun(maps=maps, output_ids=None)
+        limit = max_len if max_len is not None else min(2 * S + 16, model.cfg.max_len - 1)
+        output = greedy_decode(model, ids, max_len=limit)[0]
     return PatternRun(maps=maps, output_ids=tuple(output))

@@ -1,78 +1,30 @@
-"""Figure builders: plain data in, a plotly figure out. They never call Streamlit.
-
-Axes always say which side is the query and which the key, and every tick label is prefixed with
-its position so that repeated tokens never merge into one tick. Tokens are HTML-escaped before
-plotly sees them: plotly reads ``<s>`` as its strike-through tag, so the start and end tokens
-``<s>`` and ``</s>`` would otherwise vanish from the labels.
+"""Figures of attention maps: one head large, every layer and head as a grid, and BertViz-style lines.
 
 Shape letters: L layers, H heads, Q queries, K keys. Rows are queries and columns are keys, as in
-:class:`attnviz.api.AttentionExport`; layers and heads are numbered from 1, positions from 0.
+:class:`attnviz.export.AttentionExport`; layers and heads are numbered from 1, positions from 0.
 """
 
 from __future__ import annotations
 
-import html
-import math
 from collections.abc import Sequence
 
 import numpy as np
 import plotly.graph_objects as go
-from plotly.colors import qualitative
 from plotly.subplots import make_subplots
 
-KIND_TITLES = {
-    "encoder": ("Encoder self-attention", "query: source token", "key: source token"),
-    "decoder": ("Decoder self-attention (masked)", "query: decoder input token", "key: decoder input token"),
-    "cross": ("Cross-attention (encoder-decoder)", "query: decoder input token", "key: source token"),
-}
-
-WEIGHT_COLORSCALE = "Blues"
-SCORE_COLORSCALE = "RdBu_r"  # diverging: negative blue, 0 white, positive red
-MASKED_GREY = "#bdbdbd"  # darker than Blues' white zero and RdBu's white midpoint
-HEAD_COLORS = qualitative.Dark24  # a head keeps its colour whichever heads are shown
-HIGHLIGHT = "#d62728"
-# Above this many tokens an axis labels every n-th position only; the data stay exact.
-MAX_TICK_LABELS = 80
-
-
-def position_labels(tokens: Sequence[str], start: int = 0) -> list[str]:
-    """'3 ▁the': unique tick labels even when a token repeats; positions count from ``start``."""
-    return [f"{i} {t}" for i, t in enumerate(tokens, start)]
-
-
-def plotly_labels(tokens: Sequence[str], start: int = 0) -> list[str]:
-    """Position labels escaped for plotly's HTML-like text: '0 &lt;s&gt;' displays as '0 <s>'."""
-    return [html.escape(label, quote=False) for label in position_labels(tokens, start)]
-
-
-def _kind_titles(kind: str) -> tuple[str, str, str]:
-    if kind not in KIND_TITLES:
-        raise ValueError(f"kind must be one of {', '.join(KIND_TITLES)}; got {kind!r}")
-    return KIND_TITLES[kind]
-
-
-def _as_array(data, what: str, ndim: int) -> np.ndarray:
-    """``data`` (numpy, nested lists, or a torch tensor on any device) as float32 numpy with ``ndim`` axes.
-
-    float32 is what the model produces, and half the bytes of float64 in the figure's JSON.
-    """
-    if hasattr(data, "detach"):  # a torch tensor: no torch import needed here
-        data = data.detach().float().cpu().numpy()
-    array = np.asarray(data, dtype=np.float32)
-    if array.ndim != ndim:
-        raise ValueError(f"{what} must have {ndim} axes, got shape {array.shape}")
-    return array
-
-
-def _check_tokens(n: int, tokens: Sequence[str], axis: str) -> None:
-    if n != len(tokens):
-        raise ValueError(f"the maps have {n} {axis} positions but {len(tokens)} {axis} tokens were given")
-
-
-def _ticks(labels: list[str]) -> dict:
-    """Axis settings that label every position, or every n-th one beyond ``MAX_TICK_LABELS``."""
-    step = max(1, math.ceil(len(labels) / MAX_TICK_LABELS))
-    return {"type": "category", "tickmode": "array", "tickvals": labels[::step], "ticktext": labels[::step]}
+from attnviz.analysis import downsample
+from attnviz.figures.common import (
+    HEAD_COLORS,
+    HIGHLIGHT,
+    MASKED_GREY,
+    SCORE_COLORSCALE,
+    WEIGHT_COLORSCALE,
+    as_array,
+    check_tokens,
+    kind_titles,
+    plotly_labels,
+    ticks,
+)
 
 
 def attention_heatmap(
@@ -96,8 +48,8 @@ def attention_heatmap(
     cell never looks like a learned zero. The data are exact (no downsampling); beyond
     ``MAX_TICK_LABELS`` tokens only every n-th tick is labelled.
     """
-    kind_title, y_title, x_title = _kind_titles(kind)
-    values = _as_array(weights, "weights", 2)
+    kind_title, y_title, x_title = kind_titles(kind)
+    values = as_array(weights, "weights", 2)
     Q, K = values.shape
     if (Q, K) != (len(query_tokens), len(key_tokens)):
         raise ValueError(
@@ -150,8 +102,8 @@ def attention_heatmap(
         height=max(320, min(900, 24 * Q + 250)),
         margin={"l": 10, "r": 10, "t": 140, "b": 10},  # room for the title above the rotated key labels
     )
-    fig.update_xaxes(title=x_title, side="top", tickangle=-60, **_ticks(x))
-    fig.update_yaxes(title=y_title, autorange="reversed", **_ticks(y))
+    fig.update_xaxes(title=x_title, side="top", tickangle=-60, **ticks(x))
+    fig.update_yaxes(title=y_title, autorange="reversed", **ticks(y))
     return fig
 
 
@@ -175,13 +127,11 @@ def model_view(
     than ``max_cells`` is block-averaged with :func:`attnviz.analysis.downsample`, and the title says
     so. ``selected`` (layer, head), from 1, outlines that subplot.
     """
-    from attnviz.analysis import downsample  # analysis pulls in pandas; only this view needs it
-
-    kind_title, y_title, x_title = _kind_titles(kind)
-    maps = _as_array(maps, "maps", 4)
+    kind_title, y_title, x_title = kind_titles(kind)
+    maps = as_array(maps, "maps", 4)
     L, H, Q, K = maps.shape
-    _check_tokens(Q, query_tokens, "query")
-    _check_tokens(K, key_tokens, "key")
+    check_tokens(Q, query_tokens, "query")
+    check_tokens(K, key_tokens, "key")
     if selected is not None and not (1 <= selected[0] <= L and 1 <= selected[1] <= H):
         raise ValueError(f"selected is (layer, head) from 1; these maps have {L} layers and {H} heads, got {selected}")
     if max_cells < 1:
@@ -263,16 +213,16 @@ def lines_view(
     Beyond ``max_lines`` lines the browser slows down, so only the strongest ``max_lines`` are drawn
     and the subtitle says how many were left out.
     """
-    kind_title, y_title, x_title = _kind_titles(kind)
-    maps_heads = _as_array(maps_heads, "maps_heads", 3)
+    kind_title, y_title, x_title = kind_titles(kind)
+    maps_heads = as_array(maps_heads, "maps_heads", 3)
     n_heads, Q, K = maps_heads.shape
     heads = [int(h) for h in heads]
     if len(heads) != n_heads:
         raise ValueError(f"maps_heads holds {n_heads} heads but {len(heads)} head numbers were given")
     if len(set(heads)) != len(heads) or min(heads, default=1) < 1:
         raise ValueError(f"head numbers start at 1 and must be distinct; got {heads}")
-    _check_tokens(Q, query_tokens, "query")
-    _check_tokens(K, key_tokens, "key")
+    check_tokens(Q, query_tokens, "query")
+    check_tokens(K, key_tokens, "key")
     if max_lines < 1:
         raise ValueError(f"max_lines must be at least 1, got {max_lines}")
     q_labels, k_labels = plotly_labels(query_tokens), plotly_labels(key_tokens)
@@ -349,86 +299,3 @@ def lines_view(
     fig.update_xaxes(visible=False, range=[-0.9, 1.9], fixedrange=True)
     fig.update_yaxes(visible=False, range=[max(Q, K, 1) - 0.5, -0.5], fixedrange=True)
     return fig
-
-
-def topk_bar(tokens: Sequence[str], probs: Sequence[float], chosen: str | None = None) -> go.Figure:
-    """A horizontal bar chart of next-token probabilities, most likely on top, ``chosen`` in red.
-
-    Labels are prefixed with the rank from 1. If ``chosen`` (a token string, e.g. the
-    teacher-forced or beam-search token) is not among ``tokens``, the title says so.
-    """
-    probs = _as_array(probs, "probs", 1)
-    if len(tokens) != len(probs):
-        raise ValueError(f"got {len(tokens)} tokens but {len(probs)} probabilities")
-    order = np.argsort(-probs, kind="stable")
-    ranked = [tokens[i] for i in order]
-    labels = [html.escape(f"{rank} {t}", quote=False) for rank, t in enumerate(ranked, start=1)]
-    fig = go.Figure(
-        go.Bar(
-            x=probs[order],
-            y=labels,
-            orientation="h",
-            marker={"color": [HIGHLIGHT if t == chosen else "#6baed6" for t in ranked]},
-            text=[f"{p:.3f}" for p in probs[order]],
-            textposition="auto",
-            hovertemplate="%{y}<br>probability %{x:.6f}<extra></extra>",
-        )
-    )
-    title = "Most likely next tokens"
-    if chosen is not None:
-        where = "red" if chosen in ranked else "not in the top " + str(len(ranked))
-        title += f" (chosen: {html.escape(chosen, quote=False)}, {where})"
-    fig.update_layout(title=title, height=120 + 28 * len(ranked), margin={"l": 10, "r": 10, "t": 50, "b": 10})
-    fig.update_xaxes(title="probability", range=[0.0, 1.0])
-    fig.update_yaxes(title="next token (rank)", type="category", autorange="reversed")
-    return fig
-
-
-def step_rows_grid(rows: np.ndarray, key_tokens: Sequence[str], title: str, kind: str = "cross") -> go.Figure:
-    """One decoding step's attention rows (L, H, K) as one heatmap of L * H rows, on a 0..1 scale.
-
-    Row "layer l head h" is what the step's query (the newest decoder position) attends to with that
-    head, e.g. :attr:`attnviz.decoding.DecodeStep.cross_attn` (``kind`` "cross": keys are source
-    tokens) or ``self_attn`` (``kind`` "decoder": keys are the decoder input so far).
-    """
-    _, _, x_title = _kind_titles(kind)
-    rows = _as_array(rows, "rows", 3)
-    L, H, K = rows.shape
-    _check_tokens(K, key_tokens, "key")
-    y = [f"layer {layer} head {head}" for layer in range(1, L + 1) for head in range(1, H + 1)]
-    x = plotly_labels(key_tokens)
-    fig = go.Figure(
-        go.Heatmap(
-            z=rows.reshape(L * H, K),  # (L * H, K): layer-major, as the labels
-            x=x,
-            y=y,
-            zmin=0.0,
-            zmax=1.0,
-            colorscale=WEIGHT_COLORSCALE,
-            colorbar={"title": "weight"},
-            hovertemplate="%{y}<br>key %{x}<br>weight %{z:.6f}<extra></extra>",
-        )
-    )
-    fig.update_layout(title=title, height=max(300, 14 * L * H + 250), margin={"l": 10, "r": 10, "t": 140, "b": 10})
-    fig.update_xaxes(title=x_title, side="top", tickangle=-60, **_ticks(x))
-    fig.update_yaxes(title="query: this step's position, per layer and head", autorange="reversed", **_ticks(y))
-    return fig
-
-
-def export_config(filename: str, fmt: str) -> dict:
-    """The plotly ``config`` for ``st.plotly_chart`` whose camera button downloads ``filename``.``fmt``.
-
-    The browser renders the image, so PNG and SVG need no Chrome on the server. ``fmt`` is "png"
-    (drawn at twice the on-screen size) or "svg".
-    """
-    if fmt not in ("png", "svg"):
-        raise ValueError(f"fmt must be 'png' or 'svg', got {fmt!r}")
-    stem = filename.rsplit("/", 1)[-1].rsplit("\\", 1)[-1]
-    if stem.lower().endswith("." + fmt):  # plotly appends the extension itself
-        stem = stem[: -len(fmt) - 1]
-    if not stem:
-        raise ValueError(f"filename must name a file, got {filename!r}")
-    options = {"format": fmt, "filename": stem}
-    if fmt == "png":
-        options["scale"] = 2
-    return {"toImageButtonOptions": options, "displaylogo": False}

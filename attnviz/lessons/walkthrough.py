@@ -1,9 +1,10 @@
 """The forward-pass walkthrough: the stages of one sentence's pass, and the matrices each one shows.
 
-Every matrix is SELECTED (indexed or sliced) from :class:`attnviz.api.Walkthrough`, the tensors the
-model itself recorded during the forward pass, or from the model's own embedding/output weights;
-nothing is recomputed here, so what the page shows is what the model computed. The one exception
-is the output stage's probabilities: the softmax of the model's real logits, a display of them.
+Every matrix is SELECTED (indexed or sliced) from a :class:`Walkthrough`, the tensors the model
+itself recorded during the forward pass (named by :func:`attnviz.hooks.act_name`), or from the
+model's own embedding/output weights; nothing is recomputed here, so what the page shows is what
+the model computed. The one exception is the output stage's probabilities: the softmax of the
+model's real logits, a display of them.
 
 Shape letters: S source length, T decoder input length, H heads, Dh d_k, D d_model, F d_ff,
 V vocabulary size. Layers, heads and positions are numbered from 0 here; the page adds 1 to layers
@@ -19,7 +20,9 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
-from attnviz.api import Walkthrough
+from attnviz.export import ForwardPass
+from attnviz.hooks import act_name, attention_site
+from attnviz.kinds import SIDES, axis_names
 
 ENCODER_STAGES = (
     ("tokens", "1. Tokens"),
@@ -154,7 +157,7 @@ class ModelFacts:
         return cls(**{f: getattr(cfg, f) for f in cls.__dataclass_fields__})
 
 
-def _m(wt: Walkthrough, name: str, axes, rows, title, select=(), cols=None, **kw) -> Matrix:
+def _m(wt: ForwardPass, name: str, axes, rows, title, select=(), cols=None, **kw) -> Matrix:
     full = wt.tensors[name]
     values = full[select] if select != () else full
     return Matrix(
@@ -181,7 +184,7 @@ def _order_note(facts: ModelFacts) -> str:
 
 
 def build_stage(
-    wt: Walkthrough,
+    wt: ForwardPass,
     facts: ModelFacts,
     key: str,
     layer: int = 0,
@@ -215,7 +218,7 @@ def build_stage(
     return Stage(key=key, title=titles[key], text=text, matrices=tuple(matrices), **extra)
 
 
-S_AX, T_AX = "source position", "decoder input position"
+S_AX, T_AX = f"{SIDES['source']} position", f"{SIDES['target']} position"
 
 
 def _tokens(wt, facts, **_):
@@ -257,7 +260,7 @@ def _embedding(wt, facts, embedding=None, **_):
     mats.append(
         _m(
             wt,
-            "src.embed",
+            act_name("src", "embed"),
             (S_AX, "d_model"),
             wt.src_tokens,
             "Token embeddings" + (", scaled by sqrt(d_model)" if facts.scale_embedding else ""),
@@ -271,12 +274,12 @@ def _embedding(wt, facts, embedding=None, **_):
 
 def _positions(wt, facts, **_):
     ax = (S_AX, "d_model")
-    mats = [_m(wt, "src.embed", ax, wt.src_tokens, "Embedding")]
-    if "src.pos" in wt.tensors:
-        mats.append(_m(wt, "src.pos", ax, wt.src_tokens, f"Positional encoding ({facts.pos_encoding})"))
-    mats.append(_m(wt, "src.input", ax, wt.src_tokens, "Encoder input"))
+    mats = [_m(wt, act_name("src", "embed"), ax, wt.src_tokens, "Embedding")]
+    if act_name("src", "pos") in wt.tensors:
+        mats.append(_m(wt, act_name("src", "pos"), ax, wt.src_tokens, f"Positional encoding ({facts.pos_encoding})"))
+    mats.append(_m(wt, act_name("src", "input"), ax, wt.src_tokens, "Encoder input"))
     notes = []
-    if "src.pos" not in wt.tensors:
+    if act_name("src", "pos") not in wt.tensors:
         notes.append("This model has no positional encoding: the encoder input is the embedding itself.")
     if facts.embed_norm:
         notes.append(
@@ -289,31 +292,27 @@ def _positions(wt, facts, **_):
     return mats, text, {"notes": tuple(notes)}
 
 
-def _attn_prefix(stack: str, layer: int, part: str) -> str:
-    return f"{stack}.{layer}.{part}"
-
-
 def _qkv(wt, p, head, q_rows, kv_rows, q_ax, kv_ax, q_n=None, kv_n=None):
     qs = slice(None) if q_n is None else slice(0, q_n)
     ks = slice(None) if kv_n is None else slice(0, kv_n)
     return [
-        _m(wt, f"{p}.q", ("head", q_ax, "d_k"), q_rows, f"Q, head {head + 1}", (head, qs)),
-        _m(wt, f"{p}.k", ("head", kv_ax, "d_k"), kv_rows, f"K, head {head + 1}", (head, ks)),
-        _m(wt, f"{p}.v", ("head", kv_ax, "d_k"), kv_rows, f"V, head {head + 1}", (head, ks)),
+        _m(wt, act_name(p, "q"), ("head", q_ax, "d_k"), q_rows, f"Q, head {head + 1}", (head, qs)),
+        _m(wt, act_name(p, "k"), ("head", kv_ax, "d_k"), kv_rows, f"K, head {head + 1}", (head, ks)),
+        _m(wt, act_name(p, "v"), ("head", kv_ax, "d_k"), kv_rows, f"V, head {head + 1}", (head, ks)),
     ]
 
 
 def _maps(wt, p, head, q_rows, kv_rows, q_ax, kv_ax, kind, q_n=None, kv_n=None):
     qs = slice(None) if q_n is None else slice(0, q_n)
     ks = slice(None) if kv_n is None else slice(0, kv_n)
-    scores = wt.tensors[f"{p}.scores"][head, qs, ks]
+    scores = wt.tensors[act_name(p, "scores")][head, qs, ks]
     mask = np.isfinite(scores)  # the model's own mask: it wrote -inf where a query may not look
     axes = ("head", q_ax, kv_ax)
     titles = {"scores": "Scores Q K^T / sqrt(d_k)", "weights": "Weights after the softmax"}
     return [
         _m(
             wt,
-            f"{p}.{name}",
+            act_name(p, name),
             axes,
             q_rows,
             f"{title}, head {head + 1}",
@@ -328,13 +327,21 @@ def _maps(wt, p, head, q_rows, kv_rows, q_ax, kv_ax, kind, q_n=None, kv_n=None):
 
 
 def _enc_qkv(wt, facts, layer, head, **_):
-    p = _attn_prefix("encoder", layer, "attn")
+    p = attention_site("encoder", layer)
     text = (
         f"Layer {layer + 1}'s input is multiplied by W^Q, W^K and W^V and cut into {facts.n_heads} heads of "
         f"d_k = {facts.d_model // facts.n_heads} columns each. Every position gets a query (what it looks for), "
         "a key (what it offers) and a value (what it passes on)."
     )
-    mats = [_m(wt, f"encoder.{layer}.attn_block.input", (S_AX, "d_model"), wt.src_tokens, f"Layer {layer + 1} input")]
+    mats = [
+        _m(
+            wt,
+            act_name("encoder", layer, "attn_block", "input"),
+            (S_AX, "d_model"),
+            wt.src_tokens,
+            f"Layer {layer + 1} input",
+        )
+    ]
     mats += _qkv(wt, p, head, wt.src_tokens, wt.src_tokens, S_AX, S_AX)
     notes = (_order_note(facts),) if facts.norm_first else ()
     if facts.norm_first:
@@ -343,8 +350,8 @@ def _enc_qkv(wt, facts, layer, head, **_):
 
 
 def _enc_scores(wt, facts, layer, head, **_):
-    p = _attn_prefix("encoder", layer, "attn")
-    mats = _maps(wt, p, head, wt.src_tokens, wt.src_tokens, "query: " + S_AX, "key: " + S_AX, "encoder")
+    p = attention_site("encoder", layer)
+    mats = _maps(wt, p, head, wt.src_tokens, wt.src_tokens, *axis_names("encoder"), "encoder")
     text = (
         "Each query is compared with every key by a dot product divided by sqrt(d_k) (equation 1), and a softmax "
         "turns each row into weights that sum to 1. Padding positions would be masked (grey); one sentence "
@@ -356,9 +363,9 @@ def _enc_scores(wt, facts, layer, head, **_):
 def _heads(wt, p, head, rows, ax, n=None):
     s = slice(None) if n is None else slice(0, n)
     return [
-        _m(wt, f"{p}.heads", ("head", ax, "d_k"), rows, f"Weighted sum of values, head {head + 1}", (head, s)),
-        _m(wt, f"{p}.concat", (ax, "d_model"), rows, "All heads concatenated", (s,)),
-        _m(wt, f"{p}.out", (ax, "d_model"), rows, "After W^O", (s,)),
+        _m(wt, act_name(p, "heads"), ("head", ax, "d_k"), rows, f"Weighted sum of values, head {head + 1}", (head, s)),
+        _m(wt, act_name(p, "concat"), (ax, "d_model"), rows, "All heads concatenated", (s,)),
+        _m(wt, act_name(p, "out"), (ax, "d_model"), rows, "After W^O", (s,)),
     ]
 
 
@@ -367,16 +374,16 @@ def _enc_heads(wt, facts, layer, head, **_):
         "Each head mixes the value rows with its weights, giving one d_k-wide vector per position. "
         f"The {facts.n_heads} heads are laid side by side (concatenated) and W^O maps them back to d_model."
     )
-    return _heads(wt, _attn_prefix("encoder", layer, "attn"), head, wt.src_tokens, S_AX), text, {}
+    return _heads(wt, attention_site("encoder", layer), head, wt.src_tokens, S_AX), text, {}
 
 
 def _block(wt, p, rows, ax, sub_out, sub_title, n=None):
     s = slice(None) if n is None else slice(0, n)
     return [
-        _m(wt, f"{p}.input", (ax, "d_model"), rows, "Block input x", (s,)),
+        _m(wt, act_name(p, "input"), (ax, "d_model"), rows, "Block input x", (s,)),
         _m(wt, sub_out, (ax, "d_model"), rows, sub_title, (s,)),
-        _m(wt, f"{p}.residual", (ax, "d_model"), rows, "Residual: x + sub-layer output", (s,)),
-        _m(wt, f"{p}.output", (ax, "d_model"), rows, "Block output", (s,)),
+        _m(wt, act_name(p, "residual"), (ax, "d_model"), rows, "Residual: x + sub-layer output", (s,)),
+        _m(wt, act_name(p, "output"), (ax, "d_model"), rows, "Block output", (s,)),
     ]
 
 
@@ -386,7 +393,12 @@ def _enc_norm(wt, facts, layer, **_):
         "to learn a correction. " + _order_note(facts)
     )
     mats = _block(
-        wt, f"encoder.{layer}.attn_block", wt.src_tokens, S_AX, f"encoder.{layer}.attn.out", "Attention output"
+        wt,
+        act_name("encoder", layer, "attn_block"),
+        wt.src_tokens,
+        S_AX,
+        act_name("encoder", layer, "attn", "out"),
+        "Attention output",
     )
     return mats, text, {}
 
@@ -394,11 +406,11 @@ def _enc_norm(wt, facts, layer, **_):
 def _ffn(wt, p, rows, ax, facts, n=None):
     s = slice(None) if n is None else slice(0, n)
     return [
-        _m(wt, f"{p}.ffn_block.input", (ax, "d_model"), rows, "Feed-forward input", (s,)),
-        _m(wt, f"{p}.ffn.hidden", (ax, "d_ff"), rows, f"Hidden layer after {facts.activation}", (s,)),
-        _m(wt, f"{p}.ffn.out", (ax, "d_model"), rows, "Feed-forward output", (s,)),
-        _m(wt, f"{p}.ffn_block.residual", (ax, "d_model"), rows, "Residual sum", (s,)),
-        _m(wt, f"{p}.ffn_block.output", (ax, "d_model"), rows, "Layer output", (s,)),
+        _m(wt, act_name(p, "ffn_block", "input"), (ax, "d_model"), rows, "Feed-forward input", (s,)),
+        _m(wt, act_name(p, "ffn", "hidden"), (ax, "d_ff"), rows, f"Hidden layer after {facts.activation}", (s,)),
+        _m(wt, act_name(p, "ffn", "out"), (ax, "d_model"), rows, "Feed-forward output", (s,)),
+        _m(wt, act_name(p, "ffn_block", "residual"), (ax, "d_model"), rows, "Residual sum", (s,)),
+        _m(wt, act_name(p, "ffn_block", "output"), (ax, "d_model"), rows, "Layer output", (s,)),
     ]
 
 
@@ -414,17 +426,17 @@ def _enc_ffn(wt, facts, layer, **_):
             "This is the last encoder layer: its output is the encoder output (memory)"
             + (" after a final LayerNorm (pre-LN)." if facts.norm_first else ".")
         )
-    return _ffn(wt, f"encoder.{layer}", wt.src_tokens, S_AX, facts), text, {"notes": tuple(notes)}
+    return _ffn(wt, act_name("encoder", layer), wt.src_tokens, S_AX, facts), text, {"notes": tuple(notes)}
 
 
 def _dec_input(wt, facts, step, **_):
     n = step + 1
     ax = (T_AX, "d_model")
     rows = wt.tgt_tokens[:n]
-    mats = [_m(wt, "tgt.embed", ax, rows, "Target embedding", (slice(0, n),))]
-    if "tgt.pos" in wt.tensors:
-        mats.append(_m(wt, "tgt.pos", ax, rows, "Positional encoding", (slice(0, n),)))
-    mats.append(_m(wt, "tgt.input", ax, rows, "Decoder input", (slice(0, n),)))
+    mats = [_m(wt, act_name("tgt", "embed"), ax, rows, "Target embedding", (slice(0, n),))]
+    if act_name("tgt", "pos") in wt.tensors:
+        mats.append(_m(wt, act_name("tgt", "pos"), ax, rows, "Positional encoding", (slice(0, n),)))
+    mats.append(_m(wt, act_name("tgt", "input"), ax, rows, "Decoder input", (slice(0, n),)))
     text = (
         "The decoder reads the target shifted right by one: a start token, then the tokens written so far, "
         f"so at step {step + 1} it sees positions 0..{step}. They are embedded and get positions like the source."
@@ -434,11 +446,20 @@ def _dec_input(wt, facts, step, **_):
 
 def _dec_self(wt, facts, layer, head, step, **_):
     n, rows = step + 1, wt.tgt_tokens[: step + 1]
-    p = f"decoder.{layer}.self_attn"
+    p = attention_site("decoder", layer)
     mats = _qkv(wt, p, head, rows, rows, T_AX, T_AX, n, n)
-    mats += _maps(wt, p, head, rows, rows, "query: " + T_AX, "key: " + T_AX, "decoder", n, n)
-    mats += [_m(wt, f"{p}.out", (T_AX, "d_model"), rows, "After W^O", (slice(0, n),))]
-    mats += [_m(wt, f"decoder.{layer}.self_block.output", (T_AX, "d_model"), rows, "After Add & Norm", (slice(0, n),))]
+    mats += _maps(wt, p, head, rows, rows, *axis_names("decoder"), "decoder", n, n)
+    mats += [_m(wt, act_name(p, "out"), (T_AX, "d_model"), rows, "After W^O", (slice(0, n),))]
+    mats += [
+        _m(
+            wt,
+            act_name("decoder", layer, "self_block", "output"),
+            (T_AX, "d_model"),
+            rows,
+            "After Add & Norm",
+            (slice(0, n),),
+        )
+    ]
     text = (
         "Self-attention in the decoder is masked: a position may attend only to itself and earlier positions "
         "(the subsequent mask, grey above the diagonal), since later tokens are not written yet. "
@@ -449,11 +470,20 @@ def _dec_self(wt, facts, layer, head, step, **_):
 
 def _dec_cross(wt, facts, layer, head, step, **_):
     n, rows = step + 1, wt.tgt_tokens[: step + 1]
-    p = f"decoder.{layer}.cross_attn"
-    mats = [_m(wt, "memory", (S_AX, "d_model"), wt.src_tokens, "Encoder output (memory)")]
+    p = attention_site("cross", layer)
+    mats = [_m(wt, act_name("memory"), (S_AX, "d_model"), wt.src_tokens, "Encoder output (memory)")]
     mats += _qkv(wt, p, head, rows, wt.src_tokens, T_AX, S_AX, q_n=n)
-    mats += _maps(wt, p, head, rows, wt.src_tokens, "query: " + T_AX, "key: " + S_AX, "cross", q_n=n)
-    mats += [_m(wt, f"decoder.{layer}.cross_block.output", (T_AX, "d_model"), rows, "After Add & Norm", (slice(0, n),))]
+    mats += _maps(wt, p, head, rows, wt.src_tokens, *axis_names("cross"), "cross", q_n=n)
+    mats += [
+        _m(
+            wt,
+            act_name("decoder", layer, "cross_block", "output"),
+            (T_AX, "d_model"),
+            rows,
+            "After Add & Norm",
+            (slice(0, n),),
+        )
+    ]
     source = f"encoder layer {facts.n_enc_layers} output" + (" + final LayerNorm" if facts.norm_first else "")
     text = (
         "Cross-attention takes its queries from the decoder and its keys and values from the encoder output, "
@@ -465,10 +495,12 @@ def _dec_cross(wt, facts, layer, head, step, **_):
 
 def _dec_ffn(wt, facts, layer, step, **_):
     n = step + 1
-    mats = _ffn(wt, f"decoder.{layer}", wt.tgt_tokens[:n], T_AX, facts, n)
+    mats = _ffn(wt, act_name("decoder", layer), wt.tgt_tokens[:n], T_AX, facts, n)
     notes = [_order_note(facts)]
     if layer == facts.n_dec_layers - 1:
-        mats.append(_m(wt, "decoder_out", (T_AX, "d_model"), wt.tgt_tokens[:n], "Decoder output", (slice(0, n),)))
+        mats.append(
+            _m(wt, act_name("decoder_out"), (T_AX, "d_model"), wt.tgt_tokens[:n], "Decoder output", (slice(0, n),))
+        )
         notes.append("This is the last decoder layer: its output goes to the output layer.")
     text = (
         f"As in the encoder, each position goes alone through d_model {facts.d_model} -> d_ff {facts.d_ff} -> "
@@ -479,7 +511,7 @@ def _dec_ffn(wt, facts, layer, step, **_):
 
 def _output(wt, facts, step, output_weight=None, output_bias=None, token_of=None, **_):
     n, rows = step + 1, wt.tgt_tokens[: step + 1]
-    logits = wt.tensors["logits"][step]
+    logits = wt.tensors[act_name("logits")][step]
     z = logits.astype(np.float64) - logits.max()
     probs = np.exp(z) / np.exp(z).sum()  # a display of the real logits, not a new computation of the model
     top = np.argsort(-probs, kind="stable")[:TOP_CANDIDATES]
@@ -487,8 +519,15 @@ def _output(wt, facts, step, output_weight=None, output_bias=None, token_of=None
     candidates = tuple((name(int(i)), float(probs[i])) for i in top)
     best = name(int(top[0]))
     mats = [
-        _m(wt, "decoder_out", (T_AX, "d_model"), rows, "Decoder output", (slice(0, n),)),
-        _m(wt, "logits", (T_AX, "vocabulary"), rows, "Logits (scores for every vocabulary entry)", (slice(0, n),)),
+        _m(wt, act_name("decoder_out"), (T_AX, "d_model"), rows, "Decoder output", (slice(0, n),)),
+        _m(
+            wt,
+            act_name("logits"),
+            (T_AX, "vocabulary"),
+            rows,
+            "Logits (scores for every vocabulary entry)",
+            (slice(0, n),),
+        ),
     ]
     if output_weight is not None:
         w = output_weight[top]  # rows of the output matrix for the top candidates: a selection
@@ -540,7 +579,7 @@ _BUILDERS = {
 }
 
 
-def matrix_csv(matrix: Matrix, wt: Walkthrough) -> str:
+def matrix_csv(matrix: Matrix, wt: ForwardPass) -> str:
     """Long-form CSV of the whole tensor ``matrix`` was selected from, rows named by their tokens."""
     n_rows = matrix.full.shape[-2] if matrix.full.ndim >= 2 else 0
     labels = None

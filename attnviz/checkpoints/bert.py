@@ -12,25 +12,33 @@ the WordPiece tokenizer with the ``tokenizers`` library from ``tokenizer.json``.
 from __future__ import annotations
 
 import importlib.util
-import json
 import logging
 from collections.abc import Iterable
 from pathlib import Path
 
-import torch
-from safetensors import SafetensorError, safe_open
-
-from attnviz.checkpoint import Bundle, build_model, expected_shapes, folder_listing, sha256_file
+from attnviz.checkpoints.bundle import Bundle, expected_shapes, make_bundle
+from attnviz.checkpoints.files import (
+    CONFIG_FILE,
+    SAFETENSORS_FILE,
+    WeightsFile,
+    folder_listing,
+    has_model_type,
+    hf_config_check,
+    hub_name,
+    model_folder,
+    read_hf_config,
+)
 from attnviz.errors import CheckpointError, ConfigError, InputError
-from attnviz.hf_folders import hub_name, read_hf_config, snapshot
 from attnviz.model import TransformerConfig
 from attnviz.tokenizer import Encoded, check_text
 
 log = logging.getLogger(__name__)
 
-CONFIG_FILE = "config.json"
-SAFETENSORS_FILE = "model.safetensors"
+FAMILY = "bert"
 TOKENIZER_FILE = "tokenizer.json"
+DESCRIPTION = (
+    f"a Hugging Face BERT-family encoder such as all-MiniLM-L6-v2 ({CONFIG_FILE}, {SAFETENSORS_FILE}, {TOKENIZER_FILE})"
+)
 # "gelu" in transformers is the exact erf form, as ours; "gelu_new" (tanh) would differ by ~1e-3.
 ACTIVATIONS = {"gelu": "gelu", "gelu_python": "gelu", "relu": "relu"}
 # Config flags that describe an architecture we cannot represent: the value BERT uses, and what
@@ -73,28 +81,9 @@ def minilm_dir() -> Path | None:
     return None
 
 
-def _model_folder(path: Path) -> Path:
-    """``path``, the snapshot of a hub cache folder, or the ``model/`` folder of a package folder."""
-    path = snapshot(path)
-    if not (path / CONFIG_FILE).exists() and (path / "model" / CONFIG_FILE).is_file():
-        return path / "model"
-    return path
-
-
-def is_bert_dir(path: str | Path) -> bool:
+def detect(path: Path) -> bool:
     """Whether ``path`` (a folder, hub cache snapshot or the MiniLM package) holds a BERT config.json."""
-    path = Path(path)
-    if not path.is_dir():
-        return False
-    try:
-        folder = _model_folder(path)
-    except CheckpointError:  # a hub cache folder with several snapshots
-        return False
-    try:
-        data = json.loads((folder / CONFIG_FILE).read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError):
-        return False
-    return isinstance(data, dict) and data.get("model_type") == "bert"
+    return has_model_type(path, "bert")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -109,16 +98,7 @@ def bert_config(hf: dict, special_ids: dict[str, int] | None = None, source: str
     ``source`` names the file in error messages.
     """
 
-    def fail(what: str) -> CheckpointError:
-        return CheckpointError(f"{source}: {what}; attnviz cannot load this BERT model faithfully")
-
-    if not isinstance(hf, dict):
-        raise CheckpointError(f"{source} must hold a JSON object")
-    if hf.get("model_type") != "bert":
-        raise fail(f'"model_type" is {hf.get("model_type")!r}, expected "bert"')
-    for key, (bert_value, meaning) in FIXED_FLAGS.items():
-        if key in hf and bool(hf[key]) != bert_value:
-            raise fail(f'"{key}": {json.dumps(hf[key])} asks for {meaning}, which attnviz does not implement for BERT')
+    fail = hf_config_check(hf, "bert", FIXED_FLAGS, source, "BERT")
     position = hf.get("position_embedding_type", "absolute")
     if position != "absolute":
         raise fail(f'"position_embedding_type" is {position!r}; attnviz implements only "absolute" (learned) positions')
@@ -163,7 +143,7 @@ def bert_config(hf: dict, special_ids: dict[str, int] | None = None, source: str
 
 
 class BertWordPieceTokenizer:
-    """BERT's WordPiece tokenisation with the interface of :class:`attnviz.tokenizer.Tokenizer`.
+    """BERT's WordPiece tokenisation implementing :class:`attnviz.tokenizer.Tokenizer`.
 
     ``tokenizer.json`` (the ``tokenizers`` library) normalises, splits and maps to ids; its
     built-in padding and truncation are turned off, so a sentence gives exactly its own tokens:
@@ -275,60 +255,11 @@ def _canonical(key: str) -> str:
     return key
 
 
-def _load_tensors(file: Path, cfg: TransformerConfig) -> dict[str, torch.Tensor]:
-    """Our parameters by name, read from model.safetensors after checking every name and shape."""
-    expected = expected_shapes(cfg)
-    key_map = _key_map(cfg)
-    unmapped = sorted(set(expected) - set(key_map.values()))
-    if unmapped:  # a model.py parameter this importer does not fill: a bug in attnviz, not the file
-        raise CheckpointError(f"attnviz's BERT importer does not know how to fill parameters {unmapped[:5]}")
-    try:
-        with safe_open(str(file), framework="pt") as f:
-            stored = {_canonical(k): k for k in f.keys()}
-            missing = [k for k in key_map if k not in stored]
-            if missing:
-                raise CheckpointError(
-                    f"{file} does not fit {CONFIG_FILE}: missing tensors {missing[:5]}"
-                    + (f" and {len(missing) - 5} more" if len(missing) > 5 else "")
-                )
-            for hf_key, ours in key_map.items():
-                got = tuple(f.get_slice(stored[hf_key]).get_shape())
-                if got != expected[ours]:
-                    raise CheckpointError(
-                        f"{file}: tensor '{stored[hf_key]}' has shape {got} but {CONFIG_FILE} implies {expected[ours]}"
-                    )
-            raw = {ours: f.get_tensor(stored[hf_key]) for hf_key, ours in key_map.items()}
-    except (SafetensorError, OSError, ValueError) as e:
-        raise CheckpointError(
-            f"{file} is not a readable safetensors file ({e}); it may be truncated or another format. "
-            "attnviz reads BERT weights only from model.safetensors and never unpickles"
-        ) from None
-    ignored = sorted(set(stored) - set(key_map))
-    if ignored:
-        log.debug("%s: not used (pooler, heads, buffers): %s", file, ignored)
-    tensors = {}
-    for hf_key, ours in key_map.items():
-        t = raw[ours]
-        if not t.is_floating_point():
-            raise CheckpointError(
-                f"{file}: tensor '{stored[hf_key]}' has dtype {t.dtype}; weights must be floating point"
-            )
-        tensors[ours] = t.float()
-    return tensors
-
-
-def load_bert(path: str | Path, device: str = "auto") -> Bundle:
+def load(path: Path, device: str = "auto") -> Bundle:
     """A :class:`Bundle` holding a Hugging Face BERT encoder run by our Transformer, in eval mode."""
-    path = Path(path)
-    if not path.is_dir():
-        raise CheckpointError(f"no checkpoint directory at {path}")
-    path = _model_folder(path)
+    path = model_folder(path)
     config_file = path / CONFIG_FILE
-    hf = read_hf_config(
-        path,
-        "bert",
-        f"a BERT-family encoder such as all-MiniLM-L6-v2 holds {CONFIG_FILE}, {SAFETENSORS_FILE} and {TOKENIZER_FILE}",
-    )
+    hf = read_hf_config(path, "bert", DESCRIPTION)
     # Refuse an unsupported model before reading more; the special ids come from tokenizer.json next.
     probe = bert_config(hf, dict.fromkeys(SPECIALS, 0), source=str(config_file))
     tokenizer = _read_tokenizer(path, max_tokens=probe.max_len)
@@ -345,16 +276,22 @@ def load_bert(path: str | Path, device: str = "auto") -> Bundle:
             f"{weights_file} is missing: attnviz reads BERT weights only from {SAFETENSORS_FILE} (never from pickled "
             f"pytorch_model.bin); found {found}"
         )
-    tensors = _load_tensors(weights_file, cfg)
-    model = build_model(cfg, tensors, device)
+    expected = expected_shapes(cfg)
+    key_map = _key_map(cfg)
+    unmapped = sorted(set(expected) - set(key_map.values()))
+    if unmapped:  # a model.py parameter this importer does not fill: a bug in attnviz, not the file
+        raise CheckpointError(f"attnviz's BERT importer does not know how to fill parameters {unmapped[:5]}")
+    weights = WeightsFile(weights_file, rename=_canonical)
+    tensors = weights.read({ours: [hf_key] for hf_key, ours in key_map.items()}, expected)
+    log.debug("%s: not used (pooler, heads, buffers): %s", weights_file, sorted(set(weights.names) - set(key_map)))
     package = minilm_dir()
     name = MINILM_NAME if package is not None and package.resolve() == path.resolve() else hub_name(path)
     info = {
-        "family": "bert",
+        "family": FAMILY,
         "source": "Hugging Face BERT",
         "name": name,
         "weights_file": weights_file.name,
         "examples": list(EXAMPLES),
         "encoder_only": True,
     }
-    return Bundle(model, tokenizer, name, path.resolve(), sha256_file(weights_file), info)
+    return make_bundle(cfg, tensors, tokenizer, weights_file, info, device)

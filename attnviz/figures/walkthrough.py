@@ -2,7 +2,7 @@
 
 Matrices are drawn with one row per token (position-prefixed labels, so repeated tokens never
 merge) and one column per dimension; hovering a cell gives its exact value. Attention maps reuse
-:func:`attnviz.plots.attention_heatmap`.
+:func:`attnviz.figures.attention.attention_heatmap`.
 """
 
 from __future__ import annotations
@@ -12,8 +12,9 @@ from collections.abc import Sequence
 import numpy as np
 import plotly.graph_objects as go
 
-from attnviz.plots import SCORE_COLORSCALE, _ticks, attention_heatmap, plotly_labels
-from attnviz.walkthrough import Matrix
+from attnviz.figures.attention import attention_heatmap
+from attnviz.figures.common import SCORE_COLORSCALE, plotly_labels, ticks
+from attnviz.lessons.walkthrough import Matrix
 
 
 def matrix_heatmap(
@@ -51,8 +52,8 @@ def matrix_heatmap(
         )
     )
     fig.update_layout(title=title, height=max(260, min(900, 22 * R + 180)), margin={"l": 10, "r": 10, "t": 90, "b": 10})
-    fig.update_xaxes(title=col_axis, side="top", tickangle=-60, **_ticks(x))
-    fig.update_yaxes(title=row_axis, autorange="reversed", **_ticks(y))
+    fig.update_xaxes(title=col_axis, side="top", tickangle=-60, **ticks(x))
+    fig.update_yaxes(title=row_axis, autorange="reversed", **ticks(y))
     return fig
 
 

@@ -12,30 +12,41 @@ and the tokenizer is rebuilt from ``source.spm`` / ``target.spm`` and ``vocab.js
 
 from __future__ import annotations
 
-import json
 import logging
-import pickle
 import re
 from collections.abc import Iterable
 from pathlib import Path
 
 import sentencepiece as spm
 import torch
-from safetensors import SafetensorError, safe_open
 
-from attnviz.checkpoint import Bundle, build_model, expected_shapes, folder_listing, sha256_file
+from attnviz.checkpoints.bundle import Bundle, expected_shapes, make_bundle
+from attnviz.checkpoints.files import (
+    CONFIG_FILE,
+    SAFETENSORS_FILE,
+    WeightsFile,
+    folder_listing,
+    has_model_type,
+    hf_config_check,
+    hub_name,
+    model_folder,
+    read_hf_config,
+    read_json,
+)
 from attnviz.errors import CheckpointError, ConfigError, InputError
-from attnviz.hf_folders import hub_name, read_hf_config, read_json, snapshot
 from attnviz.model import TransformerConfig, sinusoidal_table
 from attnviz.tokenizer import Encoded, check_text
 
 log = logging.getLogger(__name__)
 
-CONFIG_FILE = "config.json"
-SAFETENSORS_FILE = "model.safetensors"
+FAMILY = "marian"
 PICKLE_FILE = "pytorch_model.bin"
 SOURCE_SPM, TARGET_SPM = "source.spm", "target.spm"
 VOCAB_FILE, TARGET_VOCAB_FILE = "vocab.json", "target_vocab.json"
+DESCRIPTION = (
+    f"a Hugging Face Marian folder such as a Helsinki-NLP opus-mt model ({CONFIG_FILE}, {SAFETENSORS_FILE} "
+    f"or {PICKLE_FILE}, {SOURCE_SPM}, {TARGET_SPM}, {VOCAB_FILE})"
+)
 ACTIVATIONS = {"swish": "swish", "silu": "swish", "relu": "relu", "gelu": "gelu"}
 # Flags of older Marian/BART-style configs that describe an architecture we cannot represent: the
 # value Marian uses, and what the flag would change.
@@ -59,21 +70,9 @@ SOURCE_EXAMPLES = {
 # Finding the files
 
 
-def is_marian_dir(path: str | Path) -> bool:
+def detect(path: Path) -> bool:
     """Whether ``path`` (or the snapshot of a hub cache folder) holds a Marian config.json."""
-    path = Path(path)
-    if not path.is_dir():
-        return False
-    snapshots = path / "snapshots"
-    candidates = [path] if (path / CONFIG_FILE).exists() or not snapshots.is_dir() else list(snapshots.iterdir())
-    for folder in candidates:
-        try:
-            data = json.loads((folder / CONFIG_FILE).read_text(encoding="utf-8"))
-        except (OSError, UnicodeDecodeError, json.JSONDecodeError):
-            continue
-        if isinstance(data, dict) and data.get("model_type") == "marian":
-            return True
-    return False
+    return has_model_type(path, "marian")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -87,18 +86,7 @@ def marian_config(hf: dict, unk_id: int = 1, source: str = CONFIG_FILE) -> Trans
     in error messages.
     """
 
-    def fail(what: str) -> CheckpointError:
-        return CheckpointError(f"{source}: {what}; attnviz cannot load this Marian model faithfully")
-
-    if not isinstance(hf, dict):
-        raise CheckpointError(f"{source} must hold a JSON object")
-    if hf.get("model_type") != "marian":
-        raise fail(f'"model_type" is {hf.get("model_type")!r}, expected "marian"')
-    for key, (marian_value, meaning) in FIXED_FLAGS.items():
-        if key in hf and bool(hf[key]) != marian_value:
-            raise fail(
-                f'"{key}": {json.dumps(hf[key])} asks for {meaning}, which attnviz does not implement for Marian'
-            )
+    fail = hf_config_check(hf, "marian", FIXED_FLAGS, source, "Marian")
     for enc, dec in (("encoder_attention_heads", "decoder_attention_heads"), ("encoder_ffn_dim", "decoder_ffn_dim")):
         if hf.get(enc) != hf.get(dec):
             raise fail(f'"{enc}" ({hf.get(enc)!r}) differs from "{dec}" ({hf.get(dec)!r})')
@@ -148,7 +136,7 @@ def marian_config(hf: dict, unk_id: int = 1, source: str = CONFIG_FILE) -> Trans
 
 
 class MarianTokenizer:
-    """Marian's tokenisation with the interface of :class:`attnviz.tokenizer.Tokenizer`.
+    """Marian's tokenisation implementing :class:`attnviz.tokenizer.Tokenizer`.
 
     sentencepiece cuts text into pieces; vocab.json (target_vocab.json for a separate target
     vocabulary) maps pieces to ids, and pieces it lacks become ``<unk>``. ``</s>`` ends every
@@ -334,113 +322,36 @@ def _embedding_sources(cfg: TransformerConfig) -> dict[str, tuple[str, ...]]:
     return sources
 
 
-class _Reader:
-    """Tensor shapes and values from model.safetensors or (weights_only) pytorch_model.bin."""
-
-    def __init__(self, file: Path):
-        self.file = file
-        self.tensors: dict[str, torch.Tensor] | None = None
-        self.handle = None
-        if file.name == PICKLE_FILE:
-            log.warning(
-                "%s is a pickle file; loading it with torch.load(weights_only=True). Prefer model.safetensors "
-                "(convert once with safetensors.torch.save_file)",
-                file,
-            )
-            try:
-                data = torch.load(str(file), map_location="cpu", weights_only=True)
-            except (pickle.UnpicklingError, RuntimeError, OSError, EOFError, ValueError) as e:
-                raise CheckpointError(
-                    f"{file} could not be read with torch.load(weights_only=True) ({e}); it may be truncated or "
-                    "hold more than tensors. Use model.safetensors instead"
-                ) from None
-            if not isinstance(data, dict) or not all(isinstance(v, torch.Tensor) for v in data.values()):
-                raise CheckpointError(f"{file} does not hold a dictionary of tensors (a state dict)")
-            self.tensors = data
-            keys = set(data)
-        else:
-            try:
-                self.handle = safe_open(str(file), framework="pt")
-                keys = set(self.handle.keys())
-            except (SafetensorError, OSError, ValueError) as e:
-                raise CheckpointError(f"{file} is not a readable safetensors file ({e}); it may be truncated") from None
-        # A bare MarianModel state dict has no "model." prefix; MarianMTModel's does.
-        self.prefix = "" if any(k.startswith("model.") for k in keys) else "model."
-        self.keys = {self.prefix + k for k in keys}
-
-    def _raw(self, key: str) -> str:
-        return key[len(self.prefix) :]
-
-    def shape(self, key: str) -> tuple[int, ...]:
-        if self.tensors is not None:
-            return tuple(self.tensors[self._raw(key)].shape)
-        return tuple(self.handle.get_slice(self._raw(key)).get_shape())
-
-    def get(self, key: str) -> torch.Tensor:
-        try:
-            t = self.tensors[self._raw(key)] if self.tensors is not None else self.handle.get_tensor(self._raw(key))
-        except (SafetensorError, OSError, ValueError) as e:
-            raise CheckpointError(f"{self.file}: tensor '{key}' could not be read ({e})") from None
-        if not t.is_floating_point():
-            raise CheckpointError(f"{self.file}: tensor '{key}' has dtype {t.dtype}; weights must be floating point")
-        return t.float()
-
-
-def _load_tensors(reader: _Reader, cfg: TransformerConfig) -> dict[str, torch.Tensor]:
-    """Our parameters by name, read from the file after checking every name and shape."""
-    file = reader.file
-    expected = expected_shapes(cfg)
-
-    def check_shape(hf_key: str, want: tuple[int, ...]) -> None:
-        got = reader.shape(hf_key)
-        if hf_key == "final_logits_bias" and len(got) == 2 and got[0] == 1:
-            got = got[1:]  # stored (1, V), ours is (V,)
-        if got != want:
-            raise CheckpointError(f"{file}: tensor '{hf_key}' has shape {got} but {CONFIG_FILE} implies {want}")
-
-    plan: dict[str, list[str]] = {}  # ours -> the Hugging Face tensors to read (first is used)
-    missing = []
-    for hf_key, ours in _key_map(cfg).items():
-        if hf_key in reader.keys:
-            plan[ours] = [hf_key]
-        else:
-            missing.append(hf_key)
-    for ours, candidates in _embedding_sources(cfg).items():
-        present = [k for k in candidates if k in reader.keys]
-        if present:
-            plan[ours] = present
-        else:
-            missing.append(" or ".join(candidates))
-    if "final_logits_bias" in reader.keys:
+def _plan(cfg: TransformerConfig, weights: WeightsFile) -> dict[str, list[str]]:
+    """For each of our parameters, the Hugging Face tensors that hold it (tied copies after the first)."""
+    plan = {ours: [hf] for hf, ours in _key_map(cfg).items()}
+    plan.update({ours: list(names) for ours, names in _embedding_sources(cfg).items()})
+    if "final_logits_bias" in weights:
         plan["out_bias"] = ["final_logits_bias"]
-    else:  # optional, as in transformers: a checkpoint without it has a zero logits bias
-        log.info("%s has no final_logits_bias; using zeros", file)
-    if missing:
-        raise CheckpointError(
-            f"{file} does not fit {CONFIG_FILE}: missing tensors {missing[:5]}"
-            + (f" and {len(missing) - 5} more" if len(missing) > 5 else "")
-        )
-    for ours, hf_keys in plan.items():
-        for hf_key in hf_keys:
-            check_shape(hf_key, expected[ours])
-    tensors = {"out_bias": torch.zeros(cfg.tgt_vocab_size)}
-    for ours, hf_keys in plan.items():
-        first = reader.get(hf_keys[0])
-        for other in hf_keys[1:]:
-            if not torch.equal(first, reader.get(other)):
-                raise CheckpointError(
-                    f"{file}: '{other}' differs from '{hf_keys[0]}' but {CONFIG_FILE} says they are one tied matrix"
-                )
-        tensors[ours] = first.reshape(expected[ours])
-    table = sinusoidal_table(cfg.max_len, cfg.d_model, "concat")
+    return plan
+
+
+def _with_prefix(name: str) -> str:
+    """A stored tensor's name as MarianMTModel saves it: a bare MarianModel state dict lacks "model."."""
+    return name if name.startswith(("model.", "lm_head.", "final_logits_bias")) else f"model.{name}"
+
+
+def _load_tensors(weights: WeightsFile, cfg: TransformerConfig) -> dict[str, torch.Tensor]:
+    """Our parameters by name, read from the file after checking every name and shape."""
+    expected = expected_shapes(cfg)
+    tensors = {"out_bias": torch.zeros(cfg.tgt_vocab_size)}  # as in transformers, when the file has none
+    if "final_logits_bias" not in weights:
+        log.info("%s has no final_logits_bias; using zeros", weights.file)
+    tensors.update(weights.read(_plan(cfg, weights), expected))
+    table = torch.from_numpy(sinusoidal_table(cfg.max_len, cfg.d_model, "concat"))
     for side in ("encoder", "decoder"):
         key = f"model.{side}.embed_positions.weight"
-        if key in reader.keys:
-            stored = reader.get(key)
+        if key in weights:
+            stored = weights.get(key)
             if tuple(stored.shape) != tuple(table.shape) or not torch.allclose(stored, table, atol=1e-5, rtol=0):
                 raise CheckpointError(
-                    f"{file}: '{key}' is not the sinusoid table Marian uses (sines then cosines, positions from 0); "
-                    "attnviz regenerates that table and cannot run other positions"
+                    f"{weights.file}: '{key}' is not the sinusoid table Marian uses (sines then cosines, positions "
+                    "from 0); attnviz regenerates that table and cannot run other positions"
                 )
     return tensors
 
@@ -453,34 +364,25 @@ def _weights_file(path: Path) -> Path:
     raise CheckpointError(f"{path} has no {SAFETENSORS_FILE} or {PICKLE_FILE} (the Marian weights); found {found}")
 
 
-def load_marian(path: str | Path, device: str = "auto") -> Bundle:
+def load(path: Path, device: str = "auto") -> Bundle:
     """A :class:`Bundle` holding a Hugging Face Marian checkpoint run by our Transformer, in eval mode."""
-    path = Path(path)
-    if not path.is_dir():
-        raise CheckpointError(f"no checkpoint directory at {path}")
-    path = snapshot(path)
+    path = model_folder(path)
     config_file = path / CONFIG_FILE
-    hf = read_hf_config(
-        path,
-        "marian",
-        f"a Marian folder (a Helsinki-NLP opus-mt model) holds {CONFIG_FILE}, {SAFETENSORS_FILE} (or "
-        f"{PICKLE_FILE}), {SOURCE_SPM}, {TARGET_SPM} and {VOCAB_FILE}",
-    )
+    hf = read_hf_config(path, "marian", DESCRIPTION)
     vocab_probe = marian_config(hf, unk_id=0, source=str(config_file))  # vocabulary sizes, before vocab.json
     tokenizer = _read_tokenizer(
         path, hf, (vocab_probe.src_vocab_size, vocab_probe.tgt_vocab_size), max_tokens=vocab_probe.max_len
     )
     cfg = marian_config(hf, unk_id=tokenizer.unk_id, source=str(config_file))
     weights_file = _weights_file(path)
-    tensors = _load_tensors(_Reader(weights_file), cfg)
-    model = build_model(cfg, tensors, device)
+    tensors = _load_tensors(WeightsFile(weights_file, rename=_with_prefix), cfg)
     name = hub_name(path)
     lang = re.search(r"opus-mt-(?:tc-big-)?([a-z]{2,3})-", name)
     info = {
-        "family": "marian",
+        "family": FAMILY,
         "source": "Hugging Face Marian",
         "name": name,
         "weights_file": weights_file.name,
         "examples": SOURCE_EXAMPLES.get(lang.group(1), []) if lang else [],
     }
-    return Bundle(model, tokenizer, name, path.resolve(), sha256_file(weights_file), info)
+    return make_bundle(cfg, tensors, tokenizer, weights_file, info, device)

@@ -18,8 +18,10 @@ import pandas as pd
 import torch
 
 from attnviz.errors import InputError
+from attnviz.hooks import Edit, act_name
+from attnviz.kinds import causal_mask
 from attnviz.model import Transformer
-from attnviz.train import learning_rate
+from attnviz.optim import learning_rate
 
 # The worked example of the teaching page: three tokens of four dimensions, d_k = d_v = 3.
 DEFAULT_X = ((1, 0, 1, 0), (0, 2, 0, 2), (1, 1, 1, 1))
@@ -196,7 +198,7 @@ def subsequent_mask(n: int) -> np.ndarray:
     """(n, n) mask of the decoder's self-attention: position i may attend to positions 0..i."""
     if n < 1:
         raise InputError(f"n must be at least 1, got {n}")
-    return np.tril(np.ones((n, n), dtype=bool))
+    return causal_mask(n)
 
 
 def apply_mask_to_row(scores_row, mask_row) -> pd.DataFrame:
@@ -335,9 +337,13 @@ def permutation_check(
         raise InputError(f"perm must be an ordering of 0..{S - 1} (one entry per token), got {p.tolist()}")
     index = torch.as_tensor(p, device=model.device)
 
+    # Without positions: the position table's rows are replaced by zeros, so x + PE(pos) = x exactly.
+    no_positions = {} if use_positions or model.pos.table is None else {act_name("src", "pos"): torch.zeros_like}
+
     def run(x: torch.Tensor) -> tuple[np.ndarray, np.ndarray]:
-        memory, records = model.encode(x, capture="weights", use_positions=use_positions)
-        maps = torch.stack([r.weights[0] for r in records])  # (L, H, S, S)
+        with Edit(no_positions):
+            memory, weights = model.encode(x, need_weights=True)
+        maps = torch.stack([w[0] for w in weights])  # (L, H, S, S)
         return memory[0].double().cpu().numpy(), maps.double().cpu().numpy()
 
     out, maps = run(ids)

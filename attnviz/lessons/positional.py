@@ -21,8 +21,8 @@ import numpy as np
 import pandas as pd
 
 from attnviz.errors import InputError
+from attnviz.model import PAPER_BASE, sinusoid_frequencies, sinusoidal_table
 
-PAPER_BASE = 10000.0
 LAYOUTS = ("interleaved", "concat")  # the paper's sin, cos, sin, cos... | all sines, then all cosines
 # Precision of a table: (dtype of the table, dtype of the angles pos * omega_i), see encoding_matrix.
 PRECISIONS = {
@@ -46,7 +46,7 @@ def _check(n: int | None, d_model: int, base: float, layout: str) -> None:
 def frequencies(d_model: int, base: float = PAPER_BASE) -> np.ndarray:
     """The P angular frequencies omega_i = base^(-2i/d_model), i = 0..P-1, from 1 down towards 1/base (3.5)."""
     _check(None, d_model, base, "interleaved")
-    return base ** (-np.arange(0, d_model, 2, dtype=np.float64) / d_model)  # (P,)
+    return sinusoid_frequencies(d_model, base)  # (P,)
 
 
 def wavelengths(d_model: int, base: float = PAPER_BASE) -> np.ndarray:
@@ -79,20 +79,14 @@ def encoding_matrix(
 ) -> np.ndarray:
     """The (N, D) sinusoid table of section 3.5 for positions start..start+N-1, any base, in ``dtype``.
 
-    With base 10000, start 0 and ``dtype=np.float32`` it equals :func:`attnviz.model.sinusoidal_table`,
-    which also computes the angles pos * omega_i in float64 and rounds the table. ``angle_dtype``
-    float32 computes the angles themselves in float32, as many implementations do: at large
-    positions they lose digits (about pos * 6e-8 radians), which is where linearity visibly breaks.
+    The model's own table (:func:`attnviz.model.sinusoidal_table`, the one formula in attnviz) with
+    the inputs checked for the page. The model computes the angles pos * omega_i in float64 and
+    rounds the table to float32; ``angle_dtype`` float32 computes the angles themselves in float32,
+    as many implementations do: at large positions they lose digits (about pos * 6e-8 radians),
+    which is where linearity visibly breaks.
     """
     _check(n, d_model, base, layout)
-    pos = (start + np.arange(n, dtype=np.float64)).astype(angle_dtype)[:, None]  # (N, 1)
-    angles = pos * frequencies(d_model, base).astype(angle_dtype)  # (N, P)
-    sin, cos = np.sin(angles), np.cos(angles)
-    if layout == "interleaved":
-        table = np.stack([sin, cos], axis=-1).reshape(n, d_model)  # (N, P, 2) -> (N, D)
-    else:
-        table = np.concatenate([sin, cos], axis=-1)
-    return table.astype(dtype)
+    return sinusoidal_table(n, d_model, layout, base, start, dtype, angle_dtype)
 
 
 def dimension_label(dim: int, d_model: int, layout: str = "interleaved") -> str:

@@ -1,8 +1,8 @@
 """Figure builders for the teaching pages (mechanics and attention variants): data in, plotly out.
 
-Like :mod:`attnviz.plots` they never call Streamlit, every axis has a title, and token labels are
-prefixed with their position (``plots.plotly_labels``) so repeated tokens never merge. Matrices are
-drawn with rows as queries and columns as keys, row 0 at the top.
+Like every figure they never call Streamlit, every axis has a title, and token labels are prefixed
+with their position (:func:`attnviz.figures.common.plotly_labels`) so repeated tokens never merge.
+Matrices are drawn with rows as queries and columns as keys, row 0 at the top.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ import pandas as pd
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
-from attnviz.plots import HIGHLIGHT, MASKED_GREY, WEIGHT_COLORSCALE, plotly_labels
+from attnviz.figures.common import HIGHLIGHT, MASKED_GREY, WEIGHT_COLORSCALE, plotly_labels
 
 ALLOWED_BLUE = "#2171b5"
 SCALED, UNSCALED = "#2171b5", HIGHLIGHT  # with and without 1/sqrt(d_k), the same on every chart

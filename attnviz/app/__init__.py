@@ -1,0 +1,31 @@
+"""The app's helpers: the only part of attnviz that imports Streamlit.
+
+Pages import from here: the sidebar and its choices (:mod:`~attnviz.app.session`), the cached
+computations (:mod:`~attnviz.app.cache`), shared widgets (:mod:`~attnviz.app.widgets`) and the list
+of pages (:mod:`~attnviz.app.registry`).
+"""
+
+from attnviz.app import registry
+from attnviz.app.cache import load_bundle, run_attention, run_decoding, run_forward_pass, run_scores
+from attnviz.app.registry import Page
+from attnviz.app.session import CUSTOM_PATH, Choices, keep_state, sidebar
+from attnviz.app.widgets import clamp_state, download_buttons, keep_in_range, show_error, sinusoid_inputs
+
+__all__ = [
+    "CUSTOM_PATH",
+    "Choices",
+    "Page",
+    "clamp_state",
+    "download_buttons",
+    "keep_in_range",
+    "keep_state",
+    "load_bundle",
+    "registry",
+    "run_attention",
+    "run_decoding",
+    "run_scores",
+    "run_forward_pass",
+    "show_error",
+    "sidebar",
+    "sinusoid_inputs",
+]

@@ -1,0 +1,42 @@
+"""What the pages compute from a model, cached per process: a widget change never reruns the model.
+
+``st.cache_resource`` hands every session the same model, which is therefore read-only;
+``st.cache_data`` keys on strings and numbers only (models and tensors cannot be hashed).
+"""
+
+from __future__ import annotations
+
+import streamlit as st
+
+from attnviz import api
+from attnviz.checkpoints import Bundle
+
+
+@st.cache_resource(show_spinner="Loading the model…", max_entries=4)
+def load_bundle(model: str, device: str) -> Bundle:
+    """One loaded model per (model, device) for the whole process; never mutated."""
+    return api.load(model, device)
+
+
+@st.cache_data(show_spinner="Running the model…", max_entries=64)
+def run_attention(model: str, device: str, src: str, tgt: str | None) -> api.AttentionExport:
+    """Every attention map for a sentence, cached: changing layer, head or view does not rerun it."""
+    return api.attention(load_bundle(model, device), src, tgt)
+
+
+@st.cache_data(show_spinner="Computing the scores…", max_entries=16)
+def run_scores(model: str, device: str, src: str, tgt: str | None) -> dict:
+    """Scaled scores before the softmax, per kind (L, H, Q, K); cached like the maps."""
+    return api.attention_scores(load_bundle(model, device), src, tgt)
+
+
+@st.cache_data(show_spinner="Running the model…", max_entries=16)
+def run_forward_pass(model: str, device: str, src: str, tgt: str | None) -> api.ForwardPass:
+    """Every intermediate tensor of one forward pass, cached: moving between stages does not rerun it."""
+    return api.forward_pass(load_bundle(model, device), src, tgt)
+
+
+@st.cache_data(show_spinner="Decoding…", max_entries=32)
+def run_decoding(model: str, device: str, src: str, beam: int, tgt: str | None, top_k: int = 8):
+    """The step-through of one decoding (greedy, beam search or teacher-forced), cached."""
+    return api.step_through(load_bundle(model, device), src, beam=beam, top_k=top_k, target=tgt)

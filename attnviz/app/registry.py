@@ -1,0 +1,85 @@
+"""The app's pages: one entry per page, read by the sidebar, the home page and the tests.
+
+A new page is its file in ``pages/`` and one line here. Widget keys: give a page's widgets keys
+with the page's own prefix; keys of widgets whose value Streamlit refuses to have set (buttons,
+download buttons, data editors, selectable tables) start with "_" so that the sidebar does not
+carry them across pages (:func:`attnviz.app.session.keep_state`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import PurePosixPath
+
+
+@dataclass(frozen=True)
+class Page:
+    path: str  # the page's file, relative to app.py
+    title: str
+    icon: str  # a Material icon: they ship with Streamlit, so they render offline in any browser
+    description: str  # one line on the home page
+
+    @property
+    def url_path(self) -> str:
+        """The page's address below the app's root ("" for the home page), as Streamlit derives it."""
+        return "" if self.path == "app.py" else PurePosixPath(self.path).stem
+
+
+PAGES = (
+    Page("app.py", "Home", ":material/home:", "what attnviz shows, how to read a map, and where the decoder looks."),
+    Page(
+        "pages/explorer.py",
+        "Attention explorer",
+        ":material/grid_on:",
+        "every map of every layer and head: one head large (weights or the scores before the softmax), all heads "
+        "as a grid, BertViz-style lines, head averages and attention rollout, and a table of head statistics; "
+        "each view exports as PNG/SVG, CSV and NPZ.",
+    ),
+    Page(
+        "pages/decoding.py",
+        "Decoding step by step",
+        ":material/play_circle:",
+        "greedy or beam search one token at a time: the top candidates, where every head of the decoder looks "
+        "at each step, and the alignment growing row by row; teacher forcing with a target sentence.",
+    ),
+    Page(
+        "pages/walkthrough.py",
+        "Forward-pass walkthrough",
+        ":material/route:",
+        "one sentence through the whole model, stage by stage, with the loaded model's own numbers: tokens, "
+        "embeddings and positions, each encoder layer's Q, K, V, scores, weights, heads, W_O, residuals, "
+        "LayerNorms and feed-forward, the decoder's masked self- and cross-attention, and the output.",
+    ),
+    Page(
+        "pages/mechanics.py",
+        "Mechanics of attention",
+        ":material/calculate:",
+        "equation 1 by hand on a 3-token example you can edit, why the scores are divided by sqrt(d_k), the "
+        "padding and subsequent masks, the shapes of multi-head attention, why self-attention without positions "
+        "is a bag of tokens (shown on the loaded model), and the learning-rate schedule.",
+    ),
+    Page(
+        "pages/variants.py",
+        "Attention variants",
+        ":material/blur_on:",
+        "sparse attention patterns (local, dilated, strided) and their cost, the same patterns imposed on the "
+        "loaded model's encoder, Synthesizer attention without token-to-token scores, and the complexity table "
+        "of section 4 with timings measured on this machine.",
+    ),
+    Page(
+        "pages/positional.py",
+        "Positional encoding",
+        ":material/waves:",
+        "the sinusoidal encoding as a matrix and as curves, its wavelengths, how the dot product of two positions "
+        "depends only on their offset, the interleaved and concatenated layouts, and the positions of the loaded "
+        "model.",
+    ),
+    Page(
+        "pages/linearity.py",
+        "Relative positions are linear",
+        ":material/rotate_right:",
+        "section 3.5's claim that PE(pos + k) is a linear function (a rotation) of PE(pos): the matrix M_k, the "
+        "angle-addition identities, least-squares fits for sinusoidal, random and learned tables, and where "
+        "floating point makes it break.",
+    ),
+)

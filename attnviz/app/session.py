@@ -1,0 +1,102 @@
+"""The shared sidebar every page draws first, and the session state kept across pages.
+
+Widget state lives under fixed keys in ``st.session_state``. Streamlit drops the state of widgets
+that a run does not draw, so on every page :func:`keep_state` re-assigns each key to itself, which
+keeps the choices of the other pages too. Keys starting with "_" are left alone: they belong to
+widgets whose value Streamlit refuses to have set (buttons, downloads, data editors, tables).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import streamlit as st
+
+from attnviz import api
+from attnviz.app import registry
+from attnviz.app.cache import load_bundle
+from attnviz.app.widgets import show_error
+from attnviz.devices import DEVICE_CHOICES, available_devices
+
+CUSTOM_PATH = "A checkpoint directory…"
+
+
+@dataclass(frozen=True)
+class Choices:
+    model: str  # a shipped model's name or a checkpoint directory
+    src: str
+    tgt: str | None
+    device: str  # a concrete device: cpu, cuda or mps
+
+
+def keep_state() -> None:
+    """Carry every kept widget value into this run, whichever page drew it."""
+    for key in list(st.session_state.keys()):
+        if not key.startswith(("_", "$$")):
+            st.session_state[key] = st.session_state[key]
+
+
+def sidebar() -> Choices | None:
+    """Draw the shared sidebar and page links; the current choices, or None when they are unusable."""
+    keep_state()
+    models = api.list_models()
+    default = api.DEFAULT_MODEL if api.DEFAULT_MODEL in models else (models or [CUSTOM_PATH])[0]
+    st.session_state.setdefault("model", default)
+    with st.sidebar:
+        for page in registry.PAGES:
+            st.page_link(page.path, label=page.title, icon=page.icon)
+        st.divider()
+        choice = st.selectbox(
+            "Model",
+            [*models, CUSTOM_PATH],
+            key="model",
+            format_func=lambda m: "minilm: MiniLM, a real English encoder (BERT)" if m == api.MINILM else m,
+        )
+        model = choice
+        if choice == CUSTOM_PATH:
+            model = st.text_input("Checkpoint directory", key="model_path").strip()
+        st.selectbox("Device", DEVICE_CHOICES, key="device", help="auto: a GPU when there is one, else the CPU")
+        device = st.session_state.get("device", "auto")
+        concrete = available_devices()
+        if device == "auto":
+            device = concrete[1] if len(concrete) > 1 else "cpu"
+        elif device not in concrete:
+            st.warning(f"No {device} device on this machine: running on the CPU instead.")
+            device = "cpu"
+        if not model:
+            st.info("Type the path of a checkpoint directory.")
+            return None
+        try:
+            bundle = load_bundle(model, device)
+        except Exception as e:  # noqa: BLE001 - every failure must reach the user as a message
+            show_error(e)
+            return None
+        examples = bundle.info.get("examples") or []
+        if st.session_state.get("src_model") != model:  # a new model: start from its first example
+            st.session_state["src"] = examples[0] if examples else ""
+            st.session_state["tgt"] = ""
+            st.session_state["src_model"] = model
+        st.text_area("Source sentence", key="src", height=80)
+        if examples:
+            picked = st.pills("Examples", examples, key=f"examples::{model}")
+            if picked and picked != st.session_state.get("picked_example"):
+                st.session_state["picked_example"] = picked
+                st.session_state["src"] = picked
+                st.rerun()
+        encoder_only = bundle.config.encoder_only
+        st.text_input(
+            "Target sentence (optional)",
+            key="tgt",
+            disabled=encoder_only,
+            help="Teacher forcing: the decoder reads this sentence instead of the model's own output."
+            + (" This model is encoder-only: it has no decoder." if encoder_only else ""),
+        )
+        family = bundle.info.get("family", "attnviz")
+        st.caption(
+            f"{bundle.name} ({family}): {bundle.config.n_enc_layers}+{bundle.config.n_dec_layers} layers, "
+            f"{bundle.config.n_heads} heads, d_model {bundle.config.d_model}, "
+            f"vocabulary {bundle.config.src_vocab_size:,}, on {device}. "
+            f"From: {bundle.info.get('source', 'trained by attnviz train')} ({bundle.path})"
+        )
+    tgt = None if encoder_only else st.session_state.get("tgt", "").strip() or None
+    return Choices(model=model, src=st.session_state.get("src", ""), tgt=tgt, device=device)

@@ -1,0 +1,96 @@
+"""Widgets and messages the pages share; plain helpers, no state of their own."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import pandas as pd
+import streamlit as st
+
+from attnviz.errors import AttnvizError
+from attnviz.export import AttentionExport
+from attnviz.lessons import positional as pe
+
+
+def show_error(e: Exception) -> None:
+    """A clear message for the people using the app, never a traceback."""
+    st.error(str(e) if isinstance(e, AttnvizError) else f"Something went wrong: {type(e).__name__}: {e}")
+
+
+def clamp_state(key: str, options) -> None:
+    """Reset a widget's stored value when it is no longer an option (e.g. a model with fewer layers)."""
+    options = list(options)
+    if key in st.session_state and st.session_state[key] not in options:
+        st.session_state[key] = options[0]
+
+
+def keep_in_range(key: str, default: int, low: int, high: int) -> None:
+    """Keep a slider's value, moved into [low, high], when its range changes.
+
+    Streamlit gives a slider whose bounds changed a fresh state (its minimum); setting the value
+    through session_state before the slider is drawn carries it over.
+    """
+    st.session_state[key] = min(max(st.session_state.get(key, default), low), high)
+
+
+SINUSOID_D_MODELS = [16, 32, 64, 128, 256, 512, 1024]
+LAYOUT_NAMES = {"interleaved": "interleaved (paper)", "concat": "concatenated (sin | cos)"}
+
+
+def sinusoid_inputs(columns, prefix: str, base_help: str, layout_help: str | None = None) -> tuple[int, float, str]:
+    """The d_model, base and layout widgets of the two positional-encoding pages, in three containers.
+
+    Keys are ``{prefix}_d_model``, ``{prefix}_base`` and ``{prefix}_layout``.
+    """
+    d_col, base_col, layout_col = columns
+    d_model = d_col.selectbox("d_model", SINUSOID_D_MODELS, index=SINUSOID_D_MODELS.index(128), key=f"{prefix}_d_model")
+    base = base_col.number_input(
+        "Base",
+        min_value=1.0,
+        max_value=1e9,
+        value=pe.PAPER_BASE,
+        step=1000.0,
+        format="%g",
+        key=f"{prefix}_base",
+        help=base_help,
+    )
+    layout = layout_col.radio(
+        "Layout", pe.LAYOUTS, format_func=LAYOUT_NAMES.get, key=f"{prefix}_layout", help=layout_help
+    )
+    return d_model, float(base), layout
+
+
+def download_buttons(
+    make_table: Callable[[], pd.DataFrame],
+    export: AttentionExport | None,
+    image_format: str | None,
+    name: str,
+) -> None:
+    """CSV of the matrix shown, NPZ of every tensor, and the image format of the figure's camera button.
+
+    The files are built only when a button is clicked (a callable ``data``): a long form of every
+    head of a 500-token sentence has millions of rows, too many to build on every rerun.
+    """
+    cols = st.columns(3)
+    cols[0].download_button(
+        "CSV of what is shown",
+        lambda: make_table().to_csv(index=False).encode("utf-8"),
+        f"{name}.csv",
+        "text/csv",
+        help="Long form: layer, head, query index and token, key index and token, value.",
+    )
+    if export is not None:
+        cols[1].download_button(
+            "NPZ of every map",
+            export.to_bytes,
+            f"{name.split('-')[0]}-attention.npz",
+            "application/octet-stream",
+            help="The same file as `attnviz attention`: encoder, decoder, cross, ids, tokens and a manifest.",
+        )
+    if image_format is not None:
+        cols[2].radio(
+            "Figure download (camera icon on the figure)",
+            ["png", "svg"],
+            key="image_format",
+            horizontal=True,
+        )

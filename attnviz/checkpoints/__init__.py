@@ -1,0 +1,32 @@
+"""Checkpoint directories: attnviz's own, Hugging Face Marian (opus-mt) and BERT, and where models are found.
+
+:data:`IMPORTERS` is the registry, tried in order. An importer is a module with ``FAMILY`` (its
+name), ``DESCRIPTION`` (what such a folder holds, for messages), ``detect(path)`` (whether a folder
+is of its family, cheaply and without raising) and ``load(path, device)`` (a :class:`Bundle`, or a
+CheckpointError naming the file and the problem). A new format is one file and one entry here.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from attnviz.checkpoints import bert, marian, native
+from attnviz.checkpoints.bundle import Bundle
+from attnviz.checkpoints.files import unrecognised
+from attnviz.errors import CheckpointError
+
+IMPORTERS = (native, marian, bert)
+
+
+def load_checkpoint(path: str | Path, device: str = "auto") -> Bundle:
+    """Load a checkpoint directory of any known family onto ``device`` (cpu, cuda, mps or auto), in eval mode."""
+    path = Path(path)
+    if not path.is_dir():
+        raise CheckpointError(f"no checkpoint directory at {path}")
+    for importer in IMPORTERS:
+        if importer.detect(path):
+            return importer.load(path, device)
+    raise unrecognised(path, [importer.DESCRIPTION for importer in IMPORTERS])
+
+
+__all__ = ["IMPORTERS", "Bundle", "load_checkpoint"]

@@ -1,0 +1,74 @@
+"""A loaded model with its tokenizer and description, and how every importer builds one."""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+from attnviz.devices import resolve_device
+from attnviz.model import Transformer, TransformerConfig
+from attnviz.tokenizer import Tokenizer
+
+
+@dataclass(frozen=True)
+class Bundle:
+    """A loaded model with everything needed to use and describe it. Treat it as read-only."""
+
+    model: Transformer
+    tokenizer: Tokenizer
+    name: str
+    path: Path
+    sha256: str  # of the weights file
+    info: dict = field(default_factory=dict)  # what the folder says about the model: family, examples, card data
+
+    @property
+    def config(self) -> TransformerConfig:
+        return self.model.cfg
+
+    @property
+    def device(self) -> torch.device:
+        return self.model.device
+
+
+def sha256_file(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def expected_shapes(cfg: TransformerConfig) -> dict[str, tuple[int, ...]]:
+    """Every parameter's shape for ``cfg``, from a model on the meta device; tied tensors appear once.
+
+    Nothing is allocated, so a hostile config asking for a huge model cannot exhaust memory before
+    the weights file is checked against these shapes.
+    """
+    with torch.device("meta"):
+        return {k: tuple(p.shape) for k, p in Transformer(cfg).named_parameters()}
+
+
+def make_bundle(
+    cfg: TransformerConfig,
+    tensors: dict[str, torch.Tensor],
+    tokenizer: Tokenizer,
+    weights_file: Path,
+    info: dict,
+    device: str,
+) -> Bundle:
+    """The read-only model in eval mode on ``device``, its parameters copied from checked ``tensors``.
+
+    Every importer ends here, once the tensors are known to fit ``cfg``. The bundle is named by
+    ``info["name"]``, else by the folder.
+    """
+    model = Transformer(cfg)
+    with torch.no_grad():
+        for key, p in model.named_parameters():
+            p.copy_(tensors[key])
+    model.eval().requires_grad_(False)
+    model = model.to(resolve_device(device))
+    folder = weights_file.parent
+    return Bundle(model, tokenizer, info.get("name", folder.name), folder.resolve(), sha256_file(weights_file), info)

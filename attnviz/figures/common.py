@@ -1,0 +1,86 @@
+"""What every figure shares: colours, tick labels, input checks and the export button's settings.
+
+Figure builders take plain data (numpy arrays, token lists) and return a plotly figure; they never
+call Streamlit. Axes always say which side is the query and which the key, and every tick label is
+prefixed with its position so that repeated tokens never merge into one tick. Tokens are
+HTML-escaped before plotly sees them: plotly reads ``<s>`` as its strike-through tag, so the start
+and end tokens ``<s>`` and ``</s>`` would otherwise vanish from the labels.
+"""
+
+from __future__ import annotations
+
+import html
+import math
+from collections.abc import Sequence
+
+import numpy as np
+from plotly.colors import qualitative
+
+from attnviz.kinds import TITLES, axis_names
+
+WEIGHT_COLORSCALE = "Blues"
+SCORE_COLORSCALE = "RdBu_r"  # diverging: negative blue, 0 white, positive red
+MASKED_GREY = "#bdbdbd"  # darker than Blues' white zero and RdBu's white midpoint
+HEAD_COLORS = qualitative.Dark24  # a head keeps its colour whichever heads are shown
+HIGHLIGHT = "#d62728"
+# Above this many tokens an axis labels every n-th position only; the data stay exact.
+MAX_TICK_LABELS = 80
+
+
+def position_labels(tokens: Sequence[str], start: int = 0) -> list[str]:
+    """'3 ▁the': unique tick labels even when a token repeats; positions count from ``start``."""
+    return [f"{i} {t}" for i, t in enumerate(tokens, start)]
+
+
+def plotly_labels(tokens: Sequence[str], start: int = 0) -> list[str]:
+    """Position labels escaped for plotly's HTML-like text: '0 &lt;s&gt;' displays as '0 <s>'."""
+    return [html.escape(label, quote=False) for label in position_labels(tokens, start)]
+
+
+def kind_titles(kind: str) -> tuple[str, str, str]:
+    """(title, query axis title, key axis title) of a map of ``kind``, e.g. "query: source token"."""
+    query, key = axis_names(kind, "token")  # a ValueError naming the kinds for an unknown kind
+    return TITLES[kind], query, key
+
+
+def as_array(data, what: str, ndim: int) -> np.ndarray:
+    """``data`` (numpy, nested lists, or a torch tensor on any device) as float32 numpy with ``ndim`` axes.
+
+    float32 is what the model produces, and half the bytes of float64 in the figure's JSON.
+    """
+    if hasattr(data, "detach"):  # a torch tensor: no torch import needed here
+        data = data.detach().float().cpu().numpy()
+    array = np.asarray(data, dtype=np.float32)
+    if array.ndim != ndim:
+        raise ValueError(f"{what} must have {ndim} axes, got shape {array.shape}")
+    return array
+
+
+def check_tokens(n: int, tokens: Sequence[str], axis: str) -> None:
+    if n != len(tokens):
+        raise ValueError(f"the maps have {n} {axis} positions but {len(tokens)} {axis} tokens were given")
+
+
+def ticks(labels: list[str]) -> dict:
+    """Axis settings that label every position, or every n-th one beyond ``MAX_TICK_LABELS``."""
+    step = max(1, math.ceil(len(labels) / MAX_TICK_LABELS))
+    return {"type": "category", "tickmode": "array", "tickvals": labels[::step], "ticktext": labels[::step]}
+
+
+def export_config(filename: str, fmt: str) -> dict:
+    """The plotly ``config`` for ``st.plotly_chart`` whose camera button downloads ``filename``.``fmt``.
+
+    The browser renders the image, so PNG and SVG need no Chrome on the server. ``fmt`` is "png"
+    (drawn at twice the on-screen size) or "svg".
+    """
+    if fmt not in ("png", "svg"):
+        raise ValueError(f"fmt must be 'png' or 'svg', got {fmt!r}")
+    stem = filename.rsplit("/", 1)[-1].rsplit("\\", 1)[-1]
+    if stem.lower().endswith("." + fmt):  # plotly appends the extension itself
+        stem = stem[: -len(fmt) - 1]
+    if not stem:
+        raise ValueError(f"filename must name a file, got {filename!r}")
+    options = {"format": fmt, "filename": stem}
+    if fmt == "png":
+        options["scale"] = 2
+    return {"toImageButtonOptions": options, "displaylogo": False}

@@ -1,0 +1,83 @@
+"""Figures of decoding: the most likely next tokens, and one step's attention rows of every layer and head."""
+
+from __future__ import annotations
+
+import html
+from collections.abc import Sequence
+
+import numpy as np
+import plotly.graph_objects as go
+
+from attnviz.figures.common import (
+    HIGHLIGHT,
+    WEIGHT_COLORSCALE,
+    as_array,
+    check_tokens,
+    kind_titles,
+    plotly_labels,
+    ticks,
+)
+
+
+def topk_bar(tokens: Sequence[str], probs: Sequence[float], chosen: str | None = None) -> go.Figure:
+    """A horizontal bar chart of next-token probabilities, most likely on top, ``chosen`` in red.
+
+    Labels are prefixed with the rank from 1. If ``chosen`` (a token string, e.g. the
+    teacher-forced or beam-search token) is not among ``tokens``, the title says so.
+    """
+    probs = as_array(probs, "probs", 1)
+    if len(tokens) != len(probs):
+        raise ValueError(f"got {len(tokens)} tokens but {len(probs)} probabilities")
+    order = np.argsort(-probs, kind="stable")
+    ranked = [tokens[i] for i in order]
+    labels = [html.escape(f"{rank} {t}", quote=False) for rank, t in enumerate(ranked, start=1)]
+    fig = go.Figure(
+        go.Bar(
+            x=probs[order],
+            y=labels,
+            orientation="h",
+            marker={"color": [HIGHLIGHT if t == chosen else "#6baed6" for t in ranked]},
+            text=[f"{p:.3f}" for p in probs[order]],
+            textposition="auto",
+            hovertemplate="%{y}<br>probability %{x:.6f}<extra></extra>",
+        )
+    )
+    title = "Most likely next tokens"
+    if chosen is not None:
+        where = "red" if chosen in ranked else "not in the top " + str(len(ranked))
+        title += f" (chosen: {html.escape(chosen, quote=False)}, {where})"
+    fig.update_layout(title=title, height=120 + 28 * len(ranked), margin={"l": 10, "r": 10, "t": 50, "b": 10})
+    fig.update_xaxes(title="probability", range=[0.0, 1.0])
+    fig.update_yaxes(title="next token (rank)", type="category", autorange="reversed")
+    return fig
+
+
+def step_rows_grid(rows: np.ndarray, key_tokens: Sequence[str], title: str, kind: str = "cross") -> go.Figure:
+    """One decoding step's attention rows (L, H, K) as one heatmap of L * H rows, on a 0..1 scale.
+
+    Row "layer l head h" is what the step's query (the newest decoder position) attends to with that
+    head, e.g. :attr:`attnviz.decoding.DecodeStep.cross_attn` (``kind`` "cross": keys are source
+    tokens) or ``self_attn`` (``kind`` "decoder": keys are the decoder input so far).
+    """
+    _, _, x_title = kind_titles(kind)
+    rows = as_array(rows, "rows", 3)
+    L, H, K = rows.shape
+    check_tokens(K, key_tokens, "key")
+    y = [f"layer {layer} head {head}" for layer in range(1, L + 1) for head in range(1, H + 1)]
+    x = plotly_labels(key_tokens)
+    fig = go.Figure(
+        go.Heatmap(
+            z=rows.reshape(L * H, K),  # (L * H, K): layer-major, as the labels
+            x=x,
+            y=y,
+            zmin=0.0,
+            zmax=1.0,
+            colorscale=WEIGHT_COLORSCALE,
+            colorbar={"title": "weight"},
+            hovertemplate="%{y}<br>key %{x}<br>weight %{z:.6f}<extra></extra>",
+        )
+    )
+    fig.update_layout(title=title, height=max(300, 14 * L * H + 250), margin={"l": 10, "r": 10, "t": 140, "b": 10})
+    fig.update_xaxes(title=x_title, side="top", tickangle=-60, **ticks(x))
+    fig.update_yaxes(title="query: this step's position, per layer and head", autorange="reversed", **ticks(y))
+    return fig

@@ -1,0 +1,55 @@
+"""The three kinds of attention in the model, their axes and their masks: one vocabulary for the package.
+
+Rows are queries and columns are keys in every map. Encoder self-attention is source by source,
+masked decoder self-attention is decoder input by decoder input, and cross-attention is decoder
+input (target) rows by source columns. Masks are boolean, True = this query may attend to this key.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+KINDS = ("encoder", "decoder", "cross")
+TITLES = {
+    "encoder": "Encoder self-attention",
+    "decoder": "Decoder self-attention (masked)",
+    "cross": "Cross-attention (encoder-decoder)",
+}
+SIDES = {"source": "source", "target": "decoder input"}  # how each side of a pair is called on axes
+KIND_SIDES = {"encoder": ("source", "source"), "decoder": ("target", "target"), "cross": ("target", "source")}
+
+
+def check_kind(kind: str) -> str:
+    """``kind`` itself, or a ValueError naming the three kinds."""
+    if kind not in KIND_SIDES:
+        raise ValueError(f"kind must be one of {', '.join(KINDS)}; got {kind!r}")
+    return kind
+
+
+def axis_name(kind: str, role: str, unit: str = "position") -> str:
+    """'query: source position', 'key: decoder input token': which side an axis of ``kind`` holds.
+
+    ``role`` is "query" (rows) or "key" (columns); ``unit`` what one entry of the axis is.
+    """
+    side = KIND_SIDES[check_kind(kind)][{"query": 0, "key": 1}[role]]
+    return f"{role}: {SIDES[side]} {unit}"
+
+
+def axis_names(kind: str, unit: str = "position") -> tuple[str, str]:
+    """(query axis, key axis) of ``kind``, as :func:`axis_name` writes them."""
+    return axis_name(kind, "query", unit), axis_name(kind, "key", unit)
+
+
+def causal_mask(n_queries: int, n_keys: int | None = None, start: int = 0) -> np.ndarray:
+    """The subsequent mask (3.2.3), (Q, K) bool: query i, at position start + i, may attend to keys 0..start + i.
+
+    ``start`` > 0 gives the rows of later positions only (decoding with a key/value cache, where the
+    keys of earlier positions are already known); ``n_keys`` defaults to ``start + n_queries``.
+    """
+    n_keys = start + n_queries if n_keys is None else n_keys
+    return (start + np.arange(n_queries))[:, None] >= np.arange(n_keys)[None, :]
+
+
+def allowed(kind: str, n_queries: int, n_keys: int) -> np.ndarray | None:
+    """Which cells of one unpadded map of ``kind`` may be non-zero: the causal mask, or None (every cell)."""
+    return causal_mask(n_queries, n_keys) if check_kind(kind) == "decoder" else None
