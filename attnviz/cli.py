@@ -1,12 +1,106 @@
-"""The `attnviz` command: translate, attention, evaluate, train. A stable contract for scripts."""
+"""The `attnviz` command: translate, attention, evaluate, train. A stable contract for scripts.
+
+Results go to standard output. Any bad input (an argument out of range, text that is not Unicode,
+an output file in a missing folder, a model that cannot be loaded) ends with exit status 2 and one
+line on standard error, ``attnviz: error: ...``, never a traceback. Arguments are checked as they
+are parsed, before any work starts. An error attnviz did not foresee (a bug) also gets one line,
+and exit status 1; ``ATTNVIZ_DEBUG=1`` shows its traceback.
+"""
 
 from __future__ import annotations
 
 import argparse
+import os
 import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import NoReturn
 
+from attnviz.data import TASKS
 from attnviz.devices import DEVICE_CHOICES
 from attnviz.errors import AttnvizError
+
+MAX_PATH = 4096  # Linux's PATH_MAX: a longer --model or --out cannot name a file
+MAX_BEAM = 64  # what attnviz.decoding.step_through accepts
+
+
+class UsageError(AttnvizError):
+    """A command-line argument that cannot be used."""
+
+
+class Parser(argparse.ArgumentParser):
+    """argparse, with its errors as one line (no usage block) and exit status 2, like attnviz's own."""
+
+    def error(self, message: str) -> NoReturn:
+        raise UsageError(message)
+
+
+# ---------------------------------------------------------------------------------------------
+# Argument types: each returns the value or raises ArgumentTypeError with a message for people.
+
+
+def text(value: str) -> str:
+    """A text argument that is real Unicode (the shell can pass bytes that decode to nothing)."""
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        raise argparse.ArgumentTypeError("the text is not valid UTF-8; pass it in UTF-8") from None
+    return value
+
+
+def int_in(low: int, high: int) -> Callable[[str], int]:
+    """An integer argument between ``low`` and ``high`` inclusive."""
+
+    def parse(value: str) -> int:
+        try:
+            number = int(value)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected a whole number, got {value!r}") from None
+        if not low <= number <= high:
+            raise argparse.ArgumentTypeError(f"must be between {low} and {high}, got {number}")
+        return number
+
+    return parse
+
+
+def float_in(low: float, high: float) -> Callable[[str], float]:
+    """A finite number argument between ``low`` and ``high`` inclusive."""
+
+    def parse(value: str) -> float:
+        try:
+            number = float(value)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected a number, got {value!r}") from None
+        if not low <= number <= high:  # NaN fails this too
+            raise argparse.ArgumentTypeError(f"must be between {low:g} and {high:g}, got {value}")
+        return number
+
+    return parse
+
+
+def path_text(value: str) -> str:
+    """A path argument: Unicode, and short enough to name a file."""
+    value = text(value)
+    if len(value.encode("utf-8")) > MAX_PATH or any(len(part.encode("utf-8")) > 255 for part in Path(value).parts):
+        raise argparse.ArgumentTypeError(f"the path is too long ({len(value)} characters) to name a file")
+    return value
+
+
+def out_file(value: str) -> str:
+    """A file to write: its folder must exist and be writable, and it must not be a folder itself."""
+    path = Path(path_text(value)).expanduser()
+    folder = path.parent if str(path.parent) else Path(".")
+    if not folder.is_dir():
+        raise argparse.ArgumentTypeError(f"the folder {str(folder)!r} does not exist: create it first")
+    if path.is_dir():
+        raise argparse.ArgumentTypeError(f"{value!r} is a folder: name a file in it")
+    if not os.access(folder, os.W_OK):
+        raise argparse.ArgumentTypeError(f"the folder {str(folder)!r} is not writable")
+    return str(path)
+
+
+# ---------------------------------------------------------------------------------------------
+# Commands
 
 
 def _translate(args) -> None:
@@ -57,59 +151,83 @@ def _train(args) -> None:
     )
 
 
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="attnviz", description=__doc__)
-    sub = parser.add_subparsers(dest="command", required=True)
+def model_args(p: argparse.ArgumentParser, default_model: str | None = "en-de") -> None:
+    """--model and --device, as every command that loads a model takes them."""
+    p.add_argument(
+        "--model",
+        type=path_text,
+        default=default_model,
+        required=default_model is None,
+        help="a shipped model's name (a folder under pretrained/) or a checkpoint directory",
+    )
+    p.add_argument("--device", default="auto", choices=DEVICE_CHOICES)
 
-    def model_args(p, default_model: str | None = "en-de") -> None:
-        p.add_argument(
-            "--model",
-            default=default_model,
-            required=default_model is None,
-            help="a shipped model's name (a folder under pretrained/) or a checkpoint directory",
-        )
-        p.add_argument("--device", default="auto", choices=DEVICE_CHOICES)
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = Parser(prog="attnviz", description=__doc__.split("\n\n")[0])
+    sub = parser.add_subparsers(dest="command", required=True)
 
     p = sub.add_parser("translate", help="print the model's output for a sentence")
     model_args(p)
-    p.add_argument("--beam", type=int, default=1, help="beam size (1 = greedy)")
-    p.add_argument("text")
+    p.add_argument("--beam", type=int_in(1, MAX_BEAM), default=1, help="beam size (1 = greedy)")
+    p.add_argument("text", type=text)
     p.set_defaults(run=_translate)
 
     p = sub.add_parser("attention", help="write every attention map for one sentence to an .npz file")
     model_args(p)
-    p.add_argument("--src", required=True, help="source sentence")
-    p.add_argument("--tgt", help="target sentence for the decoder input (default: the model's greedy output)")
-    p.add_argument("--out", required=True, help="output .npz file")
+    p.add_argument("--src", required=True, type=text, help="source sentence")
+    p.add_argument(
+        "--tgt", type=text, help="target sentence for the decoder input (default: the model's greedy output)"
+    )
+    p.add_argument("--out", required=True, type=out_file, help="output .npz file")
     p.set_defaults(run=_attention)
 
     p = sub.add_parser("evaluate", help="exact match on freshly generated held-out pairs")
     model_args(p)
-    p.add_argument("--n", type=int, default=1000)
-    p.add_argument("--seed", type=int, default=1)
-    p.add_argument("--show-misses", type=int, default=5)
+    p.add_argument("--n", type=int_in(1, 1_000_000), default=1000)
+    p.add_argument("--seed", type=int_in(0, 2**32 - 1), default=1)
+    p.add_argument("--show-misses", type=int_in(0, 1_000_000), default=5)
     p.set_defaults(run=_evaluate)
 
     p = sub.add_parser("train", help="train a model from scratch on generated data")
-    p.add_argument("task", help="en-de or reverse")
-    p.add_argument("--out", required=True, help="checkpoint directory to write")
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("task", choices=TASKS, help="the generated task: " + " or ".join(TASKS))
+    p.add_argument("--out", required=True, type=path_text, help="checkpoint directory to write")
+    p.add_argument("--seed", type=int_in(0, 2**32 - 1), default=0)
     p.add_argument("--device", default="auto", choices=DEVICE_CHOICES)
-    p.add_argument("--steps", type=int, help="override the recipe's number of steps")
-    p.add_argument("--batch-size", type=int)
-    p.add_argument("--lr-scale", type=float)
-    p.add_argument("--eval-n", type=int, default=1000)
+    p.add_argument("--steps", type=int_in(1, 10_000_000), help="override the recipe's number of steps")
+    p.add_argument("--batch-size", type=int_in(1, 1_000_000))
+    p.add_argument("--lr-scale", type=float_in(1e-6, 1e3), help="multiplies the learning rate of equation 3")
+    p.add_argument("--eval-n", type=int_in(1, 1_000_000), default=1000)
     p.set_defaults(run=_train)
     return parser
 
 
+def _one_line(message: str) -> str:
+    return " ".join(message.split())
+
+
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
     try:
+        args = build_parser().parse_args(argv)
         args.run(args)
     except AttnvizError as e:
-        print(f"attnviz: error: {e}", file=sys.stderr)
+        print(f"attnviz: error: {_one_line(str(e))}", file=sys.stderr)
         return 2
+    except OSError as e:  # a file that could not be read or written
+        print(f"attnviz: error: {_one_line(str(e))}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("attnviz: interrupted", file=sys.stderr)
+        return 130
+    except Exception as e:  # a bug: one line, and the traceback on request
+        if os.environ.get("ATTNVIZ_DEBUG"):
+            raise
+        print(
+            f"attnviz: error: unexpected {type(e).__name__}: {_one_line(str(e))} (a bug in attnviz; "
+            "ATTNVIZ_DEBUG=1 shows the traceback)",
+            file=sys.stderr,
+        )
+        return 1
     return 0
 
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import io
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 
@@ -16,6 +16,7 @@ import numpy as np
 
 from attnviz.kinds import KINDS, axis_names
 
+STANDARD_ARRAYS = ("encoder", "decoder", "cross", "src_ids", "tgt_ids", "src_tokens", "tgt_tokens", "manifest")
 # What each axis of each exported array holds; written into every manifest.
 AXES = {kind: ["layer", "head", *axis_names(kind)] for kind in KINDS}
 
@@ -44,11 +45,13 @@ class AttentionExport:
     src_tokens: tuple[str, ...]
     tgt_tokens: tuple[str, ...] | None
     manifest: dict
+    extras: dict[str, np.ndarray] = field(default_factory=dict)  # further named arrays, e.g. a method's relevance
 
     def arrays(self) -> dict[str, np.ndarray]:
         """The arrays of the .npz file: numbers, unicode strings and a JSON manifest; no objects.
 
-        An encoder-only model's file holds ``encoder``, ``src_ids``, ``src_tokens`` and ``manifest``.
+        An encoder-only model's file holds ``encoder``, ``src_ids``, ``src_tokens`` and ``manifest``,
+        and every file also holds ``extras`` under their own names.
         """
         arrays = {
             "encoder": self.encoder,
@@ -60,7 +63,10 @@ class AttentionExport:
             "tgt_tokens": None if self.tgt_tokens is None else np.array(self.tgt_tokens, dtype=str),
             "manifest": np.array(json.dumps(self.manifest, ensure_ascii=False)),
         }
-        return {name: a for name, a in arrays.items() if a is not None}
+        clash = sorted(set(arrays) & set(self.extras))
+        if clash:
+            raise ValueError(f"extra arrays may not reuse the export's own names {clash}")
+        return {name: a for name, a in {**arrays, **self.extras}.items() if a is not None}
 
     def save(self, path: str | Path) -> Path:
         path = Path(path)
@@ -87,6 +93,7 @@ def load_export(path: str | Path) -> AttentionExport:
             src_tokens=tuple(z["src_tokens"].tolist()),
             tgt_tokens=None if get("tgt_tokens") is None else tuple(z["tgt_tokens"].tolist()),
             manifest=json.loads(str(z["manifest"])),
+            extras={name: z[name] for name in z.files if name not in STANDARD_ARRAYS},
         )
 
 

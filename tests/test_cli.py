@@ -95,6 +95,58 @@ def test_errors_exit_2_with_a_message(args, message, capsys):
     assert message in err and "Traceback" not in err
 
 
+BAD_ARGUMENTS = {
+    "beam 0": (["translate", "--beam", "0", "a"], "--beam: must be between 1 and 64"),
+    "beam 65": (["translate", "--beam", "65", "a"], "--beam: must be between 1 and 64"),
+    "beam not a number": (["translate", "--beam", "two", "a"], "expected a whole number"),
+    "evaluate n 0": (["evaluate", "--n", "0"], "--n: must be between 1"),
+    "evaluate n negative": (["evaluate", "--n=-3"], "--n: must be between 1"),
+    "out in a missing folder": (["attention", "--src", "a", "--out", "/no/such/folder/m.npz"], "does not exist"),
+    "out is a folder": (["attention", "--src", "a", "--out", "."], "is a folder"),
+    "text not unicode": (["translate", "a\udcff"], "not valid UTF-8"),
+    "src not unicode": (["attention", "--src", "\udcfe", "--out", "m.npz"], "not valid UTF-8"),
+    "model path too long": (["translate", "--model", "m" * 5000, "a"], "too long"),
+    "device unknown": (["translate", "--device", "tpu", "a"], "invalid choice"),
+    "unknown option": (["translate", "--beam-size", "2", "a"], "unrecognized arguments"),
+    "no command": ([], "required"),
+    "lr-scale nan": (["train", "reverse", "--out", "x", "--lr-scale", "nan"], "--lr-scale: must be between"),
+    "unknown task": (["train", "chess", "--out", "x"], "invalid choice"),
+}
+
+
+@pytest.mark.parametrize("case", BAD_ARGUMENTS)
+def test_every_bad_argument_exits_2_with_one_line_before_any_work(case, capsys, monkeypatch):
+    import attnviz.api
+
+    def no_work(*args, **kwargs):
+        raise AssertionError("the model was loaded before the arguments were checked")
+
+    monkeypatch.setattr(attnviz.api, "load", no_work)
+    args, message = BAD_ARGUMENTS[case]
+    assert main(args) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith("attnviz: error: "), err
+    assert message in err
+
+
+def test_deeply_nested_config_json_is_one_line(tmp_path, capsys):
+    folder = tmp_path / "nested"
+    folder.mkdir()
+    (folder / "config.json").write_text("[" * 100_000 + "]" * 100_000)
+    assert main(["translate", "--model", str(folder), "a"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "too deeply" in err
+
+
+def test_an_unforeseen_error_is_one_line_with_exit_1(capsys, monkeypatch):
+    import attnviz.api
+
+    monkeypatch.setattr(attnviz.api, "load", lambda *a, **k: 1 / 0)
+    assert main(["translate", "a"]) == 1
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "ZeroDivisionError" in err and "ATTNVIZ_DEBUG" in err
+
+
 def test_console_script_runs_and_reports_errors():
     proc = run_cli("translate", "--model", "reverse", "a b c")
     assert proc.returncode == 0 and proc.stdout.strip() == "c b a"

@@ -70,6 +70,8 @@ def read_json(file: Path) -> object:
         return json.loads(file.read_text(encoding="utf-8"))
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
         raise CheckpointError(f"{file} is not valid JSON ({e})") from None
+    except RecursionError:
+        raise CheckpointError(f"{file} nests its JSON too deeply to be a config") from None
 
 
 def read_config(path: Path) -> dict:
