@@ -1,4 +1,9 @@
-"""Where models come from: the shipped checkpoints, installed model packages, and paths."""
+"""Where models come from: the shipped checkpoints, installed model packages, and paths.
+
+A path given to the CLI or the Python API is opened wherever it is (the user owns that machine).
+A path a visitor of the app types is opened only under the folders the operator lists in
+``ATTNVIZ_MODEL_ROOTS`` (:func:`visitor_path`).
+"""
 
 from __future__ import annotations
 
@@ -17,6 +22,50 @@ def pretrained_dir() -> Path:
     """Where shipped checkpoints live: $ATTNVIZ_PRETRAINED, else pretrained/ beside the package."""
     env = os.environ.get("ATTNVIZ_PRETRAINED")
     return Path(env) if env else Path(__file__).resolve().parents[2] / "pretrained"
+
+
+def hf_cache_dir() -> Path:
+    """The Hugging Face hub cache: $HF_HUB_CACHE, else $HF_HOME/hub, else ~/.cache/huggingface/hub."""
+    if os.environ.get("HF_HUB_CACHE"):
+        return Path(os.environ["HF_HUB_CACHE"]).expanduser()
+    home = os.environ.get("HF_HOME") or os.path.join(os.environ.get("XDG_CACHE_HOME", "~/.cache"), "huggingface")
+    return Path(home).expanduser() / "hub"
+
+
+def model_roots() -> list[Path]:
+    """The folders whose checkpoints visitors of the app may open, resolved.
+
+    ``ATTNVIZ_MODEL_ROOTS`` (folders separated by ``os.pathsep``), else the shipped checkpoints'
+    folder and the Hugging Face cache. Set it to an empty string to allow no folder at all.
+    """
+    env = os.environ.get("ATTNVIZ_MODEL_ROOTS")
+    roots = [pretrained_dir(), hf_cache_dir()] if env is None else [Path(p) for p in env.split(os.pathsep) if p.strip()]
+    return [root.expanduser().resolve() for root in roots]
+
+
+def visitor_path(typed: str) -> Path:
+    """The folder a visitor of the app typed, when it lies under a model root; else a CheckpointError.
+
+    An absolute path must resolve (symbolic links followed) to a folder under a root; a relative
+    one is looked up under each root in turn. The error names only what the visitor typed: never a
+    root, never what a folder holds.
+    """
+    text = typed.strip()
+    refusal = CheckpointError(
+        f"{text!r} is not a model folder this server lets visitors open; choose one of the listed models"
+    )
+    if not text or len(text) > 1024 or "\0" in text:
+        raise refusal
+    path = Path(text)
+    candidates = [path] if path.is_absolute() else [root / path for root in model_roots()]
+    for candidate in candidates:
+        try:
+            resolved = candidate.resolve()
+            if resolved.is_dir() and any(resolved.is_relative_to(root) for root in model_roots()):
+                return resolved
+        except (OSError, RuntimeError):  # a name too long, a symlink loop: not a folder we can open
+            continue
+    raise refusal
 
 
 def list_models() -> list[str]:
