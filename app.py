@@ -2,7 +2,7 @@
 
 import streamlit as st
 
-from attnviz.app import registry, run_attention, show_error, sidebar
+from attnviz.app import footer, registry, run_attention, show_error, sidebar
 from attnviz.figures.attention import attention_heatmap
 
 st.set_page_config(page_title="attnviz", page_icon="🔍", layout="wide")
@@ -75,3 +75,4 @@ if choices is not None:
         show_error(e)
     else:
         show_teaser(export)
+footer()

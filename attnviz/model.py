@@ -133,9 +133,13 @@ class PositionalEncoding(nn.Module):
             self.table = nn.Parameter(torch.randn(cfg.max_len, cfg.d_model) * 0.02)
         elif self.kind.startswith("sinusoidal"):
             layout = "concat" if self.kind == "sinusoidal_concat" else "interleaved"
-            # Not saved with the weights: it is a function of the config, rebuilt on load.
-            table = torch.from_numpy(sinusoidal_table(cfg.max_len, cfg.d_model, layout))
-            self.register_buffer("table", table, persistent=False)
+            # Not saved with the weights: it is a function of the config, rebuilt on load (and not
+            # computed at all on the meta device, where a loader only wants the shapes).
+            on_meta = torch.empty(0).device.type == "meta"
+            table = (
+                torch.empty(cfg.max_len, cfg.d_model) if on_meta else sinusoidal_table(cfg.max_len, cfg.d_model, layout)
+            )
+            self.register_buffer("table", torch.as_tensor(table), persistent=False)
         else:
             self.table = None
 

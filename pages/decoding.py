@@ -7,7 +7,7 @@ import numpy as np
 import pandas as pd
 import streamlit as st
 
-from attnviz.app import clamp_state, load_bundle, run_decoding, show_error, sidebar
+from attnviz.app import bound, clamp_state, footer, load_bundle, run_decoding, show_error, sidebar
 from attnviz.figures.attention import attention_heatmap
 from attnviz.figures.decoding import step_rows_grid, topk_bar
 
@@ -52,14 +52,15 @@ def main() -> None:
     if choices is None:
         return
     c1, c2 = st.columns([2, 1])
-    teacher = c2.toggle(
+    teacher = bound(
+        c2.toggle,
         "Teacher forcing",
         key="teacher",
         disabled=choices.tgt is None,
         help="Feed the target sentence from the sidebar instead of the model's own tokens.",
     )
     teacher = teacher and choices.tgt is not None
-    beam = c1.slider("Beam size (1 = greedy)", 1, 8, key="beam", disabled=teacher)
+    beam = bound(c1.slider, "Beam size (1 = greedy)", 1, 8, key="beam", disabled=teacher)
     if load_bundle(choices.model, choices.device).config.encoder_only:
         st.info(
             "This model is encoder-only: it has no decoder, so there is nothing to decode step by step. "
@@ -88,7 +89,7 @@ def main() -> None:
     b[3].button("Last", icon=":material/last_page:", key="_step_last", on_click=move, kwargs={"to": n})
     b[4].toggle("Play", key="playing", help="advance one step a second")
     if n > 1:
-        b[5].slider("Step", 1, n, key="step", label_visibility="collapsed")
+        bound(b[5].slider, "Step", 1, n, key="step", label_visibility="collapsed")
     if st.session_state.get("playing"):
         st.fragment(tick, run_every=1.0)()  # the timer exists only while playing
     t = st.session_state.get("step", 1) - 1
@@ -142,8 +143,8 @@ def main() -> None:
     clamp_state("layer", range(1, L + 1))
     clamp_state("head", range(1, H + 1))
     c1, c2 = st.columns(2)
-    layer = c1.selectbox("Layer", range(1, L + 1), key="layer")
-    head = c2.selectbox("Head", range(1, H + 1), key="head")
+    layer = bound(c1.selectbox, "Layer", range(1, L + 1), key="layer")
+    head = bound(c2.selectbox, "Head", range(1, H + 1), key="head")
     left, right = st.columns(2)
     with left:
         self_row = step.self_attn[layer - 1, head - 1].numpy()[None]  # (1, t + 1): only the prefix
@@ -189,3 +190,4 @@ def main() -> None:
 
 
 main()
+footer()

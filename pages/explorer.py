@@ -4,7 +4,7 @@ import numpy as np
 import streamlit as st
 
 from attnviz import analysis
-from attnviz.app import clamp_state, download_buttons, run_attention, run_scores, show_error, sidebar
+from attnviz.app import bound, clamp_state, download_buttons, footer, run_attention, run_scores, show_error, sidebar
 from attnviz.figures.attention import attention_heatmap, lines_view, model_view
 from attnviz.figures.common import export_config
 from attnviz.kinds import KINDS, TITLES, allowed
@@ -50,9 +50,10 @@ def main() -> None:
         return
 
     kinds = [k for k in KINDS if getattr(export, k) is not None]
-    st.session_state.setdefault("kind", "cross" if "cross" in kinds else kinds[0])
     clamp_state("kind", kinds)
-    kind = st.radio("Attention", kinds, format_func=TITLES.get, horizontal=True, key="kind")
+    default = kinds.index("cross") if "cross" in kinds else 0  # where the decoder looks, when there is one
+    captions = [TITLES[k] for k in kinds]
+    kind = bound(st.radio, "Attention", kinds, index=default, captions=captions, horizontal=True, key="kind")
     maps = getattr(export, kind)  # (L, H, Q, K)
     L, H, Q, K = maps.shape
     q_tokens = export.src_tokens if kind == "encoder" else export.tgt_tokens
@@ -62,13 +63,14 @@ def main() -> None:
     clamp_state("layer", range(1, L + 1))
     clamp_state("head", range(1, H + 1))
     c1, c2, c3 = st.columns([1, 1, 2])
-    layer = c1.selectbox("Layer", range(1, L + 1), key="layer")
-    head = c2.selectbox("Head", range(1, H + 1), key="head")
-    view = c3.selectbox("View", list(VIEWS), format_func=VIEWS.get, key="view")
+    layer = bound(c1.selectbox, "Layer", range(1, L + 1), key="layer")
+    head = bound(c2.selectbox, "Head", range(1, H + 1), key="head")
+    view = bound(c3.selectbox, "View", list(VIEWS), format_func=VIEWS.get, key="view")
     stem = f"{choices.model.replace('/', '_')}-{kind}"
 
     if view == "one":
-        show_scores = st.toggle(
+        show_scores = bound(
+            st.toggle,
             "Scaled scores before the softmax",
             key="scores",
             help="Q·K/√d_k: the logits the softmax turns into weights. Masked entries are grey.",
@@ -102,7 +104,7 @@ def main() -> None:
         shown = lambda: analysis.long_form(maps, q_tokens, k_tokens)  # noqa: E731 - built on click
         name = f"{stem}-all-heads"
     elif view == "lines":
-        heads = st.multiselect("Heads", range(1, H + 1), default=[head], key="lines_heads")
+        heads = bound(st.multiselect, "Heads", range(1, H + 1), default=[head], key="lines_heads")
         if not heads:
             st.info("Choose at least one head.")
             return
@@ -113,7 +115,7 @@ def main() -> None:
     elif view == "aggregate":
         options = ["mean", "max"] + (["rollout"] if kind == "encoder" else [])
         clamp_state("aggregate", options)
-        how = st.radio("Aggregate", options, horizontal=True, key="aggregate")
+        how = bound(st.radio, "Aggregate", options, horizontal=True, key="aggregate")
         if how == "mean":
             matrix = analysis.head_mean(maps)[layer - 1]
             st.info(
@@ -174,3 +176,4 @@ def main() -> None:
 
 
 main()
+footer()

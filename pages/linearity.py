@@ -3,7 +3,7 @@
 import numpy as np
 import streamlit as st
 
-from attnviz.app import clamp_state, keep_in_range, load_bundle, show_error, sidebar, sinusoid_inputs
+from attnviz.app import bound, clamp_state, footer, keep_in_range, load_bundle, show_error, sidebar, sinusoid_inputs
 from attnviz.errors import InputError
 from attnviz.figures import positional as pp
 from attnviz.lessons import positional as pe
@@ -52,11 +52,12 @@ def controls() -> dict:
         base_help="The paper's 10000. Any base gives an exact M_k: try 10, or 1e8.",
         layout_help="M_k for the concatenated layout is the same matrix with rows and columns reordered.",
     )
-    n = c4.slider("Positions", 32, 512, 256, step=32, key="lin_length")
+    n = bound(c4.slider, "Positions", 32, 512, 256, step=32, key="lin_length")
     c1, c2, c3 = st.columns([1, 2, 1])
     keep_in_range("lin_k", 5, 1, min(256, n - 1))
-    k = c1.slider("Offset k", 1, min(256, n - 1), key="lin_k")
-    precision = c2.radio(
+    k = bound(c1.slider, "Offset k", 1, min(256, n - 1), key="lin_k")
+    precision = bound(
+        c2.radio,
         "Precision",
         list(pe.PRECISIONS),
         key="lin_precision",
@@ -65,7 +66,7 @@ def controls() -> dict:
         help="float32 table: angles in float64, table rounded (as the model does). float32 angles: "
         "pos·ω itself rounded to float32.",
     )
-    start = c3.select_slider("First position", STARTS, key="lin_start", format_func=lambda s: f"{s:,}")
+    start = bound(c3.select_slider, "First position", STARTS, key="lin_start", format_func=lambda s: f"{s:,}")
     return {
         "d_model": d_model,
         "base": base,
@@ -90,7 +91,8 @@ def rotation_section(c: dict, M: np.ndarray, table: np.ndarray) -> None:
     check = pe.shift_residual(table, k, M)
     with right:
         clamp_state("lin_dim", range(d_model))
-        dim = st.selectbox(
+        dim = bound(
+            st.selectbox,
             "Dimension",
             range(d_model),
             index=min(32, d_model - 1),
@@ -125,7 +127,7 @@ def angle_section(c: dict) -> None:
     st.header("The angle-addition form")
     d_model = c["d_model"]
     keep_in_range("lin_pair", 16, 0, d_model // 2 - 1)
-    i = st.slider("Frequency pair i", 0, d_model // 2 - 1, key="lin_pair")
+    i = bound(st.slider, "Frequency pair i", 0, d_model // 2 - 1, key="lin_pair")
     st.latex(r"PE_{pos+k,\,2i} = PE_{pos,\,2i}\,PE_{k,\,2i+1} + PE_{pos,\,2i+1}\,PE_{k,\,2i}")
     st.latex(r"PE_{pos+k,\,2i+1} = PE_{pos,\,2i+1}\,PE_{k,\,2i+1} - PE_{pos,\,2i}\,PE_{k,\,2i}")
     pos = c["start"] + np.arange(c["n"])
@@ -144,7 +146,7 @@ def angle_section(c: dict) -> None:
 def fit_section(c: dict) -> None:
     st.header("One map for every position: a least-squares fit")
     d_model = c["d_model"]
-    k_max = st.slider("Largest offset to fit", 1, 128, 64, key="lin_k_max")
+    k_max = bound(st.slider, "Largest offset to fit", 1, 128, 64, key="lin_k_max")
     ks = tuple(pe.offset_ladder(k_max))
     n_fit = 2 * d_model + k_max  # twice as many pairs as dimensions, whatever the offset
     series = {
@@ -227,3 +229,4 @@ def main() -> None:
 
 
 main()
+footer()

@@ -4,7 +4,7 @@ import numpy as np
 import pandas as pd
 import streamlit as st
 
-from attnviz.app import clamp_state, keep_in_range, load_bundle, show_error, sidebar
+from attnviz.app import bound, clamp_state, footer, keep_in_range, load_bundle, show_error, sidebar
 from attnviz.figures import teaching as tp
 from attnviz.lessons import mechanics
 
@@ -80,7 +80,7 @@ def worked_example_tab() -> None:
     cols = st.columns([5, 4, 4, 4])
     inputs = {name: matrix_editor(name, col) for name, col in zip(MATRICES, cols, strict=True)}
     st.button("Reset to the example's matrices", on_click=reset_example, key="_mech_reset")
-    scale = st.toggle("Divide the scores by √d_k (the paper)", value=True, key="mech_scale")
+    scale = bound(st.toggle, "Divide the scores by √d_k (the paper)", value=True, key="mech_scale")
     try:
         shown = mechanics.worked_example(inputs["X"], inputs["WQ"], inputs["WK"], inputs["WV"], scale=scale)
         scaled = mechanics.worked_example(inputs["X"], inputs["WQ"], inputs["WK"], inputs["WV"], scale=True)
@@ -121,9 +121,9 @@ def scaling_tab() -> None:
         "diag(p) − p pᵀ is almost zero and learning stalls. Dividing by √d_k brings the variance back to 1."
     )
     c = st.columns(3)
-    d_max = c[0].select_slider("Largest d_k", [16, 64, 256, 1024], value=1024, key="mech_dk_max")
-    n_keys = c[1].slider("Keys per query", 2, 64, 10, key="mech_n_keys")
-    seed = c[2].number_input("Random seed", 0, 10_000, 0, key="mech_seed")
+    d_max = bound(c[0].select_slider, "Largest d_k", [16, 64, 256, 1024], value=1024, key="mech_dk_max")
+    n_keys = bound(c[1].slider, "Keys per query", 2, 64, 10, key="mech_n_keys")
+    seed = bound(c[2].number_input, "Random seed", 0, 10_000, 0, key="mech_seed")
     d_ks = tuple(d for d in (1, 4, 16, 64, 256, 1024) if d <= d_max)
     df = scaling(d_ks, n_keys, int(seed))
     st.plotly_chart(tp.scaling_figure(df), width="stretch", key="mech_scaling_chart")
@@ -143,12 +143,12 @@ def masks_tab() -> None:
         "mask** stops a decoder position from seeing the positions after it (3.2.3)."
     )
     c = st.columns(4)
-    n = c[0].slider("Positions n", 2, 16, 6, key="mech_mask_n")
+    n = bound(c[0].slider, "Positions n", 2, 16, 6, key="mech_mask_n")
     keep_in_range("mech_pad_len", 4, 1, n)
     keep_in_range("mech_mask_row", 2, 0, n - 1)
-    length = c[1].slider("Real tokens in the padded sentence", 1, n, key="mech_pad_len")
-    row = c[2].slider("Query row", 0, n - 1, key="mech_mask_row")
-    kind = c[3].radio("Mask applied to the row", ["padding", "subsequent", "both"], key="mech_mask_kind")
+    length = bound(c[1].slider, "Real tokens in the padded sentence", 1, n, key="mech_pad_len")
+    row = bound(c[2].slider, "Query row", 0, n - 1, key="mech_mask_row")
+    kind = bound(c[3].radio, "Mask applied to the row", ["padding", "subsequent", "both"], key="mech_mask_kind")
     padding = mechanics.padding_mask([length], n)[0]
     subsequent = mechanics.subsequent_mask(n)
     masks = {"padding": padding, "subsequent": subsequent, "both": padding & subsequent}
@@ -179,9 +179,9 @@ def multihead_tab() -> None:
         "by W^O (3.2.2). Because the heads are narrow, h heads cost about as much as one full-width head."
     )
     c = st.columns(3)
-    n = c[0].slider("Tokens n", 1, 64, 10, key="mech_n")
-    d_model = c[1].select_slider("d_model", [64, 128, 256, 512, 1024], value=512, key="mech_d_model")
-    h = c[2].select_slider("Heads h", [1, 2, 4, 8, 16], value=8, key="mech_h")
+    n = bound(c[0].slider, "Tokens n", 1, 64, 10, key="mech_n")
+    d_model = bound(c[1].select_slider, "d_model", [64, 128, 256, 512, 1024], value=512, key="mech_d_model")
+    h = bound(c[2].select_slider, "Heads h", [1, 2, 4, 8, 16], value=8, key="mech_h")
     try:
         steps = mechanics.multihead_shapes(n, d_model, h)
         cost = mechanics.narrow_vs_wide_cost(n, d_model, h)
@@ -211,8 +211,8 @@ def permutation_tab() -> None:
         st.info("Choose a model in the sidebar to run this experiment.")
         return
     c = st.columns(4)
-    order = c[0].radio("New order", ["reverse", "shuffle"], horizontal=True, key="mech_perm_order")
-    seed = c[1].number_input("Shuffle seed", 0, 10_000, 0, key="mech_perm_seed", disabled=order != "shuffle")
+    order = bound(c[0].radio, "New order", ["reverse", "shuffle"], horizontal=True, key="mech_perm_order")
+    seed = bound(c[1].number_input, "Shuffle seed", 0, 10_000, 0, key="mech_perm_seed", disabled=order != "shuffle")
     try:
         tokens, perm, checks = permutation(choices.model, choices.device, choices.src, order, int(seed))
     except Exception as e:  # noqa: BLE001 - the user sees a message, never a traceback
@@ -221,8 +221,8 @@ def permutation_tab() -> None:
     L, H = checks[True].attention.shape[:2]
     clamp_state("mech_perm_layer", range(1, L + 1))
     clamp_state("mech_perm_head", range(1, H + 1))
-    layer = c[2].selectbox("Layer", range(1, L + 1), key="mech_perm_layer")
-    head = c[3].selectbox("Head", range(1, H + 1), key="mech_perm_head")
+    layer = bound(c[2].selectbox, "Layer", range(1, L + 1), key="mech_perm_layer")
+    head = bound(c[3].selectbox, "Head", range(1, H + 1), key="mech_perm_head")
     if len(tokens) < 2:
         st.warning("The sentence has one token: there is nothing to shuffle. Type a longer sentence.")
     shuffled = [tokens[i] for i in perm]
@@ -264,9 +264,9 @@ def learning_rate_tab() -> None:
         "with the inverse square root of the step (equation 3, 5.3). A larger d_model gets a smaller rate."
     )
     c = st.columns(3)
-    d_model = c[0].select_slider("d_model", [128, 256, 512, 1024], value=512, key="mech_lr_d_model")
-    warmup = c[1].slider("warmup_steps", 100, 10_000, 4000, step=100, key="mech_lr_warmup")
-    steps = c[2].slider("Steps shown", 1000, 100_000, 20_000, step=1000, key="mech_lr_steps")
+    d_model = bound(c[0].select_slider, "d_model", [128, 256, 512, 1024], value=512, key="mech_lr_d_model")
+    warmup = bound(c[1].slider, "warmup_steps", 100, 10_000, 4000, step=100, key="mech_lr_warmup")
+    steps = bound(c[2].slider, "Steps shown", 1000, 100_000, 20_000, step=1000, key="mech_lr_steps")
     df = mechanics.lr_schedule(d_model, warmup, steps)
     peak = df["learning rate"].max()
     st.plotly_chart(tp.lr_curve(df, warmup), width="stretch", key="mech_lr_chart")
@@ -284,3 +284,4 @@ for tab, draw in zip(
 ):
     with tab:
         draw()
+footer()

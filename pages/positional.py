@@ -3,7 +3,7 @@
 import numpy as np
 import streamlit as st
 
-from attnviz.app import load_bundle, show_error, sidebar, sinusoid_inputs
+from attnviz.app import bound, footer, load_bundle, show_error, sidebar, sinusoid_inputs
 from attnviz.figures import positional as pp
 from attnviz.lessons import positional as pe
 
@@ -24,7 +24,7 @@ def controls() -> tuple[int, int, float, str]:
     d_model, base, layout = sinusoid_inputs(
         (c1, c3, c4), "pe", base_help="The paper's 10000: the longest wavelength is just under 2π times the base."
     )
-    n = c2.slider("Positions", 8, 512, 128, step=8, key="pe_length", help="Positions 0 to this number minus 1.")
+    n = bound(c2.slider, "Positions", 8, 512, 128, step=8, key="pe_length", help="Positions 0 to this number minus 1.")
     return d_model, n, base, layout
 
 
@@ -41,7 +41,8 @@ def encoding_section(table: np.ndarray, d_model: int, base: float, layout: str) 
 def curves_section(table: np.ndarray, d_model: int, base: float, layout: str) -> None:
     st.header("Every dimension is a sinusoid")
     default = [d for d in (4, 5, 24, 48) if d < d_model]  # a sin/cos pair, then slower waves
-    dims = st.multiselect(
+    dims = bound(
+        st.multiselect,
         "Dimensions",
         range(d_model),
         default=default,
@@ -92,7 +93,7 @@ def similarity_view(table: np.ndarray, cosine: bool, name: str, closed_form: np.
 
 def similarity_section(table: np.ndarray, d_model: int, base: float) -> None:
     st.header("Similarity depends on the offset only")
-    cosine = st.toggle("Cosine similarity (divide by the norms)", key="pe_cosine")
+    cosine = bound(st.toggle, "Cosine similarity (divide by the norms)", key="pe_cosine")
     k = np.arange(table.shape[0])
     closed = pe.offset_similarity(k, d_model, base) / (d_model / 2 if cosine else 1.0)
     similarity_view(table, cosine, "sinusoids", closed)
@@ -157,3 +158,4 @@ def main() -> None:
 
 
 main()
+footer()

@@ -3,7 +3,7 @@
 import pandas as pd
 import streamlit as st
 
-from attnviz.app import clamp_state, keep_in_range, load_bundle, show_error, sidebar
+from attnviz.app import bound, clamp_state, footer, keep_in_range, load_bundle, show_error, sidebar
 from attnviz.figures import teaching as tp
 from attnviz.figures.attention import attention_heatmap
 from attnviz.lessons import variants
@@ -44,9 +44,9 @@ def patterns_tab() -> None:
         "any other in two steps. Ticking *causal* keeps only keys at or before the query, as in a decoder."
     )
     c = st.columns(3)
-    n = c[0].slider("Positions n", 4, 64, 16, key="var_n")
-    k = c[1].slider("Window / stride k", 1, 16, 4, key="var_k")
-    causal = c[2].toggle("Causal", key="var_causal")
+    n = bound(c[0].slider, "Positions n", 4, 64, 16, key="var_n")
+    k = bound(c[1].slider, "Window / stride k", 1, 16, 4, key="var_k")
+    causal = bound(c[2].toggle, "Causal", key="var_causal")
     masks = {name: variants.pattern(name, n, k, causal) for name in variants.PATTERNS}
     counts = {name: variants.pair_count(m) for name, m in masks.items()}
     st.plotly_chart(
@@ -84,8 +84,8 @@ def model_tab() -> None:
         st.info("Choose a model in the sidebar to run this experiment.")
         return
     c = st.columns(4)
-    name = c[0].selectbox("Pattern", ["local", "dilated", "sparse", "causal"], key="var_pattern")
-    k = c[1].slider("Window / stride k", 1, 8, 2, key="var_model_k", disabled=name == "causal")
+    name = bound(c[0].selectbox, "Pattern", ["local", "dilated", "sparse", "causal"], key="var_pattern")
+    k = bound(c[1].slider, "Window / stride k", 1, 8, 2, key="var_model_k", disabled=name == "causal")
     try:
         tokens, _, base, base_text = run_pattern(choices.model, choices.device, choices.src, None, k)
         _, mask, run, text = run_pattern(choices.model, choices.device, choices.src, name, k)
@@ -95,8 +95,8 @@ def model_tab() -> None:
     L, H = base.maps.shape[:2]
     clamp_state("var_layer", range(1, L + 1))
     clamp_state("var_head", range(1, H + 1))
-    layer = c[2].selectbox("Layer", range(1, L + 1), key="var_layer")
-    head = c[3].selectbox("Head", range(1, H + 1), key="var_head")
+    layer = bound(c[2].selectbox, "Layer", range(1, L + 1), key="var_layer")
+    head = bound(c[3].selectbox, "Head", range(1, H + 1), key="var_head")
     S = len(tokens)
     kept = f"The pattern keeps {variants.pair_count(mask)} of {S * S} pairs."
     if base_text is None:
@@ -129,11 +129,11 @@ def synthesizer_tab() -> None:
         "random input X and untrained, random parameters."
     )
     c = st.columns(4)
-    n = c[0].slider("Tokens n", 3, 12, 6, key="var_syn_n")
-    d = c[1].slider("Width d", 2, 32, 8, key="var_syn_d")
-    seed = c[2].number_input("Random seed", 0, 10_000, 0, key="var_syn_seed")
+    n = bound(c[0].slider, "Tokens n", 3, 12, 6, key="var_syn_n")
+    d = bound(c[1].slider, "Width d", 2, 32, 8, key="var_syn_d")
+    seed = bound(c[2].number_input, "Random seed", 0, 10_000, 0, key="var_syn_seed")
     keep_in_range("var_syn_token", 2, 0, n - 1)
-    token = c[3].slider("Token to change", 0, n - 1, key="var_syn_token")
+    token = bound(c[3].slider, "Token to change", 0, n - 1, key="var_syn_token")
     demo = variants.synthesizer_demo(n, d, int(seed))
     st.plotly_chart(tp.heatmap_row(demo.weights), width="stretch", key="var_syn_weights")
     st.caption("Attention weights of the three methods for the same input: rows are queries, columns keys.")
@@ -161,10 +161,10 @@ def complexity_tab() -> None:
         "cheaper than a recurrent layer when n < d, runs in parallel, and connects any two positions directly."
     )
     c = st.columns(4)
-    n = c[0].number_input("Sequence length n", 1, 100_000, 50, key="var_cx_n")
-    d = c[1].number_input("Width d", 1, 10_000, 512, key="var_cx_d")
-    k = c[2].number_input("Kernel width k", 2, 64, 3, key="var_cx_k")
-    r = c[3].number_input("Neighbourhood r", 1, 1024, 4, key="var_cx_r")
+    n = bound(c[0].number_input, "Sequence length n", 1, 100_000, 50, key="var_cx_n")
+    d = bound(c[1].number_input, "Width d", 1, 10_000, 512, key="var_cx_d")
+    k = bound(c[2].number_input, "Kernel width k", 2, 64, 3, key="var_cx_k")
+    r = bound(c[3].number_input, "Neighbourhood r", 1, 1024, 4, key="var_cx_r")
     table = variants.complexity_table(int(n), int(d), int(k), int(r))
     st.table(table.style.format("{:,}", subset=table.columns[4:]))
     st.caption(
@@ -172,7 +172,7 @@ def complexity_tab() -> None:
         "Path length of the convolutional layer: dilated convolutions, ⌈log_k(n)⌉ layers."
     )
     c = st.columns([1, 3])
-    width = c[0].select_slider("Width d for timing", [32, 64, 128, 256], value=64, key="var_time_d")
+    width = bound(c[0].select_slider, "Width d for timing", [32, 64, 128, 256], value=64, key="var_time_d")
     if c[0].button("Measure again", key="_var_measure"):
         timing.clear()
     try:
@@ -193,3 +193,4 @@ tabs = st.tabs(["Mask patterns", "Pattern on the model", "Synthesizer", "Complex
 for tab, draw in zip(tabs, [patterns_tab, model_tab, synthesizer_tab, complexity_tab], strict=True):
     with tab:
         draw()
+footer()

@@ -4,7 +4,7 @@ import html
 
 import streamlit as st
 
-from attnviz.app import clamp_state, load_bundle, run_forward_pass, show_error, sidebar
+from attnviz.app import bound, clamp_state, footer, load_bundle, run_forward_pass, show_error, sidebar
 from attnviz.export import ForwardPass
 from attnviz.figures.decoding import topk_bar
 from attnviz.figures.walkthrough import feed_arrow, matrix_figure
@@ -59,7 +59,6 @@ def main() -> None:
     stages = wk.stage_list(cfg.encoder_only)
     keys, titles = [k for k, _ in stages], dict(stages)
     st.session_state["wt_keys"] = keys
-    st.session_state.setdefault("wt_stage", keys[0])
     clamp_state("wt_stage", keys)
     if cfg.encoder_only:
         st.info(
@@ -85,7 +84,7 @@ def main() -> None:
         shortcut="Shift+Right",
         help="Shift+Right",
     )
-    key = b[2].selectbox("Stage", keys, format_func=titles.get, key="wt_stage", label_visibility="collapsed")
+    key = bound(b[2].selectbox, "Stage", keys, format_func=titles.get, key="wt_stage", label_visibility="collapsed")
 
     decoder_stage = key in wk.USES_STEP
     n_layers = cfg.n_dec_layers if decoder_stage else cfg.n_enc_layers
@@ -94,21 +93,23 @@ def main() -> None:
     clamp_state("wt_head", range(1, cfg.n_heads + 1))
     clamp_state("wt_step", range(1, T + 1))
     c = st.columns(4)
-    layer = c[0].selectbox(
+    layer = bound(
+        c[0].selectbox,
         "Decoder layer" if decoder_stage else "Encoder layer",
         range(1, n_layers + 1),
         key="wt_layer",
         disabled=key not in wk.USES_LAYER,
     )
-    head = c[1].selectbox("Head", range(1, cfg.n_heads + 1), key="wt_head", disabled=key not in wk.USES_HEAD)
-    step = c[2].selectbox(
+    head = bound(c[1].selectbox, "Head", range(1, cfg.n_heads + 1), key="wt_head", disabled=key not in wk.USES_HEAD)
+    step = bound(
+        c[2].selectbox,
         "Output step",
         range(1, T + 1),
         key="wt_step",
         disabled=key not in wk.USES_STEP,
         help="Step t: the decoder has read positions 0..t-1 and predicts the token after them.",
     )
-    k = c[3].number_input("Dimensions shown (k)", 1, 4096, 16, key="wt_k", help="columns drawn; the CSV has all")
+    k = bound(c[3].number_input, "Dimensions shown (k)", 1, 4096, 16, key="wt_k", help="columns drawn; the CSV has all")
 
     out_w = bundle.model.tgt_embed.weight if cfg.tie_output else getattr(bundle.model, "out_proj", None)
     stage = wk.build_stage(
@@ -141,3 +142,4 @@ def main() -> None:
 
 
 main()
+footer()

@@ -102,6 +102,12 @@ def tiny_spm(reverse_pairs) -> bytes:
 
 
 @pytest.fixture
+def visitor_roots(monkeypatch, tmp_path_factory):
+    """Let visitors of the app open the folders tests make: the tests' temporary folder is a model root."""
+    monkeypatch.setenv("ATTNVIZ_MODEL_ROOTS", str(tmp_path_factory.getbasetemp()))
+
+
+@pytest.fixture
 def fresh_streamlit_caches():
     import streamlit as st
 

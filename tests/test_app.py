@@ -138,16 +138,35 @@ def test_bad_source_text_gives_a_message(page, text):
         assert "empty" in at.error[0].value or "at most" in at.error[0].value
 
 
-def test_bad_checkpoint_path_gives_a_message(tmp_path):
-    garbage = tmp_path / "garbage"
-    garbage.mkdir()
-    (garbage / "config.json").write_text("{not json")
+def test_a_visitor_opens_only_folders_under_the_roots_and_learns_nothing_else(tmp_path, monkeypatch):
+    roots, outside = tmp_path / "roots", tmp_path / "outside"
+    (roots / "garbage").mkdir(parents=True)
+    (roots / "garbage" / "config.json").write_text("{not json")
+    (roots / "gpt").mkdir()
+    (roots / "gpt" / "config.json").write_text('{"model_type": "gpt2", "n_embd": 768, "secret": "hunter2"}')
+    (outside / "model").mkdir(parents=True)
+    (outside / "model" / "config.json").write_text('{"model_type": "bert", "secret": "hunter2"}')
+    (outside / "model" / "private-notes.txt").write_text("x")
+    monkeypatch.setenv("ATTNVIZ_MODEL_ROOTS", str(roots))
     at = open_app("pages/explorer.py")
     at.sidebar.selectbox(key="model").set_value(CUSTOM_PATH).run()
-    for path, message in (("/no/such/dir", "no model named"), (str(garbage), "not valid JSON")):
-        at.sidebar.text_input(key="model_path").set_value(path).run()
+    cases = {
+        "/no/such/dir": "is not a model folder this server lets visitors open",
+        "~": "is not a model folder this server lets visitors open",
+        str(outside / "model"): "is not a model folder this server lets visitors open",
+        "../outside/model": "is not a model folder this server lets visitors open",
+        "garbage": "its config.json is not valid JSON",
+        "gpt": "its config.json is not one attnviz can read",
+        str(roots / "gpt"): "its config.json is not one attnviz can read",
+    }
+    for typed, message in cases.items():
+        at.sidebar.text_input(key="model_path").set_value(typed).run()
         assert_ok(at)
-        assert at.error and message in at.error[0].value
+        shown = " ".join(e.value for e in at.error)
+        assert message in shown, (typed, shown)
+        for secret in ("hunter2", "private-notes", "n_embd", "768", str(tmp_path), "config.json is missing"):
+            assert secret not in shown.replace(typed, ""), (typed, secret, shown)
+    assert not at.get("plotly_chart"), "nothing is drawn for a refused folder"
 
 
 def test_changing_layer_head_or_view_does_not_rerun_the_model(monkeypatch):
@@ -186,7 +205,7 @@ def test_encoder_only_model_in_every_page():
     assert at.sidebar.text_input(key="tgt").disabled
 
 
-def test_marian_folder_in_every_page(tmp_path):
+def test_marian_folder_in_every_page(tmp_path, visitor_roots):
     """A Hugging Face Marian folder, chosen by path, works on every page (a small random one)."""
     pytest.importorskip("transformers")
     from test_marian import make_marian
@@ -270,3 +289,60 @@ def test_choices_survive_a_visit_to_another_page():
     )
     at.switch_page("pages/mechanics.py").run()
     assert at.slider(key="mech_n_keys").value == 6
+
+
+def open_link(page: str, params: dict[str, str]) -> tuple[AppTest, str]:
+    """The app opened from a link (``params`` in the address bar, then ``page``), and every notice shown.
+
+    A browser runs the linked page first; AppTest starts from app.py, whose sidebar already takes
+    (or sets aside) the sidebar's parameters: the notices of both runs count.
+    """
+    at = AppTest.from_file("../app.py", default_timeout=120)
+    at.query_params.update(params)
+    at.run()
+    notices = [t.proto.body for t in at.get("toast")]
+    if page != "app.py":
+        at.switch_page(page).run()
+        notices += [t.proto.body for t in at.get("toast")]
+    return at, " ".join(notices)
+
+
+def test_a_link_reopens_the_exact_explorer_view():
+    params = {"model": "reverse", "src": "h e l l o", "kind": "encoder", "layer": "2", "head": "3", "view": "Lines"}
+    at, notices = open_link("pages/explorer.py", params)
+    assert_ok(at)
+    assert at.sidebar.selectbox(key="model").value == "reverse"
+    assert at.sidebar.text_area(key="src").value == "h e l l o"
+    assert (at.radio(key="kind").value, at.selectbox(key="layer").value, at.selectbox(key="head").value) == (
+        "encoder",
+        2,
+        3,
+    )
+    assert at.selectbox(key="view").value == "lines" and not notices
+    chart = at.get("plotly_chart")[0].proto
+    assert "reverse-encoder-L2-lines" in chart.config and "head 3" in chart.spec, "the linked view is the one drawn"
+    assert any("address bar" in c.value for c in at.caption), "the page says that the link is the view"
+
+
+@pytest.mark.parametrize(
+    ("page", "params"),
+    [
+        ("pages/explorer.py", {"kind": "bogus", "layer": "99", "head": "-1", "view": "Sideways"}),
+        ("pages/explorer.py", {"model": "no-such-model", "layer": "two"}),
+        ("pages/decoding.py", {"beam": "1000", "step": "x", "teacher": "maybe"}),
+        ("pages/walkthrough.py", {"wt_stage": "99. Nowhere", "wt_k": "-5"}),
+        ("pages/mechanics.py", {"mech_n_keys": "1e9", "mech_seed": "x"}),
+    ],
+)
+def test_bad_link_values_fall_back_to_defaults_with_a_notice(page, params):
+    at, notices = open_link(page, params)
+    assert_ok(at)
+    for key, value in params.items():
+        assert f"{key}={value!r}" in notices, (key, notices)
+    assert shows_content(at), "the defaults are shown instead"
+
+
+def test_a_link_to_a_teaching_page_keeps_its_settings():
+    at, notices = open_link("pages/mechanics.py", {"mech_n_keys": "6", "mech_seed": "3"})
+    assert_ok(at)
+    assert at.slider(key="mech_n_keys").value == 6 and at.number_input(key="mech_seed").value == 3 and not notices

@@ -113,3 +113,32 @@ def test_every_page_renders_without_exception(server):
                 assert page.locator(content).count() >= 1, f"nothing drawn on {name}"
         finally:
             browser.close()
+
+
+def _plot_titles(page) -> list[str]:
+    return page.locator(".js-plotly-plot .gtitle").evaluate_all("titles => titles.map(t => t.textContent.trim())")
+
+
+def test_a_link_opens_the_exact_view_and_bad_values_fall_back_with_a_notice(server):
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_ARGS)
+        page = browser.new_page(viewport={"width": 1400, "height": 1000})
+        try:
+            page.goto(f"{server}/explorer?model=reverse&src=h+e+l+l+o&kind=encoder&layer=2&head=3")
+            _wait_for_run(page)
+            assert page.locator("[data-testid='stException']").count() == 0
+            assert "Encoder self-attention, layer 2, head 3" in _plot_titles(page)
+            assert page.locator("textarea").first.input_value() == "h e l l o"
+            assert "layer=2" in page.url and "head=3" in page.url, "the address bar keeps the view"
+
+            page.goto(f"{server}/explorer?layer=99&kind=bogus")
+            _wait_for_run(page)
+            assert page.locator("[data-testid='stException']").count() == 0
+            toast = page.locator("[data-testid='stToast']").all_inner_texts()
+            assert any("layer='99'" in t and "kind='bogus'" in t for t in toast), toast
+            assert "Cross-attention (encoder-decoder), layer 1, head 1" in _plot_titles(page)
+            page.screenshot(path=str(ARTIFACTS / "link-fallback.png"))
+        finally:
+            browser.close()

@@ -241,9 +241,12 @@ def test_a_missing_directory_raises_checkpoint_error(tmp_path):
 @pytest.mark.parametrize(
     ("overrides", "words"),
     [
-        # Right vocabulary, so the check that must stop it is the weights-shape check on meta.
-        ({"d_model": 16384, "n_heads": 8, "d_ff": 65536}, "shape"),
-        ({"src_vocab_size": 10**9, "tgt_vocab_size": 10**9, "d_model": 8192}, "pieces"),
+        # Refused by the limits (attnviz.checkpoints.limits) before the model is built, even on meta.
+        (
+            {"d_model": 16384, "n_heads": 8, "d_ff": 65536},
+            "d_model is 16,384, above attnviz's limit.*ATTNVIZ_MAX_D_MODEL",
+        ),
+        ({"src_vocab_size": 10**9, "tgt_vocab_size": 10**9, "d_model": 8192}, "src_vocab_size.*ATTNVIZ_MAX_VOCAB"),
     ],
 )
 def test_a_gigantic_config_is_refused_without_allocating(saved, overrides, words):

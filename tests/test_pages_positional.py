@@ -17,7 +17,7 @@ from attnviz.checkpoints.native import save_checkpoint
 POSITIONAL, LINEARITY = "pages/positional.py", "pages/linearity.py"
 
 
-pytestmark = pytest.mark.usefixtures("fresh_streamlit_caches")
+pytestmark = pytest.mark.usefixtures("fresh_streamlit_caches", "visitor_roots")
 
 
 @pytest.fixture(scope="module")
@@ -185,5 +185,5 @@ def test_pages_without_a_usable_model_still_teach(page):
     assert "Choose a model in the sidebar" in texts(at)
     at.sidebar.text_input(key="model_path").set_value("/no/such/dir").run()
     assert_ok(at, errors=True)
-    assert at.error and "no model named" in at.error[0].value
+    assert at.error and "not a model folder this server lets visitors open" in at.error[0].value
     assert len(at.get("plotly_chart")) >= 5

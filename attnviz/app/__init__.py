@@ -5,8 +5,9 @@ computations (:mod:`~attnviz.app.cache`), shared widgets (:mod:`~attnviz.app.wid
 of pages (:mod:`~attnviz.app.registry`).
 """
 
-from attnviz.app import registry
+from attnviz.app import links, registry
 from attnviz.app.cache import load_bundle, run_attention, run_decoding, run_forward_pass, run_scores
+from attnviz.app.links import bound, footer
 from attnviz.app.registry import Page
 from attnviz.app.session import CUSTOM_PATH, Choices, keep_state, sidebar
 from attnviz.app.widgets import clamp_state, download_buttons, keep_in_range, show_error, sinusoid_inputs
@@ -15,10 +16,13 @@ __all__ = [
     "CUSTOM_PATH",
     "Choices",
     "Page",
+    "bound",
     "clamp_state",
     "download_buttons",
+    "footer",
     "keep_in_range",
     "keep_state",
+    "links",
     "load_bundle",
     "registry",
     "run_attention",

@@ -13,10 +13,12 @@ from dataclasses import dataclass
 import streamlit as st
 
 from attnviz import api
-from attnviz.app import registry
+from attnviz.app import links, registry
 from attnviz.app.cache import load_bundle
 from attnviz.app.widgets import show_error
+from attnviz.checkpoints.catalog import visitor_path
 from attnviz.devices import DEVICE_CHOICES, available_devices
+from attnviz.errors import AttnvizError
 
 CUSTOM_PATH = "A checkpoint directory…"
 
@@ -39,22 +41,35 @@ def keep_state() -> None:
 def sidebar() -> Choices | None:
     """Draw the shared sidebar and page links; the current choices, or None when they are unusable."""
     keep_state()
+    links.start()
     models = api.list_models()
-    default = api.DEFAULT_MODEL if api.DEFAULT_MODEL in models else (models or [CUSTOM_PATH])[0]
-    st.session_state.setdefault("model", default)
+    options = [*models, CUSTOM_PATH]
+    default = options.index(api.DEFAULT_MODEL) if api.DEFAULT_MODEL in models else 0
     with st.sidebar:
         for page in registry.PAGES:
             st.page_link(page.path, label=page.title, icon=page.icon)
         st.divider()
-        choice = st.selectbox(
+        choice = links.bound(
+            st.selectbox,
             "Model",
-            [*models, CUSTOM_PATH],
+            options,
+            index=default,
             key="model",
             format_func=lambda m: "minilm: MiniLM, a real English encoder (BERT)" if m == api.MINILM else m,
         )
         model = choice
         if choice == CUSTOM_PATH:
-            model = st.text_input("Checkpoint directory", key="model_path").strip()
+            typed = links.bound(
+                st.text_input,
+                "Checkpoint directory",
+                key="model_path",
+                help="A folder under the model folders this server offers (ATTNVIZ_MODEL_ROOTS), by its path there",
+            ).strip()
+            try:
+                model = str(visitor_path(typed)) if typed else ""
+            except AttnvizError as e:
+                show_error(e)
+                return None
         st.selectbox("Device", DEVICE_CHOICES, key="device", help="auto: a GPU when there is one, else the CPU")
         device = st.session_state.get("device", "auto")
         concrete = available_devices()
@@ -64,7 +79,7 @@ def sidebar() -> Choices | None:
             st.warning(f"No {device} device on this machine: running on the CPU instead.")
             device = "cpu"
         if not model:
-            st.info("Type the path of a checkpoint directory.")
+            st.info("Type the path of a model folder.")
             return None
         try:
             bundle = load_bundle(model, device)
@@ -72,11 +87,13 @@ def sidebar() -> Choices | None:
             show_error(e)
             return None
         examples = bundle.info.get("examples") or []
+        if "src_model" not in st.session_state and st.query_params.get("src"):
+            st.session_state["src_model"] = model  # opened from a link: its sentence, not the model's example
         if st.session_state.get("src_model") != model:  # a new model: start from its first example
             st.session_state["src"] = examples[0] if examples else ""
             st.session_state["tgt"] = ""
             st.session_state["src_model"] = model
-        st.text_area("Source sentence", key="src", height=80)
+        links.bound(st.text_area, "Source sentence", key="src", height=80)
         if examples:
             picked = st.pills("Examples", examples, key=f"examples::{model}")
             if picked and picked != st.session_state.get("picked_example"):
@@ -84,7 +101,8 @@ def sidebar() -> Choices | None:
                 st.session_state["src"] = picked
                 st.rerun()
         encoder_only = bundle.config.encoder_only
-        st.text_input(
+        links.bound(
+            st.text_input,
             "Target sentence (optional)",
             key="tgt",
             disabled=encoder_only,
@@ -96,7 +114,7 @@ def sidebar() -> Choices | None:
             f"{bundle.name} ({family}): {bundle.config.n_enc_layers}+{bundle.config.n_dec_layers} layers, "
             f"{bundle.config.n_heads} heads, d_model {bundle.config.d_model}, "
             f"vocabulary {bundle.config.src_vocab_size:,}, on {device}. "
-            f"From: {bundle.info.get('source', 'trained by attnviz train')} ({bundle.path})"
+            f"From: {bundle.info.get('source', 'trained by attnviz train')}."
         )
     tgt = None if encoder_only else st.session_state.get("tgt", "").strip() or None
     return Choices(model=model, src=st.session_state.get("src", ""), tgt=tgt, device=device)

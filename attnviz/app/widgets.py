@@ -2,19 +2,33 @@
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable
 
 import pandas as pd
 import streamlit as st
 
+from attnviz.app.links import bound
 from attnviz.errors import AttnvizError
 from attnviz.export import AttentionExport
 from attnviz.lessons import positional as pe
 
+log = logging.getLogger(__name__)
+
 
 def show_error(e: Exception) -> None:
-    """A clear message for the people using the app, never a traceback."""
-    st.error(str(e) if isinstance(e, AttnvizError) else f"Something went wrong: {type(e).__name__}: {e}")
+    """A clear message for the people using the app, never a traceback, and never a server's secrets.
+
+    A visitor sees :attr:`AttnvizError.public`, which names no server path and quotes nothing read
+    from a file; the full message, and the traceback of an error nobody foresaw, go to the server's log.
+    """
+    if isinstance(e, AttnvizError):
+        st.error(e.public)
+        if e.public != str(e):
+            log.warning("shown to a visitor as %r: %s", e.public, e)
+    else:
+        log.error("unexpected error in the app", exc_info=e)
+        st.error(f"Something went wrong ({type(e).__name__}); the details are in the server's log.")
 
 
 def clamp_state(key: str, options) -> None:
@@ -43,8 +57,11 @@ def sinusoid_inputs(columns, prefix: str, base_help: str, layout_help: str | Non
     Keys are ``{prefix}_d_model``, ``{prefix}_base`` and ``{prefix}_layout``.
     """
     d_col, base_col, layout_col = columns
-    d_model = d_col.selectbox("d_model", SINUSOID_D_MODELS, index=SINUSOID_D_MODELS.index(128), key=f"{prefix}_d_model")
-    base = base_col.number_input(
+    d_model = bound(
+        d_col.selectbox, "d_model", SINUSOID_D_MODELS, index=SINUSOID_D_MODELS.index(128), key=f"{prefix}_d_model"
+    )
+    base = bound(
+        base_col.number_input,
         "Base",
         min_value=1.0,
         max_value=1e9,
@@ -54,8 +71,8 @@ def sinusoid_inputs(columns, prefix: str, base_help: str, layout_help: str | Non
         key=f"{prefix}_base",
         help=base_help,
     )
-    layout = layout_col.radio(
-        "Layout", pe.LAYOUTS, format_func=LAYOUT_NAMES.get, key=f"{prefix}_layout", help=layout_help
+    layout = bound(
+        layout_col.radio, "Layout", pe.LAYOUTS, format_func=LAYOUT_NAMES.get, key=f"{prefix}_layout", help=layout_help
     )
     return d_model, float(base), layout
 

@@ -16,7 +16,7 @@ import logging
 from collections.abc import Iterable
 from pathlib import Path
 
-from attnviz.checkpoints.bundle import Bundle, expected_shapes, make_bundle
+from attnviz.checkpoints.bundle import Bundle, checked_shapes, make_bundle
 from attnviz.checkpoints.files import (
     CONFIG_FILE,
     SAFETENSORS_FILE,
@@ -26,6 +26,7 @@ from attnviz.checkpoints.files import (
     hf_config_check,
     hub_name,
     model_folder,
+    read_bytes,
     read_hf_config,
 )
 from attnviz.errors import CheckpointError, ConfigError, InputError
@@ -203,7 +204,7 @@ class BertWordPieceTokenizer:
 
 def _read_tokenizer(path: Path, max_tokens: int) -> BertWordPieceTokenizer:
     file = path / TOKENIZER_FILE
-    if not file.is_file():
+    if not file.exists():
         raise CheckpointError(
             f"{file} is missing: attnviz reads BERT's WordPiece tokenizer from it (the fast-tokenizer file that "
             "transformers saves with save_pretrained)"
@@ -213,8 +214,8 @@ def _read_tokenizer(path: Path, max_tokens: int) -> BertWordPieceTokenizer:
             f"reading {file} needs the 'tokenizers' package (BERT's WordPiece tokenizer): pip install tokenizers"
         )
     try:
-        return BertWordPieceTokenizer(file.read_text(encoding="utf-8"), max_tokens=max_tokens)
-    except (OSError, UnicodeDecodeError) as e:
+        return BertWordPieceTokenizer(read_bytes(file).decode("utf-8"), max_tokens=max_tokens)
+    except UnicodeDecodeError as e:
         raise CheckpointError(f"{file} is not readable ({e})") from None
     except Exception as e:  # the tokenizers library raises its own Exception subclass for a bad file
         raise CheckpointError(f"{file} is not a usable tokenizer file ({e})") from None
@@ -262,6 +263,7 @@ def load(path: Path, device: str = "auto") -> Bundle:
     hf = read_hf_config(path, "bert", DESCRIPTION)
     # Refuse an unsupported model before reading more; the special ids come from tokenizer.json next.
     probe = bert_config(hf, dict.fromkeys(SPECIALS, 0), source=str(config_file))
+    expected, max_bytes = checked_shapes(probe, str(config_file))  # the special ids change no shape
     tokenizer = _read_tokenizer(path, max_tokens=probe.max_len)
     if tokenizer.src_vocab_size > probe.src_vocab_size:
         raise CheckpointError(
@@ -270,18 +272,17 @@ def load(path: Path, device: str = "auto") -> Bundle:
         )
     cfg = bert_config(hf, tokenizer.special_ids, source=str(config_file))
     weights_file = path / SAFETENSORS_FILE
-    if not weights_file.is_file():
+    if not weights_file.exists():
         found = folder_listing(path)
         raise CheckpointError(
             f"{weights_file} is missing: attnviz reads BERT weights only from {SAFETENSORS_FILE} (never from pickled "
             f"pytorch_model.bin); found {found}"
         )
-    expected = expected_shapes(cfg)
     key_map = _key_map(cfg)
     unmapped = sorted(set(expected) - set(key_map.values()))
     if unmapped:  # a model.py parameter this importer does not fill: a bug in attnviz, not the file
         raise CheckpointError(f"attnviz's BERT importer does not know how to fill parameters {unmapped[:5]}")
-    weights = WeightsFile(weights_file, rename=_canonical)
+    weights = WeightsFile(weights_file, max_bytes, rename=_canonical)
     tensors = weights.read({ours: [hf_key] for hf_key, ours in key_map.items()}, expected)
     log.debug("%s: not used (pooler, heads, buffers): %s", weights_file, sorted(set(weights.names) - set(key_map)))
     package = minilm_dir()

@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import hashlib
+import math
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
 
+from attnviz.checkpoints.limits import check_config, current_limits
 from attnviz.devices import resolve_device
 from attnviz.model import Transformer, TransformerConfig
 from attnviz.tokenizer import Tokenizer
@@ -49,6 +51,20 @@ def expected_shapes(cfg: TransformerConfig) -> dict[str, tuple[int, ...]]:
     """
     with torch.device("meta"):
         return {k: tuple(p.shape) for k, p in Transformer(cfg).named_parameters()}
+
+
+def checked_shapes(cfg: TransformerConfig, source: str) -> tuple[dict[str, tuple[int, ...]], int]:
+    """(every parameter's shape, the weights file's largest plausible size), once ``cfg`` is within the limits.
+
+    The sizes are checked before the (meta) model is built and its parameter count after: a config
+    asking for too much is refused before any memory is spent on it.
+    """
+    limits = current_limits()
+    check_config(cfg, None, source, limits)
+    shapes = expected_shapes(cfg)
+    n_parameters = sum(math.prod(shape) for shape in shapes.values())
+    check_config(cfg, n_parameters, source, limits)
+    return shapes, limits.weights_bytes(n_parameters)
 
 
 def make_bundle(

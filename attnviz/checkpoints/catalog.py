@@ -51,9 +51,8 @@ def visitor_path(typed: str) -> Path:
     root, never what a folder holds.
     """
     text = typed.strip()
-    refusal = CheckpointError(
-        f"{text!r} is not a model folder this server lets visitors open; choose one of the listed models"
-    )
+    message = f"{text!r} is not a model folder this server lets visitors open; choose one of the listed models"
+    refusal = CheckpointError(message, public=message)  # it names only what the visitor typed
     if not text or len(text) > 1024 or "\0" in text:
         raise refusal
     path = Path(text)

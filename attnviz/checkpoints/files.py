@@ -1,8 +1,13 @@
 """What every importer reads the same way: the folder, its config.json, and its weights file.
 
-Weights are read with safetensors (memory-mapped, one tensor at a time), after every name and
-shape is checked against the model the config describes; the one exception is an importer that
-allows an old pickled state dict, read only with ``torch.load(weights_only=True)``.
+Every file is checked before it is read: it must be a regular file (not a device, a pipe or a
+folder), a symbolic link must stay inside the checkpoint folder (a Hugging Face hub cache folder
+counts as one: its snapshots link to its blobs), and its size must be under a limit
+(:mod:`attnviz.checkpoints.limits`). Weights are read with safetensors (memory-mapped, one tensor at
+a time) after every name and shape is checked against the model the config describes, and refused
+when any value is NaN or infinite; the one exception to safetensors is an importer that allows an
+old pickled state dict, read with ``torch.load(weights_only=True)`` only on a torch without known
+bypasses of it.
 """
 
 from __future__ import annotations
@@ -10,18 +15,74 @@ from __future__ import annotations
 import json
 import logging
 import pickle
+import stat
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
 import torch
 from safetensors import SafetensorError, safe_open
 
+from attnviz.checkpoints.limits import current_limits
 from attnviz.errors import CheckpointError
 
 log = logging.getLogger(__name__)
 
 CONFIG_FILE = "config.json"
 SAFETENSORS_FILE = "model.safetensors"
+# torch.load(weights_only=True) had published bypasses before 2.10 (CVE-2025-32434, CVE-2026-24747).
+SAFE_PICKLE_TORCH = (2, 10)
+
+# What a visitor of a hosted app is told (attnviz.errors): no server path, no listing, no value from a file.
+NO_CONFIG = "this folder has no config.json, so it is not a checkpoint"
+BAD_JSON = "its config.json is not valid JSON"
+BAD_FILE = "one of its files is a link out of the folder, a special file, or larger than this server allows"
+BAD_WEIGHTS = "its weights file is missing, unreadable, or does not fit its config"
+NON_FINITE = "its weights hold NaN or infinite values"
+PICKLE_REFUSED = "its weights are a pickle file, which this server does not load: convert them to safetensors"
+
+
+def checkpoint_root(folder: Path) -> Path:
+    """The folder a checkpoint's files must stay inside: ``folder``, or the hub cache folder holding it.
+
+    A snapshot of a hub cache (``models--X/snapshots/<sha>/``) holds links to ``models--X/blobs``.
+    """
+    for parent in (folder, *folder.parents):
+        if parent.name.startswith("models--"):
+            return parent
+    return folder
+
+
+def regular_file(file: Path, max_bytes: int | None = None) -> Path:
+    """``file``'s real path, checked: a regular file inside its checkpoint folder, at most ``max_bytes``."""
+    max_bytes = current_limits().max_file_bytes if max_bytes is None else max_bytes
+    try:
+        real = file.resolve(strict=True)
+        info = real.stat()
+        root = checkpoint_root(file.parent).resolve()
+    except (OSError, RuntimeError) as e:  # missing, a dangling or looping link, a name too long
+        raise CheckpointError(f"{file} is missing or unreadable ({e.strerror or e})", BAD_FILE) from None
+    if not real.is_relative_to(root):
+        raise CheckpointError(
+            f"{file} is a link to outside the checkpoint folder: attnviz does not follow it", BAD_FILE
+        )
+    if not stat.S_ISREG(info.st_mode):
+        raise CheckpointError(f"{file} is not a regular file", BAD_FILE)
+    if info.st_size > max_bytes:
+        raise CheckpointError(
+            f"{file} is {info.st_size:,} bytes, above attnviz's limit of {max_bytes:,} for this file "
+            "(ATTNVIZ_MAX_FILE_MB raises it for configs and tokenizers)",
+            BAD_FILE,
+        )
+    return real
+
+
+def read_bytes(file: Path, max_bytes: int | None = None) -> bytes:
+    """The content of a checked file (:func:`regular_file`)."""
+    real = regular_file(file, max_bytes)
+    try:
+        return real.read_bytes()
+    except OSError as e:
+        raise CheckpointError(f"{file} could not be read ({e.strerror or e})", BAD_FILE) from None
 
 
 def folder_listing(path: Path) -> list[str]:
@@ -65,20 +126,21 @@ def hub_name(path: Path) -> str:
 
 
 def read_json(file: Path) -> object:
-    """The JSON value in ``file``, or a CheckpointError naming the file."""
+    """The JSON value in a checked file, or a CheckpointError naming the file."""
+    data = read_bytes(file)
     try:
-        return json.loads(file.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise CheckpointError(f"{file} is not valid JSON ({e})") from None
+        return json.loads(data.decode("utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise CheckpointError(f"{file} is not valid JSON ({e})", BAD_JSON) from None
     except RecursionError:
-        raise CheckpointError(f"{file} nests its JSON too deeply to be a config") from None
+        raise CheckpointError(f"{file} nests its JSON too deeply to be a config", BAD_JSON) from None
 
 
 def read_config(path: Path) -> dict:
     """The JSON object in ``path/config.json``."""
     config = read_json(path / CONFIG_FILE)
     if not isinstance(config, dict):
-        raise CheckpointError(f"{path / CONFIG_FILE} must hold a JSON object")
+        raise CheckpointError(f"{path / CONFIG_FILE} must hold a JSON object", BAD_JSON)
     return config
 
 
@@ -122,9 +184,9 @@ def read_hf_config(path: Path, model_type: str, expected: str) -> dict:
     ``expected`` names the files such a folder holds and what it is, for the messages.
     """
     config_file = path / CONFIG_FILE
-    if not config_file.is_file():
+    if not config_file.exists():
         found = folder_listing(path)
-        raise CheckpointError(f"{config_file} is missing: {expected}; found {found or 'nothing'}")
+        raise CheckpointError(f"{config_file} is missing: {expected}; found {found or 'nothing'}", NO_CONFIG)
     hf = read_config(path)
     if hf.get("model_type") != model_type:
         raise CheckpointError(
@@ -138,11 +200,15 @@ def unrecognised(path: Path, expected: Sequence[str]) -> CheckpointError:
     """The error for a folder no importer recognises, saying what it holds and what would be read."""
     config_file = path / CONFIG_FILE
     kinds = "; or ".join(expected)
-    if not config_file.is_file():
-        return CheckpointError(f"{config_file} is missing: found {folder_listing(path) or 'nothing'}; expected {kinds}")
+    if not config_file.exists():
+        found = folder_listing(path) or "nothing"
+        return CheckpointError(f"{config_file} is missing: found {found}; expected {kinds}", NO_CONFIG)
     config = read_config(path)
     hint = f" (it looks like a Hugging Face '{config['model_type']}' config)" if "model_type" in config else ""
-    return CheckpointError(f"{config_file} is not a config attnviz can read{hint}: expected {kinds}")
+    return CheckpointError(
+        f"{config_file} is not a config attnviz can read{hint}: expected {kinds}",
+        "its config.json is not one attnviz can read: attnviz loads its own checkpoints, Marian and BERT folders",
+    )
 
 
 class WeightsFile:
@@ -153,40 +219,56 @@ class WeightsFile:
     is read when asked for; a ``.bin`` file is read whole with ``torch.load(weights_only=True)``.
     """
 
-    def __init__(self, file: Path, rename: Callable[[str], str] = lambda name: name):
+    def __init__(self, file: Path, max_bytes: int, rename: Callable[[str], str] = lambda name: name):
         self.file = file
         self._tensors: dict[str, torch.Tensor] | None = None
         self._handle = None
-        if not file.is_file():
-            raise CheckpointError(f"{file} is missing: the model's weights (safetensors)")
+        if not file.exists():
+            raise CheckpointError(f"{file} is missing: the model's weights (safetensors)", BAD_WEIGHTS)
+        real = regular_file(file, max_bytes)
         if file.suffix == ".bin":
-            log.warning(
-                "%s is a pickle file; loading it with torch.load(weights_only=True). Prefer model.safetensors "
-                "(convert once with safetensors.torch.save_file)",
-                file,
-            )
-            try:
-                data = torch.load(str(file), map_location="cpu", weights_only=True)
-            except (pickle.UnpicklingError, RuntimeError, OSError, EOFError, ValueError) as e:
-                raise CheckpointError(
-                    f"{file} could not be read with torch.load(weights_only=True) ({e}); it may be truncated or "
-                    "hold more than tensors. Use model.safetensors instead"
-                ) from None
-            if not isinstance(data, dict) or not all(isinstance(v, torch.Tensor) for v in data.values()):
-                raise CheckpointError(f"{file} does not hold a dictionary of tensors (a state dict)")
-            self._tensors, stored = data, list(data)
+            stored = self._unpickle(real)
         else:
             try:
-                self._handle = safe_open(str(file), framework="pt")
+                self._handle = safe_open(str(real), framework="pt")
                 stored = list(self._handle.keys())
             except (SafetensorError, OSError, ValueError) as e:
                 raise self._unreadable(e) from None
         self.names = {rename(name): name for name in stored}  # the plan's name -> the stored name
 
+    def _unpickle(self, real: Path) -> list[str]:
+        """Read a pickled state dict, only where ``weights_only=True`` has no known bypass."""
+        version = tuple(int(part) for part in torch.__version__.split("+")[0].split(".")[:2])
+        if version < SAFE_PICKLE_TORCH:
+            raise CheckpointError(
+                f"{self.file} is a pickle file, and this torch ({torch.__version__}) has known ways around "
+                f"torch.load(weights_only=True); attnviz loads pickles only with torch >= "
+                f"{'.'.join(map(str, SAFE_PICKLE_TORCH))}. Convert the file to model.safetensors once "
+                "(safetensors.torch.save_file) on a machine you trust, or upgrade torch",
+                PICKLE_REFUSED,
+            )
+        log.warning(
+            "%s is a pickle file; loading it with torch.load(weights_only=True). Prefer model.safetensors", self.file
+        )
+        try:
+            data = torch.load(str(real), map_location="cpu", weights_only=True)
+        except (pickle.UnpicklingError, RuntimeError, OSError, EOFError, ValueError, TypeError, AttributeError):
+            # torch's own message suggests weights_only=False, which would run code from the file: not repeated.
+            raise CheckpointError(
+                f"{self.file} is not a plain PyTorch state dict (torch.load with weights_only=True refused it); it may "
+                "be truncated or hold more than tensors. attnviz never loads it any other way: use model.safetensors",
+                BAD_WEIGHTS,
+            ) from None
+        if not isinstance(data, dict) or not all(isinstance(v, torch.Tensor) for v in data.values()):
+            raise CheckpointError(f"{self.file} does not hold a dictionary of tensors (a state dict)", BAD_WEIGHTS)
+        self._tensors = data
+        return list(data)
+
     def _unreadable(self, e: Exception) -> CheckpointError:
         return CheckpointError(
             f"{self.file} is not a readable safetensors file ({e}); it may be truncated or another format. "
-            "attnviz reads weights only from safetensors and never unpickles"
+            "attnviz reads weights only from safetensors and never unpickles",
+            BAD_WEIGHTS,
         )
 
     def __contains__(self, name: str) -> bool:
@@ -206,8 +288,18 @@ class WeightsFile:
         except (SafetensorError, OSError, ValueError) as e:
             raise self._unreadable(e) from None
         if not t.is_floating_point():
-            raise CheckpointError(f"{self.file}: tensor '{stored}' has dtype {t.dtype}; weights must be floating point")
-        return t.float()
+            raise CheckpointError(
+                f"{self.file}: tensor '{stored}' has dtype {t.dtype}; weights must be floating point", BAD_WEIGHTS
+            )
+        t = t.float()
+        if not bool(torch.isfinite(t).all()):
+            bad = int((~torch.isfinite(t)).sum())
+            raise CheckpointError(
+                f"{self.file}: tensor '{stored}' holds {bad:,} NaN or infinite values; every attention map computed "
+                "with it would be wrong",
+                NON_FINITE,
+            )
+        return t
 
     def read(
         self, plan: Mapping[str, Sequence[str]], expected: Mapping[str, tuple[int, ...]], strict: bool = False
@@ -225,14 +317,16 @@ class WeightsFile:
             more = f" and {len(missing) - 5} more" if len(missing) > 5 else ""
             raise CheckpointError(
                 f"{self.file} does not fit {CONFIG_FILE}: missing tensors {missing[:5]}{more}"
-                + (f", unexpected tensors {unused[:5]}" if unused else "")
+                + (f", unexpected tensors {unused[:5]}" if unused else ""),
+                BAD_WEIGHTS,
             )
         for ours, names in plan.items():
             for name in (n for n in names if n in self):
                 got, want = self.shape(name), expected[ours]
                 if got != want and got != (1, *want):
                     raise CheckpointError(
-                        f"{self.file}: tensor '{self.names[name]}' has shape {got} but {CONFIG_FILE} implies {want}"
+                        f"{self.file}: tensor '{self.names[name]}' has shape {got} but {CONFIG_FILE} implies {want}",
+                        BAD_WEIGHTS,
                     )
         tensors = {}
         for ours, names in plan.items():
@@ -242,7 +336,8 @@ class WeightsFile:
                 if not torch.equal(first, self.get(other)):
                     raise CheckpointError(
                         f"{self.file}: '{other}' differs from '{present[0]}' but {CONFIG_FILE} says they are one "
-                        "tied matrix"
+                        "tied matrix",
+                        BAD_WEIGHTS,
                     )
             tensors[ours] = first.reshape(expected[ours])
         return tensors

@@ -20,7 +20,7 @@ from pathlib import Path
 import sentencepiece as spm
 import torch
 
-from attnviz.checkpoints.bundle import Bundle, expected_shapes, make_bundle
+from attnviz.checkpoints.bundle import Bundle, checked_shapes, make_bundle
 from attnviz.checkpoints.files import (
     CONFIG_FILE,
     SAFETENSORS_FILE,
@@ -30,6 +30,7 @@ from attnviz.checkpoints.files import (
     hf_config_check,
     hub_name,
     model_folder,
+    read_bytes,
     read_hf_config,
     read_json,
 )
@@ -217,7 +218,7 @@ class MarianTokenizer:
 
 
 def _read_vocab(file: Path, vocab_size: int) -> dict[str, int]:
-    if not file.is_file():
+    if not file.exists():
         raise CheckpointError(f"{file} is missing: Marian's map from sentencepiece pieces to token ids")
     vocab = read_json(file)
     if not isinstance(vocab, dict) or not vocab or not all(isinstance(i, int) for i in vocab.values()):
@@ -234,7 +235,7 @@ def _read_vocab(file: Path, vocab_size: int) -> dict[str, int]:
 def _read_tokenizer(path: Path, hf: dict, cfg_vocab: tuple[int, int], max_tokens: int) -> MarianTokenizer:
     src_vocab = _read_vocab(path / VOCAB_FILE, cfg_vocab[0])
     tgt_vocab = None
-    if (path / TARGET_VOCAB_FILE).is_file():
+    if (path / TARGET_VOCAB_FILE).exists():
         tgt_vocab = _read_vocab(path / TARGET_VOCAB_FILE, cfg_vocab[1])
     elif cfg_vocab[0] != cfg_vocab[1]:
         raise CheckpointError(
@@ -244,9 +245,9 @@ def _read_tokenizer(path: Path, hf: dict, cfg_vocab: tuple[int, int], max_tokens
     models = {}
     for name in (SOURCE_SPM, TARGET_SPM):
         file = path / name
-        if not file.is_file():
+        if not file.exists():
             raise CheckpointError(f"{file} is missing: one of Marian's two sentencepiece models")
-        models[name] = file.read_bytes()
+        models[name] = read_bytes(file)
         try:
             spm.SentencePieceProcessor(model_proto=models[name])
         except RuntimeError as e:
@@ -336,9 +337,8 @@ def _with_prefix(name: str) -> str:
     return name if name.startswith(("model.", "lm_head.", "final_logits_bias")) else f"model.{name}"
 
 
-def _load_tensors(weights: WeightsFile, cfg: TransformerConfig) -> dict[str, torch.Tensor]:
+def _load_tensors(weights: WeightsFile, cfg: TransformerConfig, expected: dict) -> dict[str, torch.Tensor]:
     """Our parameters by name, read from the file after checking every name and shape."""
-    expected = expected_shapes(cfg)
     tensors = {"out_bias": torch.zeros(cfg.tgt_vocab_size)}  # as in transformers, when the file has none
     if "final_logits_bias" not in weights:
         log.info("%s has no final_logits_bias; using zeros", weights.file)
@@ -358,7 +358,7 @@ def _load_tensors(weights: WeightsFile, cfg: TransformerConfig) -> dict[str, tor
 
 def _weights_file(path: Path) -> Path:
     for name in (SAFETENSORS_FILE, PICKLE_FILE):
-        if (path / name).is_file():
+        if (path / name).exists():
             return path / name
     found = folder_listing(path)
     raise CheckpointError(f"{path} has no {SAFETENSORS_FILE} or {PICKLE_FILE} (the Marian weights); found {found}")
@@ -370,12 +370,13 @@ def load(path: Path, device: str = "auto") -> Bundle:
     config_file = path / CONFIG_FILE
     hf = read_hf_config(path, "marian", DESCRIPTION)
     vocab_probe = marian_config(hf, unk_id=0, source=str(config_file))  # vocabulary sizes, before vocab.json
+    expected, max_bytes = checked_shapes(vocab_probe, str(config_file))  # unk_id changes no shape
     tokenizer = _read_tokenizer(
         path, hf, (vocab_probe.src_vocab_size, vocab_probe.tgt_vocab_size), max_tokens=vocab_probe.max_len
     )
     cfg = marian_config(hf, unk_id=tokenizer.unk_id, source=str(config_file))
     weights_file = _weights_file(path)
-    tensors = _load_tensors(WeightsFile(weights_file, rename=_with_prefix), cfg)
+    tensors = _load_tensors(WeightsFile(weights_file, max_bytes, rename=_with_prefix), cfg, expected)
     name = hub_name(path)
     lang = re.search(r"opus-mt-(?:tc-big-)?([a-z]{2,3})-", name)
     info = {

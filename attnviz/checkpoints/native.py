@@ -13,8 +13,8 @@ from pathlib import Path
 import torch
 from safetensors.torch import save_file
 
-from attnviz.checkpoints.bundle import Bundle, expected_shapes, make_bundle
-from attnviz.checkpoints.files import CONFIG_FILE, SAFETENSORS_FILE, WeightsFile, read_config
+from attnviz.checkpoints.bundle import Bundle, checked_shapes, make_bundle
+from attnviz.checkpoints.files import CONFIG_FILE, SAFETENSORS_FILE, WeightsFile, read_bytes, read_config
 from attnviz.errors import CheckpointError, ConfigError
 from attnviz.model import Transformer, TransformerConfig
 from attnviz.tokenizer import SentencePieceTokenizer
@@ -69,9 +69,9 @@ def _read_tokenizer(path: Path, data: dict, cfg: TransformerConfig) -> SentenceP
         if not isinstance(name, str) or not name:
             raise CheckpointError(f'{path / CONFIG_FILE}: tokenizer "{side}" must be a file name, got {name!r}')
         file = path / Path(name).name  # a bare file name: never read outside the directory
-        if not file.is_file():
+        if not file.exists():
             raise CheckpointError(f"{file} is missing: the {side} sentencepiece model of this checkpoint")
-        models[side], files[side] = file.read_bytes(), file
+        models[side], files[side] = read_bytes(file), file
     for side in ("source", "target"):
         try:
             sp = SentencePieceTokenizer(models[side])
@@ -95,9 +95,9 @@ def load(path: Path, device: str = "auto") -> Bundle:
         cfg = TransformerConfig.from_dict(data["model"])
     except ConfigError as e:
         raise CheckpointError(f"{path / CONFIG_FILE}: {e}") from None
+    expected, max_bytes = checked_shapes(cfg, str(path / CONFIG_FILE))
     tokenizer = _read_tokenizer(path, data, cfg)
-    expected = expected_shapes(cfg)
     weights_file = path / WEIGHTS_FILE
-    tensors = WeightsFile(weights_file).read({k: [k] for k in expected}, expected, strict=True)
+    tensors = WeightsFile(weights_file, max_bytes).read({k: [k] for k in expected}, expected, strict=True)
     info = {k: v for k, v in data.items() if k not in ("model", "tokenizer")}
     return make_bundle(cfg, tensors, tokenizer, weights_file, info, device)

@@ -1,0 +1,71 @@
+"""Links that reopen a view: every choice that shapes a view is a URL parameter named by its widget key.
+
+A page creates such a widget through :func:`bound`, which passes ``bind="query-params"`` to
+Streamlit (1.55+): the widget then writes its value into the address bar and, when a page is
+opened from a link, takes its value from there. Streamlit silently drops a value its widget cannot
+take (a layer the model does not have, a word that is no option); :func:`footer`, called at the
+end of every page, says which values of the link were set aside, and tells the teacher that the
+address bar is the link to share.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import streamlit as st
+
+LINK_STATE = "_link"  # session key: the link's parameters at the start of this run, and how bound widgets show values
+
+
+def start() -> None:
+    """Note the URL's parameters before any widget of this run can drop one (the sidebar calls it first)."""
+    st.session_state[LINK_STATE] = {"raw": st.query_params.to_dict(), "shown": {}}
+
+
+def bound(widget: Callable, label: str, *args, key: str, format_func: Callable | None = None, **kwargs):
+    """``widget(label, *args, key=key, ...)`` bound to the URL parameter ``key``; its value.
+
+    ``format_func`` is how the widget shows (and the URL writes) each option, as for Streamlit.
+    """
+    shown = format_func or str
+    st.session_state.setdefault(LINK_STATE, {"raw": {}, "shown": {}})["shown"][key] = shown
+    if format_func is not None:
+        kwargs["format_func"] = format_func
+    return widget(label, *args, key=key, bind="query-params", **kwargs)
+
+
+def _as_url(value, shown: Callable) -> set[str]:
+    """The strings a URL may hold for ``value``: as the widget shows it, or as Python writes it."""
+    if isinstance(value, (list, tuple)):
+        return {",".join(shown(v) for v in value), ",".join(str(v) for v in value)}
+    if isinstance(value, bool):
+        return {str(value).lower(), str(value)}
+    return {shown(value), str(value)}
+
+
+def set_aside() -> list[tuple[str, str]]:
+    """(parameter, value) of the link that this page's widgets could not take."""
+    link = st.session_state.get(LINK_STATE) or {"raw": {}, "shown": {}}
+    aside = []
+    for key, raw in link["raw"].items():
+        shown = link["shown"].get(key)
+        if shown is None or key not in st.session_state:
+            continue  # a parameter of another page (or of no widget): none of this page's business
+        if raw not in _as_url(st.session_state[key], shown):
+            aside.append((key, raw))
+    return aside
+
+
+def footer() -> None:
+    """The end of every page: which link values were set aside, and how to share this view."""
+    aside = set_aside()
+    if aside:
+        values = ", ".join(f"{key}={raw!r}" for key, raw in aside)
+        st.toast(
+            f"This link's {values} cannot be shown here: the default is shown instead.", icon=":material/link_off:"
+        )
+        st.caption(f"Set aside from the link (not available here): {values}.")
+    st.caption(
+        ":material/link: Every choice on this page is in the address bar: copy it to share this exact view "
+        "(the model, the sentences, the page and every setting)."
+    )
