@@ -2,7 +2,7 @@
 
 import streamlit as st
 
-from attnviz.app import footer, registry, run_attention, show_error, sidebar
+from attnviz.app import footer, registry, run_attention, show_error, sidebar, truncation_notice
 from attnviz.figures.attention import attention_heatmap
 
 st.set_page_config(page_title="attnviz", page_icon="🔍", layout="wide")
@@ -74,5 +74,6 @@ if choices is not None:
     except Exception as e:  # noqa: BLE001 - the user sees a message, never a traceback
         show_error(e)
     else:
+        truncation_notice(export)
         show_teaser(export)
 footer()

@@ -10,6 +10,7 @@ and exit status 1; ``ATTNVIZ_DEBUG=1`` shows its traceback.
 from __future__ import annotations
 
 import argparse
+import logging
 import os
 import sys
 from collections.abc import Callable
@@ -207,6 +208,18 @@ def _one_line(message: str) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
+    # attnviz's warnings (an output cut at the length limit, a pickle read) as `attnviz: warning:` lines.
+    warnings = logging.StreamHandler(sys.stderr)
+    warnings.setFormatter(logging.Formatter("attnviz: warning: %(message)s"))
+    warnings.setLevel(logging.WARNING)
+    logging.getLogger("attnviz").addHandler(warnings)
+    try:
+        return _run(argv)
+    finally:
+        logging.getLogger("attnviz").removeHandler(warnings)
+
+
+def _run(argv: list[str] | None) -> int:
     try:
         args = build_parser().parse_args(argv)
         args.run(args)

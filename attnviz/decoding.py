@@ -92,6 +92,7 @@ class Decoding:
     ids: tuple[int, ...]  # the output, without start and end tokens
     steps: tuple[DecodeStep, ...]  # one per output token, the end token included
     score: float  # summed log-probability of the output (with the end token)
+    truncated: bool = False  # no hypothesis ended within max_len: the output is cut at the length limit
 
 
 @torch.no_grad()
@@ -166,7 +167,8 @@ def step_through(
         live = new_live
         index = torch.tensor(parents, device=src.device)
         cache = [c.select(index) for c in cache]
-    if not finished:  # ran out of length: the live hypotheses compete as they are
+    truncated = not finished
+    if truncated:  # ran out of length: the live hypotheses compete as they are
         last_t = len(history) - 1
         for i, beam in enumerate(live if history[-1]["parents"] else []):
             finished.append((beam.score / length_penalty(len(beam.ids)), beam, last_t, history[-1]["parents"][i]))
@@ -193,4 +195,4 @@ def step_through(
             )
         )
     ids = best.ids[:-1] if best.ids and best.ids[-1] == cfg.eos_id else best.ids
-    return Decoding(ids=tuple(ids), steps=tuple(steps), score=best.score)
+    return Decoding(ids=tuple(ids), steps=tuple(steps), score=best.score, truncated=truncated)

@@ -75,6 +75,10 @@ def main() -> None:
     except Exception as e:  # noqa: BLE001 - the user sees a message, never a traceback
         show_error(e)
         return
+    if dec.truncated:
+        st.warning(
+            f"The output stopped at the length limit of {len(dec.steps)} tokens without an end token: it is unfinished."
+        )
     tok = bundle.tokenizer
     src_tokens = tok.encode_source(choices.src).tokens
     n = len(dec.steps)

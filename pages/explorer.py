@@ -4,7 +4,17 @@ import numpy as np
 import streamlit as st
 
 from attnviz import analysis
-from attnviz.app import bound, clamp_state, download_buttons, footer, run_attention, run_scores, show_error, sidebar
+from attnviz.app import (
+    bound,
+    clamp_state,
+    download_buttons,
+    footer,
+    run_attention,
+    run_scores,
+    show_error,
+    sidebar,
+    truncation_notice,
+)
 from attnviz.figures.attention import attention_heatmap, lines_view, model_view
 from attnviz.figures.common import export_config
 from attnviz.kinds import KINDS, TITLES, allowed
@@ -48,6 +58,7 @@ def main() -> None:
     except Exception as e:  # noqa: BLE001 - the user sees a message, never a traceback
         show_error(e)
         return
+    truncation_notice(export)
 
     kinds = [k for k in KINDS if getattr(export, k) is not None]
     clamp_state("kind", kinds)

@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import os
+from pathlib import Path
 
 import pytest
 
-from attnviz.checkpoints.catalog import model_roots, pretrained_dir, visitor_path
+from attnviz.checkpoints.catalog import model_roots, pretrained_dir, resolve_model, visitor_path
 from attnviz.errors import CheckpointError
 
 
@@ -59,3 +60,18 @@ def test_an_empty_setting_allows_no_folder(monkeypatch):
     assert model_roots() == []
     with pytest.raises(CheckpointError):
         visitor_path(str(pretrained_dir() / "en-de"))
+
+
+def test_a_bare_name_is_a_shipped_model_even_beside_a_folder_of_that_name(tmp_path, monkeypatch):
+    (tmp_path / "en-de").mkdir()
+    (tmp_path / "en-de" / "config.json").write_text("{}")
+    monkeypatch.chdir(tmp_path)
+    assert resolve_model("en-de") == pretrained_dir() / "en-de"
+    assert resolve_model("./en-de") == Path("./en-de")
+    assert resolve_model(str(tmp_path / "en-de")) == tmp_path / "en-de"
+    (tmp_path / "mine").mkdir()
+    assert resolve_model("mine") == Path("mine"), "a bare name that is no shipped model is a folder here"
+    with pytest.raises(CheckpointError, match="no model named 'nothing'"):
+        resolve_model("nothing")
+    with pytest.raises(CheckpointError, match="cannot use"):
+        resolve_model("x" * 300)

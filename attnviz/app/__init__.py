@@ -10,7 +10,14 @@ from attnviz.app.cache import load_bundle, run_attention, run_decoding, run_forw
 from attnviz.app.links import bound, footer
 from attnviz.app.registry import Page
 from attnviz.app.session import CUSTOM_PATH, Choices, keep_state, sidebar
-from attnviz.app.widgets import clamp_state, download_buttons, keep_in_range, show_error, sinusoid_inputs
+from attnviz.app.widgets import (
+    clamp_state,
+    download_buttons,
+    keep_in_range,
+    show_error,
+    sinusoid_inputs,
+    truncation_notice,
+)
 
 __all__ = [
     "CUSTOM_PATH",
@@ -32,4 +39,5 @@ __all__ = [
     "show_error",
     "sidebar",
     "sinusoid_inputs",
+    "truncation_notice",
 ]

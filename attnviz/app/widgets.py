@@ -31,6 +31,15 @@ def show_error(e: Exception) -> None:
         st.error(f"Something went wrong ({type(e).__name__}); the details are in the server's log.")
 
 
+def truncation_notice(export: AttentionExport) -> None:
+    """Say so when the decoder input is the model's output cut at the length limit (unfinished)."""
+    if export.manifest.get("tgt_truncated"):
+        st.warning(
+            f"The model's output stopped at the length limit of {export.manifest['max_output_tokens']} tokens "
+            "without an end token: it is unfinished, and so are the maps of the decoder."
+        )
+
+
 def clamp_state(key: str, options) -> None:
     """Reset a widget's stored value when it is no longer an option (e.g. a model with fewer layers)."""
     options = list(options)

