@@ -2,7 +2,7 @@
 
 import streamlit as st
 
-from attnviz.app import footer, registry, run_attention, show_error, sidebar, truncation_notice
+from attnviz.app import footer, registry, run_attention, shared, show_error, sidebar, truncation_notice
 from attnviz.figures.attention import attention_heatmap
 
 st.set_page_config(page_title="attnviz", page_icon="🔍", layout="wide")
@@ -42,7 +42,7 @@ def show_teaser(export) -> None:
             f"Encoder self-attention of the last layer ({L}), averaged over its {H} heads. This model has no "
             "decoder, so there is no cross-attention; the attention explorer shows every layer and head."
         )
-        fig = attention_heatmap(
+        build = lambda: attention_heatmap(  # noqa: E731 - built once per sentence, shared (attnviz.app.shared)
             export.encoder[-1].mean(0),
             export.src_tokens,
             export.src_tokens,
@@ -58,14 +58,16 @@ def show_teaser(export) -> None:
             f"Cross-attention of the last layer ({L}), averaged over its {H} heads. "
             "The attention explorer shows every layer and head."
         )
-        fig = attention_heatmap(
+        build = lambda: attention_heatmap(  # noqa: E731 - built once per sentence, shared (attnviz.app.shared)
             export.cross[-1].mean(0),
             export.tgt_tokens,
             export.src_tokens,
             "cross",
             title=f"Cross-attention, layer {L}, mean of {H} heads",
         )
-    st.plotly_chart(fig, width="stretch")
+    st.plotly_chart(
+        shared("home-teaser", (choices.model, choices.device, choices.src, choices.tgt), build), width="stretch"
+    )
 
 
 if choices is not None:

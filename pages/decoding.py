@@ -7,7 +7,7 @@ import numpy as np
 import pandas as pd
 import streamlit as st
 
-from attnviz.app import bound, clamp_state, footer, load_bundle, run_decoding, show_error, sidebar
+from attnviz.app import bound, clamp_state, footer, load_bundle, run_decoding, shared, show_error, sidebar
 from attnviz.figures.attention import attention_heatmap
 from attnviz.figures.decoding import step_rows_grid, topk_bar
 
@@ -98,6 +98,8 @@ def main() -> None:
         st.fragment(tick, run_every=1.0)()  # the timer exists only while playing
     t = st.session_state.get("step", 1) - 1
     step = dec.steps[t]
+    # What this step's figures depend on: the decoding, then the step.
+    decoded = (choices.model, choices.device, choices.src, 1 if teacher else beam, choices.tgt if teacher else None, t)
 
     pieces = [tok.target_token(s.token_id) for s in dec.steps]
     dec_input = [tok.target_token(tok.bos_id), *pieces[:-1]]  # the start token, then its own output
@@ -113,7 +115,8 @@ def main() -> None:
     with left:
         labels = [tok.target_token(c.token_id) for c in step.top]
         chosen = tok.target_token(step.token_id)
-        st.plotly_chart(topk_bar(labels, [c.prob for c in step.top], chosen=chosen), width="stretch")
+        top = shared("decoding-top", decoded, lambda: topk_bar(labels, [c.prob for c in step.top], chosen=chosen))
+        st.plotly_chart(top, width="stretch")
         if teacher:
             predicted = step.top[0]
             verdict = "✅ the same" if predicted.token_id == step.token_id else "❌ different"
@@ -136,12 +139,14 @@ def main() -> None:
             st.markdown("**Beams before this step** (the arrow marks the one the final output extends):")
             st.dataframe(pd.DataFrame(rows), hide_index=True, width="stretch")
     with right:
-        st.plotly_chart(
-            step_rows_grid(
+        grid = shared(
+            "decoding-grid",
+            decoded,
+            lambda: step_rows_grid(
                 step.cross_attn.numpy(), src_tokens, title=f"Cross-attention of step {t + 1}, every layer and head"
             ),
-            width="stretch",
         )
+        st.plotly_chart(grid, width="stretch")
 
     L, H = step.cross_attn.shape[:2]
     clamp_state("layer", range(1, L + 1))
@@ -152,8 +157,10 @@ def main() -> None:
     left, right = st.columns(2)
     with left:
         self_row = step.self_attn[layer - 1, head - 1].numpy()[None]  # (1, t + 1): only the prefix
-        st.plotly_chart(
-            attention_heatmap(
+        fig = shared(
+            "decoding-self-row",
+            (*decoded, layer, head),
+            lambda: attention_heatmap(
                 self_row,
                 [dec_input[t]],
                 dec_input[: t + 1],
@@ -161,11 +168,13 @@ def main() -> None:
                 query_start=t,
                 title=f"Decoder self-attention of step {t + 1}, layer {layer}, head {head}",
             ),
-            width="stretch",
         )
+        st.plotly_chart(fig, width="stretch")
         cross_row = step.cross_attn[layer - 1, head - 1].numpy()[None]
-        st.plotly_chart(
-            attention_heatmap(
+        fig = shared(
+            "decoding-cross-row",
+            (*decoded, layer, head),
+            lambda: attention_heatmap(
                 cross_row,
                 [dec_input[t]],
                 src_tokens,
@@ -173,20 +182,21 @@ def main() -> None:
                 query_start=t,
                 title=f"Cross-attention of step {t + 1}, layer {layer}, head {head}",
             ),
-            width="stretch",
         )
+        st.plotly_chart(fig, width="stretch")
     with right:
-        grown = np.stack([s.cross_attn[layer - 1, head - 1].numpy() for s in dec.steps[: t + 1]])  # (t + 1, S)
-        st.plotly_chart(
-            attention_heatmap(
-                grown,
+        fig = shared(
+            "decoding-alignment",
+            (*decoded, layer, head),
+            lambda: attention_heatmap(
+                np.stack([s.cross_attn[layer - 1, head - 1].numpy() for s in dec.steps[: t + 1]]),  # (t + 1, S)
                 dec_input[: t + 1],
                 src_tokens,
                 "cross",
                 title=f"Cross-attention so far (one row per step), layer {layer}, head {head}",
             ),
-            width="stretch",
         )
+        st.plotly_chart(fig, width="stretch")
         st.caption(
             "The alignment grows by one row per step: row t is where the decoder looked while writing "
             "output token t + 1."

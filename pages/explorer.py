@@ -11,6 +11,7 @@ from attnviz.app import (
     footer,
     run_attention,
     run_scores,
+    shared,
     show_error,
     sidebar,
     truncation_notice,
@@ -50,6 +51,15 @@ def select_head_from_table() -> None:
         st.session_state["view"] = "one"
 
 
+def aggregate(maps: np.ndarray, how: str, layer: int) -> np.ndarray:
+    """The (Q, K) map of ``layer`` (from 1) combined over heads: mean, max, or attention rollout."""
+    if how == "mean":
+        return analysis.head_mean(maps)[layer - 1]
+    if how == "max":
+        return analysis.head_max(maps)[layer - 1]
+    return analysis.attention_rollout(maps)[layer - 1].astype(np.float32)
+
+
 def main() -> None:
     if choices is None:
         return
@@ -78,6 +88,7 @@ def main() -> None:
     head = bound(c2.selectbox, "Head", range(1, H + 1), key="head")
     view = bound(c3.selectbox, "View", list(VIEWS), format_func=VIEWS.get, key="view")
     stem = f"{choices.model.replace('/', '_')}-{kind}"
+    shown_map = (choices.model, choices.device, choices.src, choices.tgt, kind)  # what the maps depend on
 
     if view == "one":
         show_scores = bound(
@@ -91,14 +102,18 @@ def main() -> None:
             matrix = scores[layer - 1, head - 1]
         else:
             matrix = maps[layer - 1, head - 1]
-        fig = attention_heatmap(
-            matrix,
-            q_tokens,
-            k_tokens,
-            kind,
-            mask=mask,
-            scores=show_scores,
-            title=f"{TITLES[kind]}, layer {layer}, head {head}" + (" (scores)" if show_scores else ""),
+        fig = shared(
+            "explorer-one",
+            (*shown_map, layer, head, show_scores),
+            lambda: attention_heatmap(
+                matrix,
+                q_tokens,
+                k_tokens,
+                kind,
+                mask=mask,
+                scores=show_scores,
+                title=f"{TITLES[kind]}, layer {layer}, head {head}" + (" (scores)" if show_scores else ""),
+            ),
         )
 
         def shown():
@@ -109,7 +124,11 @@ def main() -> None:
 
         name = f"{stem}-L{layer}H{head}"
     elif view == "grid":
-        fig = model_view(maps, q_tokens, k_tokens, kind, selected=(layer, head))
+        fig = shared(
+            "explorer-grid",
+            (*shown_map, layer, head),
+            lambda: model_view(maps, q_tokens, k_tokens, kind, selected=(layer, head)),
+        )
         st.caption("Every layer (rows) and head (columns); the outlined map is the layer and head chosen above.")
         st.button(f"Open layer {layer}, head {head} large", on_click=open_one_head, key="_open_large")
         shown = lambda: analysis.long_form(maps, q_tokens, k_tokens)  # noqa: E731 - built on click
@@ -119,7 +138,11 @@ def main() -> None:
         if not heads:
             st.info("Choose at least one head.")
             return
-        fig = lines_view(maps[layer - 1, [h - 1 for h in heads]], q_tokens, k_tokens, heads, kind)
+        fig = shared(
+            "explorer-lines",
+            (*shown_map, layer, tuple(heads)),
+            lambda: lines_view(maps[layer - 1, [h - 1 for h in heads]], q_tokens, k_tokens, heads, kind),
+        )
         st.caption("Queries on the left, keys on the right; a line's opacity is the weight (under 0.01 not drawn).")
         shown = lambda: analysis.long_form(maps, q_tokens, k_tokens, layers=[layer], heads=heads)  # noqa: E731
         name = f"{stem}-L{layer}-lines"
@@ -128,39 +151,40 @@ def main() -> None:
         clamp_state("aggregate", options)
         how = bound(st.radio, "Aggregate", options, horizontal=True, key="aggregate")
         if how == "mean":
-            matrix = analysis.head_mean(maps)[layer - 1]
             st.info(
                 "**Mean over heads**: the average map of this layer. It hides heads that disagree, and the "
                 "model itself does not weight heads equally (W^O mixes them)."
             )
         elif how == "max":
-            matrix = analysis.head_max(maps)[layer - 1]
             st.info(
                 "**Max over heads**: for each cell, the strongest head. Rows no longer sum to 1: it shows "
                 "where *some* head looks, not how the layer mixes."
             )
         else:
-            matrix = analysis.attention_rollout(maps)[layer - 1].astype(np.float32)
             st.info(
                 "**Attention rollout** (Abnar & Zuidema, 2020): heads averaged, the residual added as "
                 "0.5·I, and layers 1..l multiplied, so row i estimates how much each *input* token flows "
                 "into position i after layer l. It assumes linear mixing and ignores values, W^O, the "
                 "feed-forward layers and LayerNorm: a rough estimate, not a measurement."
             )
-        fig = attention_heatmap(
-            np.clip(matrix, 0, 1),
-            q_tokens,
-            k_tokens,
-            kind,
-            mask=mask,
-            title=f"{TITLES[kind]}, layer {layer}, {how} over heads",
+        fig = shared(
+            "explorer-aggregate",
+            (*shown_map, layer, how),
+            lambda: attention_heatmap(
+                np.clip(aggregate(maps, how, layer), 0, 1),
+                q_tokens,
+                k_tokens,
+                kind,
+                mask=mask,
+                title=f"{TITLES[kind]}, layer {layer}, {how} over heads",
+            ),
         )
-        shown = lambda: analysis.long_form(matrix[None, None], q_tokens, k_tokens).assign(  # noqa: E731
+        shown = lambda: analysis.long_form(aggregate(maps, how, layer)[None, None], q_tokens, k_tokens).assign(  # noqa: E731
             layer=layer, head=how
         )
         name = f"{stem}-L{layer}-{how}"
     else:
-        table = analysis.head_statistics(maps, q_tokens, k_tokens, kind)
+        table = shared("explorer-stats", shown_map, lambda: analysis.head_statistics(maps, q_tokens, k_tokens, kind))
         st.session_state["stats_rows"] = list(zip(table["layer"], table["head"], strict=True))
         st.caption(
             "One row per head; click a row to open that head. **entropy**: how spread a query's weights "

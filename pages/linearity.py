@@ -3,7 +3,17 @@
 import numpy as np
 import streamlit as st
 
-from attnviz.app import bound, clamp_state, footer, keep_in_range, load_bundle, show_error, sidebar, sinusoid_inputs
+from attnviz.app import (
+    bound,
+    clamp_state,
+    footer,
+    keep_in_range,
+    load_bundle,
+    shared,
+    show_error,
+    sidebar,
+    sinusoid_inputs,
+)
 from attnviz.errors import InputError
 from attnviz.figures import positional as pp
 from attnviz.lessons import positional as pe
@@ -78,17 +88,23 @@ def controls() -> dict:
     }
 
 
+def settings(c: dict) -> tuple:
+    """Every control of the page, in order: the key of what is drawn from them."""
+    return tuple(c[name] for name in ("d_model", "base", "layout", "n", "k", "precision", "start"))
+
+
 def rotation_section(c: dict, M: np.ndarray, table: np.ndarray) -> None:
     st.header("M_k: one rotation per frequency")
     d_model, k = c["d_model"], c["k"]
     left, right = st.columns([2, 3])
-    left.plotly_chart(pp.rotation_heatmap(M, k), width="stretch")
+    rotation = shared("lin-rotation", (d_model, c["base"], c["layout"], k), lambda: pp.rotation_heatmap(M, k))
+    left.plotly_chart(rotation, width="stretch")
     left.caption(
         "Each pair (sin pos·ω_i, cos pos·ω_i) is turned by the angle k·ω_i: the 2×2 block "
         "[[cos kω_i, sin kω_i], [−sin kω_i, cos kω_i]]. No entry involves pos. In the concatenated layout "
         "the same blocks are spread out by the column reordering."
     )
-    check = pe.shift_residual(table, k, M)
+    check = shared("lin-shift", settings(c), lambda: pe.shift_residual(table, k, M))
     with right:
         clamp_state("lin_dim", range(d_model))
         dim = bound(
@@ -101,26 +117,39 @@ def rotation_section(c: dict, M: np.ndarray, table: np.ndarray) -> None:
         )
         label = pe.dimension_label(dim, d_model, c["layout"])
         positions = c["start"] + check.positions
-        st.plotly_chart(
-            pp.shift_chart(positions, check.predicted[:, dim], check.actual[:, dim], k, label), width="stretch"
+        shift = shared(
+            "lin-shift-chart",
+            (*settings(c), dim),
+            lambda: pp.shift_chart(positions, check.predicted[:, dim], check.actual[:, dim], k, label),
         )
+        st.plotly_chart(shift, width="stretch")
         st.caption("The line is the table shifted by k; the markers are M_k applied to the unshifted table.")
-    st.plotly_chart(
-        pp.residual_chart(
+    residual = shared(
+        "lin-residual",
+        settings(c),
+        lambda: pp.residual_chart(
             positions,
             {f"k = {k}": check.residual},
             f"Residual max_d |M_k·PE(pos) − PE(pos + k)|, {c['precision']}",
             "position pos",
             "largest error over dimensions",
         ),
-        width="stretch",
     )
+    st.plotly_chart(residual, width="stretch")
     worst = float(check.residual.max())
     st.caption(
         f"Largest residual over every position: **{worst:.2e}**. One float32 step near 1 is 1.2e-7 and one "
         "float64 step 2.2e-16: what is left is rounding, not a failure of the identity. Exact zeros (from "
         f"position 0, M_k·PE(0) is exactly the row PE(k)) are drawn at {pp.LOG_FLOOR:g}."
     )
+
+
+def angle_figure(c: dict, i: int):
+    """(both sides of the angle-addition identities for pair i, the largest gap between them)."""
+    pos = c["start"] + np.arange(c["n"])
+    both = pe.angle_addition(pos, c["k"], i, c["d_model"], c["base"])
+    gap = max(np.abs(both.sin_lhs - both.sin_rhs).max(), np.abs(both.cos_lhs - both.cos_rhs).max())
+    return pp.angle_addition_chart(pos, both.sin_lhs, both.sin_rhs, both.cos_lhs, both.cos_rhs, i), gap
 
 
 def angle_section(c: dict) -> None:
@@ -130,12 +159,8 @@ def angle_section(c: dict) -> None:
     i = bound(st.slider, "Frequency pair i", 0, d_model // 2 - 1, key="lin_pair")
     st.latex(r"PE_{pos+k,\,2i} = PE_{pos,\,2i}\,PE_{k,\,2i+1} + PE_{pos,\,2i+1}\,PE_{k,\,2i}")
     st.latex(r"PE_{pos+k,\,2i+1} = PE_{pos,\,2i+1}\,PE_{k,\,2i+1} - PE_{pos,\,2i}\,PE_{k,\,2i}")
-    pos = c["start"] + np.arange(c["n"])
-    both = pe.angle_addition(pos, c["k"], i, d_model, c["base"])
-    st.plotly_chart(
-        pp.angle_addition_chart(pos, both.sin_lhs, both.sin_rhs, both.cos_lhs, both.cos_rhs, i), width="stretch"
-    )
-    gap = max(np.abs(both.sin_lhs - both.sin_rhs).max(), np.abs(both.cos_lhs - both.cos_rhs).max())
+    fig, gap = shared("lin-angles", (*settings(c), i), lambda: angle_figure(c, i))
+    st.plotly_chart(fig, width="stretch")
     st.caption(
         f"sin(a + b) = sin a cos b + cos a sin b and cos(a + b) = cos a cos b − sin a sin b, with a = pos·ω_i "
         f"and b = k·ω_i. The coefficients PE(k, ·) are the encoding of the offset itself. Largest gap between "
@@ -168,16 +193,18 @@ def fit_section(c: dict) -> None:
             note = f"{choices.model} has no positional encoding, so it has no table to fit."
         elif residual is not None:
             series[f"{choices.model} ({kind})"] = residual
-    st.plotly_chart(
-        pp.residual_chart(
+    fit = shared(
+        "lin-fit",
+        (d_model, c["base"], c["layout"], c["precision"], k_max, tuple(series)),
+        lambda: pp.residual_chart(
             ks,
             series,
             "Best linear map from PE(pos) to PE(pos + k): what it cannot explain",
             "offset k",
             "relative residual ‖X·Mᵀ − Y‖ / ‖Y‖",
         ),
-        width="stretch",
     )
+    st.plotly_chart(fit, width="stretch")
     st.caption(
         f"For each k, one matrix fitted by least squares over all pairs (pos, pos + k) with pos < N − {max(ks)} "
         f"(N = {n_fit} positions for the synthetic tables: twice d_model pairs, since with fewer pairs than "
@@ -189,20 +216,24 @@ def fit_section(c: dict) -> None:
         st.info(note)
 
 
-def breakdown_section(c: dict) -> None:
-    st.header("When does linearity break?")
+def breakdown_figure(c: dict):
     sweep = pe.linearity_by_start(c["k"], c["d_model"], c["base"], c["layout"], n=64, starts=STARTS)
     series = {p: sweep.loc[sweep["precision"] == p, "max_residual"].to_numpy() for p in pe.PRECISIONS}
     labels = [f"{s:,}" for s in STARTS]  # a category axis: position 0 has no place on a log axis
+    return pp.residual_chart(
+        labels,
+        series,
+        f"Largest residual for k = {c['k']} over 64 positions",
+        "first position",
+        "largest error",
+        categorical_x=True,
+    )
+
+
+def breakdown_section(c: dict) -> None:
+    st.header("When does linearity break?")
     st.plotly_chart(
-        pp.residual_chart(
-            labels,
-            series,
-            f"Largest residual for k = {c['k']} over 64 positions",
-            "first position",
-            "largest error",
-            categorical_x=True,
-        ),
+        shared("lin-breakdown", (c["k"], c["d_model"], c["base"], c["layout"]), lambda: breakdown_figure(c)),
         width="stretch",
     )
     st.caption(
@@ -217,8 +248,16 @@ def main() -> None:
     c = controls()
     dtype, angle_dtype = pe.PRECISIONS[c["precision"]]
     try:
-        table = pe.encoding_matrix(c["n"], c["d_model"], c["base"], c["layout"], c["start"], dtype, angle_dtype)
-        M = pe.rotation_matrix(c["k"], c["d_model"], c["base"], c["layout"])
+        table = shared(
+            "lin-table",
+            settings(c),
+            lambda: pe.encoding_matrix(c["n"], c["d_model"], c["base"], c["layout"], c["start"], dtype, angle_dtype),
+        )
+        M = shared(
+            "lin-m",
+            (c["k"], c["d_model"], c["base"], c["layout"]),
+            lambda: pe.rotation_matrix(c["k"], c["d_model"], c["base"], c["layout"]),
+        )
     except Exception as e:  # noqa: BLE001 - the user sees a message, never a traceback
         show_error(e)
         return

@@ -4,7 +4,17 @@ import numpy as np
 import pandas as pd
 import streamlit as st
 
-from attnviz.app import bound, clamp_state, footer, keep_in_range, load_bundle, show_error, sidebar
+from attnviz.app import (
+    bound,
+    clamp_state,
+    footer,
+    keep_in_range,
+    load_bundle,
+    number_table,
+    shared,
+    show_error,
+    sidebar,
+)
 from attnviz.figures import teaching as tp
 from attnviz.lessons import mechanics
 
@@ -67,7 +77,7 @@ def matrix_editor(name: str, container) -> np.ndarray:
 
 def show_table(title: str, matrix: np.ndarray, rows: str, cols: str, container=st) -> None:
     container.markdown(f"**{title}**")
-    container.table(mechanics.labelled(matrix, rows, cols).style.format("{:.4f}"))
+    container.table(number_table(mechanics.labelled(matrix, rows, cols)))
 
 
 def worked_example_tab() -> None:
@@ -110,7 +120,7 @@ def worked_example_tab() -> None:
         f"{biggest['largest output change']:.4f}. With d_k = 3 the effect is mild; with the paper's d_k = 64 "
         "the unscaled softmax is nearly one-hot (next tab)."
     )
-    st.table(table.style.format(precision=4))
+    st.table(number_table(table))
     st.caption("Per query: largest weight and entropy with and without scaling, and how far weights and outputs move.")
 
 
@@ -126,7 +136,8 @@ def scaling_tab() -> None:
     seed = bound(c[2].number_input, "Random seed", 0, 10_000, 0, key="mech_seed")
     d_ks = tuple(d for d in (1, 4, 16, 64, 256, 1024) if d <= d_max)
     df = scaling(d_ks, n_keys, int(seed))
-    st.plotly_chart(tp.scaling_figure(df), width="stretch", key="mech_scaling_chart")
+    fig = shared("mech-scaling", (d_ks, n_keys, int(seed)), lambda: tp.scaling_figure(df))
+    st.plotly_chart(fig, width="stretch", key="mech_scaling_chart")
     st.caption(
         f"Means over 1000 random queries, each against {n_keys} random keys. Blue: scores divided by √d_k; red: "
         "raw dot products. Without scaling the entropy falls towards 0 and the largest weight towards 1 as d_k "
@@ -153,9 +164,8 @@ def masks_tab() -> None:
     subsequent = mechanics.subsequent_mask(n)
     masks = {"padding": padding, "subsequent": subsequent, "both": padding & subsequent}
     titles = {"padding": "padding mask", "subsequent": "subsequent mask", "both": "both: padding and subsequent"}
-    st.plotly_chart(
-        tp.mask_grid({titles[name]: m for name, m in masks.items()}), width="stretch", key="mech_mask_chart"
-    )
+    grid = shared("mech-masks", (n, length), lambda: tp.mask_grid({titles[name]: m for name, m in masks.items()}))
+    st.plotly_chart(grid, width="stretch", key="mech_mask_chart")
     st.caption(
         f"Rows are queries, columns keys, for a sentence of {length} tokens padded to {n}. Padding is masked "
         "as a key only: a padding query still attends to the real tokens, and its output is never used. "
@@ -164,12 +174,13 @@ def masks_tab() -> None:
     scores = np.random.default_rng(row).standard_normal(n) * 1.5
     table = mechanics.apply_mask_to_row(scores, masks[kind][row])
     c = st.columns([3, 2])
-    c[0].plotly_chart(tp.masked_row_bars(table, row), width="stretch", key="mech_row_chart")
+    bars = shared("mech-row", (n, length, row, kind), lambda: tp.masked_row_bars(table, row))
+    c[0].plotly_chart(bars, width="stretch", key="mech_row_chart")
     c[0].caption(
         f"Query {row} with random scores: grey without the mask, blue after the {kind} mask. Masked keys get "
         "weight 0 and the others grow so that the row still sums to 1."
     )
-    c[1].table(table.style.format(precision=4))
+    c[1].table(number_table(table))
 
 
 def multihead_tab() -> None:
@@ -191,12 +202,15 @@ def multihead_tab() -> None:
     st.table(pd.DataFrame([(s, str(shape), what) for s, shape, what in steps], columns=["step", "shape", "what"]))
     st.caption(f"Shapes for one sentence: d_k = d_v = {d_model} / {h} = {d_model // h}.")
     c = st.columns(2)
-    c[0].plotly_chart(tp.head_cost_bars(cost), width="stretch", key="mech_cost_chart")
+    c[0].plotly_chart(
+        shared("mech-cost", (n, d_model, h), lambda: tp.head_cost_bars(cost)), width="stretch", key="mech_cost_chart"
+    )
     c[0].caption(
         "Narrow heads (the paper) against wide heads that each see all d_model dimensions: wide costs h times "
         "the parameters and multiply-adds. Biases left out."
     )
-    c[1].table(cost.set_index("attention").T.style.format("{:,}"))
+    wide = cost.set_index("attention").T
+    c[1].table(number_table(wide, "{:,}", wide.columns))
 
 
 def permutation_tab() -> None:
@@ -235,7 +249,7 @@ def permutation_tab() -> None:
             "max |enc(x)|, for scale": [checks[False].output_max_abs, checks[True].output_max_abs],
         }
     )
-    st.table(summary.style.format("{:.3g}", subset=summary.columns[1:]))
+    st.table(number_table(summary, "{:.3g}", summary.columns[1:]))
     holds = checks[False].max_diff < 1e-6
     st.markdown(
         f"Without positions the largest difference is {checks[False].max_diff:.1e} "
@@ -244,11 +258,16 @@ def permutation_tab() -> None:
     )
     for use_positions in (False, True):
         check = checks[use_positions]
-        fig = tp.permutation_figure(
-            check.permuted_attention[layer - 1, head - 1],
-            check.expected()[layer - 1, head - 1],
-            shuffled,
-            f"Positional encoding {'on' if use_positions else 'off'}: encoder layer {layer}, head {head}",
+        key = (choices.model, choices.device, choices.src, order, int(seed), layer, head, use_positions)
+        fig = shared(
+            "mech-permutation",
+            key,
+            lambda check=check, use_positions=use_positions: tp.permutation_figure(
+                check.permuted_attention[layer - 1, head - 1],
+                check.expected()[layer - 1, head - 1],
+                shuffled,
+                f"Positional encoding {'on' if use_positions else 'off'}: encoder layer {layer}, head {head}",
+            ),
         )
         st.plotly_chart(fig, width="stretch", key=f"mech_perm_chart_{use_positions}")
         st.caption(
@@ -269,7 +288,11 @@ def learning_rate_tab() -> None:
     steps = bound(c[2].slider, "Steps shown", 1000, 100_000, 20_000, step=1000, key="mech_lr_steps")
     df = mechanics.lr_schedule(d_model, warmup, steps)
     peak = df["learning rate"].max()
-    st.plotly_chart(tp.lr_curve(df, warmup), width="stretch", key="mech_lr_chart")
+    st.plotly_chart(
+        shared("mech-lr", (d_model, warmup, steps), lambda: tp.lr_curve(df, warmup)),
+        width="stretch",
+        key="mech_lr_chart",
+    )
     where = (
         f"The peak, {peak:.3e} = d_model^-0.5 · warmup_steps^-0.5, is at the end of warm-up, step {warmup}."
         if warmup <= steps
@@ -278,10 +301,17 @@ def learning_rate_tab() -> None:
     st.caption(f"{where} The paper's base model used d_model = 512 and warmup_steps = 4000.")
 
 
-tabs = st.tabs(["Worked example", "Why √d_k", "Masks", "Multi-head", "Permutation", "Learning rate"])
-for tab, draw in zip(
-    tabs, [worked_example_tab, scaling_tab, masks_tab, multihead_tab, permutation_tab, learning_rate_tab], strict=True
-):
-    with tab:
-        draw()
+TABS = {
+    "Worked example": worked_example_tab,
+    "Why √d_k": scaling_tab,
+    "Masks": masks_tab,
+    "Multi-head": multihead_tab,
+    "Permutation": permutation_tab,
+    "Learning rate": learning_rate_tab,
+}
+# Bound to the URL, the tabs are lazy: only the open one runs (and a link can open any of them).
+for tab, draw in zip(bound(st.tabs, list(TABS), key="mech_tab"), TABS.values(), strict=True):
+    if tab.open:
+        with tab:
+            draw()
 footer()

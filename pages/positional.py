@@ -3,7 +3,7 @@
 import numpy as np
 import streamlit as st
 
-from attnviz.app import bound, footer, load_bundle, show_error, sidebar, sinusoid_inputs
+from attnviz.app import bound, footer, load_bundle, shared, show_error, sidebar, sinusoid_inputs
 from attnviz.figures import positional as pp
 from attnviz.lessons import positional as pe
 
@@ -30,7 +30,9 @@ def controls() -> tuple[int, int, float, str]:
 
 def encoding_section(table: np.ndarray, d_model: int, base: float, layout: str) -> None:
     st.header("The encoding matrix")
-    st.plotly_chart(pp.encoding_heatmap(table, title=f"PE for d_model = {d_model}, base {base:g}"), width="stretch")
+    title = f"PE for d_model = {d_model}, base {base:g}"
+    fig = shared("pe-matrix", (d_model, table.shape[0], base, layout), lambda: pp.encoding_heatmap(table, title=title))
+    st.plotly_chart(fig, width="stretch")
     st.caption(
         "Row p is the vector added to the embedding of the token at position p. Left columns oscillate "
         "fast (wavelength 2π), right columns slowly: together they give every position a distinct code, "
@@ -53,7 +55,8 @@ def curves_section(table: np.ndarray, d_model: int, base: float, layout: str) ->
     with left:
         if dims:
             labels = [pe.dimension_label(d, d_model, layout) for d in dims]
-            st.plotly_chart(pp.dimension_curves(table, dims, labels), width="stretch")
+            key = (d_model, table.shape[0], base, layout, tuple(dims))
+            st.plotly_chart(shared("pe-curves", key, lambda: pp.dimension_curves(table, dims, labels)), width="stretch")
             st.caption(
                 "The Annotated Transformer's chart, interactive: a sine and a cosine share each frequency "
                 "(pair i), and higher pairs are slower waves. Click a legend entry to hide its line."
@@ -62,27 +65,34 @@ def curves_section(table: np.ndarray, d_model: int, base: float, layout: str) ->
             st.info("Choose at least one dimension.")
     with right:
         lam = pe.wavelengths(d_model, base)
-        st.plotly_chart(pp.wavelength_chart(lam, base), width="stretch")
+        st.plotly_chart(
+            shared("pe-wavelengths", (d_model, base), lambda: pp.wavelength_chart(lam, base)), width="stretch"
+        )
         st.caption(
             f"Pair i has wavelength 2π·base^(2i/d_model): each is {base ** (2 / d_model):.4f} times the one "
             f"before, from {lam[0]:.3f} to {lam[-1]:,.1f} positions, a straight line on this log axis."
         )
 
 
-def similarity_view(table: np.ndarray, cosine: bool, name: str, closed_form: np.ndarray | None = None) -> None:
-    """Heatmap and offset profile of one table (the page's sinusoids or a model's positions)."""
+def similarity_figures(table: np.ndarray, cosine: bool, name: str, closed_form: np.ndarray | None):
+    """(heatmap, offset profile, largest range over p, that range relative to the offset-0 value)."""
     value = "cos(PE(p), PE(q))" if cosine else "PE(p)·PE(q)"
     profile = pe.similarity_by_offset(table, cosine)
-    left, right = st.columns(2)
-    left.plotly_chart(
-        pp.similarity_heatmap(pe.similarity_matrix(table, cosine), f"{value}, {name}", value), width="stretch"
-    )
-    right.plotly_chart(
-        pp.offset_profile_chart(profile, f"By offset k, {name}", value.replace("q", "p+k"), closed_form),
-        width="stretch",
-    )
+    heatmap = pp.similarity_heatmap(pe.similarity_matrix(table, cosine), f"{value}, {name}", value)
+    by_offset = pp.offset_profile_chart(profile, f"By offset k, {name}", value.replace("q", "p+k"), closed_form)
     spread = float((profile["max"] - profile["min"]).max())
     relative = spread / max(abs(float(profile["mean"].iloc[0])), 1e-300)  # against |PE(p)|^2, the offset-0 value
+    return heatmap, by_offset, spread, relative
+
+
+def similarity_view(key: tuple, table: np.ndarray, cosine: bool, name: str, closed_form=None) -> None:
+    """Heatmap and offset profile of one table (the page's sinusoids or a model's positions); ``key`` names it."""
+    heatmap, by_offset, spread, relative = shared(
+        "pe-similarity", (*key, cosine), lambda: similarity_figures(table, cosine, name, closed_form)
+    )
+    left, right = st.columns(2)
+    left.plotly_chart(heatmap, width="stretch")
+    right.plotly_chart(by_offset, width="stretch")
     st.caption(
         f"Left: every pair of positions. Right: the same values grouped by offset k = q − p; the band is "
         f"the range over p. Largest range over p at any offset: **{spread:.2e}**, {relative:.1e} of the "
@@ -91,12 +101,12 @@ def similarity_view(table: np.ndarray, cosine: bool, name: str, closed_form: np.
     )
 
 
-def similarity_section(table: np.ndarray, d_model: int, base: float) -> None:
+def similarity_section(table: np.ndarray, d_model: int, base: float, layout: str) -> None:
     st.header("Similarity depends on the offset only")
     cosine = bound(st.toggle, "Cosine similarity (divide by the norms)", key="pe_cosine")
     k = np.arange(table.shape[0])
     closed = pe.offset_similarity(k, d_model, base) / (d_model / 2 if cosine else 1.0)
-    similarity_view(table, cosine, "sinusoids", closed)
+    similarity_view(("sinusoids", d_model, table.shape[0], base, layout), table, cosine, "sinusoids", closed)
     st.markdown(
         "Why: sin a·sin b + cos a·cos b = cos(a − b), so PE(p)·PE(q) = Σ_i cos((p − q)·ω_i), the dotted "
         "line. It is largest at offset 0 and falls off, with ripples, as the offset grows: near positions "
@@ -122,17 +132,22 @@ def similarity_section(table: np.ndarray, d_model: int, base: float) -> None:
         f"{choices.model}: {kind} positions, a table of {model_table.shape[0]} × {model_table.shape[1]}; "
         f"the first {n} positions, as many as chosen above."
     )
-    similarity_view(model_table[:n], cosine, f"{choices.model} ({kind})")
+    similarity_view((choices.model, choices.device, n), model_table[:n], cosine, f"{choices.model} ({kind})")
+
+
+def layout_figure(d_model: int, n: int, base: float):
+    """(the two layouts side by side, their largest difference once reordered, of their dot products)."""
+    interleaved = pe.encoding_matrix(n, d_model, base, "interleaved")
+    concat = pe.encoding_matrix(n, d_model, base, "concat")
+    same = float(np.abs(concat - interleaved[:, pe.layout_permutation(d_model)]).max())
+    sim_gap = float(np.abs(pe.similarity_matrix(concat) - pe.similarity_matrix(interleaved)).max())
+    return pp.layout_comparison(interleaved, concat), same, sim_gap
 
 
 def layout_section(d_model: int, n: int, base: float) -> None:
     st.header("Interleaved or concatenated: both are valid")
-    interleaved = pe.encoding_matrix(n, d_model, base, "interleaved")
-    concat = pe.encoding_matrix(n, d_model, base, "concat")
-    st.plotly_chart(pp.layout_comparison(interleaved, concat), width="stretch")
-    perm = pe.layout_permutation(d_model)
-    same = float(np.abs(concat - interleaved[:, perm]).max())
-    sim_gap = float(np.abs(pe.similarity_matrix(concat) - pe.similarity_matrix(interleaved)).max())
+    fig, same, sim_gap = shared("pe-layouts", (d_model, n, base), lambda: layout_figure(d_model, n, base))
+    st.plotly_chart(fig, width="stretch")
     st.caption(
         "The paper interleaves sin and cos (columns 2i and 2i+1); tensor2tensor and Marian put every sine "
         "first. Reordering the interleaved columns gives the concatenated table exactly "
@@ -150,10 +165,10 @@ def layout_section(d_model: int, n: int, base: float) -> None:
 
 def main() -> None:
     d_model, n, base, layout = controls()
-    table = pe.encoding_matrix(n, d_model, base, layout)
+    table = shared("pe-table", (n, d_model, base, layout), lambda: pe.encoding_matrix(n, d_model, base, layout))
     encoding_section(table, d_model, base, layout)
     curves_section(table, d_model, base, layout)
-    similarity_section(table, d_model, base)
+    similarity_section(table, d_model, base, layout)
     layout_section(d_model, n, base)
 
 

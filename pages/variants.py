@@ -3,7 +3,17 @@
 import pandas as pd
 import streamlit as st
 
-from attnviz.app import bound, clamp_state, footer, keep_in_range, load_bundle, show_error, sidebar
+from attnviz.app import (
+    bound,
+    clamp_state,
+    footer,
+    keep_in_range,
+    load_bundle,
+    number_table,
+    shared,
+    show_error,
+    sidebar,
+)
 from attnviz.figures import teaching as tp
 from attnviz.figures.attention import attention_heatmap
 from attnviz.lessons import variants
@@ -49,11 +59,10 @@ def patterns_tab() -> None:
     causal = bound(c[2].toggle, "Causal", key="var_causal")
     masks = {name: variants.pattern(name, n, k, causal) for name in variants.PATTERNS}
     counts = {name: variants.pair_count(m) for name, m in masks.items()}
-    st.plotly_chart(
-        tp.mask_grid({f"{name}: {counts[name]} pairs": m for name, m in masks.items()}),
-        width="stretch",
-        key="var_pattern_chart",
+    grid = shared(
+        "var-patterns", (n, k, causal), lambda: tp.mask_grid({f"{p}: {counts[p]} pairs": m for p, m in masks.items()})
     )
+    st.plotly_chart(grid, width="stretch", key="var_pattern_chart")
     st.caption(f"Rows are queries, columns keys; n = {n}, k = {k}. The title gives the pairs each pattern computes.")
     st.table(
         pd.DataFrame(
@@ -66,8 +75,8 @@ def patterns_tab() -> None:
             }
         )
     )
-    curves = variants.cost_curves(k=k, causal=causal)
-    st.plotly_chart(tp.cost_figure(curves, k), width="stretch", key="var_cost_chart")
+    cost = shared("var-cost", (k, causal), lambda: tp.cost_figure(variants.cost_curves(k=k, causal=causal), k))
+    st.plotly_chart(cost, width="stretch", key="var_cost_chart")
     st.caption(
         "Exact pair counts of each pattern from n = 16 to 1024 on log-log axes: the slope is the exponent. Full "
         "and causal grow as n², local as n·k, dilated as n²/k; sparse as n·k + n²/k, which is n√n when k = √n."
@@ -109,8 +118,17 @@ def model_tab() -> None:
         )
     c = st.columns(2)
     for col, maps, title, m in ((c[0], base.maps, "as trained", None), (c[1], run.maps, f"{name} pattern", mask)):
-        fig = attention_heatmap(
-            maps[layer - 1, head - 1], tokens, tokens, "encoder", title=f"Layer {layer}, head {head}: {title}", mask=m
+        fig = shared(
+            "var-map",
+            (choices.model, choices.device, choices.src, name if m is not None else None, k, layer, head),
+            lambda maps=maps, title=title, m=m: attention_heatmap(
+                maps[layer - 1, head - 1],
+                tokens,
+                tokens,
+                "encoder",
+                title=f"Layer {layer}, head {head}: {title}",
+                mask=m,
+            ),
         )
         col.plotly_chart(fig, width="stretch", key=f"var_map_{m is None}")
     st.caption(
@@ -135,19 +153,21 @@ def synthesizer_tab() -> None:
     keep_in_range("var_syn_token", 2, 0, n - 1)
     token = bound(c[3].slider, "Token to change", 0, n - 1, key="var_syn_token")
     demo = variants.synthesizer_demo(n, d, int(seed))
-    st.plotly_chart(tp.heatmap_row(demo.weights), width="stretch", key="var_syn_weights")
+    weights = shared("var-syn-weights", (n, d, int(seed)), lambda: tp.heatmap_row(demo.weights))
+    st.plotly_chart(weights, width="stretch", key="var_syn_weights")
     st.caption("Attention weights of the three methods for the same input: rows are queries, columns keys.")
     changed = variants.token_dependence(demo, token)
-    st.plotly_chart(
-        tp.mask_grid(
+    grid = shared(
+        "var-syn-changed",
+        (n, d, int(seed), token),
+        lambda: tp.mask_grid(
             {f"{m}: {int(v.sum())} scores change": v for m, v in changed.items()},
             x_title="key",
             y_title="query",
             legend=("unchanged", "changed"),
         ),
-        width="stretch",
-        key="var_syn_changed",
     )
+    st.plotly_chart(grid, width="stretch", key="var_syn_changed")
     st.caption(
         f"Which scores change (blue) when token {token} is replaced by another vector: dot-product, its row and its "
         "column (it is a query and a key); dense Synthesizer, its row only; random Synthesizer, nothing."
@@ -166,7 +186,7 @@ def complexity_tab() -> None:
     k = bound(c[2].number_input, "Kernel width k", 2, 64, 3, key="var_cx_k")
     r = bound(c[3].number_input, "Neighbourhood r", 1, 1024, 4, key="var_cx_r")
     table = variants.complexity_table(int(n), int(d), int(k), int(r))
-    st.table(table.style.format("{:,}", subset=table.columns[4:]))
+    st.table(number_table(table, "{:,}", table.columns[4:]))
     st.caption(
         "The symbolic columns are the paper's Table 1; the evaluated columns drop the constants as it does. "
         "Path length of the convolutional layer: dilated convolutions, ⌈log_k(n)⌉ layers."
@@ -180,7 +200,7 @@ def complexity_tab() -> None:
     except Exception as e:  # noqa: BLE001 - the user sees a message, never a traceback
         show_error(e)
         return
-    c[1].plotly_chart(tp.timing_figure(df), width="stretch", key="var_time_chart")
+    c[1].plotly_chart(tp.timing_figure(df), width="stretch", key="var_time_chart")  # re-measured: not shared
     c[1].caption(
         f"Median of 5 runs of one layer of width {width} on one sequence, on this machine's CPU "
         f"({df.attrs.get('threads', '?')} threads). The GRU steps through the n positions one after another; "
@@ -189,8 +209,15 @@ def complexity_tab() -> None:
     c[0].dataframe(df.round(3), hide_index=True)
 
 
-tabs = st.tabs(["Mask patterns", "Pattern on the model", "Synthesizer", "Complexity (section 4)"])
-for tab, draw in zip(tabs, [patterns_tab, model_tab, synthesizer_tab, complexity_tab], strict=True):
-    with tab:
-        draw()
+TABS = {
+    "Mask patterns": patterns_tab,
+    "Pattern on the model": model_tab,
+    "Synthesizer": synthesizer_tab,
+    "Complexity (section 4)": complexity_tab,
+}
+# Bound to the URL, the tabs are lazy: only the open one runs (and a link can open any of them).
+for tab, draw in zip(bound(st.tabs, list(TABS), key="var_tab"), TABS.values(), strict=True):
+    if tab.open:
+        with tab:
+            draw()
 footer()

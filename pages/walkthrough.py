@@ -4,7 +4,7 @@ import html
 
 import streamlit as st
 
-from attnviz.app import bound, clamp_state, footer, load_bundle, run_forward_pass, show_error, sidebar
+from attnviz.app import bound, clamp_state, footer, load_bundle, run_forward_pass, shared, show_error, sidebar
 from attnviz.export import ForwardPass
 from attnviz.figures.decoding import topk_bar
 from attnviz.figures.walkthrough import feed_arrow, matrix_figure
@@ -27,8 +27,9 @@ def move(delta: int) -> None:
         st.session_state["wt_stage"] = keys[max(0, min(len(keys) - 1, i + delta))]
 
 
-def show_matrix(m: wk.Matrix, wt: ForwardPass, k: int, i: int) -> None:
-    st.plotly_chart(matrix_figure(m, k), width="stretch", key=f"wt_fig_{i}")
+def show_matrix(m: wk.Matrix, wt: ForwardPass, k: int, i: int, shown_stage: tuple) -> None:
+    fig = shared("walkthrough-matrix", (*shown_stage, k, i), lambda: matrix_figure(m, k))
+    st.plotly_chart(fig, width="stretch", key=f"wt_fig_{i}")
     shown = "" if m.style != "matrix" or m.values.shape[1] <= k else f"; the first {k} of {m.values.shape[1]} columns"
     st.caption(
         f"`{m.source}`: full tensor {m.shape_text}; shown: {m.row_axis} {m.values.shape[0]} x "
@@ -112,16 +113,21 @@ def main() -> None:
     k = bound(c[3].number_input, "Dimensions shown (k)", 1, 4096, 16, key="wt_k", help="columns drawn; the CSV has all")
 
     out_w = bundle.model.tgt_embed.weight if cfg.tie_output else getattr(bundle.model, "out_proj", None)
-    stage = wk.build_stage(
-        wt,
-        facts,
-        key,
-        layer=layer - 1,
-        head=head - 1,
-        step=step - 1,
-        embedding=bundle.model.src_embed.weight.detach().cpu().numpy() if key == "embedding" else None,
-        output_weight=None if key != "output" or out_w is None else out_w.detach().cpu().numpy(),
-        token_of=bundle.tokenizer.target_token if not cfg.encoder_only else None,
+    shown_stage = (choices.model, choices.device, choices.src, choices.tgt, key, layer, head, step)
+    stage = shared(
+        "walkthrough-stage",
+        shown_stage,
+        lambda: wk.build_stage(
+            wt,
+            facts,
+            key,
+            layer=layer - 1,
+            head=head - 1,
+            step=step - 1,
+            embedding=bundle.model.src_embed.weight.detach().cpu().numpy() if key == "embedding" else None,
+            output_weight=None if key != "output" or out_w is None else out_w.detach().cpu().numpy(),
+            token_of=bundle.tokenizer.target_token if not cfg.encoder_only else None,
+        ),
     )
     st.subheader(stage.title)
     st.markdown(stage.text)
@@ -130,15 +136,18 @@ def main() -> None:
     if stage.table is not None:
         st.dataframe(stage.table, hide_index=True, width="stretch")
     if stage.arrow is not None:
-        st.plotly_chart(feed_arrow(*stage.arrow), width="stretch", key="wt_arrow")
+        st.plotly_chart(
+            shared("walkthrough-arrow", shown_stage, lambda: feed_arrow(*stage.arrow)), width="stretch", key="wt_arrow"
+        )
     if stage.candidates:
         labels, probs = zip(*stage.candidates, strict=True)
-        st.plotly_chart(topk_bar(list(labels), list(probs), chosen=stage.chosen), width="stretch", key="wt_top")
+        top = shared("walkthrough-top", shown_stage, lambda: topk_bar(list(labels), list(probs), chosen=stage.chosen))
+        st.plotly_chart(top, width="stretch", key="wt_top")
         st.caption("Probabilities: the softmax of the model's logits at this step, computed for display.")
     cols = st.columns(2)
     for i, m in enumerate(stage.matrices):
         with cols[i % 2]:
-            show_matrix(m, wt, int(k), i)
+            show_matrix(m, wt, int(k), i, shown_stage)
 
 
 main()

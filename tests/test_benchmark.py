@@ -41,3 +41,26 @@ def test_the_script_runs_and_prints_every_column(capsys):
         assert len(row) == 13  # S=T, (1) (2) (3), 2 ratios with verdicts, (1b) (3b) ratio, (1a) ratio
         assert "(1a): (1) with oneDNN off" in out
     assert "per-repeat ratios" in out
+
+
+def test_the_class_benchmark_runs_end_to_end(capsys):
+    """A smoke run of benchmarks/bench_class.py (a few sessions, a few reruns), so that it cannot rot."""
+    import shutil
+
+    import bench_class
+
+    only = "class,b2b,memory" + (",replicas" if shutil.which("nginx") else "")
+    assert bench_class.main(["--quick", "--only", only]) == 0
+    out = capsys.readouterr().out
+    assert "shipped (postScriptGC off)" in out
+    assert "reruns/s" in out and "memory: server RSS" in out
+    rows = [line for line in out.splitlines() if line.strip().startswith(("home", "explorer"))]
+    assert len(rows) == 2 and all(row.split()[-1] in ("PASS", "MISS") for row in rows)
+    if "replicas" in only:
+        assert "ratio" in out
+
+
+def test_the_widget_rerun_measure_runs_on_a_page():
+    import bench_class
+
+    assert 0 < bench_class.widget_rerun_ms("pages/explorer.py", alternations=1) < 10_000

@@ -7,6 +7,7 @@ without a rerun per widget. The loaded model's parts use the shipped "en-de" and
 from __future__ import annotations
 
 import numpy as np
+import pandas as pd
 import pytest
 from conftest import open_app
 from streamlit.testing.v1 import AppTest
@@ -28,9 +29,39 @@ def texts(at: AppTest) -> str:
     return "\n".join(m.value for m in at.markdown)
 
 
+def numbers(table: pd.DataFrame) -> pd.DataFrame:
+    """A shown table with its formatted number columns ("1.0000", "12,288") read back as numbers."""
+    out = table.copy()
+    for column in out.columns:
+        try:
+            out[column] = pd.to_numeric(out[column].astype(str).str.replace(",", ""))
+        except (ValueError, TypeError):
+            pass
+    return out
+
+
 def table(at: AppTest, first_column: str):
     """The st.table whose first column is named ``first_column`` (tables are found by content, not order)."""
-    return next(t.value for t in at.table if list(t.value.columns)[:1] == [first_column])
+    return numbers(next(t.value for t in at.table if list(t.value.columns)[:1] == [first_column]))
+
+
+def open_tab(at: AppTest, key: str, label: str) -> AppTest:
+    """Open one of a page's tabs (they are lazy: only the open one runs), as a click or a link would."""
+    at.session_state[key] = label
+    return at.run()
+
+
+MECHANICS_TABS = ["Worked example", "Why √d_k", "Masks", "Multi-head", "Permutation", "Learning rate"]
+VARIANTS_TABS = ["Mask patterns", "Pattern on the model", "Synthesizer", "Complexity (section 4)"]
+
+
+def charts_in_every_tab(at: AppTest, key: str, labels: list[str]) -> int:
+    count = 0
+    for label in labels:
+        open_tab(at, key, label)
+        assert not at.exception, (label, [e.value for e in at.exception])
+        count += len(at.get("plotly_chart"))
+    return count
 
 
 def frame(at: AppTest, column: str):
@@ -42,13 +73,18 @@ def test_mechanics_on_defaults_shows_the_worked_example_and_every_part():
     at = open_app(MECHANICS)
     assert_ok(at)
     assert [e.key for e in at.data_editor] == ["_mech_X", "_mech_WQ", "_mech_WK", "_mech_WV"]
-    scores = next(t.value for t in at.table if list(t.value.index) == ["query 0", "query 1", "query 2"])
-    np.testing.assert_allclose(scores.to_numpy(), np.array([[2, 4, 4], [4, 16, 12], [4, 12, 10]]) / np.sqrt(3))
+    scores = numbers(next(t.value for t in at.table if list(t.value.index) == ["query 0", "query 1", "query 2"]))
+    np.testing.assert_allclose(
+        scores.to_numpy(), np.array([[2, 4, 4], [4, 16, 12], [4, 12, 10]]) / np.sqrt(3), atol=5e-5, rtol=0
+    )
     assert "What the scaling changes" in [h.value for h in at.subheader]
+    assert not at.get("plotly_chart"), "the tabs are lazy: only the open one ran"
+    open_tab(at, "mech_tab", "Permutation")
     body = texts(at)
     assert "exact up to float64 rounding" in body, "the permutation property holds on the shipped model"
     assert "order matters" in body
-    assert len(at.get("plotly_chart")) == 7  # scaling, masks, row, head cost, 2 permutation maps, learning rate
+    # scaling, masks, row, head cost, 2 permutation maps, learning rate
+    assert charts_in_every_tab(at, "mech_tab", MECHANICS_TABS) == 7
     assert at.caption and all(c.value for c in at.caption)
 
 
@@ -73,14 +109,16 @@ def test_mechanics_every_control():
     at.toggle(key="mech_scale").set_value(False).run()
     assert_ok(at)
     unscaled = next(t.value for t in at.table if list(t.value.index) == ["query 0", "query 1", "query 2"])
-    np.testing.assert_array_equal(unscaled.to_numpy(), [[2, 4, 4], [4, 16, 12], [4, 12, 10]])
+    np.testing.assert_array_equal(numbers(unscaled).to_numpy(), [[2, 4, 4], [4, 16, 12], [4, 12, 10]])
     # Why sqrt(d_k).
+    open_tab(at, "mech_tab", "Why √d_k")
     at.select_slider(key="mech_dk_max").set_value(64)
     at.slider(key="mech_n_keys").set_value(20)
     at.number_input(key="mech_seed").set_value(3).run()
     assert_ok(at)
     assert list(frame(at, "d_k")["d_k"]) == [1, 4, 16, 64]
     # Masks: shrinking n clamps the padded length and the row.
+    open_tab(at, "mech_tab", "Masks")
     at.slider(key="mech_mask_n").set_value(3).run()
     assert_ok(at)
     assert at.slider(key="mech_pad_len").value == 3 and at.slider(key="mech_mask_row").value == 2
@@ -91,12 +129,14 @@ def test_mechanics_every_control():
     row = table(at, "key")
     assert list(row["may attend"]) == [True, True, False] and row["weight with mask"].iloc[2] == 0
     # Multi-head.
+    open_tab(at, "mech_tab", "Multi-head")
     at.slider(key="mech_n").set_value(5)
     at.select_slider(key="mech_d_model").set_value(64)
     at.select_slider(key="mech_h").set_value(16).run()
     assert_ok(at)
     assert "(16, 5, 4)" in list(table(at, "step")["shape"])
     # Permutation.
+    open_tab(at, "mech_tab", "Permutation")
     at.radio(key="mech_perm_order").set_value("shuffle").run()  # enables the seed
     at.number_input(key="mech_perm_seed").set_value(5)
     at.selectbox(key="mech_perm_layer").set_value(at.selectbox(key="mech_perm_layer").options[-1])
@@ -104,6 +144,7 @@ def test_mechanics_every_control():
     assert_ok(at)
     assert "exact up to float64 rounding" in texts(at)
     # Learning rate.
+    open_tab(at, "mech_tab", "Learning rate")
     at.select_slider(key="mech_lr_d_model").set_value(256)
     at.slider(key="mech_lr_warmup").set_value(1000)
     at.slider(key="mech_lr_steps").set_value(5000).run()
@@ -116,10 +157,12 @@ def test_variants_on_defaults():
     assert_ok(at)
     pairs = table(at, "pattern").set_index("pattern")["computed pairs"]
     assert pairs["full"] == 16 * 16 and pairs["causal"] == 16 * 17 // 2 and pairs["local"] == 16 + 2 * (15 + 14 + 13)
+    open_tab(at, "var_tab", "Pattern on the model")
     assert "**As trained:**" in texts(at)
-    assert len(at.get("plotly_chart")) == 7  # patterns, cost, 2 maps, 2 synthesizer rows, timing
+    open_tab(at, "var_tab", "Complexity (section 4)")
     assert table(at, "layer type")["layer type"].tolist()[0] == "Self-Attention"
     assert set(frame(at, "median ms")["layer"]) == {"self-attention", "recurrent (GRU)"}
+    assert charts_in_every_tab(at, "var_tab", VARIANTS_TABS) == 7  # patterns, cost, 2 maps, 2 synthesizer, timing
 
 
 def test_variants_every_control():
@@ -130,6 +173,7 @@ def test_variants_every_control():
     assert_ok(at)
     pairs = table(at, "pattern").set_index("pattern")["computed pairs"]
     assert pairs["full"] == pairs["causal"] == 45 and pairs["local"] == 9 + 8 + 7
+    open_tab(at, "var_tab", "Pattern on the model")
     for name in ("causal", "dilated", "sparse", "local"):
         at.selectbox(key="var_pattern").set_value(name).run()
         assert_ok(at)
@@ -138,6 +182,7 @@ def test_variants_every_control():
     at.selectbox(key="var_layer").set_value(at.selectbox(key="var_layer").options[-1])
     at.selectbox(key="var_head").set_value(at.selectbox(key="var_head").options[-1]).run()
     assert_ok(at)
+    open_tab(at, "var_tab", "Synthesizer")
     at.slider(key="var_syn_token").set_value(3).run()
     at.slider(key="var_syn_n").set_value(4).run()
     assert at.slider(key="var_syn_token").value == 3, "a token that still exists stays chosen"
@@ -149,6 +194,7 @@ def test_variants_every_control():
     at.slider(key="var_syn_n").set_value(3).run()  # now token 3 is gone: clamped, not an error
     assert_ok(at)
     assert at.slider(key="var_syn_token").value == 2
+    open_tab(at, "var_tab", "Complexity (section 4)")
     at.number_input(key="var_cx_n").set_value(1000)
     at.number_input(key="var_cx_d").set_value(64)
     at.number_input(key="var_cx_k").set_value(5)
@@ -165,7 +211,8 @@ def test_pages_with_the_reverse_model(page):
     at = open_app(page)
     at.sidebar.selectbox(key="model").set_value("reverse").run()
     assert_ok(at)
-    assert len(at.get("plotly_chart")) == 7
+    key, labels = ("mech_tab", MECHANICS_TABS) if page == MECHANICS else ("var_tab", VARIANTS_TABS)
+    assert charts_in_every_tab(at, key, labels) == 7
 
 
 @pytest.mark.parametrize("page", [MECHANICS, VARIANTS])
@@ -173,13 +220,16 @@ def test_pages_without_a_model_still_teach_and_say_what_to_do(page):
     at = open_app(page)
     at.sidebar.selectbox(key="model").set_value(CUSTOM_PATH).run()
     assert not at.exception
+    key, labels = ("mech_tab", MECHANICS_TABS) if page == MECHANICS else ("var_tab", VARIANTS_TABS)
+    open_tab(at, key, labels[4 if page == MECHANICS else 1])  # the tab that runs the loaded model
     assert any("Choose a model in the sidebar" in i.value for i in at.info)
-    assert len(at.get("plotly_chart")) >= 4, "the parts that need no model still draw"
+    assert charts_in_every_tab(at, key, labels) >= 4, "the parts that need no model still draw"
 
 
 @pytest.mark.parametrize("page", [MECHANICS, VARIANTS])
 def test_bad_sentence_gives_a_message_not_a_traceback(page):
     at = open_app(page)
     at.sidebar.text_area(key="src").set_value("").run()
+    open_tab(at, *(("mech_tab", "Permutation") if page == MECHANICS else ("var_tab", "Pattern on the model")))
     assert not at.exception
     assert at.error and "empty" in at.error[0].value

@@ -6,7 +6,7 @@ of pages (:mod:`~attnviz.app.registry`).
 """
 
 from attnviz.app import links, registry
-from attnviz.app.cache import load_bundle, run_attention, run_decoding, run_forward_pass, run_scores
+from attnviz.app.cache import load_bundle, run_attention, run_decoding, run_forward_pass, run_scores, shared
 from attnviz.app.links import bound, footer
 from attnviz.app.registry import Page
 from attnviz.app.session import CUSTOM_PATH, Choices, keep_state, sidebar
@@ -14,6 +14,7 @@ from attnviz.app.widgets import (
     clamp_state,
     download_buttons,
     keep_in_range,
+    number_table,
     show_error,
     sinusoid_inputs,
     truncation_notice,
@@ -30,12 +31,14 @@ __all__ = [
     "keep_in_range",
     "keep_state",
     "links",
+    "number_table",
     "load_bundle",
     "registry",
     "run_attention",
     "run_decoding",
     "run_scores",
     "run_forward_pass",
+    "shared",
     "show_error",
     "sidebar",
     "sinusoid_inputs",

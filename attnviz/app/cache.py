@@ -6,10 +6,15 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import Any, TypeVar
+
 import streamlit as st
 
 from attnviz import api
 from attnviz.checkpoints import Bundle
+
+T = TypeVar("T")
 
 
 @st.cache_resource(show_spinner="Loading the model…", max_entries=4)
@@ -40,3 +45,19 @@ def run_forward_pass(model: str, device: str, src: str, tgt: str | None) -> api.
 def run_decoding(model: str, device: str, src: str, beam: int, tgt: str | None, top_k: int = 8):
     """The step-through of one decoding (greedy, beam search or teacher-forced), cached."""
     return api.step_through(load_bundle(model, device), src, beam=beam, top_k=top_k, target=tgt)
+
+
+@st.cache_resource(show_spinner=False, max_entries=512, ttl=3600)
+def _shared(kind: str, key: tuple, _build: Callable[[], Any]) -> Any:
+    return _build()
+
+
+def shared(kind: str, key: tuple, build: Callable[[], T]) -> T:
+    """``build()``, made once per (``kind``, ``key``) in the process and shared by every session.
+
+    For what a page draws from its choices (a figure, a formatted table): ``key`` must hold every
+    choice the result depends on, as strings, numbers and tuples of them. Unlike st.cache_data
+    nothing is copied on a hit, which is what makes a rerun cheap; so the result is read-only
+    (st.plotly_chart and st.table only read it). Bounded: the 512 most recent, for an hour.
+    """
+    return _shared(kind, key, build)

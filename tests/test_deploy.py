@@ -1,0 +1,128 @@
+"""Past one machine: deploy/serve.sh runs replicas behind nginx, keeps each browser on its replica, stops cleanly.
+
+Everything listens on 127.0.0.1 and is stopped by process id. Locally the test skips without
+nginx; under CI (CI=true) a missing nginx is a failure, so the check cannot silently vanish.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+SERVE = ROOT / "deploy" / "serve.sh"
+sys.path.insert(0, str(ROOT / "benchmarks"))
+from bench_class import free_port, wait_healthy  # noqa: E402
+
+
+def _in_use(port: int) -> bool:
+    import socket
+
+    with socket.socket() as s:
+        return s.connect_ex(("127.0.0.1", port)) == 0
+
+
+@pytest.fixture(scope="module")
+def served():
+    if shutil.which("nginx") is None:
+        if os.environ.get("CI"):
+            pytest.fail("the deploy test must run in CI: apt-get install -y nginx")
+        pytest.skip("nginx is not installed: apt-get install -y nginx")
+    port = free_port()
+    while any(_in_use(port + i) for i in (1, 2)):
+        port = free_port()
+    proc = subprocess.Popen(
+        ["bash", str(SERVE), "--replicas", "2", "--port", str(port)],
+        cwd=ROOT,
+        env={**os.environ, "PYTHON": sys.executable},
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        wait_healthy(port, proc, timeout=180)
+        yield port, proc
+    finally:
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGTERM)
+            proc.wait(timeout=30)
+
+
+async def _session_id(port: int, cookie: str, existing: str | None = None) -> str:
+    """Open the app through nginx with a route cookie (resuming ``existing``); the session's id."""
+    import websockets
+    from streamlit.proto.BackMsg_pb2 import BackMsg
+    from streamlit.proto.ForwardMsg_pb2 import ForwardMsg
+
+    protocols = ["streamlit", "no-xsrf-token", *([existing] if existing else [])]  # as the browser sends them
+    headers = {"Cookie": f"attnviz_route={cookie}"}
+    async with websockets.connect(
+        f"ws://127.0.0.1:{port}/_stcore/stream", subprotocols=protocols, additional_headers=headers, max_size=None
+    ) as ws:
+        msg = BackMsg()
+        msg.rerun_script.page_name = ""
+        await ws.send(msg.SerializeToString())
+        session = None
+        async with asyncio.timeout(120):
+            while True:
+                reply = ForwardMsg()
+                reply.ParseFromString(await ws.recv())
+                if reply.WhichOneof("type") == "new_session":
+                    session = reply.new_session.initialize.session_id or session
+                if reply.WhichOneof("type") == "script_finished":
+                    return session
+
+
+def test_the_page_is_served_with_a_route_cookie(served):
+    port, _ = served
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/", timeout=30) as response:
+        assert response.status == 200
+        cookies = response.headers.get_all("Set-Cookie")
+    assert any(c.startswith("attnviz_route=") and "HttpOnly" in c for c in cookies), cookies
+
+
+def test_a_browser_keeps_its_session_on_its_replica(served):
+    """A reconnecting browser resumes its session only on the replica that holds it: the cookie decides."""
+    port, _ = served
+
+    async def check() -> list[bool]:
+        kept = []
+        for cookie in ("route-a", "route-b", "route-c", "route-d", "route-e"):
+            first = await _session_id(port, cookie)
+            kept.append(await _session_id(port, cookie, existing=first) == first)
+        return kept
+
+    assert all(asyncio.run(check())), "with its cookie, a browser must come back to its own session"
+
+
+def test_sigterm_stops_every_process_it_started(served):
+    port, proc = served
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(timeout=30) == 0
+    deadline = time.time() + 10
+    while time.time() < deadline and any(_in_use(p) for p in (port, port + 1, port + 2)):
+        time.sleep(0.2)
+    assert not any(_in_use(p) for p in (port, port + 1, port + 2)), "nginx or a replica outlived serve.sh"
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--replicas", "0"], "between 1 and 64"),
+        (["--replicas", "two"], "whole number"),
+        (["--port", "80"], "--port must leave room"),
+        (["--workers", "2"], "unknown argument"),
+    ],
+)
+def test_bad_arguments_exit_2_with_one_line(args, message):
+    result = subprocess.run(["bash", str(SERVE), *args], capture_output=True, text=True, timeout=30, check=False)
+    assert result.returncode == 2 and message in result.stderr and result.stderr.count("\n") == 1, result.stderr
