@@ -19,3 +19,7 @@ class InputError(AttnvizError, ValueError):
 
 class DeviceError(AttnvizError):
     """The requested device does not exist on this machine."""
+
+
+class ExportError(AttnvizError):
+    """An export file or atlas folder that is corrupt, foreign, or written by a newer attnviz."""
