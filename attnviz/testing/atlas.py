@@ -118,8 +118,13 @@ def _compare_sentences(a: pd.DataFrame | None, b: pd.DataFrame | None, atol: flo
     return findings
 
 
-def compare_atlases(a: str | Path, b: str | Path, atol: float, rtol: float = 0.0) -> Report:
-    """Every difference between atlas folder ``a`` (expected) and ``b`` (actual), as a :class:`Report`."""
+def compare_atlases(
+    a: str | Path, b: str | Path, atol: float, rtol: float = 0.0, labels: tuple[str, str] | None = None
+) -> Report:
+    """Every difference between atlas folder ``a`` (expected) and ``b`` (actual), as a :class:`Report`.
+
+    ``labels`` name A and B in the report (default: the paths).
+    """
     a, b = Path(a), Path(b)
     heads_a, sentences_a, manifest_a = read_atlas(a)
     heads_b, sentences_b, manifest_b = read_atlas(b)
@@ -161,4 +166,5 @@ def compare_atlases(a: str | Path, b: str | Path, atol: float, rtol: float = 0.0
             else:
                 findings.append(finding)
     context = manifest_context(manifest_a, manifest_b)
-    return Report(str(a), str(b), atol, rtol, tuple(findings), tuple(checked), tuple(context))
+    labels = labels or (str(a), str(b))
+    return Report(labels[0], labels[1], atol, rtol, tuple(findings), tuple(checked), tuple(context))

@@ -454,18 +454,24 @@ def compare_exports(
     return Report(labels[0], labels[1], atol, rtol, tuple(findings), tuple(checked), tuple(context))
 
 
-def compare_paths(a: str | Path, b: str | Path, atol: float = DEFAULT_ATOL, rtol: float = 0.0) -> Report:
-    """Compare two .npz exports, or two atlas folders; raises ExportError for a file that is neither."""
+def compare_paths(
+    a: str | Path, b: str | Path, atol: float = DEFAULT_ATOL, rtol: float = 0.0, labels: tuple[str, str] | None = None
+) -> Report:
+    """Compare two .npz exports, or two atlas folders; raises ExportError for a file that is neither.
+
+    ``labels`` name A and B in the report (default: the paths).
+    """
     from attnviz.errors import ExportError
 
     a, b = Path(a), Path(b)
+    labels = labels or (str(a), str(b))
     if a.is_dir() and b.is_dir():
         from attnviz.testing.atlas import compare_atlases
 
-        return compare_atlases(a, b, atol, rtol)
+        return compare_atlases(a, b, atol, rtol, labels)
     if a.is_dir() or b.is_dir():
         folder, file = (a, b) if a.is_dir() else (b, a)
         raise ExportError(
             f"cannot compare the folder {folder} (an atlas) with the file {file} (an export): give two of a kind"
         )
-    return compare_exports(load_export(a), load_export(b), atol, rtol, labels=(str(a), str(b)))
+    return compare_exports(load_export(a), load_export(b), atol, rtol, labels)
