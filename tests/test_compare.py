@@ -198,6 +198,8 @@ def test_manifest_differences_are_context_not_differences():
     assert report.equal
     assert [c["key"] for c in report.context] == ["format_version", "versions.torch", "run.device"]
     assert "versions.torch: '2.13.0' (A) vs '2.4.1' (B)" in report.to_text()
+    older = compare_exports(toy_export(), b)  # a file from before the run was recorded
+    assert "  run: recorded in B only" in older.to_text().splitlines()
 
 
 def test_json_holds_the_same_facts():

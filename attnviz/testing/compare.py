@@ -99,7 +99,7 @@ class Report:
             lines.extend(f"  {c}" for c in self.checked)
         if self.context:
             lines.append("context (differs between the two manifests; may explain differences):")
-            lines.extend(f"  {c['key']}: {c['a']!r} (A) vs {c['b']!r} (B)" for c in self.context)
+            lines.extend(f"  {_context_line(c)}" for c in self.context)
         return "\n".join(lines)
 
     def to_json(self) -> dict:
@@ -379,16 +379,28 @@ def _flatten(value, prefix: str) -> dict[str, object]:
 
 
 def manifest_context(a: dict, b: dict) -> list[dict]:
-    """What differs between two manifests among what can explain numbers: model, versions, device, kernels, config."""
-    flat_a = {k: v for key in CONTEXT_KEYS for k, v in _flatten(a.get(key), key).items()}
-    flat_b = {k: v for key in CONTEXT_KEYS for k, v in _flatten(b.get(key), key).items()}
+    """What differs between two manifests among what can explain numbers: model, versions, device, kernels, config.
+
+    One entry per differing leaf, ``{"key": "versions.torch", "a": ..., "b": ...}``; a whole block
+    that one side does not record (an older file has no ``run``) is one entry whose missing side is None.
+    """
+    flat_a, flat_b = {}, {}
+    for key in CONTEXT_KEYS:
+        x, y = a.get(key), b.get(key)
+        if (x is None) != (y is None):
+            flat_a[key], flat_b[key] = x, y  # not recorded on one side: one entry, not one per field
+        else:
+            flat_a.update(_flatten(x, key))
+            flat_b.update(_flatten(y, key))
     keys = [*flat_a, *(k for k in flat_b if k not in flat_a)]
-    return [
-        {"key": k, "a": flat_a.get(k), "b": flat_b.get(k)}
-        for k in keys
-        if flat_a.get(k) != flat_b.get(k)
-        and not (k == "format_version" and {flat_a.get(k), flat_b.get(k)} <= {None, 1})
-    ]
+    return [{"key": k, "a": flat_a.get(k), "b": flat_b.get(k)} for k in keys if flat_a.get(k) != flat_b.get(k)]
+
+
+def _context_line(entry: dict) -> str:
+    for missing, other in (("a", "B"), ("b", "A")):
+        if entry[missing] is None and isinstance(entry["b" if missing == "a" else "a"], dict):
+            return f"{entry['key']}: recorded in {other} only"
+    return f"{entry['key']}: {entry['a']!r} (A) vs {entry['b']!r} (B)"
 
 
 # ---------------------------------------------------------------------------------------------
@@ -450,7 +462,9 @@ def compare_exports(
                 findings.append(finding)
     findings.extend(check_invariants(a, "A", atol))
     findings.extend(check_invariants(b, "B", atol))
-    context = manifest_context(a.manifest, b.manifest)
+    # a file without format_version is version 1: say so rather than "None"
+    versioned = [{**e.manifest, "format_version": e.format_version} for e in (a, b)]
+    context = manifest_context(*versioned)
     return Report(labels[0], labels[1], atol, rtol, tuple(findings), tuple(checked), tuple(context))
 
 
