@@ -55,14 +55,14 @@ def test_maps(attention_snapshot):
     attention_snapshot(toy())
 """
 
-GOLDEN = "__snapshots__/test_maps/test_maps.npz"
+GOLDEN = "__snapshots__/test_user_maps/test_maps.npz"
 
 
 @pytest.fixture
 def project(pytester, monkeypatch):
     monkeypatch.delenv("CI", raising=False)
     monkeypatch.delenv("TOY_PERTURB", raising=False)
-    pytester.makepyfile(test_maps=USER_TEST)
+    pytester.makepyfile(test_user_maps=USER_TEST)
     return pytester
 
 
@@ -156,9 +156,9 @@ def test_under_ci_golden_files_are_never_written(project, monkeypatch):
 
 def test_names_of_several_snapshots_and_parametrized_tests(project):
     project.makepyfile(
-        test_names="""
+        test_user_names="""
         import pytest
-        from test_maps import toy
+        from test_user_maps import toy
 
         @pytest.mark.parametrize("case", ["a", "b"])
         def test_p(attention_snapshot, case):
@@ -171,8 +171,8 @@ def test_names_of_several_snapshots_and_parametrized_tests(project):
                 attention_snapshot(toy())
         """
     )
-    project.runpytest("test_names.py", "--attnviz-update").assert_outcomes(passed=3)
-    written = sorted(p.name for p in (project.path / "__snapshots__" / "test_names").iterdir())
+    project.runpytest("test_user_names.py", "--attnviz-update").assert_outcomes(passed=3)
+    written = sorted(p.name for p in (project.path / "__snapshots__" / "test_user_names").iterdir())
     assert written == [
         "TestGroup.test_m.npz",
         "test_p[a]-2.npz",
@@ -191,14 +191,14 @@ def test_a_snapshot_of_a_shipped_model_and_of_an_atlas_folder(project, monkeypat
 
     pd.io.parquet.get_engine("auto")
     project.makepyfile(
-        test_model="""
+        test_user_model="""
         import attnviz
 
         def test_reverse(attention_snapshot):
             bundle = attnviz.load("reverse", device="cpu")
             attention_snapshot(attnviz.attention(bundle, "a b c d"))
         """,
-        test_atlas="""
+        test_user_atlas="""
         import os
         from pathlib import Path
 
@@ -211,16 +211,16 @@ def test_a_snapshot_of_a_shipped_model_and_of_an_atlas_folder(project, monkeypat
             attention_snapshot(tmp_path)
         """,
     )
-    project.runpytest("test_model.py", "test_atlas.py", "--attnviz-update").assert_outcomes(passed=2)
-    assert (project.path / "__snapshots__/test_atlas/test_atlas/heads.parquet").is_file()
-    assert load_export(project.path / "__snapshots__/test_model/test_reverse.npz").src_tokens[:2] == ("▁a", "▁b")
-    project.runpytest("test_model.py", "test_atlas.py").assert_outcomes(passed=2)
+    project.runpytest("test_user_model.py", "test_user_atlas.py", "--attnviz-update").assert_outcomes(passed=2)
+    assert (project.path / "__snapshots__/test_user_atlas/test_atlas/heads.parquet").is_file()
+    assert load_export(project.path / "__snapshots__/test_user_model/test_reverse.npz").src_tokens[:2] == ("▁a", "▁b")
+    project.runpytest("test_user_model.py", "test_user_atlas.py").assert_outcomes(passed=2)
     monkeypatch.setenv("TOY_SHIFT", "0.25")
-    result = project.runpytest("test_atlas.py")
+    result = project.runpytest("test_user_atlas.py")
     result.assert_outcomes(failed=1)
     result.stdout.fnmatch_lines(
         [
-            "A: __snapshots__/test_atlas/test_atlas (golden)",
+            "A: __snapshots__/test_user_atlas/test_atlas (golden)",
             "- heads.parquet entropy: 1 of 2 rows differ; largest |A - B| 2.50e-01",
             "    cross layer 1 head 2: A 1, B 1.25, |A - B| 2.50e-01",
         ]

@@ -11,6 +11,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 
@@ -100,3 +101,15 @@ def test_the_default_tolerance_is_what_the_readme_documents():
     readme = (Path(__file__).parent.parent / "README.md").read_text()
     section = readme.split("## Snapshot testing", 1)[1].split("\n## ", 1)[0]
     assert "the default is atol 1e-5, rtol 0" in section and DEFAULT_ATOL == 1e-5
+
+
+def test_the_measuring_script_counts_cells_off_and_refuses_other_inputs():
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+    import tolerance
+
+    a = {"m/encoder": np.zeros((2, 3), np.float32), "m/cross": np.ones(4, np.float32)}
+    b = {"m/encoder": np.array([[0, 2e-5, 0], [0, 0, -3e-6]], np.float32), "m/cross": np.ones(4, np.float32)}
+    largest, off, cells = tolerance.compare(a, b)
+    assert largest == pytest.approx(2e-5) and (off, cells) == (1, 10)
+    with pytest.raises(SystemExit, match="different inputs"):
+        tolerance.compare(a, {"m/encoder": b["m/encoder"]})
