@@ -135,7 +135,9 @@ def _diff(args) -> int:
     from attnviz.testing.compare import compare_paths
 
     report = compare_paths(args.a, args.b, atol=args.atol, rtol=args.rtol)
-    print(json.dumps(report.to_json(), ensure_ascii=False, indent=1) if args.json else report.to_text())
+    print(
+        json.dumps(report.to_json(), ensure_ascii=False, indent=1, allow_nan=False) if args.json else report.to_text()
+    )
     return 0 if report.equal else 1
 
 

@@ -80,6 +80,8 @@ def test_nan_equals_nan_but_not_a_number():
     report = compare_exports(dataclasses.replace(golden, cross=a), dataclasses.replace(golden, cross=b))
     (finding,) = report.findings
     assert finding.data["cells_off"] == 1 and finding.data["largest"] == np.inf
+    strict = json.loads(json.dumps(report.to_json(), allow_nan=False))  # what --json prints is strict JSON
+    assert strict["findings"][0]["largest"] == "inf" and strict["findings"][0]["worst"][0]["a"] == "nan"
 
 
 def test_the_same_text_tokenised_otherwise_is_a_tokenizer_change_not_numbers():

@@ -7,11 +7,17 @@ import subprocess
 import sys
 from importlib.metadata import entry_points
 
+import pandas as pd
 import pytest
 
 from attnviz.export import load_export
 
 pytest_plugins = ["pytester"]
+
+# pytester drops, when its fixture ends, every module imported since it began; pandas' Parquet
+# engine registers types with pyarrow on import and refuses to do it twice. Importing it here, at
+# collection, keeps it out of that count, whatever order the tests of this suite run in.
+pd.io.parquet.get_engine("auto")
 
 # A user's test file: random post-softmax maps, one head perturbed on request (TOY_PERTURB).
 USER_TEST = """
@@ -185,11 +191,6 @@ def test_names_of_several_snapshots_and_parametrized_tests(project):
 
 
 def test_a_snapshot_of_a_shipped_model_and_of_an_atlas_folder(project, monkeypatch):
-    # pytester's in-process runs drop the modules a run imported; pandas' Parquet engine registers
-    # types with pyarrow on import and refuses to do it twice, so it is imported here, once.
-    import pandas as pd
-
-    pd.io.parquet.get_engine("auto")
     project.makepyfile(
         test_user_model="""
         import attnviz
@@ -225,6 +226,22 @@ def test_a_snapshot_of_a_shipped_model_and_of_an_atlas_folder(project, monkeypat
             "    cross layer 1 head 2: A 1, B 1.25, |A - B| 2.50e-01",
         ]
     )
+
+
+def test_an_unreadable_export_from_the_test_is_not_blamed_on_the_golden_file(project):
+    project.makepyfile(
+        test_user_file="""
+        def test_file(attention_snapshot, tmp_path):
+            (tmp_path / "maps.npz").write_bytes(b"PK broken")
+            attention_snapshot(tmp_path / "maps.npz")
+        """
+    )
+    result = project.runpytest("test_user_file.py", "--attnviz-update")
+    result.assert_outcomes(failed=1)
+    result.stdout.fnmatch_lines(
+        ["*the export this test made cannot be read: *maps.npz is not a readable attnviz export*"]
+    )
+    assert not (project.path / "__snapshots__").exists()
 
 
 def test_the_plugin_can_be_switched_off(project):

@@ -103,17 +103,32 @@ class Report:
         return "\n".join(lines)
 
     def to_json(self) -> dict:
-        """The report for machines: the same facts as :meth:`to_text`, as a JSON-able dict."""
-        return {
-            "equal": self.equal,
-            "a": self.a,
-            "b": self.b,
-            "atol": self.atol,
-            "rtol": self.rtol,
-            "findings": [f.to_json() for f in self.findings],
-            "checked": list(self.checked),
-            "context": list(self.context),
-        }
+        """The report for machines: the same facts as :meth:`to_text`, as a JSON-able dict.
+
+        Strict JSON: a value that is not finite (NaN against a number) is the string "nan" or "inf".
+        """
+        return _json_safe(
+            {
+                "equal": self.equal,
+                "a": self.a,
+                "b": self.b,
+                "atol": self.atol,
+                "rtol": self.rtol,
+                "findings": [f.to_json() for f in self.findings],
+                "checked": list(self.checked),
+                "context": list(self.context),
+            }
+        )
+
+
+def _json_safe(value):
+    if isinstance(value, float) and not np.isfinite(value):
+        return str(value)  # "nan", "inf", "-inf": JSON has no such numbers
+    if isinstance(value, dict):
+        return {k: _json_safe(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_json_safe(v) for v in value]
+    return value
 
 
 # ---------------------------------------------------------------------------------------------

@@ -83,20 +83,30 @@ class AttentionSnapshot:
         """
         from attnviz.errors import ExportError
         from attnviz.export import AttentionExport, load_export
-        from attnviz.testing.compare import DEFAULT_ATOL, compare_exports, compare_paths
+        from attnviz.testing.compare import DEFAULT_ATOL, compare_exports
 
         self._calls += 1
         atol = self._tolerance("attnviz_atol", atol, DEFAULT_ATOL)
         rtol = self._tolerance("attnviz_rtol", rtol, 0.0)
-        is_export = isinstance(actual, AttentionExport)
-        if not is_export and not isinstance(actual, (str, Path)):
-            raise TypeError(
-                f"attention_snapshot takes an AttentionExport or the path of an export; got {type(actual).__name__}"
-            )
-        actual_path = None if is_export else Path(actual)
-        if actual_path is not None and not actual_path.exists():
-            pytest.fail(f"attention_snapshot: {actual_path} does not exist", pytrace=False)
-        is_atlas = actual_path is not None and actual_path.is_dir()
+        is_atlas = False
+        if not isinstance(actual, AttentionExport):
+            if not isinstance(actual, (str, Path)):
+                raise TypeError(
+                    f"attention_snapshot takes an AttentionExport or the path of an export; got {type(actual).__name__}"
+                )
+            actual_path = Path(actual)
+            if not actual_path.exists():
+                pytest.fail(f"attention_snapshot: {actual_path} does not exist", pytrace=False)
+            is_atlas = actual_path.is_dir()
+            try:  # what the test made must be readable before it is compared, let alone kept as golden
+                if is_atlas:
+                    from attnviz.testing.atlas import read_atlas
+
+                    read_atlas(actual_path)
+                else:
+                    actual = load_export(actual_path)
+            except ExportError as e:
+                pytest.fail(f"attention_snapshot: the export this test made cannot be read: {e}", pytrace=False)
         if path is None:
             stem = _file_name(self._request.node.nodeid)
             stem += f"-{name}" if name else (f"-{self._calls}" if self._calls > 1 else "")
@@ -114,14 +124,15 @@ class AttentionSnapshot:
                 )
             self._write(actual, golden, "wrote")
             return None
+        labels = (f"{shown} (golden)", str(actual_path) if is_atlas else "this run")
         try:
-            if is_export:
-                report = compare_exports(
-                    load_export(golden), actual, atol, rtol, labels=(f"{shown} (golden)", "this run")
-                )
+            if is_atlas:
+                from attnviz.testing.atlas import compare_atlases
+
+                report = compare_atlases(golden, actual_path, atol, rtol, labels)
             else:
-                report = compare_paths(golden, actual_path, atol, rtol, labels=(f"{shown} (golden)", str(actual_path)))
-        except ExportError as e:
+                report = compare_exports(load_export(golden), actual, atol, rtol, labels)
+        except (ExportError, IsADirectoryError, NotADirectoryError) as e:
             if not update:
                 pytest.fail(
                     f"the golden file {shown} cannot be read: {e}; rewrite it with {UPDATE_FLAG}", pytrace=False
@@ -158,11 +169,8 @@ class AttentionSnapshot:
             shutil.rmtree(golden)
         elif golden.exists():
             golden.unlink()
-        if isinstance(actual, (str, Path)):
-            if Path(actual).is_dir():
-                shutil.copytree(actual, golden)
-            else:
-                shutil.copyfile(actual, golden)
+        if isinstance(actual, (str, Path)):  # an atlas folder
+            shutil.copytree(actual, golden)
         else:
             actual.save(golden)
         self._request.config.stash.setdefault(_written, []).append(f"{action} {self._relative(golden)}")
