@@ -11,6 +11,7 @@
 from __future__ import annotations
 
 import logging
+import platform
 from pathlib import Path
 
 import numpy as np
@@ -21,10 +22,12 @@ from attnviz.checkpoints import Bundle, load_checkpoint
 from attnviz.checkpoints.catalog import DEFAULT_MODEL, MINILM, list_models, resolve_model
 from attnviz.decoding import Decoding, greedy_decode
 from attnviz.decoding import step_through as _step_through
+from attnviz.devices import device_name
 from attnviz.errors import InputError, NonFiniteError
-from attnviz.export import AXES, AttentionExport, ForwardPass, load_export, package_version
+from attnviz.export import AXES, FORMAT_VERSION, AttentionExport, ForwardPass, load_export, package_version
 from attnviz.hooks import Recorder, act_name, attention_site
 from attnviz.kinds import KINDS
+from attnviz.linear import onednn_enabled
 
 MAX_OUTPUT_TOKENS = 256
 
@@ -41,6 +44,7 @@ __all__ = [
     "load",
     "load_export",
     "resolve_model",
+    "run_record",
     "step_through",
     "forward_pass",
     "translate",
@@ -175,6 +179,38 @@ def attention_scores(bundle: Bundle, src: str, tgt: str | None = None) -> dict[s
     return scores
 
 
+def versions() -> dict[str, str | None]:
+    """The versions of what computes the maps: Python, attnviz, torch (and its CUDA), numpy, sentencepiece."""
+    return {
+        "python": platform.python_version(),
+        "attnviz": package_version("attnviz"),
+        "torch": torch.__version__,
+        "cuda": torch.version.cuda,  # None for a CPU build of torch
+        "numpy": np.__version__,
+        "sentencepiece": sentencepiece.__version__,
+    }
+
+
+def run_record(bundle: Bundle) -> dict:
+    """Where and how ``bundle`` computes its maps: what is needed to judge a difference between two exports.
+
+    Two exports of the same model and input can differ in the last float32 bits when any of these
+    differ (README, "Snapshot testing", measures by how much).
+    """
+    device = bundle.device
+    return {
+        "device": str(device),
+        "device_name": device_name(device),
+        "cpu_capability": torch.backends.cpu.get_cpu_capability(),  # the vector unit ATen's CPU kernels use
+        "dtype": str(next(bundle.model.parameters()).dtype).removeprefix("torch."),
+        "threads": torch.get_num_threads(),
+        "attention_kernel": "explicit",  # maps come from equation 1 written out; the fused kernel returns none
+        # attnviz.linear's switch: oneDNN for large float32 CPU products; False means F.linear everywhere
+        "onednn": device.type == "cpu" and onednn_enabled(),
+        "float32_matmul_precision": torch.get_float32_matmul_precision(),  # "high" allows TF32 on GPUs
+    }
+
+
 @torch.no_grad()
 def attention(bundle: Bundle, src: str, tgt: str | None = None) -> AttentionExport:
     """Every attention map for ``src``, with ``tgt`` (or, without it, the model's greedy output)
@@ -204,12 +240,9 @@ def attention(bundle: Bundle, src: str, tgt: str | None = None) -> AttentionExpo
         "max_output_tokens": None if tgt_ids is None else _max_output(bundle, src_ids.shape[1]),
         "axes": AXES,
         "note": "rows are queries, columns are keys; weights are post-softmax, per head",
-        "versions": {
-            "attnviz": package_version("attnviz"),
-            "torch": torch.__version__,
-            "numpy": np.__version__,
-            "sentencepiece": sentencepiece.__version__,
-        },
+        "versions": versions(),
+        "run": run_record(bundle),
+        "format_version": FORMAT_VERSION,
     }
     maps = {kind: stack(kind) for kind in KINDS}
     _check_finite("attention", {kind: m for kind, m in maps.items() if m is not None})

@@ -1,6 +1,7 @@
-"""The `attnviz` command: translate, attention, evaluate, train. A stable contract for scripts.
+"""The `attnviz` command: translate, attention, diff, evaluate, train. A stable contract for scripts.
 
-Results go to standard output. Any bad input (an argument out of range, text that is not Unicode,
+Results go to standard output. `attnviz diff` exits 0 when two exports are equal within the
+tolerance and 1 when they differ. Any bad input (an argument out of range, text that is not Unicode,
 an output file in a missing folder, a model that cannot be loaded) ends with exit status 2 and one
 line on standard error, ``attnviz: error: ...``, never a traceback. Arguments are checked as they
 are parsed, before any work starts. An error attnviz did not foresee (a bug) also gets one line,
@@ -20,6 +21,7 @@ from typing import NoReturn
 from attnviz.data import TASKS
 from attnviz.devices import DEVICE_CHOICES
 from attnviz.errors import AttnvizError
+from attnviz.testing.compare import DEFAULT_ATOL
 
 MAX_PATH = 4096  # Linux's PATH_MAX: a longer --model or --out cannot name a file
 MAX_BEAM = 64  # what attnviz.decoding.step_through accepts
@@ -87,6 +89,14 @@ def path_text(value: str) -> str:
     return value
 
 
+def existing_path(value: str) -> str:
+    """A file or folder to read: it must exist."""
+    path = Path(path_text(value)).expanduser()
+    if not path.exists():
+        raise argparse.ArgumentTypeError(f"no such file or folder: {value!r}")
+    return str(path)
+
+
 def out_file(value: str) -> str:
     """A file to write: its folder must exist and be writable, and it must not be a folder itself."""
     path = Path(path_text(value)).expanduser()
@@ -118,6 +128,18 @@ def _attention(args) -> None:
     L, H, S, _ = export.encoder.shape
     decoder = "" if export.tgt_ids is None else f", decoder input {len(export.tgt_ids)} tokens"
     print(f"wrote {path}: {L} layers x {H} heads, source {S} tokens{decoder}")
+
+
+def _diff(args) -> int:
+    import json
+
+    from attnviz.testing.compare import compare_paths
+
+    report = compare_paths(args.a, args.b, atol=args.atol, rtol=args.rtol)
+    print(
+        json.dumps(report.to_json(), ensure_ascii=False, indent=1, allow_nan=False) if args.json else report.to_text()
+    )
+    return 0 if report.equal else 1
 
 
 def _evaluate(args) -> None:
@@ -183,6 +205,22 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", required=True, type=out_file, help="output .npz file")
     p.set_defaults(run=_attention)
 
+    p = sub.add_parser(
+        "diff",
+        help="compare two attention exports (.npz) or two atlas folders: exit 0 if equal within tolerance, 1 if not",
+    )
+    p.add_argument("a", type=existing_path, help="the expected export (e.g. a golden file)")
+    p.add_argument("b", type=existing_path, help="the actual export")
+    p.add_argument(
+        "--atol",
+        type=float_in(0.0, 1e6),
+        default=DEFAULT_ATOL,
+        help=f"absolute tolerance per cell (default {DEFAULT_ATOL:g}: what holds across CPUs, README)",
+    )
+    p.add_argument("--rtol", type=float_in(0.0, 1.0), default=0.0, help="relative tolerance per cell (default 0)")
+    p.add_argument("--json", action="store_true", help="print the report as JSON")
+    p.set_defaults(run=_diff)
+
     p = sub.add_parser("evaluate", help="exact match on freshly generated held-out pairs")
     model_args(p)
     p.add_argument("--n", type=int_in(1, 1_000_000), default=1000)
@@ -222,7 +260,7 @@ def main(argv: list[str] | None = None) -> int:
 def _run(argv: list[str] | None) -> int:
     try:
         args = build_parser().parse_args(argv)
-        args.run(args)
+        status = args.run(args) or 0
     except AttnvizError as e:
         print(f"attnviz: error: {_one_line(str(e))}", file=sys.stderr)
         return 2
@@ -241,7 +279,7 @@ def _run(argv: list[str] | None) -> int:
             file=sys.stderr,
         )
         return 1
-    return 0
+    return status
 
 
 if __name__ == "__main__":

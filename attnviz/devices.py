@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import platform
+from pathlib import Path
+
 import torch
 
 from attnviz.errors import DeviceError
@@ -35,3 +38,17 @@ def resolve_device(name: str | None = "auto") -> torch.device:
     if name == "mps" and not _mps_available():
         raise DeviceError("device 'mps' was asked for but Apple's MPS is not available; use 'cpu' or 'auto'")
     return torch.device(name)
+
+
+def device_name(device: torch.device) -> str:
+    """The hardware behind ``device``, for the record: the GPU's name, or the CPU's model name."""
+    if device.type == "cuda":
+        return torch.cuda.get_device_name(device)
+    if device.type == "cpu":
+        try:
+            for line in Path("/proc/cpuinfo").read_text().splitlines():
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+        except OSError:
+            pass  # not Linux: platform knows less, but something
+    return platform.processor() or platform.machine() or device.type

@@ -40,3 +40,7 @@ class DeviceError(AttnvizError):
 
 class NonFiniteError(AttnvizError):
     """A computation gave NaN or infinity where a picture or an export would show numbers."""
+
+
+class ExportError(AttnvizError):
+    """An export file or atlas folder that is corrupt, foreign, or written by a newer attnviz."""

@@ -2,21 +2,34 @@
 
 The export holds only numbers, unicode strings and a JSON manifest, so ``numpy.load(path,
 allow_pickle=False)`` reads it and nothing in it is ever unpickled.
+
+The manifest's ``format_version`` says which layout a file has (:data:`FORMAT_VERSIONS`). A file
+without one is version 1. :func:`load_export` reads every version attnviz has written and refuses
+a newer one, so an old attnviz never misreads a file it does not know.
 """
 
 from __future__ import annotations
 
 import io
 import json
+import zipfile
+import zlib
 from dataclasses import dataclass, field
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 
 import numpy as np
 
+from attnviz.errors import ExportError
 from attnviz.kinds import KINDS, axis_names
 
 STANDARD_ARRAYS = ("encoder", "decoder", "cross", "src_ids", "tgt_ids", "src_tokens", "tgt_tokens", "manifest")
+# Every layout of the .npz file attnviz has written; load_export reads them all.
+FORMAT_VERSIONS = {
+    1: "the arrays and a JSON manifest; the manifest has no format_version",
+    2: "version 1, with manifest['format_version'] and manifest['run']: where and how the maps were computed",
+}
+FORMAT_VERSION = max(FORMAT_VERSIONS)  # what AttentionExport.save writes
 # What each axis of each exported array holds; written into every manifest.
 AXES = {kind: ["layer", "head", *axis_names(kind)] for kind in KINDS}
 
@@ -47,12 +60,19 @@ class AttentionExport:
     manifest: dict
     extras: dict[str, np.ndarray] = field(default_factory=dict)  # further named arrays, e.g. a method's relevance
 
+    @property
+    def format_version(self) -> int:
+        """The layout this export was read in (1 when its manifest names none); files are written in the newest."""
+        return self.manifest.get("format_version", 1)
+
     def arrays(self) -> dict[str, np.ndarray]:
         """The arrays of the .npz file: numbers, unicode strings and a JSON manifest; no objects.
 
         An encoder-only model's file holds ``encoder``, ``src_ids``, ``src_tokens`` and ``manifest``,
-        and every file also holds ``extras`` under their own names.
+        and every file also holds ``extras`` under their own names. The manifest is written with the
+        current ``format_version``, whatever the export was read from.
         """
+        manifest = {**self.manifest, "format_version": FORMAT_VERSION}
         arrays = {
             "encoder": self.encoder,
             "decoder": self.decoder,
@@ -61,7 +81,7 @@ class AttentionExport:
             "tgt_ids": self.tgt_ids,
             "src_tokens": np.array(self.src_tokens, dtype=str),
             "tgt_tokens": None if self.tgt_tokens is None else np.array(self.tgt_tokens, dtype=str),
-            "manifest": np.array(json.dumps(self.manifest, ensure_ascii=False)),
+            "manifest": np.array(json.dumps(manifest, ensure_ascii=False)),
         }
         clash = sorted(set(arrays) & set(self.extras))
         if clash:
@@ -81,19 +101,54 @@ class AttentionExport:
 
 
 def load_export(path: str | Path) -> AttentionExport:
-    """Read a file written by :meth:`AttentionExport.save` (never unpickles)."""
-    with np.load(path, allow_pickle=False) as z:
-        get = lambda name: z[name] if name in z.files else None  # noqa: E731
-        return AttentionExport(
-            encoder=z["encoder"],
-            decoder=get("decoder"),
-            cross=get("cross"),
-            src_ids=z["src_ids"],
-            tgt_ids=get("tgt_ids"),
-            src_tokens=tuple(z["src_tokens"].tolist()),
-            tgt_tokens=None if get("tgt_tokens") is None else tuple(z["tgt_tokens"].tolist()),
-            manifest=json.loads(str(z["manifest"])),
-            extras={name: z[name] for name in z.files if name not in STANDARD_ARRAYS},
+    """Read a file written by :meth:`AttentionExport.save`, in any format version (never unpickles).
+
+    Raises :class:`~attnviz.errors.ExportError` for a file that is not an attnviz export (corrupt,
+    truncated, another program's .npz, pickled data) or that a newer attnviz wrote.
+    """
+    path = Path(path)
+    with open(path, "rb") as f:
+        magic = f.read(6)
+    if not magic.startswith(b"PK") and magic != b"\x93NUMPY":  # np.load would try it as a pickle
+        raise ExportError(f"{path} is not an .npz file: an attnviz export is a zip archive of arrays")
+    try:
+        z = np.load(path, allow_pickle=False)
+        if not isinstance(z, np.lib.npyio.NpzFile):  # a .npy file: one bare array
+            raise ExportError(f"{path} holds one array, not an attnviz export (an .npz of several arrays)")
+        with z:
+            missing = [name for name in ("encoder", "src_ids", "src_tokens", "manifest") if name not in z.files]
+            if missing:
+                found = ", ".join(z.files[:8]) or "none"
+                raise ExportError(f"{path} is not an attnviz export: no {', '.join(missing)} in it (it has: {found})")
+            manifest = json.loads(str(z["manifest"]))
+            if not isinstance(manifest, dict):
+                raise ExportError(f"{path} is not an attnviz export: its manifest is not a JSON object")
+            _check_format_version(path, manifest)
+            get = lambda name: z[name] if name in z.files else None  # noqa: E731
+            return AttentionExport(
+                encoder=z["encoder"],
+                decoder=get("decoder"),
+                cross=get("cross"),
+                src_ids=z["src_ids"],
+                tgt_ids=get("tgt_ids"),
+                src_tokens=tuple(z["src_tokens"].tolist()),
+                tgt_tokens=None if get("tgt_tokens") is None else tuple(z["tgt_tokens"].tolist()),
+                manifest=manifest,
+                extras={name: z[name] for name in z.files if name not in STANDARD_ARRAYS},
+            )
+    except (ValueError, KeyError, EOFError, zipfile.BadZipFile, zlib.error) as e:
+        # numpy's own messages for these speak of pickles and zip members; say what the user has.
+        raise ExportError(f"{path} is not a readable attnviz export (.npz): {type(e).__name__}: {e}") from None
+
+
+def _check_format_version(path: Path, manifest: dict) -> None:
+    version = manifest.get("format_version", 1)
+    if type(version) is not int or version < 1:
+        raise ExportError(f"{path} has an unreadable format_version {version!r} in its manifest")
+    if version > FORMAT_VERSION:
+        raise ExportError(
+            f"{path} was written by a newer attnviz (export format {version}; this attnviz "
+            f"{package_version('attnviz')} reads formats 1 to {FORMAT_VERSION}): upgrade attnviz to read it"
         )
 
 

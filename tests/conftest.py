@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
 
 from attnviz.data import get_task
+from attnviz.export import AXES, AttentionExport
+from attnviz.kinds import causal_mask
 from attnviz.model import Transformer, TransformerConfig
 from attnviz.tokenizer import train_sentencepiece
 
@@ -95,6 +98,35 @@ def reverse_pairs() -> list[tuple[str, str]]:
 def tiny_spm(reverse_pairs) -> bytes:
     """A byte-pair sentencepiece model with exactly TINY_VOCAB pieces, trained in memory."""
     return train_sentencepiece([s for pair in reverse_pairs for s in pair], TINY_VOCAB, "bpe")
+
+
+# ---------------------------------------------------------------------------------------------
+# Exports without a model: plain numpy maps that keep every invariant of attention weights
+
+TOY_SRC = ("▁the", "▁cat", "▁sat", "▁down", "</s>")
+TOY_TGT = ("<s>", "▁die", "▁Katze", "▁saß")
+
+
+def _softmax(scores: np.ndarray) -> np.ndarray:
+    e = np.exp(scores - scores.max(-1, keepdims=True))
+    return (e / e.sum(-1, keepdims=True)).astype(np.float32)
+
+
+def toy_export(seed: int = 0, layers: int = 2, heads: int = 4, **manifest) -> AttentionExport:
+    """An export of random post-softmax maps over TOY_SRC and TOY_TGT: rows sum to 1, the future is exactly 0."""
+    rng = np.random.default_rng(seed)
+    S, T = len(TOY_SRC), len(TOY_TGT)
+    decoder = _softmax(np.where(causal_mask(T), rng.normal(size=(layers, heads, T, T)), -np.inf))
+    return AttentionExport(
+        encoder=_softmax(rng.normal(size=(layers, heads, S, S))),
+        decoder=decoder,
+        cross=_softmax(rng.normal(size=(layers, heads, T, S))),
+        src_ids=np.arange(10, 10 + S, dtype=np.int64),
+        tgt_ids=np.arange(20, 20 + T, dtype=np.int64),
+        src_tokens=TOY_SRC,
+        tgt_tokens=TOY_TGT,
+        manifest={"model": "toy", "src": "the cat sat down", "tgt": "die Katze saß", "axes": AXES, **manifest},
+    )
 
 
 # ---------------------------------------------------------------------------------------------

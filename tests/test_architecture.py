@@ -22,6 +22,7 @@ LINT = Path(sys.executable).with_name("lint-imports")
 VIOLATIONS = {
     "core imports streamlit": ("attnviz/model.py", "import streamlit", "Only the app and its pages import Streamlit"),
     "api imports the app": ("attnviz/api.py", "import attnviz.app", "Layers:"),
+    "the testing wing imports the CLI above it": ("attnviz/testing/compare.py", "import attnviz.cli", "Layers:"),
     "a lesson imports the importers": (
         "attnviz/lessons/mechanics.py",
         "import attnviz.checkpoints.files",

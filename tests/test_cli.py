@@ -2,15 +2,20 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import subprocess
 import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
+from conftest import TOY_SRC, toy_export
 
 import attnviz
 from attnviz.cli import main
+
+THIS_FILE = str(Path(__file__).resolve())
 
 
 def run_cli(*args: str) -> subprocess.CompletedProcess:
@@ -111,17 +116,24 @@ BAD_ARGUMENTS = {
     "no command": ([], "required"),
     "lr-scale nan": (["train", "reverse", "--out", "x", "--lr-scale", "nan"], "--lr-scale: must be between"),
     "unknown task": (["train", "chess", "--out", "x"], "invalid choice"),
+    "diff a missing file": (["diff", "/no/such/a.npz", THIS_FILE], "argument a: no such file or folder"),
+    "diff one file": (["diff", THIS_FILE], "the following arguments are required: b"),
+    "diff atol negative": (["diff", THIS_FILE, THIS_FILE, "--atol=-1"], "--atol: must be between 0"),
+    "diff atol nan": (["diff", THIS_FILE, THIS_FILE, "--atol", "nan"], "--atol: must be between 0"),
+    "diff rtol over 1": (["diff", THIS_FILE, THIS_FILE, "--rtol", "2"], "--rtol: must be between 0 and 1"),
 }
 
 
 @pytest.mark.parametrize("case", BAD_ARGUMENTS)
 def test_every_bad_argument_exits_2_with_one_line_before_any_work(case, capsys, monkeypatch):
     import attnviz.api
+    import attnviz.testing.compare
 
     def no_work(*args, **kwargs):
-        raise AssertionError("the model was loaded before the arguments were checked")
+        raise AssertionError("the work started before the arguments were checked")
 
     monkeypatch.setattr(attnviz.api, "load", no_work)
+    monkeypatch.setattr(attnviz.testing.compare, "compare_paths", no_work)
     args, message = BAD_ARGUMENTS[case]
     assert main(args) == 2
     err = capsys.readouterr().err
@@ -175,3 +187,95 @@ def test_encoder_only_export_holds_the_encoder_only(tmp_path):
         assert set(z.files) == {"encoder", "src_ids", "src_tokens", "manifest"}
         assert z["encoder"].shape[:2] == (6, 12) and z["src_tokens"][0] == "[CLS]"
     assert main(["translate", "--model", "minilm", "hello"]) == 2
+
+
+# ---------------------------------------------------------------------------------------------
+# attnviz diff: 0 equal within tolerance, 1 different, 2 a file it cannot read
+
+
+@pytest.fixture
+def exports(tmp_path) -> dict[str, str]:
+    golden = toy_export()
+    cross = golden.cross.copy()
+    cross[1, 2, 1, [0, 3]] = cross[1, 2, 1, [3, 0]]  # layer 2, head 3, query 1: two keys swapped
+    pieces = ("▁the", "▁c", "at", "▁sat", "▁down", "</s>")
+    retokenised = dataclasses.replace(
+        golden,
+        src_tokens=pieces,
+        src_ids=np.arange(40, 46),
+        encoder=np.full((2, 4, 6, 6), 1 / 6, np.float32),
+        cross=np.full((2, 4, 4, 6), 1 / 6, np.float32),
+    )
+    files = {
+        "golden": golden,
+        "same": toy_export(),
+        "perturbed": dataclasses.replace(golden, cross=cross),
+        "nudged": dataclasses.replace(golden, encoder=golden.encoder + np.float32(1e-6)),
+        "retokenised": retokenised,
+    }
+    paths = {name: str(export.save(tmp_path / f"{name}.npz")) for name, export in files.items()}
+    (tmp_path / "corrupt.npz").write_bytes(golden.to_bytes()[:300])
+    paths["corrupt"] = str(tmp_path / "corrupt.npz")
+    return paths
+
+
+def test_diff_of_equal_exports_exits_0(exports, capsys):
+    assert main(["diff", exports["golden"], exports["same"]]) == 0
+    out = capsys.readouterr().out
+    assert out.splitlines()[:4] == [
+        f"A: {exports['golden']}",
+        f"B: {exports['same']}",
+        "tolerance: |A - B| <= 1e-05 + 0 * |B| per cell",
+        "EQUAL within the tolerance",
+    ]
+
+
+def test_diff_of_a_perturbed_head_exits_1_with_the_report(exports, capsys):
+    assert main(["diff", exports["golden"], exports["perturbed"]]) == 1
+    out = capsys.readouterr().out
+    assert "- cross: 2 of 160 cells differ (1.2%) in 1 of 8 heads" in out
+    assert '    layer 2, head 3: 2 of 20 cells; worst at query 1 "▁die", key ' in out
+
+
+def test_diff_tolerance(exports):
+    assert main(["diff", exports["golden"], exports["nudged"]]) == 0
+    assert main(["diff", exports["golden"], exports["nudged"], "--atol", "1e-7"]) == 1
+    assert main(["diff", exports["golden"], exports["nudged"], "--atol", "0", "--rtol", "1e-3"]) == 0
+
+
+def test_diff_of_a_retokenised_export_names_the_tokenizer_not_numbers(exports, capsys):
+    assert main(["diff", exports["golden"], exports["retokenised"]]) == 1
+    out = capsys.readouterr().out
+    assert 'the same source text "the cat sat down" was tokenised differently' in out
+    assert "were not compared cell by cell" in out and "cells differ" not in out
+    assert f'1:"{TOY_SRC[1]}"' in out
+
+
+def test_diff_json(exports, capsys):
+    assert main(["diff", exports["golden"], exports["perturbed"], "--json"]) == 1
+    report = json.loads(capsys.readouterr().out)
+    assert report["equal"] is False and report["atol"] == 1e-5
+    (finding,) = report["findings"]
+    assert finding["array"] == "cross" and finding["cells_off"] == 2 and finding["worst"][0]["index"][:3] == [1, 2, 1]
+
+
+@pytest.mark.parametrize("which", ["a", "b"])
+def test_diff_of_a_corrupt_file_exits_2_with_one_line(exports, capsys, which):
+    args = [exports["corrupt"], exports["golden"]] if which == "a" else [exports["golden"], exports["corrupt"]]
+    assert main(["diff", *args]) == 2
+    captured = capsys.readouterr()
+    assert captured.out == "" and captured.err.count("\n") == 1
+    assert captured.err.startswith(f"attnviz: error: {exports['corrupt']} is not a readable attnviz export")
+
+
+def test_diff_of_a_file_against_a_folder_exits_2(exports, tmp_path, capsys):
+    assert main(["diff", exports["golden"], str(tmp_path)]) == 2
+    assert "cannot compare the folder" in capsys.readouterr().err
+
+
+def test_diff_exit_codes_from_the_console_script(exports):
+    assert run_cli("diff", exports["golden"], exports["same"]).returncode == 0
+    proc = run_cli("diff", exports["golden"], exports["perturbed"])
+    assert proc.returncode == 1 and "layer 2, head 3" in proc.stdout
+    proc = run_cli("diff", exports["golden"], exports["corrupt"])
+    assert proc.returncode == 2 and proc.stderr.count("\n") == 1 and "Traceback" not in proc.stderr

@@ -1,0 +1,506 @@
+"""Compare two attention exports and say, for people and for machines, where and how they differ.
+
+:func:`compare_exports` gives a :class:`Report` with every difference between an expected export
+A (a golden file) and an actual one B: inputs that changed (tokens, ids, and why: another text,
+another tokenizer, another greedy output), arrays missing or reshaped, cells whose values differ by
+more than the tolerance (grouped by kind, layer and head, with the worst query and key and their
+tokens), and broken invariants of attention weights (a row that does not sum to 1, a weight
+outside [0, 1], a causal cell that is not 0). Differences in the manifests' versions, device and
+kernels are listed as context: they do not make two exports differ, but they say why they might.
+
+Layers and heads are counted from 1, as the app shows them; query and key positions from 0, as the
+app's axis labels show them ("4 ein"). A cell differs when ``|A - B| > atol + rtol * |B|``
+(``numpy.isclose``); NaN equals NaN.
+
+Only numpy is needed: exports are compared without torch or a model.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from attnviz.export import AttentionExport, load_export
+from attnviz.kinds import KIND_SIDES, KINDS, axis_names, causal_mask
+
+# Across CPUs (AVX2 against AVX-512), thread counts and attnviz's kernel choices the maps of one
+# model agree to about 1e-6 (README, "Snapshot testing", with the measurements).
+DEFAULT_ATOL = 1e-5
+ROW_SUM_ATOL = 1e-5  # how far a row of float32 weights may sum from 1 (or atol, when larger)
+MAX_GROUPS_SHOWN = 8  # heads listed per array; the count of the others follows
+MAX_TOKENS_SHOWN = 12  # tokens listed around the first changed one
+
+SIDES = {"source": ("src_ids", "src_tokens", "src"), "target": ("tgt_ids", "tgt_tokens", "tgt")}
+
+
+@dataclass(frozen=True)
+class Finding:
+    """One difference between A and B, or one broken invariant.
+
+    ``what`` is one of "inputs", "missing", "shape", "values", "invariant"; ``subject`` the array,
+    side or table it is about; ``text`` one line for people, ``details`` the lines under it;
+    ``data`` the same facts for machines (JSON-able).
+    """
+
+    what: str
+    subject: str
+    text: str
+    details: tuple[str, ...] = ()
+    data: dict = field(default_factory=dict)
+
+    def to_json(self) -> dict:
+        return {
+            "what": self.what,
+            "subject": self.subject,
+            "text": self.text,
+            "details": list(self.details),
+            **self.data,
+        }
+
+
+@dataclass(frozen=True)
+class Report:
+    """Every difference between A (expected) and B (actual), renderable as text or JSON.
+
+    ``findings`` are the differences (empty when the two are equal within the tolerance);
+    ``checked`` says, one line per array, what was found equal; ``context`` lists what differs
+    between the two manifests (versions, device, kernels) and may explain the findings.
+    """
+
+    a: str
+    b: str
+    atol: float
+    rtol: float
+    findings: tuple[Finding, ...]
+    checked: tuple[str, ...] = ()
+    context: tuple[dict, ...] = ()
+
+    @property
+    def equal(self) -> bool:
+        return not self.findings
+
+    def to_text(self) -> str:
+        """The report for people: what A and B are, the verdict, each difference, then the context."""
+        lines = [f"A: {self.a}", f"B: {self.b}", f"tolerance: |A - B| <= {self.atol:g} + {self.rtol:g} * |B| per cell"]
+        if self.equal:
+            lines.append("EQUAL within the tolerance")
+        else:
+            n = len(self.findings)
+            lines.append(f"DIFFERENT: {n} finding{'s' * (n != 1)}")
+            for f in self.findings:
+                lines.append(f"- {f.text}")
+                lines.extend(f"    {d}" for d in f.details)
+        if self.checked:
+            lines.append("equal within the tolerance:")
+            lines.extend(f"  {c}" for c in self.checked)
+        if self.context:
+            lines.append("context (differs between the two manifests; may explain differences):")
+            lines.extend(f"  {_context_line(c)}" for c in self.context)
+        return "\n".join(lines)
+
+    def to_json(self) -> dict:
+        """The report for machines: the same facts as :meth:`to_text`, as a JSON-able dict.
+
+        Strict JSON: a value that is not finite (NaN against a number) is the string "nan" or "inf".
+        """
+        return _json_safe(
+            {
+                "equal": self.equal,
+                "a": self.a,
+                "b": self.b,
+                "atol": self.atol,
+                "rtol": self.rtol,
+                "findings": [f.to_json() for f in self.findings],
+                "checked": list(self.checked),
+                "context": list(self.context),
+            }
+        )
+
+
+def _json_safe(value):
+    if isinstance(value, float) and not np.isfinite(value):
+        return str(value)  # "nan", "inf", "-inf": JSON has no such numbers
+    if isinstance(value, dict):
+        return {k: _json_safe(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_json_safe(v) for v in value]
+    return value
+
+
+# ---------------------------------------------------------------------------------------------
+# Labels: which cell of which map, in the app's words
+
+
+def _quote(token: str) -> str:
+    return json.dumps(token, ensure_ascii=False)  # "ein", with quotes and escapes visible
+
+
+def _tokens_excerpt(tokens: Sequence[str], around: int) -> str:
+    start = max(0, min(around - MAX_TOKENS_SHOWN // 2, len(tokens) - MAX_TOKENS_SHOWN))
+    shown = " ".join(f"{i}:{_quote(t)}" for i, t in enumerate(tokens[start : start + MAX_TOKENS_SHOWN], start))
+    return ("... " if start else "") + shown + (" ..." if start + MAX_TOKENS_SHOWN < len(tokens) else "")
+
+
+def _generic_axes(ndim: int) -> list[str]:
+    return [f"axis {i}" for i in range(ndim)]
+
+
+def axes_of(name: str, array: np.ndarray, export: AttentionExport) -> list[str]:
+    """The names of ``array``'s axes: the manifest's, else the kind's (L, H, Q, K) or (L, Q, K), else "axis i"."""
+    declared = export.manifest.get("axes", {}).get(name) if isinstance(export.manifest.get("axes"), dict) else None
+    if isinstance(declared, list) and len(declared) == array.ndim and all(isinstance(a, str) for a in declared):
+        return declared
+    if name in KIND_SIDES:
+        query, key = axis_names(name)
+        by_ndim = {4: ["layer", "head", query, key], 3: ["layer", query, key], 2: [query, key]}
+        return by_ndim.get(array.ndim, _generic_axes(array.ndim))
+    return _generic_axes(array.ndim)
+
+
+def _axis_tokens(axis: str, length: int, export: AttentionExport) -> Sequence[str] | None:
+    """The tokens along an axis named like "query: source position", when they fit its length."""
+    if "source" in axis:
+        tokens = export.src_tokens
+    elif "decoder input" in axis or "target" in axis:
+        tokens = export.tgt_tokens
+    else:
+        return None
+    return tokens if tokens is not None and len(tokens) == length else None
+
+
+def _cell_label(index: Sequence[int], axes: Sequence[str], shape: Sequence[int], export: AttentionExport) -> str:
+    parts = []
+    for i, axis, n in zip(index, axes, shape, strict=True):
+        role = axis.split(":")[0].strip()
+        if role in ("layer", "head"):
+            parts.append(f"{role} {i + 1}")  # counted from 1, as the app shows them
+        else:
+            tokens = _axis_tokens(axis, n, export)
+            parts.append(f"{role} {i}" + ("" if tokens is None else f" {_quote(tokens[i])}"))
+    return ", ".join(parts)
+
+
+def _group_label(index: Sequence[int], axes: Sequence[str]) -> str:
+    return ", ".join(
+        f"{axis} {i + 1}" if axis in ("layer", "head") else f"{axis.split(':')[0]} {i}"
+        for i, axis in zip(index, axes, strict=True)
+    )
+
+
+def _n(count: int) -> str:
+    return f"{count:,}"
+
+
+def _cells(count: int) -> str:
+    return f"{count:,} cell{'s' * (count != 1)}"
+
+
+# ---------------------------------------------------------------------------------------------
+# Inputs: tokens and ids, compared before any number
+
+
+def _compare_side(side: str, a: AttentionExport, b: AttentionExport) -> Finding | None:
+    ids_name, tokens_name, text_key = SIDES[side]
+    a_ids, b_ids = getattr(a, ids_name), getattr(b, ids_name)
+    a_tok, b_tok = getattr(a, tokens_name), getattr(b, tokens_name)
+    if a_ids is None and b_ids is None:
+        return None
+    if a_ids is None or b_ids is None:
+        which = "A" if b_ids is None else "B"
+        return Finding("inputs", side, f"only {which} has a {side} side (the other model is encoder-only)")
+    same_ids = a_ids.shape == b_ids.shape and bool(np.array_equal(a_ids, b_ids))
+    if same_ids and tuple(a_tok) == tuple(b_tok):
+        return None
+    first = next((i for i, (x, y) in enumerate(zip(a_tok, b_tok, strict=False)) if x != y), min(len(a_tok), len(b_tok)))
+    details = (
+        f"A ({len(a_tok)} tokens): {_tokens_excerpt(a_tok, first)}",
+        f"B ({len(b_tok)} tokens): {_tokens_excerpt(b_tok, first)}",
+    )
+    data = {"side": side, "first_difference": first, "a_tokens": list(a_tok), "b_tokens": list(b_tok)}
+    if same_ids:
+        why = f"the {side} ids are equal but their tokens differ from position {first}: the vocabulary's labels changed"
+        return Finding("inputs", side, why, details, {**data, "cause": "labels"})
+    a_text, b_text = a.manifest.get(text_key), b.manifest.get(text_key)
+    if side == "target" and a_text is None and b_text is None and "tgt" in a.manifest and "tgt" in b.manifest:
+        cause, why = "greedy output", "the model's own greedy output (the decoder input) changed"
+    elif a_text is not None and a_text == b_text:
+        cause = "tokenizer"
+        why = f"the same {side} text {_quote(a_text)} was tokenised differently: a different tokenizer or vocabulary"
+    elif a_text is not None and b_text is not None:
+        cause, why = "text", f"the {side} text differs: {_quote(a_text)} (A) vs {_quote(b_text)} (B)"
+    else:
+        cause, why = "ids", f"the {side} ids differ"
+    why += f"; first difference at position {first}" if first < min(len(a_tok), len(b_tok)) else ""
+    return Finding("inputs", side, why, details, {**data, "cause": cause})
+
+
+# ---------------------------------------------------------------------------------------------
+# Values
+
+
+def _compare_values(
+    name: str, a: np.ndarray, b: np.ndarray, atol: float, rtol: float, b_export: AttentionExport
+) -> tuple[Finding | None, str]:
+    """A finding for the cells of ``name`` that differ, or None; and one line on what was compared."""
+    if a.dtype.kind in "US" or b.dtype.kind in "US":
+        if a.dtype.kind == b.dtype.kind and np.array_equal(a, b):
+            return None, f"{name}: {_n(a.size)} strings, identical"
+        off = a != b
+        where = tuple(int(i) for i in np.argwhere(off)[0]) if off.ndim else ()
+        text = f"{name}: {_n(int(off.sum()))} of {_n(off.size)} strings differ, first at {where}"
+        return Finding("values", name, text, data={"array": name, "cells_off": int(off.sum()), "cells": off.size}), ""
+    a64, b64 = a.astype(np.float64), b.astype(np.float64)
+    with np.errstate(invalid="ignore"):
+        close = np.isclose(a64, b64, atol=atol, rtol=rtol, equal_nan=True)
+        gap = np.abs(a64 - b64)
+    off = ~close
+    gap = np.where(off, np.nan_to_num(gap, nan=np.inf), np.nan_to_num(gap, nan=0.0))  # NaN against a number: inf
+    largest = float(gap.max()) if gap.size else 0.0
+    if not off.any():
+        return None, f"{name}: {_n(off.size)} cells, largest |A - B| {largest:.1e}"
+    axes = axes_of(name, b, b_export)
+    lead = max(b.ndim - 2, 0)  # group by every axis but the last two: (layer, head) of (L, H, Q, K)
+    groups = int(np.prod(b.shape[:lead], dtype=np.int64))
+    off_g = off.reshape(groups, -1)
+    gap_g = np.where(off, gap, -1.0).reshape(groups, -1)
+    counts = off_g.sum(1)
+    order = [int(g) for g in np.argsort(-counts, kind="stable") if counts[g]]
+    n_off = int(counts.sum())
+    group_word = "head" if "head" in axes[:lead] else "layer" if "layer" in axes[:lead] else "group"
+    where = f" in {len(order)} of {groups} {group_word}s" if lead else ""
+    text = (
+        f"{name}: {_n(n_off)} of {_n(off.size)} cells differ ({100 * n_off / off.size:.2g}%){where}; "
+        f"largest |A - B| {largest:.2e}"
+    )
+    details, groups_data = [], []
+    for g in order[:MAX_GROUPS_SHOWN]:
+        flat = int(np.argmax(gap_g[g]))
+        index = tuple(int(i) for i in np.unravel_index(g * off_g.shape[1] + flat, b.shape))
+        va, vb = float(a64[index]), float(b64[index])
+        label = _cell_label(index, axes, b.shape, b_export)
+        cell = _cell_label(index[lead:], axes[lead:], b.shape[lead:], b_export)  # the group is named before it
+        per = (
+            f"{_group_label(index[:lead], axes[:lead])}: {_n(int(counts[g]))} of {_n(off_g.shape[1])} cells; "
+            if lead
+            else ""
+        )
+        details.append(f"{per}worst at {cell}: A {va:.6g}, B {vb:.6g}, |A - B| {abs(va - vb):.2e}")
+        groups_data.append({"index": list(index), "cell": label, "cells_off": int(counts[g]), "a": va, "b": vb})
+    if len(order) > MAX_GROUPS_SHOWN:
+        details.append(f"... and {len(order) - MAX_GROUPS_SHOWN} more {group_word}s")
+    data = {
+        "array": name,
+        "axes": axes,
+        "cells_off": n_off,
+        "cells": off.size,
+        "largest": largest,
+        "worst": groups_data,
+    }
+    return Finding("values", name, text, tuple(details), data), ""
+
+
+# ---------------------------------------------------------------------------------------------
+# Invariants of attention weights
+
+
+def is_plain_attention(export: AttentionExport) -> bool:
+    """Whether the export holds post-softmax weights (not a method's relevance, whose rows need not sum to 1)."""
+    return export.manifest.get("method") in (None, "attention")
+
+
+def check_invariants(export: AttentionExport, label: str, atol: float = 0.0) -> list[Finding]:
+    """The broken invariants of an export's (L, H, Q, K) attention weights; empty when none is broken.
+
+    Every weight is finite and in [0, 1], every row sums to 1 (within ``max(ROW_SUM_ATOL, atol)``),
+    and every cell of the decoder's future (the causal mask, 3.2.3) is exactly 0. A method's maps
+    (``manifest["method"]``) are compared by value only.
+    """
+    if not is_plain_attention(export):
+        return []
+    findings = []
+    row_tol = max(ROW_SUM_ATOL, atol)
+    for kind in KINDS:
+        w = getattr(export, kind)
+        if w is None or w.ndim != 4 or w.dtype.kind != "f":
+            continue
+        axes = axes_of(kind, w, export)
+        L, H, Q, K = w.shape
+        w64 = w.astype(np.float64)
+        checks = []
+        bad = ~np.isfinite(w64)
+        checks.append(("not finite (NaN or infinite)", bad, None))
+        with np.errstate(invalid="ignore"):
+            checks.append(("outside [0, 1]", np.isfinite(w64) & ((w64 < 0) | (w64 > 1 + row_tol)), w64))
+            sums = w64.sum(-1)  # (L, H, Q)
+            rows_bad = np.abs(sums - 1) > row_tol
+        if kind == "decoder":
+            future = ~causal_mask(Q, K)
+            checks.append(("not 0 in the causal mask (a query sees a later position)", (w64 != 0) & future, w64))
+        for problem, cells, values in checks:
+            if cells.any():
+                index = tuple(int(i) for i in np.argwhere(cells)[0])
+                shown = "" if values is None else f" = {values[index]:.6g}"
+                heads = sorted({(int(li), int(h)) for li, h in np.argwhere(cells)[:, :2]})
+                text = (
+                    f"invariant broken in {label}: {kind}: {_cells(int(cells.sum()))} {problem}, in {len(heads)} of "
+                    f"{L * H} heads; first at {_cell_label(index, axes, w.shape, export)}{shown}"
+                )
+                data = {
+                    "array": kind,
+                    "invariant": problem,
+                    "file": label,
+                    "cells": int(cells.sum()),
+                    "first": list(index),
+                }
+                findings.append(Finding("invariant", kind, text, data=data))
+        if rows_bad.any():
+            worst = tuple(
+                int(i) for i in np.unravel_index(np.argmax(np.where(rows_bad, np.abs(sums - 1), -1)), sums.shape)
+            )
+            heads = sorted({(int(li), int(h)) for li, h in np.argwhere(rows_bad)[:, :2]})
+            shown = ", ".join(f"layer {li + 1} head {h + 1}" for li, h in heads[:MAX_GROUPS_SHOWN])
+            text = (
+                f"invariant broken in {label}: {kind}: {_n(int(rows_bad.sum()))} row{'s' * int(rows_bad.sum() != 1)} "
+                "not summing to 1 "
+                f"(tolerance {row_tol:g}), in {len(heads)} of {L * H} heads; worst: "
+                f"{_cell_label(worst, axes[:3], w.shape[:3], export)} sums to {sums[worst]:.6g}"
+            )
+            details = (f"heads: {shown}" + (" ..." if len(heads) > MAX_GROUPS_SHOWN else ""),)
+            data = {
+                "array": kind,
+                "invariant": "rows sum to 1",
+                "file": label,
+                "rows": int(rows_bad.sum()),
+                "worst": list(worst),
+            }
+            findings.append(Finding("invariant", kind, text, details, data))
+    return findings
+
+
+# ---------------------------------------------------------------------------------------------
+# Manifests: context, never a difference by itself
+
+CONTEXT_KEYS = ("model", "checkpoint_sha256", "method", "format_version", "versions", "run", "config")
+
+
+def _flatten(value, prefix: str) -> dict[str, object]:
+    if isinstance(value, dict):
+        return {k: v for key, item in value.items() for k, v in _flatten(item, f"{prefix}.{key}").items()}
+    return {prefix: value}
+
+
+def manifest_context(a: dict, b: dict) -> list[dict]:
+    """What differs between two manifests among what can explain numbers: model, versions, device, kernels, config.
+
+    One entry per differing leaf, ``{"key": "versions.torch", "a": ..., "b": ...}``; a whole block
+    that one side does not record (an older file has no ``run``) is one entry whose missing side is None.
+    """
+    flat_a, flat_b = {}, {}
+    for key in CONTEXT_KEYS:
+        x, y = a.get(key), b.get(key)
+        if (x is None) != (y is None):
+            flat_a[key], flat_b[key] = x, y  # not recorded on one side: one entry, not one per field
+        else:
+            flat_a.update(_flatten(x, key))
+            flat_b.update(_flatten(y, key))
+    keys = [*flat_a, *(k for k in flat_b if k not in flat_a)]
+    return [{"key": k, "a": flat_a.get(k), "b": flat_b.get(k)} for k in keys if flat_a.get(k) != flat_b.get(k)]
+
+
+def _context_line(entry: dict) -> str:
+    for missing, other in (("a", "B"), ("b", "A")):
+        if entry[missing] is None and isinstance(entry["b" if missing == "a" else "a"], dict):
+            return f"{entry['key']}: recorded in {other} only"
+    return f"{entry['key']}: {entry['a']!r} (A) vs {entry['b']!r} (B)"
+
+
+# ---------------------------------------------------------------------------------------------
+# The comparison
+
+
+def _numeric_arrays(export: AttentionExport) -> dict[str, np.ndarray]:
+    maps = {kind: getattr(export, kind) for kind in KINDS if getattr(export, kind) is not None}
+    return {**maps, **export.extras}
+
+
+def compare_exports(
+    a: AttentionExport,
+    b: AttentionExport,
+    atol: float = DEFAULT_ATOL,
+    rtol: float = 0.0,
+    labels: tuple[str, str] = ("A", "B"),
+) -> Report:
+    """Every difference between export ``a`` (expected) and ``b`` (actual), as a :class:`Report`.
+
+    When the inputs differ (other ids on either side), the maps are not compared cell by cell: their
+    rows and columns are other tokens, and one finding says why instead of a million numbers.
+    """
+    findings: list[Finding] = []
+    checked: list[str] = []
+    inputs = [f for side in SIDES if (f := _compare_side(side, a, b)) is not None]
+    findings.extend(inputs)
+    ids_changed = any(f.data.get("cause") != "labels" for f in inputs)
+    arrays_a, arrays_b = _numeric_arrays(a), _numeric_arrays(b)
+    names = [*arrays_a, *(n for n in arrays_b if n not in arrays_a)]
+    if ids_changed:
+        skipped = ", ".join(names)
+        findings.append(
+            Finding(
+                "inputs",
+                "maps",
+                f"the maps ({skipped}) were not compared cell by cell: their rows and columns are other tokens",
+                data={"not_compared": names},
+            )
+        )
+    else:
+        for name in names:
+            if name not in arrays_a or name not in arrays_b:
+                which = "A" if name in arrays_a else "B"
+                findings.append(Finding("missing", name, f"{name}: only {which} has this array", data={"array": name}))
+                continue
+            x, y = arrays_a[name], arrays_b[name]
+            if x.shape != y.shape:
+                axes = ", ".join(axes_of(name, y, b))
+                text = f"{name}: shapes differ, {x.shape} (A) vs {y.shape} (B), axes ({axes}); not compared"
+                findings.append(
+                    Finding("shape", name, text, data={"array": name, "a": list(x.shape), "b": list(y.shape)})
+                )
+                continue
+            finding, line = _compare_values(name, x, y, atol, rtol, b)
+            if finding is None:
+                checked.append(line)
+            else:
+                findings.append(finding)
+    findings.extend(check_invariants(a, "A", atol))
+    findings.extend(check_invariants(b, "B", atol))
+    # a file without format_version is version 1: say so rather than "None"
+    versioned = [{**e.manifest, "format_version": e.format_version} for e in (a, b)]
+    context = manifest_context(*versioned)
+    return Report(labels[0], labels[1], atol, rtol, tuple(findings), tuple(checked), tuple(context))
+
+
+def compare_paths(
+    a: str | Path, b: str | Path, atol: float = DEFAULT_ATOL, rtol: float = 0.0, labels: tuple[str, str] | None = None
+) -> Report:
+    """Compare two .npz exports, or two atlas folders; raises ExportError for a file that is neither.
+
+    ``labels`` name A and B in the report (default: the paths).
+    """
+    from attnviz.errors import ExportError
+
+    a, b = Path(a), Path(b)
+    labels = labels or (str(a), str(b))
+    if a.is_dir() and b.is_dir():
+        from attnviz.testing.atlas import compare_atlases
+
+        return compare_atlases(a, b, atol, rtol, labels)
+    if a.is_dir() or b.is_dir():
+        folder, file = (a, b) if a.is_dir() else (b, a)
+        raise ExportError(
+            f"cannot compare the folder {folder} (an atlas) with the file {file} (an export): give two of a kind"
+        )
+    return compare_exports(load_export(a), load_export(b), atol, rtol, labels)

@@ -1,0 +1,191 @@
+"""The pytest plugin: an ``attention_snapshot`` fixture and the ``--attnviz-update`` flag.
+
+pytest loads it in every run of every project where attnviz is installed (entry point
+``pytest11``), so it only registers a flag, two ini settings and a fixture: numpy, torch and the
+comparison are imported when a test first takes a snapshot. ``-p no:attnviz`` switches it off.
+
+::
+
+    def test_cross_attention(attention_snapshot):
+        bundle = attnviz.load("path/to/checkpoint", device="cpu")
+        attention_snapshot(attnviz.attention(bundle, "twenty-one", "einundzwanzig"))
+
+The golden file is ``__snapshots__/<test module>/<test name>.npz`` next to the test module (a
+folder for an atlas). A missing golden file fails the test and names the flag; ``pytest
+--attnviz-update`` writes missing golden files and rewrites those that differ, except when the
+``CI`` environment variable is set, where golden files are never written.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+from pathlib import Path
+
+import pytest
+
+UPDATE_FLAG = "--attnviz-update"
+SNAPSHOT_DIR = "__snapshots__"
+_written = pytest.StashKey[list]()
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    group = parser.getgroup("attnviz", "attnviz attention snapshots")
+    group.addoption(
+        UPDATE_FLAG,
+        action="store_true",
+        default=False,
+        help="write missing attention golden files and rewrite those that differ (never when CI is set)",
+    )
+    parser.addini("attnviz_atol", "absolute tolerance of attention snapshots (default 1e-5)", default="")
+    parser.addini("attnviz_rtol", "relative tolerance of attention snapshots (default 0)", default="")
+
+
+def in_ci() -> bool:
+    """Whether the ``CI`` environment variable is set (to anything but empty, 0 or false)."""
+    return os.environ.get("CI", "").strip().lower() not in ("", "0", "false", "no")
+
+
+def _file_name(nodeid: str) -> str:
+    """A file name for a test: 'TestX::test_y[en-de]' -> 'TestX.test_y[en-de]', other characters as '_'."""
+    name = nodeid.split("::", 1)[1] if "::" in nodeid else nodeid
+    return re.sub(r"[^\w.\[\]=+-]", "_", name.replace("::", "."))
+
+
+class AttentionSnapshot:
+    """Compares what a test computed with its golden file; see :meth:`__call__`."""
+
+    def __init__(self, request: pytest.FixtureRequest):
+        self._request = request
+        self._calls = 0
+
+    @property
+    def folder(self) -> Path:
+        """Where this test module's golden files live: ``__snapshots__/<module>/`` beside it."""
+        return self._request.path.parent / SNAPSHOT_DIR / self._request.path.stem
+
+    def _tolerance(self, name: str, given: float | None, default: float) -> float:
+        if given is not None:
+            return given
+        configured = self._request.config.getini(name)
+        return float(configured) if configured else default
+
+    def __call__(
+        self, actual, name: str | None = None, *, atol: float | None = None, rtol: float | None = None, path=None
+    ):
+        """Compare ``actual`` with its golden file; fail the test with the readable report when they differ.
+
+        ``actual``: an :class:`~attnviz.export.AttentionExport`, or the path of an .npz export or of
+        an atlas folder. ``name`` tells apart several snapshots of one test (by default the second
+        is ``<test>-2``); ``path`` puts the golden file elsewhere. ``atol`` and ``rtol`` default to
+        the ini settings ``attnviz_atol`` / ``attnviz_rtol``, else 1e-5 and 0. Returns the report.
+        """
+        from attnviz.errors import ExportError
+        from attnviz.export import AttentionExport, load_export
+        from attnviz.testing.compare import DEFAULT_ATOL, compare_exports
+
+        self._calls += 1
+        atol = self._tolerance("attnviz_atol", atol, DEFAULT_ATOL)
+        rtol = self._tolerance("attnviz_rtol", rtol, 0.0)
+        is_atlas = False
+        if not isinstance(actual, AttentionExport):
+            if not isinstance(actual, (str, Path)):
+                raise TypeError(
+                    f"attention_snapshot takes an AttentionExport or the path of an export; got {type(actual).__name__}"
+                )
+            actual_path = Path(actual)
+            if not actual_path.exists():
+                pytest.fail(f"attention_snapshot: {actual_path} does not exist", pytrace=False)
+            is_atlas = actual_path.is_dir()
+            try:  # what the test made must be readable before it is compared, let alone kept as golden
+                if is_atlas:
+                    from attnviz.testing.atlas import read_atlas
+
+                    read_atlas(actual_path)
+                else:
+                    actual = load_export(actual_path)
+            except ExportError as e:
+                pytest.fail(f"attention_snapshot: the export this test made cannot be read: {e}", pytrace=False)
+        if path is None:
+            stem = _file_name(self._request.node.nodeid)
+            stem += f"-{name}" if name else (f"-{self._calls}" if self._calls > 1 else "")
+            golden = self.folder / (stem if is_atlas else f"{stem}.npz")
+        else:
+            golden = Path(path)
+        shown = self._relative(golden)
+        update = self._request.config.getoption(UPDATE_FLAG)
+        if not golden.exists():
+            if not update:
+                pytest.fail(
+                    f"no golden file {shown} for this snapshot: run pytest with {UPDATE_FLAG} to write it, "
+                    "then review it and commit it",
+                    pytrace=False,
+                )
+            self._write(actual, golden, "wrote")
+            return None
+        labels = (f"{shown} (golden)", str(actual_path) if is_atlas else "this run")
+        try:
+            if is_atlas:
+                from attnviz.testing.atlas import compare_atlases
+
+                report = compare_atlases(golden, actual_path, atol, rtol, labels)
+            else:
+                report = compare_exports(load_export(golden), actual, atol, rtol, labels)
+        except (ExportError, IsADirectoryError, NotADirectoryError) as e:
+            if not update:
+                pytest.fail(
+                    f"the golden file {shown} cannot be read: {e}; rewrite it with {UPDATE_FLAG}", pytrace=False
+                )
+            self._write(actual, golden, "rewrote unreadable")
+            return None
+        if report.equal:
+            return report
+        if update:
+            self._write(actual, golden, "updated", report.to_text())
+            return report
+        pytest.fail(
+            f"attention snapshot differs from its golden file\n{report.to_text()}\n"
+            f"if the change is intended, rerun with {UPDATE_FLAG} and review the golden file's diff",
+            pytrace=False,
+        )
+
+    def _relative(self, path: Path) -> str:
+        try:
+            return str(path.resolve().relative_to(self._request.config.rootpath.resolve()))
+        except ValueError:
+            return str(path)
+
+    def _write(self, actual, golden: Path, action: str, report: str = "") -> None:
+        if in_ci():
+            pytest.fail(
+                f"refusing to write the golden file {self._relative(golden)} ({UPDATE_FLAG}) because CI is set: "
+                "golden files are made on a developer's machine, reviewed and committed; unset CI to write it"
+                + (f"\n{report}" if report else ""),
+                pytrace=False,
+            )
+        golden.parent.mkdir(parents=True, exist_ok=True)
+        if golden.is_dir():
+            shutil.rmtree(golden)
+        elif golden.exists():
+            golden.unlink()
+        if isinstance(actual, (str, Path)):  # an atlas folder
+            shutil.copytree(actual, golden)
+        else:
+            actual.save(golden)
+        self._request.config.stash.setdefault(_written, []).append(f"{action} {self._relative(golden)}")
+
+
+@pytest.fixture
+def attention_snapshot(request: pytest.FixtureRequest) -> AttentionSnapshot:
+    """Compare an attention export with this test's golden file: ``attention_snapshot(export)``."""
+    return AttentionSnapshot(request)
+
+
+def pytest_terminal_summary(terminalreporter, exitstatus, config: pytest.Config) -> None:
+    written = config.stash.get(_written, [])
+    if written:
+        terminalreporter.section("attnviz snapshots")
+        for line in written:
+            terminalreporter.write_line(line)
+        terminalreporter.write_line(f"{len(written)} golden file(s) written: review them and commit them")

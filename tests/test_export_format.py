@@ -1,0 +1,172 @@
+"""The .npz export's format versions: every version attnviz wrote still loads, a newer one is refused,
+and a file that is not an export is one clear ExportError."""
+
+from __future__ import annotations
+
+import dataclasses
+import io
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from conftest import toy_export
+
+import attnviz
+from attnviz.errors import ExportError
+from attnviz.export import FORMAT_VERSION, FORMAT_VERSIONS, AttentionExport, load_export
+from attnviz.linear import use_onednn
+
+GOLDEN = Path(__file__).parent / "golden"
+
+
+def write_format_1(export: AttentionExport, path: Path) -> None:
+    """The file exactly as attnviz wrote it before format versions: the same arrays, a manifest without one."""
+    arrays = {
+        "encoder": export.encoder,
+        "decoder": export.decoder,
+        "cross": export.cross,
+        "src_ids": export.src_ids,
+        "tgt_ids": export.tgt_ids,
+        "src_tokens": np.array(export.src_tokens, dtype=str),
+        "tgt_tokens": np.array(export.tgt_tokens, dtype=str),
+        "manifest": np.array(json.dumps(export.manifest, ensure_ascii=False)),
+    }
+    buf = io.BytesIO()
+    np.savez_compressed(buf, **arrays, **export.extras)
+    path.write_bytes(buf.getvalue())
+
+
+def assert_same_export(a: AttentionExport, b: AttentionExport) -> None:
+    for name in ("encoder", "decoder", "cross", "src_ids", "tgt_ids"):
+        np.testing.assert_array_equal(getattr(a, name), getattr(b, name), err_msg=name)
+    assert a.src_tokens == b.src_tokens and a.tgt_tokens == b.tgt_tokens
+    assert a.extras.keys() == b.extras.keys()
+
+
+def test_every_version_written_is_listed():
+    assert sorted(FORMAT_VERSIONS) == list(range(1, FORMAT_VERSION + 1))
+
+
+def test_a_format_1_file_still_loads(tmp_path):
+    export = dataclasses.replace(toy_export(), extras={"relevance": np.ones((2, 3), np.float32)})
+    path = tmp_path / "old.npz"
+    write_format_1(export, path)
+    with np.load(path, allow_pickle=False) as z:
+        assert "format_version" not in json.loads(str(z["manifest"]))  # really the old layout
+    loaded = load_export(path)
+    assert loaded.format_version == 1
+    assert_same_export(loaded, export)
+    np.testing.assert_array_equal(loaded.extras["relevance"], export.extras["relevance"])
+
+
+@pytest.mark.parametrize("golden", sorted(GOLDEN.glob("*/*.npz")), ids=lambda p: f"{p.parent.name}/{p.name}")
+def test_the_project_golden_files_are_format_1_and_load(golden):
+    export = load_export(golden)
+    assert export.format_version == 1 and export.encoder.ndim == 4
+
+
+def test_save_writes_the_current_version_and_round_trips(tmp_path):
+    export = toy_export()
+    path = export.save(tmp_path / "new.npz")
+    with np.load(path, allow_pickle=False) as z:
+        assert json.loads(str(z["manifest"]))["format_version"] == FORMAT_VERSION
+    loaded = load_export(path)
+    assert loaded.format_version == FORMAT_VERSION
+    assert_same_export(loaded, export)
+
+
+def test_resaving_an_old_file_writes_the_current_version(tmp_path):
+    write_format_1(toy_export(), tmp_path / "old.npz")
+    load_export(tmp_path / "old.npz").save(tmp_path / "again.npz")
+    assert load_export(tmp_path / "again.npz").format_version == FORMAT_VERSION
+
+
+def _with_manifest(tmp_path: Path, **changes) -> Path:
+    export = toy_export()
+    path = tmp_path / "changed.npz"
+    arrays = export.arrays()
+    arrays["manifest"] = np.array(json.dumps({**export.manifest, **changes}))
+    np.savez_compressed(path, **arrays)
+    return path
+
+
+def test_a_newer_version_is_refused_with_a_clear_message(tmp_path):
+    path = _with_manifest(tmp_path, format_version=FORMAT_VERSION + 1)
+    with pytest.raises(ExportError, match=rf"newer attnviz \(export format {FORMAT_VERSION + 1}.*upgrade attnviz"):
+        load_export(path)
+
+
+@pytest.mark.parametrize("version", ["2", 0, 1.5, None])
+def test_an_unreadable_version_is_refused(tmp_path, version):
+    with pytest.raises(ExportError, match="unreadable format_version"):
+        load_export(_with_manifest(tmp_path, format_version=version))
+
+
+def _corrupt(kind: str, tmp_path: Path) -> Path:
+    path = tmp_path / f"{kind}.npz"
+    good = toy_export().to_bytes()
+    if kind == "empty":
+        path.write_bytes(b"")
+    elif kind == "text":
+        path.write_text("encoder,decoder\n1,2\n")
+    elif kind == "truncated":
+        path.write_bytes(good[: len(good) // 2])
+    elif kind == "foreign npz":
+        np.savez(path, weights=np.ones(3))
+    elif kind == "npy":
+        with open(path, "wb") as f:
+            np.save(f, np.ones(3))
+    elif kind == "pickled manifest":
+        arrays = toy_export().arrays()
+        arrays["manifest"] = np.array([{"a": 1}], dtype=object)
+        np.savez(path, **arrays)
+    elif kind == "manifest not json":
+        arrays = toy_export().arrays()
+        arrays["manifest"] = np.array("{not json")
+        np.savez(path, **arrays)
+    elif kind == "flipped bytes":
+        data = bytearray(good)
+        start = data.index(b"encoder.npy") + 200  # inside the compressed member
+        data[start : start + 64] = bytes(64)
+        path.write_bytes(bytes(data))
+    return path
+
+
+CORRUPT = {
+    "empty": "is not an .npz file",
+    "text": "is not an .npz file",
+    "truncated": "not a readable attnviz export",
+    "foreign npz": "is not an attnviz export: no encoder",
+    "npy": "holds one array",
+    "pickled manifest": "not a readable attnviz export",
+    "manifest not json": "not a readable attnviz export",
+    "flipped bytes": "not a readable attnviz export",
+}
+
+
+@pytest.mark.parametrize("kind", CORRUPT)
+def test_a_file_that_is_not_an_export_is_one_clear_error(kind, tmp_path):
+    path = _corrupt(kind, tmp_path)
+    with pytest.raises(ExportError, match=CORRUPT[kind]) as info:
+        load_export(path)
+    assert str(path) in str(info.value)
+
+
+def test_the_manifest_records_what_judges_a_difference():
+    bundle = attnviz.load("reverse", device="cpu")
+    manifest = attnviz.attention(bundle, "a b c").manifest
+    assert manifest["format_version"] == FORMAT_VERSION
+    assert {"python", "attnviz", "torch", "numpy", "sentencepiece", "cuda"} <= set(manifest["versions"])
+    run = manifest["run"]
+    assert run["device"] == "cpu" and run["dtype"] == "float32" and run["attention_kernel"] == "explicit"
+    assert run["cpu_capability"] == torch.backends.cpu.get_cpu_capability()
+    assert run["threads"] == torch.get_num_threads() and run["device_name"]
+    assert run["float32_matmul_precision"] == torch.get_float32_matmul_precision()
+    with use_onednn(False):
+        assert attnviz.attention(bundle, "a b c").manifest["run"]["onednn"] is False
+    with use_onednn(True):
+        from attnviz.linear import onednn_supported
+
+        assert attnviz.attention(bundle, "a b c").manifest["run"]["onednn"] is onednn_supported()

@@ -1,0 +1,250 @@
+"""The pytest plugin, run the way a user's project runs it: a throwaway test project under pytester,
+with the plugin loaded from its pytest11 entry point (no -p, no conftest)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from importlib.metadata import entry_points
+
+import pandas as pd
+import pytest
+
+from attnviz.export import load_export
+
+pytest_plugins = ["pytester"]
+
+# pytester drops, when its fixture ends, every module imported since it began; pandas' Parquet
+# engine registers types with pyarrow on import and refuses to do it twice. Importing it here, at
+# collection, keeps it out of that count, whatever order the tests of this suite run in.
+pd.io.parquet.get_engine("auto")
+
+# A user's test file: random post-softmax maps, one head perturbed on request (TOY_PERTURB).
+USER_TEST = """
+import os
+
+import numpy as np
+
+from attnviz.export import AXES, AttentionExport
+
+SRC = ("▁the", "▁cat", "▁sat", "▁down", "</s>")
+TGT = ("<s>", "▁die", "▁Katze", "▁saß")
+
+
+def softmax(x):
+    e = np.exp(x - x.max(-1, keepdims=True))
+    return (e / e.sum(-1, keepdims=True)).astype(np.float32)
+
+
+def toy():
+    rng = np.random.default_rng(0)
+    S, T = len(SRC), len(TGT)
+    future = np.triu(np.ones((T, T), bool), 1)
+    cross = softmax(rng.normal(size=(2, 3, T, S)))
+    if os.environ.get("TOY_PERTURB") == "head":  # layer 2, head 3, query 1: two keys swapped
+        cross[1, 2, 1, [0, 3]] = cross[1, 2, 1, [3, 0]]
+    if os.environ.get("TOY_PERTURB") == "tiny":
+        cross = cross + np.float32(1e-6)
+    return AttentionExport(
+        encoder=softmax(rng.normal(size=(2, 3, S, S))),
+        decoder=softmax(np.where(future, -np.inf, rng.normal(size=(2, 3, T, T)))),
+        cross=cross,
+        src_ids=np.arange(10, 10 + S),
+        tgt_ids=np.arange(20, 20 + T),
+        src_tokens=SRC,
+        tgt_tokens=TGT,
+        manifest={"model": "toy", "src": "the cat sat down", "tgt": "die Katze saß", "axes": AXES},
+    )
+
+
+def test_maps(attention_snapshot):
+    attention_snapshot(toy())
+"""
+
+GOLDEN = "__snapshots__/test_user_maps/test_maps.npz"
+
+
+@pytest.fixture
+def project(pytester, monkeypatch):
+    monkeypatch.delenv("CI", raising=False)
+    monkeypatch.delenv("TOY_PERTURB", raising=False)
+    pytester.makepyfile(test_user_maps=USER_TEST)
+    return pytester
+
+
+def test_the_plugin_is_registered_and_its_import_loads_nothing_heavy():
+    (plugin,) = [e for e in entry_points(group="pytest11") if e.name == "attnviz"]
+    assert plugin.value == "attnviz.testing.plugin"
+    code = "import sys, attnviz.testing.plugin; print(sorted({'torch', 'numpy', 'pandas'} & set(sys.modules)))"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=120)
+    assert out.stdout.strip() == "[]"
+
+
+def test_a_missing_golden_file_fails_naming_the_flag_and_writes_nothing(project):
+    result = project.runpytest()
+    result.assert_outcomes(failed=1)
+    result.stdout.fnmatch_lines([f"*no golden file {GOLDEN} for this snapshot: run pytest with --attnviz-update*"])
+    assert not (project.path / GOLDEN).exists()
+
+
+def test_the_flag_writes_the_golden_file_and_later_runs_pass(project):
+    result = project.runpytest("--attnviz-update")
+    result.assert_outcomes(passed=1)
+    result.stdout.fnmatch_lines(["*attnviz snapshots*", f"wrote {GOLDEN}", "*review them and commit them*"])
+    golden = load_export(project.path / GOLDEN)
+    assert golden.cross.shape == (2, 3, 4, 5) and golden.src_tokens[1] == "▁cat"
+    project.runpytest().assert_outcomes(passed=1)
+
+
+def test_a_perturbed_head_fails_with_the_readable_report(project, monkeypatch):
+    project.runpytest("--attnviz-update").assert_outcomes(passed=1)
+    before = (project.path / GOLDEN).read_bytes()
+    monkeypatch.setenv("TOY_PERTURB", "head")
+    result = project.runpytest()
+    result.assert_outcomes(failed=1)
+    result.stdout.fnmatch_lines(
+        [
+            "*attention snapshot differs from its golden file",
+            f"A: {GOLDEN} (golden)",
+            "B: this run",
+            "tolerance: |A - B| <= 1e-05 + 0 * |B| per cell",
+            "DIFFERENT: 1 finding",
+            "- cross: 2 of 120 cells differ (1.7%) in 1 of 6 heads; largest |A - B| *",
+            '    layer 2, head 3: 2 of 20 cells; worst at query 1 "▁die", key ? "*": A *, B *, |A - B| *',
+            "equal within the tolerance:",
+            "  encoder: 150 cells, largest |A - B| 0.0e+00",
+            "*rerun with --attnviz-update and review the golden file's diff",
+        ]
+    )
+    out = result.stdout.str()
+    assert "Traceback" not in out and "def test_maps" not in out  # the report, not a stack of frames
+    assert (project.path / GOLDEN).read_bytes() == before
+
+
+def test_the_flag_rewrites_a_golden_file_that_differs(project, monkeypatch):
+    project.runpytest("--attnviz-update").assert_outcomes(passed=1)
+    monkeypatch.setenv("TOY_PERTURB", "head")
+    result = project.runpytest("--attnviz-update")
+    result.assert_outcomes(passed=1)
+    result.stdout.fnmatch_lines([f"updated {GOLDEN}"])
+    project.runpytest().assert_outcomes(passed=1)
+    monkeypatch.delenv("TOY_PERTURB")
+    project.runpytest().assert_outcomes(failed=1)
+
+
+def test_equal_within_the_tolerance_passes_and_the_ini_tolerance_applies(project, monkeypatch):
+    project.runpytest("--attnviz-update").assert_outcomes(passed=1)
+    monkeypatch.setenv("TOY_PERTURB", "tiny")
+    project.runpytest().assert_outcomes(passed=1)
+    project.makeini("[pytest]\nattnviz_atol = 1e-7\n")
+    result = project.runpytest()
+    result.assert_outcomes(failed=1)
+    result.stdout.fnmatch_lines(["tolerance: |A - B| <= 1e-07 + 0 * |B| per cell", "- cross: 120 of 120 cells differ*"])
+
+
+def test_under_ci_golden_files_are_never_written(project, monkeypatch):
+    monkeypatch.setenv("CI", "true")
+    result = project.runpytest("--attnviz-update")
+    result.assert_outcomes(failed=1)
+    result.stdout.fnmatch_lines([f"*refusing to write the golden file {GOLDEN} (--attnviz-update) because CI is set*"])
+    assert not (project.path / GOLDEN).exists()
+
+    monkeypatch.delenv("CI")
+    project.runpytest("--attnviz-update").assert_outcomes(passed=1)
+    before = (project.path / GOLDEN).read_bytes()
+    monkeypatch.setenv("CI", "1")
+    monkeypatch.setenv("TOY_PERTURB", "head")
+    result = project.runpytest("--attnviz-update")
+    result.assert_outcomes(failed=1)
+    result.stdout.fnmatch_lines(["*because CI is set*", "- cross: 2 of 120 cells differ*"])
+    assert (project.path / GOLDEN).read_bytes() == before
+
+
+def test_names_of_several_snapshots_and_parametrized_tests(project):
+    project.makepyfile(
+        test_user_names="""
+        import pytest
+        from test_user_maps import toy
+
+        @pytest.mark.parametrize("case", ["a", "b"])
+        def test_p(attention_snapshot, case):
+            attention_snapshot(toy())
+            attention_snapshot(toy())
+            attention_snapshot(toy(), name="cross")
+
+        class TestGroup:
+            def test_m(self, attention_snapshot):
+                attention_snapshot(toy())
+        """
+    )
+    project.runpytest("test_user_names.py", "--attnviz-update").assert_outcomes(passed=3)
+    written = sorted(p.name for p in (project.path / "__snapshots__" / "test_user_names").iterdir())
+    assert written == [
+        "TestGroup.test_m.npz",
+        "test_p[a]-2.npz",
+        "test_p[a]-cross.npz",
+        "test_p[a].npz",
+        "test_p[b]-2.npz",
+        "test_p[b]-cross.npz",
+        "test_p[b].npz",
+    ]
+
+
+def test_a_snapshot_of_a_shipped_model_and_of_an_atlas_folder(project, monkeypatch):
+    project.makepyfile(
+        test_user_model="""
+        import attnviz
+
+        def test_reverse(attention_snapshot):
+            bundle = attnviz.load("reverse", device="cpu")
+            attention_snapshot(attnviz.attention(bundle, "a b c d"))
+        """,
+        test_user_atlas="""
+        import os
+        from pathlib import Path
+
+        import pandas as pd
+
+        def test_atlas(attention_snapshot, tmp_path):
+            heads = pd.DataFrame({"kind": ["cross"] * 2, "layer": [1, 1], "head": [1, 2], "entropy": [0.5, 1.0]})
+            heads.loc[1, "entropy"] += float(os.environ.get("TOY_SHIFT", "0"))
+            heads.to_parquet(tmp_path / "heads.parquet")
+            attention_snapshot(tmp_path)
+        """,
+    )
+    project.runpytest("test_user_model.py", "test_user_atlas.py", "--attnviz-update").assert_outcomes(passed=2)
+    assert (project.path / "__snapshots__/test_user_atlas/test_atlas/heads.parquet").is_file()
+    assert load_export(project.path / "__snapshots__/test_user_model/test_reverse.npz").src_tokens[:2] == ("▁a", "▁b")
+    project.runpytest("test_user_model.py", "test_user_atlas.py").assert_outcomes(passed=2)
+    monkeypatch.setenv("TOY_SHIFT", "0.25")
+    result = project.runpytest("test_user_atlas.py")
+    result.assert_outcomes(failed=1)
+    result.stdout.fnmatch_lines(
+        [
+            "A: __snapshots__/test_user_atlas/test_atlas (golden)",
+            "- heads.parquet entropy: 1 of 2 rows differ; largest |A - B| 2.50e-01",
+            "    cross layer 1 head 2: A 1, B 1.25, |A - B| 2.50e-01",
+        ]
+    )
+
+
+def test_an_unreadable_export_from_the_test_is_not_blamed_on_the_golden_file(project):
+    project.makepyfile(
+        test_user_file="""
+        def test_file(attention_snapshot, tmp_path):
+            (tmp_path / "maps.npz").write_bytes(b"PK broken")
+            attention_snapshot(tmp_path / "maps.npz")
+        """
+    )
+    result = project.runpytest("test_user_file.py", "--attnviz-update")
+    result.assert_outcomes(failed=1)
+    result.stdout.fnmatch_lines(
+        ["*the export this test made cannot be read: *maps.npz is not a readable attnviz export*"]
+    )
+    assert not (project.path / "__snapshots__").exists()
+
+
+def test_the_plugin_can_be_switched_off(project):
+    result = project.runpytest("-p", "no:attnviz")
+    result.assert_outcomes(errors=1)
+    result.stdout.fnmatch_lines(["*fixture 'attention_snapshot' not found*"])
