@@ -9,6 +9,7 @@ from attnviz.app import (
     clamp_state,
     footer,
     keep_in_range,
+    lazy_tabs,
     load_bundle,
     number_table,
     shared,
@@ -301,17 +302,15 @@ def learning_rate_tab() -> None:
     st.caption(f"{where} The paper's base model used d_model = 512 and warmup_steps = 4000.")
 
 
-TABS = {
-    "Worked example": worked_example_tab,
-    "Why √d_k": scaling_tab,
-    "Masks": masks_tab,
-    "Multi-head": multihead_tab,
-    "Permutation": permutation_tab,
-    "Learning rate": learning_rate_tab,
-}
-# Bound to the URL, the tabs are lazy: only the open one runs (and a link can open any of them).
-for tab, draw in zip(bound(st.tabs, list(TABS), key="mech_tab"), TABS.values(), strict=True):
-    if tab.open:
-        with tab:
-            draw()
+lazy_tabs(
+    "mech_tab",
+    {
+        "Worked example": worked_example_tab,
+        "Why √d_k": scaling_tab,
+        "Masks": masks_tab,
+        "Multi-head": multihead_tab,
+        "Permutation": permutation_tab,
+        "Learning rate": learning_rate_tab,
+    },
+)
 footer()

@@ -8,6 +8,7 @@ from attnviz.app import (
     clamp_state,
     footer,
     keep_in_range,
+    lazy_tabs,
     load_bundle,
     number_table,
     shared,
@@ -209,15 +210,13 @@ def complexity_tab() -> None:
     c[0].dataframe(df.round(3), hide_index=True)
 
 
-TABS = {
-    "Mask patterns": patterns_tab,
-    "Pattern on the model": model_tab,
-    "Synthesizer": synthesizer_tab,
-    "Complexity (section 4)": complexity_tab,
-}
-# Bound to the URL, the tabs are lazy: only the open one runs (and a link can open any of them).
-for tab, draw in zip(bound(st.tabs, list(TABS), key="var_tab"), TABS.values(), strict=True):
-    if tab.open:
-        with tab:
-            draw()
+lazy_tabs(
+    "var_tab",
+    {
+        "Mask patterns": patterns_tab,
+        "Pattern on the model": model_tab,
+        "Synthesizer": synthesizer_tab,
+        "Complexity (section 4)": complexity_tab,
+    },
+)
 footer()

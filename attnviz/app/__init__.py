@@ -7,7 +7,7 @@ of pages (:mod:`~attnviz.app.registry`).
 
 from attnviz.app import links, registry
 from attnviz.app.cache import load_bundle, run_attention, run_decoding, run_forward_pass, run_scores, shared
-from attnviz.app.links import bound, footer
+from attnviz.app.links import bound, footer, lazy_tabs
 from attnviz.app.registry import Page
 from attnviz.app.session import CUSTOM_PATH, Choices, keep_state, sidebar
 from attnviz.app.widgets import (
@@ -30,6 +30,7 @@ __all__ = [
     "footer",
     "keep_in_range",
     "keep_state",
+    "lazy_tabs",
     "links",
     "number_table",
     "load_bundle",

@@ -10,7 +10,7 @@ address bar is the link to share.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 
 import streamlit as st
 
@@ -32,6 +32,17 @@ def bound(widget: Callable, label: str, *args, key: str, format_func: Callable |
     if format_func is not None:
         kwargs["format_func"] = format_func
     return widget(label, *args, key=key, bind="query-params", **kwargs)
+
+
+def lazy_tabs(key: str, tabs: Mapping[str, Callable[[], None]]) -> None:
+    """Tabs bound to the URL parameter ``key``: a link can open any of them, and only the open one runs.
+
+    (Streamlit runs every tab of plain ``st.tabs``; bound to state, a tab knows whether it is open.)
+    """
+    for tab, draw in zip(bound(st.tabs, list(tabs), key=key), tabs.values(), strict=True):
+        if tab.open:
+            with tab:
+                draw()
 
 
 def _as_url(value, shown: Callable) -> set[str]:
