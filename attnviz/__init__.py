@@ -2,8 +2,13 @@
 
 from attnviz.api import (
     DEFAULT_MODEL,
+    METHODS,
+    Ablation,
     AttentionExport,
+    HeadImportance,
     attention,
+    attribute,
+    head_importance,
     list_models,
     load,
     load_export,
@@ -19,6 +24,8 @@ __version__ = package_version("attnviz")
 
 __all__ = [
     "DEFAULT_MODEL",
+    "METHODS",
+    "Ablation",
     "Attention",
     "AttentionExport",
     "AttnvizError",
@@ -26,11 +33,14 @@ __all__ = [
     "CheckpointError",
     "ConfigError",
     "DeviceError",
+    "HeadImportance",
     "InputError",
     "Transformer",
     "TransformerConfig",
     "__version__",
     "attention",
+    "attribute",
+    "head_importance",
     "list_models",
     "load",
     "load_export",

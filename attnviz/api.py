@@ -6,6 +6,8 @@
 'einundzwanzig'
 >>> maps = attnviz.attention(bundle, "twenty-one")       # the same data as `attnviz attention`
 >>> maps.cross.shape                                     # (layers, heads, target, source)
+>>> attnviz.attribute(bundle, "twenty-one", method="value-zeroing").cross.shape   # (layers, target, source)
+>>> attnviz.translate(bundle, "twenty-one", ablate="cross:3.2")   # that head switched off
 """
 
 from __future__ import annotations
@@ -23,17 +25,27 @@ from attnviz.decoding import step_through as _step_through
 from attnviz.errors import InputError
 from attnviz.export import AXES, AttentionExport, ForwardPass, load_export, package_version
 from attnviz.hooks import Recorder, act_name, attention_site
-from attnviz.kinds import KINDS
+from attnviz.kinds import KINDS, axis_names
+from attnviz.methods import METHODS
+from attnviz.methods.ablation import MODES, Ablation, ablation_scope
+from attnviz.methods.importance import HeadImportance
+from attnviz.methods.importance import head_importance as _head_importance
+from attnviz.tokenizer import pad_batch
 
 MAX_OUTPUT_TOKENS = 256
 
 __all__ = [
     "DEFAULT_MODEL",
+    "METHODS",
     "MINILM",
+    "Ablation",
     "AttentionExport",
     "ForwardPass",
+    "HeadImportance",
     "attention",
     "attention_scores",
+    "attribute",
+    "head_importance",
     "list_models",
     "load",
     "load_export",
@@ -59,29 +71,68 @@ def _max_output(bundle: Bundle, src_len: int) -> int:
     return min(MAX_OUTPUT_TOKENS, 2 * src_len + 16, bundle.config.max_len - 1)
 
 
-def translate(bundle: Bundle, text: str, beam: int = 1) -> str:
-    """The model's output for ``text``: greedy with ``beam`` 1, else beam search."""
+def _ablated(bundle: Bundle, ablation: Ablation, src_ids: torch.Tensor, tgt: str | None):
+    """A ``with`` block running ``bundle``'s model with ``ablation`` (nothing, when it is empty).
+
+    Mean ablation of decoder-side heads averages over the decoder input: ``tgt``, or without it the
+    intact model's greedy output (taken before the block starts, so the means are the intact model's).
+    """
+    tgt_tensor = None
+    if ablation.needs_target():
+        if tgt is not None:
+            ids = bundle.tokenizer.encode_target(tgt)[0].ids
+        else:
+            out = greedy_decode(bundle.model, src_ids, max_len=_max_output(bundle, src_ids.shape[1]))[0]
+            ids = (bundle.tokenizer.bos_id, *out)
+        tgt_tensor = torch.tensor([ids], device=bundle.device)
+    return ablation_scope(bundle.model, ablation, src_ids, tgt_tensor)
+
+
+def _ablation(bundle: Bundle, ablate: str | Ablation | None) -> Ablation:
+    """What ``ablate`` names (text like ``cross:1.2,encoder:3.1``, or an Ablation), checked against the model."""
+    return Ablation.of(ablate).check(bundle.config)
+
+
+def translate(bundle: Bundle, text: str, beam: int = 1, ablate: str | Ablation | None = None) -> str:
+    """The model's output for ``text``: greedy with ``beam`` 1, else beam search.
+
+    ``ablate`` switches heads off while decoding: text such as ``"cross:1.2,encoder:3.1"`` (kind,
+    layer and head from 1; their outputs zeroed) or an :class:`~attnviz.methods.ablation.Ablation`
+    (which may replace them by their means instead). The model itself is not modified.
+    """
     src, _ = _source_tensor(bundle, text)
-    if beam == 1:
-        ids = greedy_decode(bundle.model, src, max_len=_max_output(bundle, src.shape[1]))[0]
-    else:
-        ids = _step_through(bundle.model, src, beam_size=beam, max_len=_max_output(bundle, src.shape[1])).ids
+    ablation = _ablation(bundle, ablate)
+    with _ablated(bundle, ablation, src, None):
+        if beam == 1:
+            ids = greedy_decode(bundle.model, src, max_len=_max_output(bundle, src.shape[1]))[0]
+        else:
+            ids = _step_through(bundle.model, src, beam_size=beam, max_len=_max_output(bundle, src.shape[1])).ids
     return bundle.tokenizer.decode(ids)
 
 
-def step_through(bundle: Bundle, text: str, beam: int = 1, top_k: int = 5, target: str | None = None) -> Decoding:
+def step_through(
+    bundle: Bundle,
+    text: str,
+    beam: int = 1,
+    top_k: int = 5,
+    target: str | None = None,
+    ablate: str | Ablation | None = None,
+) -> Decoding:
     """Decode ``text`` step by step (greedy, beam search, or teacher-forced on ``target``).
 
     Every :class:`~attnviz.decoding.DecodeStep` holds the chosen token, the top-k candidates, and
     that step's decoder self-attention and cross-attention rows for every layer and head.
+    ``ablate``: heads switched off, as in :func:`translate`.
     """
     src, _ = _source_tensor(bundle, text)
+    ablation = _ablation(bundle, ablate)
     forced = None
     if target is not None:
         forced = list(bundle.tokenizer.encode_target(target)[1].ids)
-    return _step_through(
-        bundle.model, src, beam_size=beam, top_k=top_k, max_len=_max_output(bundle, src.shape[1]), forced=forced
-    )
+    with _ablated(bundle, ablation, src, target):
+        return _step_through(
+            bundle.model, src, beam_size=beam, top_k=top_k, max_len=_max_output(bundle, src.shape[1]), forced=forced
+        )
 
 
 def _decoder_input(bundle: Bundle, src_ids: torch.Tensor, tgt: str | None) -> tuple[tuple[int, ...], tuple[str, ...]]:
@@ -124,19 +175,9 @@ def attention_scores(bundle: Bundle, src: str, tgt: str | None = None) -> dict[s
     }
 
 
-@torch.no_grad()
-def attention(bundle: Bundle, src: str, tgt: str | None = None) -> AttentionExport:
-    """Every attention map for ``src``, with ``tgt`` (or, without it, the model's greedy output)
-    as the decoder input."""
-    src_ids, src_tokens, tgt_ids, tgt_tokens, tgt_tensor = _inputs(bundle, src, tgt)
-    result = bundle.model(src_ids, tgt_tensor, return_attention=True, return_logits=False).attention
-
-    def stack(kind: str) -> np.ndarray | None:
-        if not getattr(result, kind):  # an encoder-only model has no decoder or cross maps
-            return None
-        return result.stacked(kind)[:, 0].float().cpu().numpy()  # (L, B=1, H, Q, K) -> (L, H, Q, K)
-
-    manifest = {
+def _manifest(bundle: Bundle, src: str, tgt: str | None, tgt_ids) -> dict:
+    """What every export records: the model, its inputs, the axes and the library versions."""
+    return {
         "model": bundle.name,
         "checkpoint_sha256": bundle.sha256,
         "config": bundle.config.to_dict(),
@@ -158,6 +199,31 @@ def attention(bundle: Bundle, src: str, tgt: str | None = None) -> AttentionExpo
             "sentencepiece": sentencepiece.__version__,
         },
     }
+
+
+@torch.no_grad()
+def attention(
+    bundle: Bundle, src: str, tgt: str | None = None, ablate: str | Ablation | None = None
+) -> AttentionExport:
+    """Every attention map for ``src``, with ``tgt`` (or, without it, the model's greedy output)
+    as the decoder input.
+
+    ``ablate``: heads switched off, as in :func:`translate`; without ``tgt`` the decoder input is
+    then the ablated model's own greedy output, and the manifest names the ablation.
+    """
+    ablation = _ablation(bundle, ablate)
+    with _ablated(bundle, ablation, _source_tensor(bundle, src)[0], tgt):
+        src_ids, src_tokens, tgt_ids, tgt_tokens, tgt_tensor = _inputs(bundle, src, tgt)
+        result = bundle.model(src_ids, tgt_tensor, return_attention=True, return_logits=False).attention
+
+    def stack(kind: str) -> np.ndarray | None:
+        if not getattr(result, kind):  # an encoder-only model has no decoder or cross maps
+            return None
+        return result.stacked(kind)[:, 0].float().cpu().numpy()  # (L, B=1, H, Q, K) -> (L, H, Q, K)
+
+    manifest = _manifest(bundle, src, tgt, tgt_ids)
+    if ablation:
+        manifest["ablation"] = {"heads": str(ablation), "mode": ablation.mode, "meaning": MODES[ablation.mode]}
     return AttentionExport(
         encoder=stack("encoder"),
         decoder=stack("decoder"),
@@ -168,6 +234,81 @@ def attention(bundle: Bundle, src: str, tgt: str | None = None) -> AttentionExpo
         tgt_tokens=None if tgt_tokens is None else tuple(tgt_tokens),
         manifest=manifest,
     )
+
+
+def attribute(
+    bundle: Bundle, src: str, tgt: str | None = None, method: str = "norm", position: int | None = None
+) -> AttentionExport:
+    """A contribution method's numbers for ``src`` and ``tgt`` (or the greedy output), as an export.
+
+    ``method`` is a key of :data:`attnviz.methods.METHODS`: ``norm`` (per head, (L, H, Q, K)),
+    ``value-zeroing``, ``rollout`` or ``grad-attention`` (per layer, (L, Q, K)), under ``encoder``,
+    ``decoder`` and ``cross`` as the maps are. ``position`` (grad-attention only) is the decoder
+    position, from 0, whose predicted token is explained (default: the last); the propagated
+    relevance is in ``extras`` (``source_relevance`` (S,), ``target_relevance`` (T,)). The manifest
+    names the method, its paper and its normalisation.
+    """
+    spec = METHODS.get(method)
+    if spec is None:
+        raise InputError(f"unknown method {method!r}; choose one of {', '.join(METHODS)}")
+    if position is not None and not spec.uses_position:
+        raise InputError(f"a position applies to {', '.join(m for m in METHODS if METHODS[m].uses_position)} only")
+    src_ids, src_tokens, tgt_ids, tgt_tokens, tgt_tensor = _inputs(bundle, src, tgt)
+    if spec.needs_decoder and tgt_tensor is None:
+        raise InputError(f"{spec.title} explains a prediction of the decoder: this model is encoder-only")
+    result = spec.function(bundle.model, src_ids, tgt_tensor, position=position)
+    manifest = _manifest(bundle, src, tgt, tgt_ids)
+    lead = ["layer", "head"] if spec.per_head else ["layer"]
+    manifest.update(
+        method=spec.name,
+        method_title=spec.title,
+        paper=spec.paper,
+        normalisation=spec.normalisation,
+        axes={kind: [*lead, *axis_names(kind)] for kind in result.maps},
+        note="rows are queries, columns are keys; " + ("per head" if spec.per_head else "per layer"),
+        extras=dict(spec.extras),
+    )
+    if "predicted_token_id" in result.notes:
+        manifest["position"] = result.notes["position"]
+        manifest["predicted_token_id"] = result.notes["predicted_token_id"]
+        manifest["predicted_token"] = bundle.tokenizer.target_token(result.notes["predicted_token_id"])
+    return AttentionExport(
+        encoder=result.maps["encoder"],
+        decoder=result.maps.get("decoder"),
+        cross=result.maps.get("cross"),
+        src_ids=np.array(src_ids[0].tolist(), dtype=np.int64),
+        tgt_ids=None if tgt_ids is None else np.array(tgt_ids, dtype=np.int64),
+        src_tokens=tuple(src_tokens),
+        tgt_tokens=None if tgt_tokens is None else tuple(tgt_tokens),
+        manifest=manifest,
+        extras=result.extras,
+    )
+
+
+@torch.no_grad()
+def head_importance(
+    bundle: Bundle, sentences: list[str] | None = None, references: list[str] | None = None
+) -> HeadImportance:
+    """How much each head matters: the drop in log-probability per target token when it alone is zeroed.
+
+    Over ``sentences`` (default: the model's example sentences), with ``references`` (one per
+    sentence) as the outputs whose log-probability is measured, or without them the intact model's
+    own greedy outputs. See :mod:`attnviz.methods.importance`.
+    """
+    tok = bundle.tokenizer
+    sentences = list(bundle.info.get("examples") or []) if sentences is None else list(sentences)
+    if not sentences:
+        raise InputError("no sentences: this model has no examples, so give the sentences to measure over")
+    if references is not None and len(references) != len(sentences):
+        raise InputError(f"got {len(references)} references for {len(sentences)} sentences: give one per sentence")
+    sources = [tok.encode_source(s).ids for s in sentences]
+    if references is not None:
+        outputs = [tok.encode_target(r)[1].ids for r in references]
+    else:
+        src, src_valid = pad_batch(sources, tok.pad_id, bundle.device)
+        greedy = greedy_decode(bundle.model, src, src_valid, max_len=_max_output(bundle, src.shape[1]))
+        outputs = [(*ids, tok.eos_id) for ids in greedy]
+    return _head_importance(bundle.model, list(zip(sources, outputs, strict=True)))
 
 
 @torch.no_grad()
