@@ -12,9 +12,11 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
+import pandas as pd
 import sentencepiece
 import torch
 
@@ -27,7 +29,7 @@ from attnviz.export import AXES, AttentionExport, ForwardPass, load_export, pack
 from attnviz.hooks import Recorder, act_name, attention_site
 from attnviz.kinds import KINDS, axis_names
 from attnviz.methods import METHODS
-from attnviz.methods.ablation import MODES, Ablation, ablation_scope
+from attnviz.methods.ablation import MODES, Ablation, ablation_scope, step_comparison
 from attnviz.methods.importance import HeadImportance
 from attnviz.methods.importance import head_importance as _head_importance
 from attnviz.tokenizer import pad_batch
@@ -39,12 +41,14 @@ __all__ = [
     "METHODS",
     "MINILM",
     "Ablation",
+    "AblationComparison",
     "AttentionExport",
     "ForwardPass",
     "HeadImportance",
     "attention",
     "attention_scores",
     "attribute",
+    "compare_ablation",
     "head_importance",
     "list_models",
     "load",
@@ -213,8 +217,14 @@ def attention(
     """
     ablation = _ablation(bundle, ablate)
     with _ablated(bundle, ablation, _source_tensor(bundle, src)[0], tgt):
-        src_ids, src_tokens, tgt_ids, tgt_tokens, tgt_tensor = _inputs(bundle, src, tgt)
-        result = bundle.model(src_ids, tgt_tensor, return_attention=True, return_logits=False).attention
+        inputs = _inputs(bundle, src, tgt)
+        return _maps(bundle, src, tgt, inputs, ablation)
+
+
+def _maps(bundle: Bundle, src: str, tgt: str | None, inputs: tuple, ablation: Ablation) -> AttentionExport:
+    """The export of one forward pass on ``inputs`` (as :func:`_inputs` gives them), run in the caller's scope."""
+    src_ids, src_tokens, tgt_ids, tgt_tokens, tgt_tensor = inputs
+    result = bundle.model(src_ids, tgt_tensor, return_attention=True, return_logits=False).attention
 
     def stack(kind: str) -> np.ndarray | None:
         if not getattr(result, kind):  # an encoder-only model has no decoder or cross maps
@@ -234,6 +244,49 @@ def attention(
         tgt_tokens=None if tgt_tokens is None else tuple(tgt_tokens),
         manifest=manifest,
     )
+
+
+@dataclass(frozen=True)
+class AblationComparison:
+    """The intact and the ablated model on one sentence, side by side.
+
+    ``intact`` and ``ablated`` hold the maps for the same decoder input (``tgt``, or the intact
+    model's output), so that their rows line up; ``steps`` reads that same input step by step
+    (:func:`~attnviz.methods.ablation.step_comparison`: each token's probability under both models and
+    each model's top candidates). ``intact_output`` and ``ablated_output`` are the greedy translations.
+    For an encoder-only model only the maps are there (the outputs and steps are None).
+    """
+
+    ablation: Ablation
+    intact: AttentionExport
+    ablated: AttentionExport
+    intact_output: str | None
+    ablated_output: str | None
+    steps: pd.DataFrame | None
+
+
+@torch.no_grad()
+def compare_ablation(
+    bundle: Bundle, src: str, ablate: str | Ablation, tgt: str | None = None, top_k: int = 3
+) -> AblationComparison:
+    """What switching heads off changes for ``src``: translations, step probabilities and maps, side by side."""
+    ablation = _ablation(bundle, ablate)
+    src_ids, _ = _source_tensor(bundle, src)
+    inputs = _inputs(bundle, src, tgt)
+    intact = _maps(bundle, src, tgt, inputs, Ablation())
+    if bundle.config.encoder_only:
+        with _ablated(bundle, ablation, src_ids, None):
+            return AblationComparison(ablation, intact, _maps(bundle, src, None, inputs, ablation), None, None, None)
+    tok, max_len = bundle.tokenizer, _max_output(bundle, src_ids.shape[1])
+    forced = [*inputs[2][1:], tok.eos_id]  # the decoder input, shifted: the token each step reads next
+    intact_steps = _step_through(bundle.model, src_ids, top_k=top_k, forced=forced)
+    intact_output = tok.decode(greedy_decode(bundle.model, src_ids, max_len=max_len)[0])
+    with _ablated(bundle, ablation, src_ids, tgt):
+        ablated = _maps(bundle, src, tgt, inputs, ablation)
+        ablated_steps = _step_through(bundle.model, src_ids, top_k=top_k, forced=forced)
+        ablated_output = tok.decode(greedy_decode(bundle.model, src_ids, max_len=max_len)[0])
+    steps = step_comparison(intact_steps, ablated_steps, tok.target_token)
+    return AblationComparison(ablation, intact, ablated, intact_output, ablated_output, steps)
 
 
 def attribute(

@@ -6,10 +6,26 @@ of pages (:mod:`~attnviz.app.registry`).
 """
 
 from attnviz.app import registry
-from attnviz.app.cache import load_bundle, run_attention, run_decoding, run_forward_pass, run_scores
+from attnviz.app.cache import (
+    load_bundle,
+    run_ablation,
+    run_attention,
+    run_attribution,
+    run_decoding,
+    run_forward_pass,
+    run_importance,
+    run_scores,
+)
 from attnviz.app.registry import Page
 from attnviz.app.session import CUSTOM_PATH, Choices, keep_state, sidebar
-from attnviz.app.widgets import clamp_state, download_buttons, keep_in_range, show_error, sinusoid_inputs
+from attnviz.app.widgets import (
+    clamp_state,
+    download_buttons,
+    keep_in_range,
+    sentence_pairs,
+    show_error,
+    sinusoid_inputs,
+)
 
 __all__ = [
     "CUSTOM_PATH",
@@ -21,10 +37,14 @@ __all__ = [
     "keep_state",
     "load_bundle",
     "registry",
+    "run_ablation",
     "run_attention",
+    "run_attribution",
     "run_decoding",
+    "run_importance",
     "run_scores",
     "run_forward_pass",
+    "sentence_pairs",
     "show_error",
     "sidebar",
     "sinusoid_inputs",

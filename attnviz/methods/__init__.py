@@ -31,6 +31,8 @@ class Method:
     paper: str  # the citation, with an arXiv number
     normalisation: str  # what the numbers are and how (if at all) rows are scaled
     per_head: bool  # arrays (L, H, Q, K) when True, else (L, Q, K)
+    value_name: str  # what one number is, for colour bars and CSV columns
+    shares: bool  # each number lies in 0..1 (so a colour scale can end at 1)
     explanation: str  # the formula and its caveats in two or three sentences, for the page
     needs_decoder: bool = False  # it explains a prediction, which an encoder-only model does not make
     uses_position: bool = False  # it explains the prediction at one decoder position
@@ -47,6 +49,8 @@ METHODS: dict[str, Method] = {
         normalisation="none: ||a_ij f_h(x_j)||_2 in the units of the model's hidden states, with "
         "f_h(x) = (x W_V^h + b_V^h) W_O^h; b_O left out; rows do not sum to 1",
         per_head=True,
+        value_name="norm",
+        shares=False,
         explanation=(
             "Each cell is ‖a_ij · f_h(x_j)‖: the weight times the length of what key j's value vector becomes "
             "after W_V and head h's part of W_O, so a large weight on a vector the head shrinks to nothing "
@@ -63,6 +67,8 @@ METHODS: dict[str, Method] = {
         normalisation="1 - cos(y_i, y_i without token j's values) per layer, each row divided by its sum "
         "(rows sum to 1, or 0 when nothing changes); keys a query cannot see are exactly 0",
         per_head=False,
+        value_name="share",
+        shares=True,
         explanation=(
             "Token j's value vectors are set to zero in every head of the layer, the whole layer (attention, "
             "residuals, LayerNorms, feed-forward) is recomputed, and cell (i, j) is how far the output at "
@@ -82,6 +88,8 @@ METHODS: dict[str, Method] = {
         normalisation="shares of the input tokens after each layer: encoder rows sum to 1; for the decoder, "
         "cross (source tokens) and decoder (target tokens) of the same row sum to 1 together",
         per_head=False,
+        value_name="share",
+        shares=True,
         explanation=(
             "Heads are averaged, the residual connection counts as 0.5·I, and layers are multiplied, so each "
             "row estimates how much of a position after layer l comes from each input token; in the decoder, "
@@ -99,6 +107,8 @@ METHODS: dict[str, Method] = {
         normalisation="mean over heads of max(0, d logit / dA * A) for the logit of the predicted token at "
         "the chosen position, per layer (no scaling); relevance propagated by the paper's rules 6, 7 and 10",
         per_head=False,
+        value_name="relevance",
+        shares=False,
         explanation=(
             "For the logit of the token the model predicts at the chosen position, each map becomes "
             "mean over heads of max(0, ∂logit/∂A ⊙ A): weights that raise that logit, weighted by how much. "
