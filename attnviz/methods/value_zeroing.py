@@ -17,7 +17,8 @@ layer is recomputed by calling the model's own ``EncoderLayer`` / ``DecoderLayer
 received (recorded at its ``input`` point), on a batch where row b zeroes token b through an
 :class:`~attnviz.hooks.Edit` of the ``v`` point, plus one row that zeroes nothing, whose output is
 the intact y: one batched pass per layer and kind, not one per token, and the shared model is never
-modified.
+modified. A decoder layer reads the cross-attention's keys and values of the intact pass from its
+key/value cache, as in decoding: the encoder output is the same in every row.
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ from torch import Tensor
 
 from attnviz.hooks import Edit, Recorder, act_name, attention_site
 from attnviz.kinds import causal_mask
+from attnviz.kvcache import KVCache, LayerCache
 from attnviz.methods.common import Contributions, check_pair, kinds_of, layer_module, n_layers
 from attnviz.model import Transformer, attention_masks
 
@@ -52,30 +54,36 @@ def _zeroing_edit(site: str, tokens: Tensor) -> Edit:
     return Edit({act_name(site, "v"): zero})
 
 
-def _layer_outputs(
-    model: Transformer, kind: str, layer: int, x: Tensor, memory: Tensor | None, masks: dict, tokens: Tensor
-) -> Tensor:
-    """Layer ``layer`` of ``kind`` recomputed from its input ``x`` (1, Q, D), one row per entry of ``tokens``."""
+def _layer_outputs(model: Transformer, kind: str, layer: int, inputs: dict, masks: dict, tokens: Tensor) -> Tensor:
+    """Layer ``layer`` of ``kind`` recomputed from its recorded input, one row per entry of ``tokens``.
+
+    A decoder layer gets the cross-attention's keys and values of the intact pass through its own
+    key/value cache (as in decoding), since the encoder output is the same in every row: they are
+    not projected again per row.
+    """
     rows = tokens.shape[0]
     block = layer_module(model, kind, layer)
+    x = inputs[_layer_input_name(kind, layer)]  # (1, Q, D)
     with _zeroing_edit(attention_site(kind, layer), tokens):
         xs = x.expand(rows, -1, -1).contiguous()  # contiguous: the fast linear kernel refuses stride-0 inputs
         if kind == "encoder":
             return block(xs, masks["encoder"])[0]
-        mem = memory.expand(rows, -1, -1).contiguous()
-        return block(xs, mem, masks["decoder"], masks["cross"])[0]  # (rows, Q, D)
+        cross = attention_site("cross", layer)
+        k, v = (inputs[act_name(cross, part)].expand(rows, -1, -1, -1) for part in ("k", "v"))  # (rows, H, S, Dh)
+        cache = LayerCache(KVCache(grows=True), KVCache(grows=False, k=k, v=v))
+        return block(xs, inputs["memory"], masks["decoder"], masks["cross"], cache=cache)[0]  # (rows, Q, D)
 
 
-def _distances(model, kind, layer, x, memory, masks, n_keys: int) -> Tensor:
+def _distances(model, kind, layer, inputs, masks, n_keys: int) -> Tensor:
     """1 - cos(y_i, y_i^{-j}) for every query i and key j: (Q, K), float64, unnormalised."""
-    Q, D = x.shape[1], x.shape[2]
+    Q, D = inputs[_layer_input_name(kind, layer)].shape[1:]
     chunk = max(1, MAX_ELEMENTS // (Q * max(D, model.cfg.d_ff)) - 1)
     clean = None
     columns = []
     for start in range(0, n_keys, chunk):
-        tokens = torch.arange(start, min(n_keys, start + chunk), device=x.device)
+        tokens = torch.arange(start, min(n_keys, start + chunk), device=inputs["memory"].device)
         tokens = torch.cat([tokens, tokens.new_full((1,), -1)])  # the last row zeroes nothing: the intact y
-        y = _layer_outputs(model, kind, layer, x, memory, masks, tokens).double()  # (rows, Q, D)
+        y = _layer_outputs(model, kind, layer, inputs, masks, tokens).double()  # (rows, Q, D)
         if clean is None:
             clean = y[-1]
         zeroed = y[:-1]  # (rows - 1, Q, D)
@@ -94,18 +102,18 @@ def value_zeroing(
     check_pair(model, src, tgt)
     kinds = kinds_of(model, tgt)
     names = {"memory"} | {_layer_input_name(kind, layer) for kind in kinds for layer in range(n_layers(model, kind))}
+    if tgt is not None:
+        names |= {act_name(attention_site("cross", i), part) for i in range(model.cfg.n_dec_layers) for part in "kv"}
     with Recorder(names) as rec:
         model(src, tgt, return_logits=False)
     T = 0 if tgt is None else tgt.shape[1]
     masks = attention_masks(None, None, tgt_len=T, device=src.device)
-    memory = rec.tensors["memory"]
     maps = {}
     for kind in kinds:
         per_layer = []
         for layer in range(n_layers(model, kind)):
-            x = rec.tensors[_layer_input_name(kind, layer)]  # (1, Q, D)
             n_keys = src.shape[1] if kind != "decoder" else T
-            scores = _distances(model, kind, layer, x, memory, masks, n_keys).clamp_min(0.0)  # rounding can dip below 0
+            scores = _distances(model, kind, layer, rec.tensors, masks, n_keys).clamp_min(0.0)  # rounding dips below 0
             if kind == "decoder":  # a later token's values never reach this query: exactly 0, not rounding noise
                 scores = scores * torch.from_numpy(causal_mask(T)).to(scores.device)
             sums = scores.sum(dim=-1, keepdim=True)
