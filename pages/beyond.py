@@ -33,6 +33,9 @@ st.caption(
 )
 
 MAX_IMPORTANCE_SENTENCES = 50
+# Above this many heads, measuring them all waits for a click: a model of the paper's base size
+# (144 heads) took about 45 s over 20 sentences on a 2-core CPU (benchmarks/bench_methods.py).
+AUTO_IMPORTANCE_HEADS = 64
 MODE_NAMES = {"zero": "zero (switched off)", "mean": "mean over the sentence"}
 
 
@@ -233,6 +236,18 @@ def importance_section(bundle, kinds: list[str]) -> None:
         height=120,
         help=f"Up to {MAX_IMPORTANCE_SENTENCES}. Without references the model's own outputs are scored.",
     )
+    cfg = bundle.config
+    n_heads = (cfg.n_enc_layers + 2 * cfg.n_dec_layers) * cfg.n_heads
+    if st.session_state.get("bw_imp_on_for") != choices.model:  # small models measure at once, large ones on request
+        st.session_state["bw_imp_on"] = n_heads <= AUTO_IMPORTANCE_HEADS
+        st.session_state["bw_imp_on_for"] = choices.model
+    if not st.toggle(
+        f"Measure all {n_heads} heads",
+        key="bw_imp_on",
+        help="Every head is switched off in turn, over every sentence: a few seconds for a small model, "
+        "a minute or more for one of the paper's base size.",
+    ):
+        return
     try:
         sentences, references = sentence_pairs(text, MAX_IMPORTANCE_SENTENCES)
         importance = run_importance(choices.model, choices.device, sentences, references)

@@ -192,3 +192,23 @@ def test_marian_folder(tmp_path):
     at.multiselect(key="bw_ablate").set_value(["cross:2.3"]).run()
     assert_ok(at)
     assert len(importance_charts(at)) == 3
+
+
+def test_a_model_with_many_heads_measures_importance_on_request(tmp_path):
+    """Over 64 heads (here 4 + 2 x 4 layers of 8), the importance grid waits for the toggle."""
+    pytest.importorskip("transformers")
+    from test_marian import make_marian
+
+    folder = tmp_path / "opus-mt-many-heads"
+    make_marian(folder, shared=True, activation="relu", d_model=32, heads=8, enc=4, dec=4)
+    at = open_app("app.py")
+    at.sidebar.selectbox(key="model").set_value(CUSTOM_PATH).run()
+    at.sidebar.text_input(key="model_path").set_value(str(folder)).run()
+    at.sidebar.text_area(key="src").set_value("the cat reads a book").run()
+    at.switch_page(PAGE).run()
+    assert_ok(at)
+    assert at.toggle(key="bw_imp_on").label == "Measure all 96 heads" and not at.toggle(key="bw_imp_on").value
+    assert not importance_charts(at)
+    at.toggle(key="bw_imp_on").set_value(True).run()
+    assert_ok(at)
+    assert set(importance_charts(at)) == {"encoder", "decoder", "cross"}
