@@ -6,15 +6,19 @@
 'einundzwanzig'
 >>> maps = attnviz.attention(bundle, "twenty-one")       # the same data as `attnviz attention`
 >>> maps.cross.shape                                     # (layers, heads, target, source)
+>>> attnviz.attribute(bundle, "twenty-one", method="value-zeroing").cross.shape   # (layers, target, source)
+>>> attnviz.translate(bundle, "twenty-one", ablate="cross:3.2")   # that head switched off
 """
 
 from __future__ import annotations
 
 import logging
 import platform
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
+import pandas as pd
 import sentencepiece
 import torch
 
@@ -26,8 +30,13 @@ from attnviz.devices import device_name
 from attnviz.errors import InputError, NonFiniteError
 from attnviz.export import AXES, FORMAT_VERSION, AttentionExport, ForwardPass, load_export, package_version
 from attnviz.hooks import Recorder, act_name, attention_site
-from attnviz.kinds import KINDS
+from attnviz.kinds import KINDS, axis_names
 from attnviz.linear import onednn_enabled
+from attnviz.methods import METHODS
+from attnviz.methods.ablation import MODES, Ablation, ablation_scope, step_comparison
+from attnviz.methods.importance import HeadImportance
+from attnviz.methods.importance import head_importance as _head_importance
+from attnviz.tokenizer import pad_batch
 
 MAX_OUTPUT_TOKENS = 256
 
@@ -35,11 +44,18 @@ log = logging.getLogger(__name__)
 
 __all__ = [
     "DEFAULT_MODEL",
+    "METHODS",
     "MINILM",
+    "Ablation",
+    "AblationComparison",
     "AttentionExport",
     "ForwardPass",
+    "HeadImportance",
     "attention",
     "attention_scores",
+    "attribute",
+    "compare_ablation",
+    "head_importance",
     "list_models",
     "load",
     "load_export",
@@ -80,36 +96,73 @@ def _greedy(bundle: Bundle, src_ids: torch.Tensor) -> tuple[list[int], bool]:
     return out, truncated
 
 
-def translate(bundle: Bundle, text: str, beam: int = 1) -> str:
+def _ablated(bundle: Bundle, ablation: Ablation, src_ids: torch.Tensor, tgt: str | None):
+    """A ``with`` block running ``bundle``'s model with ``ablation`` (nothing, when it is empty).
+
+    Mean ablation of decoder-side heads averages over the decoder input: ``tgt``, or without it the
+    intact model's greedy output (taken before the block starts, so the means are the intact model's).
+    """
+    tgt_tensor = None
+    if ablation.needs_target():
+        if tgt is not None:
+            ids = bundle.tokenizer.encode_target(tgt)[0].ids
+        else:
+            out = greedy_decode(bundle.model, src_ids, max_len=_max_output(bundle, src_ids.shape[1]))[0]
+            ids = (bundle.tokenizer.bos_id, *out)
+        tgt_tensor = torch.tensor([ids], device=bundle.device)
+    return ablation_scope(bundle.model, ablation, src_ids, tgt_tensor)
+
+
+def _ablation(bundle: Bundle, ablate: str | Ablation | None) -> Ablation:
+    """What ``ablate`` names (text like ``cross:1.2,encoder:3.1``, or an Ablation), checked against the model."""
+    return Ablation.of(ablate).check(bundle.config)
+
+
+def translate(bundle: Bundle, text: str, beam: int = 1, ablate: str | Ablation | None = None) -> str:
     """The model's output for ``text``: greedy with ``beam`` 1, else beam search.
 
-    An output cut at the length limit (:data:`MAX_OUTPUT_TOKENS`, or the model's positions) is
-    logged as a warning; :func:`step_through` and :func:`attention` also record it.
+    ``ablate`` switches heads off while decoding: text such as ``"cross:1.2,encoder:3.1"`` (kind,
+    layer and head from 1; their outputs zeroed) or an :class:`~attnviz.methods.ablation.Ablation`
+    (which may replace them by their means instead). The model itself is not modified. An output
+    cut at the length limit (:data:`MAX_OUTPUT_TOKENS`, or the model's positions) is logged as a
+    warning; :func:`step_through` and :func:`attention` also record it.
     """
     src, _ = _source_tensor(bundle, text)
-    if beam == 1:
-        ids, _ = _greedy(bundle, src)
-    else:
-        decoding = _step_through(bundle.model, src, beam_size=beam, max_len=_max_output(bundle, src.shape[1]))
-        if decoding.truncated:
-            _say_truncated(_max_output(bundle, src.shape[1]))
-        ids = decoding.ids
+    ablation = _ablation(bundle, ablate)
+    with _ablated(bundle, ablation, src, None):
+        if beam == 1:
+            ids, _ = _greedy(bundle, src)
+        else:
+            decoding = _step_through(bundle.model, src, beam_size=beam, max_len=_max_output(bundle, src.shape[1]))
+            if decoding.truncated:
+                _say_truncated(_max_output(bundle, src.shape[1]))
+            ids = decoding.ids
     return bundle.tokenizer.decode(ids)
 
 
-def step_through(bundle: Bundle, text: str, beam: int = 1, top_k: int = 5, target: str | None = None) -> Decoding:
+def step_through(
+    bundle: Bundle,
+    text: str,
+    beam: int = 1,
+    top_k: int = 5,
+    target: str | None = None,
+    ablate: str | Ablation | None = None,
+) -> Decoding:
     """Decode ``text`` step by step (greedy, beam search, or teacher-forced on ``target``).
 
     Every :class:`~attnviz.decoding.DecodeStep` holds the chosen token, the top-k candidates, and
     that step's decoder self-attention and cross-attention rows for every layer and head.
+    ``ablate``: heads switched off, as in :func:`translate`.
     """
     src, _ = _source_tensor(bundle, text)
+    ablation = _ablation(bundle, ablate)
     forced = None
     if target is not None:
         forced = list(bundle.tokenizer.encode_target(target)[1].ids)
-    decoding = _step_through(
-        bundle.model, src, beam_size=beam, top_k=top_k, max_len=_max_output(bundle, src.shape[1]), forced=forced
-    )
+    with _ablated(bundle, ablation, src, target):
+        decoding = _step_through(
+            bundle.model, src, beam_size=beam, top_k=top_k, max_len=_max_output(bundle, src.shape[1]), forced=forced
+        )
     for step in decoding.steps:
         _check_finite(
             "decoding step's attention", {"decoder": step.self_attn.numpy(), "cross": step.cross_attn.numpy()}
@@ -211,19 +264,11 @@ def run_record(bundle: Bundle) -> dict:
     }
 
 
-@torch.no_grad()
-def attention(bundle: Bundle, src: str, tgt: str | None = None) -> AttentionExport:
-    """Every attention map for ``src``, with ``tgt`` (or, without it, the model's greedy output)
-    as the decoder input."""
-    src_ids, src_tokens, tgt_ids, tgt_tokens, tgt_tensor, truncated = _inputs(bundle, src, tgt)
-    result = bundle.model(src_ids, tgt_tensor, return_attention=True, return_logits=False).attention
-
-    def stack(kind: str) -> np.ndarray | None:
-        if not getattr(result, kind):  # an encoder-only model has no decoder or cross maps
-            return None
-        return result.stacked(kind)[:, 0].float().cpu().numpy()  # (L, B=1, H, Q, K) -> (L, H, Q, K)
-
-    manifest = {
+def _manifest(bundle: Bundle, src: str, tgt: str | None, inputs: tuple) -> dict:
+    """What every export records: the model, its inputs (as :func:`_inputs` gives them), the axes
+    and the library versions."""
+    src_ids, _, tgt_ids, _, _, truncated = inputs
+    return {
         "model": bundle.name,
         "checkpoint_sha256": bundle.sha256,
         "config": bundle.config.to_dict(),
@@ -244,6 +289,37 @@ def attention(bundle: Bundle, src: str, tgt: str | None = None) -> AttentionExpo
         "run": run_record(bundle),
         "format_version": FORMAT_VERSION,
     }
+
+
+@torch.no_grad()
+def attention(
+    bundle: Bundle, src: str, tgt: str | None = None, ablate: str | Ablation | None = None
+) -> AttentionExport:
+    """Every attention map for ``src``, with ``tgt`` (or, without it, the model's greedy output)
+    as the decoder input.
+
+    ``ablate``: heads switched off, as in :func:`translate`; without ``tgt`` the decoder input is
+    then the ablated model's own greedy output, and the manifest names the ablation.
+    """
+    ablation = _ablation(bundle, ablate)
+    with _ablated(bundle, ablation, _source_tensor(bundle, src)[0], tgt):
+        inputs = _inputs(bundle, src, tgt)
+        return _maps(bundle, src, tgt, inputs, ablation)
+
+
+def _maps(bundle: Bundle, src: str, tgt: str | None, inputs: tuple, ablation: Ablation) -> AttentionExport:
+    """The export of one forward pass on ``inputs`` (as :func:`_inputs` gives them), run in the caller's scope."""
+    src_ids, src_tokens, tgt_ids, tgt_tokens, tgt_tensor, _ = inputs
+    result = bundle.model(src_ids, tgt_tensor, return_attention=True, return_logits=False).attention
+
+    def stack(kind: str) -> np.ndarray | None:
+        if not getattr(result, kind):  # an encoder-only model has no decoder or cross maps
+            return None
+        return result.stacked(kind)[:, 0].float().cpu().numpy()  # (L, B=1, H, Q, K) -> (L, H, Q, K)
+
+    manifest = _manifest(bundle, src, tgt, inputs)
+    if ablation:
+        manifest["ablation"] = {"heads": str(ablation), "mode": ablation.mode, "meaning": MODES[ablation.mode]}
     maps = {kind: stack(kind) for kind in KINDS}
     _check_finite("attention", {kind: m for kind, m in maps.items() if m is not None})
     return AttentionExport(
@@ -256,6 +332,126 @@ def attention(bundle: Bundle, src: str, tgt: str | None = None) -> AttentionExpo
         tgt_tokens=None if tgt_tokens is None else tuple(tgt_tokens),
         manifest=manifest,
     )
+
+
+@dataclass(frozen=True)
+class AblationComparison:
+    """The intact and the ablated model on one sentence, side by side.
+
+    ``intact`` and ``ablated`` hold the maps for the same decoder input (``tgt``, or the intact
+    model's output), so that their rows line up; ``steps`` reads that same input step by step
+    (:func:`~attnviz.methods.ablation.step_comparison`: each token's probability under both models and
+    each model's top candidates). ``intact_output`` and ``ablated_output`` are the greedy translations.
+    For an encoder-only model only the maps are there (the outputs and steps are None).
+    """
+
+    ablation: Ablation
+    intact: AttentionExport
+    ablated: AttentionExport
+    intact_output: str | None
+    ablated_output: str | None
+    steps: pd.DataFrame | None
+
+
+@torch.no_grad()
+def compare_ablation(
+    bundle: Bundle, src: str, ablate: str | Ablation, tgt: str | None = None, top_k: int = 3
+) -> AblationComparison:
+    """What switching heads off changes for ``src``: translations, step probabilities and maps, side by side."""
+    ablation = _ablation(bundle, ablate)
+    src_ids, _ = _source_tensor(bundle, src)
+    inputs = _inputs(bundle, src, tgt)
+    intact = _maps(bundle, src, tgt, inputs, Ablation())
+    if bundle.config.encoder_only:
+        with _ablated(bundle, ablation, src_ids, None):
+            return AblationComparison(ablation, intact, _maps(bundle, src, None, inputs, ablation), None, None, None)
+    tok, max_len = bundle.tokenizer, _max_output(bundle, src_ids.shape[1])
+    forced = [*inputs[2][1:], tok.eos_id]  # the decoder input, shifted: the token each step reads next
+    intact_steps = _step_through(bundle.model, src_ids, top_k=top_k, forced=forced)
+    intact_output = tok.decode(greedy_decode(bundle.model, src_ids, max_len=max_len)[0])
+    with _ablated(bundle, ablation, src_ids, tgt):
+        ablated = _maps(bundle, src, tgt, inputs, ablation)
+        ablated_steps = _step_through(bundle.model, src_ids, top_k=top_k, forced=forced)
+        ablated_output = tok.decode(greedy_decode(bundle.model, src_ids, max_len=max_len)[0])
+    steps = step_comparison(intact_steps, ablated_steps, tok.target_token)
+    return AblationComparison(ablation, intact, ablated, intact_output, ablated_output, steps)
+
+
+def attribute(
+    bundle: Bundle, src: str, tgt: str | None = None, method: str = "norm", position: int | None = None
+) -> AttentionExport:
+    """A contribution method's numbers for ``src`` and ``tgt`` (or the greedy output), as an export.
+
+    ``method`` is a key of :data:`attnviz.methods.METHODS`: ``norm`` (per head, (L, H, Q, K)),
+    ``value-zeroing``, ``rollout`` or ``grad-attention`` (per layer, (L, Q, K)), under ``encoder``,
+    ``decoder`` and ``cross`` as the maps are. ``position`` (grad-attention only) is the decoder
+    position, from 0, whose predicted token is explained (default: the last); the propagated
+    relevance is in ``extras`` (``source_relevance`` (S,), ``target_relevance`` (T,)). The manifest
+    names the method, its paper and its normalisation.
+    """
+    spec = METHODS.get(method)
+    if spec is None:
+        raise InputError(f"unknown method {method!r}; choose one of {', '.join(METHODS)}")
+    if position is not None and not spec.uses_position:
+        raise InputError(f"a position applies to {', '.join(m for m in METHODS if METHODS[m].uses_position)} only")
+    inputs = _inputs(bundle, src, tgt)
+    src_ids, src_tokens, tgt_ids, tgt_tokens, tgt_tensor, _ = inputs
+    if spec.needs_decoder and tgt_tensor is None:
+        raise InputError(f"{spec.title} explains a prediction of the decoder: this model is encoder-only")
+    result = spec.function(bundle.model, src_ids, tgt_tensor, position=position)
+    _check_finite(spec.title, {kind: m for kind, m in result.maps.items() if m is not None})
+    manifest = _manifest(bundle, src, tgt, inputs)
+    lead = ["layer", "head"] if spec.per_head else ["layer"]
+    manifest.update(
+        method=spec.name,
+        method_title=spec.title,
+        paper=spec.paper,
+        normalisation=spec.normalisation,
+        axes={kind: [*lead, *axis_names(kind)] for kind in result.maps},
+        note="rows are queries, columns are keys; " + ("per head" if spec.per_head else "per layer"),
+        extras=dict(spec.extras),
+    )
+    if "predicted_token_id" in result.notes:
+        manifest["position"] = result.notes["position"]
+        manifest["predicted_token_id"] = result.notes["predicted_token_id"]
+        manifest["predicted_token"] = bundle.tokenizer.target_token(result.notes["predicted_token_id"])
+    return AttentionExport(
+        encoder=result.maps["encoder"],
+        decoder=result.maps.get("decoder"),
+        cross=result.maps.get("cross"),
+        src_ids=np.array(src_ids[0].tolist(), dtype=np.int64),
+        tgt_ids=None if tgt_ids is None else np.array(tgt_ids, dtype=np.int64),
+        src_tokens=tuple(src_tokens),
+        tgt_tokens=None if tgt_tokens is None else tuple(tgt_tokens),
+        manifest=manifest,
+        extras=result.extras,
+    )
+
+
+@torch.no_grad()
+def head_importance(
+    bundle: Bundle, sentences: list[str] | None = None, references: list[str] | None = None
+) -> HeadImportance:
+    """How much each head matters: the drop in log-probability per target token when it alone is zeroed.
+
+    Over ``sentences`` (default: the model's example sentences), with ``references`` (one per
+    sentence) as the outputs whose log-probability is measured, or without them the intact model's
+    own greedy outputs. See :mod:`attnviz.methods.importance`.
+    """
+    tok = bundle.tokenizer
+    sentences = list(bundle.info.get("examples") or []) if sentences is None else list(sentences)
+    if not sentences:
+        raise InputError("no sentences: this model has no examples, so give the sentences to measure over")
+    if references is not None and len(references) != len(sentences):
+        raise InputError(f"got {len(references)} references for {len(sentences)} sentences: give one per sentence")
+    sources = [tok.encode_source(s).ids for s in sentences]
+    if references is not None:
+        outputs = [tok.encode_target(r)[1].ids for r in references]
+    else:
+        src, src_valid = pad_batch(sources, tok.pad_id, bundle.device)
+        greedy = greedy_decode(bundle.model, src, src_valid, max_len=_max_output(bundle, src.shape[1]))
+        outputs = [(*ids, tok.eos_id) for ids in greedy]
+    return _head_importance(bundle.model, list(zip(sources, outputs, strict=True)))
 
 
 @torch.no_grad()

@@ -1,4 +1,4 @@
-"""The `attnviz` command: translate, attention, diff, evaluate, train. A stable contract for scripts.
+"""The `attnviz` command: translate, attention, attribute, diff, evaluate, train. A stable contract for scripts.
 
 Results go to standard output. `attnviz diff` exits 0 when two exports are equal within the
 tolerance and 1 when they differ. Any bad input (an argument out of range, text that is not Unicode,
@@ -20,11 +20,14 @@ from typing import NoReturn
 
 from attnviz.data import TASKS
 from attnviz.devices import DEVICE_CHOICES
-from attnviz.errors import AttnvizError
+from attnviz.errors import AttnvizError, InputError
+from attnviz.methods import METHODS
+from attnviz.methods.ablation import MODES, Ablation
 from attnviz.testing.compare import DEFAULT_ATOL
 
 MAX_PATH = 4096  # Linux's PATH_MAX: a longer --model or --out cannot name a file
 MAX_BEAM = 64  # what attnviz.decoding.step_through accepts
+MAX_POSITION = 1 << 20  # beyond any model's positions; the sentence's own length is checked once it is known
 
 
 class UsageError(AttnvizError):
@@ -97,6 +100,17 @@ def existing_path(value: str) -> str:
     return str(path)
 
 
+def heads(value: str) -> Ablation:
+    """Heads to switch off, ``KIND:LAYER.HEAD[,...]`` (from 1); whether the model has them is checked on loading."""
+    try:
+        ablation = Ablation.parse(text(value))
+    except InputError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+    if not ablation:
+        raise argparse.ArgumentTypeError("name at least one head, e.g. cross:1.2")
+    return ablation
+
+
 def out_file(value: str) -> str:
     """A file to write: its folder must exist and be writable, and it must not be a folder itself."""
     path = Path(path_text(value)).expanduser()
@@ -117,7 +131,8 @@ def out_file(value: str) -> str:
 def _translate(args) -> None:
     from attnviz.api import load, translate
 
-    print(translate(load(args.model, args.device), args.text, beam=args.beam))
+    ablate = None if args.ablate is None else Ablation(args.ablate.heads, args.ablate_mode)
+    print(translate(load(args.model, args.device), args.text, beam=args.beam, ablate=ablate))
 
 
 def _attention(args) -> None:
@@ -140,6 +155,24 @@ def _diff(args) -> int:
         json.dumps(report.to_json(), ensure_ascii=False, indent=1, allow_nan=False) if args.json else report.to_text()
     )
     return 0 if report.equal else 1
+
+
+def _attribute(args) -> None:
+    method = METHODS[args.method]
+    if args.position is not None and not method.uses_position:
+        raise UsageError(f"argument --position: applies to --method grad-attention only, not {args.method}")
+    from attnviz.api import attribute, load
+
+    export = attribute(load(args.model, args.device), args.src, args.tgt, method=args.method, position=args.position)
+    path = export.save(args.out)
+    shape = "x".join(str(n) for n in export.encoder.shape[: 2 if method.per_head else 1])
+    decoder = "" if export.tgt_ids is None else f", decoder input {len(export.tgt_ids)} tokens"
+    explained = ""
+    if "position" in export.manifest:
+        token, position = export.manifest["predicted_token"], export.manifest["position"]
+        explained = f"; explains {token!r}, predicted at decoder position {position}"
+    per = "layers x heads" if method.per_head else "layers"
+    print(f"wrote {path}: {method.name}, {shape} ({per}), source {len(export.src_ids)} tokens{decoder}{explained}")
 
 
 def _evaluate(args) -> None:
@@ -193,6 +226,18 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("translate", help="print the model's output for a sentence")
     model_args(p)
     p.add_argument("--beam", type=int_in(1, MAX_BEAM), default=1, help="beam size (1 = greedy)")
+    p.add_argument(
+        "--ablate",
+        type=heads,
+        metavar="KIND:LAYER.HEAD[,...]",
+        help="switch these heads off (KIND encoder, decoder or cross; LAYER and HEAD from 1), e.g. cross:1.2,cross:2.1",
+    )
+    p.add_argument(
+        "--ablate-mode",
+        choices=MODES,
+        default="zero",
+        help="zero: " + MODES["zero"] + "; mean: " + MODES["mean"] + " (default: zero)",
+    )
     p.add_argument("text", type=text)
     p.set_defaults(run=_translate)
 
@@ -204,6 +249,28 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--out", required=True, type=out_file, help="output .npz file")
     p.set_defaults(run=_attention)
+
+    p = sub.add_parser(
+        "attribute", help="write a contribution method's maps (beyond the attention weights) to an .npz file"
+    )
+    model_args(p)
+    p.add_argument("--src", required=True, type=text, help="source sentence")
+    p.add_argument(
+        "--tgt", type=text, help="target sentence for the decoder input (default: the model's greedy output)"
+    )
+    p.add_argument(
+        "--method",
+        required=True,
+        choices=METHODS,
+        help="; ".join(f"{m.name}: {m.title}" for m in METHODS.values()),
+    )
+    p.add_argument(
+        "--position",
+        type=int_in(0, MAX_POSITION),
+        help="grad-attention: the decoder position (from 0) whose predicted token is explained (default: the last)",
+    )
+    p.add_argument("--out", required=True, type=out_file, help="output .npz file")
+    p.set_defaults(run=_attribute)
 
     p = sub.add_parser(
         "diff",

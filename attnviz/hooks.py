@@ -6,7 +6,7 @@ same names with the same function. Outside any block :func:`point` returns the t
 context-variable read, so a plain forward pays nothing.
 
 - ``with Recorder() as rec: model(...)`` keeps every named tensor (or those a filter selects) in
-  ``rec.tensors``, detached.
+  ``rec.tensors``, detached (or attached to the autograd graph, with ``keep_graph=True``).
 - ``with Edit({name: fn}): model(...)`` replaces the tensor at each named point by ``fn(tensor)``
   (a head switched off, a value zeroed, a mask narrowed, a position table removed).
 
@@ -86,21 +86,28 @@ class Recorder(Scope):
 
     ``names``: None for every point, a collection of names, or a predicate on the name. A point
     visited twice (a decoder layer at every decoding step) keeps its last tensor.
+
+    With ``keep_graph`` the tensors are kept as the model used them, attached to the autograd graph,
+    so that gradients with respect to them can be read: call ``.retain_grad()`` on one before
+    ``backward()`` (gradient-weighted attention does so with the weights). A graph exists only when
+    some input requires grad, which a loaded model's parameters do not: edit an embedding point to
+    return a tensor that requires grad, under ``torch.enable_grad()``.
     """
 
-    def __init__(self, names: Iterable[str] | Callable[[str], bool] | None = None):
+    def __init__(self, names: Iterable[str] | Callable[[str], bool] | None = None, keep_graph: bool = False):
         if names is None or callable(names):
             self._wants = names
         else:
             wanted = frozenset(names)
             self._wants = wanted.__contains__
+        self.keep_graph = keep_graph
         self.tensors: dict[str, Tensor] = {}
 
     def wants(self, name: str) -> bool:
         return self._wants is None or self._wants(name)
 
     def visit(self, name: str, tensor: Tensor) -> None:
-        self.tensors[name] = tensor.detach()
+        self.tensors[name] = tensor if self.keep_graph else tensor.detach()
 
 
 class Edit(Scope):

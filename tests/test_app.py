@@ -311,6 +311,7 @@ def open_link(page: str, params: dict[str, str]) -> tuple[AppTest, str]:
 
 def test_a_link_reopens_the_exact_explorer_view():
     params = {"model": "reverse", "src": "h e l l o", "kind": "encoder", "layer": "2", "head": "3", "view": "Lines"}
+    params["lines_heads"] = ["1", "3"]  # a multiselect: one parameter per value
     at, notices = open_link("pages/explorer.py", params)
     assert_ok(at)
     assert at.sidebar.selectbox(key="model").value == "reverse"
@@ -320,7 +321,8 @@ def test_a_link_reopens_the_exact_explorer_view():
         2,
         3,
     )
-    assert at.selectbox(key="view").value == "lines" and not notices
+    assert at.selectbox(key="view").value == "lines" and not notices, notices
+    assert at.multiselect(key="lines_heads").value == [1, 3]
     chart = at.get("plotly_chart")[0].proto
     assert "reverse-encoder-L2-lines" in chart.config and "head 3" in chart.spec, "the linked view is the one drawn"
     assert any("address bar" in c.value for c in at.caption), "the page says that the link is the view"

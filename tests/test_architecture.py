@@ -28,6 +28,11 @@ VIOLATIONS = {
         "import attnviz.checkpoints.files",
         "The lessons and the checkpoint importers know nothing of each other",
     ),
+    "a method imports the importers": (
+        "attnviz/methods/norm.py",
+        "import attnviz.checkpoints.files",
+        "The research methods use the core only, not the importers or training",
+    ),
 }
 
 
@@ -50,7 +55,7 @@ def tree(tmp_path) -> Path:
 def test_the_contracts_hold_on_the_tree(tree):
     result = _lint(tree)
     assert result.returncode == 0, result.stdout + result.stderr
-    assert "3 kept, 0 broken" in result.stdout
+    assert "4 kept, 0 broken" in result.stdout
 
 
 @pytest.mark.parametrize("violation", VIOLATIONS)

@@ -64,3 +64,27 @@ def test_the_widget_rerun_measure_runs_on_a_page():
     import bench_class
 
     assert 0 < bench_class.widget_rerun_ms("pages/explorer.py", alternations=1) < 10_000
+
+
+def test_the_methods_benchmark_runs_and_prints_every_line(capsys):
+    import bench_methods
+
+    bench_methods.main(
+        ["--length", "6", "--sentences", "2", "--repeats", "2", "--warmup", "0", "--threads", "1", "--second", "tiny"]
+    )
+    out = capsys.readouterr().out
+    assert out.startswith("CPU: ") and "load average" in out
+    for model in ("en-de (shipped)", "random model of the tiny shape"):
+        block = out.split(model, 1)[1].split("\n\n", 1)[0]
+        for line in (
+            "(a) forward with every map",
+            "(b) norm-based attention",
+            "(c) value zeroing",
+            "(d) rollout",
+            "(e) gradient-weighted attention",
+            "(f) head importance",
+        ):
+            assert line in block, (model, line)
+        assert block.count("PASS") + block.count("MISS") == 3, "three targets, each with a verdict"
+        assert "(b)/(a) = " in block
+    assert "source 6 tokens, decoder input 6 tokens" in out

@@ -54,6 +54,10 @@ def server():
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
+    ARTIFACTS.mkdir(exist_ok=True)
+    # The server's log goes to a file: a pipe nobody reads fills up, and the server then blocks
+    # writing to it (seen: it no longer stopped within 20 s once a page logged more).
+    log = open(ARTIFACTS / "streamlit.log", "wb")  # closed when the server stops
     proc = subprocess.Popen(
         [
             sys.executable,
@@ -69,7 +73,7 @@ def server():
             "127.0.0.1",
         ],
         cwd=ROOT,
-        stdout=subprocess.PIPE,
+        stdout=log,
         stderr=subprocess.STDOUT,
     )
     url = f"http://127.0.0.1:{port}"
@@ -88,6 +92,7 @@ def server():
     finally:
         proc.terminate()
         proc.wait(timeout=20)
+        log.close()
 
 
 def _wait_for_run(page) -> None:
@@ -140,5 +145,31 @@ def test_a_link_opens_the_exact_view_and_bad_values_fall_back_with_a_notice(serv
             assert any("layer='99'" in t and "kind='bogus'" in t for t in toast), toast
             assert "Cross-attention (encoder-decoder), layer 1, head 1" in _plot_titles(page)
             page.screenshot(path=str(ARTIFACTS / "link-fallback.png"))
+        finally:
+            browser.close()
+
+
+def test_clicking_an_importance_cell_switches_that_head_off(server):
+    """A real click on the importance grid of "Beyond the weights" fills the ablation panel."""
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_ARGS)
+        page = browser.new_page(viewport={"width": 1400, "height": 1000})
+        try:
+            page.goto(f"{server}/beyond")
+            _wait_for_run(page)
+            grid = page.locator(".js-plotly-plot", has_text="Decoder self-attention (masked)").last
+            grid.scroll_into_view_if_needed()
+            page.wait_for_timeout(500)
+            cell = grid.locator(".scatterlayer path.point").first  # layer 1, head 1: the first cell
+            box = cell.bounding_box()
+            assert box is not None, "the grid's cells are drawn"
+            page.mouse.click(box["x"] + box["width"] / 2, box["y"] + box["height"] / 2)
+            _wait_for_run(page)
+            chosen = page.locator("[data-testid='stMultiSelect']").first.inner_text()
+            assert "decoder:1.1" in chosen, chosen
+            assert page.get_by_text("19998 (changed)").count() >= 1, "the panel shows that head switched off"
+            assert page.locator("[data-testid='stException']").count() == 0
         finally:
             browser.close()

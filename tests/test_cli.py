@@ -121,6 +121,29 @@ BAD_ARGUMENTS = {
     "diff atol negative": (["diff", THIS_FILE, THIS_FILE, "--atol=-1"], "--atol: must be between 0"),
     "diff atol nan": (["diff", THIS_FILE, THIS_FILE, "--atol", "nan"], "--atol: must be between 0"),
     "diff rtol over 1": (["diff", THIS_FILE, THIS_FILE, "--rtol", "2"], "--rtol: must be between 0 and 1"),
+    "attribute unknown method": (["attribute", "--src", "a", "--method", "lime", "--out", "m.npz"], "invalid choice"),
+    "attribute no method": (["attribute", "--src", "a", "--out", "m.npz"], "--method"),
+    "attribute position negative": (
+        ["attribute", "--src", "a", "--method", "grad-attention", "--position=-1", "--out", "m.npz"],
+        "--position: must be between 0",
+    ),
+    "attribute position not a number": (
+        ["attribute", "--src", "a", "--method", "grad-attention", "--position", "last", "--out", "m.npz"],
+        "expected a whole number",
+    ),
+    "attribute position for another method": (
+        ["attribute", "--src", "a", "--method", "rollout", "--position", "1", "--out", "m.npz"],
+        "--position: applies to --method grad-attention only",
+    ),
+    "attribute out in a missing folder": (
+        ["attribute", "--src", "a", "--method", "norm", "--out", "/no/such/folder/m.npz"],
+        "does not exist",
+    ),
+    "ablate unknown kind": (["translate", "--ablate", "self:1.1", "a"], "cannot read the head 'self:1.1'"),
+    "ablate no head number": (["translate", "--ablate", "cross:1", "a"], "KIND:LAYER.HEAD"),
+    "ablate layer 0": (["translate", "--ablate", "cross:0.1", "a"], "from 1"),
+    "ablate nothing": (["translate", "--ablate", ",", "a"], "name at least one head"),
+    "ablate mode unknown": (["translate", "--ablate", "cross:1.1", "--ablate-mode", "half", "a"], "invalid choice"),
 }
 
 
@@ -139,6 +162,83 @@ def test_every_bad_argument_exits_2_with_one_line_before_any_work(case, capsys, 
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and err.startswith("attnviz: error: "), err
     assert message in err
+
+
+METHOD_SHAPES = {"norm": "LHQK", "value-zeroing": "LQK", "rollout": "LQK", "grad-attention": "LQK"}
+
+
+@pytest.mark.parametrize("method", list(METHOD_SHAPES))
+def test_attribute_export_layout(method, tmp_path, capsys):
+    out = tmp_path / f"{method}.npz"
+    args = ["attribute", "--model", "en-de", "--src", "twenty-one", "--tgt", "einundzwanzig"]
+    assert main([*args, "--method", method, "--out", str(out)]) == 0
+    assert f"wrote {out}: {method}" in capsys.readouterr().out
+    cfg = attnviz.load("en-de", device="cpu").config
+    extras = {"source_relevance", "target_relevance"} if method == "grad-attention" else set()
+    with np.load(out, allow_pickle=False) as z:
+        standard = {"encoder", "decoder", "cross", "src_ids", "tgt_ids", "src_tokens", "tgt_tokens", "manifest"}
+        assert set(z.files) == standard | extras
+        S, T = len(z["src_ids"]), len(z["tgt_ids"])
+        heads = (cfg.n_heads,) if METHOD_SHAPES[method] == "LHQK" else ()
+        assert z["encoder"].shape == (cfg.n_enc_layers, *heads, S, S) and z["encoder"].dtype == np.float32
+        assert z["decoder"].shape == (cfg.n_dec_layers, *heads, T, T)
+        assert z["cross"].shape == (cfg.n_dec_layers, *heads, T, S)
+        manifest = json.loads(str(z["manifest"]))
+    assert manifest["method"] == method and "arXiv:" in manifest["paper"] and manifest["normalisation"]
+    assert manifest["axes"]["cross"][-2:] == ["query: decoder input position", "key: source position"]
+    assert manifest["axes"]["cross"][:2] == (["layer", "head"] if heads else ["layer", "query: decoder input position"])
+    assert manifest["tgt"] == "einundzwanzig" and manifest["model"] == "en-de"
+    if method == "grad-attention":
+        assert manifest["position"] == T - 1 and set(manifest["extras"]) == extras
+        assert manifest["predicted_token"] == "</s>"  # after "einundzwanzig", the model ends the sentence
+
+
+def test_attribute_ids_and_tokens_are_those_of_attention(tmp_path):
+    """Without --tgt the decoder input is the greedy output, exactly as `attnviz attention` writes it."""
+    maps, rollout = tmp_path / "maps.npz", tmp_path / "rollout.npz"
+    assert main(["attention", "--model", "en-de", "--src", "twenty-one", "--out", str(maps)]) == 0
+    assert (
+        main(["attribute", "--model", "en-de", "--src", "twenty-one", "--method", "rollout", "--out", str(rollout)])
+        == 0
+    )
+    with np.load(maps, allow_pickle=False) as a, np.load(rollout, allow_pickle=False) as b:
+        for name in ("src_ids", "tgt_ids", "src_tokens", "tgt_tokens"):
+            assert np.array_equal(a[name], b[name]), name
+
+
+def test_attribute_position_past_the_sentence_is_exit_2(tmp_path, capsys):
+    out = tmp_path / "g.npz"
+    args = ["attribute", "--src", "twenty-one", "--tgt", "einundzwanzig", "--method", "grad-attention"]
+    assert main([*args, "--position", "40", "--out", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "position must be a decoder position from 0 to" in err
+    assert not out.exists()
+    assert main([*args, "--position", "0", "--out", str(out)]) == 0
+    export = attnviz.load_export(out)
+    assert export.manifest["predicted_token"] == export.tgt_tokens[1]  # at <s>, the model predicts the first piece
+
+
+def test_translate_with_heads_ablated(capsys):
+    every_cross_head = ",".join(f"cross:{layer}.{head}" for layer in (1, 2) for head in (1, 2, 3, 4))
+    assert main(["translate", "--model", "reverse", "a b c d e f"]) == 0
+    assert capsys.readouterr().out.strip() == "f e d c b a"
+    for mode in ("zero", "mean"):
+        assert (
+            main(
+                ["translate", "--model", "reverse", "--ablate", every_cross_head, "--ablate-mode", mode, "a b c d e f"]
+            )
+            == 0
+        )
+        assert capsys.readouterr().out.strip() != "f e d c b a", f"{mode}: without cross-attention there is no reversal"
+    assert main(["translate", "--model", "reverse", "--ablate", "decoder:2.1", "--beam", "3", "a b c d"]) == 0
+
+
+@pytest.mark.parametrize("spec", ["cross:3.1", "encoder:1.5", "decoder:9.9"])
+def test_translate_ablating_a_head_the_model_lacks_is_exit_2(spec, capsys):
+    assert main(["translate", "--model", "reverse", "--ablate", spec, "a b c"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and f"cannot ablate {spec}" in err
+    assert "2 encoder and 2 decoder layers" in err and "4 heads per layer" in err
 
 
 def test_deeply_nested_config_json_is_one_line(tmp_path, capsys):
@@ -187,6 +287,12 @@ def test_encoder_only_export_holds_the_encoder_only(tmp_path):
         assert set(z.files) == {"encoder", "src_ids", "src_tokens", "manifest"}
         assert z["encoder"].shape[:2] == (6, 12) and z["src_tokens"][0] == "[CLS]"
     assert main(["translate", "--model", "minilm", "hello"]) == 2
+    out = tmp_path / "minilm-vz.npz"
+    src = "The cat sat on the mat."
+    assert main(["attribute", "--model", "minilm", "--src", src, "--method", "value-zeroing", "--out", str(out)]) == 0
+    with np.load(out, allow_pickle=False) as z:
+        assert set(z.files) == {"encoder", "src_ids", "src_tokens", "manifest"} and z["encoder"].shape[0] == 6
+    assert main(["attribute", "--model", "minilm", "--src", src, "--method", "grad-attention", "--out", str(out)]) == 2
 
 
 # ---------------------------------------------------------------------------------------------

@@ -132,3 +132,31 @@ def test_an_edited_model_is_the_same_model_afterwards(pair):
     assert not torch.allclose(edited, before) and torch.equal(after, before)
     assert all(torch.equal(model.state_dict()[k], v) for k, v in state.items())
     assert {name: dict(vars(m)) for name, m in model.named_modules()}.keys() == attributes.keys()
+
+
+def test_a_recorder_can_keep_the_graph_for_gradients(pair):
+    """keep_graph: the recorded weights are the tensors the model used, so their gradient is d(logit)/dA."""
+    model = seeded_model(tiny_config()).requires_grad_(False)
+    site = attention_site("cross", 1)
+    weights_name, values_name = act_name(site, "weights"), act_name(site, "v")
+    make_leaf = lambda x: x.detach().requires_grad_(True)  # noqa: E731 - parameters do not require grad
+    with torch.enable_grad():
+        with Edit({"src.embed": make_leaf, "tgt.embed": make_leaf}), Recorder({weights_name}, keep_graph=True) as kept:
+            logits = model(*pair).logits
+        weights = kept.tensors[weights_name]
+        weights.retain_grad()
+        logits[0, -1, 7].backward()
+    with torch.no_grad(), Recorder({weights_name, values_name}) as plain:
+        model(*pair)
+    assert not plain.tensors[weights_name].requires_grad, "without keep_graph tensors are detached"
+    assert weights.grad is not None and weights.grad.abs().sum() > 0
+
+    def logit_with(new_weights: torch.Tensor) -> float:
+        """The logit when this layer's cross-attention uses ``new_weights`` (heads = weights @ values)."""
+        with torch.no_grad(), Edit({act_name(site, "heads"): lambda h: new_weights @ plain.tensors[values_name]}):
+            return float(model(*pair).logits[0, -1, 7])
+
+    # The gradient is the true one: a small step along it changes the logit by grad . step.
+    step = 1e-3 * torch.randn_like(weights)
+    change = logit_with(weights.detach() + step) - logit_with(weights.detach())
+    assert change == pytest.approx(float((weights.grad * step).sum()), rel=1e-2, abs=1e-6)

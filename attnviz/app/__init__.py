@@ -6,7 +6,17 @@ of pages (:mod:`~attnviz.app.registry`).
 """
 
 from attnviz.app import links, registry
-from attnviz.app.cache import load_bundle, run_attention, run_decoding, run_forward_pass, run_scores, shared
+from attnviz.app.cache import (
+    load_bundle,
+    run_ablation,
+    run_attention,
+    run_attribution,
+    run_decoding,
+    run_forward_pass,
+    run_importance,
+    run_scores,
+    shared,
+)
 from attnviz.app.links import bound, footer, lazy_tabs
 from attnviz.app.registry import Page
 from attnviz.app.session import CUSTOM_PATH, Choices, keep_state, sidebar
@@ -15,6 +25,7 @@ from attnviz.app.widgets import (
     download_buttons,
     keep_in_range,
     number_table,
+    sentence_pairs,
     show_error,
     sinusoid_inputs,
     truncation_notice,
@@ -35,10 +46,14 @@ __all__ = [
     "number_table",
     "load_bundle",
     "registry",
+    "run_ablation",
     "run_attention",
+    "run_attribution",
     "run_decoding",
+    "run_importance",
     "run_scores",
     "run_forward_pass",
+    "sentence_pairs",
     "shared",
     "show_error",
     "sidebar",

@@ -47,6 +47,29 @@ def run_decoding(model: str, device: str, src: str, beam: int, tgt: str | None, 
     return api.step_through(load_bundle(model, device), src, beam=beam, top_k=top_k, target=tgt)
 
 
+@st.cache_data(show_spinner="Computing the contributions…", max_entries=32)
+def run_attribution(
+    model: str, device: str, src: str, tgt: str | None, method: str, position: int | None = None
+) -> api.AttentionExport:
+    """A contribution method's arrays for a sentence (``attnviz.attribute``), cached per method and position."""
+    return api.attribute(load_bundle(model, device), src, tgt, method=method, position=position)
+
+
+@st.cache_data(show_spinner="Running the model with those heads switched off…", max_entries=32)
+def run_ablation(model: str, device: str, src: str, tgt: str | None, ablate: str, mode: str) -> api.AblationComparison:
+    """Intact and ablated model side by side; ``ablate`` in text form (``cross:1.2,...``), cached."""
+    return api.compare_ablation(load_bundle(model, device), src, api.Ablation.parse(ablate, mode), tgt)
+
+
+@st.cache_data(show_spinner="Switching every head off in turn…", max_entries=16)
+def run_importance(
+    model: str, device: str, sentences: tuple[str, ...], references: tuple[str, ...] | None
+) -> api.HeadImportance:
+    """Every head's importance over the sentences (and references), cached on the texts."""
+    refs = None if references is None else list(references)
+    return api.head_importance(load_bundle(model, device), list(sentences), refs)
+
+
 @st.cache_resource(show_spinner=False, max_entries=512, ttl=3600)
 def _shared(kind: str, key: tuple, _build: Callable[[], Any]) -> Any:
     return _build()

@@ -19,7 +19,9 @@ LINK_STATE = "_link"  # session key: the link's parameters at the start of this 
 
 def start() -> None:
     """Note the URL's parameters before any widget of this run can drop one (the sidebar calls it first)."""
-    st.session_state[LINK_STATE] = {"raw": st.query_params.to_dict(), "shown": {}}
+    # A multiselect writes one parameter per value (?heads=1&heads=3); read them as the list it is.
+    raw = {key: ",".join(st.query_params.get_all(key)) for key in st.query_params}
+    st.session_state[LINK_STATE] = {"raw": raw, "shown": {}}
 
 
 def bound(widget: Callable, label: str, *args, key: str, format_func: Callable | None = None, **kwargs):

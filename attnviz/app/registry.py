@@ -43,6 +43,14 @@ PAGES = (
         "at each step, and the alignment growing row by row; teacher forcing with a target sentence.",
     ),
     Page(
+        "pages/beyond.py",
+        "Beyond the weights",
+        ":material/science:",
+        "what each head contributes and what the output does without it: norm-based attention, value zeroing, "
+        "rollout through encoder and decoder, and gradient-weighted attention beside the weights; heads switched "
+        "off with the translation and each step's probabilities side by side; and every head's importance.",
+    ),
+    Page(
         "pages/walkthrough.py",
         "Forward-pass walkthrough",
         ":material/route:",

@@ -9,7 +9,7 @@ import pandas as pd
 import streamlit as st
 
 from attnviz.app.links import bound
-from attnviz.errors import AttnvizError
+from attnviz.errors import AttnvizError, InputError
 from attnviz.export import AttentionExport
 from attnviz.lessons import positional as pe
 
@@ -129,3 +129,24 @@ def download_buttons(
             key="image_format",
             horizontal=True,
         )
+
+
+def sentence_pairs(text: str, limit: int) -> tuple[tuple[str, ...], tuple[str, ...] | None]:
+    """Sentences typed one per line, each optionally followed by ``|||`` and its reference translation.
+
+    Returns (sources, references or None). References must be given for every line or for none;
+    blank lines are skipped; more than ``limit`` lines is an InputError, as is no line at all.
+    """
+    lines = [line.strip() for line in text.splitlines() if line.strip()]
+    if not lines:
+        raise InputError("type at least one sentence, one per line")
+    if len(lines) > limit:
+        raise InputError(f"{len(lines)} sentences: at most {limit}, so that every head can be switched off in time")
+    parts = [tuple(p.strip() for p in line.split("|||", 1)) for line in lines]
+    with_reference = [len(p) == 2 and bool(p[1]) for p in parts]
+    if any(with_reference) and not all(with_reference):
+        raise InputError("give a reference after ||| on every line, or on none (then the model's own output is used)")
+    sources = tuple(p[0] for p in parts)
+    if not all(sources):
+        raise InputError("a line starts with |||: write the source sentence before it")
+    return sources, (tuple(p[1] for p in parts) if all(with_reference) else None)
