@@ -19,3 +19,7 @@ class InputError(AttnvizError, ValueError):
 
 class DeviceError(AttnvizError):
     """The requested device does not exist on this machine."""
+
+
+class AtlasError(AttnvizError):
+    """A head-atlas folder that cannot be written or read: another run's, incomplete, or not an atlas."""
