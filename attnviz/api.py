@@ -16,6 +16,7 @@ import numpy as np
 import sentencepiece
 import torch
 
+from attnviz.atlas import Atlas, build_atlas, compute_atlas, load_atlas
 from attnviz.checkpoints import Bundle, load_checkpoint
 from attnviz.checkpoints.catalog import DEFAULT_MODEL, MINILM, list_models, resolve_model
 from attnviz.decoding import Decoding, greedy_decode
@@ -30,10 +31,14 @@ MAX_OUTPUT_TOKENS = 256
 __all__ = [
     "DEFAULT_MODEL",
     "MINILM",
+    "Atlas",
     "AttentionExport",
     "ForwardPass",
     "attention",
     "attention_scores",
+    "build_atlas",
+    "compute_atlas",
+    "load_atlas",
     "list_models",
     "load",
     "load_export",

@@ -7,10 +7,12 @@ of :class:`AtlasWorker` actors, each loading the model once and running
 as bytes (numpy arrays and JSON, no pickle) and the driver writes each shard as soon as all its
 sentences are in.
 
-Without ``RAY_ADDRESS`` in the environment a local Ray is started (dashboard off) and stopped
-at the end; with it, Ray connects to that cluster (``ray://head:10001`` through Ray Client, or
-``auto`` on a node of the cluster). Every node must see the model folder at the same path (a
-shared file system), and have attnviz and Ray installed: ``pip install "attnviz[ray]"``.
+Without ``RAY_ADDRESS`` in the environment a local Ray is started (dashboard off, every server
+on 127.0.0.1 only) and stopped at the end; with it, Ray connects to that cluster
+(``ray://head:10001`` through Ray Client, or ``auto`` on a node of the cluster). A Ray the caller
+has already started with ``ray.init`` is used as it is, and left running. Every node must see the
+model folder at the same path (a shared file system), and have attnviz and Ray installed:
+``pip install "attnviz[ray]"``.
 """
 
 from __future__ import annotations
@@ -33,6 +35,7 @@ from attnviz.checkpoints import load_checkpoint
 from attnviz.errors import AtlasError
 
 CPUS_PER_ACTOR = 4  # torch threads per CPU actor: fewer, larger actors hold fewer copies of the model
+LOCAL_ONLY = "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"
 
 
 def encode_result(result: BatchResult) -> bytes:
@@ -149,18 +152,22 @@ def run_ray(
     on_batch: Callable[[int], None] | None = None,
 ) -> Iterator[tuple[int, list[BatchResult]]]:
     """(shard number, its batches' results) for every shard in ``shards``, as each one completes."""
+    address = os.environ.get("RAY_ADDRESS")
+    if not address:
+        # Ray's own switch for a single-machine Ray (meant for laptops): its node address becomes
+        # 127.0.0.1 and every server it starts listens there only. Read when Ray is imported.
+        os.environ.setdefault(LOCAL_ONLY, "0")
     try:
         import ray
     except ImportError:
         raise AtlasError('the Ray engine needs Ray: pip install "attnviz[ray]" (or pip install ray)') from None
     started = not ray.is_initialized()
     if started:
-        address = os.environ.get("RAY_ADDRESS")
-        local = {} if address else {"_node_ip_address": "127.0.0.1", "include_dashboard": False}
-        ray.init(address=address, logging_level=logging.WARNING, log_to_driver=False, **local)
+        local = {} if address else {"include_dashboard": False}
+        ray.init(address=address or None, logging_level=logging.ERROR, log_to_driver=False, **local)
     try:
-        context = ray.data.DataContext.get_current()
-        context.enable_progress_bars = False  # the CLI draws its own
+        logging.getLogger("ray.data").setLevel(logging.ERROR)  # its plan and timings; failures still raise
+        ray.data.DataContext.get_current().enable_progress_bars = False  # the CLI draws its own
         resources, actors, threads = _actor_resources(device)
         dataset = ray.data.from_items(_rows(shards))
         results = dataset.map_batches(
@@ -174,7 +181,7 @@ def run_ray(
             },
             batch_size=batch_size,
             batch_format="pandas",
-            concurrency=actors,
+            compute=ray.data.ActorPoolStrategy(size=actors),
             **resources,
         )
         waiting = {shard: len(sentences) for shard, sentences in shards.items()}
