@@ -62,5 +62,5 @@ def test_the_ray_engine_equals_the_local_engine(local_ray, tmp_path):
         ours, theirs = getattr(local, name), getattr(remote, name)
         numbers = ours.select_dtypes("number").columns
         pd.testing.assert_frame_equal(ours.drop(columns=numbers), theirs.drop(columns=numbers), check_like=False)
-        as_float = lambda frame: frame[numbers].astype("float64").to_numpy()  # noqa: E731 - NA becomes NaN
-        np.testing.assert_allclose(as_float(theirs), as_float(ours), atol=1e-5, rtol=0, err_msg=name)
+        got, want = (frame[numbers].astype("float64").to_numpy() for frame in (theirs, ours))  # NA becomes NaN
+        np.testing.assert_allclose(got, want, atol=1e-5, rtol=0, err_msg=name)

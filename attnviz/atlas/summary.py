@@ -128,10 +128,11 @@ def head_table(sentences: pd.DataFrame) -> pd.DataFrame:
     every sentence pooled, is the largest weight at offset -1 (or +1) at least 90% of the time? NA
     for cross-attention. ``positional_offset`` says which offset (-1, +1), 0 when neither.
     """
-    grouped = sentences.groupby(HEAD, sort=False, observed=True)
+    numbers = sentences[list(STATISTICS)].astype("float64")  # the per-sentence rows are float32
+    grouped = numbers.groupby([sentences[c] for c in HEAD], sort=False, observed=True)
     table = grouped.size().rename("sentences").to_frame()
-    means = grouped[list(STATISTICS)].mean()
-    stds = grouped[list(STATISTICS)].std(ddof=0).add_suffix("_std")
+    means = grouped.mean()
+    stds = grouped.std(ddof=0).add_suffix("_std")
     table = table.join(means).join(stds)
     # Pooled over query rows: a sentence of n queries has n - 1 rows with a previous (and a next) key.
     rows = (sentences["queries"] - 1).clip(lower=0)
