@@ -6,7 +6,16 @@ of pages (:mod:`~attnviz.app.registry`).
 """
 
 from attnviz.app import registry
-from attnviz.app.cache import load_bundle, run_attention, run_decoding, run_forward_pass, run_scores
+from attnviz.app.cache import (
+    computed_atlas,
+    load_bundle,
+    open_atlas,
+    run_attention,
+    run_decoding,
+    run_forward_pass,
+    run_head_map,
+    run_scores,
+)
 from attnviz.app.registry import Page
 from attnviz.app.session import CUSTOM_PATH, Choices, keep_state, sidebar
 from attnviz.app.widgets import clamp_state, download_buttons, keep_in_range, show_error, sinusoid_inputs
@@ -16,15 +25,18 @@ __all__ = [
     "Choices",
     "Page",
     "clamp_state",
+    "computed_atlas",
     "download_buttons",
     "keep_in_range",
     "keep_state",
     "load_bundle",
+    "open_atlas",
     "registry",
     "run_attention",
     "run_decoding",
     "run_scores",
     "run_forward_pass",
+    "run_head_map",
     "show_error",
     "sidebar",
     "sinusoid_inputs",

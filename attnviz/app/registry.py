@@ -43,6 +43,14 @@ PAGES = (
         "at each step, and the alignment growing row by row; teacher forcing with a target sentence.",
     ),
     Page(
+        "pages/atlas.py",
+        "Head atlas",
+        ":material/travel_explore:",
+        "every head's habits over many sentences (entropy, distance, the diagonal and neighbours, special tokens and "
+        "punctuation, positional heads), heads on a map by how alike they attend, a sortable table, and each head's "
+        "most and least typical sentences; for the model's examples, pasted sentences, or a corpus's atlas folder.",
+    ),
+    Page(
         "pages/walkthrough.py",
         "Forward-pass walkthrough",
         ":material/route:",

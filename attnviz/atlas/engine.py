@@ -12,7 +12,7 @@ several times faster. The maps move by a few thousandths (``tests/test_atlas.py`
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, replace
 
@@ -138,3 +138,18 @@ def run_local(
         if on_batch is not None:
             on_batch(len(chunk))
         yield result
+
+
+@torch.no_grad()
+def head_map(
+    bundle: Bundle, src_ids: Sequence[int], tgt_ids: Sequence[int] | None, kind: str, layer: int, head: int
+) -> np.ndarray:
+    """One head's map (Q, K) float32 for one sentence's exact inputs, as an atlas's ``inputs.parquet`` holds them.
+
+    ``layer`` and ``head`` count from 1; ``tgt_ids`` is the decoder input (None for an encoder-only model).
+    """
+    device = bundle.device
+    src = torch.tensor([list(src_ids)], device=device)
+    tgt = None if tgt_ids is None else torch.tensor([list(tgt_ids)], device=device)
+    attn = bundle.model(src, tgt, return_attention=True, return_logits=False).attention
+    return getattr(attn, kind)[layer - 1][0, head - 1].float().cpu().numpy()
