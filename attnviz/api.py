@@ -6,6 +6,8 @@
 'einundzwanzig'
 >>> maps = attnviz.attention(bundle, "twenty-one")       # the same data as `attnviz attention`
 >>> maps.cross.shape                                     # (layers, heads, target, source)
+>>> atlas = attnviz.api.compute_atlas(bundle, ["twenty-one", "seven"])  # every head over many sentences
+>>> atlas.heads[["kind", "layer", "head", "entropy"]]      # build_atlas writes a corpus's to a folder
 """
 
 from __future__ import annotations
