@@ -8,6 +8,8 @@
 >>> maps.cross.shape                                     # (layers, heads, target, source)
 >>> attnviz.attribute(bundle, "twenty-one", method="value-zeroing").cross.shape   # (layers, target, source)
 >>> attnviz.translate(bundle, "twenty-one", ablate="cross:3.2")   # that head switched off
+>>> atlas = attnviz.api.compute_atlas(bundle, ["twenty-one", "seven"])  # every head over many sentences
+>>> atlas.heads[["kind", "layer", "head", "entropy"]]      # build_atlas writes a corpus's to a folder
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ import pandas as pd
 import sentencepiece
 import torch
 
+from attnviz.atlas import Atlas, build_atlas, compute_atlas, load_atlas
 from attnviz.checkpoints import Bundle, load_checkpoint
 from attnviz.checkpoints.catalog import DEFAULT_MODEL, MINILM, list_models, resolve_model
 from attnviz.decoding import Decoding, greedy_decode
@@ -48,6 +51,7 @@ __all__ = [
     "MINILM",
     "Ablation",
     "AblationComparison",
+    "Atlas",
     "AttentionExport",
     "ForwardPass",
     "HeadImportance",
@@ -56,6 +60,9 @@ __all__ = [
     "attribute",
     "compare_ablation",
     "head_importance",
+    "build_atlas",
+    "compute_atlas",
+    "load_atlas",
     "list_models",
     "load",
     "load_export",

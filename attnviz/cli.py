@@ -1,4 +1,4 @@
-"""The `attnviz` command: translate, attention, attribute, diff, evaluate, train. A stable contract for scripts.
+"""The `attnviz` command: translate, attention, attribute, atlas, diff, evaluate, train. A stable contract for scripts.
 
 Results go to standard output. `attnviz diff` exits 0 when two exports are equal within the
 tolerance and 1 when they differ. Any bad input (an argument out of range, text that is not Unicode,
@@ -14,10 +14,12 @@ import argparse
 import logging
 import os
 import sys
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import NoReturn
 
+from attnviz.atlas import ENGINES, PRECISIONS
 from attnviz.data import TASKS
 from attnviz.devices import DEVICE_CHOICES
 from attnviz.errors import AttnvizError, InputError
@@ -124,8 +126,64 @@ def out_file(value: str) -> str:
     return str(path)
 
 
+def in_file(value: str) -> str:
+    """A file to read: it must exist, be a file (not a folder) and be readable."""
+    path = Path(path_text(value)).expanduser()
+    if not path.exists():
+        raise argparse.ArgumentTypeError(f"there is no file {value!r}")
+    if not path.is_file():
+        raise argparse.ArgumentTypeError(f"{value!r} is not a file")
+    if not os.access(path, os.R_OK):
+        raise argparse.ArgumentTypeError(f"{value!r} is not readable")
+    return str(path)
+
+
+def out_dir(value: str) -> str:
+    """A folder to write into: an existing writable folder, or a new one whose parent folder exists."""
+    path = Path(path_text(value)).expanduser()
+    if path.exists():
+        if not path.is_dir():
+            raise argparse.ArgumentTypeError(f"{value!r} is a file: name a folder")
+        if not os.access(path, os.W_OK):
+            raise argparse.ArgumentTypeError(f"the folder {value!r} is not writable")
+        return str(path)
+    parent = path.parent if str(path.parent) else Path(".")
+    if not parent.is_dir():
+        raise argparse.ArgumentTypeError(f"the folder {str(parent)!r} does not exist: create it first")
+    if not os.access(parent, os.W_OK):
+        raise argparse.ArgumentTypeError(f"the folder {str(parent)!r} is not writable")
+    return str(path)
+
+
 # ---------------------------------------------------------------------------------------------
 # Commands
+
+
+class ProgressBar:
+    """A progress bar on standard error: redrawn in place on a terminal, a line per tenth otherwise."""
+
+    def __init__(self, label: str, stream=None, width: int = 30):
+        self.label, self.stream, self.width = label, stream or sys.stderr, width
+        self.tty = self.stream.isatty()
+        self.start = time.perf_counter()
+        self.shown_tenth = -1
+
+    def __call__(self, done: int, total: int) -> None:
+        share = done / total if total else 1.0
+        elapsed = max(time.perf_counter() - self.start, 1e-9)
+        filled = int(share * self.width)
+        line = f"{self.label} [{'#' * filled}{'.' * (self.width - filled)}] {done}/{total} sentences"
+        if self.tty:
+            self.stream.write(f"\r{line}, {done / elapsed:.1f}/s ")
+        elif int(share * 10) > self.shown_tenth:
+            self.shown_tenth = int(share * 10)
+            self.stream.write(line + "\n")
+        self.stream.flush()
+
+    def close(self) -> None:
+        if self.tty:
+            self.stream.write("\n")
+            self.stream.flush()
 
 
 def _translate(args) -> None:
@@ -173,6 +231,35 @@ def _attribute(args) -> None:
         explained = f"; explains {token!r}, predicted at decoder position {position}"
     per = "layers x heads" if method.per_head else "layers"
     print(f"wrote {path}: {method.name}, {shape} ({per}), source {len(export.src_ids)} tokens{decoder}{explained}")
+
+
+def _atlas(args) -> None:
+    from attnviz.api import build_atlas, load
+
+    bundle = load(args.model, args.device)
+    bar = ProgressBar("atlas")
+    try:
+        atlas = build_atlas(
+            bundle,
+            args.corpus,
+            args.out,
+            targets=args.targets,
+            batch_size=args.batch,
+            precision=args.precision,
+            engine=args.engine,
+            limit=args.limit,
+            progress=bar,
+            ray_device=args.device,
+        )
+    finally:
+        bar.close()
+    counts = atlas.manifest["counts"]
+    skipped = ", ".join(f"{n} {why.replace('_', ' ')}" for why, n in counts["skipped"].items() if n) or "none"
+    heads = len(atlas.heads)
+    print(
+        f"wrote {args.out}: {counts['sentences']} sentences of {counts['lines']} lines (skipped: {skipped}), "
+        f"{heads} heads ({', '.join(atlas.kinds)})"
+    )
 
 
 def _evaluate(args) -> None:
@@ -287,6 +374,23 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--rtol", type=float_in(0.0, 1.0), default=0.0, help="relative tolerance per cell (default 0)")
     p.add_argument("--json", action="store_true", help="print the report as JSON")
     p.set_defaults(run=_diff)
+
+    p = sub.add_parser("atlas", help="every head's statistics over a corpus, written as Parquet files to a folder")
+    model_args(p)
+    p.add_argument("--corpus", required=True, type=in_file, help="one source sentence per line (UTF-8)")
+    p.add_argument(
+        "--targets",
+        type=in_file,
+        help="one decoder input per line, as --tgt of `attnviz attention` (default: the model's greedy output)",
+    )
+    p.add_argument("--out", required=True, type=out_dir, help="the folder to write; a run stopped there resumes")
+    p.add_argument("--batch", type=int_in(1, 4096), default=32, help="sentences per batch (default: 32)")
+    p.add_argument(
+        "--precision", choices=PRECISIONS, default="fp32", help="bf16: products in bfloat16, softmax in float32"
+    )
+    p.add_argument("--engine", choices=ENGINES, default="local", help="ray: Ray Data batch inference (RAY_ADDRESS)")
+    p.add_argument("--limit", type=int_in(1, 10**9), help="read only the first N lines")
+    p.set_defaults(run=_atlas)
 
     p = sub.add_parser("evaluate", help="exact match on freshly generated held-out pairs")
     model_args(p)

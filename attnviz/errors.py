@@ -44,3 +44,7 @@ class NonFiniteError(AttnvizError):
 
 class ExportError(AttnvizError):
     """An export file or atlas folder that is corrupt, foreign, or written by a newer attnviz."""
+
+
+class AtlasError(AttnvizError):
+    """A head-atlas folder that cannot be written or read: another run's, incomplete, or not an atlas."""

@@ -17,6 +17,9 @@ about 1e-6 relative (``tests/test_linear.py``). oneDNN is used only where all of
   more than MKL's, which only pays off above about 2 million multiply-adds (measured: a 64 x 128
   by 128 x 128 product is 1.5x slower in oneDNN, a 64 x 512 by 512 x 512 one 1.8x faster);
 - input and weight are contiguous (a strided weight is re-laid out on every call);
+- no ``torch.autocast`` region is active on the CPU: there ``F.linear`` runs, so that autocast
+  casts the product to bfloat16 (``attnviz atlas --precision bf16``); calling oneDNN's float32
+  kernel directly would silently bypass it;
 - it is not switched off: ``ATTNVIZ_ONEDNN=0`` in the environment, or :func:`use_onednn`.
 
 Should oneDNN ever refuse a product, ``F.linear`` computes it and every later one, with a warning.
@@ -80,6 +83,8 @@ def _takes_onednn(x: Tensor, weight: Tensor, bias: Tensor | None) -> bool:
         return False
     if torch.is_grad_enabled() and any(t.requires_grad for t in tensors):
         return False  # no backward: the gradients would be silently wrong
+    if torch.is_autocast_enabled("cpu"):
+        return False  # autocast chooses the product's precision, and only sees F.linear
     if x.shape[-1] != weight.shape[-1] or (bias is not None and bias.shape != weight.shape[:1]):
         return False  # F.linear raises its own clear error
     if not (x.is_contiguous() and weight.is_contiguous()):

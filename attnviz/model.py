@@ -168,6 +168,11 @@ def attention(
     ``keep_scores`` (scores None) the CPU softmax overwrites the scores when no gradient is recorded:
     returning the maps then costs a few per cent over the fused kernel, where equation 1 written
     plainly cost 2.5x at 256 tokens (``benchmarks/bench_forward.py``).
+
+    Under ``torch.autocast`` to bfloat16 or float16 the matrix products run in that precision but
+    the softmax runs in float32, and the weights returned are float32; the product with V takes
+    them rounded to V's precision. (Autocast on the CPU would otherwise leave the softmax in
+    bfloat16: about 3 significant digits per weight.)
     """
     B, H, Q, Dh = q.shape
     K = k.shape[2]
@@ -177,7 +182,9 @@ def attention(
     else:
         bias = torch.zeros(mask.shape, dtype=q.dtype, device=q.device).masked_fill_(~mask, float("-inf"))
         scores = torch.baddbmm(bias.expand(B, H, Q, K).reshape(B * H, Q, K), q3, kT3, alpha=Dh**-0.5)
-    if keep_scores or scores.device.type != "cpu" or (torch.is_grad_enabled() and scores.requires_grad):
+    if scores.dtype in (torch.float16, torch.bfloat16):  # products in reduced precision (autocast)
+        weights = torch.softmax(scores, dim=-1, dtype=torch.float32)  # the softmax stays in float32
+    elif keep_scores or scores.device.type != "cpu" or (torch.is_grad_enabled() and scores.requires_grad):
         weights = torch.softmax(scores, dim=-1)
     else:  # torch's CPU kernel reads each element of a row before it overwrites it: safe in place
         weights = torch.ops.aten._softmax.out(scores, -1, False, out=scores)
@@ -185,7 +192,7 @@ def attention(
     if mask is not None and not bool(mask.any(dim=-1).all()):
         weights = weights.masked_fill(~mask, 0.0)  # rows that were all -inf are NaN: zero them
     Dv = v.shape[-1]  # d_v, which the paper lets differ from d_k
-    out = torch.bmm(weights.reshape(B * H, Q, K), v.reshape(B * H, K, Dv)).view(B, H, Q, Dv)
+    out = torch.bmm(weights.reshape(B * H, Q, K).to(v.dtype), v.reshape(B * H, K, Dv)).view(B, H, Q, Dv)
     return out, weights, scores.view(B, H, Q, K) if keep_scores else None
 
 

@@ -95,6 +95,8 @@ $upstreams    }
     server {
         listen $bind:$port;
         client_max_body_size 8m;
+        # A shared link holds the view's text (a sentence, pasted lines): room for long ones, not 8k.
+        large_client_header_buffers 4 128k;
         location / {
             add_header Set-Cookie "attnviz_route=\$attnviz_route; Path=/; HttpOnly; SameSite=Lax" always;
             proxy_pass http://attnviz;

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import re
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 
@@ -88,3 +90,33 @@ def test_the_methods_benchmark_runs_and_prints_every_line(capsys):
         assert block.count("PASS") + block.count("MISS") == 3, "three targets, each with a verdict"
         assert "(b)/(a) = " in block
     assert "source 6 tokens, decoder input 6 tokens" in out
+
+
+def test_the_atlas_benchmark_runs_at_tiny_sizes_and_ends_with_its_line(capsys):
+    pytest.importorskip("transformers")
+    import bench_atlas
+
+    tiny = ["--sentences", "5", "--max-words", "5", "--repeats", "2", "--batch", "2", "--threads", "1"]
+    bench_atlas.main([*tiny, "--layers", "1", "--d-model", "32", "--heads", "2", "--ffn", "64", "--vocab", "300"])
+    out = capsys.readouterr().out.strip().splitlines()
+    assert re.fullmatch(r"atlas_speedup_fp32=\d+\.\d\d atlas_speedup_bf16=\d+\.\d\d", out[-1]), out[-1]
+    text = "\n".join(out)
+    assert "plain loop vs fp32 engine" in text, "the plain loop is checked against the engine before timing"
+    assert "fast bfloat16 on this hardware: " in text and "CPU: " in text
+    assert sum(line.split()[0] in ("plain", "fp32", "bf16") for line in out if line.strip()) >= 3
+
+
+def test_the_plain_loops_statistics_are_the_engines():
+    """The benchmark's own numpy statistics agree with the engine on a map where every statistic is known."""
+    import bench_atlas
+
+    from attnviz.atlas.stats import STATISTICS as NAMES
+
+    rows = np.array([[1, 0, 0], [0.3, 0.7, 0], [0.2, 0.3, 0.5]])[None, None]  # (L=1, H=1, Q=3, K=3), causal
+    values = bench_atlas.plain_statistics(rows, "decoder", np.zeros(3, bool), np.ones(3, bool))[0, 0]
+    got = dict(zip(NAMES, values, strict=True))
+    assert got["previous"] == pytest.approx(0.3) and got["punctuation"] == pytest.approx(1.0)
+    assert np.isnan(got["next"]) and np.isnan(got["last"]) and got["argmax_previous"] == 0
+    two = np.stack([rows[0, 0], np.tril(np.ones((3, 3))) / np.arange(1, 4)[:, None]])[None].astype(np.float32)
+    divergence = bench_atlas.plain_divergences(two)
+    assert divergence[0, 0] == 0 and divergence[0, 1] == divergence[1, 0] > 0

@@ -140,3 +140,15 @@ def test_mismatched_shapes_raise_torchs_error_and_leave_onednn_on():
     with torch.no_grad(), pytest.raises(RuntimeError, match="shapes cannot be multiplied"):
         linear(x[..., :500], w, b)
     assert onednn_enabled() == before
+
+
+@pytest.mark.parametrize("activation", [None, "swish"])
+def test_autocast_reaches_the_product(activation):
+    """Under torch.autocast the product runs in bfloat16, as F.linear's would; oneDNN's float32 kernel would not."""
+    x, w, b = operands(70, 256, 512)  # large enough that oneDNN would otherwise run
+    with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
+        assert not ran_onednn(lambda: linear(x, w, b, activation))
+        got = linear(x, w, b, activation)
+        want = EAGER[activation](F.linear(x, w, b))
+    assert got.dtype == torch.bfloat16
+    assert torch.equal(got, want)

@@ -361,6 +361,21 @@ def test_attention_without_scores_still_has_the_right_gradients():
         torch.testing.assert_close(got, want, atol=1e-6, rtol=0)
 
 
+@pytest.mark.parametrize("keep_scores", [True, False])
+def test_under_bf16_autocast_the_products_are_bf16_and_the_softmax_float32(keep_scores):
+    g = torch.Generator().manual_seed(8)
+    q, k, v = (torch.randn(2, 3, 7, 16, generator=g) * 2 for _ in range(3))
+    mask = _mask((2, 1, 7, 7), seed=9)
+    with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
+        out, weights, scores = attention(q, k, v, mask, keep_scores=True)
+        assert attention(q, k, v, mask, keep_scores=keep_scores)[1].dtype == torch.float32
+    assert out.dtype == scores.dtype == torch.bfloat16 and weights.dtype == torch.float32
+    # The softmax of the bfloat16 scores, computed in float32: rows sum to 1 to float32 rounding,
+    # where a bfloat16 softmax would miss by about 1e-2.
+    assert torch.equal(weights, torch.softmax(scores.float(), -1))
+    torch.testing.assert_close(weights.sum(-1), torch.ones(2, 3, 7), atol=1e-6, rtol=0)
+
+
 # ---------------------------------------------------------------------------------------------
 # Invariants of every map
 

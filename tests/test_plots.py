@@ -238,3 +238,42 @@ def test_figures_stay_small():
     assert len(fig.to_json()) < 5_000_000
     grid = model_view(random_maps(6, 8, 100, 100, seed=6), ["▁a"] * 100, ["▁b"] * 100, "encoder")
     assert len(grid.to_json()) < 1_500_000
+
+
+# ---------------------------------------------------------------------------------------------
+# The head atlas's map
+
+
+def test_head_map_places_and_colours_every_head():
+    from attnviz.figures.atlas import STATISTIC_LABELS, head_map
+
+    layers, heads = [1, 1, 2, 2], [1, 2, 1, 2]
+    x, y, values = [0.1, -0.2, 0.3, 0.0], [0.0, 0.5, -0.5, 0.2], [1.5, float("nan"), 0.25, 2.0]
+    fig = head_map(layers, heads, x, y, values, "entropy", "encoder", selected=(2, 1), positional=[0, 0, 1, 0])
+    grey, coloured, ring = fig.data
+    assert list(grey.x) == [-0.2] and list(grey.customdata[0]) == [1, 2], "a NaN value is drawn grey, not as 0"
+    np.testing.assert_array_equal(coloured.x, [0.1, 0.3, 0.0])
+    np.testing.assert_array_equal(coloured.marker.color, [1.5, 0.25, 2.0])
+    assert list(coloured.text) == ["L1H1", "L2H1", "L2H2"]
+    assert list(coloured.marker.symbol) == ["circle", "diamond", "circle"], "positional heads are diamonds"
+    assert coloured.marker.colorbar.title.text == STATISTIC_LABELS["entropy"] == "entropy (nats)"
+    assert (list(ring.x), list(ring.y)) == ([0.3], [-0.5]) and ring.marker.line.color == HIGHLIGHT
+    assert "Encoder self-attention" in fig.layout.title.text
+
+
+def test_head_map_refuses_what_it_cannot_draw():
+    from attnviz.figures.atlas import head_map
+
+    with pytest.raises(ValueError, match="one entry per head"):
+        head_map([1], [1, 2], [0], [0], [0], "entropy", "cross")
+    with pytest.raises(ValueError, match="statistic must be one of"):
+        head_map([1], [1], [0], [0], [0], "positional", "cross")
+    with pytest.raises(ValueError, match="kind must be one of"):
+        head_map([1], [1], [0], [0], [0], "entropy", "self")
+
+
+def test_every_atlas_statistic_has_a_label_with_its_unit():
+    from attnviz.atlas import STATISTICS
+    from attnviz.figures.atlas import STATISTIC_LABELS
+
+    assert list(STATISTIC_LABELS) == list(STATISTICS)

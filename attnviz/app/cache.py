@@ -6,13 +6,20 @@
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable
 from typing import Any, TypeVar
 
+import numpy as np
 import streamlit as st
 
 from attnviz import api
+from attnviz.atlas.engine import head_map
 from attnviz.checkpoints import Bundle
+from attnviz.checkpoints.catalog import visitor_path
+from attnviz.errors import AtlasError, CheckpointError
+
+ATLAS_MEMORY = 8  # atlases computed in the app, kept for every session (the oldest goes first)
 
 T = TypeVar("T")
 
@@ -84,3 +91,59 @@ def shared(kind: str, key: tuple, build: Callable[[], T]) -> T:
     (st.plotly_chart and st.table only read it). Bounded: the 512 most recent, for an hour.
     """
     return _shared(kind, key, build)
+
+
+@st.cache_resource
+def _computed_atlases() -> tuple[dict, threading.Lock]:
+    return {}, threading.Lock()
+
+
+def computed_atlas(
+    model: str, device: str, sentences: tuple[str, ...], progress: Callable[[int, int], None] | None = None
+) -> api.Atlas:
+    """The atlas of ``sentences``, computed once per process, with ``progress(done, total)`` while it runs.
+
+    Not an ``st.cache_data`` function: the progress bar is drawn by the page while the work runs,
+    and Streamlit would replay a cached function's drawing on every later hit. The atlas is shared
+    by every session and must be treated as read-only.
+    """
+    memo, lock = _computed_atlases()
+    key = (model, device, sentences)
+    with lock:
+        if key in memo:
+            return memo[key]
+    atlas = api.compute_atlas(load_bundle(model, device), list(sentences), progress=progress)
+    with lock:
+        memo[key] = atlas
+        while len(memo) > ATLAS_MEMORY:
+            memo.pop(next(iter(memo)))
+    return atlas
+
+
+@st.cache_resource(show_spinner="Reading the atlas…", max_entries=4)
+def _read_atlas(folder: str, written: float) -> api.Atlas:
+    return api.load_atlas(folder)
+
+
+def open_atlas(typed: str) -> api.Atlas:
+    """The atlas in the folder a visitor typed, only under the server's model roots (``visitor_path``).
+
+    Read once per folder and version of its manifest; shared by every session, read-only.
+    """
+    try:
+        folder = visitor_path(typed)
+    except CheckpointError:
+        raise AtlasError(
+            f"{typed.strip()!r} is not an atlas folder this server lets visitors open; atlases are read from "
+            "under the server's model folders (ATTNVIZ_MODEL_ROOTS)"
+        ) from None
+    manifest = folder / "manifest.json"
+    return _read_atlas(str(folder), manifest.stat().st_mtime if manifest.is_file() else 0.0)
+
+
+@st.cache_data(show_spinner=False, max_entries=256)
+def run_head_map(
+    model: str, device: str, src_ids: tuple[int, ...], tgt_ids: tuple[int, ...] | None, kind: str, layer: int, head: int
+) -> np.ndarray:
+    """One head's map for one sentence's exact inputs (Q, K), cached."""
+    return head_map(load_bundle(model, device), src_ids, tgt_ids, kind, layer, head)

