@@ -101,6 +101,23 @@ def _wait_for_run(page) -> None:
     page.wait_for_selector("[data-testid='stApp'][data-test-script-state='notRunning']", timeout=120_000)
 
 
+# Every drawn plot's title against its own x tick labels: the boxes of those that overlap.
+_TITLE_CLASHES = """() => {
+    const clashes = [];
+    for (const plot of document.querySelectorAll('.js-plotly-plot')) {
+        const title = plot.querySelector('.gtitle');
+        if (!title || !title.textContent.trim()) continue;
+        const a = title.getBoundingClientRect();
+        for (const tick of plot.querySelectorAll('.xtick text')) {
+            const b = tick.getBoundingClientRect();
+            if (a.left < b.right && b.left < a.right && a.top < b.bottom && b.top < a.bottom)
+                clashes.push(title.textContent + ' / ' + tick.textContent);
+        }
+    }
+    return clashes;
+}"""
+
+
 def test_every_page_renders_without_exception(server):
     from playwright.sync_api import sync_playwright
 
@@ -116,6 +133,7 @@ def test_every_page_renders_without_exception(server):
                 assert page.locator("[data-testid='stException']").count() == 0, f"exception on {name}"
                 content = ".js-plotly-plot, [data-testid='stTable'], [data-testid='stDataFrame']"
                 assert page.locator(content).count() >= 1, f"nothing drawn on {name}"
+                assert not page.evaluate(_TITLE_CLASHES), f"a title runs into its key labels on {name}"
         finally:
             browser.close()
 

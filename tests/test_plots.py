@@ -277,3 +277,14 @@ def test_every_atlas_statistic_has_a_label_with_its_unit():
     from attnviz.figures.atlas import STATISTIC_LABELS
 
     assert list(STATISTIC_LABELS) == list(STATISTICS)
+
+
+def test_a_long_first_token_gets_room_under_the_title():
+    """The top margin grows with the longest key label; the title sits at the top of the figure."""
+    from attnviz.figures.common import above_top_labels
+
+    short = attention_heatmap(np.full((2, 2), 0.5), ["a", "b"], ["c", "d"], "encoder", title="t")
+    long = attention_heatmap(np.full((2, 2), 0.5), ["a", "b"], ["▁Thursday" * 3, "d"], "encoder", title="t")
+    assert long.layout.margin.t > short.layout.margin.t + 100
+    assert (long.layout.title.text, long.layout.title.yref, long.layout.title.y) == ("t", "container", 1.0)
+    assert above_top_labels("t", ["&lt;s&gt;"])["margin"]["t"] == above_top_labels("t", ["<s>"])["margin"]["t"]

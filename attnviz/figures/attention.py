@@ -19,6 +19,7 @@ from attnviz.figures.common import (
     MASKED_GREY,
     SCORE_COLORSCALE,
     WEIGHT_COLORSCALE,
+    above_top_labels,
     as_array,
     check_tokens,
     kind_titles,
@@ -97,10 +98,9 @@ def attention_heatmap(
             )
         )
     fig.update_layout(
-        title=title or kind_title,
         plot_bgcolor=MASKED_GREY,
         height=max(320, min(900, 24 * Q + 250)),
-        margin={"l": 10, "r": 10, "t": 140, "b": 10},  # room for the title above the rotated key labels
+        **above_top_labels(title or kind_title, x),
     )
     fig.update_xaxes(title=x_title, side="top", tickangle=-60, **ticks(x))
     fig.update_yaxes(title=y_title, autorange="reversed", **ticks(y))

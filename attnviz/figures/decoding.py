@@ -11,6 +11,7 @@ import plotly.graph_objects as go
 from attnviz.figures.common import (
     HIGHLIGHT,
     WEIGHT_COLORSCALE,
+    above_top_labels,
     as_array,
     check_tokens,
     kind_titles,
@@ -77,7 +78,7 @@ def step_rows_grid(rows: np.ndarray, key_tokens: Sequence[str], title: str, kind
             hovertemplate="%{y}<br>key %{x}<br>weight %{z:.6f}<extra></extra>",
         )
     )
-    fig.update_layout(title=title, height=max(300, 14 * L * H + 250), margin={"l": 10, "r": 10, "t": 140, "b": 10})
+    fig.update_layout(height=max(300, 14 * L * H + 250), **above_top_labels(title, x))
     fig.update_xaxes(title=x_title, side="top", tickangle=-60, **ticks(x))
     fig.update_yaxes(title="query: this step's position, per layer and head", autorange="reversed", **ticks(y))
     return fig

@@ -13,7 +13,7 @@ import numpy as np
 import plotly.graph_objects as go
 
 from attnviz.figures.attention import attention_heatmap
-from attnviz.figures.common import SCORE_COLORSCALE, plotly_labels, ticks
+from attnviz.figures.common import SCORE_COLORSCALE, above_top_labels, plotly_labels, ticks
 from attnviz.lessons.walkthrough import Matrix
 
 
@@ -51,7 +51,7 @@ def matrix_heatmap(
             hovertemplate=f"{row_axis} %{{y}}<br>{col_axis} %{{x}}<br>value %{{z:.6f}}<extra></extra>",
         )
     )
-    fig.update_layout(title=title, height=max(260, min(900, 22 * R + 180)), margin={"l": 10, "r": 10, "t": 90, "b": 10})
+    fig.update_layout(height=max(260, min(900, 22 * R + 180)), **above_top_labels(title, x))
     fig.update_xaxes(title=col_axis, side="top", tickangle=-60, **ticks(x))
     fig.update_yaxes(title=row_axis, autorange="reversed", **ticks(y))
     return fig
