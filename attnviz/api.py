@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import logging
 import platform
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -28,6 +29,8 @@ from attnviz.export import AXES, FORMAT_VERSION, AttentionExport, ForwardPass, l
 from attnviz.hooks import Recorder, act_name, attention_site
 from attnviz.kinds import KINDS
 from attnviz.linear import onednn_enabled
+from attnviz.tokenizer import Encoded, Word
+from attnviz.words import merge_export
 
 MAX_OUTPUT_TOKENS = 256
 
@@ -43,6 +46,7 @@ __all__ = [
     "list_models",
     "load",
     "load_export",
+    "queries_keys",
     "resolve_model",
     "run_record",
     "step_through",
@@ -56,9 +60,9 @@ def load(name_or_dir: str | Path = DEFAULT_MODEL, device: str = "auto") -> Bundl
     return load_checkpoint(resolve_model(name_or_dir), device)
 
 
-def _source_tensor(bundle: Bundle, text: str) -> tuple[torch.Tensor, tuple[str, ...]]:
-    enc = bundle.tokenizer.encode_source(text)
-    return torch.tensor([enc.ids], device=bundle.device), enc.tokens
+def _source_tensor(bundle: Bundle, text: str) -> torch.Tensor:
+    """The encoder input for ``text``: ids (1, S)."""
+    return torch.tensor([bundle.tokenizer.encode_source(text).ids], device=bundle.device)
 
 
 def _max_output(bundle: Bundle, src_len: int) -> int:
@@ -86,7 +90,7 @@ def translate(bundle: Bundle, text: str, beam: int = 1) -> str:
     An output cut at the length limit (:data:`MAX_OUTPUT_TOKENS`, or the model's positions) is
     logged as a warning; :func:`step_through` and :func:`attention` also record it.
     """
-    src, _ = _source_tensor(bundle, text)
+    src = _source_tensor(bundle, text)
     if beam == 1:
         ids, _ = _greedy(bundle, src)
     else:
@@ -103,7 +107,7 @@ def step_through(bundle: Bundle, text: str, beam: int = 1, top_k: int = 5, targe
     Every :class:`~attnviz.decoding.DecodeStep` holds the chosen token, the top-k candidates, and
     that step's decoder self-attention and cross-attention rows for every layer and head.
     """
-    src, _ = _source_tensor(bundle, text)
+    src = _source_tensor(bundle, text)
     forced = None
     if target is not None:
         forced = list(bundle.tokenizer.encode_target(target)[1].ids)
@@ -133,29 +137,38 @@ def _check_finite(what: str, arrays: dict[str, np.ndarray], allow_masked: bool =
             )
 
 
-def _decoder_input(
-    bundle: Bundle, src_ids: torch.Tensor, tgt: str | None
-) -> tuple[tuple[int, ...], tuple[str, ...], bool]:
-    """The decoder input ids and labels: ``<s>`` and ``tgt``'s pieces, or the greedy output; and
-    whether that output was cut at the length limit."""
+@dataclass(frozen=True)
+class _Inputs:
+    """What the model reads for one sentence pair: the encoder input, and the decoder input unless
+    the model is encoder-only (then every target field is None)."""
+
+    src: torch.Tensor  # (1, S) ids
+    src_enc: Encoded
+    tgt: torch.Tensor | None  # (1, T) ids, from the start token on
+    tgt_ids: tuple[int, ...] | None
+    tgt_tokens: tuple[str, ...] | None
+    tgt_words: tuple[Word, ...] | None
+    truncated: bool  # the decoder input is the greedy output, cut at the length limit
+
+
+def _inputs(bundle: Bundle, src: str, tgt: str | None) -> _Inputs:
+    """The encoder input, and the decoder input: ``<s>`` and ``tgt``'s pieces, or the greedy output."""
     tok = bundle.tokenizer
-    if tgt is None:
-        out, truncated = _greedy(bundle, src_ids)
-        return (tok.bos_id, *out), tuple(tok.target_token(i) for i in (tok.bos_id, *out)), truncated
-    enc, _ = tok.encode_target(tgt)
-    return enc.ids, enc.tokens, False
-
-
-def _inputs(bundle: Bundle, src: str, tgt: str | None):
-    """(src ids (1, S), src tokens, tgt ids, tgt tokens, tgt ids (1, T), truncated); the target parts
-    None when encoder-only."""
-    src_ids, src_tokens = _source_tensor(bundle, src)
+    src_enc = tok.encode_source(src)
+    src_ids = torch.tensor([src_enc.ids], device=bundle.device)
     if bundle.config.encoder_only:
         if tgt is not None:
             raise InputError("this model is encoder-only: it takes no target sentence")
-        return src_ids, src_tokens, None, None, None, False
-    tgt_ids, tgt_tokens, truncated = _decoder_input(bundle, src_ids, tgt)
-    return src_ids, src_tokens, tgt_ids, tgt_tokens, torch.tensor([tgt_ids], device=bundle.device), truncated
+        return _Inputs(src_ids, src_enc, None, None, None, None, False)
+    if tgt is None:
+        out, truncated = _greedy(bundle, src_ids)
+        ids = (tok.bos_id, *out)
+        tokens, words = tuple(tok.target_token(i) for i in ids), tok.target_words(ids)
+    else:
+        enc, _ = tok.encode_target(tgt)
+        ids, tokens, words, truncated = enc.ids, enc.tokens, enc.words, False
+    tgt_ids = torch.tensor([ids], device=bundle.device)
+    return _Inputs(src_ids, src_enc, tgt_ids, ids, tokens, words, truncated)
 
 
 @torch.no_grad()
@@ -164,12 +177,12 @@ def attention_scores(bundle: Bundle, src: str, tgt: str | None = None) -> dict[s
 
     The same inputs as :func:`attention`; masked entries are ``-inf``.
     """
-    src_ids, _, _, _, tgt_tensor, _ = _inputs(bundle, src, tgt)
+    inputs = _inputs(bundle, src, tgt)
     layers = {"encoder": bundle.config.n_enc_layers, "decoder": bundle.config.n_dec_layers}
     layers["cross"] = layers["decoder"]
     names = {kind: [act_name(attention_site(kind, i), "scores") for i in range(layers[kind])] for kind in KINDS}
     with Recorder({n for kind_names in names.values() for n in kind_names}) as rec:
-        bundle.model(src_ids, tgt_tensor, return_logits=False)
+        bundle.model(inputs.src, inputs.tgt, return_logits=False)
     scores = {
         kind: torch.stack([rec.tensors[n] for n in kind_names])[:, 0].float().cpu().numpy()
         for kind, kind_names in names.items()
@@ -212,17 +225,23 @@ def run_record(bundle: Bundle) -> dict:
 
 
 @torch.no_grad()
-def attention(bundle: Bundle, src: str, tgt: str | None = None) -> AttentionExport:
+def attention(bundle: Bundle, src: str, tgt: str | None = None, *, words: bool = False) -> AttentionExport:
     """Every attention map for ``src``, with ``tgt`` (or, without it, the model's greedy output)
-    as the decoder input."""
-    src_ids, src_tokens, tgt_ids, tgt_tokens, tgt_tensor, truncated = _inputs(bundle, src, tgt)
-    result = bundle.model(src_ids, tgt_tensor, return_attention=True, return_logits=False).attention
+    as the decoder input.
+
+    With ``words``, the maps are over words instead of sub-word pieces (:mod:`attnviz.words`:
+    attention to a word summed over its pieces, from a word averaged), the tokens are the words
+    as typed, and the manifest says so (``units``, ``words``).
+    """
+    inputs = _inputs(bundle, src, tgt)
+    result = bundle.model(inputs.src, inputs.tgt, return_attention=True, return_logits=False).attention
 
     def stack(kind: str) -> np.ndarray | None:
         if not getattr(result, kind):  # an encoder-only model has no decoder or cross maps
             return None
         return result.stacked(kind)[:, 0].float().cpu().numpy()  # (L, B=1, H, Q, K) -> (L, H, Q, K)
 
+    encoder_only = inputs.tgt_ids is None
     manifest = {
         "model": bundle.name,
         "checkpoint_sha256": bundle.sha256,
@@ -230,14 +249,11 @@ def attention(bundle: Bundle, src: str, tgt: str | None = None) -> AttentionExpo
         "src": src,
         "tgt": tgt,
         "tgt_from": (
-            "none: encoder-only model"
-            if tgt_ids is None
-            else "given"
-            if tgt is not None
-            else "greedy output of the model"
+            "none: encoder-only model" if encoder_only else "given" if tgt is not None else "greedy output of the model"
         ),
-        "tgt_truncated": truncated,  # the greedy output stopped at the length limit, unfinished
-        "max_output_tokens": None if tgt_ids is None else _max_output(bundle, src_ids.shape[1]),
+        "tgt_truncated": inputs.truncated,  # the greedy output stopped at the length limit, unfinished
+        "max_output_tokens": None if encoder_only else _max_output(bundle, inputs.src.shape[1]),
+        "units": "pieces",
         "axes": AXES,
         "note": "rows are queries, columns are keys; weights are post-softmax, per head",
         "versions": versions(),
@@ -246,26 +262,54 @@ def attention(bundle: Bundle, src: str, tgt: str | None = None) -> AttentionExpo
     }
     maps = {kind: stack(kind) for kind in KINDS}
     _check_finite("attention", {kind: m for kind, m in maps.items() if m is not None})
-    return AttentionExport(
+    export = AttentionExport(
         encoder=maps["encoder"],
         decoder=maps["decoder"],
         cross=maps["cross"],
-        src_ids=np.array(src_ids[0].tolist(), dtype=np.int64),
-        tgt_ids=None if tgt_ids is None else np.array(tgt_ids, dtype=np.int64),
-        src_tokens=tuple(src_tokens),
-        tgt_tokens=None if tgt_tokens is None else tuple(tgt_tokens),
+        src_ids=np.array(inputs.src_enc.ids, dtype=np.int64),
+        tgt_ids=None if encoder_only else np.array(inputs.tgt_ids, dtype=np.int64),
+        src_tokens=tuple(inputs.src_enc.tokens),
+        tgt_tokens=None if encoder_only else tuple(inputs.tgt_tokens),
         manifest=manifest,
     )
+    return merge_export(export, inputs.src_enc.words, inputs.tgt_words) if words else export
+
+
+@torch.no_grad()
+def queries_keys(bundle: Bundle, src: str, tgt: str | None = None) -> dict[str, tuple[np.ndarray, np.ndarray]]:
+    """Every head's query and key vectors, per kind: (queries (L, H, Q, d_k), keys (L, H, K, d_k)) float32.
+
+    The same inputs as :func:`attention`; the vectors are the projections W^Q x and W^K x split into
+    heads (section 3.2.2), before the scaling by 1/sqrt(d_k). An encoder-only model has only
+    "encoder"; cross-attention's keys are the source's.
+    """
+    inputs = _inputs(bundle, src, tgt)
+    n_layers = {"encoder": bundle.config.n_enc_layers, "decoder": bundle.config.n_dec_layers}
+    n_layers["cross"] = n_layers["decoder"]
+    names = {
+        kind: [(act_name(attention_site(kind, i), "q"), act_name(attention_site(kind, i), "k")) for i in range(n)]
+        for kind, n in n_layers.items()
+        if n
+    }
+    with Recorder({name for pairs in names.values() for pair in pairs for name in pair}) as rec:
+        bundle.model(inputs.src, inputs.tgt, return_logits=False)
+
+    def stacked(layer_names: list[str]) -> np.ndarray:
+        return torch.stack([rec.tensors[n] for n in layer_names])[:, 0].float().cpu().numpy()  # (L, H, n, d_k)
+
+    vectors = {kind: (stacked([q for q, _ in pairs]), stacked([k for _, k in pairs])) for kind, pairs in names.items()}
+    _check_finite("query and key vectors", {f"{kind} {i}": v[i] for kind, v in vectors.items() for i in (0, 1)})
+    return vectors
 
 
 @torch.no_grad()
 def forward_pass(bundle: Bundle, src: str, tgt: str | None = None) -> ForwardPass:
     """The model's real intermediate tensors for ``src`` (and ``tgt``, or the greedy output)."""
-    src_ids, src_tokens, tgt_ids, tgt_tokens, tgt_tensor, _ = _inputs(bundle, src, tgt)
+    inputs = _inputs(bundle, src, tgt)
     with Recorder(lambda name: not name.endswith(".mask")) as rec:
-        bundle.model(src_ids, tgt_tensor)
+        bundle.model(inputs.src, inputs.tgt)
     # Batch of one: drop the batch axis; position tables have none.
     tensors = {k: (v if k.endswith(".pos") else v[0]).float().cpu().numpy() for k, v in rec.tensors.items()}
     _check_finite("tensor", {k: v for k, v in tensors.items() if not k.endswith(".scores")})
     _check_finite("scores", {k: v for k, v in tensors.items() if k.endswith(".scores")}, allow_masked=True)
-    return ForwardPass(tensors, tuple(src_ids[0].tolist()), tuple(src_tokens), tgt_ids, tgt_tokens)
+    return ForwardPass(tensors, inputs.src_enc.ids, inputs.src_enc.tokens, inputs.tgt_ids, inputs.tgt_tokens)

@@ -123,11 +123,12 @@ def _translate(args) -> None:
 def _attention(args) -> None:
     from attnviz.api import attention, load
 
-    export = attention(load(args.model, args.device), args.src, args.tgt)
+    export = attention(load(args.model, args.device), args.src, args.tgt, words=args.words)
     path = export.save(args.out)
     L, H, S, _ = export.encoder.shape
-    decoder = "" if export.tgt_ids is None else f", decoder input {len(export.tgt_ids)} tokens"
-    print(f"wrote {path}: {L} layers x {H} heads, source {S} tokens{decoder}")
+    unit = "words" if args.words else "tokens"
+    decoder = "" if export.tgt_tokens is None else f", decoder input {len(export.tgt_tokens)} {unit}"
+    print(f"wrote {path}: {L} layers x {H} heads, source {S} {unit}{decoder}")
 
 
 def _diff(args) -> int:
@@ -186,6 +187,16 @@ def model_args(p: argparse.ArgumentParser, default_model: str | None = "en-de") 
     p.add_argument("--device", default="auto", choices=DEVICE_CHOICES)
 
 
+def words_arg(p: argparse.ArgumentParser) -> None:
+    """--words, as every command that writes maps takes it."""
+    p.add_argument(
+        "--words",
+        action="store_true",
+        help="merge sub-word pieces into words (attention to a word summed over its pieces, from a word averaged; "
+        "Clark et al. 2019): the maps and tokens are words, and the manifest says so",
+    )
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = Parser(prog="attnviz", description=__doc__.split("\n\n")[0])
     sub = parser.add_subparsers(dest="command", required=True)
@@ -203,6 +214,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--tgt", type=text, help="target sentence for the decoder input (default: the model's greedy output)"
     )
     p.add_argument("--out", required=True, type=out_file, help="output .npz file")
+    words_arg(p)
     p.set_defaults(run=_attention)
 
     p = sub.add_parser(
