@@ -182,7 +182,8 @@ def model_args(p: argparse.ArgumentParser, default_model: str | None = "en-de") 
         type=path_text,
         default=default_model,
         required=default_model is None,
-        help="a shipped model's name (a folder under pretrained/) or a checkpoint directory",
+        help="a shipped model's name (a folder under pretrained/), a checkpoint directory, or a Hugging Face hub id "
+        "(owner/name: downloaded into the hub's cache, or read from it with HF_HUB_OFFLINE=1)",
     )
     p.add_argument("--device", default="auto", choices=DEVICE_CHOICES)
 

@@ -275,6 +275,15 @@ def _canonical(key: str) -> str:
     return key
 
 
+def probe(path: Path) -> TransformerConfig:
+    """The model ``path/config.json`` describes, refused when attnviz cannot run it or it is over the
+    limits; reads no other file (the hub's download checks this before fetching the weights)."""
+    source = str(path / CONFIG_FILE)
+    cfg = bert_config(read_hf_config(path, "bert", DESCRIPTION), source=source)  # special ids change no shape
+    checked_shapes(cfg, source)
+    return cfg
+
+
 def load(path: Path, device: str = "auto") -> Bundle:
     """A :class:`Bundle` holding a Hugging Face BERT encoder run by our Transformer, in eval mode."""
     path = model_folder(path)

@@ -379,6 +379,15 @@ def _weights_file(path: Path) -> Path:
     raise CheckpointError(f"{path} has no {SAFETENSORS_FILE} or {PICKLE_FILE} (the Marian weights); found {found}")
 
 
+def probe(path: Path) -> TransformerConfig:
+    """The model ``path/config.json`` describes, refused when attnviz cannot run it or it is over the
+    limits; reads no other file (the hub's download checks this before fetching the weights)."""
+    source = str(path / CONFIG_FILE)
+    cfg = marian_config(read_hf_config(path, "marian", DESCRIPTION), unk_id=0, source=source)  # unk_id: no shape
+    checked_shapes(cfg, source)
+    return cfg
+
+
 def load(path: Path, device: str = "auto") -> Bundle:
     """A :class:`Bundle` holding a Hugging Face Marian checkpoint run by our Transformer, in eval mode."""
     path = model_folder(path)
