@@ -27,6 +27,7 @@ from attnviz.figures.images import (
     grid_layout,
     head_grid,
     palette,
+    scores_image,
 )
 from attnviz.kinds import causal_mask
 
@@ -212,3 +213,15 @@ def test_lines_take_their_opacity_from_the_contrast():
         q, k = line.meta["query"], line.meta["key"]
         assert line.opacity == pytest.approx(by_definition(maps[0], "log")[q, k])
     assert "logarithmic" in fig.layout.title.subtitle.text
+
+
+def test_the_scores_image_is_centred_at_zero_and_greys_the_masked():
+    rng = np.random.default_rng(11)
+    scores = rng.normal(size=(10, 10)) * 3
+    scores[~causal_mask(10)] = -np.inf
+    indices, colours = image_of(scores_image(scores, ["t"] * 10, ["t"] * 10, "decoder"))
+    finite = causal_mask(10)
+    limit = np.abs(scores[finite]).max()
+    np.testing.assert_allclose(indices[finite] * STEP, (scores[finite] / limit + 1) / 2, atol=STEP / 2 + 1e-6)
+    assert (indices[~finite] == MASKED_INDEX).all()
+    np.testing.assert_array_equal(colours[: LEVELS + 1], palette("RdBu_r")[: LEVELS + 1])

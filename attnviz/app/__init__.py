@@ -1,12 +1,20 @@
 """The app's helpers: the only part of attnviz that imports Streamlit.
 
 Pages import from here: the sidebar and its choices (:mod:`~attnviz.app.session`), the cached
-computations (:mod:`~attnviz.app.cache`), shared widgets (:mod:`~attnviz.app.widgets`) and the list
-of pages (:mod:`~attnviz.app.registry`).
+computations (:mod:`~attnviz.app.cache`), shared widgets (:mod:`~attnviz.app.widgets`), the weight
+views several pages draw (:mod:`~attnviz.app.views`) and the list of pages (:mod:`~attnviz.app.registry`).
 """
 
-from attnviz.app import links, registry
-from attnviz.app.cache import load_bundle, run_attention, run_decoding, run_forward_pass, run_scores, shared
+from attnviz.app import links, registry, views
+from attnviz.app.cache import (
+    load_bundle,
+    run_attention,
+    run_decoding,
+    run_forward_pass,
+    run_queries_keys,
+    run_scores,
+    shared,
+)
 from attnviz.app.links import bound, footer, lazy_tabs
 from attnviz.app.registry import Page
 from attnviz.app.session import CUSTOM_PATH, Choices, keep_state, sidebar
@@ -39,9 +47,11 @@ __all__ = [
     "run_decoding",
     "run_scores",
     "run_forward_pass",
+    "run_queries_keys",
     "shared",
     "show_error",
     "sidebar",
     "sinusoid_inputs",
     "truncation_notice",
+    "views",
 ]

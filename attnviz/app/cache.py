@@ -23,10 +23,21 @@ def load_bundle(model: str, device: str) -> Bundle:
     return api.load(model, device)
 
 
+def run_attention(model: str, device: str, src: str, tgt: str | None, words: bool = False) -> api.AttentionExport:
+    """Every attention map for a sentence (over words with ``words``), cached: changing layer, head
+    or view does not rerun it."""
+    return _run_attention(model, device, src, tgt, bool(words))  # every argument given: one cache key per run
+
+
 @st.cache_data(show_spinner="Running the model…", max_entries=64)
-def run_attention(model: str, device: str, src: str, tgt: str | None) -> api.AttentionExport:
-    """Every attention map for a sentence, cached: changing layer, head or view does not rerun it."""
-    return api.attention(load_bundle(model, device), src, tgt)
+def _run_attention(model: str, device: str, src: str, tgt: str | None, words: bool) -> api.AttentionExport:
+    return api.attention(load_bundle(model, device), src, tgt, words=words)
+
+
+@st.cache_data(show_spinner="Recording queries and keys…", max_entries=16)
+def run_queries_keys(model: str, device: str, src: str, tgt: str | None) -> dict:
+    """Every head's query and key vectors, per kind (L, H, n, d_k); cached like the maps."""
+    return api.queries_keys(load_bundle(model, device), src, tgt)
 
 
 @st.cache_data(show_spinner="Computing the scores…", max_entries=16)

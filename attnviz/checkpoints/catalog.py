@@ -85,7 +85,10 @@ def visitor_model(typed: str) -> Path:
     except CheckpointError:
         if not (downloads_allowed() and is_hub_id(typed.strip())):
             raise
-    return hub_snapshot(typed.strip(), hf_cache_dir())
+    try:  # downloaded before, into a cache that is not a model root: no request to the hub on every rerun
+        return hub_snapshot(typed.strip(), hf_cache_dir(), download=False)
+    except CheckpointError:
+        return hub_snapshot(typed.strip(), hf_cache_dir())
 
 
 def list_models() -> list[str]:

@@ -31,6 +31,7 @@ from attnviz.analysis import downsample
 from attnviz.figures.common import (
     HIGHLIGHT,
     MASKED_GREY,
+    SCORE_COLORSCALE,
     WEIGHT_COLORSCALE,
     as_array,
     check_tokens,
@@ -321,4 +322,49 @@ def head_grid(
         showgrid=False,
         zeroline=False,
     )
+    return fig
+
+
+def scores_image(
+    scores: np.ndarray, query_tokens: Sequence[str], key_tokens: Sequence[str], kind: str, title: str | None = None
+) -> go.Figure:
+    """One head's scaled scores Q K^T / sqrt(d_k) (Q, K) as an image on a diverging scale centred at 0.
+
+    The scale runs from -m to m, m the largest finite |score|; -inf (a masked position) is grey.
+    """
+    kind_title, y_title, x_title = kind_titles(kind)
+    values = as_array(scores, "scores", 2)
+    Q, K = values.shape
+    check_tokens(Q, query_tokens, "query")
+    check_tokens(K, key_tokens, "key")
+    masked = np.isneginf(values)
+    finite = np.where(masked, 0.0, values)
+    limit = max(float(np.abs(finite).max(initial=0.0)), 1e-6)
+    indices = colour_indices((finite / limit + 1.0) / 2.0, masked)
+    bar = {"title": {"text": "score"}, "tickvals": [0, 0.5, 1], "ticktext": [f"-{limit:.3g}", "0", f"+{limit:.3g}"]}
+    fig = go.Figure(
+        [
+            go.Image(
+                source=png_data_uri(indices, SCORE_COLORSCALE),
+                x0=0,
+                y0=0,
+                dx=1,
+                dy=1,
+                name="scores",
+                hovertemplate="query %{y}<br>key %{x}<extra></extra>",
+            ),
+            legend_trace(SCORE_COLORSCALE, bar),
+        ]
+    )
+    note = f"{Q} x {K}, one pixel per score" + ("; grey: masked" if masked.any() else "")
+    fig.update_layout(
+        title={"text": title or kind_title, "subtitle": {"text": note}},
+        height=max(360, min(900, Q + 260)),
+        margin={"l": 10, "r": 10, "t": 150, "b": 10},
+        plot_bgcolor="white",
+    )
+    fig.update_xaxes(
+        title=x_title, side="top", tickangle=-60, range=[-0.5, K - 0.5], **position_ticks(plotly_labels(key_tokens))
+    )
+    fig.update_yaxes(title=y_title, range=[Q - 0.5, -0.5], **position_ticks(plotly_labels(query_tokens)))
     return fig
