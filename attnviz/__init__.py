@@ -19,6 +19,7 @@ if TYPE_CHECKING:
         list_models,
         load,
         load_export,
+        queries_keys,
         step_through,
         translate,
     )
@@ -39,6 +40,7 @@ _PUBLIC = {
     "list_models": "attnviz.api",
     "load": "attnviz.api",
     "load_export": "attnviz.api",
+    "queries_keys": "attnviz.api",
     "step_through": "attnviz.api",
     "translate": "attnviz.api",
     "Bundle": "attnviz.checkpoints",
@@ -71,6 +73,7 @@ __all__ = [
     "list_models",
     "load",
     "load_export",
+    "queries_keys",
     "step_through",
     "translate",
 ]

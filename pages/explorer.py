@@ -32,6 +32,7 @@ st.caption(
     "of the tokens it attends to, and sums to 1. Cross-attention has target rows and source columns."
 )
 
+LONG_LINES = 1000  # beyond EXACT_MAX tokens, the lines view draws at most this many (one trace each: slow to draw)
 VIEWS = {
     "one": "One head",
     "grid": "All heads (model view)",
@@ -162,7 +163,13 @@ def main() -> None:
             "explorer-lines",
             (*shown_map, layer, tuple(heads), contrast),
             lambda: lines_view(
-                maps[layer - 1, [h - 1 for h in heads]], q_tokens, k_tokens, heads, kind, contrast=contrast
+                maps[layer - 1, [h - 1 for h in heads]],
+                q_tokens,
+                k_tokens,
+                heads,
+                kind,
+                contrast=contrast,
+                max_lines=LONG_LINES if max(Q, K) > EXACT_MAX else 3000,
             ),
         )
         st.caption("Queries on the left, keys on the right; a line's opacity is the weight (under 0.01 not drawn).")

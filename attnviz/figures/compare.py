@@ -118,7 +118,11 @@ def difference_image(
         margin={"l": 10, "r": 10, "t": 150, "b": 10},
     )
     fig.update_xaxes(
-        title=x_title, side="top", tickangle=-60, range=[-0.5, K - 0.5], **position_ticks(list(key_labels))
+        title=x_title,
+        side="top",
+        tickangle=-90,
+        range=[-0.5, K - 0.5],
+        **position_ticks(list(key_labels), max_labels=30),
     )
     fig.update_yaxes(title=y_title, range=[Q - 0.5, -0.5], **position_ticks(list(query_labels)))
     return fig

@@ -145,7 +145,7 @@ def legend_trace(colorscale: str, bar: dict) -> go.Scatter:
     )
 
 
-def position_ticks(labels: list[str], max_labels: int = 60) -> dict:
+def position_ticks(labels: list[str], max_labels: int = 40) -> dict:
     """Numeric-axis ticks at every n-th position, labelled with the position-prefixed tokens."""
     step = max(1, math.ceil(len(labels) / max_labels))
     positions = list(range(0, len(labels), step))
@@ -203,7 +203,11 @@ def attention_image(
         plot_bgcolor="white",
     )
     fig.update_xaxes(
-        title=x_title, side="top", tickangle=-60, range=[-0.5, K - 0.5], **position_ticks(plotly_labels(key_tokens))
+        title=x_title,
+        side="top",
+        tickangle=-90,
+        range=[-0.5, K - 0.5],
+        **position_ticks(plotly_labels(key_tokens), max_labels=30),
     )
     fig.update_yaxes(title=y_title, range=[Q - 0.5, -0.5], **position_ticks(plotly_labels(query_tokens)))
     return fig
@@ -364,7 +368,11 @@ def scores_image(
         plot_bgcolor="white",
     )
     fig.update_xaxes(
-        title=x_title, side="top", tickangle=-60, range=[-0.5, K - 0.5], **position_ticks(plotly_labels(key_tokens))
+        title=x_title,
+        side="top",
+        tickangle=-90,
+        range=[-0.5, K - 0.5],
+        **position_ticks(plotly_labels(key_tokens), max_labels=30),
     )
     fig.update_yaxes(title=y_title, range=[Q - 0.5, -0.5], **position_ticks(plotly_labels(query_tokens)))
     return fig
