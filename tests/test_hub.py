@@ -217,7 +217,9 @@ def test_with_downloads_allowed_a_visitor_may_fetch_a_model(online, marian_files
     monkeypatch.setenv("ATTNVIZ_ALLOW_DOWNLOADS", "1")
     fake = online({REPO: marian_files})
     folder = visitor_model(REPO)
-    assert attnviz.load(str(folder), device="cpu").name == REPO and fake.calls[0][1] == ["config.json"]
+    assert attnviz.load(str(folder), device="cpu").name == REPO
+    assert fake.calls[0][2] is True, "the cache is read first, with no request to the hub"
+    assert [c[1] for c in fake.calls if not c[2]][0] == ["config.json"], "then the config, before the weights"
     monkeypatch.setenv("ATTNVIZ_ALLOW_DOWNLOADS", "0")
     with pytest.raises(CheckpointError):
         visitor_model("test-org/other")
