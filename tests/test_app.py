@@ -6,6 +6,7 @@ runs the page file alone (shared/FACTS.md), which is why every page draws the sh
 
 from __future__ import annotations
 
+import json
 import shutil
 from pathlib import Path
 
@@ -383,6 +384,8 @@ def test_a_link_to_a_teaching_page_keeps_its_settings():
 def test_compare_two_sentences_draws_their_difference_when_the_shapes_match():
     at = open_app("pages/compare.py")
     assert_ok(at)
+    titles = [json.loads(chart.proto.spec)["layout"]["title"]["text"] for chart in at.get("plotly_chart")[:2]]
+    assert titles[0].startswith("A: ") and titles[1].startswith("B: "), "B is B even when it holds A's very map"
     at.text_area(key="cmp_src").set_value("Thursday, July 3, 1998").run()  # one word changed: the same shape
     assert_ok(at)
     charts = [chart.proto.spec for chart in at.get("plotly_chart")]

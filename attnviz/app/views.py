@@ -60,12 +60,12 @@ def one_head(
     if max(weights.shape) <= EXACT_MAX:
         return shared(
             "one-head-exact",
-            (*key, contrast),
+            (*key, contrast, title),  # the title too: two sides of a comparison can hold the same map
             lambda: attention_heatmap(weights, query_tokens, key_tokens, kind, title, mask, contrast=contrast),
         )
     return shared(
         "one-head-image",
-        (*key, contrast),
+        (*key, contrast, title),
         lambda: attention_image(weights, query_tokens, key_tokens, kind, contrast, mask, title),
     )
 
@@ -77,10 +77,12 @@ def one_head_scores(
     if max(scores.shape) <= EXACT_MAX:
         return shared(
             "one-head-scores",
-            key,
+            (*key, title),
             lambda: attention_heatmap(scores, query_tokens, key_tokens, kind, title, scores=True),
         )
-    return shared("one-head-scores-image", key, lambda: scores_image(scores, query_tokens, key_tokens, kind, title))
+    return shared(
+        "one-head-scores-image", (*key, title), lambda: scores_image(scores, query_tokens, key_tokens, kind, title)
+    )
 
 
 def keep_span(key: str, default: tuple[int, int], low: int, high: int) -> None:
@@ -122,7 +124,7 @@ def zoom(
     rows, cols = slice(q0, q1 + 1), slice(k0, k1 + 1)
     fig = shared(
         "zoom",
-        (*key, "scores" if scores else contrast, q0, q1, k0, k1),
+        (*key, "scores" if scores else contrast, q0, q1, k0, k1, title),
         lambda: attention_heatmap(
             weights[rows, cols],
             query_tokens[rows],
