@@ -206,7 +206,7 @@ def test_a_visitor_opens_a_cached_hub_id_and_never_starts_a_download(cache, monk
     assert attnviz.load(str(visitor_model(REPO)), device="cpu").name == REPO
     with pytest.raises(CheckpointError) as info:
         visitor_model("test-org/not-downloaded")
-    assert "is not a model folder this server lets visitors open" in info.value.public
+    assert "downloads none for visitors" in info.value.public and "ATTNVIZ_ALLOW_DOWNLOADS=1" in info.value.public
     assert calls == [], "no download without ATTNVIZ_ALLOW_DOWNLOADS"
     monkeypatch.setenv("ATTNVIZ_MODEL_ROOTS", "")
     with pytest.raises(CheckpointError):
@@ -223,3 +223,23 @@ def test_with_downloads_allowed_a_visitor_may_fetch_a_model(online, marian_files
     monkeypatch.setenv("ATTNVIZ_ALLOW_DOWNLOADS", "0")
     with pytest.raises(CheckpointError):
         visitor_model("test-org/other")
+
+
+@pytest.mark.usefixtures("fresh_streamlit_caches")
+def test_the_app_opens_a_cached_hub_id_and_refuses_an_uncached_one(cache, monkeypatch):
+    from conftest import open_app
+
+    from attnviz.app import CUSTOM_PATH
+
+    monkeypatch.delenv("ATTNVIZ_MODEL_ROOTS", raising=False)  # the defaults: shipped models and the hub's cache
+    monkeypatch.delenv("ATTNVIZ_ALLOW_DOWNLOADS", raising=False)
+    at = open_app("pages/explorer.py")
+    at.sidebar.selectbox(key="model").set_value(CUSTOM_PATH).run()
+    at.sidebar.text_input(key="model_path").set_value(REPO).run()
+    at.sidebar.text_area(key="src").set_value("the cat reads a book").run()
+    assert not at.exception and not at.error, [e.value for e in at.error]
+    assert at.get("plotly_chart") and REPO in " ".join(c.value for c in at.sidebar.caption)
+    at.sidebar.text_input(key="model_path").set_value("test-org/not-downloaded").run()
+    assert not at.exception
+    shown = " ".join(e.value for e in at.error)
+    assert "is not among the models this server has" in shown and str(cache) not in shown

@@ -17,7 +17,7 @@ from attnviz.app import links, registry
 from attnviz.app.cache import load_bundle
 from attnviz.app.widgets import show_error
 from attnviz.checkpoints.catalog import visitor_model
-from attnviz.checkpoints.hub import ALLOW_DOWNLOADS, downloads_allowed
+from attnviz.checkpoints.hub import ALLOW_DOWNLOADS, downloads_allowed, is_hub_id
 from attnviz.devices import DEVICE_CHOICES, available_devices
 from attnviz.errors import AttnvizError
 
@@ -73,7 +73,10 @@ def sidebar() -> Choices | None:
                 f"or a Hugging Face hub id such as Helsinki-NLP/opus-mt-en-de, {hub}.",
             ).strip()
             try:
-                with st.spinner("Getting the model…"):
+                if downloads_allowed() and is_hub_id(typed):  # a download may start: say so while it runs
+                    with st.spinner(f"Getting {typed} from the Hugging Face hub…"):
+                        model = str(visitor_model(typed))
+                else:
                     model = str(visitor_model(typed)) if typed else ""
             except AttnvizError as e:
                 show_error(e)

@@ -14,7 +14,7 @@ from pathlib import Path
 
 from attnviz.checkpoints.bert import minilm_dir
 from attnviz.checkpoints.files import CONFIG_FILE
-from attnviz.checkpoints.hub import cache_folder, downloads_allowed, hub_snapshot, is_hub_id
+from attnviz.checkpoints.hub import ALLOW_DOWNLOADS, cache_folder, downloads_allowed, hub_snapshot, is_hub_id
 from attnviz.errors import CheckpointError
 
 DEFAULT_MODEL = "en-de"
@@ -83,8 +83,14 @@ def visitor_model(typed: str) -> Path:
     try:
         return visitor_path(typed)
     except CheckpointError:
-        if not (downloads_allowed() and is_hub_id(typed.strip())):
+        if not is_hub_id(typed.strip()):
             raise
+        if not downloads_allowed():
+            message = (
+                f"{typed.strip()} is not among the models this server has, and it downloads none for visitors "
+                f"(its operator can allow that with {ALLOW_DOWNLOADS}=1)"
+            )
+            raise CheckpointError(message, public=message) from None
     try:  # downloaded before, into a cache that is not a model root: no request to the hub on every rerun
         return hub_snapshot(typed.strip(), hf_cache_dir(), download=False)
     except CheckpointError:
