@@ -2,8 +2,7 @@
 
 import streamlit as st
 
-from attnviz.app import footer, registry, run_attention, shared, show_error, sidebar, truncation_notice
-from attnviz.figures.attention import attention_heatmap
+from attnviz.app import footer, registry, run_attention, show_error, sidebar, truncation_notice, views
 
 st.set_page_config(page_title="attnviz", page_icon="🔍", layout="wide")
 choices = sidebar()
@@ -33,49 +32,43 @@ for page in registry.PAGES[1:]:
     st.caption(page.description)
 
 
-def show_teaser(export) -> None:
-    """One map that needs no choices: where the decoder looks, or, encoder-only, the encoder."""
+def show_teaser(heading, export, words: bool, contrast: str) -> None:
+    """One map that needs no choices (``heading``: the container above the controls): where the decoder
+    looks, or, encoder-only, the encoder."""
     if export.cross is None:  # an encoder-only model: its self-attention is all there is
         L, H = export.encoder.shape[:2]
-        st.subheader("How the encoder's tokens look at each other")
-        st.caption(
+        heading.subheader("How the encoder's tokens look at each other")
+        heading.caption(
             f"Encoder self-attention of the last layer ({L}), averaged over its {H} heads. This model has no "
             "decoder, so there is no cross-attention; the attention explorer shows every layer and head."
         )
-        build = lambda: attention_heatmap(  # noqa: E731 - built once per sentence, shared (attnviz.app.shared)
-            export.encoder[-1].mean(0),
-            export.src_tokens,
-            export.src_tokens,
-            "encoder",
-            title=f"Encoder self-attention, layer {L}, mean of {H} heads",
-        )
+        kind, matrix, queries = "encoder", export.encoder[-1].mean(0), export.src_tokens
+        title = f"Encoder self-attention, layer {L}, mean of {H} heads"
     else:
         L, H = export.cross.shape[:2]
-        output = "".join(export.tgt_tokens[1:]).replace("▁", " ").strip()
-        st.subheader("Where the decoder looks")
-        st.markdown(f"**Source:** {choices.src}  \n**Decoder input:** {output or '(empty)'}")
-        st.caption(
+        output = (" ".join if words else "".join)(export.tgt_tokens[1:]).replace("▁", " ").strip()
+        heading.subheader("Where the decoder looks")
+        heading.markdown(f"**Source:** {choices.src}  \n**Decoder input:** {output or '(empty)'}")
+        heading.caption(
             f"Cross-attention of the last layer ({L}), averaged over its {H} heads. "
             "The attention explorer shows every layer and head."
         )
-        build = lambda: attention_heatmap(  # noqa: E731 - built once per sentence, shared (attnviz.app.shared)
-            export.cross[-1].mean(0),
-            export.tgt_tokens,
-            export.src_tokens,
-            "cross",
-            title=f"Cross-attention, layer {L}, mean of {H} heads",
-        )
-    st.plotly_chart(
-        shared("home-teaser", (choices.model, choices.device, choices.src, choices.tgt), build), width="stretch"
-    )
+        kind, matrix, queries = "cross", export.cross[-1].mean(0), export.tgt_tokens
+        title = f"Cross-attention, layer {L}, mean of {H} heads"
+    shown = ("home", choices.model, choices.device, choices.src, choices.tgt, words)  # what the map depends on
+    fig = views.one_head(shown, matrix, queries, export.src_tokens, kind, contrast, None, title)
+    st.plotly_chart(fig, width="stretch")
 
 
 if choices is not None:
+    heading = st.container()  # filled once the map is known; the controls sit between it and the map
+    words_column, contrast_column = st.columns([1, 3])
+    words, contrast = views.words_and_contrast(words_column, contrast_column)
     try:
-        export = run_attention(choices.model, choices.device, choices.src, choices.tgt)
+        export = run_attention(choices.model, choices.device, choices.src, choices.tgt, words)
     except Exception as e:  # noqa: BLE001 - the user sees a message, never a traceback
         show_error(e)
     else:
         truncation_notice(export)
-        show_teaser(export)
+        show_teaser(heading, export, words, contrast)
 footer()

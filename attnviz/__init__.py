@@ -26,6 +26,7 @@ if TYPE_CHECKING:
         list_models,
         load,
         load_export,
+        queries_keys,
         step_through,
         translate,
     )
@@ -53,6 +54,7 @@ _PUBLIC = {
     "list_models": "attnviz.api",
     "load": "attnviz.api",
     "load_export": "attnviz.api",
+    "queries_keys": "attnviz.api",
     "step_through": "attnviz.api",
     "translate": "attnviz.api",
     "Bundle": "attnviz.checkpoints",
@@ -92,6 +94,7 @@ __all__ = [
     "list_models",
     "load",
     "load_export",
+    "queries_keys",
     "step_through",
     "translate",
 ]

@@ -282,30 +282,37 @@ def _block_edges(length: int, n_blocks: int) -> np.ndarray:
     return np.concatenate([[0], np.cumsum(sizes)])
 
 
-def downsample(matrix: np.ndarray, max_size: int) -> tuple[np.ndarray, list[tuple[int, int]], list[tuple[int, int]]]:
-    """A block-averaged (Q, K) matrix of at most ``max_size`` x ``max_size`` cells, with each cell's ranges.
+def downsample(
+    matrix: np.ndarray, max_size: int, how: str = "mean"
+) -> tuple[np.ndarray, list[tuple[int, int]], list[tuple[int, int]]]:
+    """A block-pooled (Q, K) matrix of at most ``max_size`` x ``max_size`` cells, with each cell's ranges.
 
-    Returns ``(cells, row_ranges, col_ranges)``: cell (i, j) is the mean of
-    ``matrix[r0:r1, c0:c1]`` with ``(r0, r1) = row_ranges[i]`` and ``(c0, c1) = col_ranges[j]``
-    (half-open). Blocks are contiguous and their sizes differ by at most one; an axis already short
-    enough keeps one position per cell, so a small matrix comes back unchanged (as float64).
+    Returns ``(cells, row_ranges, col_ranges)``: cell (i, j) is the mean (``how="mean"``) or the
+    largest value (``how="max"``) of ``matrix[r0:r1, c0:c1]`` with ``(r0, r1) = row_ranges[i]`` and
+    ``(c0, c1) = col_ranges[j]`` (half-open). Blocks are contiguous and their sizes differ by at most
+    one; an axis already short enough keeps one position per cell, so a small matrix comes back
+    unchanged (as float64).
 
-    What is preserved, exactly: the sum of every block (cell * block area), hence the total and the
-    area-weighted mean; the plain mean of the cells equals the matrix mean when the blocks are equal
-    in size, and differs slightly otherwise. For attention rows, sum_j cells[i, j] * (c1 - c0) of
-    column block j is the mean row sum of the rows in block i, that is 1: a cell's rows no longer sum
-    to 1 themselves unless every column block has one position. It is for thumbnails only; a sharp
-    single weight is spread over its block.
+    The mean preserves the sum of every block (cell * block area), hence the total and the
+    area-weighted mean; for attention rows, sum_j cells[i, j] * (c1 - c0) of column block j is the
+    mean row sum of the rows in block i, that is 1. A sharp single weight is spread over its block,
+    so a thumbnail of a long map fades a previous-token head. The max keeps every peak: a block
+    shows its strongest weight, so a diagonal of 1s stays a diagonal of 1s at any length; it is
+    not a distribution (rows no longer sum to anything in particular).
     """
     matrix = np.asarray(matrix, dtype=np.float64)
     if matrix.ndim != 2 or 0 in matrix.shape:
         raise ValueError(f"expected a non-empty (query, key) matrix, got shape {matrix.shape}")
     if isinstance(max_size, bool) or not isinstance(max_size, (int, np.integer)) or max_size < 1:
         raise ValueError(f"max_size must be a positive integer, got {max_size!r}")
+    if how not in ("mean", "max"):
+        raise ValueError(f"how must be 'mean' or 'max', got {how!r}")
     row_edges = _block_edges(matrix.shape[0], min(matrix.shape[0], max_size))
     col_edges = _block_edges(matrix.shape[1], min(matrix.shape[1], max_size))
-    sums = np.add.reduceat(np.add.reduceat(matrix, row_edges[:-1], axis=0), col_edges[:-1], axis=1)
-    areas = np.outer(np.diff(row_edges), np.diff(col_edges))
+    reduce = np.maximum if how == "max" else np.add
+    pooled = reduce.reduceat(reduce.reduceat(matrix, row_edges[:-1], axis=0), col_edges[:-1], axis=1)
+    if how == "mean":
+        pooled = pooled / np.outer(np.diff(row_edges), np.diff(col_edges))
     row_ranges = [(int(a), int(b)) for a, b in zip(row_edges[:-1], row_edges[1:], strict=True)]
     col_ranges = [(int(a), int(b)) for a, b in zip(col_edges[:-1], col_edges[1:], strict=True)]
-    return sums / areas, row_ranges, col_ranges
+    return pooled, row_ranges, col_ranges

@@ -10,6 +10,7 @@
 >>> attnviz.translate(bundle, "twenty-one", ablate="cross:3.2")   # that head switched off
 >>> atlas = attnviz.api.compute_atlas(bundle, ["twenty-one", "seven"])  # every head over many sentences
 >>> atlas.heads[["kind", "layer", "head", "entropy"]]      # build_atlas writes a corpus's to a folder
+>>> attnviz.attention(bundle, "Thursday, July 2, 1998", words=True).src_tokens   # words, not pieces
 """
 
 from __future__ import annotations
@@ -39,7 +40,8 @@ from attnviz.methods import METHODS
 from attnviz.methods.ablation import MODES, Ablation, ablation_scope, step_comparison
 from attnviz.methods.importance import HeadImportance
 from attnviz.methods.importance import head_importance as _head_importance
-from attnviz.tokenizer import pad_batch
+from attnviz.tokenizer import Encoded, Word, pad_batch
+from attnviz.words import merge_export
 
 MAX_OUTPUT_TOKENS = 256
 
@@ -66,6 +68,7 @@ __all__ = [
     "list_models",
     "load",
     "load_export",
+    "queries_keys",
     "resolve_model",
     "run_record",
     "step_through",
@@ -79,9 +82,9 @@ def load(name_or_dir: str | Path = DEFAULT_MODEL, device: str = "auto") -> Bundl
     return load_checkpoint(resolve_model(name_or_dir), device)
 
 
-def _source_tensor(bundle: Bundle, text: str) -> tuple[torch.Tensor, tuple[str, ...]]:
-    enc = bundle.tokenizer.encode_source(text)
-    return torch.tensor([enc.ids], device=bundle.device), enc.tokens
+def _source_tensor(bundle: Bundle, text: str) -> torch.Tensor:
+    """The encoder input for ``text``: ids (1, S)."""
+    return torch.tensor([bundle.tokenizer.encode_source(text).ids], device=bundle.device)
 
 
 def _max_output(bundle: Bundle, src_len: int) -> int:
@@ -134,7 +137,7 @@ def translate(bundle: Bundle, text: str, beam: int = 1, ablate: str | Ablation |
     cut at the length limit (:data:`MAX_OUTPUT_TOKENS`, or the model's positions) is logged as a
     warning; :func:`step_through` and :func:`attention` also record it.
     """
-    src, _ = _source_tensor(bundle, text)
+    src = _source_tensor(bundle, text)
     ablation = _ablation(bundle, ablate)
     with _ablated(bundle, ablation, src, None):
         if beam == 1:
@@ -161,7 +164,7 @@ def step_through(
     that step's decoder self-attention and cross-attention rows for every layer and head.
     ``ablate``: heads switched off, as in :func:`translate`.
     """
-    src, _ = _source_tensor(bundle, text)
+    src = _source_tensor(bundle, text)
     ablation = _ablation(bundle, ablate)
     forced = None
     if target is not None:
@@ -193,29 +196,38 @@ def _check_finite(what: str, arrays: dict[str, np.ndarray], allow_masked: bool =
             )
 
 
-def _decoder_input(
-    bundle: Bundle, src_ids: torch.Tensor, tgt: str | None
-) -> tuple[tuple[int, ...], tuple[str, ...], bool]:
-    """The decoder input ids and labels: ``<s>`` and ``tgt``'s pieces, or the greedy output; and
-    whether that output was cut at the length limit."""
+@dataclass(frozen=True)
+class _Inputs:
+    """What the model reads for one sentence pair: the encoder input, and the decoder input unless
+    the model is encoder-only (then every target field is None)."""
+
+    src: torch.Tensor  # (1, S) ids
+    src_enc: Encoded
+    tgt: torch.Tensor | None  # (1, T) ids, from the start token on
+    tgt_ids: tuple[int, ...] | None
+    tgt_tokens: tuple[str, ...] | None
+    tgt_words: tuple[Word, ...] | None
+    truncated: bool  # the decoder input is the greedy output, cut at the length limit
+
+
+def _inputs(bundle: Bundle, src: str, tgt: str | None) -> _Inputs:
+    """The encoder input, and the decoder input: ``<s>`` and ``tgt``'s pieces, or the greedy output."""
     tok = bundle.tokenizer
-    if tgt is None:
-        out, truncated = _greedy(bundle, src_ids)
-        return (tok.bos_id, *out), tuple(tok.target_token(i) for i in (tok.bos_id, *out)), truncated
-    enc, _ = tok.encode_target(tgt)
-    return enc.ids, enc.tokens, False
-
-
-def _inputs(bundle: Bundle, src: str, tgt: str | None):
-    """(src ids (1, S), src tokens, tgt ids, tgt tokens, tgt ids (1, T), truncated); the target parts
-    None when encoder-only."""
-    src_ids, src_tokens = _source_tensor(bundle, src)
+    src_enc = tok.encode_source(src)
+    src_ids = torch.tensor([src_enc.ids], device=bundle.device)
     if bundle.config.encoder_only:
         if tgt is not None:
             raise InputError("this model is encoder-only: it takes no target sentence")
-        return src_ids, src_tokens, None, None, None, False
-    tgt_ids, tgt_tokens, truncated = _decoder_input(bundle, src_ids, tgt)
-    return src_ids, src_tokens, tgt_ids, tgt_tokens, torch.tensor([tgt_ids], device=bundle.device), truncated
+        return _Inputs(src_ids, src_enc, None, None, None, None, False)
+    if tgt is None:
+        out, truncated = _greedy(bundle, src_ids)
+        ids = (tok.bos_id, *out)
+        tokens, words = tuple(tok.target_token(i) for i in ids), tok.target_words(ids)
+    else:
+        enc, _ = tok.encode_target(tgt)
+        ids, tokens, words, truncated = enc.ids, enc.tokens, enc.words, False
+    tgt_ids = torch.tensor([ids], device=bundle.device)
+    return _Inputs(src_ids, src_enc, tgt_ids, ids, tokens, words, truncated)
 
 
 @torch.no_grad()
@@ -224,12 +236,12 @@ def attention_scores(bundle: Bundle, src: str, tgt: str | None = None) -> dict[s
 
     The same inputs as :func:`attention`; masked entries are ``-inf``.
     """
-    src_ids, _, _, _, tgt_tensor, _ = _inputs(bundle, src, tgt)
+    inputs = _inputs(bundle, src, tgt)
     layers = {"encoder": bundle.config.n_enc_layers, "decoder": bundle.config.n_dec_layers}
     layers["cross"] = layers["decoder"]
     names = {kind: [act_name(attention_site(kind, i), "scores") for i in range(layers[kind])] for kind in KINDS}
     with Recorder({n for kind_names in names.values() for n in kind_names}) as rec:
-        bundle.model(src_ids, tgt_tensor, return_logits=False)
+        bundle.model(inputs.src, inputs.tgt, return_logits=False)
     scores = {
         kind: torch.stack([rec.tensors[n] for n in kind_names])[:, 0].float().cpu().numpy()
         for kind, kind_names in names.items()
@@ -271,10 +283,9 @@ def run_record(bundle: Bundle) -> dict:
     }
 
 
-def _manifest(bundle: Bundle, src: str, tgt: str | None, inputs: tuple) -> dict:
-    """What every export records: the model, its inputs (as :func:`_inputs` gives them), the axes
-    and the library versions."""
-    src_ids, _, tgt_ids, _, _, truncated = inputs
+def _manifest(bundle: Bundle, src: str, tgt: str | None, inputs: _Inputs) -> dict:
+    """What every export records: the model, its inputs, the axes and the library versions."""
+    encoder_only = inputs.tgt_ids is None
     return {
         "model": bundle.name,
         "checkpoint_sha256": bundle.sha256,
@@ -282,14 +293,11 @@ def _manifest(bundle: Bundle, src: str, tgt: str | None, inputs: tuple) -> dict:
         "src": src,
         "tgt": tgt,
         "tgt_from": (
-            "none: encoder-only model"
-            if tgt_ids is None
-            else "given"
-            if tgt is not None
-            else "greedy output of the model"
+            "none: encoder-only model" if encoder_only else "given" if tgt is not None else "greedy output of the model"
         ),
-        "tgt_truncated": truncated,  # the greedy output stopped at the length limit, unfinished
-        "max_output_tokens": None if tgt_ids is None else _max_output(bundle, src_ids.shape[1]),
+        "tgt_truncated": inputs.truncated,  # the greedy output stopped at the length limit, unfinished
+        "max_output_tokens": None if encoder_only else _max_output(bundle, inputs.src.shape[1]),
+        "units": "pieces",
         "axes": AXES,
         "note": "rows are queries, columns are keys; weights are post-softmax, per head",
         "versions": versions(),
@@ -300,24 +308,33 @@ def _manifest(bundle: Bundle, src: str, tgt: str | None, inputs: tuple) -> dict:
 
 @torch.no_grad()
 def attention(
-    bundle: Bundle, src: str, tgt: str | None = None, ablate: str | Ablation | None = None
+    bundle: Bundle,
+    src: str,
+    tgt: str | None = None,
+    ablate: str | Ablation | None = None,
+    *,
+    words: bool = False,
 ) -> AttentionExport:
     """Every attention map for ``src``, with ``tgt`` (or, without it, the model's greedy output)
     as the decoder input.
 
     ``ablate``: heads switched off, as in :func:`translate`; without ``tgt`` the decoder input is
     then the ablated model's own greedy output, and the manifest names the ablation.
+
+    With ``words``, the maps are over words instead of sub-word pieces (:mod:`attnviz.words`:
+    attention to a word summed over its pieces, from a word averaged), the tokens are the words
+    as typed, and the manifest says so (``units``, ``words``).
     """
     ablation = _ablation(bundle, ablate)
-    with _ablated(bundle, ablation, _source_tensor(bundle, src)[0], tgt):
+    with _ablated(bundle, ablation, _source_tensor(bundle, src), tgt):
         inputs = _inputs(bundle, src, tgt)
-        return _maps(bundle, src, tgt, inputs, ablation)
+        export = _maps(bundle, src, tgt, inputs, ablation)
+    return merge_export(export, inputs.src_enc.words, inputs.tgt_words) if words else export
 
 
-def _maps(bundle: Bundle, src: str, tgt: str | None, inputs: tuple, ablation: Ablation) -> AttentionExport:
-    """The export of one forward pass on ``inputs`` (as :func:`_inputs` gives them), run in the caller's scope."""
-    src_ids, src_tokens, tgt_ids, tgt_tokens, tgt_tensor, _ = inputs
-    result = bundle.model(src_ids, tgt_tensor, return_attention=True, return_logits=False).attention
+def _maps(bundle: Bundle, src: str, tgt: str | None, inputs: _Inputs, ablation: Ablation) -> AttentionExport:
+    """The export of one forward pass on ``inputs``, run in the caller's scope (an ablation's)."""
+    result = bundle.model(inputs.src, inputs.tgt, return_attention=True, return_logits=False).attention
 
     def stack(kind: str) -> np.ndarray | None:
         if not getattr(result, kind):  # an encoder-only model has no decoder or cross maps
@@ -329,16 +346,18 @@ def _maps(bundle: Bundle, src: str, tgt: str | None, inputs: tuple, ablation: Ab
         manifest["ablation"] = {"heads": str(ablation), "mode": ablation.mode, "meaning": MODES[ablation.mode]}
     maps = {kind: stack(kind) for kind in KINDS}
     _check_finite("attention", {kind: m for kind, m in maps.items() if m is not None})
-    return AttentionExport(
-        encoder=maps["encoder"],
-        decoder=maps["decoder"],
-        cross=maps["cross"],
-        src_ids=np.array(src_ids[0].tolist(), dtype=np.int64),
-        tgt_ids=None if tgt_ids is None else np.array(tgt_ids, dtype=np.int64),
-        src_tokens=tuple(src_tokens),
-        tgt_tokens=None if tgt_tokens is None else tuple(tgt_tokens),
-        manifest=manifest,
-    )
+    return AttentionExport(**maps, **_export_inputs(inputs), manifest=manifest)
+
+
+def _export_inputs(inputs: _Inputs) -> dict:
+    """An export's ids and tokens for ``inputs``: the exact pieces the model read."""
+    encoder_only = inputs.tgt_ids is None
+    return {
+        "src_ids": np.array(inputs.src_enc.ids, dtype=np.int64),
+        "tgt_ids": None if encoder_only else np.array(inputs.tgt_ids, dtype=np.int64),
+        "src_tokens": tuple(inputs.src_enc.tokens),
+        "tgt_tokens": None if encoder_only else tuple(inputs.tgt_tokens),
+    }
 
 
 @dataclass(frozen=True)
@@ -362,22 +381,37 @@ class AblationComparison:
 
 @torch.no_grad()
 def compare_ablation(
-    bundle: Bundle, src: str, ablate: str | Ablation, tgt: str | None = None, top_k: int = 3
+    bundle: Bundle,
+    src: str,
+    ablate: str | Ablation,
+    tgt: str | None = None,
+    top_k: int = 3,
+    *,
+    words: bool = False,
 ) -> AblationComparison:
-    """What switching heads off changes for ``src``: translations, step probabilities and maps, side by side."""
+    """What switching heads off changes for ``src``: translations, step probabilities and maps, side by side.
+
+    With ``words`` the two exports' maps are over words, as :func:`attention` gives them; the steps
+    stay pieces, as the decoder writes them.
+    """
     ablation = _ablation(bundle, ablate)
-    src_ids, _ = _source_tensor(bundle, src)
     inputs = _inputs(bundle, src, tgt)
-    intact = _maps(bundle, src, tgt, inputs, Ablation())
+    src_ids = inputs.src
+
+    def maps(scope: Ablation) -> AttentionExport:
+        export = _maps(bundle, src, tgt, inputs, scope)
+        return merge_export(export, inputs.src_enc.words, inputs.tgt_words) if words else export
+
+    intact = maps(Ablation())
     if bundle.config.encoder_only:
         with _ablated(bundle, ablation, src_ids, None):
-            return AblationComparison(ablation, intact, _maps(bundle, src, None, inputs, ablation), None, None, None)
+            return AblationComparison(ablation, intact, maps(ablation), None, None, None)
     tok, max_len = bundle.tokenizer, _max_output(bundle, src_ids.shape[1])
-    forced = [*inputs[2][1:], tok.eos_id]  # the decoder input, shifted: the token each step reads next
+    forced = [*inputs.tgt_ids[1:], tok.eos_id]  # the decoder input, shifted: the token each step reads next
     intact_steps = _step_through(bundle.model, src_ids, top_k=top_k, forced=forced)
     intact_output = tok.decode(greedy_decode(bundle.model, src_ids, max_len=max_len)[0])
     with _ablated(bundle, ablation, src_ids, tgt):
-        ablated = _maps(bundle, src, tgt, inputs, ablation)
+        ablated = maps(ablation)
         ablated_steps = _step_through(bundle.model, src_ids, top_k=top_k, forced=forced)
         ablated_output = tok.decode(greedy_decode(bundle.model, src_ids, max_len=max_len)[0])
     steps = step_comparison(intact_steps, ablated_steps, tok.target_token)
@@ -385,7 +419,13 @@ def compare_ablation(
 
 
 def attribute(
-    bundle: Bundle, src: str, tgt: str | None = None, method: str = "norm", position: int | None = None
+    bundle: Bundle,
+    src: str,
+    tgt: str | None = None,
+    method: str = "norm",
+    position: int | None = None,
+    *,
+    words: bool = False,
 ) -> AttentionExport:
     """A contribution method's numbers for ``src`` and ``tgt`` (or the greedy output), as an export.
 
@@ -395,6 +435,10 @@ def attribute(
     position, from 0, whose predicted token is explained (default: the last); the propagated
     relevance is in ``extras`` (``source_relevance`` (S,), ``target_relevance`` (T,)). The manifest
     names the method, its paper and its normalisation.
+
+    ``words``: the maps merged into words as :func:`attention` merges the weights (to a word summed,
+    from a word averaged) and each word's relevance the sum of its pieces'; ``position`` still
+    counts the decoder's pieces, as the model predicts them.
     """
     spec = METHODS.get(method)
     if spec is None:
@@ -402,10 +446,9 @@ def attribute(
     if position is not None and not spec.uses_position:
         raise InputError(f"a position applies to {', '.join(m for m in METHODS if METHODS[m].uses_position)} only")
     inputs = _inputs(bundle, src, tgt)
-    src_ids, src_tokens, tgt_ids, tgt_tokens, tgt_tensor, _ = inputs
-    if spec.needs_decoder and tgt_tensor is None:
+    if spec.needs_decoder and inputs.tgt is None:
         raise InputError(f"{spec.title} explains a prediction of the decoder: this model is encoder-only")
-    result = spec.function(bundle.model, src_ids, tgt_tensor, position=position)
+    result = spec.function(bundle.model, inputs.src, inputs.tgt, position=position)
     _check_finite(spec.title, {kind: m for kind, m in result.maps.items() if m is not None})
     manifest = _manifest(bundle, src, tgt, inputs)
     lead = ["layer", "head"] if spec.per_head else ["layer"]
@@ -422,17 +465,17 @@ def attribute(
         manifest["position"] = result.notes["position"]
         manifest["predicted_token_id"] = result.notes["predicted_token_id"]
         manifest["predicted_token"] = bundle.tokenizer.target_token(result.notes["predicted_token_id"])
-    return AttentionExport(
+    export = AttentionExport(
         encoder=result.maps["encoder"],
         decoder=result.maps.get("decoder"),
         cross=result.maps.get("cross"),
-        src_ids=np.array(src_ids[0].tolist(), dtype=np.int64),
-        tgt_ids=None if tgt_ids is None else np.array(tgt_ids, dtype=np.int64),
-        src_tokens=tuple(src_tokens),
-        tgt_tokens=None if tgt_tokens is None else tuple(tgt_tokens),
+        **_export_inputs(inputs),
         manifest=manifest,
         extras=result.extras,
     )
+    if not words:
+        return export
+    return merge_export(export, inputs.src_enc.words, inputs.tgt_words, dict(spec.token_extras))
 
 
 @torch.no_grad()
@@ -462,13 +505,40 @@ def head_importance(
 
 
 @torch.no_grad()
+def queries_keys(bundle: Bundle, src: str, tgt: str | None = None) -> dict[str, tuple[np.ndarray, np.ndarray]]:
+    """Every head's query and key vectors, per kind: (queries (L, H, Q, d_k), keys (L, H, K, d_k)) float32.
+
+    The same inputs as :func:`attention`; the vectors are the projections W^Q x and W^K x split into
+    heads (section 3.2.2), before the scaling by 1/sqrt(d_k). An encoder-only model has only
+    "encoder"; cross-attention's keys are the source's.
+    """
+    inputs = _inputs(bundle, src, tgt)
+    n_layers = {"encoder": bundle.config.n_enc_layers, "decoder": bundle.config.n_dec_layers}
+    n_layers["cross"] = n_layers["decoder"]
+    names = {
+        kind: [(act_name(attention_site(kind, i), "q"), act_name(attention_site(kind, i), "k")) for i in range(n)]
+        for kind, n in n_layers.items()
+        if n
+    }
+    with Recorder({name for pairs in names.values() for pair in pairs for name in pair}) as rec:
+        bundle.model(inputs.src, inputs.tgt, return_logits=False)
+
+    def stacked(layer_names: list[str]) -> np.ndarray:
+        return torch.stack([rec.tensors[n] for n in layer_names])[:, 0].float().cpu().numpy()  # (L, H, n, d_k)
+
+    vectors = {kind: (stacked([q for q, _ in pairs]), stacked([k for _, k in pairs])) for kind, pairs in names.items()}
+    _check_finite("query and key vectors", {f"{kind} {i}": v[i] for kind, v in vectors.items() for i in (0, 1)})
+    return vectors
+
+
+@torch.no_grad()
 def forward_pass(bundle: Bundle, src: str, tgt: str | None = None) -> ForwardPass:
     """The model's real intermediate tensors for ``src`` (and ``tgt``, or the greedy output)."""
-    src_ids, src_tokens, tgt_ids, tgt_tokens, tgt_tensor, _ = _inputs(bundle, src, tgt)
+    inputs = _inputs(bundle, src, tgt)
     with Recorder(lambda name: not name.endswith(".mask")) as rec:
-        bundle.model(src_ids, tgt_tensor)
+        bundle.model(inputs.src, inputs.tgt)
     # Batch of one: drop the batch axis; position tables have none.
     tensors = {k: (v if k.endswith(".pos") else v[0]).float().cpu().numpy() for k, v in rec.tensors.items()}
     _check_finite("tensor", {k: v for k, v in tensors.items() if not k.endswith(".scores")})
     _check_finite("scores", {k: v for k, v in tensors.items() if k.endswith(".scores")}, allow_masked=True)
-    return ForwardPass(tensors, tuple(src_ids[0].tolist()), tuple(src_tokens), tgt_ids, tgt_tokens)
+    return ForwardPass(tensors, inputs.src_enc.ids, inputs.src_enc.tokens, inputs.tgt_ids, inputs.tgt_tokens)

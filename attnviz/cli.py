@@ -196,11 +196,12 @@ def _translate(args) -> None:
 def _attention(args) -> None:
     from attnviz.api import attention, load
 
-    export = attention(load(args.model, args.device), args.src, args.tgt)
+    export = attention(load(args.model, args.device), args.src, args.tgt, words=args.words)
     path = export.save(args.out)
     L, H, S, _ = export.encoder.shape
-    decoder = "" if export.tgt_ids is None else f", decoder input {len(export.tgt_ids)} tokens"
-    print(f"wrote {path}: {L} layers x {H} heads, source {S} tokens{decoder}")
+    unit = "words" if args.words else "tokens"
+    decoder = "" if export.tgt_tokens is None else f", decoder input {len(export.tgt_tokens)} {unit}"
+    print(f"wrote {path}: {L} layers x {H} heads, source {S} {unit}{decoder}")
 
 
 def _diff(args) -> int:
@@ -221,16 +222,18 @@ def _attribute(args) -> None:
         raise UsageError(f"argument --position: applies to --method grad-attention only, not {args.method}")
     from attnviz.api import attribute, load
 
-    export = attribute(load(args.model, args.device), args.src, args.tgt, method=args.method, position=args.position)
+    bundle = load(args.model, args.device)
+    export = attribute(bundle, args.src, args.tgt, method=args.method, position=args.position, words=args.words)
     path = export.save(args.out)
     shape = "x".join(str(n) for n in export.encoder.shape[: 2 if method.per_head else 1])
-    decoder = "" if export.tgt_ids is None else f", decoder input {len(export.tgt_ids)} tokens"
+    unit = "words" if args.words else "tokens"
+    decoder = "" if export.tgt_tokens is None else f", decoder input {len(export.tgt_tokens)} {unit}"
     explained = ""
     if "position" in export.manifest:
         token, position = export.manifest["predicted_token"], export.manifest["position"]
         explained = f"; explains {token!r}, predicted at decoder position {position}"
     per = "layers x heads" if method.per_head else "layers"
-    print(f"wrote {path}: {method.name}, {shape} ({per}), source {len(export.src_ids)} tokens{decoder}{explained}")
+    print(f"wrote {path}: {method.name}, {shape} ({per}), source {len(export.src_tokens)} {unit}{decoder}{explained}")
 
 
 def _atlas(args) -> None:
@@ -301,9 +304,20 @@ def model_args(p: argparse.ArgumentParser, default_model: str | None = "en-de") 
         type=path_text,
         default=default_model,
         required=default_model is None,
-        help="a shipped model's name (a folder under pretrained/) or a checkpoint directory",
+        help="a shipped model's name (a folder under pretrained/), a checkpoint directory, or a Hugging Face hub id "
+        "(owner/name: downloaded into the hub's cache, or read from it with HF_HUB_OFFLINE=1)",
     )
     p.add_argument("--device", default="auto", choices=DEVICE_CHOICES)
+
+
+def words_arg(p: argparse.ArgumentParser) -> None:
+    """--words, as every command that writes maps takes it."""
+    p.add_argument(
+        "--words",
+        action="store_true",
+        help="merge sub-word pieces into words (attention to a word summed over its pieces, from a word averaged; "
+        "Clark et al. 2019): the maps and tokens are words, and the manifest says so",
+    )
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -335,6 +349,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--tgt", type=text, help="target sentence for the decoder input (default: the model's greedy output)"
     )
     p.add_argument("--out", required=True, type=out_file, help="output .npz file")
+    words_arg(p)
     p.set_defaults(run=_attention)
 
     p = sub.add_parser(
@@ -354,8 +369,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--position",
         type=int_in(0, MAX_POSITION),
-        help="grad-attention: the decoder position (from 0) whose predicted token is explained (default: the last)",
+        help="grad-attention: the decoder position (from 0, in pieces) whose predicted token is explained "
+        "(default: the last)",
     )
+    words_arg(p)
     p.add_argument("--out", required=True, type=out_file, help="output .npz file")
     p.set_defaults(run=_attribute)
 

@@ -3,13 +3,14 @@
 :class:`Tokenizer` is the interface every tokenizer implements: attnviz's
 :class:`SentencePieceTokenizer`, Marian's (:mod:`attnviz.checkpoints.marian`) and BERT's WordPiece
 (:mod:`attnviz.checkpoints.bert`). Each keeps every piece as a display label, since the pieces are
-the rows and columns of every attention map.
+the rows and columns of every attention map, and says which pieces make up each word
+(:class:`Word`), so that maps can also be read word by word (:mod:`attnviz.words`).
 """
 
 from __future__ import annotations
 
 import io
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -61,11 +62,80 @@ def check_text(text: str, side: str, max_tokens: int) -> None:
 
 
 @dataclass(frozen=True)
+class Word:
+    """One word of an encoded sequence: the pieces at positions ``start`` to ``stop`` (exclusive) and its text.
+
+    ``text`` is the word as the user typed it (or, for a sequence the model wrote, as its pieces
+    spell it). A special token (``<s>``, ``</s>``, ``[CLS]``, ``[SEP]``, a language tag) is always a
+    word of its own, ``special``, and its text is its label.
+    """
+
+    start: int
+    stop: int
+    text: str
+    special: bool = False
+
+
+@dataclass(frozen=True)
 class Encoded:
-    """Token ids and one display label per id."""
+    """Token ids, one display label per id, and the words the pieces make up (in order, covering every id)."""
 
     ids: tuple[int, ...]
     tokens: tuple[str, ...]
+    words: tuple[Word, ...] = ()
+
+
+WORD_START = "\u2581"  # sentencepiece's "▁": this piece begins a new word (it stands for the space before it)
+
+
+def sentencepiece_words(
+    pieces: Sequence[str],
+    first: int = 0,
+    *,
+    surfaces: Sequence[str] | None = None,
+    spell: Callable[[list[str]], str] | None = None,
+) -> list[Word]:
+    """The words of a run of sentencepiece pieces: a piece starting with "▁" starts a word, the rest continue it.
+
+    A word's text is its pieces' ``surfaces`` joined (sentencepiece's ``surface``: the input's own
+    characters, before normalisation, so the word reads as the user typed it), or, for pieces the
+    model wrote, ``spell`` applied to its pieces. ``first`` is the position of the first piece.
+    """
+    groups: list[list[int]] = []
+    for i, piece in enumerate(pieces):
+        if not groups or piece.startswith(WORD_START):
+            groups.append([])
+        groups[-1].append(i)
+    words = []
+    for group in groups:
+        parts = [pieces[i] for i in group]
+        text = "".join(surfaces[i] for i in group) if surfaces is not None else spell(parts) if spell else ""
+        # A word with no text of its own (a lone "▁") keeps its pieces as its label.
+        words.append(Word(first + group[0], first + group[-1] + 1, text.strip() or "".join(parts)))
+    return words
+
+
+def model_words(
+    ids: Sequence[int], label: Callable[[int], str], specials: set[int], spell: Callable[[list[str]], str]
+) -> list[Word]:
+    """The words of ids the model wrote: each special id a word of its own, the pieces between grouped by "▁"."""
+    words: list[Word] = []
+    run: list[int] = []  # positions of the ordinary pieces since the last special id
+
+    def flush() -> None:
+        if run:
+            pieces = [label(ids[i]) for i in run]
+            words.extend(sentencepiece_words(pieces, run[0], spell=spell))
+            run.clear()
+
+    for i, token_id in enumerate(ids):
+        if token_id in specials:
+            flush()
+            words.append(Word(i, i + 1, label(token_id), special=True))
+        else:
+            run.append(i)
+    flush()
+    return words
 
 
 class Tokenizer(Protocol):
@@ -87,6 +157,10 @@ class Tokenizer(Protocol):
 
     def target_token(self, token_id: int) -> str:
         """The label of a target id."""
+        ...
+
+    def target_words(self, ids: Sequence[int]) -> tuple[Word, ...]:
+        """The words of a decoder input the model wrote (``ids`` from the start token on), as its pieces spell them."""
         ...
 
     def decode(self, ids: Iterable[int]) -> str:
@@ -113,15 +187,18 @@ class SentencePieceTokenizer:
         self.max_tokens = max_tokens
         self.pad_id, self.bos_id, self.eos_id, self.unk_id = PAD_ID, BOS_ID, EOS_ID, UNK_ID
 
-    def _pieces(self, sp: spm.SentencePieceProcessor, text: str, side: str) -> Encoded:
+    def _pieces(self, sp: spm.SentencePieceProcessor, text: str, side: str, first: int) -> Encoded:
+        """The pieces of ``text`` and their words, the first piece at position ``first`` of the sequence."""
         check_text(text, side, self.max_tokens)
         ids, tokens = [], []
-        for piece in sp.encode(text, return_type="proto").pieces:
+        pieces = sp.encode(text, return_type="proto").pieces
+        for piece in pieces:
             ids.append(piece.id)
             # An unknown character keeps its own text in the label, marked, so a map never shows
             # a row called just "<unk>" without saying what it stood for.
             tokens.append(f"<unk:{piece.surface}>" if piece.id == self.unk_id else piece.piece)
-        return Encoded(tuple(ids), tuple(tokens))
+        words = sentencepiece_words([p.piece for p in pieces], first, surfaces=[p.surface for p in pieces])
+        return Encoded(tuple(ids), tuple(tokens), tuple(words))
 
     def _check_length(self, n: int, side: str) -> None:
         if n > self.max_tokens:
@@ -129,21 +206,34 @@ class SentencePieceTokenizer:
 
     def encode_source(self, text: str) -> Encoded:
         """Encoder input: the pieces, then the end token."""
-        enc = self._pieces(self.src, text, "source")
-        out = Encoded(enc.ids + (self.eos_id,), enc.tokens + ("</s>",))
+        enc = self._pieces(self.src, text, "source", first=0)
+        end = Word(len(enc.ids), len(enc.ids) + 1, "</s>", special=True)
+        out = Encoded(enc.ids + (self.eos_id,), enc.tokens + ("</s>",), enc.words + (end,))
         self._check_length(len(out.ids), "source")
         return out
 
     def encode_target(self, text: str) -> tuple[Encoded, Encoded]:
         """(decoder input, labels): ``<s> pieces`` and ``pieces </s>``, one shifted from the other."""
-        enc = self._pieces(self.tgt, text, "target")
-        inp = Encoded((self.bos_id,) + enc.ids, ("<s>",) + enc.tokens)
+        enc = self._pieces(self.tgt, text, "target", first=1)
+        start = Word(0, 1, "<s>", special=True)
+        inp = Encoded((self.bos_id,) + enc.ids, ("<s>",) + enc.tokens, (start,) + enc.words)
         labels = Encoded(enc.ids + (self.eos_id,), enc.tokens + ("</s>",))
         self._check_length(len(inp.ids), "target")
         return inp, labels
 
     def target_token(self, token_id: int) -> str:
         return self.tgt.id_to_piece(int(token_id))
+
+    def target_words(self, ids: Sequence[int]) -> tuple[Word, ...]:
+        """The words of a decoder input the model wrote: ``<s>`` (and ``</s>``) alone, the pieces by "▁"."""
+        return tuple(
+            model_words(
+                [int(i) for i in ids],
+                self.target_token,
+                {self.bos_id, self.eos_id, self.pad_id},
+                self.tgt.decode_pieces,
+            )
+        )
 
     def decode(self, ids: Iterable[int]) -> str:
         """Target ids to text; special ids are dropped."""

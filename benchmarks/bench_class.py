@@ -240,6 +240,7 @@ async def many_sessions(port: int, n: int, parallel: int = 10) -> None:
 WIDGET_CHANGES = {
     "app.py": ("text_area", "src", ("twenty-one", "Thursday, July 2, 1998")),
     "pages/explorer.py": ("selectbox", "layer", (1, 2)),
+    "pages/compare.py": ("selectbox", "cmp_layer", (1, 2)),
     "pages/decoding.py": ("slider", "step", (1, 2)),
     "pages/walkthrough.py": ("selectbox", "wt_stage", ("enc_scores", "enc_qkv")),
     "pages/mechanics.py": ("toggle", "mech_scale", (False, True)),

@@ -12,6 +12,7 @@ from attnviz.app import (
     shared,
     show_error,
     sidebar,
+    views,
 )
 from attnviz.app.cache import load_bundle
 from attnviz.atlas import STATISTICS, typical_sentences
@@ -82,7 +83,7 @@ def select_head_from_map() -> None:
         st.session_state["at_layer"], st.session_state["at_head"] = (int(v) for v in points[0]["customdata"][:2])
 
 
-def show_typical(atlas, kind: str, layer: int, head: int, statistic: str) -> None:
+def show_typical(atlas, kind: str, layer: int, head: int, statistic: str, contrast: str) -> None:
     most, least = typical_sentences(atlas.sentences, kind, layer, head, statistic, TYPICAL)
     model_matches = False
     if choices is not None:
@@ -115,9 +116,9 @@ def show_typical(atlas, kind: str, layer: int, head: int, statistic: str) -> Non
             title = f"{TITLES[kind]}, layer {layer}, head {head}, line {row['line']}"
             fig = shared(
                 "atlas-sentence",
-                (choices.model, choices.device, tuple(q_tokens), tuple(k_tokens), kind, layer, head, title),
+                (choices.model, choices.device, tuple(q_tokens), tuple(k_tokens), kind, layer, head, title, contrast),
                 lambda matrix=matrix, q=q_tokens, k=k_tokens, title=title: attention_heatmap(
-                    matrix, q, k, kind, mask=allowed(kind, *matrix.shape), title=title
+                    matrix, q, k, kind, mask=allowed(kind, *matrix.shape), title=title, contrast=contrast
                 ),
             )
             name = f"atlas-{kind}-L{layer}H{head}-line{row['line']}"
@@ -199,7 +200,8 @@ def show(atlas) -> None:
     if mean != mean:  # NaN: this kind has no such statistic
         st.info(f"{kind} attention has no {statistic}: choose another statistic.")
         return
-    show_typical(atlas, kind, layer, head, statistic)
+    contrast = views.contrast_choice(st)
+    show_typical(atlas, kind, layer, head, statistic, contrast)
 
 
 def main() -> None:

@@ -19,8 +19,8 @@ from attnviz.app import (
     show_error,
     sidebar,
     truncation_notice,
+    views,
 )
-from attnviz.figures.attention import attention_heatmap
 from attnviz.figures.common import export_config
 from attnviz.figures.contributions import contribution_heatmap, importance_grid, relevance_bars
 from attnviz.kinds import KINDS, TITLES, allowed
@@ -61,8 +61,12 @@ def tokens_of(export, kind: str) -> tuple:
     return queries, export.tgt_tokens if kind == "decoder" else export.src_tokens
 
 
-def method_section(export, kinds: list[str]) -> tuple[str, int, int]:
-    """Weights and a method side by side; returns the kind, layer and head chosen (from 1)."""
+def method_section(export, pieces, kinds: list[str], words: bool, contrast: str) -> tuple[str, int, int]:
+    """Weights and a method side by side; returns the kind, layer and head chosen (from 1).
+
+    ``export`` holds the maps as shown (over words with ``words``), ``pieces`` over pieces: a
+    prediction is explained at a decoder piece, as the model writes them.
+    """
     st.header("The weights beside a contribution method")
     methods = [name for name, m in METHODS.items() if not (m.needs_decoder and export.tgt_ids is None)]
     clamp_state("bw_method", methods)
@@ -84,18 +88,18 @@ def method_section(export, kinds: list[str]) -> tuple[str, int, int]:
     head = bound(columns[1].selectbox, "Head", range(1, H + 1), key="bw_head")
     position = None
     if spec.uses_position:
-        positions = list(range(len(export.tgt_tokens)))
+        positions = list(range(len(pieces.tgt_tokens)))
         clamp_state("bw_position", positions)
         position = bound(
             columns[2].selectbox,
             "Explain the prediction at decoder position",
             positions,
             index=len(positions) - 1,  # the last: what the whole decoder input leads to
-            format_func=lambda t: f"{t}: input {export.tgt_tokens[t]}, predicting the next token",
+            format_func=lambda t: f"{t}: input {pieces.tgt_tokens[t]}, predicting the next token",
             key="bw_position",
         )
     try:
-        result = run_attribution(choices.model, choices.device, choices.src, choices.tgt, method, position)
+        result = run_attribution(choices.model, choices.device, choices.src, choices.tgt, method, position, words)
     except Exception as e:  # noqa: BLE001 - the user sees a message, never a traceback
         show_error(e)
         return kind, layer, head
@@ -106,19 +110,11 @@ def method_section(export, kinds: list[str]) -> tuple[str, int, int]:
     matrix = values[layer - 1, head - 1] if spec.per_head else values[layer - 1]
     left, right = st.columns(2)
     stem = f"{choices.model.replace('/', '_')}-{kind}-L{layer}"
-    shown = (choices.model, choices.device, choices.src, choices.tgt, kind, layer, head)  # what the maps depend on
+    shown = (choices.model, choices.device, choices.src, choices.tgt, words, kind, layer, head)  # what maps show
     with left:
-        fig = shared(
-            "beyond-weights",
-            shown,
-            lambda: attention_heatmap(
-                maps[layer - 1, head - 1],
-                q_tokens,
-                k_tokens,
-                kind,
-                mask=mask,
-                title=f"Weights, layer {layer}, head {head}",
-            ),
+        title = f"Weights, layer {layer}, head {head}"
+        fig = views.one_head(
+            ("beyond", *shown), maps[layer - 1, head - 1], q_tokens, k_tokens, kind, contrast, mask, title
         )
         st.plotly_chart(fig, width="stretch", config=export_config(f"{stem}H{head}-weights", "png"))
     with right:
@@ -146,7 +142,7 @@ def method_section(export, kinds: list[str]) -> tuple[str, int, int]:
         )
         fig = shared(
             "beyond-relevance",
-            (*shown[:4], method, position),
+            (*shown[:5], method, position),
             lambda: relevance_bars(
                 export.src_tokens,
                 result.extras["source_relevance"],
@@ -181,7 +177,7 @@ def method_section(export, kinds: list[str]) -> tuple[str, int, int]:
     return kind, layer, head
 
 
-def ablation_section(bundle, kinds: list[str], kind: str, layer: int, head: int) -> None:
+def ablation_section(bundle, kinds: list[str], kind: str, layer: int, head: int, words: bool, contrast: str) -> None:
     st.header("Switch heads off")
     options = all_heads(bundle.config, kinds)
     if "bw_ablate" in st.session_state:  # heads of another model are dropped (a link's are checked by the widget)
@@ -205,7 +201,7 @@ def ablation_section(bundle, kinds: list[str], kind: str, layer: int, head: int)
         return
     heads = str(Ablation.parse(",".join(chosen)))
     try:
-        comparison = run_ablation(choices.model, choices.device, choices.src, choices.tgt, heads, mode)
+        comparison = run_ablation(choices.model, choices.device, choices.src, choices.tgt, heads, mode, words)
     except Exception as e:  # noqa: BLE001 - the user sees a message, never a traceback
         show_error(e)
         return
@@ -233,13 +229,8 @@ def ablation_section(bundle, kinds: list[str], kind: str, layer: int, head: int)
     for column, export, label in ((a, comparison.intact, "intact"), (b, comparison.ablated, "heads off")):
         matrix = getattr(export, kind)[layer - 1, head - 1]
         title = f"{TITLES[kind]}, layer {layer}, head {head}: {label}"
-        fig = shared(
-            "beyond-ablation",
-            (choices.model, choices.device, choices.src, choices.tgt, heads, mode, kind, layer, head, label),
-            lambda matrix=matrix, title=title: attention_heatmap(
-                matrix, q_tokens, k_tokens, kind, mask=mask, title=title
-            ),
-        )
+        shown = ("beyond-ablation", choices.model, choices.device, choices.src, choices.tgt, heads, mode, words)
+        fig = views.one_head((*shown, kind, layer, head), matrix, q_tokens, k_tokens, kind, contrast, mask, title)
         column.plotly_chart(fig, width="stretch")
     st.caption(
         "Both maps read the same decoder input, so rows line up; the layer and head are those chosen above. "
@@ -315,16 +306,19 @@ def importance_section(bundle, kinds: list[str]) -> None:
 def main() -> None:
     if choices is None:
         return
+    words_column, contrast_column = st.columns([1, 3])
+    words, contrast = views.words_and_contrast(words_column, contrast_column)
     try:
         bundle = load_bundle(choices.model, choices.device)
-        export = run_attention(choices.model, choices.device, choices.src, choices.tgt)
+        pieces = run_attention(choices.model, choices.device, choices.src, choices.tgt, False)
+        export = run_attention(choices.model, choices.device, choices.src, choices.tgt, True) if words else pieces
     except Exception as e:  # noqa: BLE001 - the user sees a message, never a traceback
         show_error(e)
         return
     truncation_notice(export)
     kinds = [k for k in KINDS if getattr(export, k) is not None]
-    kind, layer, head = method_section(export, kinds)
-    ablation_section(bundle, kinds, kind, layer, head)
+    kind, layer, head = method_section(export, pieces, kinds, words, contrast)
+    ablation_section(bundle, kinds, kind, layer, head, words, contrast)
     importance_section(bundle, kinds)
 
 

@@ -7,7 +7,7 @@ import numpy as np
 import pandas as pd
 import streamlit as st
 
-from attnviz.app import bound, clamp_state, footer, load_bundle, run_decoding, shared, show_error, sidebar
+from attnviz.app import bound, clamp_state, footer, load_bundle, run_decoding, shared, show_error, sidebar, views
 from attnviz.figures.attention import attention_heatmap
 from attnviz.figures.decoding import step_rows_grid, topk_bar
 
@@ -151,15 +151,16 @@ def main() -> None:
     L, H = step.cross_attn.shape[:2]
     clamp_state("layer", range(1, L + 1))
     clamp_state("head", range(1, H + 1))
-    c1, c2 = st.columns(2)
+    c1, c2, c3 = st.columns([1, 1, 2])
     layer = bound(c1.selectbox, "Layer", range(1, L + 1), key="layer")
     head = bound(c2.selectbox, "Head", range(1, H + 1), key="head")
+    contrast = views.contrast_choice(c3)
     left, right = st.columns(2)
     with left:
         self_row = step.self_attn[layer - 1, head - 1].numpy()[None]  # (1, t + 1): only the prefix
         fig = shared(
             "decoding-self-row",
-            (*decoded, layer, head),
+            (*decoded, layer, head, contrast),
             lambda: attention_heatmap(
                 self_row,
                 [dec_input[t]],
@@ -167,13 +168,14 @@ def main() -> None:
                 "decoder",
                 query_start=t,
                 title=f"Decoder self-attention of step {t + 1}, layer {layer}, head {head}",
+                contrast=contrast,
             ),
         )
         st.plotly_chart(fig, width="stretch")
         cross_row = step.cross_attn[layer - 1, head - 1].numpy()[None]
         fig = shared(
             "decoding-cross-row",
-            (*decoded, layer, head),
+            (*decoded, layer, head, contrast),
             lambda: attention_heatmap(
                 cross_row,
                 [dec_input[t]],
@@ -181,19 +183,21 @@ def main() -> None:
                 "cross",
                 query_start=t,
                 title=f"Cross-attention of step {t + 1}, layer {layer}, head {head}",
+                contrast=contrast,
             ),
         )
         st.plotly_chart(fig, width="stretch")
     with right:
         fig = shared(
             "decoding-alignment",
-            (*decoded, layer, head),
+            (*decoded, layer, head, contrast),
             lambda: attention_heatmap(
                 np.stack([s.cross_attn[layer - 1, head - 1].numpy() for s in dec.steps[: t + 1]]),  # (t + 1, S)
                 dec_input[: t + 1],
                 src_tokens,
                 "cross",
                 title=f"Cross-attention so far (one row per step), layer {layer}, head {head}",
+                contrast=contrast,
             ),
         )
         st.plotly_chart(fig, width="stretch")

@@ -1,23 +1,27 @@
-"""Attention explorer: one head, all heads, lines, aggregates and head statistics, with exports."""
+"""Attention explorer: one head, all heads, lines, aggregates, head statistics and the Q-K embedding."""
 
 import numpy as np
 import streamlit as st
 
-from attnviz import analysis
+from attnviz import analysis, qk
 from attnviz.app import (
     bound,
     clamp_state,
     download_buttons,
     footer,
     run_attention,
+    run_queries_keys,
     run_scores,
     shared,
     show_error,
     sidebar,
     truncation_notice,
 )
-from attnviz.figures.attention import attention_heatmap, lines_view, model_view
+from attnviz.app.views import EXACT_MAX, one_head, one_head_scores, words_and_contrast, zoom
+from attnviz.figures.attention import lines_view
 from attnviz.figures.common import export_config
+from attnviz.figures.embedding import COLOUR_BY, qk_scatter
+from attnviz.figures.images import head_grid
 from attnviz.kinds import KINDS, TITLES, allowed
 
 st.set_page_config(page_title="attnviz: attention explorer", page_icon="🔍", layout="wide")
@@ -28,17 +32,28 @@ st.caption(
     "of the tokens it attends to, and sums to 1. Cross-attention has target rows and source columns."
 )
 
+LONG_LINES = 1000  # beyond EXACT_MAX tokens, the lines view draws at most this many (one trace each: slow to draw)
 VIEWS = {
     "one": "One head",
     "grid": "All heads (model view)",
     "lines": "Lines",
     "aggregate": "Aggregate",
     "stats": "Head statistics",
+    "qk": "Q-K embedding",
 }
 
 
 def open_one_head() -> None:
     st.session_state["view"] = "one"
+
+
+def open_head_from_grid() -> None:
+    """Clicking a head in the grid opens it large (runs before the rerun, like the table's click)."""
+    event = st.session_state.get("_grid_chart")
+    points = event.selection.points if event is not None else []
+    if points and points[0].get("customdata"):
+        st.session_state["layer"], st.session_state["head"] = (int(v) for v in points[0]["customdata"][:2])
+        st.session_state["view"] = "one"
 
 
 def select_head_from_table() -> None:
@@ -63,8 +78,10 @@ def aggregate(maps: np.ndarray, how: str, layer: int) -> np.ndarray:
 def main() -> None:
     if choices is None:
         return
+    c1, c2 = st.columns([1, 3])
+    words, contrast = words_and_contrast(c1, c2)
     try:
-        export = run_attention(choices.model, choices.device, choices.src, choices.tgt)
+        export = run_attention(choices.model, choices.device, choices.src, choices.tgt, words)
     except Exception as e:  # noqa: BLE001 - the user sees a message, never a traceback
         show_error(e)
         return
@@ -87,8 +104,9 @@ def main() -> None:
     layer = bound(c1.selectbox, "Layer", range(1, L + 1), key="layer")
     head = bound(c2.selectbox, "Head", range(1, H + 1), key="head")
     view = bound(c3.selectbox, "View", list(VIEWS), format_func=VIEWS.get, key="view")
-    stem = f"{choices.model.replace('/', '_')}-{kind}"
-    shown_map = (choices.model, choices.device, choices.src, choices.tgt, kind)  # what the maps depend on
+    stem = f"{choices.model.replace('/', '_')}-{kind}" + ("-words" if words else "")
+    shown_map = (choices.model, choices.device, choices.src, choices.tgt, kind, words)  # what the maps depend on
+    zoom_map = None  # (key, map, title, row tokens, column tokens, scores?) of a long map the zoom shows exactly
 
     if view == "one":
         show_scores = bound(
@@ -97,39 +115,42 @@ def main() -> None:
             key="scores",
             help="Q·K/√d_k: the logits the softmax turns into weights. Masked entries are grey.",
         )
+        title = f"{TITLES[kind]}, layer {layer}, head {head}"
         if show_scores:
+            pieces = run_attention(choices.model, choices.device, choices.src, choices.tgt) if words else export
+            if words:
+                st.info("Scores are per piece (a word has no single score): the words toggle merges weights only.")
             scores = run_scores(choices.model, choices.device, choices.src, choices.tgt)[kind]
             matrix = scores[layer - 1, head - 1]
+            sq_tokens = pieces.src_tokens if kind == "encoder" else pieces.tgt_tokens
+            sk_tokens = pieces.tgt_tokens if kind == "decoder" else pieces.src_tokens
+            title = f"{title} (scores)"
+            fig = one_head_scores((*shown_map, layer, head), matrix, sq_tokens, sk_tokens, kind, title)
+            if max(matrix.shape) > EXACT_MAX:
+                zoom_map = ((*shown_map, layer, head, "scores"), matrix, title, sq_tokens, sk_tokens, True)
+
+            def shown():
+                return analysis.long_form(scores, sq_tokens, sk_tokens, layers=[layer], heads=[head]).rename(
+                    columns={"weight": "score"}
+                )
+
         else:
             matrix = maps[layer - 1, head - 1]
-        fig = shared(
-            "explorer-one",
-            (*shown_map, layer, head, show_scores),
-            lambda: attention_heatmap(
-                matrix,
-                q_tokens,
-                k_tokens,
-                kind,
-                mask=mask,
-                scores=show_scores,
-                title=f"{TITLES[kind]}, layer {layer}, head {head}" + (" (scores)" if show_scores else ""),
-            ),
-        )
-
-        def shown():
-            table = analysis.long_form(maps, q_tokens, k_tokens, layers=[layer], heads=[head])
-            if show_scores:
-                table = table.rename(columns={"weight": "score"}).assign(score=matrix.reshape(-1))
-            return table
-
+            fig = one_head((*shown_map, layer, head), matrix, q_tokens, k_tokens, kind, contrast, mask, title)
+            if max(Q, K) > EXACT_MAX:
+                zoom_map = ((*shown_map, layer, head), matrix, title, q_tokens, k_tokens, False)
+            shown = lambda: analysis.long_form(maps, q_tokens, k_tokens, layers=[layer], heads=[head])  # noqa: E731
         name = f"{stem}-L{layer}H{head}"
     elif view == "grid":
         fig = shared(
             "explorer-grid",
-            (*shown_map, layer, head),
-            lambda: model_view(maps, q_tokens, k_tokens, kind, selected=(layer, head)),
+            (*shown_map, layer, head, contrast),
+            lambda: head_grid(maps, q_tokens, k_tokens, kind, contrast, mask, selected=(layer, head)),
         )
-        st.caption("Every layer (rows) and head (columns); the outlined map is the layer and head chosen above.")
+        st.caption(
+            "Every layer (rows) and head (columns); the outlined map is the layer and head chosen above. "
+            "Click a map to open it at full resolution."
+        )
         st.button(f"Open layer {layer}, head {head} large", on_click=open_one_head, key="_open_large")
         shown = lambda: analysis.long_form(maps, q_tokens, k_tokens)  # noqa: E731 - built on click
         name = f"{stem}-all-heads"
@@ -140,8 +161,16 @@ def main() -> None:
             return
         fig = shared(
             "explorer-lines",
-            (*shown_map, layer, tuple(heads)),
-            lambda: lines_view(maps[layer - 1, [h - 1 for h in heads]], q_tokens, k_tokens, heads, kind),
+            (*shown_map, layer, tuple(heads), contrast),
+            lambda: lines_view(
+                maps[layer - 1, [h - 1 for h in heads]],
+                q_tokens,
+                k_tokens,
+                heads,
+                kind,
+                contrast=contrast,
+                max_lines=LONG_LINES if max(Q, K) > EXACT_MAX else 3000,
+            ),
         )
         st.caption("Queries on the left, keys on the right; a line's opacity is the weight (under 0.01 not drawn).")
         shown = lambda: analysis.long_form(maps, q_tokens, k_tokens, layers=[layer], heads=heads)  # noqa: E731
@@ -167,22 +196,18 @@ def main() -> None:
                 "into position i after layer l. It assumes linear mixing and ignores values, W^O, the "
                 "feed-forward layers and LayerNorm: a rough estimate, not a measurement."
             )
-        fig = shared(
-            "explorer-aggregate",
-            (*shown_map, layer, how),
-            lambda: attention_heatmap(
-                np.clip(aggregate(maps, how, layer), 0, 1),
-                q_tokens,
-                k_tokens,
-                kind,
-                mask=mask,
-                title=f"{TITLES[kind]}, layer {layer}, {how} over heads",
-            ),
-        )
+        combined = np.clip(aggregate(maps, how, layer), 0, 1)
+        title = f"{TITLES[kind]}, layer {layer}, {how} over heads"
+        fig = one_head((*shown_map, layer, how), combined, q_tokens, k_tokens, kind, contrast, mask, title)
+        if max(Q, K) > EXACT_MAX:
+            zoom_map = ((*shown_map, layer, how), combined, title, q_tokens, k_tokens, False)
         shown = lambda: analysis.long_form(aggregate(maps, how, layer)[None, None], q_tokens, k_tokens).assign(  # noqa: E731
             layer=layer, head=how
         )
         name = f"{stem}-L{layer}-{how}"
+    elif view == "qk":
+        show_qk(choices, export, kind, layer, head, words)
+        return
     else:
         table = shared("explorer-stats", shown_map, lambda: analysis.head_statistics(maps, q_tokens, k_tokens, kind))
         st.session_state["stats_rows"] = list(zip(table["layer"], table["head"], strict=True))
@@ -204,10 +229,63 @@ def main() -> None:
         return
 
     fmt = st.session_state.get("image_format", "png")
-    st.plotly_chart(fig, width="stretch", config=export_config(name, fmt))
-    if Q > 512 or K > 512:
-        st.warning("Over 512 tokens: the browser may be slow to draw every cell.")
+    if view == "grid":
+        st.plotly_chart(
+            fig,
+            width="stretch",
+            config=export_config(name, fmt),
+            key="_grid_chart",
+            on_select=open_head_from_grid,
+            selection_mode="points",
+        )
+    else:
+        st.plotly_chart(fig, width="stretch", config=export_config(name, fmt))
+    if zoom_map is not None:
+        key, matrix, title, rows, columns, scores = zoom_map
+        zoom("", key, matrix, rows, columns, kind, contrast, None if scores else mask, title, scores=scores)
     download_buttons(shown, export, fmt, name)
+
+
+def show_qk(choices, export, kind: str, layer: int, head: int, words: bool) -> None:
+    """The Q-K embedding of the chosen head: its queries and keys in one plane (attnviz.qk)."""
+    try:
+        vectors = run_queries_keys(choices.model, choices.device, choices.src, choices.tgt)
+    except Exception as e:  # noqa: BLE001 - the user sees a message, never a traceback
+        show_error(e)
+        return
+    pieces = run_attention(choices.model, choices.device, choices.src, choices.tgt) if words else export
+    if words:
+        st.info("The Q-K embedding shows pieces: each piece has its own query and key vector, a word has none.")
+    q_tokens = pieces.src_tokens if kind == "encoder" else pieces.tgt_tokens
+    k_tokens = pieces.tgt_tokens if kind == "decoder" else pieces.src_tokens
+    colour_by = bound(
+        st.radio, "Colour by", list(COLOUR_BY), format_func=COLOUR_BY.get, horizontal=True, key="qk_colour"
+    )
+    queries, keys = (v[layer - 1, head - 1] for v in vectors[kind])
+    key = (choices.model, choices.device, choices.src, choices.tgt, kind, layer, head)
+    embedding = shared("qk-embedding", key, lambda: qk.qk_embedding(queries, keys))
+    weights = getattr(pieces, kind)[layer - 1, head - 1]
+    agreement = shared(
+        "qk-agreement",
+        key,
+        lambda: qk.picture_agreement(embedding, weights, allowed(kind, *weights.shape)),
+    )
+    fig = shared(
+        "qk-figure",
+        (*key, colour_by),
+        lambda: qk_scatter(
+            embedding, q_tokens, k_tokens, kind, colour_by, f"{TITLES[kind]}, layer {layer}, head {head}: Q-K embedding"
+        ),
+    )
+    st.caption(
+        "Queries and keys of this head in one plane (AttentionViz, Yeh et al. 2023). Before projecting, keys are "
+        "moved so that their centroid is the queries' and queries scaled by c, keys by 1/c: **neither changes any "
+        "softmax** (a query's scores all shift by one constant; q·k is unchanged). One more coordinate gives every "
+        "key the same length, so that in the full space a key nearer a query gets more of its attention, exactly. "
+        f"The plane (PCA) keeps {embedding.explained:.0%} of the spread; there, nearness and attention agree with "
+        f"a rank correlation of {agreement:.2f} per query on average (1 would be exact)."
+    )
+    st.plotly_chart(fig, width="stretch", config=export_config(f"{choices.model.replace('/', '_')}-{kind}-qk", "png"))
 
 
 main()

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+
 import numpy as np
 import pytest
 import torch
@@ -12,6 +14,10 @@ from attnviz.export import AXES, AttentionExport
 from attnviz.kinds import causal_mask
 from attnviz.model import Transformer, TransformerConfig
 from attnviz.tokenizer import train_sentencepiece
+
+# Tests never reach the network: a hub id resolves from a cache a test builds, or fails (the servers
+# that the browser test and the benchmarks start inherit this).
+os.environ["HF_HUB_OFFLINE"] = "1"
 
 # The tiny model gains nothing from intra-op threads, and on a machine whose cores are busy they
 # make each small op wait for a spinning peer (measured: 100x slower decoding on 2 busy cores).

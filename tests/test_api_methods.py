@@ -68,7 +68,7 @@ def test_mean_ablation_without_a_target_takes_the_intact_output(en_de):
     from attnviz.api import _ablated, _source_tensor
     from attnviz.decoding import step_through
 
-    src = _source_tensor(en_de, text)[0]
+    src = _source_tensor(en_de, text)
     forced = list(en_de.tokenizer.encode_target(intact_output)[1].ids)
     with _ablated(en_de, ablation, src, None):
         without = step_through(en_de.model, src, forced=forced)

@@ -6,6 +6,7 @@ runs the page file alone (shared/FACTS.md), which is why every page draws the sh
 
 from __future__ import annotations
 
+import json
 import shutil
 from pathlib import Path
 
@@ -48,7 +49,7 @@ def test_explorer_every_widget():
         assert_ok(at)
         at.selectbox(key="layer").set_value(at.selectbox(key="layer").options[-1]).run()
         at.selectbox(key="head").set_value(at.selectbox(key="head").options[-1]).run()
-        for view in ("one", "grid", "lines", "aggregate", "stats"):
+        for view in ("one", "grid", "lines", "aggregate", "stats", "qk"):
             at.selectbox(key="view").set_value(view).run()
             assert_ok(at)
             if view == "stats":
@@ -62,6 +63,18 @@ def test_explorer_every_widget():
                 for how in at.radio(key="aggregate").options:
                     at.radio(key="aggregate").set_value(how).run()
                     assert_ok(at)
+            if view == "qk":
+                at.radio(key="qk_colour").set_value("role").run()
+                assert_ok(at)
+                assert "Q-K embedding" in at.get("plotly_chart")[0].proto.spec
+    for view in ("one", "grid", "lines", "aggregate", "qk"):
+        at.selectbox(key="view").set_value(view).run()
+        for contrast in ("log", "row", "linear"):
+            at.radio(key="contrast").set_value(contrast).run()
+            assert_ok(at)
+        at.toggle(key="words").set_value(True).run()
+        assert_ok(at)
+        at.toggle(key="words").set_value(False).run()
     at.selectbox(key="view").set_value("one").run()
     at.toggle(key="scores").set_value(True).run()
     assert_ok(at)
@@ -226,15 +239,29 @@ def test_marian_folder_in_every_page(tmp_path, visitor_roots):
 
 
 def test_long_input_stays_usable():
-    """About 480 source tokens: every view runs; the all-heads grid says it is downsampled."""
+    """About 480 source tokens: every view runs; one head is an image with an exact zoom, the grid max-pools."""
     at = open_app("pages/explorer.py")
     at.sidebar.text_area(key="src").set_value(" ".join(["twenty-one"] * 160)).run()
     at.radio(key="kind").set_value("encoder").run()
-    for view in ("one", "grid", "lines", "aggregate", "stats"):
+    for view in ("one", "grid", "lines", "aggregate", "stats", "qk"):
         at.selectbox(key="view").set_value(view).run()
         assert_ok(at)
+        specs = [chart.proto.spec for chart in at.get("plotly_chart")]
         if view == "grid":
-            assert "downsampled" in at.get("plotly_chart")[0].proto.spec
+            assert "max-pooled" in specs[0] and '"type":"image"' in specs[0].replace(" ", "")
+        if view == "one":
+            assert '"type":"image"' in specs[0].replace(" ", ""), "a long map is sent as an image"
+            assert ": queries 0-" in specs[1] and "keys 0-47" in specs[1], "and its zoom is an exact heatmap"
+            at.slider(key="zoom_q").set_value((100, 130)).run()
+            at.slider(key="zoom_k").set_value((0, 400)).run()
+            assert_ok(at)
+            assert "queries 100-130, keys 0-127" in at.get("plotly_chart")[1].proto.spec
+            assert any("at most 128 positions" in i.value for i in at.info)
+            at.toggle(key="scores").set_value(True).run()
+            assert_ok(at)
+            specs = [chart.proto.spec for chart in at.get("plotly_chart")]
+            assert '"type":"image"' in specs[0].replace(" ", "") and "(scores): queries 100-130" in specs[1]
+            at.toggle(key="scores").set_value(False).run()
 
 
 def test_every_registered_page_is_linked_from_the_sidebar_and_the_home_page():
@@ -354,3 +381,96 @@ def test_a_link_to_a_teaching_page_keeps_its_settings():
     at, notices = open_link("pages/mechanics.py", {"mech_tab": "Why √d_k", "mech_n_keys": "6", "mech_seed": "3"})
     assert_ok(at)
     assert at.slider(key="mech_n_keys").value == 6 and at.number_input(key="mech_seed").value == 3 and not notices
+
+
+def test_compare_two_sentences_draws_their_difference_when_the_shapes_match():
+    at = open_app("pages/compare.py")
+    assert_ok(at)
+    titles = [json.loads(chart.proto.spec)["layout"]["title"]["text"] for chart in at.get("plotly_chart")[:2]]
+    assert titles[0].startswith("A: ") and titles[1].startswith("B: "), "B is B even when it holds A's very map"
+    at.text_area(key="cmp_src").set_value("Thursday, July 3, 1998").run()  # one word changed: the same shape
+    assert_ok(at)
+    charts = [chart.proto.spec for chart in at.get("plotly_chart")]
+    assert len(charts) == 3 and "A - B" in charts[2]
+    assert "2 | 3" in charts[2], "the changed token's label names both sides"
+    at.text_area(key="cmp_src").set_value("Monday, March 30, 2001").run()  # another length
+    assert_ok(at)
+    assert len(at.get("plotly_chart")) == 2
+    assert any(i.value.startswith("No difference map: A has 12 rows") for i in at.info), [i.value for i in at.info]
+    at.selectbox(key="cmp_view").set_value("grid").run()
+    at.text_area(key="cmp_src").set_value("Thursday, July 3, 1998").run()
+    assert_ok(at)
+    assert "Which heads changed" in at.get("plotly_chart")[2].proto.spec
+    for contrast in ("log", "row"):
+        at.radio(key="contrast").set_value(contrast).run()
+        assert_ok(at)
+    at.toggle(key="words").set_value(True).run()
+    assert_ok(at)
+
+
+def test_compare_two_models_says_why_there_is_no_difference():
+    at = open_app("pages/compare.py")
+    at.radio(key="cmp_what").set_value("model").run()
+    at.selectbox(key="cmp_model").set_value("reverse").run()
+    assert_ok(at)
+    assert len(at.get("plotly_chart")) == 2, "A and B side by side"
+    assert any("A has 3 layers, B has 2" in i.value for i in at.info)
+    assert at.selectbox(key="cmp_layer").options == ["1", "2"], "only the layers both have"
+
+
+def test_compare_against_a_checkpoint_of_the_same_shape(tmp_path, visitor_roots):
+    """Two checkpoints of one model (here: en-de and a copy with one head's queries scaled) differ in that head."""
+    from safetensors.torch import load_file, save_file
+
+    from attnviz.checkpoints.catalog import pretrained_dir
+
+    copy = tmp_path / "en-de-later"
+    shutil.copytree(pretrained_dir() / "en-de", copy)
+    tensors = load_file(copy / "model.safetensors")
+    name = next(k for k in tensors if k.startswith("encoder_layers.1.") and "q_proj.weight" in k)
+    tensors[name] = tensors[name] * 1.5
+    save_file(tensors, copy / "model.safetensors", metadata={"format": "attnviz"})
+    at = open_app("pages/compare.py")
+    at.radio(key="cmp_what").set_value("model").run()
+    at.selectbox(key="cmp_model").set_value(CUSTOM_PATH).run()
+    at.text_input(key="cmp_model_path").set_value(str(copy)).run()
+    at.selectbox(key="cmp_view").set_value("grid").run()
+    assert_ok(at)
+    assert not at.info, [i.value for i in at.info]
+    assert "Which heads changed" in at.get("plotly_chart")[2].proto.spec
+
+
+def test_a_link_reopens_a_comparison_with_words_and_contrast():
+    params = {"cmp_what": "another sentence", "cmp_src": "Thursday, July 3, 1998", "words": "true"}
+    params["contrast"] = "logarithmic"  # as the radio shows it, like every bound widget's value in a link
+    at, notices = open_link("pages/compare.py", params)
+    assert_ok(at)
+    assert not notices, notices
+    assert at.text_area(key="cmp_src").value == "Thursday, July 3, 1998"
+    assert at.toggle(key="words").value is True and at.radio(key="contrast").value == "log"
+    assert "weight (log scale)" in at.get("plotly_chart")[0].proto.spec
+
+
+@pytest.mark.parametrize("page", ["app.py", "pages/beyond.py", "pages/decoding.py"])
+def test_words_and_contrast_on_the_other_weight_views(page):
+    """The home map and Beyond the weights take both controls; decoding (pieces as written) takes the contrast."""
+    from attnviz.figures.images import colour_bar
+
+    at = open_app(page)
+    assert_ok(at)
+    for contrast in ("log", "row"):
+        at.radio(key="contrast").set_value(contrast).run()
+        assert_ok(at)
+        bars = {
+            (trace.get("colorbar") or {}).get("title", {}).get("text")
+            for chart in at.get("plotly_chart")
+            for trace in json.loads(chart.proto.spec)["data"]
+        }
+        assert colour_bar(contrast)["title"]["text"] in bars, ("the colour bar says which", bars)
+    if page == "pages/decoding.py":
+        assert not at.get("toggle") or all(t.key != "words" for t in at.get("toggle")), "decoding writes pieces"
+        return
+    at.toggle(key="words").set_value(True).run()
+    assert_ok(at)
+    specs = " ".join(c.proto.spec for c in at.get("plotly_chart"))
+    assert "Thursday," in specs and "\\u2581Thursday" not in specs, "the map's labels are the typed words"

@@ -120,3 +120,23 @@ def test_the_plain_loops_statistics_are_the_engines():
     two = np.stack([rows[0, 0], np.tril(np.ones((3, 3))) / np.arange(1, 4)[:, None]])[None].astype(np.float32)
     divergence = bench_atlas.plain_divergences(two)
     assert divergence[0, 0] == 0 and divergence[0, 1] == divergence[1, 0] > 0
+
+
+def test_the_render_benchmark_runs_end_to_end(capsys):
+    """A smoke run of benchmarks/bench_render.py at small sizes in chromium, so that it cannot rot."""
+    import os
+
+    import bench_render
+
+    if not bench_render.CHROMIUM.exists():
+        if os.environ.get("CI"):
+            pytest.fail(f"the render benchmark must run in CI: {bench_render.CHROMIUM} is missing")
+        pytest.skip(f"{bench_render.CHROMIUM} not found: apt-get install -y chromium")
+    assert bench_render.main(["--quick"]) == 0
+    out = capsys.readouterr().out
+    assert "Xeon" in out or "EPYC" in out or "cores" in out
+    rows = [line.split() for line in out.splitlines() if line.strip().startswith(("one head,", "grid 6 x 12"))]
+    assert len(rows) == 2 and all(row.count("PASS") + row.count("MISS") == 2 for row in rows)
+    for name in ("plotly heatmap", "plotly Image trace", "bare canvas component"):
+        row = next(line for line in out.splitlines() if name in line).split()
+        assert float(row[-2]) > 0 and float(row[-1]) > 0, "bytes and seconds were measured"

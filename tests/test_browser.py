@@ -16,9 +16,13 @@ from pathlib import Path
 
 import pytest
 
-from attnviz.app import registry
+from attnviz.app import CUSTOM_PATH, registry
+from attnviz.checkpoints.catalog import pretrained_dir
 
 ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "benchmarks"))
+from bench_render import build_random_model, letters  # noqa: E402
+
 CHROMIUM = Path("/usr/bin/chromium")
 ARTIFACTS = ROOT / "test-artifacts"
 # screenshot name -> address, for every page in the app's registry
@@ -44,13 +48,19 @@ def _missing() -> str | None:
     return None
 
 
+LONG = 1000  # source tokens of the long input: beyond every shipped model, so a random model allows it
+
+
 @pytest.fixture(scope="module")
-def server():
+def server(tmp_path_factory):
     reason = _missing()
     if reason:
         if os.environ.get("CI"):
             pytest.fail(f"the browser test must run in CI: {reason}")
         pytest.skip(reason)
+    models = tmp_path_factory.mktemp("models")
+    build_random_model(models / "long", max_len=LONG + 100)
+    env = {**os.environ, "ATTNVIZ_MODEL_ROOTS": os.pathsep.join([str(pretrained_dir()), str(models)])}
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
@@ -71,8 +81,11 @@ def server():
             str(port),
             "--server.address",
             "127.0.0.1",
+            "--server.fileWatcherType",  # nothing to reload in a test; watching .venv/ overflows inotify
+            "none",
         ],
         cwd=ROOT,
+        env=env,
         stdout=log,
         stderr=subprocess.STDOUT,
     )
@@ -189,5 +202,76 @@ def test_clicking_an_importance_cell_switches_that_head_off(server):
             assert "decoder:1.1" in chosen, chosen
             assert page.get_by_text("19998 (changed)").count() >= 1, "the panel shows that head switched off"
             assert page.locator("[data-testid='stException']").count() == 0
+        finally:
+            browser.close()
+
+
+def _no_exception(page, what: str) -> None:
+    assert page.locator("[data-testid='stException']").count() == 0, f"exception on {what}"
+
+
+def test_a_1000_token_input_opens_every_view(server):
+    """A random model whose positions allow 1000 tokens: every view of the explorer, and Compare, draw."""
+    from urllib.parse import urlencode
+
+    from playwright.sync_api import sync_playwright
+
+    views = ["One head", "All heads (model view)", "Lines", "Aggregate", "Head statistics", "Q-K embedding"]
+    base = {"model": CUSTOM_PATH, "model_path": "long", "src": letters(LONG - 1), "kind": "encoder"}
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_ARGS)
+        page = browser.new_page(viewport={"width": 1400, "height": 1000})
+        try:
+            for view in views:
+                contrast = "logarithmic" if view == "Lines" else "each row to its maximum"  # as the radio shows it
+                extra = {"contrast": contrast, "words": "true" if view == "Lines" else "false"}
+                page.goto(f"{server}/explorer?" + urlencode({**base, "view": view, **extra}))
+                _wait_for_run(page)
+                _no_exception(page, view)
+                assert page.locator("[data-testid='stToast']").count() == 0, f"a link value was set aside on {view}"
+                assert page.locator(".js-plotly-plot, [data-testid='stDataFrame']").count() >= 1, f"nothing on {view}"
+                if view == "One head":
+                    assert page.locator(".js-plotly-plot .im image").count() == 1, "the long map is an image"
+                    assert "1000 x 1000, one pixel per weight" in " ".join(_plot_subtitles(page))
+                    page.screenshot(path=str(ARTIFACTS / "long-one-head.png"))
+                if view == "All heads (model view)":
+                    page.screenshot(path=str(ARTIFACTS / "long-grid.png"))
+            page.goto(f"{server}/compare?" + urlencode({**base, "cmp_src": letters(LONG - 1)[:-2] + " q"}))
+            _wait_for_run(page)
+            _no_exception(page, "compare")
+            assert page.locator(".js-plotly-plot").count() == 3, "A, B and their difference"
+            page.screenshot(path=str(ARTIFACTS / "long-compare.png"))
+        finally:
+            browser.close()
+
+
+def _plot_subtitles(page) -> list[str]:
+    return page.locator(".js-plotly-plot").evaluate_all("plots => plots.map(p => p.textContent)")
+
+
+def test_a_click_on_the_grid_opens_that_head(server):
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_ARGS)
+        page = browser.new_page(viewport={"width": 1400, "height": 1000})
+        try:
+            page.goto(f"{server}/explorer?model=en-de&kind=encoder&view=All+heads+%28model+view%29")
+            _wait_for_run(page)
+            points = page.locator(".js-plotly-plot .scatterlayer .trace .points path")
+            assert points.count() == 3 * 4, "one point per layer and head of en-de"
+            box = points.nth((2 - 1) * 4 + (3 - 1)).bounding_box()  # layer 2, head 3
+            page.mouse.move(box["x"] + box["width"] / 2, box["y"] + box["height"] / 2)
+            page.mouse.click(box["x"] + box["width"] / 2, box["y"] + box["height"] / 2)
+            page.wait_for_function(
+                "() => [...document.querySelectorAll('.js-plotly-plot .gtitle')]"
+                ".some(t => t.textContent.includes('layer 2, head 3'))",
+                timeout=60_000,
+            )
+            _wait_for_run(page)
+            _no_exception(page, "the grid's click")
+            assert "Encoder self-attention, layer 2, head 3" in _plot_titles(page)
+            assert "view=one" in page.url or "view=" not in page.url, page.url
+            page.screenshot(path=str(ARTIFACTS / "grid-click.png"))
         finally:
             browser.close()

@@ -10,8 +10,7 @@ import numpy as np
 import plotly.graph_objects as go
 import pytest
 
-from attnviz.analysis import downsample
-from attnviz.figures.attention import attention_heatmap, lines_view, model_view
+from attnviz.figures.attention import attention_heatmap, lines_view
 from attnviz.figures.common import (
     HIGHLIGHT,
     MAX_TICK_LABELS,
@@ -21,6 +20,7 @@ from attnviz.figures.common import (
     position_labels,
 )
 from attnviz.figures.decoding import step_rows_grid, topk_bar
+from attnviz.figures.images import head_grid
 
 L, H, T, S = 3, 4, 5, 7
 SRC = ["▁the", "▁cat", "▁sat", "▁on", "▁the", "▁mat", "</s>"]  # "▁the" twice
@@ -117,44 +117,6 @@ def test_long_axes_thin_the_labels_but_keep_every_value():
     assert len(fig.data[0].x) == n
 
 
-def test_model_view_grid_holds_every_head(cross):
-    fig = model_view(cross, TGT, SRC, "cross", selected=(2, 3))
-    assert len(fig.data) == L * H
-    trace = fig.data[(2 - 1) * H + (3 - 1)]  # make_subplots adds subplots row by row
-    assert trace.name == "layer 2 head 3"
-    np.testing.assert_allclose(trace.z, cross[1, 2], atol=5e-5)
-    subplot = fig.get_subplot(2, 3)
-    assert trace.xaxis == subplot.xaxis.plotly_name.replace("axis", "")
-    assert trace.yaxis == subplot.yaxis.plotly_name.replace("axis", "")
-    assert all(t.coloraxis == "coloraxis" for t in fig.data)
-    assert (fig.layout.coloraxis.cmin, fig.layout.coloraxis.cmax) == (0.0, 1.0)
-    titles = {a.text for a in fig.layout.annotations}
-    assert {f"layer {i}" for i in range(1, L + 1)} | {f"head {i}" for i in range(1, H + 1)} <= titles
-    assert "downsampled" not in fig.layout.title.text
-    assert "query" in fig.layout.title.subtitle.text and "key" in fig.layout.title.subtitle.text
-    assert fig.layout.xaxis.showticklabels is False and fig.layout.yaxis.showticklabels is False
-    (outline,) = fig.layout.shapes
-    assert (outline.xref, outline.yref) == (f"{trace.xaxis} domain", f"{trace.yaxis} domain")
-    assert outline.line.color == HIGHLIGHT
-
-
-def test_model_view_block_averages_long_axes():
-    maps = random_maps(2, 2, 10, 9, seed=4)
-    tokens_q, tokens_k = [f"q{i}" for i in range(10)], [f"k{i}" for i in range(9)]
-    fig = model_view(maps, tokens_q, tokens_k, "cross", max_cells=4)
-    expected, rows, cols = downsample(maps[1, 0], 4)
-    trace = fig.data[2]  # layer 2, head 1
-    assert trace.z.shape == (4, 4)
-    np.testing.assert_allclose(trace.z, expected, atol=5e-5)
-    assert rows[0] == (0, 3) and list(trace.y)[0] == "positions 0-2"
-    assert "downsampled" in fig.layout.title.text and "up to 3x3 positions" in fig.layout.title.text
-
-
-def test_model_view_refuses_a_selection_outside_the_grid(cross):
-    with pytest.raises(ValueError, match="selected"):
-        model_view(cross, TGT, SRC, "cross", selected=(L + 1, 1))
-
-
 def test_lines_view_draws_one_line_per_weight_above_threshold(cross):
     heads = [1, 3]
     chosen = cross[1][[h - 1 for h in heads]]  # layer 2, heads 1 and 3: (2, T, S)
@@ -236,7 +198,7 @@ def test_figures_stay_small():
         random_maps(n, n, seed=5), ["▁a"] * n, ["▁b"] * n, "decoder", mask=np.tril(np.ones((n, n), bool))
     )
     assert len(fig.to_json()) < 5_000_000
-    grid = model_view(random_maps(6, 8, 100, 100, seed=6), ["▁a"] * 100, ["▁b"] * 100, "encoder")
+    grid = head_grid(random_maps(6, 8, 100, 100, seed=6), ["▁a"] * 100, ["▁b"] * 100, "encoder")
     assert len(grid.to_json()) < 1_500_000
 
 

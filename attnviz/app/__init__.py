@@ -1,11 +1,11 @@
 """The app's helpers: the only part of attnviz that imports Streamlit.
 
 Pages import from here: the sidebar and its choices (:mod:`~attnviz.app.session`), the cached
-computations (:mod:`~attnviz.app.cache`), shared widgets (:mod:`~attnviz.app.widgets`) and the list
-of pages (:mod:`~attnviz.app.registry`).
+computations (:mod:`~attnviz.app.cache`), shared widgets (:mod:`~attnviz.app.widgets`), the weight
+views several pages draw (:mod:`~attnviz.app.views`) and the list of pages (:mod:`~attnviz.app.registry`).
 """
 
-from attnviz.app import links, registry
+from attnviz.app import links, registry, views
 from attnviz.app.cache import (
     computed_atlas,
     load_bundle,
@@ -17,6 +17,7 @@ from attnviz.app.cache import (
     run_forward_pass,
     run_head_map,
     run_importance,
+    run_queries_keys,
     run_scores,
     shared,
 )
@@ -59,10 +60,12 @@ __all__ = [
     "run_scores",
     "run_forward_pass",
     "run_head_map",
+    "run_queries_keys",
     "sentence_pairs",
     "shared",
     "show_error",
     "sidebar",
     "sinusoid_inputs",
     "truncation_notice",
+    "views",
 ]

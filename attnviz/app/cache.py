@@ -30,10 +30,21 @@ def load_bundle(model: str, device: str) -> Bundle:
     return api.load(model, device)
 
 
+def run_attention(model: str, device: str, src: str, tgt: str | None, words: bool = False) -> api.AttentionExport:
+    """Every attention map for a sentence (over words with ``words``), cached: changing layer, head
+    or view does not rerun it."""
+    return _run_attention(model, device, src, tgt, bool(words))  # every argument given: one cache key per run
+
+
 @st.cache_data(show_spinner="Running the model…", max_entries=64)
-def run_attention(model: str, device: str, src: str, tgt: str | None) -> api.AttentionExport:
-    """Every attention map for a sentence, cached: changing layer, head or view does not rerun it."""
-    return api.attention(load_bundle(model, device), src, tgt)
+def _run_attention(model: str, device: str, src: str, tgt: str | None, words: bool) -> api.AttentionExport:
+    return api.attention(load_bundle(model, device), src, tgt, words=words)
+
+
+@st.cache_data(show_spinner="Recording queries and keys…", max_entries=16)
+def run_queries_keys(model: str, device: str, src: str, tgt: str | None) -> dict:
+    """Every head's query and key vectors, per kind (L, H, n, d_k); cached like the maps."""
+    return api.queries_keys(load_bundle(model, device), src, tgt)
 
 
 @st.cache_data(show_spinner="Computing the scores…", max_entries=16)
@@ -56,16 +67,18 @@ def run_decoding(model: str, device: str, src: str, beam: int, tgt: str | None, 
 
 @st.cache_data(show_spinner="Computing the contributions…", max_entries=32)
 def run_attribution(
-    model: str, device: str, src: str, tgt: str | None, method: str, position: int | None = None
+    model: str, device: str, src: str, tgt: str | None, method: str, position: int | None, words: bool
 ) -> api.AttentionExport:
-    """A contribution method's arrays for a sentence (``attnviz.attribute``), cached per method and position."""
-    return api.attribute(load_bundle(model, device), src, tgt, method=method, position=position)
+    """A contribution method's arrays for a sentence (``attnviz.attribute``), cached per method, position and units."""
+    return api.attribute(load_bundle(model, device), src, tgt, method=method, position=position, words=words)
 
 
 @st.cache_data(show_spinner="Running the model with those heads switched off…", max_entries=32)
-def run_ablation(model: str, device: str, src: str, tgt: str | None, ablate: str, mode: str) -> api.AblationComparison:
+def run_ablation(
+    model: str, device: str, src: str, tgt: str | None, ablate: str, mode: str, words: bool
+) -> api.AblationComparison:
     """Intact and ablated model side by side; ``ablate`` in text form (``cross:1.2,...``), cached."""
-    return api.compare_ablation(load_bundle(model, device), src, api.Ablation.parse(ablate, mode), tgt)
+    return api.compare_ablation(load_bundle(model, device), src, api.Ablation.parse(ablate, mode), tgt, words=words)
 
 
 @st.cache_data(show_spinner="Switching every head off in turn…", max_entries=16)

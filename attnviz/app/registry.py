@@ -31,9 +31,17 @@ PAGES = (
         "pages/explorer.py",
         "Attention explorer",
         ":material/grid_on:",
-        "every map of every layer and head: one head large (weights or the scores before the softmax), all heads "
-        "as a grid, BertViz-style lines, head averages and attention rollout, and a table of head statistics; "
-        "each view exports as PNG/SVG, CSV and NPZ.",
+        "every map of every layer and head, over pieces or words: one head large (weights or the scores before "
+        "the softmax; long inputs at full resolution with a zoom), all heads as a grid, BertViz-style lines, head "
+        "averages and attention rollout, head statistics, and a head's queries and keys in one plane (Q-K "
+        "embedding); each view exports as PNG/SVG, CSV and NPZ.",
+    ),
+    Page(
+        "pages/compare.py",
+        "Compare",
+        ":material/compare:",
+        "the same view for two sentences or two models, side by side, and their difference where the shapes "
+        "match: a sentence with one word changed, two checkpoints of one model, two models on one sentence.",
     ),
     Page(
         "pages/decoding.py",

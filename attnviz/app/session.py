@@ -16,7 +16,8 @@ from attnviz import api
 from attnviz.app import links, registry
 from attnviz.app.cache import load_bundle
 from attnviz.app.widgets import show_error
-from attnviz.checkpoints.catalog import visitor_path
+from attnviz.checkpoints.catalog import visitor_model
+from attnviz.checkpoints.hub import ALLOW_DOWNLOADS, downloads_allowed, is_hub_id
 from attnviz.devices import DEVICE_CHOICES, available_devices
 from attnviz.errors import AttnvizError
 
@@ -59,14 +60,24 @@ def sidebar() -> Choices | None:
         )
         model = choice
         if choice == CUSTOM_PATH:
+            hub = (
+                "downloaded from the Hugging Face hub when this server has no copy"
+                if downloads_allowed()
+                else f"if this server already has it (its operator can allow downloads with {ALLOW_DOWNLOADS}=1)"
+            )
             typed = links.bound(
                 st.text_input,
-                "Checkpoint directory",
+                "Checkpoint directory or hub id",
                 key="model_path",
-                help="A folder under the model folders this server offers (ATTNVIZ_MODEL_ROOTS), by its path there",
+                help="A folder under the model folders this server offers (ATTNVIZ_MODEL_ROOTS), by its path there; "
+                f"or a Hugging Face hub id such as Helsinki-NLP/opus-mt-en-de, {hub}.",
             ).strip()
             try:
-                model = str(visitor_path(typed)) if typed else ""
+                if downloads_allowed() and is_hub_id(typed):  # a download may start: say so while it runs
+                    with st.spinner(f"Getting {typed} from the Hugging Face hub…"):
+                        model = str(visitor_model(typed))
+                else:
+                    model = str(visitor_model(typed)) if typed else ""
             except AttnvizError as e:
                 show_error(e)
                 return None

@@ -2,7 +2,9 @@
 
 :data:`IMPORTERS` is the registry, tried in order. An importer is a module with ``FAMILY`` (its
 name), ``DESCRIPTION`` (what such a folder holds, for messages), ``detect(path)`` (whether a folder
-is of its family, cheaply and without raising) and ``load(path, device)`` (a :class:`Bundle`, or a
+is of its family, cheaply and without raising), ``probe(path)`` (the model config.json describes,
+refused when it cannot run or is over the limits, reading no other file: what a download from the
+hub checks before fetching weights) and ``load(path, device)`` (a :class:`Bundle`, or a
 CheckpointError naming the file and the problem). A new format is one file and one entry here.
 """
 

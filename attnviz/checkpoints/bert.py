@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import importlib.util
 import logging
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from pathlib import Path
 
 from attnviz.checkpoints.bundle import Bundle, checked_shapes, make_bundle
@@ -31,7 +31,7 @@ from attnviz.checkpoints.files import (
 )
 from attnviz.errors import CheckpointError, ConfigError, InputError
 from attnviz.model import TransformerConfig
-from attnviz.tokenizer import Encoded, check_text
+from attnviz.tokenizer import Encoded, Word, check_text
 
 log = logging.getLogger(__name__)
 
@@ -57,6 +57,7 @@ EXAMPLES = [
     "She gave him the book that he had lent to her brother.",
 ]
 SPECIALS = ("[PAD]", "[UNK]", "[CLS]", "[SEP]")
+CONTINUATION = "##"  # WordPiece's mark of a piece that continues the word before it
 
 
 # ---------------------------------------------------------------------------------------------
@@ -171,23 +172,41 @@ class BertWordPieceTokenizer:
         check_text(text, "source", self.max_tokens)
         enc = self.tok.encode(text)
         tokens = []
-        for i, piece, (start, end), special in zip(
-            enc.ids, enc.tokens, enc.offsets, enc.special_tokens_mask, strict=True
+        groups: list[list[int]] = []  # the positions of each word's pieces
+        for position, (i, piece, (start, end), special) in enumerate(
+            zip(enc.ids, enc.tokens, enc.offsets, enc.special_tokens_mask, strict=True)
         ):
             # An unknown word keeps its own text in the label, as in attnviz's own tokenizer.
             unknown = i == self.unk_id and not special and end > start
             tokens.append(f"<unk:{text[start:end]}>" if unknown else piece)
+            continues = piece.startswith(CONTINUATION) and groups and not enc.special_tokens_mask[groups[-1][0]]
+            if continues and not special:
+                groups[-1].append(position)
+            else:
+                groups.append([position])
         if len(enc.ids) > self.max_tokens:
             raise InputError(
                 f"the source text is {len(enc.ids)} tokens long; this model takes at most {self.max_tokens}"
             )
-        return Encoded(tuple(enc.ids), tuple(tokens))
+        return Encoded(tuple(enc.ids), tuple(tokens), tuple(self._word(enc, text, group) for group in groups))
+
+    @staticmethod
+    def _word(enc, text: str, group: list[int]) -> Word:
+        """The word of pieces ``group``; its text is the user's own characters (offsets point into the text
+        as typed, before lower-casing and accent stripping). A special token is a word of its own."""
+        first, last = group[0], group[-1]
+        if enc.special_tokens_mask[first]:
+            return Word(first, first + 1, enc.tokens[first], special=True)
+        return Word(first, last + 1, text[enc.offsets[first][0] : enc.offsets[last][1]])
 
     def encode_target(self, text: str) -> tuple[Encoded, Encoded]:
         raise InputError("this BERT model is encoder-only: it has no decoder, so there is no target text to encode")
 
     def target_token(self, token_id: int) -> str:
         return self.tok.id_to_token(int(token_id)) or "[UNK]"
+
+    def target_words(self, ids: Sequence[int]) -> tuple[Word, ...]:
+        raise InputError("this BERT model is encoder-only: it has no decoder, so there are no target words")
 
     def decode(self, ids: Iterable[int]) -> str:
         """Ids to text; special tokens are dropped and ``##`` pieces joined."""
@@ -254,6 +273,15 @@ def _canonical(key: str) -> str:
     if ".LayerNorm." in key or key.startswith("LayerNorm."):
         key = key.replace(".gamma", ".weight").replace(".beta", ".bias")  # TF-era checkpoints
     return key
+
+
+def probe(path: Path) -> TransformerConfig:
+    """The model ``path/config.json`` describes, refused when attnviz cannot run it or it is over the
+    limits; reads no other file (the hub's download checks this before fetching the weights)."""
+    source = str(path / CONFIG_FILE)
+    cfg = bert_config(read_hf_config(path, "bert", DESCRIPTION), source=source)  # special ids change no shape
+    checked_shapes(cfg, source)
+    return cfg
 
 
 def load(path: Path, device: str = "auto") -> Bundle:

@@ -1,8 +1,10 @@
-"""Where models come from: the shipped checkpoints, installed model packages, and paths.
+"""Where models come from: the shipped checkpoints, installed model packages, paths and hub ids.
 
-A path given to the CLI or the Python API is opened wherever it is (the user owns that machine).
-A path a visitor of the app types is opened only under the folders the operator lists in
-``ATTNVIZ_MODEL_ROOTS`` (:func:`visitor_path`).
+A path given to the CLI or the Python API is opened wherever it is (the user owns that machine),
+and a Hugging Face hub id (``Helsinki-NLP/opus-mt-en-de``) is downloaded into the hub's cache, or
+read from it offline (:mod:`attnviz.checkpoints.hub`). A path a visitor of the app types is opened
+only under the folders the operator lists in ``ATTNVIZ_MODEL_ROOTS`` (:func:`visitor_path`), and a
+hub id only from the cache under them, unless the operator allows downloads (:func:`visitor_model`).
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ from pathlib import Path
 
 from attnviz.checkpoints.bert import minilm_dir
 from attnviz.checkpoints.files import CONFIG_FILE
+from attnviz.checkpoints.hub import ALLOW_DOWNLOADS, cache_folder, downloads_allowed, hub_snapshot, is_hub_id
 from attnviz.errors import CheckpointError
 
 DEFAULT_MODEL = "en-de"
@@ -47,8 +50,9 @@ def visitor_path(typed: str) -> Path:
     """The folder a visitor of the app typed, when it lies under a model root; else a CheckpointError.
 
     An absolute path must resolve (symbolic links followed) to a folder under a root; a relative
-    one is looked up under each root in turn. The error names only what the visitor typed: never a
-    root, never what a folder holds.
+    one is looked up under each root in turn, and a hub id (``owner/name``) also as the hub cache's
+    folder for it, ``models--owner--name``, in each root. The error names only what the visitor
+    typed: never a root, never what a folder holds.
     """
     text = typed.strip()
     message = f"{text!r} is not a model folder this server lets visitors open; choose one of the listed models"
@@ -57,6 +61,8 @@ def visitor_path(typed: str) -> Path:
         raise refusal
     path = Path(text)
     candidates = [path] if path.is_absolute() else [root / path for root in model_roots()]
+    if is_hub_id(text):
+        candidates += [cache_folder(text, root) for root in model_roots()]
     for candidate in candidates:
         try:
             resolved = candidate.resolve()
@@ -67,6 +73,30 @@ def visitor_path(typed: str) -> Path:
     raise refusal
 
 
+def visitor_model(typed: str) -> Path:
+    """The model a visitor of the app named: a folder under a model root (:func:`visitor_path`), or,
+    only when the operator sets ``ATTNVIZ_ALLOW_DOWNLOADS=1``, a hub id downloaded into the hub's cache.
+
+    Without that setting a visitor never starts a download: a hub id opens only a copy already in
+    the cache, and the cache is a model root by default.
+    """
+    try:
+        return visitor_path(typed)
+    except CheckpointError:
+        if not is_hub_id(typed.strip()):
+            raise
+        if not downloads_allowed():
+            message = (
+                f"{typed.strip()} is not among the models this server has, and it downloads none for visitors "
+                f"(its operator can allow that with {ALLOW_DOWNLOADS}=1)"
+            )
+            raise CheckpointError(message, public=message) from None
+    try:  # downloaded before, into a cache that is not a model root: no request to the hub on every rerun
+        return hub_snapshot(typed.strip(), hf_cache_dir(), download=False)
+    except CheckpointError:
+        return hub_snapshot(typed.strip(), hf_cache_dir())
+
+
 def list_models() -> list[str]:
     """Names of the shipped checkpoints (folders under pretrained/), and "minilm" when installed."""
     root = pretrained_dir()
@@ -75,10 +105,12 @@ def list_models() -> list[str]:
 
 
 def resolve_model(name_or_dir: str | Path) -> Path:
-    """The checkpoint directory for a shipped model's name or a path.
+    """The checkpoint directory for a shipped model's name, a path, or a Hugging Face hub id.
 
     A bare name is a shipped model's first (a local folder of the same name does not shadow it:
-    write ``./en-de`` for that), then a folder of that name here.
+    write ``./en-de`` for that), then a folder of that name here. ``owner/name`` is a folder at that
+    relative path when there is one, else a hub id: downloaded into the hub's cache, or read from
+    it when ``HF_HUB_OFFLINE=1`` (:func:`attnviz.checkpoints.hub.hub_snapshot`).
     """
     text = str(name_or_dir).strip()
     if not text:
@@ -99,7 +131,9 @@ def resolve_model(name_or_dir: str | Path) -> Path:
             return path
     except OSError as e:  # a name too long for the file system, a folder we may not read
         raise CheckpointError(f"cannot use {text!r} as a model: {e.strerror or e}") from None
+    if is_hub_id(text):
+        return hub_snapshot(text, hf_cache_dir())
     raise CheckpointError(
-        f"no model named {text!r} and no directory at that path; shipped models: "
+        f"no model named {text!r}, no directory at that path, and it is no hub id (owner/name); shipped models: "
         f"{', '.join(list_models()) or 'none found in ' + str(pretrained_dir())}"
     )

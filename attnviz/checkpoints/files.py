@@ -91,10 +91,18 @@ def folder_listing(path: Path) -> list[str]:
 
 
 def snapshot(path: Path) -> Path:
-    """``path`` itself, or the single snapshot of a Hugging Face hub cache folder ``models--X``."""
+    """``path`` itself, or the snapshot of a Hugging Face hub cache folder ``models--X``: the one its
+    ``refs/main`` names, else its only one."""
     snapshots = path / "snapshots"
     if (path / CONFIG_FILE).exists() or not snapshots.is_dir():
         return path
+    refs_main = path / "refs" / "main"  # the commit the hub's "main" pointed to at the last download
+    try:
+        main = read_bytes(refs_main, max_bytes=256).decode("ascii").strip() if refs_main.exists() else ""
+    except (CheckpointError, UnicodeDecodeError):  # a special file, a link out, junk: as if absent
+        main = ""
+    if main and "/" not in main and main not in (".", "..") and (snapshots / main).is_dir():
+        return snapshots / main
     found = sorted(p.name for p in snapshots.iterdir() if p.is_dir())
     if len(found) != 1:
         raise CheckpointError(

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import logging
 import re
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from pathlib import Path
 
 import sentencepiece as spm
@@ -36,7 +36,7 @@ from attnviz.checkpoints.files import (
 )
 from attnviz.errors import CheckpointError, ConfigError, InputError
 from attnviz.model import TransformerConfig, sinusoidal_table
-from attnviz.tokenizer import Encoded, check_text
+from attnviz.tokenizer import Encoded, Word, check_text, model_words, sentencepiece_words
 
 log = logging.getLogger(__name__)
 
@@ -166,19 +166,26 @@ class MarianTokenizer:
         self.bos_id = pad_id if bos_id is None else bos_id  # the decoder start token
         self.max_tokens = max_tokens
 
-    def _pieces(self, sp: spm.SentencePieceProcessor, vocab: dict[str, int], text: str, side: str) -> Encoded:
+    def _pieces(
+        self, sp: spm.SentencePieceProcessor, vocab: dict[str, int], text: str, side: str, first: int
+    ) -> Encoded:
+        """The pieces of ``text`` and their words, the first piece at position ``first`` of the sequence."""
         check_text(text, side, self.max_tokens)
-        ids, tokens = [], []
+        ids, tokens, words = [], [], []
         code = LANGUAGE_CODE.match(text)  # as Hugging Face's MarianTokenizer: the tag is one token
         if code:
             tag = code.group(0)
             ids.append(vocab.get(tag, self.unk_id))
             tokens.append(tag if ids[-1] != self.unk_id else f"<unk:{tag}>")
+            words.append(Word(first, first + 1, tag, special=True))  # a tag is no word of the sentence
             text = LANGUAGE_CODE.sub("", text)
-        for piece in sp.encode(text, return_type="proto").pieces:
+        pieces = sp.encode(text, return_type="proto").pieces
+        for piece in pieces:
             ids.append(vocab.get(piece.piece, self.unk_id))
             tokens.append(f"<unk:{piece.surface}>" if ids[-1] == self.unk_id else piece.piece)
-        return Encoded(tuple(ids), tuple(tokens))
+        surfaces = [piece.surface for piece in pieces]
+        words += sentencepiece_words([piece.piece for piece in pieces], first + len(words), surfaces=surfaces)
+        return Encoded(tuple(ids), tuple(tokens), tuple(words))
 
     def _check_length(self, n: int, side: str) -> None:
         if n > self.max_tokens:
@@ -186,21 +193,29 @@ class MarianTokenizer:
 
     def encode_source(self, text: str) -> Encoded:
         """Encoder input: the pieces, then ``</s>``."""
-        enc = self._pieces(self.src, self.src_vocab, text, "source")
-        out = Encoded(enc.ids + (self.eos_id,), enc.tokens + ("</s>",))
+        enc = self._pieces(self.src, self.src_vocab, text, "source", first=0)
+        end = Word(len(enc.ids), len(enc.ids) + 1, "</s>", special=True)
+        out = Encoded(enc.ids + (self.eos_id,), enc.tokens + ("</s>",), enc.words + (end,))
         self._check_length(len(out.ids), "source")
         return out
 
     def encode_target(self, text: str) -> tuple[Encoded, Encoded]:
         """(decoder input, labels): ``<pad> pieces`` and ``pieces </s>``, one shifted from the other."""
-        enc = self._pieces(self.tgt, self.tgt_vocab, text, "target")
-        inp = Encoded((self.bos_id,) + enc.ids, (self.target_token(self.bos_id),) + enc.tokens)
+        enc = self._pieces(self.tgt, self.tgt_vocab, text, "target", first=1)
+        start_label = self.target_token(self.bos_id)
+        start = Word(0, 1, start_label, special=True)
+        inp = Encoded((self.bos_id,) + enc.ids, (start_label,) + enc.tokens, (start,) + enc.words)
         labels = Encoded(enc.ids + (self.eos_id,), enc.tokens + ("</s>",))
         self._check_length(len(inp.ids), "target")
         return inp, labels
 
     def target_token(self, token_id: int) -> str:
         return self.tgt_pieces.get(int(token_id), "<unk>")
+
+    def target_words(self, ids: Sequence[int]) -> tuple[Word, ...]:
+        """The words of a decoder input the model wrote: the start and end tokens alone, the pieces by "▁"."""
+        specials = {self.pad_id, self.bos_id, self.eos_id}
+        return tuple(model_words([int(i) for i in ids], self.target_token, specials, self.tgt.decode_pieces))
 
     def decode(self, ids: Iterable[int]) -> str:
         """Target ids to text; special ids are dropped."""
@@ -362,6 +377,15 @@ def _weights_file(path: Path) -> Path:
             return path / name
     found = folder_listing(path)
     raise CheckpointError(f"{path} has no {SAFETENSORS_FILE} or {PICKLE_FILE} (the Marian weights); found {found}")
+
+
+def probe(path: Path) -> TransformerConfig:
+    """The model ``path/config.json`` describes, refused when attnviz cannot run it or it is over the
+    limits; reads no other file (the hub's download checks this before fetching the weights)."""
+    source = str(path / CONFIG_FILE)
+    cfg = marian_config(read_hf_config(path, "marian", DESCRIPTION), unk_id=0, source=source)  # unk_id: no shape
+    checked_shapes(cfg, source)
+    return cfg
 
 
 def load(path: Path, device: str = "auto") -> Bundle:

@@ -86,15 +86,26 @@ def _read_tokenizer(path: Path, data: dict, cfg: TransformerConfig) -> SentenceP
     return SentencePieceTokenizer(models["source"], models["target"], max_tokens=cfg.max_len)
 
 
-def load(path: Path, device: str = "auto") -> Bundle:
-    """An attnviz checkpoint directory, loaded onto ``device`` in eval mode."""
-    data = read_config(path)
+def _config(path: Path, data: dict) -> TransformerConfig:
     if not isinstance(data.get("model"), dict):
         raise CheckpointError(f'{path / CONFIG_FILE}: "model" must be a JSON object holding the model config')
     try:
-        cfg = TransformerConfig.from_dict(data["model"])
+        return TransformerConfig.from_dict(data["model"])
     except ConfigError as e:
         raise CheckpointError(f"{path / CONFIG_FILE}: {e}") from None
+
+
+def probe(path: Path) -> TransformerConfig:
+    """The model ``path/config.json`` describes, refused when it is over the limits; reads no other file."""
+    cfg = _config(path, read_config(path))
+    checked_shapes(cfg, str(path / CONFIG_FILE))
+    return cfg
+
+
+def load(path: Path, device: str = "auto") -> Bundle:
+    """An attnviz checkpoint directory, loaded onto ``device`` in eval mode."""
+    data = read_config(path)
+    cfg = _config(path, data)
     expected, max_bytes = checked_shapes(cfg, str(path / CONFIG_FILE))
     tokenizer = _read_tokenizer(path, data, cfg)
     weights_file = path / WEIGHTS_FILE

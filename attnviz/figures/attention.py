@@ -1,4 +1,6 @@
-"""Figures of attention maps: one head large, every layer and head as a grid, and BertViz-style lines.
+"""Figures of attention maps: one head as an exact heatmap, and BertViz-style lines.
+
+Long maps, and the grid of every layer and head, are images: :mod:`attnviz.figures.images`.
 
 Shape letters: L layers, H heads, Q queries, K keys. Rows are queries and columns are keys, as in
 :class:`attnviz.export.AttentionExport`; layers and heads are numbered from 1, positions from 0.
@@ -10,12 +12,9 @@ from collections.abc import Sequence
 
 import numpy as np
 import plotly.graph_objects as go
-from plotly.subplots import make_subplots
 
-from attnviz.analysis import downsample
 from attnviz.figures.common import (
     HEAD_COLORS,
-    HIGHLIGHT,
     MASKED_GREY,
     SCORE_COLORSCALE,
     WEIGHT_COLORSCALE,
@@ -26,6 +25,7 @@ from attnviz.figures.common import (
     plotly_labels,
     ticks,
 )
+from attnviz.figures.images import CONTRASTS, check_contrast, colour_bar, contrast_values
 
 
 def attention_heatmap(
@@ -37,12 +37,19 @@ def attention_heatmap(
     mask: np.ndarray | None = None,
     scores: bool = False,
     query_start: int = 0,
+    key_start: int = 0,
+    contrast: str = "linear",
+    row_max: np.ndarray | None = None,
 ) -> go.Figure:
     """A heatmap of one head's map (Q, K): rows are queries, columns are keys.
 
-    ``query_start`` is the position of the first row, for a slice of the queries (one decoding step).
+    ``query_start`` and ``key_start`` are the positions of the first row and column, for a region
+    of a larger map (the queries of one decoding step, a zoomed region of a long input).
 
-    Weights use a fixed 0..1 colour scale. With ``scores`` the map holds pre-softmax scaled scores
+    Weights use a fixed 0..1 colour scale under ``contrast`` (:data:`attnviz.figures.images.CONTRASTS`:
+    linear, log, or each row scaled to its maximum, ``row_max`` (Q,) when the region's rows go on
+    beyond it); the colour bar says which, and hover gives the exact weight whatever the contrast.
+    With ``scores`` the map holds pre-softmax scaled scores
     QK^T / sqrt(d_k) (equation 1), shown on a diverging scale centred at 0; their -inf entries are
     masked positions. ``mask`` (Q, K, True = may attend) marks more masked cells. Masked cells are
     NaN in the data trace and drawn grey by a second trace whose hover says "masked", so a masked
@@ -64,24 +71,31 @@ def attention_heatmap(
         masked |= ~mask
     if scores:
         masked |= np.isneginf(values)
-    shown = np.where(masked, np.float32(np.nan), values)
-    x, y = plotly_labels(key_tokens), plotly_labels(query_tokens, query_start)
+    check_contrast(contrast)
+    if scores and contrast != "linear":
+        raise ValueError("contrast applies to weights; scores are shown on their own diverging scale")
+    x, y = plotly_labels(key_tokens, key_start), plotly_labels(query_tokens, query_start)
     name = "score" if scores else "weight"
-    scale = (
-        {"colorscale": SCORE_COLORSCALE, "zmid": 0.0}
-        if scores
-        else {"colorscale": WEIGHT_COLORSCALE, "zmin": 0.0, "zmax": 1.0}
-    )
+    extra = {}
+    if scores:
+        scale = {"colorscale": SCORE_COLORSCALE, "zmid": 0.0, "colorbar": {"title": name}}
+    else:
+        scale = {"colorscale": WEIGHT_COLORSCALE, "zmin": 0.0, "zmax": 1.0, "colorbar": colour_bar(contrast)}
+    if contrast != "linear":  # colours from the scaled values, hover from the weights themselves
+        extra = {"customdata": values}
+        values = contrast_values(values, contrast, row_max).astype(np.float32)
+    shown = np.where(masked, np.float32(np.nan), values)
+    hover_value = "%{customdata:.6f}" if extra else "%{z:.6f}"
     fig = go.Figure(
         go.Heatmap(
             z=shown,
             x=x,
             y=y,
             **scale,
-            colorbar={"title": name},
+            **extra,
             hoverongaps=False,
             name=name,
-            hovertemplate=f"query %{{y}}<br>key %{{x}}<br>{name} %{{z:.6f}}<extra></extra>",
+            hovertemplate=f"query %{{y}}<br>key %{{x}}<br>{name} {hover_value}<extra></extra>",
         )
     )
     if masked.any():
@@ -107,94 +121,6 @@ def attention_heatmap(
     return fig
 
 
-def _block_labels(tokens: Sequence[str], ranges: list[tuple[int, int]]) -> list[str]:
-    """Hover labels for the cells of a downsampled axis: the position label, or the span of positions."""
-    labels = plotly_labels(tokens)
-    return [labels[a] if b - a == 1 else f"positions {a}-{b - 1}" for a, b in ranges]
-
-
-def model_view(
-    maps: np.ndarray,
-    query_tokens: Sequence[str],
-    key_tokens: Sequence[str],
-    kind: str,
-    max_cells: int = 48,
-    selected: tuple[int, int] | None = None,
-) -> go.Figure:
-    """A layers x heads grid of small heatmaps of ``maps`` (L, H, Q, K) on one shared 0..1 scale.
-
-    Thumbnails for choosing a head: no tick labels, values rounded to 4 decimals. An axis longer
-    than ``max_cells`` is block-averaged with :func:`attnviz.analysis.downsample`, and the title says
-    so. ``selected`` (layer, head), from 1, outlines that subplot.
-    """
-    kind_title, y_title, x_title = kind_titles(kind)
-    maps = as_array(maps, "maps", 4)
-    L, H, Q, K = maps.shape
-    check_tokens(Q, query_tokens, "query")
-    check_tokens(K, key_tokens, "key")
-    if selected is not None and not (1 <= selected[0] <= L and 1 <= selected[1] <= H):
-        raise ValueError(f"selected is (layer, head) from 1; these maps have {L} layers and {H} heads, got {selected}")
-    if max_cells < 1:
-        raise ValueError(f"max_cells must be at least 1, got {max_cells}")
-    fig = make_subplots(
-        rows=L,
-        cols=H,
-        row_titles=[f"layer {layer}" for layer in range(1, L + 1)],
-        column_titles=[f"head {head}" for head in range(1, H + 1)],
-        horizontal_spacing=0.01,
-        vertical_spacing=min(0.02, 1 / max(L - 1, 1)),
-    )
-    downsampled = Q > max_cells or K > max_cells
-    row_ranges = [(q, q + 1) for q in range(Q)]
-    col_ranges = [(k, k + 1) for k in range(K)]
-    for layer in range(1, L + 1):
-        for head in range(1, H + 1):
-            cells = maps[layer - 1, head - 1]
-            if downsampled:
-                cells, row_ranges, col_ranges = downsample(cells, max_cells)
-            fig.add_trace(
-                go.Heatmap(
-                    z=np.round(cells, 4).astype(np.float32),
-                    x=_block_labels(key_tokens, col_ranges),
-                    y=_block_labels(query_tokens, row_ranges),
-                    coloraxis="coloraxis",
-                    name=f"layer {layer} head {head}",
-                    hovertemplate=(
-                        f"layer {layer} head {head}<br>query %{{y}}<br>key %{{x}}<br>weight %{{z:.4f}}<extra></extra>"
-                    ),
-                ),
-                row=layer,
-                col=head,
-            )
-    title = f"{kind_title}: {L} layers x {H} heads"
-    if downsampled:
-        rows = max(b - a for a, b in row_ranges)
-        cols = max(b - a for a, b in col_ranges)
-        title += f" (downsampled: each cell averages up to {rows}x{cols} positions)"
-    if selected is not None:
-        fig.add_shape(
-            type="rect",
-            xref="x domain",
-            yref="y domain",
-            x0=0,
-            x1=1,
-            y0=0,
-            y1=1,
-            line={"color": HIGHLIGHT, "width": 3},
-            row=selected[0],
-            col=selected[1],
-        )
-    fig.update_xaxes(showticklabels=False, ticks="", type="category")
-    fig.update_yaxes(showticklabels=False, ticks="", type="category", autorange="reversed")
-    fig.update_layout(
-        title={"text": title, "subtitle": {"text": f"in each map, rows: {y_title}; columns: {x_title}"}},
-        coloraxis={"cmin": 0.0, "cmax": 1.0, "colorscale": WEIGHT_COLORSCALE, "colorbar": {"title": "weight"}},
-        height=110 + 90 * L,
-        margin={"l": 10, "r": 40, "t": 100, "b": 10},
-    )
-    return fig
-
-
 def lines_view(
     maps_heads: np.ndarray,
     query_tokens: Sequence[str],
@@ -203,12 +129,14 @@ def lines_view(
     kind: str,
     threshold: float = 0.01,
     max_lines: int = 3000,
+    contrast: str = "linear",
 ) -> go.Figure:
     """Attention as lines from query tokens (left) to key tokens (right), as in BertViz's head view.
 
     ``maps_heads`` (H_selected, Q, K) holds some heads of one layer, ``heads`` their numbers from 1.
     One line (one trace) per (query, key, head) whose weight is at least ``threshold``, with
-    opacity = weight and one colour per head; hover gives the exact weight. Strong lines are drawn
+    opacity = the weight under ``contrast`` (linear: the weight; log; or the weight over its row's
+    largest) and one colour per head; hover gives the exact weight. Strong lines are drawn
     last, on top. Each head has a legend entry (clicking it hides or shows that head's lines).
     Beyond ``max_lines`` lines the browser slows down, so only the strongest ``max_lines`` are drawn
     and the subtitle says how many were left out.
@@ -239,6 +167,7 @@ def lines_view(
         )
         for h in heads
     ]
+    opacity = contrast_values(maps_heads, contrast)  # (H_selected, Q, K) in 0..1
     at_head, at_query, at_key = np.nonzero(maps_heads >= threshold)
     strength = maps_heads[at_head, at_query, at_key]
     order = np.argsort(strength, kind="stable")[-max_lines:]  # weakest first: strong lines end on top
@@ -250,7 +179,7 @@ def lines_view(
                 y=[q, (q + k) / 2, k],
                 mode="lines",
                 line={"color": colors[head], "width": 2},
-                opacity=min(w, 1.0),
+                opacity=float(opacity[i, q, k]),
                 legendgroup=f"head {head}",
                 showlegend=False,
                 hoverinfo="text",
@@ -258,7 +187,9 @@ def lines_view(
                 meta={"head": head, "query": q, "key": k},
             )
         )
-    note = f"lines with weight at least {threshold:g}; opacity = weight"
+    note = f"lines with weight at least {threshold:g}; opacity = weight" + (
+        "" if contrast == "linear" else f" ({CONTRASTS[contrast]})"
+    )
     if len(order) < len(strength):
         note += f"; only the {len(order)} strongest of {len(strength)} lines are drawn"
     for x, labels, side in ((0.0, q_labels, "left"), (1.0, k_labels, "right")):

@@ -25,7 +25,7 @@ HEAD_COLORS = qualitative.Dark24  # a head keeps its colour whichever heads are 
 HIGHLIGHT = "#d62728"
 # Above this many tokens an axis labels every n-th position only; the data stay exact.
 MAX_TICK_LABELS = 80
-TITLE_PX, AXIS_TITLE_PX = 44, 28  # the bands a figure's title and an axis title take above the plot
+TITLE_PX, SUBTITLE_PX, AXIS_TITLE_PX = 44, 22, 28  # the bands a title, its subtitle and an axis title take
 
 
 def position_labels(tokens: Sequence[str], start: int = 0) -> list[str]:
@@ -68,18 +68,24 @@ def ticks(labels: list[str]) -> dict:
     return {"type": "category", "tickmode": "array", "tickvals": labels[::step], "ticktext": labels[::step]}
 
 
-def above_top_labels(title: str | None, labels: Sequence[str], angle: float = 60.0) -> dict:
+def above_top_labels(
+    title: str | None, labels: Sequence[str], angle: float = 60.0, subtitle: str | None = None
+) -> dict:
     """Layout for a figure whose key labels sit on top, rotated by ``angle``: its title and top margin.
 
-    The title goes to the top of the figure, and the margin below it is sized for the longest label
-    (rotated) and the axis title, so that a long first token never runs into the title. (Plotly
-    sizes the margin for the labels or for the title, whichever needs more, not for both.)
+    The title (and ``subtitle``) go to the top of the figure, and the margin below them is sized for
+    the longest label (rotated) and the axis title, so that a long first token never runs into the
+    title. (Plotly sizes the margin for the labels or for the title, whichever needs more, not both.)
     """
     longest = max((len(html.unescape(label)) for label in labels), default=0)
     label_px = min(longest, 48) * 7.0 * math.sin(math.radians(angle)) + 12  # about 7 px a character at 12 px
+    title_px = TITLE_PX + (SUBTITLE_PX if subtitle else 0)
+    heading = {"text": title, "y": 1.0, "yref": "container", "yanchor": "top", "pad": {"t": 12}}
+    if subtitle:
+        heading["subtitle"] = {"text": subtitle}
     return {
-        "title": {"text": title, "y": 1.0, "yref": "container", "yanchor": "top", "pad": {"t": 12}},
-        "margin": {"l": 10, "r": 10, "t": round(TITLE_PX + AXIS_TITLE_PX + label_px), "b": 10},
+        "title": heading,
+        "margin": {"l": 10, "r": 10, "t": round(title_px + AXIS_TITLE_PX + label_px), "b": 10},
     }
 
 

@@ -37,6 +37,9 @@ class Method:
     needs_decoder: bool = False  # it explains a prediction, which an encoder-only model does not make
     uses_position: bool = False  # it explains the prediction at one decoder position
     extras: tuple[tuple[str, str], ...] = ()  # (name, meaning) of each further array it returns
+    # (name, side) of each further array that has one number per token of a side ("source" or
+    # "target"), which words sum over their pieces (attnviz.words.merge_export)
+    token_extras: tuple[tuple[str, str], ...] = ()
 
 
 METHODS: dict[str, Method] = {
@@ -129,6 +132,7 @@ METHODS: dict[str, Method] = {
                 "R_tt; it includes the 1 that R_tt's identity start puts on the position itself",
             ),
         ),
+        token_extras=(("source_relevance", "source"), ("target_relevance", "target")),
     ),
 }
 

@@ -1,0 +1,149 @@
+"""The weight views pages share: the words and contrast controls, one head (exact or an image), its zoom.
+
+A map of at most :data:`EXACT_MAX` positions on both axes is an exact heatmap (every weight on
+hover); a longer one is an image at full resolution (:mod:`attnviz.figures.images`), with a zoom
+below it that shows any region of up to :data:`ZOOM_MAX` x :data:`ZOOM_MAX` cells as an exact
+heatmap. Every figure goes through :func:`attnviz.app.cache.shared`, keyed on what it shows.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+import plotly.graph_objects as go
+import streamlit as st
+
+from attnviz.app.cache import shared
+from attnviz.app.links import bound
+from attnviz.figures.attention import attention_heatmap
+from attnviz.figures.images import CONTRASTS, attention_image, scores_image
+
+EXACT_MAX = 128  # up to this many positions on both axes a map is an exact heatmap; beyond, an image
+ZOOM_MAX = 128  # the largest region the zoom shows exactly, per axis
+ZOOM_START = 48  # the zoom's first region: this many positions from the start
+
+
+def words_toggle(column) -> bool:
+    """The words toggle, bound to the URL as ``words``: the same key on every page that offers it."""
+    return bound(
+        column.toggle,
+        "Words",
+        key="words",
+        help="Merge sub-word pieces into words, as Clark et al. (2019): attention to a word is the sum over its "
+        "pieces, attention from a word the mean over its pieces, so rows still sum to 1. Special tokens stay alone.",
+    )
+
+
+def contrast_choice(column) -> str:
+    """The contrast of weight maps, bound to the URL as ``contrast``: the same key on every page."""
+    return bound(
+        column.radio,
+        "Contrast",
+        list(CONTRASTS),
+        format_func=CONTRASTS.get,
+        horizontal=True,
+        key="contrast",
+        help="Linear: the weight on 0..1. Logarithmic: 1e-5 to 1, a decade per fifth of the scale, so small weights "
+        "show. Each row to its maximum: where each query looks most, whatever its spread. The colour bar says which.",
+    )
+
+
+def words_and_contrast(words_column, contrast_column) -> tuple[bool, str]:
+    """The words toggle and the contrast choice, in two containers; the same keys on every page."""
+    return words_toggle(words_column), contrast_choice(contrast_column)
+
+
+def one_head(
+    key: tuple,
+    weights: np.ndarray,
+    query_tokens: Sequence[str],
+    key_tokens: Sequence[str],
+    kind: str,
+    contrast: str,
+    mask: np.ndarray | None,
+    title: str,
+) -> go.Figure:
+    """One (Q, K) weight map as an exact heatmap or, beyond :data:`EXACT_MAX` positions, an image; shared."""
+    if max(weights.shape) <= EXACT_MAX:
+        return shared(
+            "one-head-exact",
+            (*key, contrast, title),  # the title too: two sides of a comparison can hold the same map
+            lambda: attention_heatmap(weights, query_tokens, key_tokens, kind, title, mask, contrast=contrast),
+        )
+    return shared(
+        "one-head-image",
+        (*key, contrast, title),
+        lambda: attention_image(weights, query_tokens, key_tokens, kind, contrast, mask, title),
+    )
+
+
+def one_head_scores(
+    key: tuple, scores: np.ndarray, query_tokens: Sequence[str], key_tokens: Sequence[str], kind: str, title: str
+) -> go.Figure:
+    """One (Q, K) map of scaled scores (-inf where masked), exact or, when long, an image; shared."""
+    if max(scores.shape) <= EXACT_MAX:
+        return shared(
+            "one-head-scores",
+            (*key, title),
+            lambda: attention_heatmap(scores, query_tokens, key_tokens, kind, title, scores=True),
+        )
+    return shared(
+        "one-head-scores-image", (*key, title), lambda: scores_image(scores, query_tokens, key_tokens, kind, title)
+    )
+
+
+def keep_span(key: str, default: tuple[int, int], low: int, high: int) -> None:
+    """Keep a range slider's (start, end) inside [low, high] when its bounds change (a new sentence)."""
+    start, end = st.session_state.get(key, default)
+    start = min(max(int(start), low), high)
+    st.session_state[key] = (start, min(max(int(end), start), high))
+
+
+def zoom(
+    prefix: str,
+    key: tuple,
+    weights: np.ndarray,
+    query_tokens: Sequence[str],
+    key_tokens: Sequence[str],
+    kind: str,
+    contrast: str,
+    mask: np.ndarray | None,
+    title: str,
+    scores: bool = False,
+) -> None:
+    """Two range sliders (bound to the URL as ``{prefix}zoom_q`` and ``{prefix}zoom_k``) and the region
+    they choose as an exact heatmap: every weight on hover, the contrast's row maxima from whole rows.
+    With ``scores`` the map holds scaled scores, shown on their own diverging scale."""
+    n_queries, n_keys = weights.shape
+    st.caption(
+        f"**Zoom** into a region (up to {ZOOM_MAX} x {ZOOM_MAX}): shown exactly below, with query, key and weight "
+        "on hover. Dragging a box on the image above zooms it too."
+    )
+    left, right = st.columns(2)
+    q_key, k_key = f"{prefix}zoom_q", f"{prefix}zoom_k"
+    keep_span(q_key, (0, min(n_queries, ZOOM_START) - 1), 0, n_queries - 1)
+    keep_span(k_key, (0, min(n_keys, ZOOM_START) - 1), 0, n_keys - 1)
+    q0, q1 = bound(left.slider, "Query positions", 0, n_queries - 1, key=q_key)
+    k0, k1 = bound(right.slider, "Key positions", 0, n_keys - 1, key=k_key)
+    if q1 - q0 >= ZOOM_MAX or k1 - k0 >= ZOOM_MAX:
+        st.info(f"The zoom shows at most {ZOOM_MAX} positions per axis: the first {ZOOM_MAX} of the range chosen.")
+        q1, k1 = min(q1, q0 + ZOOM_MAX - 1), min(k1, k0 + ZOOM_MAX - 1)
+    rows, cols = slice(q0, q1 + 1), slice(k0, k1 + 1)
+    fig = shared(
+        "zoom",
+        (*key, "scores" if scores else contrast, q0, q1, k0, k1, title),
+        lambda: attention_heatmap(
+            weights[rows, cols],
+            query_tokens[rows],
+            key_tokens[cols],
+            kind,
+            f"{title}: queries {q0}-{q1}, keys {k0}-{k1}",
+            None if mask is None else mask[rows, cols],
+            scores=scores,
+            query_start=q0,
+            key_start=k0,
+            **({} if scores else {"contrast": contrast, "row_max": weights[rows].max(axis=-1)}),
+        ),
+    )
+    st.plotly_chart(fig, width="stretch", key=f"_{prefix}zoom_chart")

@@ -1,0 +1,116 @@
+"""Models by their Hugging Face hub id (``Helsinki-NLP/opus-mt-en-de``), through ``huggingface_hub``.
+
+An id resolves to a folder of the hub's own cache (``models--org--name/snapshots/<sha>/``, with
+``refs/main`` naming the snapshot): downloaded into it when the hub can be reached, read from it
+when not, and only read from it with ``HF_HUB_OFFLINE=1``. The cache is ``HF_HUB_CACHE``, else
+``HF_HOME/hub``, else ``~/.cache/huggingface/hub`` (:func:`attnviz.checkpoints.catalog.hf_cache_dir`,
+read at each call, so that a setting made after import counts).
+
+Only the files an importer reads are fetched, and the config first: a model of a family attnviz
+cannot load, or over the size limits (:mod:`attnviz.checkpoints.limits`), is refused before any
+weights are downloaded. A visitor of the app reaches this only when the operator sets
+``ATTNVIZ_ALLOW_DOWNLOADS=1`` (:func:`downloads_allowed`).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from pathlib import Path
+
+from attnviz.checkpoints import IMPORTERS
+from attnviz.checkpoints.files import CONFIG_FILE, SAFETENSORS_FILE
+from attnviz.errors import CheckpointError
+
+# An id as the hub allows it: an owner and a name of letters, digits, ".", "_" and "-", neither
+# starting with a dot or a dash; "--" and ".." are refused by the hub itself.
+HUB_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,95}/[A-Za-z0-9][A-Za-z0-9._-]{0,95}")
+# What the importers read: configs, tokenizers and vocabularies, a card, and one weights file.
+HUB_FILES = [CONFIG_FILE, "README.md", "*.spm", "spm.model", "vocab.json", "target_vocab.json", "tokenizer.json"]
+PICKLE_FILE = "pytorch_model.bin"  # fetched only when a model has no model.safetensors
+ALLOW_DOWNLOADS = "ATTNVIZ_ALLOW_DOWNLOADS"
+_TRUE = {"1", "on", "yes", "true"}
+
+
+def is_hub_id(text: str) -> bool:
+    """Whether ``text`` reads as ``owner/name`` on the hub (not a path such as ``./x/y`` or ``/x/y``)."""
+    return bool(HUB_ID.fullmatch(text)) and "--" not in text and ".." not in text
+
+
+def hub_offline() -> bool:
+    """Whether ``HF_HUB_OFFLINE`` forbids reaching the hub (read now, as huggingface_hub reads it at import)."""
+    return os.environ.get("HF_HUB_OFFLINE", "").strip().lower() in _TRUE
+
+
+def downloads_allowed() -> bool:
+    """Whether the operator of an app lets visitors download models: ``ATTNVIZ_ALLOW_DOWNLOADS=1``."""
+    return os.environ.get(ALLOW_DOWNLOADS, "").strip().lower() in _TRUE
+
+
+def cache_folder(repo_id: str, cache: Path) -> Path:
+    """Where the hub's cache keeps ``repo_id``: ``cache/models--owner--name``."""
+    return cache / ("models--" + repo_id.replace("/", "--"))
+
+
+def _fetch(repo_id: str, cache: Path, patterns: list[str], offline: bool) -> Path:
+    from huggingface_hub import snapshot_download
+    from huggingface_hub.errors import GatedRepoError, LocalEntryNotFoundError, RepositoryNotFoundError
+
+    public = f"{repo_id} is not a model this server has, or can download"
+    try:
+        return Path(snapshot_download(repo_id, cache_dir=cache, allow_patterns=patterns, local_files_only=offline))
+    except GatedRepoError:
+        raise CheckpointError(
+            f"{repo_id} is a gated model on the Hugging Face hub: accept its terms on the hub and log in "
+            "(huggingface-cli login), or download it with a tool that can",
+            public,
+        ) from None
+    except RepositoryNotFoundError:
+        raise CheckpointError(
+            f"no model {repo_id} on the Hugging Face hub (or it is private): check the id", public
+        ) from None
+    except LocalEntryNotFoundError:
+        why = (
+            "HF_HUB_OFFLINE=1 forbids downloads"
+            if offline
+            else "the hub could not be reached (no network, or a proxy in the way)"
+        )
+        raise CheckpointError(
+            f"{repo_id} is not in the Hugging Face cache ({cache}) and {why}: download it where the hub can be "
+            f"reached (huggingface-cli download {repo_id}) and copy the cache, or point --model at its folder",
+            public,
+        ) from None
+    except (OSError, ValueError) as e:  # an invalid id the pattern let through, a full disk, a network error
+        raise CheckpointError(f"could not get {repo_id} from the Hugging Face hub: {e}", public) from None
+
+
+def _probe(folder: Path, repo_id: str) -> None:
+    """Refuse a model that no importer can load, or that is over the limits, before its weights are fetched."""
+    for importer in IMPORTERS:
+        if importer.detect(folder):
+            importer.probe(folder)
+            return
+    raise CheckpointError(
+        f"{repo_id} is not a model attnviz can load: attnviz reads Marian (opus-mt), BERT and its own "
+        "checkpoints from the hub",
+        f"{repo_id} is not a model attnviz can load",
+    )
+
+
+def hub_snapshot(repo_id: str, cache: Path, download: bool = True) -> Path:
+    """The snapshot folder of ``repo_id`` in the hub's ``cache``, downloading what is missing.
+
+    With ``download`` False, or ``HF_HUB_OFFLINE`` set, only the cache is read, and a model that is
+    not in it is a CheckpointError that says so. Online, the config comes first and is checked
+    (:func:`_probe`); then the tokenizer files and ``model.safetensors`` (``pytorch_model.bin`` only
+    when the model has no safetensors file).
+    """
+    if not is_hub_id(repo_id):
+        raise CheckpointError(f"{repo_id!r} is not a Hugging Face hub id (owner/name)")
+    offline = not download or hub_offline()
+    if not offline:
+        _probe(_fetch(repo_id, cache, [CONFIG_FILE], offline), repo_id)
+    folder = _fetch(repo_id, cache, [*HUB_FILES, SAFETENSORS_FILE], offline)
+    if not offline and not (folder / SAFETENSORS_FILE).exists():
+        folder = _fetch(repo_id, cache, [PICKLE_FILE], offline)
+    return folder
