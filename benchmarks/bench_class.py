@@ -242,6 +242,8 @@ WIDGET_CHANGES = {
     "pages/explorer.py": ("selectbox", "layer", (1, 2)),
     "pages/compare.py": ("selectbox", "cmp_layer", (1, 2)),
     "pages/decoding.py": ("slider", "step", (1, 2)),
+    "pages/beyond.py": ("selectbox", "bw_layer", (1, 2)),
+    "pages/atlas.py": ("selectbox", "at_layer", (1, 2)),
     "pages/walkthrough.py": ("selectbox", "wt_stage", ("enc_scores", "enc_qkv")),
     "pages/mechanics.py": ("toggle", "mech_scale", (False, True)),
     "pages/variants.py": ("slider", "var_k", (2, 3)),

@@ -1,5 +1,8 @@
 """Head atlas: every head's habits over many sentences, as a map, a table, and its most and least typical sentences."""
 
+import hashlib
+import json
+
 import streamlit as st
 
 from attnviz.app import (
@@ -83,8 +86,12 @@ def select_head_from_map() -> None:
         st.session_state["at_layer"], st.session_state["at_head"] = (int(v) for v in points[0]["customdata"][:2])
 
 
-def show_typical(atlas, kind: str, layer: int, head: int, statistic: str, contrast: str) -> None:
-    most, least = typical_sentences(atlas.sentences, kind, layer, head, statistic, TYPICAL)
+def show_typical(atlas, atlas_id: str, kind: str, layer: int, head: int, statistic: str, contrast: str) -> None:
+    most, least = shared(
+        "atlas-typical",
+        (atlas_id, kind, layer, head, statistic),
+        lambda: typical_sentences(atlas.sentences, kind, layer, head, statistic, TYPICAL),
+    )
     model_matches = False
     if choices is not None:
         bundle = load_bundle(choices.model, choices.device)
@@ -125,6 +132,12 @@ def show_typical(atlas, kind: str, layer: int, head: int, statistic: str, contra
             st.plotly_chart(fig, width="stretch", config=export_config(name, "png"))
 
 
+def identity(atlas) -> str:
+    """What tells one atlas from another (model, corpus, inputs, precision, completeness), for shared figures."""
+    manifest = {key: value for key, value in atlas.manifest.items() if key != "runs"}
+    return hashlib.sha256(json.dumps(manifest, sort_keys=True, default=str).encode("utf-8")).hexdigest()
+
+
 def show(atlas) -> None:
     manifest = atlas.manifest
     counts = manifest["counts"]
@@ -149,18 +162,24 @@ def show(atlas) -> None:
     layer = bound(c2.selectbox, "Layer", layers_here, key="at_layer")
     head = bound(c3.selectbox, "Head", heads_here, key="at_head")
 
-    points = heads.merge(atlas.mds, on=["kind", "layer", "head"])
-    fig = head_map(
-        points["layer"],
-        points["head"],
-        points["x"],
-        points["y"],
-        points[statistic],
-        statistic,
-        kind,
-        selected=(layer, head),
-        positional=points["positional"].fillna(False),
-    )
+    atlas_id = identity(atlas)
+    shown = (atlas_id, kind, statistic)  # what the map and the table depend on
+
+    def build_map():
+        points = heads.merge(atlas.mds, on=["kind", "layer", "head"])
+        return head_map(
+            points["layer"],
+            points["head"],
+            points["x"],
+            points["y"],
+            points[statistic],
+            statistic,
+            kind,
+            selected=(layer, head),
+            positional=points["positional"].fillna(False),
+        )
+
+    fig = shared("atlas-map", (*shown, layer, head), build_map)
     st.plotly_chart(
         fig,
         width="stretch",
@@ -176,10 +195,16 @@ def show(atlas) -> None:
     )
 
     columns = ["layer", "head", "sentences", *STATISTICS, "positional"]
-    table = heads[columns].sort_values(statistic, ascending=False, na_position="last").reset_index(drop=True)
+    table = shared(
+        "atlas-table",
+        shown,
+        lambda: (
+            heads[columns].sort_values(statistic, ascending=False, na_position="last").round(4).reset_index(drop=True)
+        ),
+    )
     st.session_state["at_rows"] = list(zip(table["layer"], table["head"], strict=True))
     st.dataframe(
-        table.round(4),
+        table,
         key="_at_table",
         on_select=select_head_from_table,
         selection_mode="single-row",
@@ -201,7 +226,7 @@ def show(atlas) -> None:
         st.info(f"{kind} attention has no {statistic}: choose another statistic.")
         return
     contrast = views.contrast_choice(st)
-    show_typical(atlas, kind, layer, head, statistic, contrast)
+    show_typical(atlas, atlas_id, kind, layer, head, statistic, contrast)
 
 
 def main() -> None:

@@ -62,6 +62,14 @@ def test_the_class_benchmark_runs_end_to_end(capsys):
         assert "ratio" in out
 
 
+def test_the_widget_rerun_measure_covers_every_page():
+    import bench_class
+
+    from attnviz.app.registry import PAGES
+
+    assert set(bench_class.WIDGET_CHANGES) == {page.path for page in PAGES}
+
+
 def test_the_widget_rerun_measure_runs_on_a_page():
     import bench_class
 
