@@ -2,15 +2,17 @@
 
     python benchmarks/tolerance.py             # the CPU settings this machine can reach
     python benchmarks/tolerance.py --cuda      # and the GPU against the CPU, when there is one
+    python benchmarks/tolerance.py --python ENV/bin/python   # and another environment (another torch)
 
 The same maps (the shipped models on the golden inputs and on a 36-token sentence, and the paper's
 base configuration with random weights at S = T = 64) are computed under each setting and compared
 with the reference: this CPU's own vector unit, torch's default thread count, oneDNN on. The
 other instruction sets run in a child process with ATen's, oneDNN's and MKL's dispatch capped
 (``ATEN_CPU_CAPABILITY``, ``ONEDNN_MAX_CPU_ISA``, ``MKL_ENABLE_INSTRUCTIONS``): the kernels a CPU
-without AVX-512 (or without AVX) would run, on this CPU. It prints a Markdown table for the README's
-"Snapshot testing" section: the largest |A - B| over every cell of every map, and how many cells
-are off by more than the default tolerance.
+without AVX-512 (or without AVX) would run, on this CPU. ``--python`` computes the same maps in
+another Python environment, with this project's code on its path: how torch versions are compared.
+It prints a Markdown table for the README's "Snapshot testing" section: the largest |A - B| over
+every cell of every map, and how many cells are off by more than the default tolerance.
 """
 
 from __future__ import annotations
@@ -92,28 +94,44 @@ def compare(reference: dict[str, np.ndarray], other: dict[str, np.ndarray]) -> t
     )
 
 
-def in_child(weights: Path, env: dict[str, str]) -> tuple[dict[str, np.ndarray], str]:
+def in_child(
+    weights: Path, env: dict[str, str], python: str = sys.executable
+) -> tuple[dict[str, np.ndarray], str, str]:
+    """The maps computed by ``python`` (this interpreter unless given) in a child process with ``env`` added."""
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "maps.npz"
+        path = os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))
         subprocess.run(
-            [sys.executable, __file__, "--worker", str(out), "--weights", str(weights)],
-            env={**os.environ, **env},
+            [python, __file__, "--worker", str(out), "--weights", str(weights)],
+            env={**os.environ, "PYTHONPATH": path, **env},
             check=True,
         )
         with np.load(out) as z:
-            maps = {k: z[k] for k in z.files if k != "__capability__"}
-            return maps, str(z["__capability__"])
+            maps = {k: z[k] for k in z.files if not k.startswith("__")}
+            return maps, str(z["__capability__"]), str(z["__torch__"])
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--cuda", action="store_true", help="also compare the GPU with the CPU")
+    parser.add_argument(
+        "--python",
+        action="append",
+        default=[],
+        metavar="PYTHON",
+        help="also compare the maps made by this interpreter (e.g. a virtual environment with another torch)",
+    )
     parser.add_argument("--worker", type=Path, help=argparse.SUPPRESS)
     parser.add_argument("--weights", type=Path, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.worker:
         maps = collect(args.weights)
-        np.savez(args.worker, __capability__=np.array(torch.backends.cpu.get_cpu_capability()), **maps)
+        np.savez(
+            args.worker,
+            __capability__=np.array(torch.backends.cpu.get_cpu_capability()),
+            __torch__=np.array(torch.__version__),
+            **maps,
+        )
         return
 
     with tempfile.TemporaryDirectory() as tmp:
@@ -130,8 +148,11 @@ def main() -> None:
             rows.append(("oneDNN off (F.linear) vs on", compare(reference, collect(weights))))
         native = torch.backends.cpu.get_cpu_capability()
         for label, env in ISAS.items():
-            maps, capability = in_child(weights, env)
+            maps, capability, _ = in_child(weights, env)
             rows.append((f"{label}: {capability} vs {native}", compare(reference, maps)))
+        for python in args.python:
+            maps, _, version = in_child(weights, {}, python)
+            rows.append((f"torch {version} vs {torch.__version__}", compare(reference, maps)))
         if args.cuda and torch.cuda.is_available():
             rows.append(
                 (

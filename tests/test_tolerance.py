@@ -113,3 +113,21 @@ def test_the_measuring_script_counts_cells_off_and_refuses_other_inputs():
     assert largest == pytest.approx(2e-5) and (off, cells) == (1, 10)
     with pytest.raises(SystemExit, match="different inputs"):
         tolerance.compare(a, {"m/encoder": b["m/encoder"]})
+
+
+def test_the_measuring_script_reads_maps_made_by_another_interpreter(tmp_path):
+    """--python (torch versions are compared this way): a child interpreter computes the very maps
+    this process does, and says which torch made them."""
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+    import tolerance
+
+    weights = tmp_path / "base.pt"
+    torch.manual_seed(0)
+    torch.save(
+        tolerance.Transformer(tolerance.TransformerConfig(src_vocab_size=8000, tgt_vocab_size=8000)).state_dict(),
+        weights,
+    )
+    maps, capability, version = tolerance.in_child(weights, {}, sys.executable)
+    assert version == torch.__version__ and capability == torch.backends.cpu.get_cpu_capability()
+    largest, off, cells = tolerance.compare(tolerance.collect(weights), maps)
+    assert (largest, off) == (0.0, 0) and cells > 600_000
