@@ -116,8 +116,8 @@ def test_the_measuring_script_counts_cells_off_and_refuses_other_inputs():
 
 
 def test_the_measuring_script_reads_maps_made_by_another_interpreter(tmp_path):
-    """--python (torch versions are compared this way): a child interpreter computes the very maps
-    this process does, and says which torch made them."""
+    """--python (torch versions are compared this way): a child interpreter computes the same maps
+    as this process, and says which torch made them."""
     sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
     import tolerance
 
@@ -130,4 +130,6 @@ def test_the_measuring_script_reads_maps_made_by_another_interpreter(tmp_path):
     maps, capability, version = tolerance.in_child(weights, {}, sys.executable)
     assert version == torch.__version__ and capability == torch.backends.cpu.get_cpu_capability()
     largest, off, cells = tolerance.compare(tolerance.collect(weights), maps)
-    assert (largest, off) == (0.0, 0) and cells > 600_000
+    # equal up to the thread count (the suite runs one thread, the child torch's default), which
+    # moves nothing on torch 2.13 and up to 6e-7 on torch 2.4
+    assert largest < DEFAULT_ATOL and off == 0 and cells > 600_000
