@@ -124,6 +124,9 @@ def main() -> None:
     parser.add_argument("--worker", type=Path, help=argparse.SUPPRESS)
     parser.add_argument("--weights", type=Path, help=argparse.SUPPRESS)
     args = parser.parse_args()
+    for python in args.python:
+        if not os.access(python, os.X_OK) or os.path.isdir(python):
+            parser.error(f"--python {python}: not an interpreter this user can run")
     if args.worker:
         maps = collect(args.weights)
         np.savez(
