@@ -14,7 +14,7 @@ import numpy as np
 import plotly.graph_objects as go
 
 from attnviz.figures.common import SCORE_COLORSCALE, above_top_labels, as_array, check_tokens, kind_titles, ticks
-from attnviz.figures.images import colour_indices, legend_trace, png_data_uri, position_ticks
+from attnviz.figures.images import colour_indices, map_image
 
 
 def pair_labels(tokens_a: Sequence[str], tokens_b: Sequence[str]) -> list[str]:
@@ -92,33 +92,9 @@ def difference_image(
     limit = _limit(values) if limit is None else limit
     indices = colour_indices((values / limit + 1.0) / 2.0)
     bar = {"title": {"text": "A - B"}, "tickvals": [0, 0.5, 1], "ticktext": [f"-{limit:.3g}", "0", f"+{limit:.3g}"]}
-    fig = go.Figure(
-        [
-            go.Image(
-                source=png_data_uri(indices, SCORE_COLORSCALE),
-                x0=0,
-                y0=0,
-                dx=1,
-                dy=1,
-                name="A - B",
-                hovertemplate="query %{y}<br>key %{x}<extra></extra>",
-            ),
-            legend_trace(SCORE_COLORSCALE, bar),
-        ]
-    )
     note = f"{kind_title}: red where A is larger, blue where B is; {Q} x {K}, one pixel per cell"
-    fig.update_layout(
-        height=max(360, min(900, Q + 260)), **above_top_labels(title, list(key_labels), angle=90, subtitle=note)
-    )
-    fig.update_xaxes(
-        title=x_title,
-        side="top",
-        tickangle=-90,
-        range=[-0.5, K - 0.5],
-        **position_ticks(list(key_labels), max_labels=30),
-    )
-    fig.update_yaxes(title=y_title, range=[Q - 0.5, -0.5], **position_ticks(list(query_labels)))
-    return fig
+    labels = (list(query_labels), list(key_labels))
+    return map_image(indices, SCORE_COLORSCALE, bar, "A - B", labels, (y_title, x_title), title, note)
 
 
 def head_changes(a: np.ndarray, b: np.ndarray, kind: str, title: str) -> go.Figure:

@@ -153,6 +153,54 @@ def position_ticks(labels: list[str], max_labels: int = 40) -> dict:
     return {"tickmode": "array", "tickvals": positions, "ticktext": [labels[i] for i in positions]}
 
 
+def map_image(
+    indices: np.ndarray,
+    colorscale: str,
+    bar: dict,
+    name: str,
+    labels: tuple[list[str], list[str]],
+    axis_titles: tuple[str, str],
+    title: str,
+    note: str,
+) -> go.Figure:
+    """One map's palette indices (Q, K) drawn as an image, one pixel per cell, with its colour bar.
+
+    Rows are queries, columns keys: ``labels`` and ``axis_titles`` are (queries, keys), the labels
+    ready for plotly (escaped); keys are labelled along the top, rotated. Hover gives the query and
+    key positions. Zoom with the mouse (drag a box; double-click to reset): cells stay sharp squares.
+    """
+    Q, K = indices.shape
+    (query_labels, key_labels), (y_title, x_title) = labels, axis_titles
+    fig = go.Figure(
+        [
+            go.Image(
+                source=png_data_uri(indices, colorscale),
+                x0=0,
+                y0=0,
+                dx=1,
+                dy=1,
+                name=name,
+                hovertemplate="query %{y}<br>key %{x}<extra></extra>",
+            ),
+            legend_trace(colorscale, bar),
+        ]
+    )
+    fig.update_layout(
+        height=max(360, min(900, Q + 260)),
+        plot_bgcolor="white",
+        **above_top_labels(title, key_labels, angle=90, subtitle=note),
+    )
+    fig.update_xaxes(
+        title=x_title,
+        side="top",
+        tickangle=-90,
+        range=[-0.5, K - 0.5],
+        **position_ticks(key_labels, max_labels=30),
+    )
+    fig.update_yaxes(title=y_title, range=[Q - 0.5, -0.5], **position_ticks(query_labels))
+    return fig
+
+
 def attention_image(
     weights: np.ndarray,
     query_tokens: Sequence[str],
@@ -180,37 +228,12 @@ def attention_image(
             raise ValueError(f"mask is {mask.shape} but the weights are {(Q, K)}; pass one flag per cell")
         masked = ~mask
     indices = colour_indices(contrast_values(values, contrast), masked)
-    fig = go.Figure(
-        [
-            go.Image(
-                source=png_data_uri(indices, WEIGHT_COLORSCALE),
-                x0=0,
-                y0=0,
-                dx=1,
-                dy=1,
-                name="weights",
-                hovertemplate="query %{y}<br>key %{x}<extra></extra>",
-            ),
-            legend_trace(WEIGHT_COLORSCALE, colour_bar(contrast)),
-        ]
-    )
     note = f"{Q} x {K}, one pixel per weight, contrast: {CONTRASTS[contrast]}" + (
         "; grey: masked" if masked is not None and masked.any() else ""
     )
-    fig.update_layout(
-        height=max(360, min(900, Q + 260)),
-        plot_bgcolor="white",
-        **above_top_labels(title or kind_title, plotly_labels(key_tokens), angle=90, subtitle=note),
-    )
-    fig.update_xaxes(
-        title=x_title,
-        side="top",
-        tickangle=-90,
-        range=[-0.5, K - 0.5],
-        **position_ticks(plotly_labels(key_tokens), max_labels=30),
-    )
-    fig.update_yaxes(title=y_title, range=[Q - 0.5, -0.5], **position_ticks(plotly_labels(query_tokens)))
-    return fig
+    labels = (plotly_labels(query_tokens), plotly_labels(key_tokens))
+    bar = colour_bar(contrast)
+    return map_image(indices, WEIGHT_COLORSCALE, bar, "weights", labels, (y_title, x_title), title or kind_title, note)
 
 
 def grid_layout(n_layers: int, n_heads: int, rows: int, cols: int) -> tuple[int, int, list[int], list[int]]:
@@ -346,32 +369,6 @@ def scores_image(
     limit = max(float(np.abs(finite).max(initial=0.0)), 1e-6)
     indices = colour_indices((finite / limit + 1.0) / 2.0, masked)
     bar = {"title": {"text": "score"}, "tickvals": [0, 0.5, 1], "ticktext": [f"-{limit:.3g}", "0", f"+{limit:.3g}"]}
-    fig = go.Figure(
-        [
-            go.Image(
-                source=png_data_uri(indices, SCORE_COLORSCALE),
-                x0=0,
-                y0=0,
-                dx=1,
-                dy=1,
-                name="scores",
-                hovertemplate="query %{y}<br>key %{x}<extra></extra>",
-            ),
-            legend_trace(SCORE_COLORSCALE, bar),
-        ]
-    )
     note = f"{Q} x {K}, one pixel per score" + ("; grey: masked" if masked.any() else "")
-    fig.update_layout(
-        height=max(360, min(900, Q + 260)),
-        plot_bgcolor="white",
-        **above_top_labels(title or kind_title, plotly_labels(key_tokens), angle=90, subtitle=note),
-    )
-    fig.update_xaxes(
-        title=x_title,
-        side="top",
-        tickangle=-90,
-        range=[-0.5, K - 0.5],
-        **position_ticks(plotly_labels(key_tokens), max_labels=30),
-    )
-    fig.update_yaxes(title=y_title, range=[Q - 0.5, -0.5], **position_ticks(plotly_labels(query_tokens)))
-    return fig
+    labels = (plotly_labels(query_tokens), plotly_labels(key_tokens))
+    return map_image(indices, SCORE_COLORSCALE, bar, "scores", labels, (y_title, x_title), title or kind_title, note)
