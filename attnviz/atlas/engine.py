@@ -20,7 +20,7 @@ import numpy as np
 import torch
 
 from attnviz.atlas.corpus import Sentence, batches, by_length, is_punctuation, special_ids
-from attnviz.atlas.stats import js_divergences, sentence_statistics
+from attnviz.atlas.stats import js_divergences, sentence_statistics, stack_heads
 from attnviz.checkpoints import Bundle
 from attnviz.decoding import greedy_decode
 from attnviz.errors import InputError
@@ -116,8 +116,9 @@ def run_batch(bundle: Bundle, sentences: Iterable[Sentence], precision: str = "f
     stats, divergences = {}, {}
     for kind, (query_valid, key_valid, (special, punctuation)) in sides.items():
         maps = getattr(attn, kind)
-        stats[kind] = sentence_statistics(maps, kind, query_valid, key_valid, special, punctuation).cpu().numpy()
-        divergences[kind] = js_divergences(maps, query_valid).cpu().numpy()
+        p = stack_heads(maps)  # one float32 copy for both
+        stats[kind] = sentence_statistics(maps, kind, query_valid, key_valid, special, punctuation, p).cpu().numpy()
+        divergences[kind] = js_divergences(maps, query_valid, p).cpu().numpy()
     return BatchResult(tuple(sentences), stats, divergences)
 
 

@@ -131,16 +131,18 @@ def sentence_statistics(
     key_valid: Tensor,
     key_special: Tensor,
     key_punctuation: Tensor,
+    stacked: Tensor | None = None,
 ) -> Tensor:
     """Every statistic of every head for each sentence: (B, L, H, len(STATISTICS)) float32, on the maps' device.
 
     ``maps``: L tensors (B, H, Q, K); ``query_valid`` (B, Q) and ``key_valid`` (B, K): real tokens
     (a prefix of each row); ``key_special``, ``key_punctuation`` (B, K): which keys are special
     tokens and punctuation. Statistics a kind does not have (:func:`defined`) are NaN.
+    ``stacked``: ``stack_heads(maps)`` when the caller has it already (it is not modified).
     """
     check_kind(kind)
     L, (B, H, Q, K) = len(maps), maps[0].shape
-    p = stack_heads(maps)  # (B, N, Q, K)
+    p = stack_heads(maps) if stacked is None else stacked  # (B, N, Q, K)
     n_queries, n_keys = query_valid.sum(-1), key_valid.sum(-1)  # (B,)
     d = aligned_keys(kind, n_queries, n_keys, Q)  # (B, Q)
     rows = query_valid
@@ -180,7 +182,7 @@ def sentence_statistics(
     return torch.stack(columns, dim=-1).view(B, L, H, len(STATISTICS))
 
 
-def js_divergences(maps: Sequence[Tensor], query_valid: Tensor) -> Tensor:
+def js_divergences(maps: Sequence[Tensor], query_valid: Tensor, stacked: Tensor | None = None) -> Tensor:
     """Head-to-head Jensen-Shannon divergences per sentence: (B, N, N) float64, on the maps' device.
 
     Entry (b, m, n) is the mean over sentence b's real query rows of JS(row of head m, row of head
@@ -194,7 +196,7 @@ def js_divergences(maps: Sequence[Tensor], query_valid: Tensor) -> Tensor:
     TINY already, so s = P + Q + TINY is never 0: s ln s then differs from the exact value by under
     1e-28 per key, and no pass needs a clamp or a test for zero.
     """
-    p = stack_heads(maps)  # (B, N, Q, K)
+    p = stack_heads(maps) if stacked is None else stacked  # (B, N, Q, K); not modified
     B, N, Q, K = p.shape
     out = torch.zeros(B, N, N, dtype=torch.float64, device=p.device)
     chunk = max(1, MAX_BUFFER // max(1, N * Q * K))  # sentences per pass, bounding the buffers
