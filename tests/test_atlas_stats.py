@@ -274,6 +274,48 @@ def test_divergence_of_identical_heads_is_zero_and_of_disjoint_heads_ln_2():
     assert float(d[0, 2]) == pytest.approx(math.log(2)) and float(d[2, 0]) == pytest.approx(math.log(2))
 
 
+@pytest.mark.parametrize("heads", [1, 2, 5, 6])
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("tile", [None, 40])
+def test_divergences_of_a_padded_batch_in_any_blocks_equal_numpy(heads, causal, tile, monkeypatch):
+    """Every pair of heads once (odd and even counts: the shifts pair them), padded rows and keys
+    left out, and the same numbers whether a block holds whole sentences or one row of one: TILE
+    40 cuts these maps (up to 5 heads x 7 x 7 weights a sentence) into blocks of rows. Under a
+    causal mask the keys after a row's query are left out of the work; they hold no weight."""
+    import attnviz.atlas.stats as stats
+
+    if tile is not None:
+        monkeypatch.setattr(stats, "TILE", tile)
+    g = np.random.default_rng(heads + 10 * causal)
+    lengths = [7, 3, 1, 6]
+    Q = max(lengths)
+    padded = np.zeros((len(lengths), heads, Q, Q), dtype=np.float32)
+    for b, n in enumerate(lengths):
+        logits = g.normal(0, 2, size=(heads, n, n))
+        if causal:
+            logits = np.where(np.tril(np.ones((n, n))) > 0, logits, -np.inf)
+        padded[b, :, :n, :n] = np.exp(logits) / np.exp(logits).sum(-1, keepdims=True)
+        padded[b, :, n:, :] = g.dirichlet(np.ones(Q), size=(heads, Q - n))  # padded query rows: anything
+    query_valid = torch.arange(Q)[None] < torch.tensor(lengths)[:, None]
+    got = js_divergences([torch.from_numpy(padded)], query_valid, causal=causal).numpy()
+    for b, n in enumerate(lengths):
+        want = reference_divergences(padded[b : b + 1, :, :n, :n].transpose(1, 0, 2, 3))
+        np.testing.assert_allclose(got[b], want, atol=1e-6, rtol=0, err_msg=f"sentence {b}")
+
+
+def test_the_blocks_cover_every_row_and_the_keys_each_needs():
+    from attnviz.atlas.stats import TILE, _passes
+
+    shapes = [(5, 4, 9, 9, True), (3, 3, 700, 700, False), (2, 2, 600, 600, True), (40, 48, 20, 30, False)]
+    for B, N, Q, K, causal in shapes:
+        covered = np.zeros((B, Q), dtype=int)
+        for lo, hi, r0, r1, k in _passes(B, N, Q, K, causal, TILE):
+            covered[lo:hi, r0:r1] += 1
+            assert k == (min(K, r1) if causal else K), "a causal block keeps the keys up to its last row"
+            assert N * (hi - lo) * (r1 - r0) * k <= max(TILE, N * k), "a block is one row of one sentence or fits"
+        assert (covered == 1).all(), "every row of every sentence once"
+
+
 # ---------------------------------------------------------------------------------------------
 # Batches
 

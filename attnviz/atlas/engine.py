@@ -118,7 +118,7 @@ def run_batch(bundle: Bundle, sentences: Iterable[Sentence], precision: str = "f
         maps = getattr(attn, kind)
         p = stack_heads(maps)  # one float32 copy for both
         stats[kind] = sentence_statistics(maps, kind, query_valid, key_valid, special, punctuation, p).cpu().numpy()
-        divergences[kind] = js_divergences(maps, query_valid, p).cpu().numpy()
+        divergences[kind] = js_divergences(maps, query_valid, p, causal=kind == "decoder").cpu().numpy()
     return BatchResult(tuple(sentences), stats, divergences)
 
 
