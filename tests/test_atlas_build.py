@@ -13,7 +13,7 @@ import pytest
 
 import attnviz
 from attnviz.atlas import STATISTICS, build_atlas, compute_atlas, load_atlas, typical_sentences
-from attnviz.atlas.corpus import Sentence, batches, shards, split_lines, tokenize
+from attnviz.atlas.corpus import Sentence, batches, by_width, shards, split_lines, tokenize
 from attnviz.atlas.store import TABLES
 from attnviz.atlas.summary import classical_mds, head_table
 from attnviz.cli import main
@@ -78,6 +78,23 @@ def test_shards_hold_sentences_by_length_and_batches_bound_their_cells():
     assert [len(b) for b in batches(cut[0], max_sentences=3)] == [3, 1]
     # 30 tokens: 900 cells per sentence; at most 1000 cells, a 9-token and a 30-token sentence run apart
     assert [[s.line for s in b] for b in batches(cut[1], max_sentences=8, max_cells=1000)] == [[1], [5]]
+
+
+def _sized(line: int, src: int, tgt: int) -> Sentence:
+    return Sentence(line, "", (5,) * src, ("x",) * src, (1,) * tgt, ("y",) * tgt)
+
+
+def test_batches_go_by_the_longer_side_and_stop_before_padding_grows():
+    sentences = [_sized(1, 10, 30), _sized(2, 20, 12), _sized(3, 12, 11), _sized(4, 20, 25)]
+    assert [s.line for s in by_width(sentences)] == [3, 2, 4, 1]  # 12, 20, 25, 30 tokens on the longer side
+    even = [_sized(i, 10, 10) for i in range(1, 9)] + [_sized(9, 40, 40)]
+    # Below min_tokens nothing is cut for padding; past it, the long sentence would pad 8 x 60 tokens.
+    assert [len(b) for b in batches(even, max_sentences=32, min_tokens=10**6)] == [9]
+    assert [len(b) for b in batches(even, max_sentences=32, min_tokens=100, max_waste=0.1)] == [8, 1]
+    # All nine: 240 real tokens padded to 9 x 80 = 720, a waste of exactly 2 (padding = 2 x tokens).
+    assert [len(b) for b in batches(even, max_sentences=32, min_tokens=100, max_waste=1.99)] == [8, 1]
+    assert [len(b) for b in batches(even, max_sentences=32, min_tokens=100, max_waste=2.0)] == [9]
+    assert [len(b) for b in batches(even, max_sentences=4, min_tokens=100, max_waste=2.0)] == [4, 4, 1]
 
 
 # ---------------------------------------------------------------------------------------------

@@ -23,6 +23,14 @@ SKIP_REASONS = ("empty", "too_long", "not_utf8", "empty_target", "target_too_lon
 # sentences holds fewer of them, so that its maps (cells x layers x heads x 4 bytes per kind)
 # stay in memory. 2**19 cells is 96 MB of maps per kind for the base model's 6 x 8 heads.
 MAX_CELLS = 2**19
+# A batch of sorted sentences is cut early where the next sentence would make padding more than
+# MAX_WASTE of its tokens, once it holds MIN_TOKENS tokens: the model's matrix products stay large
+# (bfloat16 on AMX ran slower below about 2000 rows) while padding, which costs as much as a real
+# token in every product, stays small. In bench_atlas (128 sentences, --batch 32, base-size model,
+# 2-core Intel Xeon) the engine took 0.86 of the time of batches of 32 sorted by source length in
+# fp32 and 0.89 in bf16; 1024 tokens or a waste of 0.2 ran alike, 4096 tokens slower in fp32.
+MIN_TOKENS = 2048
+MAX_WASTE = 0.1
 
 
 @dataclass(frozen=True)
@@ -125,20 +133,40 @@ def shards(sentences: Iterable[Sentence], shard_size: int) -> list[tuple[Sentenc
     return [tuple(ordered[i : i + shard_size]) for i in range(0, len(ordered), shard_size)]
 
 
-def batches(sentences: Sequence[Sentence], max_sentences: int, max_cells: int = MAX_CELLS) -> list[list[Sentence]]:
-    """Consecutive runs of the (length-sorted) ``sentences``: at most ``max_sentences`` each, and at
-    most ``max_cells`` cells per head once padded to the longest (a long sentence still runs alone)."""
+def by_width(sentences: Iterable[Sentence]) -> list[Sentence]:
+    """Narrowest first, by the longer side (source or decoder input): how a batch pads to its longest
+    source and its longest decoder input, both of which should stay close to every sentence's."""
+    return sorted(sentences, key=lambda s: (max(s.size), *s.size, s.line))
+
+
+def batches(
+    sentences: Sequence[Sentence],
+    max_sentences: int,
+    max_cells: int = MAX_CELLS,
+    min_tokens: int = MIN_TOKENS,
+    max_waste: float = MAX_WASTE,
+) -> list[list[Sentence]]:
+    """Consecutive runs of the (sorted) ``sentences``: at most ``max_sentences`` each, at most
+    ``max_cells`` cells per head once padded to the longest (a long sentence still runs alone),
+    and, once a batch holds ``min_tokens`` tokens, no sentence that would make padding more than
+    ``max_waste`` of its tokens (source and decoder input, each padded to the batch's longest)."""
     out: list[list[Sentence]] = []
     current: list[Sentence] = []
-    longest = 0
+    longest = tokens = longest_src = longest_tgt = 0
     for sentence in sentences:
-        width = max(sentence.size)
+        width, (src, tgt) = max(sentence.size), sentence.size
         grown = max(longest, width)
-        if current and (len(current) == max_sentences or (len(current) + 1) * grown * grown > max_cells):
+        padded = (len(current) + 1) * (max(longest_src, src) + max(longest_tgt, tgt))
+        if current and (
+            len(current) == max_sentences
+            or (len(current) + 1) * grown * grown > max_cells
+            or (tokens >= min_tokens and padded > (1 + max_waste) * (tokens + src + tgt))
+        ):
             out.append(current)
-            current, grown = [], width
+            current, grown, tokens, longest_src, longest_tgt = [], width, 0, 0, 0
         current.append(sentence)
-        longest = grown
+        longest, tokens = grown, tokens + src + tgt
+        longest_src, longest_tgt = max(longest_src, src), max(longest_tgt, tgt)
     if current:
         out.append(current)
     return out

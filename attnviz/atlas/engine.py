@@ -19,7 +19,7 @@ from dataclasses import dataclass, replace
 import numpy as np
 import torch
 
-from attnviz.atlas.corpus import Sentence, batches, by_length, is_punctuation, special_ids
+from attnviz.atlas.corpus import Sentence, batches, by_width, is_punctuation, special_ids
 from attnviz.atlas.stats import js_divergences, sentence_statistics, stack_heads
 from attnviz.checkpoints import Bundle
 from attnviz.decoding import greedy_decode
@@ -129,12 +129,13 @@ def run_local(
     precision: str = "fp32",
     on_batch: Callable[[int], None] | None = None,
 ) -> Iterator[BatchResult]:
-    """The local engine: ``sentences`` sorted by length, run in padded batches on the bundle's device.
+    """The local engine: ``sentences`` sorted by their longer side and run in padded batches
+    (:func:`attnviz.atlas.corpus.batches`) on the bundle's device.
 
     ``on_batch(n)`` is called after each batch of n sentences (a progress bar).
     """
     check_precision(precision, bundle.device)
-    for chunk in batches(by_length(sentences), batch_size):
+    for chunk in batches(by_width(sentences), batch_size):
         result = run_batch(bundle, chunk, precision)
         if on_batch is not None:
             on_batch(len(chunk))
