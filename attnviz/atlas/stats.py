@@ -58,7 +58,7 @@ STATISTICS = (
 # Voita et al. (2019), section 5.1: "at least 90% of the time its maximum attention weight is
 # assigned to a specific relative position (in practice either -1 or +1)".
 POSITIONAL_SHARE = 0.9
-# Weights below TINY count as 0 (stack_heads), and p ln p is taken as p ln max(p, TINY), 0 for p = 0
+# Weights up to TINY count as 0 (stack_heads), and p ln p is taken as p ln max(p, TINY), 0 for p = 0
 # (where 0 * ln 0 would be NaN): no statistic moves by more than about 1e-28, far under float32's
 # rounding of the sums. It keeps subnormal numbers (softmax underflow, common in sharp heads) out of
 # the arithmetic: on x86 they take a slow microcode path, and a pass of logs over maps with some of
@@ -123,11 +123,11 @@ def aligned_keys(kind: str, n_queries: Tensor, n_keys: Tensor, width: int) -> Te
 def stack_heads(maps: Sequence[Tensor]) -> Tensor:
     """Per-layer maps (B, H, Q, K) as one float32 tensor (B, N, Q, K), layer-major: head n is layer n // H.
 
-    Weights below TINY are set to 0 in this copy: no statistic moves by more than about 1e-28, and
-    every later pass then runs on normal numbers (see TINY).
+    Weights up to TINY are set to 0 in this copy, in one pass: no statistic moves by more than about
+    1e-28, and every later pass then runs on normal numbers (see TINY).
     """
     p = torch.stack([m.float() for m in maps], dim=1).flatten(1, 2)
-    return p.masked_fill_(p < TINY, 0.0)
+    return torch.threshold_(p, TINY, 0.0)
 
 
 def sentence_statistics(
@@ -153,12 +153,15 @@ def sentence_statistics(
     d = aligned_keys(kind, n_queries, n_keys, Q)  # (B, Q)
     rows = query_valid
 
+    def has_key(offset: int) -> Tensor:
+        """The rows where key d(i) + offset exists, (B, Q)."""
+        key = d + offset
+        return rows & (key >= 0) & (key < n_keys[:, None])
+
     def at_key(offset: int) -> tuple[Tensor, Tensor]:
         """The weight on key d(i) + offset, (B, N, Q), and the rows where that key exists, (B, Q)."""
-        key = d + offset
-        exists = rows & (key >= 0) & (key < n_keys[:, None])
-        index = key.clamp(0, K - 1)[:, None, :, None].expand(B, p.shape[1], Q, 1)
-        return p.gather(-1, index)[..., 0], exists
+        index = (d + offset).clamp(0, K - 1)[:, None, :, None].expand(B, p.shape[1], Q, 1)
+        return p.gather(-1, index)[..., 0], has_key(offset)
 
     work = torch.empty_like(p)
     values = {"entropy": (-_xlogx_sums(p, work), rows)}
@@ -179,8 +182,7 @@ def sentence_statistics(
     top, top_key = p.max(dim=-1)  # (B, N, Q)
     values["confidence"] = (top, rows)
     for name, offset in (("argmax_previous", -1), ("argmax_next", 1)):
-        _, exists = at_key(offset)
-        values[name] = ((top_key == d[:, None, :] + offset).to(p.dtype), exists)
+        values[name] = ((top_key == d[:, None, :] + offset).to(p.dtype), has_key(offset))
 
     has = defined(kind)
     nan = torch.full((B, p.shape[1]), math.nan, device=p.device)
