@@ -12,7 +12,15 @@ import torch.nn.functional as F
 from conftest import EAGER_ACTIVATIONS, seeded_model
 from torch.profiler import ProfilerActivity, profile
 
-from attnviz.linear import MIN_WORK, Linear, linear, onednn_enabled, onednn_supported, use_onednn
+from attnviz.linear import (
+    MIN_WORK,
+    Linear,
+    _onednn_bf16_supported,
+    linear,
+    onednn_enabled,
+    onednn_supported,
+    use_onednn,
+)
 from attnviz.model import TransformerConfig
 
 needs_onednn = pytest.mark.skipif(not onednn_supported(), reason="this torch or CPU has no oneDNN linear kernel")
@@ -152,3 +160,73 @@ def test_autocast_reaches_the_product(activation):
         want = EAGER[activation](F.linear(x, w, b))
     assert got.dtype == torch.bfloat16
     assert torch.equal(got, want)
+
+
+needs_onednn_bf16 = pytest.mark.skipif(not _onednn_bf16_supported(), reason="this torch or CPU has no oneDNN bf16")
+
+
+def _layer(d_in: int = 256, d_out: int = 512, seed: int = 0) -> Linear:
+    layer = Linear(d_in, d_out)
+    x, w, b = operands(1, d_in, d_out, seed)
+    with torch.no_grad():
+        layer.weight.copy_(w)
+        layer.bias.copy_(b)
+    return layer.requires_grad_(False)
+
+
+@needs_onednn_bf16
+@pytest.mark.parametrize("activation", [None, "relu", "gelu", "swish"])
+def test_a_linear_layer_under_bf16_autocast_runs_onednns_bf16_kernel_with_autocasts_product(activation):
+    """The product of the bfloat16-rounded operands, summed in float32, rounded to bfloat16 once."""
+    layer = _layer()
+    x, _, _ = operands(70, 256, 512, seed=1, batch=(2,))
+    rounded = {name: t.detach().to(torch.bfloat16).float() for name, t in (("w", layer.weight), ("b", layer.bias))}
+    want = EAGER[activation](F.linear(x.to(torch.bfloat16).float(), rounded["w"], rounded["b"]))
+    with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
+        assert ran_onednn(lambda: layer(x, activation))
+        got = layer(x, activation)
+        by_autocast = EAGER[activation](F.linear(x, layer.weight, layer.bias))
+    assert got.dtype == by_autocast.dtype == torch.bfloat16 and got.shape == (2, 70, 512)
+    bound = 2**-8 * float(want.abs().max())  # one rounding to bfloat16 (8 bits of mantissa) of the largest value
+    torch.testing.assert_close(got.float(), want, atol=bound, rtol=0)
+    torch.testing.assert_close(by_autocast.float(), want, atol=2 * bound, rtol=0)  # autocast rounds twice
+
+
+def _bf16_product(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    """x W^T + b from the bfloat16-rounded operands, in float32."""
+    r = lambda t: None if t is None else t.detach().to(torch.bfloat16).float()  # noqa: E731
+    return F.linear(r(x), r(weight), r(bias))
+
+
+@needs_onednn_bf16
+def test_the_bf16_copy_is_made_once_and_again_when_the_weight_changes():
+    layer = _layer()
+    x, _, _ = operands(70, 256, 512, seed=2)
+    with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
+        layer(x)
+        copy = layer._bf16[1]
+        layer(x)
+        assert layer._bf16[1] is copy, "the same copy on the next call"
+        layer.weight.mul_(2)  # in place, as load_state_dict writes
+        doubled = layer(x)
+        assert layer._bf16[1] is not copy
+        bias = layer.bias.clone()
+        layer.bias = torch.nn.Parameter(torch.zeros(512), requires_grad=False)  # replaced
+        no_bias = layer(x)
+    for got, want in ((doubled, _bf16_product(x, layer.weight, bias)), (no_bias, _bf16_product(x, layer.weight, None))):
+        torch.testing.assert_close(got.float(), want, atol=2**-8 * float(want.abs().max()), rtol=0)
+
+
+@needs_onednn_bf16
+@pytest.mark.parametrize("case", ["gradients", "switched off", "small", "float16 autocast"])
+def test_where_the_bf16_kernel_does_not_apply_autocast_runs_as_before(case):
+    layer = _layer(d_in=8, d_out=8) if case == "small" else _layer()
+    if case == "gradients":
+        layer.requires_grad_(True)
+    x, _, _ = operands(70, layer.in_features, layer.out_features, seed=3)
+    dtype = torch.float16 if case == "float16 autocast" else torch.bfloat16
+    with use_onednn(case != "switched off"), torch.autocast("cpu", dtype=dtype):
+        assert not ran_onednn(lambda: layer(x))
+        got = layer(x)
+        want = F.linear(x, layer.weight, layer.bias)
+    assert torch.equal(got, want) and "_bf16" not in layer.__dict__
