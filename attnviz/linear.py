@@ -96,14 +96,14 @@ def onednn_enabled() -> bool:
     return _enabled
 
 
-def _takes_onednn(x: Tensor, weight: Tensor, bias: Tensor | None) -> bool:
+def _onednn_pays(x: Tensor, weight: Tensor, bias: Tensor | None) -> bool:
+    """What both oneDNN kernels need beyond their dtypes: no gradient, matching shapes, contiguous
+    operands and a product large enough to pay for the call."""
     tensors = (x, weight) if bias is None else (x, weight, bias)
-    if not _enabled or any(t.device.type != "cpu" or t.dtype != torch.float32 for t in tensors):
+    if any(t.device.type != "cpu" for t in tensors):
         return False
     if torch.is_grad_enabled() and any(t.requires_grad for t in tensors):
         return False  # no backward: the gradients would be silently wrong
-    if torch.is_autocast_enabled("cpu"):
-        return False  # autocast chooses the product's precision, and only sees F.linear
     if x.shape[-1] != weight.shape[-1] or (bias is not None and bias.shape != weight.shape[:1]):
         return False  # F.linear raises its own clear error
     if not (x.is_contiguous() and weight.is_contiguous()):
@@ -112,25 +112,23 @@ def _takes_onednn(x: Tensor, weight: Tensor, bias: Tensor | None) -> bool:
     return rows * weight.shape[0] * weight.shape[1] >= MIN_WORK
 
 
+def _takes_onednn(x: Tensor, weight: Tensor, bias: Tensor | None) -> bool:
+    if not _enabled or torch.is_autocast_enabled("cpu"):
+        return False  # under autocast it chooses the product's precision, and only sees F.linear
+    if any(t.dtype != torch.float32 for t in (x, weight) + (() if bias is None else (bias,))):
+        return False
+    return _onednn_pays(x, weight, bias)
+
+
 def _takes_onednn_bf16(x: Tensor, weight: Tensor, bias: Tensor | None) -> bool:
     """Whether a Linear layer's product under CPU autocast to bfloat16 takes oneDNN's bfloat16 kernel."""
     if not (_enabled and _bf16_enabled and torch.is_autocast_enabled("cpu")):
         return False
-    if torch.get_autocast_dtype("cpu") != torch.bfloat16:
+    if torch.get_autocast_dtype("cpu") != torch.bfloat16 or x.dtype not in (torch.float32, torch.bfloat16):
         return False
-    params = (weight,) if bias is None else (weight, bias)
-    if x.device.type != "cpu" or x.dtype not in (torch.float32, torch.bfloat16):
+    if weight.dtype != torch.float32 or (bias is not None and bias.dtype != torch.float32):
         return False
-    if any(t.device.type != "cpu" or t.dtype != torch.float32 for t in params):
-        return False
-    if torch.is_grad_enabled() and any(t.requires_grad for t in (x, *params)):
-        return False
-    if x.shape[-1] != weight.shape[-1] or (bias is not None and bias.shape != weight.shape[:1]):
-        return False
-    if not (x.is_contiguous() and weight.is_contiguous()):
-        return False
-    rows = x.numel() // max(x.shape[-1], 1)
-    return rows * weight.shape[0] * weight.shape[1] >= MIN_WORK
+    return _onednn_pays(x, weight, bias)
 
 
 # activation -> (the eager function, oneDNN's fused post-op and its algorithm argument)
@@ -181,14 +179,17 @@ class Linear(nn.Linear):
     def _bf16_copies(self) -> tuple[Tensor, Tensor | None]:
         """bfloat16 copies of the weight and bias, made again whenever either has changed.
 
-        A tensor's ``_version`` counts its in-place changes (``load_state_dict`` copies in place)
-        and ``data_ptr`` tells a replaced one; two threads may both make a copy, never a wrong one.
+        A tensor's ``_version`` counts its in-place changes (``load_state_dict`` copies in place),
+        and its memory's address tells a replaced tensor (or ``.data``) from the one copied: the
+        cache holds the source's memory, so that no new tensor can take its address. Two threads
+        may both make a copy, never a wrong one.
         """
         params = (self.weight,) if self.bias is None else (self.weight, self.bias)
         key = tuple((t._version, t.data_ptr()) for t in params)
         cached = self.__dict__.get("_bf16")
         if cached is None or cached[0] != key:
-            copies = tuple(t.detach().to(torch.bfloat16) for t in params)
-            cached = (key, copies[0], copies[1] if len(copies) > 1 else None)
+            sources = tuple(t.detach() for t in params)  # held: the addresses in `key` stay theirs
+            copies = tuple(t.to(torch.bfloat16) for t in sources)
+            cached = (key, copies[0], copies[1] if len(copies) > 1 else None, sources)
             self.__dict__["_bf16"] = cached
         return cached[1], cached[2]

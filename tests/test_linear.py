@@ -210,10 +210,16 @@ def test_the_bf16_copy_is_made_once_and_again_when_the_weight_changes():
         layer.weight.mul_(2)  # in place, as load_state_dict writes
         doubled = layer(x)
         assert layer._bf16[1] is not copy
-        bias = layer.bias.clone()
+        bias, weight = layer.bias.clone(), layer.weight.clone()
         layer.bias = torch.nn.Parameter(torch.zeros(512), requires_grad=False)  # replaced
         no_bias = layer(x)
-    for got, want in ((doubled, _bf16_product(x, layer.weight, bias)), (no_bias, _bf16_product(x, layer.weight, None))):
+        layer.weight.data = -layer.weight.data  # new memory under the same Parameter, its version unchanged
+        negated = layer(x)
+    for got, want in (
+        (doubled, _bf16_product(x, weight, bias)),
+        (no_bias, _bf16_product(x, weight, None)),
+        (negated, _bf16_product(x, -weight, None)),
+    ):
         torch.testing.assert_close(got.float(), want, atol=2**-8 * float(want.abs().max()), rtol=0)
 
 
