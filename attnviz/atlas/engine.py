@@ -6,8 +6,9 @@ compute each head's statistics and the head-to-head divergences on the model's d
 small results come back to the host.
 
 ``precision="bf16"`` runs the matrix products in bfloat16 under ``torch.autocast``, with the
-softmax in float32 (:func:`attnviz.model.attention`): on a CPU with AMX or a recent GPU they are
-several times faster. The maps move by a few thousandths (``tests/test_atlas.py`` states the bound).
+softmax in float32 (:func:`attnviz.model.attention`; on the CPU the linear layers take oneDNN's
+bfloat16 kernel, :mod:`attnviz.linear`): on a CPU with AMX or a recent GPU they are several times
+faster. The maps move by a few thousandths (``tests/test_atlas_stats.py`` states the bound).
 """
 
 from __future__ import annotations
