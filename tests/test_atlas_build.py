@@ -97,6 +97,18 @@ def test_batches_go_by_the_longer_side_and_stop_before_padding_grows():
     assert [len(b) for b in batches(even, max_sentences=4, min_tokens=100, max_waste=2.0)] == [4, 4, 1]
 
 
+def test_the_ray_engine_gets_the_local_engines_batches_one_row_each():
+    from attnviz.atlas.ray_engine import _rows, _sentences_from_json
+
+    shards = {
+        0: [_sized(1, 3, 4), _sized(2, 9, 2), Sentence(3, "é", (7,), ("▁é",))],  # no decoder input: greedy
+        4: [_sized(5, 2, 2), _sized(6, 8, 8)],
+    }
+    rows = _rows(shards, 2)
+    want = [(shard, batch) for shard, sentences in shards.items() for batch in batches(by_width(sentences), 2)]
+    assert [(row["shard"], list(_sentences_from_json(row["sentences"]))) for row in rows] == want
+
+
 # ---------------------------------------------------------------------------------------------
 # The folder
 

@@ -1,11 +1,12 @@
 """The Ray engine: the atlas's batches as Ray Data batch inference, the model held by actors.
 
-The driver reads and tokenises the corpus and cuts it into shards exactly as the local engine
-does; Ray Data then streams the sentences (sorted by length) through ``map_batches`` into a pool
-of :class:`AtlasWorker` actors, each loading the model once and running
-:func:`attnviz.atlas.engine.run_batch`, the very function of the local engine. Results come back
-as bytes (numpy arrays and JSON, no pickle) and the driver writes each shard as soon as all its
-sentences are in.
+The driver reads and tokenises the corpus and cuts it into shards and batches exactly as the
+local engine does (:func:`attnviz.atlas.corpus.batches`, padding kept small); Ray Data then
+streams the batches, one dataset row each, through ``map_batches`` into a pool of
+:class:`AtlasWorker` actors, each loading the model once and running
+:func:`attnviz.atlas.engine.run_batch`, the very function of the local engine, on the very same
+batches. Results come back as bytes (numpy arrays and JSON, no pickle) and the driver writes each
+shard as soon as all its batches are in.
 
 Without ``RAY_ADDRESS`` in the environment a local Ray is started (dashboard off, every server
 on 127.0.0.1 only) and stopped at the end; with it, Ray connects to that cluster
@@ -29,7 +30,7 @@ import numpy as np
 import pandas as pd
 import torch
 
-from attnviz.atlas.corpus import Sentence, by_length
+from attnviz.atlas.corpus import Sentence, batches, by_width
 from attnviz.atlas.engine import BatchResult, run_batch
 from attnviz.checkpoints import load_checkpoint
 from attnviz.errors import AtlasError
@@ -38,61 +39,51 @@ CPUS_PER_ACTOR = 4  # torch threads per CPU actor: fewer, larger actors hold few
 LOCAL_ONLY = "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"
 
 
+def _sentences_json(sentences: Sequence[Sentence]) -> str:
+    return json.dumps(
+        [[s.line, s.src, s.src_ids, s.src_tokens, s.tgt_ids, s.tgt_tokens] for s in sentences], ensure_ascii=False
+    )
+
+
+def _sentences_from_json(text: str) -> tuple[Sentence, ...]:
+    def tuple_or_none(x):
+        return None if x is None else tuple(x)
+
+    return tuple(
+        Sentence(int(line), str(src), tuple(ids), tuple(tokens), tuple_or_none(tgt_ids), tuple_or_none(tgt_tokens))
+        for line, src, ids, tokens, tgt_ids, tgt_tokens in json.loads(text)
+    )
+
+
 def encode_result(result: BatchResult) -> bytes:
     """A BatchResult as .npz bytes: arrays, and the sentences as JSON. Never pickled."""
     arrays = {f"stats/{k}": v for k, v in result.stats.items()}
     arrays |= {f"divergences/{k}": v for k, v in result.divergences.items()}
-    sentences = [[s.line, s.src, s.src_ids, s.src_tokens, s.tgt_ids, s.tgt_tokens] for s in result.sentences]
-    arrays["sentences"] = np.array(json.dumps(sentences, ensure_ascii=False))
+    arrays["sentences"] = np.array(_sentences_json(result.sentences))
     buf = io.BytesIO()
     np.savez(buf, **arrays)
     return buf.getvalue()
 
 
 def decode_result(data: bytes) -> BatchResult:
-    def tuple_or_none(x):
-        return None if x is None else tuple(x)
-
     with np.load(io.BytesIO(data), allow_pickle=False) as z:
-        sentences = tuple(
-            Sentence(line, src, tuple(ids), tuple(tokens), tuple_or_none(tgt_ids), tuple_or_none(tgt_tokens))
-            for line, src, ids, tokens, tgt_ids, tgt_tokens in json.loads(str(z["sentences"]))
-        )
+        sentences = _sentences_from_json(str(z["sentences"]))
         stats = {name.split("/", 1)[1]: z[name] for name in z.files if name.startswith("stats/")}
         divergences = {name.split("/", 1)[1]: z[name] for name in z.files if name.startswith("divergences/")}
     return BatchResult(sentences, stats, divergences)
 
 
-def subset(result: BatchResult, rows: Sequence[int]) -> BatchResult:
-    """The rows (sentences) ``rows`` of a batch's result."""
-    index = np.asarray(rows, dtype=np.int64)
-    return BatchResult(
-        tuple(result.sentences[i] for i in rows),
-        {k: v[index] for k, v in result.stats.items()},
-        {k: v[index] for k, v in result.divergences.items()},
-    )
-
-
-def _rows(shards: dict[int, Sequence[Sentence]]) -> list[dict]:
-    """One dataset row per sentence, its shard's number with it; sorted by length, as the local engine runs them."""
-    order = {s.line: shard for shard, sentences in shards.items() for s in sentences}
+def _rows(shards: dict[int, Sequence[Sentence]], batch_size: int) -> list[dict]:
+    """One dataset row per batch, with its shard's number: the local engine's batches (run_local)."""
     return [
-        {
-            "shard": order[s.line],
-            "line": s.line,
-            "src": s.src,
-            "src_ids": list(s.src_ids),
-            "src_tokens": list(s.src_tokens),
-            "has_tgt": s.tgt_ids is not None,
-            "tgt_ids": list(s.tgt_ids or ()),
-            "tgt_tokens": list(s.tgt_tokens or ()),
-        }
-        for s in by_length(s for sentences in shards.values() for s in sentences)
+        {"shard": shard, "sentences": _sentences_json(batch)}
+        for shard, sentences in shards.items()
+        for batch in batches(by_width(sentences), batch_size)
     ]
 
 
 class AtlasWorker:
-    """A Ray actor holding one copy of the model; called by ``map_batches`` with batches of sentence rows."""
+    """A Ray actor holding one copy of the model; called by ``map_batches`` with rows that are batches."""
 
     def __init__(self, checkpoint: str, sha256: str, device: str, precision: str, threads: int):
         torch.set_num_threads(threads)
@@ -104,28 +95,12 @@ class AtlasWorker:
             )
         self.precision = precision
 
-    def __call__(self, batch: pd.DataFrame) -> pd.DataFrame:
-        sentences = [
-            Sentence(
-                int(row.line),
-                str(row.src),
-                tuple(int(i) for i in row.src_ids),
-                tuple(str(t) for t in row.src_tokens),
-                tuple(int(i) for i in row.tgt_ids) if row.has_tgt else None,
-                tuple(str(t) for t in row.tgt_tokens) if row.has_tgt else None,
-            )
-            for row in batch.itertuples(index=False)
+    def __call__(self, rows: pd.DataFrame) -> pd.DataFrame:
+        """Each row's batch run as it is (``map_batches`` hands over one row at a time)."""
+        results = [
+            run_batch(self.bundle, _sentences_from_json(str(text)), self.precision) for text in rows["sentences"]
         ]
-        result = run_batch(self.bundle, sentences, self.precision)
-        groups: dict[int, list[int]] = defaultdict(list)
-        for i, shard in enumerate(batch["shard"]):
-            groups[int(shard)].append(i)
-        return pd.DataFrame(
-            {
-                "shard": list(groups),
-                "payload": [encode_result(subset(result, rows)) for rows in groups.values()],
-            }
-        )
+        return pd.DataFrame({"shard": rows["shard"].to_numpy(), "payload": [encode_result(r) for r in results]})
 
 
 def _actor_resources(device: str) -> tuple[dict, int, int]:
@@ -169,7 +144,7 @@ def run_ray(
         logging.getLogger("ray.data").setLevel(logging.ERROR)  # its plan and timings; failures still raise
         ray.data.DataContext.get_current().enable_progress_bars = False  # the CLI draws its own
         resources, actors, threads = _actor_resources(device)
-        dataset = ray.data.from_items(_rows(shards))
+        dataset = ray.data.from_items(_rows(shards, batch_size))
         results = dataset.map_batches(
             AtlasWorker,
             fn_constructor_kwargs={
@@ -179,7 +154,7 @@ def run_ray(
                 "precision": precision,
                 "threads": threads,
             },
-            batch_size=batch_size,
+            batch_size=1,  # a row is a batch already
             batch_format="pandas",
             compute=ray.data.ActorPoolStrategy(size=actors),
             **resources,
