@@ -152,24 +152,28 @@ def batches(
     ``max_waste`` of its tokens (source and decoder input, each padded to the batch's longest)."""
     out: list[list[Sentence]] = []
     current: list[Sentence] = []
-    longest = tokens = longest_src = longest_tgt = 0
+    tokens = longest_src = longest_tgt = 0  # the current batch's
     for sentence in sentences:
-        width, (src, tgt) = max(sentence.size), sentence.size
-        grown = max(longest, width)
-        padded = (len(current) + 1) * (max(longest_src, src) + max(longest_tgt, tgt))
+        src, tgt = sentence.size
+        grown_src, grown_tgt = max(longest_src, src), max(longest_tgt, tgt)
+        grown, n = max(grown_src, grown_tgt), len(current) + 1
         if current and (
-            len(current) == max_sentences
-            or (len(current) + 1) * grown * grown > max_cells
-            or (tokens >= min_tokens and padded > (1 + max_waste) * (tokens + src + tgt))
+            n > max_sentences
+            or n * grown * grown > max_cells
+            or (tokens >= min_tokens and n * (grown_src + grown_tgt) > (1 + max_waste) * (tokens + src + tgt))
         ):
             out.append(current)
-            current, grown, tokens, longest_src, longest_tgt = [], width, 0, 0, 0
+            current, tokens, grown_src, grown_tgt = [], 0, src, tgt
         current.append(sentence)
-        longest, tokens = grown, tokens + src + tgt
-        longest_src, longest_tgt = max(longest_src, src), max(longest_tgt, tgt)
+        tokens, longest_src, longest_tgt = tokens + src + tgt, grown_src, grown_tgt
     if current:
         out.append(current)
     return out
+
+
+def batch_plan(sentences: Iterable[Sentence], max_sentences: int) -> list[list[Sentence]]:
+    """The batches every engine runs (local and Ray alike): by width, then :func:`batches`."""
+    return batches(by_width(sentences), max_sentences)
 
 
 def is_punctuation(piece: str) -> bool:

@@ -20,7 +20,7 @@ from dataclasses import dataclass, replace
 import numpy as np
 import torch
 
-from attnviz.atlas.corpus import Sentence, batches, by_width, is_punctuation, special_ids
+from attnviz.atlas.corpus import Sentence, batch_plan, is_punctuation, special_ids
 from attnviz.atlas.stats import js_divergences, sentence_statistics, stack_heads
 from attnviz.checkpoints import Bundle
 from attnviz.decoding import greedy_decode
@@ -131,12 +131,12 @@ def run_local(
     on_batch: Callable[[int], None] | None = None,
 ) -> Iterator[BatchResult]:
     """The local engine: ``sentences`` sorted by their longer side and run in padded batches
-    (:func:`attnviz.atlas.corpus.batches`) on the bundle's device.
+    (:func:`attnviz.atlas.corpus.batch_plan`) on the bundle's device.
 
     ``on_batch(n)`` is called after each batch of n sentences (a progress bar).
     """
     check_precision(precision, bundle.device)
-    for chunk in batches(by_width(sentences), batch_size):
+    for chunk in batch_plan(sentences, batch_size):
         result = run_batch(bundle, chunk, precision)
         if on_batch is not None:
             on_batch(len(chunk))

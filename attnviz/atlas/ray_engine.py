@@ -1,7 +1,7 @@
 """The Ray engine: the atlas's batches as Ray Data batch inference, the model held by actors.
 
 The driver reads and tokenises the corpus and cuts it into shards and batches exactly as the
-local engine does (:func:`attnviz.atlas.corpus.batches`, padding kept small); Ray Data then
+local engine does (:func:`attnviz.atlas.corpus.batch_plan`, padding kept small); Ray Data then
 streams the batches, one dataset row each, through ``map_batches`` into a pool of
 :class:`AtlasWorker` actors, each loading the model once and running
 :func:`attnviz.atlas.engine.run_batch`, the very function of the local engine, on the very same
@@ -30,7 +30,7 @@ import numpy as np
 import pandas as pd
 import torch
 
-from attnviz.atlas.corpus import Sentence, batches, by_width
+from attnviz.atlas.corpus import Sentence, batch_plan
 from attnviz.atlas.engine import BatchResult, run_batch
 from attnviz.checkpoints import load_checkpoint
 from attnviz.errors import AtlasError
@@ -78,7 +78,7 @@ def _rows(shards: dict[int, Sequence[Sentence]], batch_size: int) -> list[dict]:
     return [
         {"shard": shard, "sentences": _sentences_json(batch)}
         for shard, sentences in shards.items()
-        for batch in batches(by_width(sentences), batch_size)
+        for batch in batch_plan(sentences, batch_size)
     ]
 
 
