@@ -172,6 +172,8 @@ def test_grid_masked_blocks_are_grey():
     maps = np.tril(random_maps(1, 2, n, n, seed=6))
     indices, _ = image_of(head_grid(maps, ["t"] * n, ["t"] * n, "decoder", mask=causal_mask(n)))
     assert (indices[:n, :n][~causal_mask(n)] == MASKED_INDEX).all()
+    with pytest.raises(ValueError, match="one flag per cell"):
+        head_grid(maps, ["t"] * n, ["t"] * n, "decoder", mask=causal_mask(n - 1))
 
 
 def test_the_difference_image_is_centred_at_zero():

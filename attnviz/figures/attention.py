@@ -20,6 +20,7 @@ from attnviz.figures.common import (
     WEIGHT_COLORSCALE,
     above_top_labels,
     as_array,
+    check_mask,
     check_tokens,
     kind_titles,
     plotly_labels,
@@ -64,10 +65,8 @@ def attention_heatmap(
             f"weights are {Q}x{K} but there are {len(query_tokens)} query and {len(key_tokens)} key tokens"
         )
     masked = np.zeros((Q, K), dtype=bool)
+    mask = check_mask(mask, Q, K)
     if mask is not None:
-        mask = np.asarray(mask, dtype=bool)
-        if mask.shape != (Q, K):
-            raise ValueError(f"mask is {mask.shape} but the weights are {(Q, K)}; pass one flag per cell")
         masked |= ~mask
     if scores:
         masked |= np.isneginf(values)

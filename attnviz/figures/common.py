@@ -62,6 +62,16 @@ def check_tokens(n: int, tokens: Sequence[str], axis: str) -> None:
         raise ValueError(f"the maps have {n} {axis} positions but {len(tokens)} {axis} tokens were given")
 
 
+def check_mask(mask, Q: int, K: int) -> np.ndarray | None:
+    """``mask`` (Q, K, True = may attend) as a bool array, or None; one flag per cell or a ValueError."""
+    if mask is None:
+        return None
+    mask = np.asarray(mask, dtype=bool)
+    if mask.shape != (Q, K):
+        raise ValueError(f"mask is {mask.shape} but the weights are {(Q, K)}; pass one flag per cell")
+    return mask
+
+
 def ticks(labels: list[str]) -> dict:
     """Axis settings that label every position, or every n-th one beyond ``MAX_TICK_LABELS``."""
     step = max(1, math.ceil(len(labels) / MAX_TICK_LABELS))

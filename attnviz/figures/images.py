@@ -35,6 +35,7 @@ from attnviz.figures.common import (
     WEIGHT_COLORSCALE,
     above_top_labels,
     as_array,
+    check_mask,
     check_tokens,
     kind_titles,
     plotly_labels,
@@ -221,12 +222,8 @@ def attention_image(
     Q, K = values.shape
     check_tokens(Q, query_tokens, "query")
     check_tokens(K, key_tokens, "key")
-    masked = None
-    if mask is not None:
-        mask = np.asarray(mask, dtype=bool)
-        if mask.shape != (Q, K):
-            raise ValueError(f"mask is {mask.shape} but the weights are {(Q, K)}; pass one flag per cell")
-        masked = ~mask
+    mask = check_mask(mask, Q, K)
+    masked = None if mask is None else ~mask
     indices = colour_indices(contrast_values(values, contrast), masked)
     note = f"{Q} x {K}, one pixel per weight, contrast: {CONTRASTS[contrast]}" + (
         "; grey: masked" if masked is not None and masked.any() else ""
@@ -275,8 +272,9 @@ def head_grid(
         raise ValueError(f"thumbnail must be at least 1 pixel, got {thumbnail}")
     check_contrast(contrast)
     allowed_blocks = None
+    mask = check_mask(mask, Q, K)
     if mask is not None:
-        allowed_blocks = downsample(np.asarray(mask, dtype=np.float64), thumbnail, how="max")[0] > 0
+        allowed_blocks = downsample(mask.astype(np.float64), thumbnail, how="max")[0] > 0
     rows, cols = min(Q, thumbnail), min(K, thumbnail)
     width, height, starts_x, starts_y = grid_layout(L, H, rows, cols)
     indices = np.full((height, width), BACKGROUND_INDEX, dtype=np.uint8)
