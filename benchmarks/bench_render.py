@@ -339,33 +339,24 @@ def main(argv: list[str] | None = None) -> int:
         rows = []
         # No file watcher: nothing to reload here, and watching a .venv/ in the repository costs CPU.
         with app_server("--server.fileWatcherType", "none") as (port, _), browser() as chromium:
+            views = []  # (name, query parameters, target)
             if "one" in only:
                 params = {"model": CUSTOM_PATH, "model_path": "long", "src": letters(one_n - 1), "kind": "encoder"}
-                params |= {"view": "One head", "contrast": "linear"}
-                result = measure_view(
-                    chromium,
-                    explorer_url(port, params),
-                    ".im image",
-                    "contrast: linear",
-                    "logarithmic",
-                    "contrast: logarithmic",
-                )
-                rows.append((f"one head, {one_n} tokens (random model)", result, TARGETS["one head"]))
+                params |= {"view": "One head"}
+                views.append((f"one head, {one_n} tokens (random model)", params, TARGETS["one head"]))
             if "grid" in only:
                 if grid_model == "MiniLM":
                     params = {"model": CUSTOM_PATH, "model_path": str(minilm_dir()), "src": minilm_sentence(grid_n)}
                 else:
                     params = {"model": CUSTOM_PATH, "model_path": "minilm-shaped", "src": letters(grid_n - 1)}
-                params |= {"kind": "encoder", "view": "All heads (model view)", "contrast": "linear"}
+                params |= {"kind": "encoder", "view": "All heads (model view)"}
+                views.append((f"grid 6 x 12, {grid_n} tokens ({grid_model})", params, TARGETS["grid"]))
+            for name, params, target in views:
+                url = explorer_url(port, params | {"contrast": "linear"})
                 result = measure_view(
-                    chromium,
-                    explorer_url(port, params),
-                    ".im image",
-                    "contrast: linear",
-                    "logarithmic",
-                    "contrast: logarithmic",
+                    chromium, url, ".im image", "contrast: linear", "logarithmic", "contrast: logarithmic"
                 )
-                rows.append((f"grid 6 x 12, {grid_n} tokens ({grid_model})", result, TARGETS["grid"]))
+                rows.append((name, result, target))
         print(f"\n  {'view':54} {'MB':>7} {'drawn s':>8} {'cold s':>7}  verdicts (targets)")
         for name, result, (mb_target, s_target) in rows:
             mb = result["bytes"] / 1e6
