@@ -174,18 +174,24 @@ def test_encoder_only_model_where_methods_apply():
     assert any("encoder-only" in i.value for i in at.info)
 
 
-def test_marian_folder(tmp_path, visitor_roots):
-    pytest.importorskip("transformers")
-    from test_marian import make_marian
-
-    folder = tmp_path / "opus-mt-tiny"
-    make_marian(folder, shared=True, activation="swish", d_model=48, heads=3, enc=2, dec=2)
+def _open_on(folder):
+    """The page on a Marian folder opened by path, with one sentence."""
     at = open_app("app.py")
     at.sidebar.selectbox(key="model").set_value(CUSTOM_PATH).run()
     at.sidebar.text_input(key="model_path").set_value(str(folder)).run()
     at.sidebar.text_area(key="src").set_value("the cat reads a book").run()
     at.switch_page(PAGE).run()
     assert_ok(at)
+    return at
+
+
+def test_marian_folder(tmp_path, visitor_roots):
+    pytest.importorskip("transformers")
+    from test_marian import make_marian
+
+    folder = tmp_path / "opus-mt-tiny"
+    make_marian(folder, shared=True, activation="swish", d_model=48, heads=3, enc=2, dec=2)
+    at = _open_on(folder)
     for method in METHODS:
         at.radio(key="bw_method").set_value(method).run()
         assert_ok(at)
@@ -201,12 +207,7 @@ def test_a_model_with_many_heads_measures_importance_on_request(tmp_path, visito
 
     folder = tmp_path / "opus-mt-many-heads"
     make_marian(folder, shared=True, activation="relu", d_model=32, heads=8, enc=4, dec=4)
-    at = open_app("app.py")
-    at.sidebar.selectbox(key="model").set_value(CUSTOM_PATH).run()
-    at.sidebar.text_input(key="model_path").set_value(str(folder)).run()
-    at.sidebar.text_area(key="src").set_value("the cat reads a book").run()
-    at.switch_page(PAGE).run()
-    assert_ok(at)
+    at = _open_on(folder)
     assert at.toggle(key="bw_imp_on").label == "Measure all 96 heads" and not at.toggle(key="bw_imp_on").value
     assert not importance_charts(at)
     at.toggle(key="bw_imp_on").set_value(True).run()
