@@ -15,6 +15,11 @@ from collections.abc import Callable, Mapping
 import streamlit as st
 
 LINK_STATE = "_link"  # session key: the link's parameters at the start of this run, and how bound widgets show values
+# Session key: per parameter, the URL values this session's own page had put there by the end of the
+# last run. A callback (Next, a click on the grid, an example) changes a bound widget before the run
+# starts, while the address bar still holds the value of the run before: that is the page's own
+# change, not a link's value to set aside.
+SEEN_STATE = "_link_seen"
 
 
 def start() -> None:
@@ -57,21 +62,41 @@ def _as_url(value, shown: Callable) -> set[str]:
 
 
 def set_aside() -> list[tuple[str, str]]:
-    """(parameter, value) of the link that this page's widgets could not take."""
+    """(parameter, value) of the link that this page's widgets could not take.
+
+    Only values that came from outside count: a value this session's page had itself put in the
+    address bar by the end of the last run (:data:`SEEN_STATE`) is never reported.
+    """
     link = st.session_state.get(LINK_STATE) or {"raw": {}, "shown": {}}
+    seen = st.session_state.get(SEEN_STATE) or {}
     aside = []
     for key, raw in link["raw"].items():
         shown = link["shown"].get(key)
         if shown is None or key not in st.session_state:
             continue  # a parameter of another page (or of no widget): none of this page's business
+        if raw in seen.get(key, ()):
+            continue  # the page's own value, from the run before: its widget may since have moved on
         if raw not in _as_url(st.session_state[key], shown):
             aside.append((key, raw))
     return aside
 
 
+def remember_own_values() -> None:
+    """Note, at the end of a run, which URL values this page itself holds (see :data:`SEEN_STATE`)."""
+    link = st.session_state.get(LINK_STATE) or {"raw": {}, "shown": {}}
+    seen = {}
+    for key, shown in link["shown"].items():
+        values = set(_as_url(st.session_state[key], shown)) if key in st.session_state else set()
+        if key in link["raw"]:
+            values.add(link["raw"][key])  # the value the run started from: set aside once, not on every run
+        seen[key] = values
+    st.session_state[SEEN_STATE] = seen
+
+
 def footer() -> None:
     """The end of every page: which link values were set aside, and how to share this view."""
     aside = set_aside()
+    remember_own_values()
     if aside:
         values = ", ".join(f"{key}={raw!r}" for key, raw in aside)
         st.toast(

@@ -32,6 +32,23 @@ class Choices:
     device: str  # a concrete device: cpu, cuda or mps
 
 
+EXAMPLE_PILLS = "_example"  # "_": a pill is a one-off action, cleared once its example is in the text box
+
+
+def use_example() -> None:
+    """A click on an example pill: its sentence becomes the source, with no target (runs before the rerun).
+
+    A callback is the one place where the text box's state may be written: once the box is drawn in
+    a run, Streamlit refuses any change to its key (StreamlitAPIException). The pill is then cleared,
+    so that clicking the same example again, after editing the text, brings it back.
+    """
+    picked = st.session_state.get(EXAMPLE_PILLS)
+    if picked:
+        st.session_state["src"] = picked
+        st.session_state["tgt"] = ""
+        st.session_state[EXAMPLE_PILLS] = None
+
+
 def keep_state() -> None:
     """Carry every kept widget value into this run, whichever page drew it."""
     for key in list(st.session_state.keys()):
@@ -106,11 +123,7 @@ def sidebar() -> Choices | None:
             st.session_state["src_model"] = model
         links.bound(st.text_area, "Source sentence", key="src", height=80)
         if examples:
-            picked = st.pills("Examples", examples, key=f"examples::{model}")
-            if picked and picked != st.session_state.get("picked_example"):
-                st.session_state["picked_example"] = picked
-                st.session_state["src"] = picked
-                st.rerun()
+            st.pills("Examples", examples, key=EXAMPLE_PILLS, on_change=use_example)
         encoder_only = bundle.config.encoder_only
         links.bound(
             st.text_input,

@@ -1,0 +1,72 @@
+"""What a person clicks, in AppTest: the sidebar's examples, and steps that must raise no false notice."""
+
+from __future__ import annotations
+
+import pytest
+from conftest import open_app
+from streamlit.testing.v1 import AppTest
+
+from attnviz import api
+from attnviz.app import registry
+
+pytestmark = pytest.mark.usefixtures("fresh_streamlit_caches")
+
+SET_ASIDE = "Set aside from the link"
+
+
+def notices(at: AppTest) -> list[str]:
+    """The toasts and the set-aside captions of the last run."""
+    return [t.proto.body for t in at.get("toast")] + [c.value for c in at.caption if SET_ASIDE in c.value]
+
+
+def assert_ok(at: AppTest) -> None:
+    assert not at.exception, [e.value for e in at.exception]
+    assert not at.error, [e.value for e in at.error]
+
+
+@pytest.mark.parametrize("model", ["en-de", "reverse"])
+@pytest.mark.parametrize("page", [page.path for page in registry.PAGES])
+def test_an_example_click_sets_the_sentence_and_analyses_it(page, model):
+    at = open_app(page, model=model)
+    examples = api.load(model).info["examples"]
+    pills = at.sidebar.pills(key="_example")
+    for example in (examples[1], examples[-1], examples[1]):  # the same pill twice in a row works too
+        at.sidebar.text_area(key="src").set_value("something typed").run()
+        pills.set_value(example).run()
+        assert_ok(at)
+        assert at.sidebar.text_area(key="src").value == example
+        assert at.sidebar.text_input(key="tgt").value == ""
+        assert not notices(at), notices(at)
+        pills = at.sidebar.pills(key="_example")
+        assert pills.value is None, "the pill is cleared once its example is in the text box"
+
+
+def test_the_home_page_analyses_the_example_clicked():
+    at = open_app("app.py")
+    example = api.load("en-de").info["examples"][2]
+    at.sidebar.pills(key="_example").set_value(example).run()
+    assert_ok(at)
+    assert any(example in m.value for m in at.markdown), "the map's heading names the example's sentence"
+
+
+def test_steps_taken_by_the_page_raise_no_notice():
+    """Buttons change bound widgets in callbacks: the page's own changes, never a link's values set aside."""
+    at = AppTest.from_file("../app.py", default_timeout=120)
+    at.query_params.update({"step": "2", "model": "en-de"})  # opened from a link that names a step
+    at.run()
+    at.switch_page("pages/decoding.py").run()
+    assert_ok(at)
+    for key in ("_step_next", "_step_next", "_step_prev", "_step_last", "_step_first"):
+        at.button(key=key).click().run()
+        assert_ok(at)
+        assert not notices(at), (key, notices(at))
+
+
+def test_a_link_value_the_page_cannot_take_is_still_set_aside_once():
+    at = AppTest.from_file("../app.py", default_timeout=120)
+    at.query_params.update({"layer": "99"})
+    at.run()
+    at.switch_page("pages/explorer.py").run()
+    assert any("layer='99'" in n for n in notices(at)), notices(at)
+    at.selectbox(key="head").set_value(2).run()
+    assert not notices(at), "said once, when the link is opened, not on every later click"
