@@ -7,6 +7,7 @@ path replace huggingface_hub.snapshot_download with a function that copies from 
 from __future__ import annotations
 
 import json
+import re
 import shutil
 from pathlib import Path
 
@@ -243,3 +244,112 @@ def test_the_app_opens_a_cached_hub_id_and_refuses_an_uncached_one(cache, monkey
     assert not at.exception
     shown = " ".join(e.value for e in at.error)
     assert "is not among the models this server has" in shown and str(cache) not in shown
+
+
+# ---------------------------------------------------------------------------------------------
+# Why a hub id cannot be had: told in plain words where the visitor is the machine's own user
+
+
+def no_server_path_in(public: str, *paths: Path) -> bool:
+    from attnviz.checkpoints.catalog import hf_cache_dir, pretrained_dir
+
+    return not any(str(p) in public for p in (*paths, hf_cache_dir(), pretrained_dir()))
+
+
+def test_offline_with_downloads_allowed_a_visitor_is_told_why_and_how_to_copy_a_cache(cache, tmp_path, monkeypatch):
+    monkeypatch.setenv("ATTNVIZ_ALLOW_DOWNLOADS", "1")
+    monkeypatch.delenv("ATTNVIZ_MODEL_ROOTS", raising=False)
+    with pytest.raises(CheckpointError) as info:
+        visitor_model("test-org/not-downloaded")
+    public = info.value.public
+    assert "HF_HUB_OFFLINE=1 forbids reaching the Hugging Face hub" in public
+    assert "hf download test-org/not-downloaded" in public and "huggingface-cli download" in public
+    assert "models--test-org--not-downloaded" in public and "HF_HUB_CACHE" in public
+    assert "ATTNVIZ_MODEL_ROOTS" in public
+    assert no_server_path_in(public, tmp_path, cache), public
+    assert str(cache) in str(info.value), "the log has the full story"
+
+
+def test_without_downloads_allowed_the_message_is_as_before(cache, monkeypatch):
+    monkeypatch.delenv("ATTNVIZ_ALLOW_DOWNLOADS", raising=False)
+    with pytest.raises(CheckpointError) as info:
+        visitor_model("test-org/not-downloaded")
+    assert info.value.public == (
+        "test-org/not-downloaded is not among the models this server has, and it downloads none for visitors "
+        "(its operator can allow that with ATTNVIZ_ALLOW_DOWNLOADS=1)"
+    )
+
+
+def test_a_hub_that_cannot_be_reached_is_named_as_such(cache, tmp_path, monkeypatch):
+    """The real client against a closed port on this machine: the hub itself is never asked."""
+    import socket
+
+    from huggingface_hub import constants
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]  # nothing listens there once the socket is closed
+    monkeypatch.delenv("HF_HUB_OFFLINE")
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", False)
+    monkeypatch.setattr(constants, "ENDPOINT", f"http://127.0.0.1:{port}")
+    monkeypatch.setenv("ATTNVIZ_ALLOW_DOWNLOADS", "1")
+    with pytest.raises(CheckpointError) as info:
+        visitor_model("test-org/not-downloaded")
+    public = info.value.public
+    assert "the Hugging Face hub could not be reached (no network" in public and "HF_HUB_OFFLINE" not in public
+    assert "models--test-org--not-downloaded" in public and no_server_path_in(public, tmp_path, cache), public
+
+
+def hub_error(kind: str) -> Exception:
+    """An exception of huggingface_hub's class ``kind``, built without the HTTP response its constructor wants."""
+    from huggingface_hub import errors
+
+    cls = getattr(errors, kind)
+    e = cls.__new__(cls)
+    Exception.__init__(e, "from the hub")
+    return e
+
+
+@pytest.mark.parametrize(
+    ("kind", "reason"),
+    [
+        ("RepositoryNotFoundError", "the Hugging Face hub has no model test-org/secret, or it is private"),
+        ("GatedRepoError", "test-org/secret is a gated model on the Hugging Face hub: accept its terms"),
+    ],
+)
+def test_an_id_the_hub_refuses_says_why(online, tmp_path, monkeypatch, kind, reason):
+    import huggingface_hub
+
+    online({})
+
+    def refuse(repo_id, *, cache_dir, allow_patterns, local_files_only):
+        from huggingface_hub.errors import LocalEntryNotFoundError
+
+        if local_files_only:
+            raise LocalEntryNotFoundError("not cached")
+        raise hub_error(kind)
+
+    monkeypatch.setattr(huggingface_hub, "snapshot_download", refuse)
+    monkeypatch.setenv("ATTNVIZ_ALLOW_DOWNLOADS", "1")
+    with pytest.raises(CheckpointError) as info:
+        visitor_model("test-org/secret")
+    public = info.value.public
+    assert reason in public and "hf auth login" in public and "models--test-org--secret" in public, public
+    assert no_server_path_in(public, tmp_path), public
+
+
+@pytest.mark.usefixtures("fresh_streamlit_caches")
+def test_the_app_shows_why_a_hub_id_cannot_be_had_when_downloads_are_allowed(cache, tmp_path, monkeypatch):
+    from conftest import open_app
+
+    from attnviz.app import CUSTOM_PATH
+
+    monkeypatch.delenv("ATTNVIZ_MODEL_ROOTS", raising=False)
+    monkeypatch.setenv("ATTNVIZ_ALLOW_DOWNLOADS", "1")
+    at = open_app("pages/explorer.py")
+    at.sidebar.selectbox(key="model").set_value(CUSTOM_PATH).run()
+    at.sidebar.text_input(key="model_path").set_value("test-org/not-downloaded").run()
+    assert not at.exception
+    shown = re.sub(r"\\(.)", r"\1", " ".join(e.value for e in at.error))  # as the page shows the markdown
+    assert "HF_HUB_OFFLINE=1 forbids reaching the Hugging Face hub" in shown and "HF_HUB_CACHE" in shown, shown
+    assert no_server_path_in(shown, tmp_path, cache), shown

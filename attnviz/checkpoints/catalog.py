@@ -4,7 +4,9 @@ A path given to the CLI or the Python API is opened wherever it is (the user own
 and a Hugging Face hub id (``Helsinki-NLP/opus-mt-en-de``) is downloaded into the hub's cache, or
 read from it offline (:mod:`attnviz.checkpoints.hub`). A path a visitor of the app types is opened
 only under the folders the operator lists in ``ATTNVIZ_MODEL_ROOTS`` (:func:`visitor_path`), and a
-hub id only from the cache under them, unless the operator allows downloads (:func:`visitor_model`).
+hub id only from the cache under them, unless the operator allows downloads (:func:`visitor_model`);
+then the visitor counts as the machine's own user (:func:`local_user`) and is told why a model
+cannot be had.
 """
 
 from __future__ import annotations
@@ -46,30 +48,74 @@ def model_roots() -> list[Path]:
     return [root.expanduser().resolve() for root in roots]
 
 
+def local_user() -> bool:
+    """Whether the app may tell its user about this machine: why the hub failed, which typed folders exist.
+
+    True where the operator allows downloads (``ATTNVIZ_ALLOW_DOWNLOADS=1``, :func:`downloads_allowed`):
+    that is the setting of a person running ``streamlit run`` on their own machine, who is both the
+    operator and the only visitor. Whether a browser is on the server's machine cannot be told
+    reliably from the server (behind a proxy every visitor comes from loopback), so the operator's
+    setting stands for it.
+    """
+    return downloads_allowed()
+
+
+class _OutsideRoots(CheckpointError):
+    """A typed path names a folder of this machine that lies outside every model root (told to local users only)."""
+
+
+def _typed_folders(text: str, roots: list[Path]) -> list[Path]:
+    """Where a visitor's ``text`` may name a folder: itself when absolute, else under each root, then under
+    the working folder (where ``streamlit run`` started, so that ``pretrained/en-de`` means what it
+    means in the shell), then a hub id's cache folder ``models--owner--name`` in each root."""
+    path = Path(text)
+    if path.is_absolute():
+        return [path]
+    candidates = [root / path for root in roots]
+    try:
+        candidates.append(Path.cwd() / path)
+    except OSError:  # the working folder was deleted
+        pass
+    if is_hub_id(text):
+        candidates += [cache_folder(text, root) for root in roots]
+    return candidates
+
+
 def visitor_path(typed: str) -> Path:
     """The folder a visitor of the app typed, when it lies under a model root; else a CheckpointError.
 
     An absolute path must resolve (symbolic links followed) to a folder under a root; a relative
-    one is looked up under each root in turn, and a hub id (``owner/name``) also as the hub cache's
-    folder for it, ``models--owner--name``, in each root. The error names only what the visitor
-    typed: never a root, never what a folder holds.
+    one is looked up under each root in turn, then under the working folder, and a hub id
+    (``owner/name``) also as the hub cache's folder for it, ``models--owner--name``, in each root;
+    whichever it is, what it resolves to must lie under a root. The error names only what the
+    visitor typed: never a root, never what a folder holds; a :func:`local_user` is also told when
+    the path names a folder outside the roots.
     """
     text = typed.strip()
-    message = f"{text!r} is not a model folder this server lets visitors open; choose one of the listed models"
+    message = (
+        f"{text!r} is not a model folder this server lets visitors open; choose one of the listed models, or type "
+        "the path of a folder under the model folders it offers"
+    )
     refusal = CheckpointError(message, public=message)  # it names only what the visitor typed
     if not text or len(text) > 1024 or "\0" in text:
         raise refusal
-    path = Path(text)
-    candidates = [path] if path.is_absolute() else [root / path for root in model_roots()]
-    if is_hub_id(text):
-        candidates += [cache_folder(text, root) for root in model_roots()]
-    for candidate in candidates:
+    roots = model_roots()
+    outside = False
+    for candidate in _typed_folders(text, roots):
         try:
             resolved = candidate.resolve()
-            if resolved.is_dir() and any(resolved.is_relative_to(root) for root in model_roots()):
-                return resolved
+            if resolved.is_dir():
+                if any(resolved.is_relative_to(root) for root in roots):
+                    return resolved
+                outside = True
         except (OSError, RuntimeError):  # a name too long, a symlink loop: not a folder we can open
             continue
+    if outside and local_user():
+        message = (
+            f"{text!r} is a folder outside the model folders this server offers, so it does not open it; its "
+            "operator can add a folder to them with ATTNVIZ_MODEL_ROOTS"
+        )
+        raise _OutsideRoots(message, public=message)
     raise refusal
 
 
@@ -77,24 +123,29 @@ def visitor_model(typed: str) -> Path:
     """The model a visitor of the app named: a folder under a model root (:func:`visitor_path`), or,
     only when the operator sets ``ATTNVIZ_ALLOW_DOWNLOADS=1``, a hub id downloaded into the hub's cache.
 
-    Without that setting a visitor never starts a download: a hub id opens only a copy already in
-    the cache, and the cache is a model root by default.
+    A folder wins over a hub id of the same spelling (``pretrained/en-de``). Without that setting a
+    visitor never starts a download: a hub id opens only a copy already in the cache, and the cache
+    is a model root by default. With it, a hub id that cannot be had says why in its public message
+    (the hub cannot be reached, has no such model, gates it) and how to copy a cache instead.
     """
+    text = typed.strip()
     try:
-        return visitor_path(typed)
+        return visitor_path(text)
+    except _OutsideRoots:
+        raise
     except CheckpointError:
-        if not is_hub_id(typed.strip()):
+        if not is_hub_id(text):
             raise
         if not downloads_allowed():
             message = (
-                f"{typed.strip()} is not among the models this server has, and it downloads none for visitors "
+                f"{text} is not among the models this server has, and it downloads none for visitors "
                 f"(its operator can allow that with {ALLOW_DOWNLOADS}=1)"
             )
             raise CheckpointError(message, public=message) from None
     try:  # downloaded before, into a cache that is not a model root: no request to the hub on every rerun
-        return hub_snapshot(typed.strip(), hf_cache_dir(), download=False)
+        return hub_snapshot(text, hf_cache_dir(), download=False)
     except CheckpointError:
-        return hub_snapshot(typed.strip(), hf_cache_dir())
+        return hub_snapshot(text, hf_cache_dir())
 
 
 def list_models() -> list[str]:

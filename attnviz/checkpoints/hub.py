@@ -52,36 +52,64 @@ def cache_folder(repo_id: str, cache: Path) -> Path:
     return cache / ("models--" + repo_id.replace("/", "--"))
 
 
+def _copy_advice(repo_id: str) -> str:
+    """How to give this machine ``repo_id`` without the hub: a command to run elsewhere, and where to copy the result.
+
+    It names the settings, never their values: it is shown to visitors of the app, who are not told
+    the server's paths.
+    """
+    return (
+        f"download it where the hub can be reached (hf download {repo_id}, or huggingface-cli download {repo_id} "
+        f"with huggingface_hub < 1.0) and copy its cache folder {cache_folder(repo_id, Path()).name} into the hub "
+        "cache here (HF_HUB_CACHE) or into a folder listed in ATTNVIZ_MODEL_ROOTS"
+    )
+
+
 def _fetch(repo_id: str, cache: Path, patterns: list[str], offline: bool) -> Path:
+    """The snapshot folder ``snapshot_download`` gives, or a CheckpointError that says why the hub gave none.
+
+    Both messages name the real reason, as far as huggingface_hub's exceptions tell it: offline
+    mode, a hub that cannot be reached, an id it does not have, a gated model. The public one names
+    no path (the full one names the cache, for the log); a visitor reaches it only where the
+    operator allows downloads (:func:`attnviz.checkpoints.catalog.visitor_model`).
+    """
     from huggingface_hub import snapshot_download
     from huggingface_hub.errors import GatedRepoError, LocalEntryNotFoundError, RepositoryNotFoundError
+    from huggingface_hub.utils import OfflineModeIsEnabled
 
-    public = f"{repo_id} is not a model this server has, or can download"
+    login = "log in where attnviz runs (hf auth login, or huggingface-cli login)"
     try:
         return Path(snapshot_download(repo_id, cache_dir=cache, allow_patterns=patterns, local_files_only=offline))
     except GatedRepoError:
-        raise CheckpointError(
-            f"{repo_id} is a gated model on the Hugging Face hub: accept its terms on the hub and log in "
-            "(huggingface-cli login), or download it with a tool that can",
-            public,
-        ) from None
-    except RepositoryNotFoundError:
-        raise CheckpointError(
-            f"no model {repo_id} on the Hugging Face hub (or it is private): check the id", public
-        ) from None
-    except LocalEntryNotFoundError:
         why = (
-            "HF_HUB_OFFLINE=1 forbids downloads"
-            if offline
-            else "the hub could not be reached (no network, or a proxy in the way)"
+            f"{repo_id} is a gated model on the Hugging Face hub: accept its terms on its page there and {login}; "
+            f"or {_copy_advice(repo_id)}"
         )
+        raise CheckpointError(why, why) from None
+    except RepositoryNotFoundError:
+        why = (
+            f"the Hugging Face hub has no model {repo_id}, or it is private: check the id (owner/name, as on its "
+            f"page on huggingface.co); for a private model {login}, or {_copy_advice(repo_id)}"
+        )
+        raise CheckpointError(why, why) from None
+    except LocalEntryNotFoundError as e:
+        if hub_offline() or isinstance(e.__cause__, OfflineModeIsEnabled):
+            why = "HF_HUB_OFFLINE=1 forbids reaching the Hugging Face hub"
+        elif offline:
+            why = "only the cache was read"
+        else:
+            why = "the Hugging Face hub could not be reached (no network, a proxy in the way, or the hub is down)"
+        advice = f"To use it: {_copy_advice(repo_id)}"
         raise CheckpointError(
-            f"{repo_id} is not in the Hugging Face cache ({cache}) and {why}: download it where the hub can be "
-            f"reached (huggingface-cli download {repo_id}) and copy the cache, or point --model at its folder",
-            public,
+            f"{repo_id} is not in the Hugging Face cache ({cache}), and {why}. {advice}; or point --model at a "
+            "folder that has it",
+            f"{repo_id} is not in the Hugging Face cache on this machine, and {why}. {advice}",
         ) from None
     except (OSError, ValueError) as e:  # an invalid id the pattern let through, a full disk, a network error
-        raise CheckpointError(f"could not get {repo_id} from the Hugging Face hub: {e}", public) from None
+        raise CheckpointError(
+            f"could not get {repo_id} from the Hugging Face hub: {e}",
+            f"could not get {repo_id} from the Hugging Face hub (the server's log says why)",
+        ) from None
 
 
 def _probe(folder: Path, repo_id: str) -> None:
