@@ -52,8 +52,9 @@ def test_cross_heatmap_holds_the_slice_with_target_rows_and_source_columns(cross
     assert z.shape == (T, S)
     np.testing.assert_array_equal(z, cross[1, 2])
     assert list(fig.data[0].y) == plotly_labels(TGT) and list(fig.data[0].x) == plotly_labels(SRC)
-    assert list(fig.layout.yaxis.ticktext) == plotly_labels(TGT)
-    assert list(fig.layout.xaxis.ticktext) == plotly_labels(SRC)
+    assert list(fig.layout.yaxis.tickvals) == plotly_labels(TGT)  # hover names the position
+    assert list(fig.layout.yaxis.ticktext) == ["&lt;s&gt;", *TGT[1:]]  # the tick, the token alone
+    assert list(fig.layout.xaxis.ticktext) == [t.replace("</s>", "&lt;/s&gt;") for t in SRC]
     assert (fig.layout.xaxis.type, fig.layout.yaxis.type) == ("category", "category")
     assert fig.layout.yaxis.title.text == kind_titles("cross")[1] and "query" in fig.layout.yaxis.title.text
     assert fig.layout.xaxis.title.text == kind_titles("cross")[2] and "key" in fig.layout.xaxis.title.text
@@ -65,9 +66,43 @@ def test_cross_heatmap_holds_the_slice_with_target_rows_and_source_columns(cross
 def test_repeated_tokens_keep_distinct_ticks_in_order():
     tokens = ["▁the", "▁cat", "▁the", "</s>"]
     fig = attention_heatmap(random_maps(4, 4), tokens, tokens, "encoder")
-    ticks = list(fig.layout.xaxis.ticktext)
-    assert len(set(ticks)) == 4 and ticks == plotly_labels(tokens)
+    categories = list(fig.layout.xaxis.tickvals)
+    assert len(set(categories)) == 4 and categories == plotly_labels(tokens) == list(fig.data[0].x)
     assert list(fig.layout.yaxis.tickvals) == list(fig.data[0].y) == plotly_labels(tokens)
+    assert list(fig.layout.xaxis.ticktext) == ["▁the", "▁cat", "▁the", "&lt;/s&gt;"], "no position before a token"
+
+
+def test_digit_tokens_are_not_read_as_positions():
+    """'4 2' (position 4, token 2) read as one number; the tick shows '2', hover '4 2'."""
+    tokens = ["▁", "2", "1", "9"]
+    fig = attention_heatmap(random_maps(4, 4), tokens, tokens, "encoder")
+    assert list(fig.layout.xaxis.ticktext) == tokens
+    assert fig.layout.xaxis.tickangle == 0, "four short tokens lie flat"
+    assert fig.layout.xaxis.tickfont.size >= 14 and fig.layout.xaxis.tickfont.color == "#1a1a1a"
+    wide = attention_heatmap(random_maps(4, 30), tokens, ["▁Donnerstag"] * 30, "cross")
+    assert wide.layout.xaxis.tickangle == -60, "thirty long tokens do not fit flat"
+
+
+def test_decoder_rows_are_named_by_what_they_write():
+    from attnviz.export import AttentionExport
+    from attnviz.figures.common import writing_labels
+
+    export = AttentionExport(
+        encoder=random_maps(1, 1, 3, 3),
+        decoder=random_maps(1, 1, 3, 3),
+        cross=random_maps(1, 1, 3, 3),
+        src_ids=np.arange(3),
+        tgt_ids=np.arange(3),
+        src_tokens=("▁six", "▁hundred", "</s>"),
+        tgt_tokens=("<s>", "▁sechs", "hundert"),
+        manifest={},
+    )
+    assert export.writes() == ("▁sechs", "hundert", "</s>")
+    assert writing_labels(export.tgt_tokens, export.writes())[1] == "▁sechs → hundert"
+    assert export.tokens("cross") == (export.tgt_tokens, export.src_tokens)
+    assert export.tokens("decoder") == (export.tgt_tokens, export.tgt_tokens)
+    cut = AttentionExport(**{**export.__dict__, "manifest": {"tgt_truncated": True}})
+    assert cut.writes()[-1] == "…", "an output cut at the length limit: the last token written is unknown"
 
 
 def test_masked_cells_are_nan_and_grey_while_true_zeros_stay_zero():
@@ -168,7 +203,7 @@ def test_step_rows_grid_stacks_layers_and_heads(cross):
     assert trace.z.shape == (L * H, S)
     assert list(trace.y)[: H + 1] == [f"layer 1 head {h}" for h in range(1, H + 1)] + ["layer 2 head 1"]
     np.testing.assert_array_equal(trace.z[(2 - 1) * H + (3 - 1)], cross[1, 2, 3])
-    assert list(fig.layout.xaxis.ticktext) == plotly_labels(SRC)
+    assert list(fig.layout.xaxis.tickvals) == plotly_labels(SRC)
     assert (trace.zmin, trace.zmax) == (0.0, 1.0) and fig.layout.title.text == "step 3"
     assert "key" in fig.layout.xaxis.title.text and "query" in fig.layout.yaxis.title.text
 
@@ -247,6 +282,7 @@ def test_a_long_first_token_gets_room_under_the_title():
 
     short = attention_heatmap(np.full((2, 2), 0.5), ["a", "b"], ["c", "d"], "encoder", title="t")
     long = attention_heatmap(np.full((2, 2), 0.5), ["a", "b"], ["▁Thursday" * 3, "d"], "encoder", title="t")
+    assert long.layout.xaxis.tickangle == -60, "a label too long to lie flat"
     assert long.layout.margin.t > short.layout.margin.t + 100
     assert (long.layout.title.text, long.layout.title.yref, long.layout.title.y) == ("t", "container", 1.0)
     assert above_top_labels("t", ["&lt;s&gt;"])["margin"]["t"] == above_top_labels("t", ["<s>"])["margin"]["t"]

@@ -22,6 +22,7 @@ from attnviz.figures.common import (
     as_array,
     check_mask,
     check_tokens,
+    key_angle,
     kind_titles,
     plotly_labels,
     ticks,
@@ -113,10 +114,10 @@ def attention_heatmap(
     fig.update_layout(
         plot_bgcolor=MASKED_GREY,
         height=max(320, min(900, 24 * Q + 250)),
-        **above_top_labels(title or kind_title, x),
+        **above_top_labels(title or kind_title, x, angle=key_angle(x)),
     )
-    fig.update_xaxes(title=x_title, side="top", tickangle=-60, **ticks(x))
-    fig.update_yaxes(title=y_title, autorange="reversed", **ticks(y))
+    fig.update_xaxes(title=x_title, side="top", tickangle=-key_angle(x), **ticks(x, tokens=True))
+    fig.update_yaxes(title=y_title, autorange="reversed", **ticks(y, tokens=True))
     return fig
 
 

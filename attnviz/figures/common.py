@@ -25,6 +25,9 @@ HEAD_COLORS = qualitative.Dark24  # a head keeps its colour whichever heads are 
 HIGHLIGHT = "#d62728"
 # Above this many tokens an axis labels every n-th position only; the data stay exact.
 MAX_TICK_LABELS = 80
+TICK_FONT = {"size": 14, "color": "#1a1a1a"}  # token labels: dark, and larger than plotly's 12 px grey
+HORIZONTAL_CHARS = 110  # key labels lie flat when all of them together hold at most this many characters
+FLAT_MAX_CHARS = 14  # ... and none is longer than this
 TITLE_PX, SUBTITLE_PX, AXIS_TITLE_PX = 44, 22, 28  # the bands a title, its subtitle and an axis title take
 
 
@@ -36,6 +39,22 @@ def position_labels(tokens: Sequence[str], start: int = 0) -> list[str]:
 def plotly_labels(tokens: Sequence[str], start: int = 0) -> list[str]:
     """Position labels escaped for plotly's HTML-like text: '0 &lt;s&gt;' displays as '0 <s>'."""
     return [html.escape(label, quote=False) for label in position_labels(tokens, start)]
+
+
+def writing_labels(inputs: Sequence[str], writes: Sequence[str]) -> list[str]:
+    """'▁hundert → ▁sechs': a decoder position by its input token and the token it writes.
+
+    A decoder row reads one token and writes the next: labelled by its input alone, the row
+    "hundert" seems to look at "six", when it does so because it writes "sechs".
+    """
+    if len(inputs) != len(writes):
+        raise ValueError(f"{len(inputs)} decoder inputs but {len(writes)} tokens written")
+    return [f"{a} → {b}" for a, b in zip(inputs, writes, strict=True)]
+
+
+def label_text(label: str) -> str:
+    """The token of a position label, without its position: '3 ▁the' gives '▁the'."""
+    return label.split(" ", 1)[1] if " " in label else label
 
 
 def kind_titles(kind: str) -> tuple[str, str, str]:
@@ -72,10 +91,25 @@ def check_mask(mask, Q: int, K: int) -> np.ndarray | None:
     return mask
 
 
-def ticks(labels: list[str]) -> dict:
-    """Axis settings that label every position, or every n-th one beyond ``MAX_TICK_LABELS``."""
+def ticks(labels: list[str], tokens: bool = False) -> dict:
+    """Axis settings that label every position, or every n-th one beyond ``MAX_TICK_LABELS``.
+
+    With ``tokens`` the labels are position labels (:func:`plotly_labels`): the categories keep the
+    position, so that repeated tokens stay apart and hover names the position, but when every
+    position is labelled the tick shows the token alone ("4 2" read as two numbers).
+    """
     step = max(1, math.ceil(len(labels) / MAX_TICK_LABELS))
-    return {"type": "category", "tickmode": "array", "tickvals": labels[::step], "ticktext": labels[::step]}
+    shown = labels[::step]
+    text = [label_text(label) for label in shown] if tokens and step == 1 else shown
+    settings = {"type": "category", "tickmode": "array", "tickvals": shown, "ticktext": text}
+    return {**settings, "tickfont": TICK_FONT} if tokens else settings
+
+
+def key_angle(labels: Sequence[str]) -> float:
+    """The angle of the key labels on top: flat (0) when they fit side by side, else 60 degrees up."""
+    lengths = [len(html.unescape(label_text(label))) for label in labels]
+    fits = len(labels) <= MAX_TICK_LABELS and sum(lengths) + 2 * len(lengths) <= HORIZONTAL_CHARS
+    return 0.0 if fits and max(lengths, default=0) <= FLAT_MAX_CHARS else 60.0
 
 
 def above_top_labels(
@@ -88,7 +122,8 @@ def above_top_labels(
     title. (Plotly sizes the margin for the labels or for the title, whichever needs more, not both.)
     """
     longest = max((len(html.unescape(label)) for label in labels), default=0)
-    label_px = min(longest, 48) * 7.0 * math.sin(math.radians(angle)) + 12  # about 7 px a character at 12 px
+    # about 8.5 px a character at TICK_FONT's 14 px; a flat label needs one line
+    label_px = max(min(longest, 48) * 8.5 * math.sin(math.radians(angle)), 8) + 14
     title_px = TITLE_PX + (SUBTITLE_PX if subtitle else 0)
     heading = {"text": title, "y": 1.0, "yref": "container", "yanchor": "top", "pad": {"t": 12}}
     if subtitle:

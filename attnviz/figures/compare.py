@@ -13,7 +13,15 @@ from collections.abc import Sequence
 import numpy as np
 import plotly.graph_objects as go
 
-from attnviz.figures.common import SCORE_COLORSCALE, above_top_labels, as_array, check_tokens, kind_titles, ticks
+from attnviz.figures.common import (
+    SCORE_COLORSCALE,
+    above_top_labels,
+    as_array,
+    check_tokens,
+    key_angle,
+    kind_titles,
+    ticks,
+)
 from attnviz.figures.images import colour_indices, map_image
 
 
@@ -64,10 +72,16 @@ def difference_heatmap(
     )
     fig.update_layout(
         height=max(320, min(900, 24 * a.shape[0] + 250)),
-        **above_top_labels(title, list(key_labels), subtitle=f"{kind_title}: red where A is larger, blue where B is"),
+        **above_top_labels(
+            title,
+            list(key_labels),
+            angle=key_angle(list(key_labels)),
+            subtitle=f"{kind_title}: red where A is larger, blue where B is",
+        ),
     )
-    fig.update_xaxes(title=x_title, side="top", tickangle=-60, **ticks(list(key_labels)))
-    fig.update_yaxes(title=y_title, autorange="reversed", **ticks(list(query_labels)))
+    angle = -key_angle(list(key_labels))
+    fig.update_xaxes(title=x_title, side="top", tickangle=angle, **ticks(list(key_labels), tokens=True))
+    fig.update_yaxes(title=y_title, autorange="reversed", **ticks(list(query_labels), tokens=True))
     return fig
 
 

@@ -14,6 +14,7 @@ from attnviz.figures.common import (
     above_top_labels,
     as_array,
     check_tokens,
+    key_angle,
     kind_titles,
     plotly_labels,
     ticks,
@@ -23,7 +24,8 @@ from attnviz.figures.common import (
 def topk_bar(tokens: Sequence[str], probs: Sequence[float], chosen: str | None = None) -> go.Figure:
     """A horizontal bar chart of next-token probabilities, most likely on top, ``chosen`` in red.
 
-    Labels are prefixed with the rank from 1. If ``chosen`` (a token string, e.g. the
+    The most likely is on top; each bar is labelled with its token alone (a rank beside a digit
+    token would read as one number: "1 1"), and hover gives the rank. If ``chosen`` (a token string, e.g. the
     teacher-forced or beam-search token) is not among ``tokens``, the title says so.
     """
     probs = as_array(probs, "probs", 1)
@@ -40,7 +42,8 @@ def topk_bar(tokens: Sequence[str], probs: Sequence[float], chosen: str | None =
             marker={"color": [HIGHLIGHT if t == chosen else "#6baed6" for t in ranked]},
             text=[f"{p:.3f}" for p in probs[order]],
             textposition="auto",
-            hovertemplate="%{y}<br>probability %{x:.6f}<extra></extra>",
+            customdata=np.arange(1, len(ranked) + 1),
+            hovertemplate="rank %{customdata}: %{y}<br>probability %{x:.6f}<extra></extra>",
         )
     )
     title = "Most likely next tokens"
@@ -49,7 +52,7 @@ def topk_bar(tokens: Sequence[str], probs: Sequence[float], chosen: str | None =
         title += f" (chosen: {html.escape(chosen, quote=False)}, {where})"
     fig.update_layout(title=title, height=120 + 28 * len(ranked), margin={"l": 10, "r": 10, "t": 50, "b": 10})
     fig.update_xaxes(title="probability", range=[0.0, 1.0])
-    fig.update_yaxes(title="next token (rank)", type="category", autorange="reversed")
+    fig.update_yaxes(title="next token (most likely on top)", autorange="reversed", **ticks(labels, tokens=True))
     return fig
 
 
@@ -78,7 +81,7 @@ def step_rows_grid(rows: np.ndarray, key_tokens: Sequence[str], title: str, kind
             hovertemplate="%{y}<br>key %{x}<br>weight %{z:.6f}<extra></extra>",
         )
     )
-    fig.update_layout(height=max(300, 14 * L * H + 250), **above_top_labels(title, x))
-    fig.update_xaxes(title=x_title, side="top", tickangle=-60, **ticks(x))
+    fig.update_layout(height=max(300, 14 * L * H + 250), **above_top_labels(title, x, angle=key_angle(x)))
+    fig.update_xaxes(title=x_title, side="top", tickangle=-key_angle(x), **ticks(x, tokens=True))
     fig.update_yaxes(title="query: this step's position, per layer and head", autorange="reversed", **ticks(y))
     return fig
