@@ -229,6 +229,31 @@ def head_statistics(
     return frame
 
 
+SINK_SHARE = 0.5  # a head with at least this mean weight on the first or the last key mostly rests there
+CLEAREST_RULE = (
+    "the lowest mean entropy of its rows (normalised, over the model's example sentences), among the heads that "
+    f"put less than {SINK_SHARE:.0%} of their weight on the first or the last token"
+)
+
+
+def clearest_head(tables: Sequence[pd.DataFrame]) -> tuple[int, int]:
+    """(layer, head), from 1, of the sharpest head that is not a sink: :data:`CLEAREST_RULE`.
+
+    ``tables`` are :func:`head_statistics` of one kind, one per sentence; each sentence counts
+    equally. A head that rests on the first or the last token (``<s>``, ``</s>``, ``[CLS]``,
+    ``[SEP]``) is sharp but shows nothing of the sentence, so it is passed over, unless every head
+    does. Ties go to the earlier layer and head.
+    """
+    if not tables:
+        raise ValueError("clearest_head needs the head statistics of at least one sentence")
+    columns = ["entropy_norm", "first", "end"]
+    mean = pd.concat([t.set_index(["layer", "head"])[columns] for t in tables]).groupby(level=[0, 1]).mean()
+    sink = (mean["first"].fillna(0.0) >= SINK_SHARE) | (mean["end"].fillna(0.0) >= SINK_SHARE)
+    candidates = mean[~sink] if (~sink).any() else mean
+    layer, head = candidates["entropy_norm"].idxmin()
+    return int(layer), int(head)
+
+
 def _select(chosen: Iterable[int] | None, count: int, what: str) -> np.ndarray:
     """0-based indices for 1-based ``chosen`` numbers (all when None), checked against ``count``."""
     if chosen is None:

@@ -25,6 +25,7 @@ import pandas as pd
 import sentencepiece
 import torch
 
+from attnviz import analysis
 from attnviz.atlas import Atlas, build_atlas, compute_atlas, load_atlas
 from attnviz.checkpoints import Bundle, load_checkpoint
 from attnviz.checkpoints.catalog import DEFAULT_MODEL, MINILM, list_models, resolve_model
@@ -60,6 +61,7 @@ __all__ = [
     "attention",
     "attention_scores",
     "attribute",
+    "clearest_head",
     "compare_ablation",
     "head_importance",
     "build_atlas",
@@ -67,6 +69,7 @@ __all__ = [
     "load_atlas",
     "list_models",
     "load",
+    "out_of_domain",
     "load_export",
     "queries_keys",
     "resolve_model",
@@ -330,6 +333,77 @@ def attention(
         inputs = _inputs(bundle, src, tgt)
         export = _maps(bundle, src, tgt, inputs, ablation)
     return merge_export(export, inputs.src_enc.words, inputs.tgt_words) if words else export
+
+
+# A sentence looks out of a model's domain when this much more of its word pieces than of any of the
+# model's examples' are single letters: a sentencepiece model spells unknown words letter by letter.
+LETTER_SHARE_MARGIN = 0.3
+MIN_SPELLED = 3  # ... and at least this many pieces are single letters
+
+
+def _spelled(tokens: tuple[str, ...]) -> tuple[int, float]:
+    """(how many, what share) of the word pieces with letters in ``tokens`` are a single letter."""
+    words = [t.lstrip("▁Ġ").removeprefix("##") for t in tokens if not (t[:1] in "<[" and t[-1:] in ">]")]
+    words = [w for w in words if any(c.isalpha() for c in w)]
+    single = sum(len(w) == 1 for w in words)
+    return single, single / len(words) if words else 0.0
+
+
+def out_of_domain(bundle: Bundle, src: str) -> str | None:
+    """One sentence saying why ``src`` looks outside what ``bundle`` was trained on, or None.
+
+    Two signs, each measured on the source's pieces: characters the tokenizer does not know, and
+    words spelled out letter by letter (a share of single-letter pieces more than
+    :data:`LETTER_SHARE_MARGIN` above the model's own examples, so that a model of letters, such as
+    ``reverse``, is not flagged for reading letters). The domain named is the card's description.
+    """
+    tok = bundle.tokenizer
+    enc = tok.encode_source(src)
+    unknown = sum(i == tok.unk_id for i in enc.ids)
+    spelled, share = _spelled(enc.tokens)
+    usual = 0.0
+    for example in bundle.info.get("examples") or []:
+        try:
+            usual = max(usual, _spelled(tok.encode_source(example).tokens)[1])
+        except InputError:
+            continue
+    reasons = []
+    if unknown:
+        reasons.append(f"{unknown} piece{'s' if unknown > 1 else ''} it cannot read (characters it never saw)")
+    if spelled >= MIN_SPELLED and share > usual + LETTER_SHARE_MARGIN:
+        reasons.append(
+            f"{share:.0%} of its word pieces are single letters: words it spells out, never having seen them"
+        )
+    if not reasons:
+        return None
+    domain = bundle.info.get("description") or "the kind of sentence in its examples"
+    return (
+        f"This model was trained on {domain}; this sentence looks outside that: {' and '.join(reasons)}. "
+        "Its maps and its output may mean little; the examples show what it knows."
+    )
+
+
+CLEAREST_SENTENCES = 8  # the model's first examples that choose the head a page opens on
+
+
+def clearest_head(bundle: Bundle, kind: str | None = None) -> tuple[str, int, int]:
+    """(kind, layer, head), layer and head from 1: the head the app opens on for ``bundle``.
+
+    ``kind`` defaults to cross-attention (where the decoder looks), or the encoder's self-attention
+    for an encoder-only model. The head is :func:`attnviz.analysis.clearest_head` over the model's
+    example sentences (its card's), so that it depends on the model only, and a link that leaves
+    the layer and head out always opens the same head. A model without examples opens on layer 1,
+    head 1.
+    """
+    kind = kind or ("encoder" if bundle.config.encoder_only else "cross")
+    tables = []
+    for sentence in (bundle.info.get("examples") or [])[:CLEAREST_SENTENCES]:
+        try:
+            export = attention(bundle, sentence)
+        except InputError:  # an example this tokenizer cannot read: the others decide
+            continue
+        tables.append(analysis.head_statistics(getattr(export, kind), *export.tokens(kind), kind))
+    return (kind, *analysis.clearest_head(tables)) if tables else (kind, 1, 1)
 
 
 def _maps(bundle: Bundle, src: str, tgt: str | None, inputs: _Inputs, ablation: Ablation) -> AttentionExport:

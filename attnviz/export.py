@@ -21,7 +21,7 @@ from pathlib import Path
 import numpy as np
 
 from attnviz.errors import ExportError
-from attnviz.kinds import KINDS, axis_names
+from attnviz.kinds import KINDS, axis_names, check_kind
 
 STANDARD_ARRAYS = ("encoder", "decoder", "cross", "src_ids", "tgt_ids", "src_tokens", "tgt_tokens", "manifest")
 # Every layout of the .npz file attnviz has written; load_export reads them all.
@@ -64,6 +64,28 @@ class AttentionExport:
     def format_version(self) -> int:
         """The layout this export was read in (1 when its manifest names none); files are written in the newest."""
         return self.manifest.get("format_version", 1)
+
+    def tokens(self, kind: str) -> tuple[tuple[str, ...], tuple[str, ...]]:
+        """(query tokens, key tokens) of ``kind``'s maps: the source for the encoder, the decoder input
+        otherwise; cross-attention has decoder-input rows and source columns."""
+        if getattr(self, check_kind(kind)) is None:
+            raise ValueError(f"this export has no {kind} maps (an encoder-only model has only the encoder's)")
+        queries = self.src_tokens if kind == "encoder" else self.tgt_tokens
+        return tuple(queries), tuple(self.tgt_tokens if kind == "decoder" else self.src_tokens)
+
+    def writes(self, end_token: str = "</s>") -> tuple[str, ...] | None:
+        """Per decoder position, the token it writes; None for an encoder-only model.
+
+        The decoder input is the start token and then the output, so position t writes the input's
+        token t + 1, and the last position writes ``end_token``. When the output was cut at the length
+        limit (``manifest["tgt_truncated"]``) the last position's token is unknown: "…". With a given
+        target (teacher forcing) a position writes the target's next token: what it is trained to
+        predict, which its own prediction may miss.
+        """
+        if self.tgt_tokens is None:
+            return None
+        last = "…" if self.manifest.get("tgt_truncated") else end_token
+        return (*self.tgt_tokens[1:], last)
 
     def arrays(self) -> dict[str, np.ndarray]:
         """The arrays of the .npz file: numbers, unicode strings and a JSON manifest; no objects.

@@ -8,6 +8,8 @@ from attnviz import analysis
 from attnviz.app import (
     bound,
     clamp_state,
+    clearest_head,
+    domain_notice,
     footer,
     load_bundle,
     run_ablation,
@@ -21,11 +23,12 @@ from attnviz.app import (
     truncation_notice,
     views,
 )
+from attnviz.app.widgets import escape_markdown
 from attnviz.figures.common import export_config
 from attnviz.figures.contributions import contribution_heatmap, importance_grid, relevance_bars
 from attnviz.kinds import KINDS, TITLES, allowed
 from attnviz.methods import METHODS
-from attnviz.methods.ablation import MODES, Ablation, all_heads
+from attnviz.methods.ablation import MODES, Ablation, all_heads, expand_layers, whole_layers
 
 st.set_page_config(page_title="attnviz: beyond the weights", page_icon="🔍", layout="wide")
 choices = sidebar()
@@ -55,12 +58,6 @@ def apply_importance_click(kind: str) -> None:
         st.session_state["bw_kind"], st.session_state["bw_layer"], st.session_state["bw_head"] = kind, layer, head
 
 
-def tokens_of(export, kind: str) -> tuple:
-    """(query tokens, key tokens) of ``kind``'s maps."""
-    queries = export.src_tokens if kind == "encoder" else export.tgt_tokens
-    return queries, export.tgt_tokens if kind == "decoder" else export.src_tokens
-
-
 def method_section(export, pieces, kinds: list[str], words: bool, contrast: str) -> tuple[str, int, int]:
     """Weights and a method side by side; returns the kind, layer and head chosen (from 1).
 
@@ -81,11 +78,9 @@ def method_section(export, pieces, kinds: list[str], words: bool, contrast: str)
     kind = bound(st.radio, "Attention", kinds, index=default, captions=captions, horizontal=True, key="bw_kind")
     maps = getattr(export, kind)  # (L, H, Q, K)
     L, H = maps.shape[:2]
-    clamp_state("bw_layer", range(1, L + 1))
-    clamp_state("bw_head", range(1, H + 1))
     columns = st.columns([1, 1, 3])
-    layer = bound(columns[0].selectbox, "Layer", range(1, L + 1), key="bw_layer")
-    head = bound(columns[1].selectbox, "Head", range(1, H + 1), key="bw_head")
+    clearest = clearest_head(choices.model, choices.device)
+    layer, head = views.layer_and_head(columns, kind, L, H, clearest, keys=("bw_layer", "bw_head"), keyboard=False)
     position = None
     if spec.uses_position:
         positions = list(range(len(pieces.tgt_tokens)))
@@ -104,7 +99,8 @@ def method_section(export, pieces, kinds: list[str], words: bool, contrast: str)
         show_error(e)
         return kind, layer, head
 
-    q_tokens, k_tokens = tokens_of(export, kind)
+    q_tokens, k_tokens = export.tokens(kind)  # the table's; the figures name decoder rows by what they write
+    rows = views.row_labels(export, kind)
     mask = allowed(kind, len(q_tokens), len(k_tokens))
     values = getattr(result, kind)
     matrix = values[layer - 1, head - 1] if spec.per_head else values[layer - 1]
@@ -113,9 +109,7 @@ def method_section(export, pieces, kinds: list[str], words: bool, contrast: str)
     shown = (choices.model, choices.device, choices.src, choices.tgt, words, kind, layer, head)  # what maps show
     with left:
         title = f"Weights, layer {layer}, head {head}"
-        fig = views.one_head(
-            ("beyond", *shown), maps[layer - 1, head - 1], q_tokens, k_tokens, kind, contrast, mask, title
-        )
+        fig = views.one_head(("beyond", *shown), maps[layer - 1, head - 1], rows, k_tokens, kind, contrast, mask, title)
         st.plotly_chart(fig, width="stretch", config=export_config(f"{stem}H{head}-weights", "png"))
     with right:
         which = f"layer {layer}, head {head}" if spec.per_head else f"layer {layer}, all heads"
@@ -124,7 +118,7 @@ def method_section(export, pieces, kinds: list[str], words: bool, contrast: str)
             (*shown, method, position),
             lambda: contribution_heatmap(
                 matrix,
-                q_tokens,
+                rows,
                 k_tokens,
                 kind,
                 spec.value_name,
@@ -179,7 +173,8 @@ def method_section(export, pieces, kinds: list[str], words: bool, contrast: str)
 
 def ablation_section(bundle, kinds: list[str], kind: str, layer: int, head: int, words: bool, contrast: str) -> None:
     st.header("Switch heads off")
-    options = all_heads(bundle.config, kinds)
+    n_heads = bundle.config.n_heads
+    options = whole_layers(bundle.config, kinds) + all_heads(bundle.config, kinds)
     if "bw_ablate" in st.session_state:  # heads of another model are dropped (a link's are checked by the widget)
         st.session_state["bw_ablate"] = [h for h in st.session_state["bw_ablate"] if h in options]
     left, right = st.columns([3, 2])
@@ -188,7 +183,8 @@ def ablation_section(bundle, kinds: list[str], kind: str, layer: int, head: int,
         "Heads to switch off",
         options,
         key="bw_ablate",
-        placeholder="kind:layer.head, e.g. cross:1.2, or click a cell of the importance grid below",
+        format_func=lambda o: o if "." in o else f"{o} (the whole layer: its {n_heads} heads)",
+        placeholder="a whole layer (cross:3), a head (cross:1.2), or click a cell of the importance grid below",
     )
     mode = bound(right.radio, "Replace their output by", list(MODES), format_func=MODE_NAMES.get, key="bw_ablate_mode")
     st.caption(
@@ -199,7 +195,7 @@ def ablation_section(bundle, kinds: list[str], kind: str, layer: int, head: int,
     if not chosen:
         st.info("Choose heads to switch off, or click a cell of the importance grid below.")
         return
-    heads = str(Ablation.parse(",".join(chosen)))
+    heads = str(Ablation.parse(",".join(expand_layers(chosen, n_heads))))
     try:
         comparison = run_ablation(choices.model, choices.device, choices.src, choices.tgt, heads, mode, words)
     except Exception as e:  # noqa: BLE001 - the user sees a message, never a traceback
@@ -207,11 +203,12 @@ def ablation_section(bundle, kinds: list[str], kind: str, layer: int, head: int,
         return
     if comparison.intact_output is not None:
         a, b = st.columns(2)
-        a.markdown(f"**Intact model:** {html.escape(comparison.intact_output) or '(nothing)'}")
+        a.markdown(f"**Intact model:** {escape_markdown(comparison.intact_output) or '(nothing)'}")
         changed = comparison.ablated_output != comparison.intact_output
+        n_off = len(Ablation.parse(heads).heads)
         b.markdown(
-            f"**With {len(chosen)} head{'s' if len(chosen) > 1 else ''} off:** "
-            f"{html.escape(comparison.ablated_output) or '(nothing)'} " + ("(changed)" if changed else "(the same)")
+            f"**With {n_off} head{'s' if n_off > 1 else ''} off:** "
+            f"{escape_markdown(comparison.ablated_output) or '(nothing)'} " + ("(changed)" if changed else "(the same)")
         )
         st.markdown(
             "**Step by step**, along the "
@@ -223,14 +220,15 @@ def ablation_section(bundle, kinds: list[str], kind: str, layer: int, head: int,
             hide_index=True,
             width="stretch",
         )
-    q_tokens, k_tokens = tokens_of(comparison.intact, kind)
+    q_tokens, k_tokens = comparison.intact.tokens(kind)
+    rows = views.row_labels(comparison.intact, kind)
     mask = allowed(kind, len(q_tokens), len(k_tokens))
     a, b = st.columns(2)
     for column, export, label in ((a, comparison.intact, "intact"), (b, comparison.ablated, "heads off")):
         matrix = getattr(export, kind)[layer - 1, head - 1]
         title = f"{TITLES[kind]}, layer {layer}, head {head}: {label}"
         shown = ("beyond-ablation", choices.model, choices.device, choices.src, choices.tgt, heads, mode, words)
-        fig = views.one_head((*shown, kind, layer, head), matrix, q_tokens, k_tokens, kind, contrast, mask, title)
+        fig = views.one_head((*shown, kind, layer, head), matrix, rows, k_tokens, kind, contrast, mask, title)
         column.plotly_chart(fig, width="stretch")
     st.caption(
         "Both maps read the same decoder input, so rows line up; the layer and head are those chosen above. "
@@ -316,6 +314,7 @@ def main() -> None:
         show_error(e)
         return
     truncation_notice(export)
+    domain_notice(choices)
     kinds = [k for k in KINDS if getattr(export, k) is not None]
     kind, layer, head = method_section(export, pieces, kinds, words, contrast)
     ablation_section(bundle, kinds, kind, layer, head, words, contrast)

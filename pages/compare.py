@@ -6,12 +6,16 @@ from attnviz.app import (
     CUSTOM_PATH,
     bound,
     clamp_state,
+    clearest_head,
+    domain_notice,
     footer,
+    load_bundle,
     run_attention,
     shared,
     show_error,
     sidebar,
     truncation_notice,
+    views,
 )
 from attnviz.app.views import EXACT_MAX, one_head, words_and_contrast
 from attnviz.checkpoints.catalog import list_models, visitor_model
@@ -34,11 +38,20 @@ WHAT = {"sentence": "another sentence", "model": "another model"}
 VIEWS = {"one": "One head", "grid": "All heads"}
 
 
+def next_example(choices) -> str:
+    """Sentence B to open on: the model's example after A's sentence (B = A would show no difference)."""
+    examples = load_bundle(choices.model, choices.device).info.get("examples") or []
+    if choices.src in examples:  # the examples after A's, then those before it
+        at = examples.index(choices.src)
+        examples = examples[at + 1 :] + examples[:at]
+    return next((e for e in examples if e != choices.src), choices.src)
+
+
 def side_b(model_a: str) -> tuple[str, str, str | None] | None:
     """(model, sentence, target) of side B, from this page's widgets; None when B cannot be used yet."""
     what = bound(st.radio, "Compare A with", list(WHAT), format_func=WHAT.get, horizontal=True, key="cmp_what")
     if what == "sentence":
-        st.session_state.setdefault("cmp_src", choices.src)
+        st.session_state.setdefault("cmp_src", next_example(choices))
         left, right = st.columns([2, 1])
         src = bound(left.text_area, "Sentence B", key="cmp_src", height=68)
         tgt = bound(right.text_input, "Target B (optional)", key="cmp_tgt").strip() or None
@@ -81,23 +94,21 @@ def main() -> None:
             show_error(e)
             return
         truncation_notice(runs[side])
+    domain_notice(choices)
     a, b_export = runs["A"], runs["B"]
     kinds = [k for k in KINDS if getattr(a, k) is not None and getattr(b_export, k) is not None]
     clamp_state("cmp_kind", kinds)
     kind = bound(st.radio, "Attention", kinds, captions=[TITLES[k] for k in kinds], horizontal=True, key="cmp_kind")
     maps = {"A": getattr(a, kind), "B": getattr(b_export, kind)}
-    tokens = {
-        side: (e.src_tokens if kind == "encoder" else e.tgt_tokens, e.tgt_tokens if kind == "decoder" else e.src_tokens)
-        for side, e in runs.items()
-    }
+    tokens = {side: (views.row_labels(e, kind), e.tokens(kind)[1]) for side, e in runs.items()}
     n_layers = min(m.shape[0] for m in maps.values())
     n_heads = min(m.shape[1] for m in maps.values())
-    clamp_state("cmp_layer", range(1, n_layers + 1))
-    clamp_state("cmp_head", range(1, n_heads + 1))
     c1, c2, c3 = st.columns([1, 1, 2])
-    layer = bound(c1.selectbox, "Layer", range(1, n_layers + 1), key="cmp_layer", help="Layers both sides have")
-    head = bound(c2.selectbox, "Head", range(1, n_heads + 1), key="cmp_head", help="Heads both sides have")
     view = bound(c3.selectbox, "View", list(VIEWS), format_func=VIEWS.get, key="cmp_view")
+    clearest = clearest_head(choices.model, choices.device)
+    layer, head = views.layer_and_head(
+        (c1, c2), kind, n_layers, n_heads, clearest, keys=("cmp_layer", "cmp_head"), keyboard=False
+    )
     keys = {
         side: (model, choices.device, src, tgt, kind, words)
         for side, (model, src, tgt) in {

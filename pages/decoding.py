@@ -7,8 +7,21 @@ import numpy as np
 import pandas as pd
 import streamlit as st
 
-from attnviz.app import bound, clamp_state, footer, load_bundle, run_decoding, shared, show_error, sidebar, views
+from attnviz.app import (
+    bound,
+    clamp_state,
+    clearest_head,
+    footer,
+    load_bundle,
+    run_decoding,
+    shared,
+    show_error,
+    sidebar,
+    views,
+)
+from attnviz.app.widgets import escape_markdown
 from attnviz.figures.attention import attention_heatmap
+from attnviz.figures.common import writing_labels
 from attnviz.figures.decoding import step_rows_grid, topk_bar
 
 st.set_page_config(page_title="attnviz: decoding step by step", page_icon="🔍", layout="wide")
@@ -46,6 +59,26 @@ def play_step(n: int) -> None:
         st.session_state["playing"] = False
     else:
         move(+1)
+
+
+def step_buttons(n: int) -> tuple:
+    """(key, label, icon, keyboard shortcut, move's arguments) of the step buttons, for ``n`` steps."""
+    return (
+        ("_step_first", "First", ":material/first_page:", "Shift+Home", {"to": 1}),
+        ("_step_prev", "Back", ":material/chevron_left:", "Shift+Left", {"delta": -1}),
+        ("_step_next", "Next", ":material/chevron_right:", "Shift+Right", {"delta": +1}),
+        ("_step_last", "Last", ":material/last_page:", "Shift+End", {"to": n}),
+    )
+
+
+def output_text(pieces: list[str], t: int) -> str:
+    """The output as text (the word marker "▁" as a space), step ``t``'s piece highlighted; each piece on hover."""
+    spans = []
+    for i, piece in enumerate(pieces):
+        style = "background:#ffd54f;padding:0 2px" if i == t else f"opacity:{1 if i < t else 0.35}"
+        title = html.escape(f"step {i + 1}: piece {piece!r}")
+        spans.append(f"<span title='{title}' style='{style}'>{html.escape(piece.replace('▁', ' '))}</span>")
+    return "".join(spans)
 
 
 def main() -> None:
@@ -87,10 +120,17 @@ def main() -> None:
     play_step(n)
 
     b = st.columns([1.2, 1.2, 1.2, 1.2, 1.4, 4.5])
-    b[0].button("First", icon=":material/first_page:", key="_step_first", on_click=move, kwargs={"to": 1})
-    b[1].button("Back", icon=":material/chevron_left:", key="_step_prev", on_click=move, kwargs={"delta": -1})
-    b[2].button("Next", icon=":material/chevron_right:", key="_step_next", on_click=move, kwargs={"delta": +1})
-    b[3].button("Last", icon=":material/last_page:", key="_step_last", on_click=move, kwargs={"to": n})
+    for column, (key, label, icon, shortcut, kwargs) in zip(b, step_buttons(n), strict=False):
+        column.button(
+            label,
+            icon=icon,
+            key=key,
+            on_click=move,
+            kwargs=kwargs,
+            shortcut=shortcut,
+            help=shortcut,
+            width="stretch",
+        )
     b[4].toggle("Play", key="playing", help="advance one step a second")
     if n > 1:
         bound(b[5].slider, "Step", 1, n, key="step", label_visibility="collapsed")
@@ -103,31 +143,54 @@ def main() -> None:
 
     pieces = [tok.target_token(s.token_id) for s in dec.steps]
     dec_input = [tok.target_token(tok.bos_id), *pieces[:-1]]  # the start token, then its own output
-    words = "".join(
-        f"<span style='background:#ffd54f;padding:0 2px'>{html.escape(p)}</span>"
-        if i == t
-        else f"<span style='opacity:{1 if i < t else 0.35}'>{html.escape(p)}</span>"
-        for i, p in enumerate(pieces)
-    )
-    st.markdown(f"**Step {t + 1} of {n}.** Output: {words}", unsafe_allow_html=True)
+    rows = writing_labels(dec_input, pieces)  # position i reads dec_input[i] and writes pieces[i]
+    st.markdown(f"**Step {t + 1} of {n}.** Output: {output_text(pieces, t)}", unsafe_allow_html=True)
+
+    L, H = step.cross_attn.shape[:2]
+    c1, c2, c3 = st.columns([1, 1, 2])
+    contrast = views.contrast_choice(c3)
+    clearest = clearest_head(choices.model, choices.device)
+    layer, head = views.layer_and_head((c1, c2), "cross", L, H, clearest, keyboard=False)
 
     left, right = st.columns(2)
     with left:
+        fig = shared(
+            "decoding-alignment",
+            (*decoded, layer, head, contrast),
+            lambda: attention_heatmap(
+                np.stack([s.cross_attn[layer - 1, head - 1].numpy() for s in dec.steps[: t + 1]]),  # (t + 1, S)
+                rows[: t + 1],
+                src_tokens,
+                "cross",
+                title=f"Cross-attention so far (one row per step), layer {layer}, head {head}",
+                contrast=contrast,
+            ),
+        )
+        st.plotly_chart(fig, width="stretch")
+        st.caption(
+            'The alignment grows by one row per step: the row "a → b" is where the decoder looked while reading a '
+            "and writing b."
+        )
+    with right:
         labels = [tok.target_token(c.token_id) for c in step.top]
         chosen = tok.target_token(step.token_id)
         top = shared("decoding-top", decoded, lambda: topk_bar(labels, [c.prob for c in step.top], chosen=chosen))
         st.plotly_chart(top, width="stretch")
         if teacher:
             predicted = step.top[0]
-            verdict = "✅ the same" if predicted.token_id == step.token_id else "❌ different"
+            verdict = (
+                ":material/check_circle: the same"
+                if predicted.token_id == step.token_id
+                else ":material/cancel: different"
+            )
             st.markdown(
-                f"Given token **{html.escape(chosen)}** (the model gives it p = {step.prob:.3f}); "
-                f"the model's own prediction: **{html.escape(labels[0])}** (p = {predicted.prob:.3f}): {verdict}."
+                f"Given token **{escape_markdown(chosen)}** (the model gives it p = {step.prob:.3f}); the model's own "
+                f"prediction: **{escape_markdown(labels[0])}** (p = {predicted.prob:.3f}): {verdict}."
             )
         else:
-            st.markdown(f"Chosen: **{html.escape(chosen)}** with p = {step.prob:.3f}.")
+            st.markdown(f"Chosen: **{escape_markdown(chosen)}** with p = {step.prob:.3f}.")
         if beam > 1 and not teacher:
-            rows = [
+            table = [
                 {
                     "beam": i + 1,
                     "followed": "→" if i == step.followed else "",
@@ -137,24 +200,8 @@ def main() -> None:
                 for i, bm in enumerate(step.beams)
             ]
             st.markdown("**Beams before this step** (the arrow marks the one the final output extends):")
-            st.dataframe(pd.DataFrame(rows), hide_index=True, width="stretch")
-    with right:
-        grid = shared(
-            "decoding-grid",
-            decoded,
-            lambda: step_rows_grid(
-                step.cross_attn.numpy(), src_tokens, title=f"Cross-attention of step {t + 1}, every layer and head"
-            ),
-        )
-        st.plotly_chart(grid, width="stretch")
+            st.dataframe(pd.DataFrame(table), hide_index=True, width="stretch")
 
-    L, H = step.cross_attn.shape[:2]
-    clamp_state("layer", range(1, L + 1))
-    clamp_state("head", range(1, H + 1))
-    c1, c2, c3 = st.columns([1, 1, 2])
-    layer = bound(c1.selectbox, "Layer", range(1, L + 1), key="layer")
-    head = bound(c2.selectbox, "Head", range(1, H + 1), key="head")
-    contrast = views.contrast_choice(c3)
     left, right = st.columns(2)
     with left:
         self_row = step.self_attn[layer - 1, head - 1].numpy()[None]  # (1, t + 1): only the prefix
@@ -163,7 +210,7 @@ def main() -> None:
             (*decoded, layer, head, contrast),
             lambda: attention_heatmap(
                 self_row,
-                [dec_input[t]],
+                rows[t : t + 1],
                 dec_input[: t + 1],
                 "decoder",
                 query_start=t,
@@ -178,7 +225,7 @@ def main() -> None:
             (*decoded, layer, head, contrast),
             lambda: attention_heatmap(
                 cross_row,
-                [dec_input[t]],
+                rows[t : t + 1],
                 src_tokens,
                 "cross",
                 query_start=t,
@@ -188,23 +235,14 @@ def main() -> None:
         )
         st.plotly_chart(fig, width="stretch")
     with right:
-        fig = shared(
-            "decoding-alignment",
-            (*decoded, layer, head, contrast),
-            lambda: attention_heatmap(
-                np.stack([s.cross_attn[layer - 1, head - 1].numpy() for s in dec.steps[: t + 1]]),  # (t + 1, S)
-                dec_input[: t + 1],
-                src_tokens,
-                "cross",
-                title=f"Cross-attention so far (one row per step), layer {layer}, head {head}",
-                contrast=contrast,
+        grid = shared(
+            "decoding-grid",
+            decoded,
+            lambda: step_rows_grid(
+                step.cross_attn.numpy(), src_tokens, title=f"Cross-attention of step {t + 1}, every layer and head"
             ),
         )
-        st.plotly_chart(fig, width="stretch")
-        st.caption(
-            "The alignment grows by one row per step: row t is where the decoder looked while writing "
-            "output token t + 1."
-        )
+        st.plotly_chart(grid, width="stretch")
 
 
 main()

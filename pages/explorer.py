@@ -7,6 +7,8 @@ from attnviz import analysis, qk
 from attnviz.app import (
     bound,
     clamp_state,
+    clearest_head,
+    domain_notice,
     download_buttons,
     footer,
     run_attention,
@@ -17,7 +19,15 @@ from attnviz.app import (
     sidebar,
     truncation_notice,
 )
-from attnviz.app.views import EXACT_MAX, one_head, one_head_scores, words_and_contrast, zoom
+from attnviz.app.views import (
+    EXACT_MAX,
+    layer_and_head,
+    one_head,
+    one_head_scores,
+    row_labels,
+    words_and_contrast,
+    zoom,
+)
 from attnviz.figures.attention import lines_view
 from attnviz.figures.common import export_config
 from attnviz.figures.embedding import COLOUR_BY, qk_scatter
@@ -29,7 +39,9 @@ choices = sidebar()
 st.title("Attention explorer")
 st.caption(
     "Rows are queries, columns are keys: row i shows how the token at position i mixes the values "
-    "of the tokens it attends to, and sums to 1. Cross-attention has target rows and source columns."
+    "of the tokens it attends to, and sums to 1. Cross-attention has target rows and source columns. A decoder "
+    'row is named by its input and the token it writes: "a → b" reads a and writes b, and it is b\'s '
+    "counterpart that it looks for in the source."
 )
 
 LONG_LINES = 1000  # beyond EXACT_MAX tokens, the lines view draws at most this many (one trace each: slow to draw)
@@ -86,6 +98,7 @@ def main() -> None:
         show_error(e)
         return
     truncation_notice(export)
+    domain_notice(choices)
 
     kinds = [k for k in KINDS if getattr(export, k) is not None]
     clamp_state("kind", kinds)
@@ -94,16 +107,13 @@ def main() -> None:
     kind = bound(st.radio, "Attention", kinds, index=default, captions=captions, horizontal=True, key="kind")
     maps = getattr(export, kind)  # (L, H, Q, K)
     L, H, Q, K = maps.shape
-    q_tokens = export.src_tokens if kind == "encoder" else export.tgt_tokens
-    k_tokens = export.tgt_tokens if kind == "decoder" else export.src_tokens
+    q_tokens, k_tokens = export.tokens(kind)  # the tables' tokens; the figures name decoder rows by what they write
+    q_labels = row_labels(export, kind)
     mask = allowed(kind, Q, K)
 
-    clamp_state("layer", range(1, L + 1))
-    clamp_state("head", range(1, H + 1))
     c1, c2, c3 = st.columns([1, 1, 2])
-    layer = bound(c1.selectbox, "Layer", range(1, L + 1), key="layer")
-    head = bound(c2.selectbox, "Head", range(1, H + 1), key="head")
     view = bound(c3.selectbox, "View", list(VIEWS), format_func=VIEWS.get, key="view")
+    layer, head = layer_and_head((c1, c2), kind, L, H, clearest_head(choices.model, choices.device))
     stem = f"{choices.model.replace('/', '_')}-{kind}" + ("-words" if words else "")
     shown_map = (choices.model, choices.device, choices.src, choices.tgt, kind, words)  # what the maps depend on
     zoom_map = None  # (key, map, title, row tokens, column tokens, scores?) of a long map the zoom shows exactly
@@ -122,12 +132,12 @@ def main() -> None:
                 st.info("Scores are per piece (a word has no single score): the words toggle merges weights only.")
             scores = run_scores(choices.model, choices.device, choices.src, choices.tgt)[kind]
             matrix = scores[layer - 1, head - 1]
-            sq_tokens = pieces.src_tokens if kind == "encoder" else pieces.tgt_tokens
-            sk_tokens = pieces.tgt_tokens if kind == "decoder" else pieces.src_tokens
+            sq_tokens, sk_tokens = pieces.tokens(kind)
+            sq_labels = row_labels(pieces, kind)
             title = f"{title} (scores)"
-            fig = one_head_scores((*shown_map, layer, head), matrix, sq_tokens, sk_tokens, kind, title)
+            fig = one_head_scores((*shown_map, layer, head), matrix, sq_labels, sk_tokens, kind, title)
             if max(matrix.shape) > EXACT_MAX:
-                zoom_map = ((*shown_map, layer, head, "scores"), matrix, title, sq_tokens, sk_tokens, True)
+                zoom_map = ((*shown_map, layer, head, "scores"), matrix, title, sq_labels, sk_tokens, True)
 
             def shown():
                 return analysis.long_form(scores, sq_tokens, sk_tokens, layers=[layer], heads=[head]).rename(
@@ -136,16 +146,16 @@ def main() -> None:
 
         else:
             matrix = maps[layer - 1, head - 1]
-            fig = one_head((*shown_map, layer, head), matrix, q_tokens, k_tokens, kind, contrast, mask, title)
+            fig = one_head((*shown_map, layer, head), matrix, q_labels, k_tokens, kind, contrast, mask, title)
             if max(Q, K) > EXACT_MAX:
-                zoom_map = ((*shown_map, layer, head), matrix, title, q_tokens, k_tokens, False)
+                zoom_map = ((*shown_map, layer, head), matrix, title, q_labels, k_tokens, False)
             shown = lambda: analysis.long_form(maps, q_tokens, k_tokens, layers=[layer], heads=[head])  # noqa: E731
         name = f"{stem}-L{layer}H{head}"
     elif view == "grid":
         fig = shared(
             "explorer-grid",
             (*shown_map, layer, head, contrast),
-            lambda: head_grid(maps, q_tokens, k_tokens, kind, contrast, mask, selected=(layer, head)),
+            lambda: head_grid(maps, q_labels, k_tokens, kind, contrast, mask, selected=(layer, head)),
         )
         st.caption(
             "Every layer (rows) and head (columns); the outlined map is the layer and head chosen above. "
@@ -164,7 +174,7 @@ def main() -> None:
             (*shown_map, layer, tuple(heads), contrast),
             lambda: lines_view(
                 maps[layer - 1, [h - 1 for h in heads]],
-                q_tokens,
+                q_labels,
                 k_tokens,
                 heads,
                 kind,
@@ -198,9 +208,9 @@ def main() -> None:
             )
         combined = np.clip(aggregate(maps, how, layer), 0, 1)
         title = f"{TITLES[kind]}, layer {layer}, {how} over heads"
-        fig = one_head((*shown_map, layer, how), combined, q_tokens, k_tokens, kind, contrast, mask, title)
+        fig = one_head((*shown_map, layer, how), combined, q_labels, k_tokens, kind, contrast, mask, title)
         if max(Q, K) > EXACT_MAX:
-            zoom_map = ((*shown_map, layer, how), combined, title, q_tokens, k_tokens, False)
+            zoom_map = ((*shown_map, layer, how), combined, title, q_labels, k_tokens, False)
         shown = lambda: analysis.long_form(aggregate(maps, how, layer)[None, None], q_tokens, k_tokens).assign(  # noqa: E731
             layer=layer, head=how
         )
@@ -256,8 +266,7 @@ def show_qk(choices, export, kind: str, layer: int, head: int, words: bool) -> N
     pieces = run_attention(choices.model, choices.device, choices.src, choices.tgt) if words else export
     if words:
         st.info("The Q-K embedding shows pieces: each piece has its own query and key vector, a word has none.")
-    q_tokens = pieces.src_tokens if kind == "encoder" else pieces.tgt_tokens
-    k_tokens = pieces.tgt_tokens if kind == "decoder" else pieces.src_tokens
+    q_tokens, k_tokens = pieces.tokens(kind)
     colour_by = bound(
         st.radio, "Colour by", list(COLOUR_BY), format_func=COLOUR_BY.get, horizontal=True, key="qk_colour"
     )
@@ -274,7 +283,12 @@ def show_qk(choices, export, kind: str, layer: int, head: int, words: bool) -> N
         "qk-figure",
         (*key, colour_by),
         lambda: qk_scatter(
-            embedding, q_tokens, k_tokens, kind, colour_by, f"{TITLES[kind]}, layer {layer}, head {head}: Q-K embedding"
+            embedding,
+            row_labels(pieces, kind),
+            k_tokens,
+            kind,
+            colour_by,
+            f"{TITLES[kind]}, layer {layer}, head {head}: Q-K embedding",
         ),
     )
     st.caption(

@@ -7,6 +7,7 @@ views several pages draw (:mod:`~attnviz.app.views`) and the list of pages (:mod
 
 from attnviz.app import links, registry, views
 from attnviz.app.cache import (
+    clearest_head,
     computed_atlas,
     load_bundle,
     open_atlas,
@@ -26,6 +27,7 @@ from attnviz.app.registry import Page
 from attnviz.app.session import CUSTOM_PATH, Choices, keep_state, sidebar
 from attnviz.app.widgets import (
     clamp_state,
+    domain_notice,
     download_buttons,
     keep_in_range,
     number_table,
@@ -41,7 +43,9 @@ __all__ = [
     "Page",
     "bound",
     "clamp_state",
+    "clearest_head",
     "computed_atlas",
+    "domain_notice",
     "download_buttons",
     "footer",
     "keep_in_range",

@@ -30,6 +30,12 @@ def load_bundle(model: str, device: str) -> Bundle:
     return api.load(model, device)
 
 
+@st.cache_resource(show_spinner="Finding the clearest head…", max_entries=8)
+def clearest_head(model: str, device: str) -> tuple[str, int, int]:
+    """(kind, layer, head) the pages open on for ``model`` (:func:`attnviz.api.clearest_head`), once per process."""
+    return api.clearest_head(load_bundle(model, device))
+
+
 def run_attention(model: str, device: str, src: str, tgt: str | None, words: bool = False) -> api.AttentionExport:
     """Every attention map for a sentence (over words with ``words``), cached: changing layer, head
     or view does not rerun it."""

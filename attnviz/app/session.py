@@ -30,8 +30,12 @@ class Choices:
     src: str
     tgt: str | None
     device: str  # a concrete device: cpu, cuda or mps
+    out_of_domain: str | None = None  # why the sentence looks outside what the model knows (api.out_of_domain)
 
 
+# The pickers that open on the model's clearest head (attnviz.app.views.layer_and_head): a model
+# chosen in the sidebar opens there too, not on the head the model before happened to show.
+PER_MODEL_VIEW = ("kind", "layer", "head", "bw_kind", "bw_layer", "bw_head", "cmp_layer", "cmp_head")
 EXAMPLE_PILLS = "_example"  # "_": a pill is a one-off action, cleared once its example is in the text box
 
 
@@ -118,6 +122,9 @@ def sidebar() -> Choices | None:
         if "src_model" not in st.session_state and st.query_params.get("src"):
             st.session_state["src_model"] = model  # opened from a link: its sentence, not the model's example
         if st.session_state.get("src_model") != model:  # a new model: start from its first example
+            if st.session_state.get("src_model") is not None:  # and from its own clearest head
+                for key in PER_MODEL_VIEW:
+                    st.session_state.pop(key, None)
             st.session_state["src"] = examples[0] if examples else ""
             st.session_state["tgt"] = ""
             st.session_state["src_model"] = model
@@ -141,4 +148,9 @@ def sidebar() -> Choices | None:
             f"From: {bundle.info.get('source', 'trained by attnviz train')}."
         )
     tgt = None if encoder_only else st.session_state.get("tgt", "").strip() or None
-    return Choices(model=model, src=st.session_state.get("src", ""), tgt=tgt, device=device)
+    src = st.session_state.get("src", "")
+    try:
+        notice = api.out_of_domain(bundle, src)
+    except AttnvizError:  # a sentence the model cannot read at all: the page says why
+        notice = None
+    return Choices(model=model, src=src, tgt=tgt, device=device, out_of_domain=notice)

@@ -14,14 +14,77 @@ import numpy as np
 import plotly.graph_objects as go
 import streamlit as st
 
+from attnviz.analysis import CLEAREST_RULE
 from attnviz.app.cache import shared
 from attnviz.app.links import bound
+from attnviz.app.widgets import clamp_state
+from attnviz.export import AttentionExport
 from attnviz.figures.attention import attention_heatmap
+from attnviz.figures.common import writing_labels
 from attnviz.figures.images import CONTRASTS, attention_image, scores_image
+from attnviz.kinds import TITLES
 
 EXACT_MAX = 128  # up to this many positions on both axes a map is an exact heatmap; beyond, an image
 ZOOM_MAX = 128  # the largest region the zoom shows exactly, per axis
 ZOOM_START = 48  # the zoom's first region: this many positions from the start
+
+
+def row_labels(export: AttentionExport, kind: str) -> list[str]:
+    """The query labels of ``kind``'s maps: source tokens, or decoder positions as "input → the token it writes"."""
+    queries, _ = export.tokens(kind)
+    return list(queries) if kind == "encoder" else writing_labels(queries, export.writes())
+
+
+def _step_head(keys: tuple[str, str], n_layers: int, n_heads: int, delta: int, whole_layer: bool) -> None:
+    """Button callback: the next (+1) or previous (-1) head, across layers; or layer with ``whole_layer``."""
+    layer_key, head_key = keys
+    layer, head = st.session_state.get(layer_key, 1), st.session_state.get(head_key, 1)
+    if whole_layer:
+        layer = min(max(layer + delta, 1), n_layers)
+    else:
+        flat = min(max((layer - 1) * n_heads + head - 1 + delta, 0), n_layers * n_heads - 1)
+        layer, head = flat // n_heads + 1, flat % n_heads + 1
+    st.session_state[layer_key], st.session_state[head_key] = layer, head
+
+
+def layer_and_head(
+    columns,
+    kind: str,
+    n_layers: int,
+    n_heads: int,
+    clearest: tuple[str, int, int],
+    keys: tuple[str, str] = ("layer", "head"),
+    keyboard: bool = True,
+) -> tuple[int, int]:
+    """The layer and head pickers (in two containers), opening on the model's ``clearest`` head
+    (kind, layer, head: :func:`attnviz.app.cache.clearest_head`), the maps shown being ``kind``'s.
+
+    With ``keyboard``, four small buttons below step through the heads: Shift+Left and Shift+Right
+    the previous and next head (on into the next layer), Shift+Up and Shift+Down the layer. When the
+    head shown is the clearest one, a caption says by which rule it was chosen.
+    """
+    layer_key, head_key = keys
+    clamp_state(layer_key, range(1, n_layers + 1))
+    clamp_state(head_key, range(1, n_heads + 1))
+    default_layer, default_head = min(clearest[1], n_layers), min(clearest[2], n_heads)
+    layer = bound(columns[0].selectbox, "Layer", range(1, n_layers + 1), index=default_layer - 1, key=layer_key)
+    head = bound(columns[1].selectbox, "Head", range(1, n_heads + 1), index=default_head - 1, key=head_key)
+    if keyboard:
+        steps = (("Previous head", "Shift+Left", -1, False), ("Next head", "Shift+Right", +1, False))
+        steps += (("Layer up", "Shift+Up", -1, True), ("Layer down", "Shift+Down", +1, True))
+        for (label, shortcut, delta, whole), column in zip(steps, st.columns(4), strict=True):
+            column.button(
+                label,
+                key=f"_{head_key}_{label.lower().replace(' ', '_')}",
+                on_click=_step_head,
+                args=(keys, n_layers, n_heads, delta, whole),
+                shortcut=shortcut,
+                help=shortcut,
+                width="stretch",
+            )
+    if (kind, layer, head) == clearest:
+        st.caption(f"Layer {layer}, head {head} is this model's clearest {TITLES[kind].lower()} head: {CLEAREST_RULE}.")
+    return layer, head
 
 
 def words_toggle(column) -> bool:

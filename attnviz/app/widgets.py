@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import re
 from collections.abc import Callable
 
 import pandas as pd
@@ -23,12 +24,27 @@ def show_error(e: Exception) -> None:
     from a file; the full message, and the traceback of an error nobody foresaw, go to the server's log.
     """
     if isinstance(e, AttnvizError):
-        st.error(e.public)
+        st.error(escape_markdown(e.public))  # it may quote what a visitor typed: shown as text, never as markdown
         if e.public != str(e):
             log.warning("shown to a visitor as %r: %s", e.public, e)
     else:
         log.error("unexpected error in the app", exc_info=e)
         st.error(f"Something went wrong ({type(e).__name__}); the details are in the server's log.")
+
+
+MARKDOWN_SPECIALS = "\\`*_{}[]()<>!|~$:"  # what Streamlit's markdown reads as syntax, emoji or LaTeX anywhere
+LINE_START = re.compile(r"^(\s*\d*)([#>+\-.)])", re.MULTILINE)  # a heading, quote, list item, numbered item
+
+
+def escape_markdown(text: str) -> str:
+    """``text`` as inert markdown: every character Streamlit would read as syntax is backslash-escaped.
+
+    For text from outside the app (a sentence, a token, a link's value, a file): inside ``st.markdown``
+    or ``st.caption`` it then shows as typed, and never becomes a link, an image or HTML. Full stops
+    and dashes are left alone inside a line, where they are plain text ("2. Juli", "fifty-six").
+    """
+    escaped = "".join("\\" + c if c in MARKDOWN_SPECIALS else c for c in str(text))
+    return LINE_START.sub(lambda m: m[1] + "\\" + m[2], escaped)
 
 
 def number_table(table: pd.DataFrame, fmt: str = "{:.4f}", columns=None) -> pd.DataFrame:
@@ -47,6 +63,12 @@ def truncation_notice(export: AttentionExport) -> None:
             f"The model's output stopped at the length limit of {export.manifest['max_output_tokens']} tokens "
             "without an end token: it is unfinished, and so are the maps of the decoder."
         )
+
+
+def domain_notice(choices) -> None:
+    """Say so when the sentence looks outside what the model was trained on (``choices.out_of_domain``)."""
+    if choices.out_of_domain:
+        st.warning(escape_markdown(choices.out_of_domain), icon=":material/travel_explore:")
 
 
 def clamp_state(key: str, options) -> None:

@@ -134,6 +134,24 @@ def all_heads(cfg: TransformerConfig, kinds: Iterable[str] = KINDS) -> list[str]
     return out
 
 
+def whole_layers(cfg: TransformerConfig, kinds: Iterable[str] = KINDS) -> list[str]:
+    """Every layer of the model in text form (``encoder:1`` ...): all of that layer's heads at once."""
+    out = []
+    for kind in kinds:
+        layers = cfg.n_enc_layers if kind == "encoder" else cfg.n_dec_layers
+        out += [f"{kind}:{layer}" for layer in range(1, layers + 1)]
+    return out
+
+
+def expand_layers(chosen: Iterable[str], n_heads: int) -> list[str]:
+    """``chosen`` heads (``cross:1.2``) and whole layers (``cross:3``) as heads alone, each once, in order."""
+    out = []
+    for item in chosen:
+        heads = [f"{item}.{h}" for h in range(1, n_heads + 1)] if "." not in item else [item]
+        out += [h for h in heads if h not in out]
+    return out
+
+
 @torch.no_grad()
 def head_means(model: Transformer, src: Tensor, tgt: Tensor | None, sites: Iterable[str]) -> dict[str, Tensor]:
     """Each site's head outputs averaged over the query positions of the intact model: site -> (1, H, 1, Dh)."""
