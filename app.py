@@ -14,10 +14,11 @@ from attnviz.app import (
     truncation_notice,
     views,
 )
+from attnviz.app.present import page_config, room
 from attnviz.app.widgets import escape_markdown
 from attnviz.kinds import TITLES, allowed
 
-st.set_page_config(page_title="attnviz", page_icon="🔍", layout="wide")
+page_config("")
 choices = sidebar()
 
 st.title("attnviz: attention in the Transformer")
@@ -80,7 +81,7 @@ def show_teaser(choices) -> None:
     mask = allowed(kind, *matrix.shape)
     rows, columns = views.row_labels(export, kind), export.tokens(kind)[1]
     fig = views.one_head(shown, matrix, rows, columns, kind, contrast, mask, title)
-    picture.plotly_chart(fig, width="stretch")
+    picture.plotly_chart(room(fig), width="stretch")
 
 
 if choices is not None:

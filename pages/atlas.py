@@ -18,16 +18,17 @@ from attnviz.app import (
     views,
 )
 from attnviz.app.cache import load_bundle
+from attnviz.app.present import intro, page_config, room
 from attnviz.atlas import STATISTICS, typical_sentences
 from attnviz.figures.atlas import STATISTIC_LABELS, head_map
 from attnviz.figures.attention import attention_heatmap
 from attnviz.figures.common import export_config
 from attnviz.kinds import TITLES, allowed
 
-st.set_page_config(page_title="attnviz: head atlas", page_icon="🗺️", layout="wide")
+page_config("head atlas", "🗺️")
 choices = sidebar()
 st.title("Head atlas")
-st.caption(
+intro(
     "What each head does over many sentences, not one (Clark et al., 2019; Voita et al., 2019): its statistics "
     "averaged over a corpus, and a map on which heads that attend alike lie close together. For a whole corpus, "
     "run `attnviz atlas --corpus FILE --out DIR` and open the folder here."
@@ -129,7 +130,7 @@ def show_typical(atlas, atlas_id: str, kind: str, layer: int, head: int, statist
                 ),
             )
             name = f"atlas-{kind}-L{layer}H{head}-line{row['line']}"
-            st.plotly_chart(fig, width="stretch", config=export_config(name, "png"))
+            st.plotly_chart(room(fig), width="stretch", config=export_config(name, "png"))
 
 
 def identity(atlas) -> str:
@@ -181,7 +182,7 @@ def show(atlas) -> None:
 
     fig = shared("atlas-map", (*shown, layer, head), build_map)
     st.plotly_chart(
-        fig,
+        room(fig),
         width="stretch",
         key="_at_map",
         on_select=select_head_from_map,

@@ -23,6 +23,7 @@ from attnviz.app import (
     truncation_notice,
     views,
 )
+from attnviz.app.present import intro, page_config, room
 from attnviz.app.widgets import escape_markdown
 from attnviz.figures.common import export_config
 from attnviz.figures.contributions import contribution_heatmap, importance_grid, relevance_bars
@@ -30,10 +31,10 @@ from attnviz.kinds import KINDS, TITLES, allowed
 from attnviz.methods import METHODS
 from attnviz.methods.ablation import MODES, Ablation, all_heads, expand_layers, whole_layers
 
-st.set_page_config(page_title="attnviz: beyond the weights", page_icon="🔍", layout="wide")
+page_config("beyond the weights")
 choices = sidebar()
 st.title("Beyond the weights")
-st.caption(
+intro(
     "A weight says how much of a value vector is mixed in, not what that token contributes (Jain & Wallace, "
     "2019). Here: four methods that take more of the model into account, beside the weights of the same layer "
     "and head; the model with heads switched off; and how much each head matters for the output."
@@ -110,7 +111,7 @@ def method_section(export, pieces, kinds: list[str], words: bool, contrast: str)
     with left:
         title = f"Weights, layer {layer}, head {head}"
         fig = views.one_head(("beyond", *shown), maps[layer - 1, head - 1], rows, k_tokens, kind, contrast, mask, title)
-        st.plotly_chart(fig, width="stretch", config=export_config(f"{stem}H{head}-weights", "png"))
+        st.plotly_chart(room(fig), width="stretch", config=export_config(f"{stem}H{head}-weights", "png"))
     with right:
         which = f"layer {layer}, head {head}" if spec.per_head else f"layer {layer}, all heads"
         fig = shared(
@@ -127,7 +128,7 @@ def method_section(export, pieces, kinds: list[str], words: bool, contrast: str)
                 zmax=1.0 if spec.shares else None,
             ),
         )
-        st.plotly_chart(fig, width="stretch", config=export_config(f"{stem}-{method}", "png"))
+        st.plotly_chart(room(fig), width="stretch", config=export_config(f"{stem}-{method}", "png"))
         if not spec.per_head:
             st.caption("This method gives one map per layer: the heads together, not the head chosen on the left.")
     if "position" in result.manifest:
@@ -145,7 +146,7 @@ def method_section(export, pieces, kinds: list[str], words: bool, contrast: str)
                 html.escape(explained, quote=False),
             ),
         )
-        st.plotly_chart(fig, width="stretch")
+        st.plotly_chart(room(fig), width="stretch")
     table = values[:, None] if not spec.per_head else values
     cols = st.columns(2)
     cols[0].download_button(
@@ -229,7 +230,7 @@ def ablation_section(bundle, kinds: list[str], kind: str, layer: int, head: int,
         title = f"{TITLES[kind]}, layer {layer}, head {head}: {label}"
         shown = ("beyond-ablation", choices.model, choices.device, choices.src, choices.tgt, heads, mode, words)
         fig = views.one_head((*shown, kind, layer, head), matrix, rows, k_tokens, kind, contrast, mask, title)
-        column.plotly_chart(fig, width="stretch")
+        column.plotly_chart(room(fig), width="stretch")
     st.caption(
         "Both maps read the same decoder input, so rows line up; the layer and head are those chosen above. "
         "A head switched off still has weights: it is its output that is replaced."
@@ -293,7 +294,7 @@ def importance_section(bundle, kinds: list[str]) -> None:
             lambda kind=kind, selected=selected: importance_grid(importance.scores[kind], kind, selected=selected),
         )
         column.plotly_chart(
-            fig,
+            room(fig),
             key=f"_bw_imp_{kind}",
             on_select=lambda kind=kind: apply_importance_click(kind),
             selection_mode="points",

@@ -17,6 +17,7 @@ from attnviz.app import (
     truncation_notice,
     views,
 )
+from attnviz.app.present import intro, page_config, picture_area, room
 from attnviz.app.views import EXACT_MAX, one_head, words_and_contrast
 from attnviz.checkpoints.catalog import list_models, visitor_model
 from attnviz.errors import AttnvizError
@@ -25,10 +26,10 @@ from attnviz.figures.compare import difference_heatmap, difference_image, head_c
 from attnviz.figures.images import head_grid
 from attnviz.kinds import KINDS, TITLES, allowed
 
-st.set_page_config(page_title="attnviz: compare", page_icon="🔍", layout="wide")
+page_config("compare")
 choices = sidebar()
 st.title("Compare")
-st.caption(
+intro(
     "**A** is the model and sentence of the sidebar; **B** is another sentence on the same model, or the same "
     "sentence on another model. Both are drawn the same way, side by side, and when their maps have the same "
     "shape, their difference A - B (red where A attends more, blue where B does)."
@@ -79,6 +80,7 @@ def side_b(model_a: str) -> tuple[str, str, str | None] | None:
 def main() -> None:
     if choices is None:
         return
+    picture = picture_area()  # A and B side by side: under the title in presenter mode
     b = side_b(choices.model)
     if b is None:
         return
@@ -98,7 +100,9 @@ def main() -> None:
     a, b_export = runs["A"], runs["B"]
     kinds = [k for k in KINDS if getattr(a, k) is not None and getattr(b_export, k) is not None]
     clamp_state("cmp_kind", kinds)
-    kind = bound(st.radio, "Attention", kinds, captions=[TITLES[k] for k in kinds], horizontal=True, key="cmp_kind")
+    default = kinds.index("cross") if "cross" in kinds else 0  # where the decoder looks, as on the explorer
+    captions = [TITLES[k] for k in kinds]
+    kind = bound(st.radio, "Attention", kinds, index=default, captions=captions, horizontal=True, key="cmp_kind")
     maps = {"A": getattr(a, kind), "B": getattr(b_export, kind)}
     tokens = {side: (views.row_labels(e, kind), e.tokens(kind)[1]) for side, e in runs.items()}
     n_layers = min(m.shape[0] for m in maps.values())
@@ -119,7 +123,7 @@ def main() -> None:
     blocked = why_no_difference(kind, maps["A"].shape, maps["B"].shape)
 
     if view == "one":
-        columns = st.columns(2)
+        columns = picture.columns(2)
         for side, column in zip(("A", "B"), columns, strict=True):
             matrix = maps[side][layer - 1, head - 1]
             q_tokens, k_tokens = tokens[side]
@@ -135,7 +139,7 @@ def main() -> None:
                 title,
             )
             column.plotly_chart(
-                fig, width="stretch", config=export_config(f"compare-{side}-{kind}-L{layer}H{head}", "png")
+                room(fig), width="stretch", config=export_config(f"compare-{side}-{kind}-L{layer}H{head}", "png")
             )
         if blocked:
             st.info(blocked)
@@ -164,7 +168,7 @@ def main() -> None:
                 ),
             )
             st.markdown(f"**{side}**")
-            st.plotly_chart(fig, width="stretch", config=export_config(f"compare-{side}-{kind}-all-heads", "png"))
+            st.plotly_chart(room(fig), width="stretch", config=export_config(f"compare-{side}-{kind}-all-heads", "png"))
         if blocked:
             st.info(blocked)
             return
@@ -175,7 +179,7 @@ def main() -> None:
         )
     if tokens["A"] != tokens["B"]:
         st.caption("Where the two sides' tokens differ, an axis label names both: A's token | B's token.")
-    st.plotly_chart(fig, width="stretch", config=export_config(f"compare-difference-{kind}", "png"))
+    st.plotly_chart(room(fig), width="stretch", config=export_config(f"compare-difference-{kind}", "png"))
 
 
 main()

@@ -19,15 +19,16 @@ from attnviz.app import (
     sidebar,
     views,
 )
+from attnviz.app.present import intro, page_config, picture_area, room
 from attnviz.app.widgets import escape_markdown
 from attnviz.figures.attention import attention_heatmap
 from attnviz.figures.common import writing_labels
 from attnviz.figures.decoding import step_rows_grid, topk_bar
 
-st.set_page_config(page_title="attnviz: decoding step by step", page_icon="🔍", layout="wide")
+page_config("decoding step by step")
 choices = sidebar()
 st.title("Decoding, step by step")
-st.caption(
+intro(
     "At step t the decoder reads the start token and the t tokens it has written, attends to them "
     "(masked self-attention) and to the source (cross-attention), and picks the next token. "
     "Each row here is the query of the newest position."
@@ -119,7 +120,8 @@ def main() -> None:
     clamp_state("step", range(1, n + 1))
     play_step(n)
 
-    b = st.columns([1.2, 1.2, 1.2, 1.2, 1.4, 4.5])
+    top = picture_area()  # the alignment and the candidates: under the title in presenter mode
+    b = st.columns([1.9, 1.7, 1.7, 1.9, 1.1, 2.7])
     for column, (key, label, icon, shortcut, kwargs) in zip(b, step_buttons(n), strict=False):
         column.button(
             label,
@@ -129,7 +131,6 @@ def main() -> None:
             kwargs=kwargs,
             shortcut=shortcut,
             help=shortcut,
-            width="stretch",
         )
     b[4].toggle("Play", key="playing", help="advance one step a second")
     if n > 1:
@@ -152,7 +153,7 @@ def main() -> None:
     clearest = clearest_head(choices.model, choices.device)
     layer, head = views.layer_and_head((c1, c2), "cross", L, H, clearest, keyboard=False)
 
-    left, right = st.columns(2)
+    left, right = top.columns(2)
     with left:
         fig = shared(
             "decoding-alignment",
@@ -166,7 +167,7 @@ def main() -> None:
                 contrast=contrast,
             ),
         )
-        st.plotly_chart(fig, width="stretch")
+        st.plotly_chart(room(fig), width="stretch")
         st.caption(
             'The alignment grows by one row per step: the row "a → b" is where the decoder looked while reading a '
             "and writing b."
@@ -175,7 +176,7 @@ def main() -> None:
         labels = [tok.target_token(c.token_id) for c in step.top]
         chosen = tok.target_token(step.token_id)
         top = shared("decoding-top", decoded, lambda: topk_bar(labels, [c.prob for c in step.top], chosen=chosen))
-        st.plotly_chart(top, width="stretch")
+        st.plotly_chart(room(top), width="stretch")
         if teacher:
             predicted = step.top[0]
             verdict = (
@@ -218,7 +219,7 @@ def main() -> None:
                 contrast=contrast,
             ),
         )
-        st.plotly_chart(fig, width="stretch")
+        st.plotly_chart(room(fig), width="stretch")
         cross_row = step.cross_attn[layer - 1, head - 1].numpy()[None]
         fig = shared(
             "decoding-cross-row",
@@ -233,7 +234,7 @@ def main() -> None:
                 contrast=contrast,
             ),
         )
-        st.plotly_chart(fig, width="stretch")
+        st.plotly_chart(room(fig), width="stretch")
     with right:
         grid = shared(
             "decoding-grid",
@@ -242,7 +243,7 @@ def main() -> None:
                 step.cross_attn.numpy(), src_tokens, title=f"Cross-attention of step {t + 1}, every layer and head"
             ),
         )
-        st.plotly_chart(grid, width="stretch")
+        st.plotly_chart(room(grid), width="stretch")
 
 
 main()

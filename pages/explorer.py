@@ -19,6 +19,7 @@ from attnviz.app import (
     sidebar,
     truncation_notice,
 )
+from attnviz.app.present import intro, page_config, picture_area, room
 from attnviz.app.views import (
     EXACT_MAX,
     layer_and_head,
@@ -34,10 +35,10 @@ from attnviz.figures.embedding import COLOUR_BY, qk_scatter
 from attnviz.figures.images import head_grid
 from attnviz.kinds import KINDS, TITLES, allowed
 
-st.set_page_config(page_title="attnviz: attention explorer", page_icon="🔍", layout="wide")
+page_config("attention explorer")
 choices = sidebar()
 st.title("Attention explorer")
-st.caption(
+intro(
     "Rows are queries, columns are keys: row i shows how the token at position i mixes the values "
     "of the tokens it attends to, and sums to 1. Cross-attention has target rows and source columns. A decoder "
     'row is named by its input and the token it writes: "a → b" reads a and writes b, and it is b\'s '
@@ -90,6 +91,7 @@ def aggregate(maps: np.ndarray, how: str, layer: int) -> np.ndarray:
 def main() -> None:
     if choices is None:
         return
+    picture = picture_area()  # under the title in presenter mode, else after the controls
     c1, c2 = st.columns([1, 3])
     words, contrast = words_and_contrast(c1, c2)
     try:
@@ -240,8 +242,8 @@ def main() -> None:
 
     fmt = st.session_state.get("image_format", "png")
     if view == "grid":
-        st.plotly_chart(
-            fig,
+        picture.plotly_chart(
+            room(fig),
             width="stretch",
             config=export_config(name, fmt),
             key="_grid_chart",
@@ -249,7 +251,7 @@ def main() -> None:
             selection_mode="points",
         )
     else:
-        st.plotly_chart(fig, width="stretch", config=export_config(name, fmt))
+        picture.plotly_chart(room(fig), width="stretch", config=export_config(name, fmt))
     if zoom_map is not None:
         key, matrix, title, rows, columns, scores = zoom_map
         zoom("", key, matrix, rows, columns, kind, contrast, None if scores else mask, title, scores=scores)
@@ -299,7 +301,9 @@ def show_qk(choices, export, kind: str, layer: int, head: int, words: bool) -> N
         f"The plane (PCA) keeps {embedding.explained:.0%} of the spread; there, nearness and attention agree with "
         f"a rank correlation of {agreement:.2f} per query on average (1 would be exact)."
     )
-    st.plotly_chart(fig, width="stretch", config=export_config(f"{choices.model.replace('/', '_')}-{kind}-qk", "png"))
+    st.plotly_chart(
+        room(fig), width="stretch", config=export_config(f"{choices.model.replace('/', '_')}-{kind}-qk", "png")
+    )
 
 
 main()

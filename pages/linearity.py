@@ -14,18 +14,20 @@ from attnviz.app import (
     sidebar,
     sinusoid_inputs,
 )
+from attnviz.app.present import intro, page_config, room
 from attnviz.errors import InputError
 from attnviz.figures import positional as pp
 from attnviz.lessons import positional as pe
 
-st.set_page_config(page_title="attnviz: relative-position linearity", page_icon="🔄", layout="wide")
+page_config("relative-position linearity", "🔄")
 choices = sidebar()
 st.title("Relative positions are linear maps")
-st.markdown(
+intro(
     "Section 3.5 says the sinusoids were chosen because, for any fixed offset k, PE(pos + k) is a linear "
     "function of PE(pos). Here you build that function, a matrix M_k made of one 2×2 rotation per "
     "frequency, and check that the same M_k works at every position, to rounding error. It matters "
-    "because attention is built from linear maps: a head can learn to look k tokens back wherever it is."
+    "because attention is built from linear maps: a head can learn to look k tokens back wherever it is.",
+    prose=True,
 )
 
 STARTS = [0, 1_000, 100_000, 10_000_000]
@@ -98,7 +100,7 @@ def rotation_section(c: dict, M: np.ndarray, table: np.ndarray) -> None:
     d_model, k = c["d_model"], c["k"]
     left, right = st.columns([2, 3])
     rotation = shared("lin-rotation", (d_model, c["base"], c["layout"], k), lambda: pp.rotation_heatmap(M, k))
-    left.plotly_chart(rotation, width="stretch")
+    left.plotly_chart(room(rotation), width="stretch")
     left.caption(
         "Each pair (sin pos·ω_i, cos pos·ω_i) is turned by the angle k·ω_i: the 2×2 block "
         "[[cos kω_i, sin kω_i], [−sin kω_i, cos kω_i]]. No entry involves pos. In the concatenated layout "
@@ -122,7 +124,7 @@ def rotation_section(c: dict, M: np.ndarray, table: np.ndarray) -> None:
             (*settings(c), dim),
             lambda: pp.shift_chart(positions, check.predicted[:, dim], check.actual[:, dim], k, label),
         )
-        st.plotly_chart(shift, width="stretch")
+        st.plotly_chart(room(shift), width="stretch")
         st.caption("The line is the table shifted by k; the markers are M_k applied to the unshifted table.")
     residual = shared(
         "lin-residual",
@@ -135,7 +137,7 @@ def rotation_section(c: dict, M: np.ndarray, table: np.ndarray) -> None:
             "largest error over dimensions",
         ),
     )
-    st.plotly_chart(residual, width="stretch")
+    st.plotly_chart(room(residual), width="stretch")
     worst = float(check.residual.max())
     st.caption(
         f"Largest residual over every position: **{worst:.2e}**. One float32 step near 1 is 1.2e-7 and one "
@@ -160,7 +162,7 @@ def angle_section(c: dict) -> None:
     st.latex(r"PE_{pos+k,\,2i} = PE_{pos,\,2i}\,PE_{k,\,2i+1} + PE_{pos,\,2i+1}\,PE_{k,\,2i}")
     st.latex(r"PE_{pos+k,\,2i+1} = PE_{pos,\,2i+1}\,PE_{k,\,2i+1} - PE_{pos,\,2i}\,PE_{k,\,2i}")
     fig, gap = shared("lin-angles", (*settings(c), i), lambda: angle_figure(c, i))
-    st.plotly_chart(fig, width="stretch")
+    st.plotly_chart(room(fig), width="stretch")
     st.caption(
         f"sin(a + b) = sin a cos b + cos a sin b and cos(a + b) = cos a cos b − sin a sin b, with a = pos·ω_i "
         f"and b = k·ω_i. The coefficients PE(k, ·) are the encoding of the offset itself. Largest gap between "
@@ -204,7 +206,7 @@ def fit_section(c: dict) -> None:
             "relative residual ‖X·Mᵀ − Y‖ / ‖Y‖",
         ),
     )
-    st.plotly_chart(fit, width="stretch")
+    st.plotly_chart(room(fit), width="stretch")
     st.caption(
         f"For each k, one matrix fitted by least squares over all pairs (pos, pos + k) with pos < N − {max(ks)} "
         f"(N = {n_fit} positions for the synthetic tables: twice d_model pairs, since with fewer pairs than "
@@ -233,7 +235,7 @@ def breakdown_figure(c: dict):
 def breakdown_section(c: dict) -> None:
     st.header("When does linearity break?")
     st.plotly_chart(
-        shared("lin-breakdown", (c["k"], c["d_model"], c["base"], c["layout"]), lambda: breakdown_figure(c)),
+        room(shared("lin-breakdown", (c["k"], c["d_model"], c["base"], c["layout"]), lambda: breakdown_figure(c))),
         width="stretch",
     )
     st.caption(

@@ -16,18 +16,20 @@ from attnviz.app import (
     show_error,
     sidebar,
 )
+from attnviz.app.present import intro, page_config, room
 from attnviz.figures import teaching as tp
 from attnviz.lessons import mechanics
 
-st.set_page_config(page_title="attnviz: mechanics of attention", page_icon="🧮", layout="wide")
+page_config("mechanics of attention", "🧮")
 choices = sidebar()
 st.title("The mechanics of attention")
-st.markdown(
+intro(
     "This page computes attention by hand: a three-token example of equation 1 whose every number you "
     "can check on paper, then why the scores are divided by √d_k, what masks do, how multi-head "
     "attention splits the model's width, why the model needs positional encoding, and the learning-rate "
     "schedule it was trained with. Knowing these mechanics is what lets you read an attention map as a "
-    "computation rather than as a picture."
+    "computation rather than as a picture.",
+    prose=True,
 )
 
 MATRICES = {  # key suffix: (title, default, row label, column label, rows can be added)
@@ -138,7 +140,7 @@ def scaling_tab() -> None:
     d_ks = tuple(d for d in (1, 4, 16, 64, 256, 1024) if d <= d_max)
     df = scaling(d_ks, n_keys, int(seed))
     fig = shared("mech-scaling", (d_ks, n_keys, int(seed)), lambda: tp.scaling_figure(df))
-    st.plotly_chart(fig, width="stretch", key="mech_scaling_chart")
+    st.plotly_chart(room(fig), width="stretch", key="mech_scaling_chart")
     st.caption(
         f"Means over 1000 random queries, each against {n_keys} random keys. Blue: scores divided by √d_k; red: "
         "raw dot products. Without scaling the entropy falls towards 0 and the largest weight towards 1 as d_k "
@@ -166,7 +168,7 @@ def masks_tab() -> None:
     masks = {"padding": padding, "subsequent": subsequent, "both": padding & subsequent}
     titles = {"padding": "padding mask", "subsequent": "subsequent mask", "both": "both: padding and subsequent"}
     grid = shared("mech-masks", (n, length), lambda: tp.mask_grid({titles[name]: m for name, m in masks.items()}))
-    st.plotly_chart(grid, width="stretch", key="mech_mask_chart")
+    st.plotly_chart(room(grid), width="stretch", key="mech_mask_chart")
     st.caption(
         f"Rows are queries, columns keys, for a sentence of {length} tokens padded to {n}. Padding is masked "
         "as a key only: a padding query still attends to the real tokens, and its output is never used. "
@@ -176,7 +178,7 @@ def masks_tab() -> None:
     table = mechanics.apply_mask_to_row(scores, masks[kind][row])
     c = st.columns([3, 2])
     bars = shared("mech-row", (n, length, row, kind), lambda: tp.masked_row_bars(table, row))
-    c[0].plotly_chart(bars, width="stretch", key="mech_row_chart")
+    c[0].plotly_chart(room(bars), width="stretch", key="mech_row_chart")
     c[0].caption(
         f"Query {row} with random scores: grey without the mask, blue after the {kind} mask. Masked keys get "
         "weight 0 and the others grow so that the row still sums to 1."
@@ -204,7 +206,9 @@ def multihead_tab() -> None:
     st.caption(f"Shapes for one sentence: d_k = d_v = {d_model} / {h} = {d_model // h}.")
     c = st.columns(2)
     c[0].plotly_chart(
-        shared("mech-cost", (n, d_model, h), lambda: tp.head_cost_bars(cost)), width="stretch", key="mech_cost_chart"
+        room(shared("mech-cost", (n, d_model, h), lambda: tp.head_cost_bars(cost))),
+        width="stretch",
+        key="mech_cost_chart",
     )
     c[0].caption(
         "Narrow heads (the paper) against wide heads that each see all d_model dimensions: wide costs h times "
@@ -270,7 +274,7 @@ def permutation_tab() -> None:
                 f"Positional encoding {'on' if use_positions else 'off'}: encoder layer {layer}, head {head}",
             ),
         )
-        st.plotly_chart(fig, width="stretch", key=f"mech_perm_chart_{use_positions}")
+        st.plotly_chart(room(fig), width="stretch", key=f"mech_perm_chart_{use_positions}")
         st.caption(
             "Left: the map for the shuffled sentence. Middle: the original sentence's map with rows and columns "
             "shuffled. Right: their difference, "
@@ -290,7 +294,7 @@ def learning_rate_tab() -> None:
     df = mechanics.lr_schedule(d_model, warmup, steps)
     peak = df["learning rate"].max()
     st.plotly_chart(
-        shared("mech-lr", (d_model, warmup, steps), lambda: tp.lr_curve(df, warmup)),
+        room(shared("mech-lr", (d_model, warmup, steps), lambda: tp.lr_curve(df, warmup))),
         width="stretch",
         key="mech_lr_chart",
     )

@@ -4,18 +4,20 @@ import numpy as np
 import streamlit as st
 
 from attnviz.app import bound, footer, load_bundle, shared, show_error, sidebar, sinusoid_inputs
+from attnviz.app.present import intro, page_config, room
 from attnviz.figures import positional as pp
 from attnviz.lessons import positional as pe
 
-st.set_page_config(page_title="attnviz: positional encoding", page_icon="🌊", layout="wide")
+page_config("positional encoding", "🌊")
 choices = sidebar()
 st.title("Positional encoding")
-st.markdown(
+intro(
     "Attention by itself cannot tell word order: it sees a set of tokens. The Transformer adds to each "
     "token's embedding a vector that depends on its position only (section 3.5): sines and cosines of "
     "wavelengths growing geometrically from 2π to about 2π·10000. Below you see that table, why each "
     "column is a wave, and that the similarity of two positions depends on how far apart they are, not "
-    "on where they are, which is what makes relative positions easy for attention to use."
+    "on where they are, which is what makes relative positions easy for attention to use.",
+    prose=True,
 )
 
 
@@ -32,7 +34,7 @@ def encoding_section(table: np.ndarray, d_model: int, base: float, layout: str) 
     st.header("The encoding matrix")
     title = f"PE for d_model = {d_model}, base {base:g}"
     fig = shared("pe-matrix", (d_model, table.shape[0], base, layout), lambda: pp.encoding_heatmap(table, title=title))
-    st.plotly_chart(fig, width="stretch")
+    st.plotly_chart(room(fig), width="stretch")
     st.caption(
         "Row p is the vector added to the embedding of the token at position p. Left columns oscillate "
         "fast (wavelength 2π), right columns slowly: together they give every position a distinct code, "
@@ -56,7 +58,9 @@ def curves_section(table: np.ndarray, d_model: int, base: float, layout: str) ->
         if dims:
             labels = [pe.dimension_label(d, d_model, layout) for d in dims]
             key = (d_model, table.shape[0], base, layout, tuple(dims))
-            st.plotly_chart(shared("pe-curves", key, lambda: pp.dimension_curves(table, dims, labels)), width="stretch")
+            st.plotly_chart(
+                room(shared("pe-curves", key, lambda: pp.dimension_curves(table, dims, labels))), width="stretch"
+            )
             st.caption(
                 "The Annotated Transformer's chart, interactive: a sine and a cosine share each frequency "
                 "(pair i), and higher pairs are slower waves. Click a legend entry to hide its line."
@@ -66,7 +70,7 @@ def curves_section(table: np.ndarray, d_model: int, base: float, layout: str) ->
     with right:
         lam = pe.wavelengths(d_model, base)
         st.plotly_chart(
-            shared("pe-wavelengths", (d_model, base), lambda: pp.wavelength_chart(lam, base)), width="stretch"
+            room(shared("pe-wavelengths", (d_model, base), lambda: pp.wavelength_chart(lam, base))), width="stretch"
         )
         st.caption(
             f"Pair i has wavelength 2π·base^(2i/d_model): each is {base ** (2 / d_model):.4f} times the one "
@@ -91,8 +95,8 @@ def similarity_view(key: tuple, table: np.ndarray, cosine: bool, name: str, clos
         "pe-similarity", (*key, cosine), lambda: similarity_figures(table, cosine, name, closed_form)
     )
     left, right = st.columns(2)
-    left.plotly_chart(heatmap, width="stretch")
-    right.plotly_chart(by_offset, width="stretch")
+    left.plotly_chart(room(heatmap), width="stretch")
+    right.plotly_chart(room(by_offset), width="stretch")
     st.caption(
         f"Left: every pair of positions. Right: the same values grouped by offset k = q − p; the band is "
         f"the range over p. Largest range over p at any offset: **{spread:.2e}**, {relative:.1e} of the "
@@ -147,7 +151,7 @@ def layout_figure(d_model: int, n: int, base: float):
 def layout_section(d_model: int, n: int, base: float) -> None:
     st.header("Interleaved or concatenated: both are valid")
     fig, same, sim_gap = shared("pe-layouts", (d_model, n, base), lambda: layout_figure(d_model, n, base))
-    st.plotly_chart(fig, width="stretch")
+    st.plotly_chart(room(fig), width="stretch")
     st.caption(
         "The paper interleaves sin and cos (columns 2i and 2i+1); tensor2tensor and Marian put every sine "
         "first. Reordering the interleaved columns gives the concatenated table exactly "

@@ -15,19 +15,21 @@ from attnviz.app import (
     show_error,
     sidebar,
 )
+from attnviz.app.present import intro, page_config, room
 from attnviz.figures import teaching as tp
 from attnviz.figures.attention import attention_heatmap
 from attnviz.lessons import variants
 
-st.set_page_config(page_title="attnviz: attention variants", page_icon="🧩", layout="wide")
+page_config("attention variants", "🧩")
 choices = sidebar()
 st.title("Attention variants")
-st.markdown(
+intro(
     "Full self-attention compares every position with every other: n² pairs per head and layer. This page "
     "shows the sparse patterns that compute only some pairs, what one of them does to the trained model's "
     "maps and translation, attention weights that are not computed from token pairs at all (the "
     "Synthesizer), and the paper's own comparison of self-attention with recurrent and convolutional layers, "
-    "measured on this machine. They show what full attention buys and what it costs as sentences grow."
+    "measured on this machine. They show what full attention buys and what it costs as sentences grow.",
+    prose=True,
 )
 
 
@@ -63,7 +65,7 @@ def patterns_tab() -> None:
     grid = shared(
         "var-patterns", (n, k, causal), lambda: tp.mask_grid({f"{p}: {counts[p]} pairs": m for p, m in masks.items()})
     )
-    st.plotly_chart(grid, width="stretch", key="var_pattern_chart")
+    st.plotly_chart(room(grid), width="stretch", key="var_pattern_chart")
     st.caption(f"Rows are queries, columns keys; n = {n}, k = {k}. The title gives the pairs each pattern computes.")
     st.table(
         pd.DataFrame(
@@ -77,7 +79,7 @@ def patterns_tab() -> None:
         )
     )
     cost = shared("var-cost", (k, causal), lambda: tp.cost_figure(variants.cost_curves(k=k, causal=causal), k))
-    st.plotly_chart(cost, width="stretch", key="var_cost_chart")
+    st.plotly_chart(room(cost), width="stretch", key="var_cost_chart")
     st.caption(
         "Exact pair counts of each pattern from n = 16 to 1024 on log-log axes: the slope is the exponent. Full "
         "and causal grow as n², local as n·k, dilated as n²/k; sparse as n·k + n²/k, which is n√n when k = √n."
@@ -131,7 +133,7 @@ def model_tab() -> None:
                 mask=m,
             ),
         )
-        col.plotly_chart(fig, width="stretch", key=f"var_map_{m is None}")
+        col.plotly_chart(room(fig), width="stretch", key=f"var_map_{m is None}")
     st.caption(
         "Encoder self-attention of the chosen layer and head, rows are queries and columns keys. In layer 1 the "
         "pattern only renormalises the trained weights over the allowed keys; deeper layers also receive "
@@ -155,7 +157,7 @@ def synthesizer_tab() -> None:
     token = bound(c[3].slider, "Token to change", 0, n - 1, key="var_syn_token")
     demo = variants.synthesizer_demo(n, d, int(seed))
     weights = shared("var-syn-weights", (n, d, int(seed)), lambda: tp.heatmap_row(demo.weights))
-    st.plotly_chart(weights, width="stretch", key="var_syn_weights")
+    st.plotly_chart(room(weights), width="stretch", key="var_syn_weights")
     st.caption("Attention weights of the three methods for the same input: rows are queries, columns keys.")
     changed = variants.token_dependence(demo, token)
     grid = shared(
@@ -168,7 +170,7 @@ def synthesizer_tab() -> None:
             legend=("unchanged", "changed"),
         ),
     )
-    st.plotly_chart(grid, width="stretch", key="var_syn_changed")
+    st.plotly_chart(room(grid), width="stretch", key="var_syn_changed")
     st.caption(
         f"Which scores change (blue) when token {token} is replaced by another vector: dot-product, its row and its "
         "column (it is a query and a key); dense Synthesizer, its row only; random Synthesizer, nothing."
@@ -201,7 +203,7 @@ def complexity_tab() -> None:
     except Exception as e:  # noqa: BLE001 - the user sees a message, never a traceback
         show_error(e)
         return
-    c[1].plotly_chart(tp.timing_figure(df), width="stretch", key="var_time_chart")  # re-measured: not shared
+    c[1].plotly_chart(room(tp.timing_figure(df)), width="stretch", key="var_time_chart")  # re-measured: not shared
     c[1].caption(
         f"Median of 5 runs of one layer of width {width} on one sequence, on this machine's CPU "
         f"({df.attrs.get('threads', '?')} threads). The GRU steps through the n positions one after another; "

@@ -5,15 +5,16 @@ import html
 import streamlit as st
 
 from attnviz.app import bound, clamp_state, footer, load_bundle, run_forward_pass, shared, show_error, sidebar
+from attnviz.app.present import intro, page_config, room
 from attnviz.export import ForwardPass
 from attnviz.figures.decoding import topk_bar
 from attnviz.figures.walkthrough import feed_arrow, matrix_figure
 from attnviz.lessons import walkthrough as wk
 
-st.set_page_config(page_title="attnviz: forward-pass walkthrough", page_icon="🔍", layout="wide")
+page_config("forward-pass walkthrough")
 choices = sidebar()
 st.title("Forward-pass walkthrough")
-st.caption(
+intro(
     "One sentence through the encoder, the decoder and the output layer, one stage at a time. Every matrix is "
     "the loaded model's own intermediate tensor for this sentence, recorded during its forward pass."
 )
@@ -29,7 +30,7 @@ def move(delta: int) -> None:
 
 def show_matrix(m: wk.Matrix, wt: ForwardPass, k: int, i: int, shown_stage: tuple) -> None:
     fig = shared("walkthrough-matrix", (*shown_stage, k, i), lambda: matrix_figure(m, k))
-    st.plotly_chart(fig, width="stretch", key=f"wt_fig_{i}")
+    st.plotly_chart(room(fig), width="stretch", key=f"wt_fig_{i}")
     shown = "" if m.style != "matrix" or m.values.shape[1] <= k else f"; the first {k} of {m.values.shape[1]} columns"
     st.caption(
         f"`{m.source}`: full tensor {m.shape_text}; shown: {m.row_axis} {m.values.shape[0]} x "
@@ -137,12 +138,14 @@ def main() -> None:
         st.dataframe(stage.table, hide_index=True, width="stretch")
     if stage.arrow is not None:
         st.plotly_chart(
-            shared("walkthrough-arrow", shown_stage, lambda: feed_arrow(*stage.arrow)), width="stretch", key="wt_arrow"
+            room(shared("walkthrough-arrow", shown_stage, lambda: feed_arrow(*stage.arrow))),
+            width="stretch",
+            key="wt_arrow",
         )
     if stage.candidates:
         labels, probs = zip(*stage.candidates, strict=True)
         top = shared("walkthrough-top", shown_stage, lambda: topk_bar(list(labels), list(probs), chosen=stage.chosen))
-        st.plotly_chart(top, width="stretch", key="wt_top")
+        st.plotly_chart(room(top), width="stretch", key="wt_top")
         st.caption("Probabilities: the softmax of the model's logits at this step, computed for display.")
     cols = st.columns(2)
     for i, m in enumerate(stage.matrices):

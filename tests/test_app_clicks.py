@@ -70,3 +70,29 @@ def test_a_link_value_the_page_cannot_take_is_still_set_aside_once():
     assert any("layer='99'" in n for n in notices(at)), notices(at)
     at.selectbox(key="head").set_value(2).run()
     assert not notices(at), "said once, when the link is opened, not on every later click"
+
+
+@pytest.mark.parametrize("page", [page.path for page in registry.PAGES])
+def test_presenter_mode_from_a_link_draws_every_figure_for_the_room(page):
+    import json
+
+    at = AppTest.from_file("../app.py", default_timeout=120)
+    at.query_params.update({"present": "1"})
+    at.run()
+    if page != "app.py":
+        at.switch_page(page).run()
+    assert_ok(at)
+    assert at.sidebar.toggle(key="present").value, "the link's present=1 turns the toggle on"
+    charts = at.get("plotly_chart")
+    assert charts or at.dataframe, "every page draws a figure (the walkthrough's first stage: a table)"
+    for chart in charts:
+        layout = json.loads(chart.proto.spec)["layout"]
+        for axis in (name for name in layout if name.startswith(("xaxis", "yaxis"))):
+            assert layout[axis]["tickfont"]["size"] >= 18, (page, axis)
+    at.sidebar.toggle(key="present").set_value(False).run()
+    assert_ok(at)
+    sizes = [
+        json.loads(c.proto.spec)["layout"].get("xaxis", {}).get("tickfont", {}).get("size")
+        for c in at.get("plotly_chart")
+    ]
+    assert all(size is None or size < 18 for size in sizes), "off again: the figures as they are"

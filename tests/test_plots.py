@@ -77,10 +77,8 @@ def test_digit_tokens_are_not_read_as_positions():
     tokens = ["▁", "2", "1", "9"]
     fig = attention_heatmap(random_maps(4, 4), tokens, tokens, "encoder")
     assert list(fig.layout.xaxis.ticktext) == tokens
-    assert fig.layout.xaxis.tickangle == 0, "four short tokens lie flat"
+    assert fig.layout.xaxis.tickangle is None and list(fig.layout.xaxis.autotickangles) == [0, -60], "flat if they fit"
     assert fig.layout.xaxis.tickfont.size >= 14 and fig.layout.xaxis.tickfont.color == "#1a1a1a"
-    wide = attention_heatmap(random_maps(4, 30), tokens, ["▁Donnerstag"] * 30, "cross")
-    assert wide.layout.xaxis.tickangle == -60, "thirty long tokens do not fit flat"
 
 
 def test_decoder_rows_are_named_by_what_they_write():
@@ -282,7 +280,6 @@ def test_a_long_first_token_gets_room_under_the_title():
 
     short = attention_heatmap(np.full((2, 2), 0.5), ["a", "b"], ["c", "d"], "encoder", title="t")
     long = attention_heatmap(np.full((2, 2), 0.5), ["a", "b"], ["▁Thursday" * 3, "d"], "encoder", title="t")
-    assert long.layout.xaxis.tickangle == -60, "a label too long to lie flat"
     assert long.layout.margin.t > short.layout.margin.t + 100
     assert (long.layout.title.text, long.layout.title.yref, long.layout.title.y) == ("t", "container", 1.0)
     assert above_top_labels("t", ["&lt;s&gt;"])["margin"]["t"] == above_top_labels("t", ["<s>"])["margin"]["t"]

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 import streamlit as st
 
 from attnviz import api
-from attnviz.app import links, registry
+from attnviz.app import links, present, registry
 from attnviz.app.cache import load_bundle
 from attnviz.app.widgets import show_error
 from attnviz.checkpoints.catalog import visitor_model
@@ -102,6 +102,7 @@ def sidebar() -> Choices | None:
             except AttnvizError as e:
                 show_error(e)
                 return None
+        present.toggle()
         st.selectbox("Device", DEVICE_CHOICES, key="device", help="auto: a GPU when there is one, else the CPU")
         device = st.session_state.get("device", "auto")
         concrete = available_devices()

@@ -17,12 +17,14 @@ import streamlit as st
 from attnviz.analysis import CLEAREST_RULE
 from attnviz.app.cache import shared
 from attnviz.app.links import bound
+from attnviz.app.present import room
 from attnviz.app.widgets import clamp_state
 from attnviz.export import AttentionExport
 from attnviz.figures.attention import attention_heatmap
 from attnviz.figures.common import writing_labels
 from attnviz.figures.images import CONTRASTS, attention_image, scores_image
-from attnviz.kinds import TITLES
+
+KIND_NAMES = {"encoder": "encoder self-attention", "decoder": "decoder self-attention", "cross": "cross-attention"}
 
 EXACT_MAX = 128  # up to this many positions on both axes a map is an exact heatmap; beyond, an image
 ZOOM_MAX = 128  # the largest region the zoom shows exactly, per axis
@@ -67,7 +69,13 @@ def layer_and_head(
     clamp_state(layer_key, range(1, n_layers + 1))
     clamp_state(head_key, range(1, n_heads + 1))
     default_layer, default_head = min(clearest[1], n_layers), min(clearest[2], n_heads)
-    layer = bound(columns[0].selectbox, "Layer", range(1, n_layers + 1), index=default_layer - 1, key=layer_key)
+    first_kind, first_layer, first_head = clearest
+    rule = (
+        f"Opens on layer {first_layer}, head {first_head}, the clearest {KIND_NAMES[first_kind]} head: {CLEAREST_RULE}."
+    )
+    layer = bound(
+        columns[0].selectbox, "Layer", range(1, n_layers + 1), index=default_layer - 1, key=layer_key, help=rule
+    )
     head = bound(columns[1].selectbox, "Head", range(1, n_heads + 1), index=default_head - 1, key=head_key)
     if keyboard:
         steps = (("Previous head", "Shift+Left", -1, False), ("Next head", "Shift+Right", +1, False))
@@ -83,7 +91,9 @@ def layer_and_head(
                 width="stretch",
             )
     if (kind, layer, head) == clearest:
-        st.caption(f"Layer {layer}, head {head} is this model's clearest {TITLES[kind].lower()} head: {CLEAREST_RULE}.")
+        st.caption(
+            f"Layer {layer}, head {head}: this model's clearest {KIND_NAMES[kind]} head (the Layer box's ⓘ says how)."
+        )
     return layer, head
 
 
@@ -209,4 +219,4 @@ def zoom(
             **({} if scores else {"contrast": contrast, "row_max": weights[rows].max(axis=-1)}),
         ),
     )
-    st.plotly_chart(fig, width="stretch", key=f"_{prefix}zoom_chart")
+    st.plotly_chart(room(fig), width="stretch", key=f"_{prefix}zoom_chart")

@@ -15,6 +15,7 @@ import plotly.graph_objects as go
 
 from attnviz.figures.common import (
     HEAD_COLORS,
+    KEY_ANGLES,
     MASKED_GREY,
     SCORE_COLORSCALE,
     WEIGHT_COLORSCALE,
@@ -22,7 +23,6 @@ from attnviz.figures.common import (
     as_array,
     check_mask,
     check_tokens,
-    key_angle,
     kind_titles,
     plotly_labels,
     ticks,
@@ -114,9 +114,9 @@ def attention_heatmap(
     fig.update_layout(
         plot_bgcolor=MASKED_GREY,
         height=max(320, min(900, 24 * Q + 250)),
-        **above_top_labels(title or kind_title, x, angle=key_angle(x)),
+        **above_top_labels(title or kind_title, x),
     )
-    fig.update_xaxes(title=x_title, side="top", tickangle=-key_angle(x), **ticks(x, tokens=True))
+    fig.update_xaxes(title=x_title, side="top", autotickangles=KEY_ANGLES, **ticks(x, tokens=True))
     fig.update_yaxes(title=y_title, autorange="reversed", **ticks(y, tokens=True))
     return fig
 

@@ -26,8 +26,9 @@ HIGHLIGHT = "#d62728"
 # Above this many tokens an axis labels every n-th position only; the data stay exact.
 MAX_TICK_LABELS = 80
 TICK_FONT = {"size": 14, "color": "#1a1a1a"}  # token labels: dark, and larger than plotly's 12 px grey
-HORIZONTAL_CHARS = 110  # key labels lie flat when all of them together hold at most this many characters
-FLAT_MAX_CHARS = 14  # ... and none is longer than this
+# Key labels on top lie flat when plotly finds they fit side by side, else rise at 60 degrees (the
+# figures' top margin is sized for that, so a title never meets them).
+KEY_ANGLES = [0, -60]
 TITLE_PX, SUBTITLE_PX, AXIS_TITLE_PX = 44, 22, 28  # the bands a title, its subtitle and an axis title take
 
 
@@ -103,13 +104,6 @@ def ticks(labels: list[str], tokens: bool = False) -> dict:
     text = [label_text(label) for label in shown] if tokens and step == 1 else shown
     settings = {"type": "category", "tickmode": "array", "tickvals": shown, "ticktext": text}
     return {**settings, "tickfont": TICK_FONT} if tokens else settings
-
-
-def key_angle(labels: Sequence[str]) -> float:
-    """The angle of the key labels on top: flat (0) when they fit side by side, else 60 degrees up."""
-    lengths = [len(html.unescape(label_text(label))) for label in labels]
-    fits = len(labels) <= MAX_TICK_LABELS and sum(lengths) + 2 * len(lengths) <= HORIZONTAL_CHARS
-    return 0.0 if fits and max(lengths, default=0) <= FLAT_MAX_CHARS else 60.0
 
 
 def above_top_labels(

@@ -14,11 +14,11 @@ import numpy as np
 import plotly.graph_objects as go
 
 from attnviz.figures.common import (
+    KEY_ANGLES,
     SCORE_COLORSCALE,
     above_top_labels,
     as_array,
     check_tokens,
-    key_angle,
     kind_titles,
     ticks,
 )
@@ -75,12 +75,10 @@ def difference_heatmap(
         **above_top_labels(
             title,
             list(key_labels),
-            angle=key_angle(list(key_labels)),
             subtitle=f"{kind_title}: red where A is larger, blue where B is",
         ),
     )
-    angle = -key_angle(list(key_labels))
-    fig.update_xaxes(title=x_title, side="top", tickangle=angle, **ticks(list(key_labels), tokens=True))
+    fig.update_xaxes(title=x_title, side="top", autotickangles=KEY_ANGLES, **ticks(list(key_labels), tokens=True))
     fig.update_yaxes(title=y_title, autorange="reversed", **ticks(list(query_labels), tokens=True))
     return fig
 

@@ -10,11 +10,11 @@ import plotly.graph_objects as go
 
 from attnviz.figures.common import (
     HIGHLIGHT,
+    KEY_ANGLES,
     WEIGHT_COLORSCALE,
     above_top_labels,
     as_array,
     check_tokens,
-    key_angle,
     kind_titles,
     plotly_labels,
     ticks,
@@ -81,7 +81,7 @@ def step_rows_grid(rows: np.ndarray, key_tokens: Sequence[str], title: str, kind
             hovertemplate="%{y}<br>key %{x}<br>weight %{z:.6f}<extra></extra>",
         )
     )
-    fig.update_layout(height=max(300, 14 * L * H + 250), **above_top_labels(title, x, angle=key_angle(x)))
-    fig.update_xaxes(title=x_title, side="top", tickangle=-key_angle(x), **ticks(x, tokens=True))
+    fig.update_layout(height=max(300, 14 * L * H + 250), **above_top_labels(title, x))
+    fig.update_xaxes(title=x_title, side="top", autotickangles=KEY_ANGLES, **ticks(x, tokens=True))
     fig.update_yaxes(title="query: this step's position, per layer and head", autorange="reversed", **ticks(y))
     return fig
