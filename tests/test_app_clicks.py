@@ -96,3 +96,16 @@ def test_presenter_mode_from_a_link_draws_every_figure_for_the_room(page):
         for c in at.get("plotly_chart")
     ]
     assert all(size is None or size < 18 for size in sizes), "off again: the figures as they are"
+
+
+@pytest.mark.parametrize(("page", "key"), [("pages/mechanics.py", "mech_tab"), ("pages/variants.py", "var_tab")])
+def test_the_teaching_tabs_step_with_their_buttons(page, key):
+    at = open_app(page)
+    first = at.session_state[key] if key in at.session_state else None
+    at.button(key=f"_{key}_next").click().run()
+    assert_ok(at)
+    second = at.session_state[key]
+    assert second != first
+    at.button(key=f"_{key}_previous").click().run()
+    assert_ok(at)
+    assert at.session_state[key] != second and not notices(at)

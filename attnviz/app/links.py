@@ -41,12 +41,34 @@ def bound(widget: Callable, label: str, *args, key: str, format_func: Callable |
     return widget(label, *args, key=key, bind="query-params", **kwargs)
 
 
+def _next_tab(key: str, names: list[str], delta: int) -> None:
+    """Button callback: open the tab ``delta`` places on from the open one (runs before the rerun)."""
+    current = st.session_state.get(key)
+    at = names.index(current) if current in names else 0
+    st.session_state[key] = names[min(max(at + delta, 0), len(names) - 1)]
+
+
 def lazy_tabs(key: str, tabs: Mapping[str, Callable[[], None]]) -> None:
     """Tabs bound to the URL parameter ``key``: a link can open any of them, and only the open one runs.
 
     (Streamlit runs every tab of plain ``st.tabs``; bound to state, a tab knows whether it is open.)
+    Two buttons step through them, also from the keyboard: Shift+Left and Shift+Right.
     """
-    for tab, draw in zip(bound(st.tabs, list(tabs), key=key), tabs.values(), strict=True):
+    names = list(tabs)
+    back, on, _ = st.columns([1, 1, 4])
+    for column, label, shortcut, delta in (
+        (back, "Previous tab", "Shift+Left", -1),
+        (on, "Next tab", "Shift+Right", 1),
+    ):
+        column.button(
+            label,
+            key=f"_{key}_{'next' if delta > 0 else 'previous'}",
+            on_click=_next_tab,
+            args=(key, names, delta),
+            shortcut=shortcut,
+            help=shortcut,
+        )
+    for tab, draw in zip(bound(st.tabs, names, key=key), tabs.values(), strict=True):
         if tab.open:
             with tab:
                 draw()
