@@ -23,7 +23,7 @@ from attnviz.app import (
     truncation_notice,
     views,
 )
-from attnviz.app.present import intro, page_config, room
+from attnviz.app.present import intro, page_config, picture_area, room
 from attnviz.app.widgets import escape_markdown
 from attnviz.figures.common import export_config
 from attnviz.figures.contributions import contribution_heatmap, importance_grid, relevance_bars
@@ -59,11 +59,12 @@ def apply_importance_click(kind: str) -> None:
         st.session_state["bw_kind"], st.session_state["bw_layer"], st.session_state["bw_head"] = kind, layer, head
 
 
-def method_section(export, pieces, kinds: list[str], words: bool, contrast: str) -> tuple[str, int, int]:
+def method_section(picture, export, pieces, kinds: list[str], words: bool, contrast: str) -> tuple[str, int, int]:
     """Weights and a method side by side; returns the kind, layer and head chosen (from 1).
 
     ``export`` holds the maps as shown (over words with ``words``), ``pieces`` over pieces: a
-    prediction is explained at a decoder piece, as the model writes them.
+    prediction is explained at a decoder piece, as the model writes them. The two maps go into
+    ``picture`` (:func:`~attnviz.app.present.picture_area`).
     """
     st.header("The weights beside a contribution method")
     methods = [name for name, m in METHODS.items() if not (m.needs_decoder and export.tgt_ids is None)]
@@ -105,7 +106,7 @@ def method_section(export, pieces, kinds: list[str], words: bool, contrast: str)
     mask = allowed(kind, len(q_tokens), len(k_tokens))
     values = getattr(result, kind)
     matrix = values[layer - 1, head - 1] if spec.per_head else values[layer - 1]
-    left, right = st.columns(2)
+    left, right = picture.columns(2)
     stem = f"{choices.model.replace('/', '_')}-{kind}-L{layer}"
     shown = (choices.model, choices.device, choices.src, choices.tgt, words, kind, layer, head)  # what maps show
     with left:
@@ -305,6 +306,7 @@ def importance_section(bundle, kinds: list[str]) -> None:
 def main() -> None:
     if choices is None:
         return
+    picture = picture_area()  # the weights beside a method: under the title in presenter mode
     words_column, contrast_column = st.columns([1, 3])
     words, contrast = views.words_and_contrast(words_column, contrast_column)
     try:
@@ -317,7 +319,7 @@ def main() -> None:
     truncation_notice(export)
     domain_notice(choices)
     kinds = [k for k in KINDS if getattr(export, k) is not None]
-    kind, layer, head = method_section(export, pieces, kinds, words, contrast)
+    kind, layer, head = method_section(picture, export, pieces, kinds, words, contrast)
     ablation_section(bundle, kinds, kind, layer, head, words, contrast)
     importance_section(bundle, kinds)
 

@@ -104,6 +104,7 @@ def room(fig: go.Figure) -> go.Figure:
     fig.update_layout(font={"size": TEXT_PX - 4, "color": DARK}, title_font={"size": TITLE_PX, "color": DARK})
     fig.update_xaxes(tickfont=font, title_font={"size": TEXT_PX, "color": DARK})
     fig.update_yaxes(tickfont=font, title_font={"size": TEXT_PX, "color": DARK})
+    fig.update_traces(textfont={"size": TICK_PX - 2, "color": DARK}, selector={"type": "scatter"})
     top = fig.layout.margin.t
     if top is not None:
         fig.update_layout(margin_t=round(top * TICK_PX / NORMAL_TICK_PX))
