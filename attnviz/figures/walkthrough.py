@@ -7,6 +7,8 @@ merge) and one column per dimension; hovering a cell gives its exact value. Atte
 
 from __future__ import annotations
 
+import html
+import textwrap
 from collections.abc import Sequence
 
 import numpy as np
@@ -15,6 +17,13 @@ import plotly.graph_objects as go
 from attnviz.figures.attention import attention_heatmap
 from attnviz.figures.common import SCORE_COLORSCALE, above_top_labels, plotly_labels, ticks
 from attnviz.lessons.walkthrough import Matrix
+
+# The boxes of :func:`feed_arrow`. Plotly clips an annotation's text at its box's width and never
+# wraps it, so the text is wrapped here to what the box holds.
+BOX_FONT = {"size": 16, "color": "#1a1a1a"}
+BOX_PX, BOX_PAD, ARROW_PX = 320, 8, 90  # a box's width, its padding and the arrow's length, in pixels
+CHAR_EM, LINE_EM = 0.6, 1.4  # a generous average character width and the line height, in font sizes
+BOX_MARGIN = 10
 
 
 def matrix_heatmap(
@@ -75,31 +84,43 @@ def matrix_figure(matrix: Matrix, k: int) -> go.Figure:
     )
 
 
+def wrap_label(text: str, width_px: float = BOX_PX - 2 * BOX_PAD, font_px: float = BOX_FONT["size"]) -> str:
+    """``text`` escaped for plotly and broken with ``<br>`` into lines that fit ``width_px`` at ``font_px``."""
+    chars = max(1, int(width_px / (CHAR_EM * font_px)))
+    lines = textwrap.wrap(text, chars, break_on_hyphens=False) or [""]
+    return "<br>".join(html.escape(line, quote=False) for line in lines)
+
+
 def feed_arrow(source: str, target: str) -> go.Figure:
-    """Two boxes and an arrow: which tensor feeds which (e.g. memory -> cross-attention K, V)."""
+    """Two boxes and an arrow: which tensor feeds which (e.g. memory -> cross-attention K, V).
+
+    The boxes sit at the figure's left and right edges, their text wrapped to their width, and the
+    figure is as tall as the longer text: no label is cut off however long it is.
+    """
+    texts = [wrap_label(source), wrap_label(target)]
+    lines = max(text.count("<br>") + 1 for text in texts)
+    box_px = lines * LINE_EM * BOX_FONT["size"] + 2 * BOX_PAD + 2
     fig = go.Figure()
-    for x, text in ((0.18, source), (0.82, target)):
+    for x, anchor, text in ((0.0, "left", texts[0]), (1.0, "right", texts[1])):
         fig.add_annotation(
             x=x,
             y=0.5,
+            xanchor=anchor,
             text=text,
             showarrow=False,
             bordercolor="#444",
             borderwidth=1,
-            borderpad=8,
+            borderpad=BOX_PAD,
             bgcolor="#f0f4fa",
-            width=260,
-            font={"size": 13},
+            width=BOX_PX - 2 * BOX_PAD,
+            font=BOX_FONT,
         )
-    fig.add_annotation(
-        x=0.64,
+    fig.add_annotation(  # the head at the middle shifted right by half the arrow, the tail that many pixels left
+        x=0.5,
         y=0.5,
-        ax=0.36,
-        ay=0.5,
-        xref="x",
-        yref="y",
-        axref="x",
-        ayref="y",
+        ax=-ARROW_PX,
+        ay=0,
+        xshift=ARROW_PX / 2,
         text="",
         showarrow=True,
         arrowhead=3,
@@ -109,5 +130,9 @@ def feed_arrow(source: str, target: str) -> go.Figure:
     )
     fig.update_xaxes(visible=False, range=[0, 1])
     fig.update_yaxes(visible=False, range=[0, 1])
-    fig.update_layout(height=120, margin={"l": 10, "r": 10, "t": 10, "b": 10}, plot_bgcolor="white")
+    fig.update_layout(
+        height=round(max(120, box_px + 2 * BOX_MARGIN + 10)),
+        margin={"l": BOX_MARGIN, "r": BOX_MARGIN, "t": BOX_MARGIN, "b": BOX_MARGIN},
+        plot_bgcolor="white",
+    )
     return fig
