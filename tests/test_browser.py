@@ -275,3 +275,53 @@ def test_a_click_on_the_grid_opens_that_head(server):
             page.screenshot(path=str(ARTIFACTS / "grid-click.png"))
         finally:
             browser.close()
+
+
+# What a projector needs from a page in presenter mode, read off the drawn page.
+_ROOM = """() => {
+    const px = el => el ? parseFloat(getComputedStyle(el).fontSize) : null;
+    const sidebar = document.querySelector("[data-testid='stSidebar']");
+    const content = document.querySelector(
+        "[data-testid='stMain'] .js-plotly-plot, [data-testid='stMain'] [data-testid='stDataFrame'], "
+        + "[data-testid='stMain'] [data-testid='stTable']");
+    const ticks = [...document.querySelectorAll(".js-plotly-plot .xtick text, .js-plotly-plot .ytick text")];
+    const prose = [...document.querySelectorAll("[data-testid='stMain'] [data-testid='stMarkdownContainer'] p")];
+    const captions = [...document.querySelectorAll("[data-testid='stMain'] [data-testid='stCaptionContainer']")];
+    return {
+        sideways: document.documentElement.scrollWidth - window.innerWidth,
+        sidebar: sidebar ? sidebar.getBoundingClientRect().right : 0,
+        top: content ? content.getBoundingClientRect().top : null,
+        tick: ticks.length ? Math.min(...ticks.map(px)) : null,
+        prose: prose.length ? Math.min(...prose.map(px)) : null,
+        caption: captions.length ? Math.min(...captions.map(px)) : null,
+    };
+}"""
+
+
+@pytest.mark.parametrize("size", [(1920, 1080), (1280, 720)], ids=["1920x1080", "1280x720"])
+def test_presenter_mode_puts_each_pages_picture_on_a_readable_first_screen(server, size):
+    from playwright.sync_api import sync_playwright
+
+    width, height = size
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_ARGS)
+        page = browser.new_page(viewport={"width": width, "height": height})
+        try:
+            for name, path in PAGES.items():
+                page.goto(f"{server}/{path}?present=1")
+                _wait_for_run(page)
+                page.wait_for_selector(
+                    "[data-testid='stMain'] .js-plotly-plot, [data-testid='stMain'] [data-testid='stDataFrame']"
+                )
+                _no_exception(page, f"{name} in presenter mode")
+                assert page.locator("[data-testid='stToast']").count() == 0, name
+                room = page.evaluate(_ROOM)
+                page.screenshot(path=str(ARTIFACTS / f"present-{name}-{width}.png"))
+                assert room["sideways"] <= 0, f"{name} scrolls sideways at {width}x{height}: {room}"
+                assert room["sidebar"] <= 0, f"{name}: the sidebar is not folded away: {room}"
+                assert room["top"] is not None and room["top"] < height - 200, f"{name}: no picture on screen: {room}"
+                assert room["tick"] is None or room["tick"] >= 18, f"{name}: tick labels under 18 px: {room}"
+                assert room["prose"] is None or room["prose"] >= 20, f"{name}: text under 20 px: {room}"
+                assert room["caption"] is None or room["caption"] >= 20, f"{name}: captions under 20 px: {room}"
+        finally:
+            browser.close()

@@ -105,6 +105,9 @@ def room(fig: go.Figure) -> go.Figure:
     fig.update_xaxes(tickfont=font, title_font={"size": TEXT_PX, "color": DARK})
     fig.update_yaxes(tickfont=font, title_font={"size": TEXT_PX, "color": DARK})
     fig.update_traces(textfont={"size": TICK_PX - 2, "color": DARK}, selector={"type": "scatter"})
+    # plotly labels a log axis's 2..9 between decades at 0.75 of the font: too small for a room
+    fig.update_xaxes(minorloglabels="none", selector={"type": "log"})
+    fig.update_yaxes(minorloglabels="none", selector={"type": "log"})
     top = fig.layout.margin.t
     if top is not None:
         fig.update_layout(margin_t=round(top * TICK_PX / NORMAL_TICK_PX))
