@@ -174,7 +174,7 @@ def test_a_link_opens_the_exact_view_and_bad_values_fall_back_with_a_notice(serv
             assert page.locator("[data-testid='stException']").count() == 0
             toast = page.locator("[data-testid='stToast']").all_inner_texts()
             assert any("layer='99'" in t and "kind='bogus'" in t for t in toast), toast
-            assert "Cross-attention (encoder-decoder), layer 1, head 1" in _plot_titles(page)
+            assert "Cross-attention (encoder-decoder), layer 3, head 1" in _plot_titles(page)  # en-de's clearest
             page.screenshot(path=str(ARTIFACTS / "link-fallback.png"))
         finally:
             browser.close()
@@ -236,7 +236,8 @@ def test_a_1000_token_input_opens_every_view(server):
                     page.screenshot(path=str(ARTIFACTS / "long-one-head.png"))
                 if view == "All heads (model view)":
                     page.screenshot(path=str(ARTIFACTS / "long-grid.png"))
-            page.goto(f"{server}/compare?" + urlencode({**base, "cmp_src": letters(LONG - 1)[:-2] + " q"}))
+            link = {**base, "cmp_src": letters(LONG - 1)[:-2] + " q", "cmp_kind": "encoder"}  # same shape
+            page.goto(f"{server}/compare?" + urlencode(link))
             _wait_for_run(page)
             _no_exception(page, "compare")
             assert page.locator(".js-plotly-plot").count() == 3, "A, B and their difference"
