@@ -76,7 +76,7 @@ def test_digit_tokens_are_not_read_as_positions():
     """'4 2' (position 4, token 2) read as one number; the tick shows '2', hover '4 2'."""
     tokens = ["▁", "2", "1", "9"]
     fig = attention_heatmap(random_maps(4, 4), tokens, tokens, "encoder")
-    assert list(fig.layout.xaxis.ticktext) == tokens
+    assert list(fig.layout.xaxis.ticktext) == ["␣", "2", "1", "9"], "a lone word marker shows as a space"
     assert fig.layout.xaxis.tickangle is None and list(fig.layout.xaxis.autotickangles) == [0, -60], "flat if they fit"
     assert fig.layout.xaxis.tickfont.size >= 14 and fig.layout.xaxis.tickfont.color == "#1a1a1a"
 

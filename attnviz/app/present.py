@@ -16,6 +16,7 @@ ON = ("1", "true")
 TICK_PX, TEXT_PX, TITLE_PX = 18, 20, 24  # the room's sizes: tick labels, body and axis titles, figure titles
 DARK = "#111111"
 NORMAL_TICK_PX = 14  # figures.common.TICK_FONT: what the figures' margins were sized for
+MIN_HEIGHT_PX = 400  # a one-row map (a decoding step) still shows its colour bar's labels apart
 
 # Streamlit's own elements, sized for the back of the room. Only the app's own text and widgets:
 # nothing here depends on what a visitor typed.
@@ -27,7 +28,7 @@ ROOM_CSS = f"""
 [data-testid="stMain"] [data-testid="stCaptionContainer"],
 [data-testid="stMain"] [data-testid="stCaptionContainer"] p {{ font-size: {TEXT_PX}px; color: #222222; }}
 [data-testid="stMain"] [data-testid="stWidgetLabel"] p {{ font-size: {TEXT_PX}px; color: {DARK}; }}
-[data-testid="stMain"] [data-baseweb="select"] div,
+[data-testid="stMain"] [data-baseweb="select"] *,
 [data-testid="stMain"] button p, [data-testid="stMain"] label p {{ font-size: {TEXT_PX}px; }}
 [data-testid="stMain"] h1 {{ font-size: 2.4rem; padding-top: 0; }}
 </style>
@@ -111,4 +112,6 @@ def room(fig: go.Figure) -> go.Figure:
     top = fig.layout.margin.t
     if top is not None:
         fig.update_layout(margin_t=round(top * TICK_PX / NORMAL_TICK_PX))
+    if fig.layout.height is not None and fig.layout.height < MIN_HEIGHT_PX:
+        fig.update_layout(height=MIN_HEIGHT_PX)  # a colour bar's 18 px labels need the height
     return fig

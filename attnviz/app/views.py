@@ -92,7 +92,7 @@ def layer_and_head(
             )
     if (kind, layer, head) == clearest:
         st.caption(
-            f"Layer {layer}, head {head}: this model's clearest {KIND_NAMES[kind]} head (the Layer box's ⓘ says how)."
+            f"Layer {layer}, head {head}: this model's clearest {KIND_NAMES[kind]} head (the ? by Layer says why)."
         )
     return layer, head
 

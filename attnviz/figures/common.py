@@ -32,9 +32,17 @@ KEY_ANGLES = [0, -60]
 TITLE_PX, SUBTITLE_PX, AXIS_TITLE_PX = 44, 22, 28  # the bands a title, its subtitle and an axis title take
 
 
+LONE_SPACE = "␣"  # how a piece that is only sentencepiece's word marker "▁" is shown: a space, visibly
+
+
+def shown_token(token: str) -> str:
+    """A token as a figure shows it: itself, but a lone word marker "▁" (a space) as "␣", not a stray underscore."""
+    return LONE_SPACE if token == "▁" else token
+
+
 def position_labels(tokens: Sequence[str], start: int = 0) -> list[str]:
     """'3 ▁the': unique tick labels even when a token repeats; positions count from ``start``."""
-    return [f"{i} {t}" for i, t in enumerate(tokens, start)]
+    return [f"{i} {shown_token(t)}" for i, t in enumerate(tokens, start)]
 
 
 def plotly_labels(tokens: Sequence[str], start: int = 0) -> list[str]:
@@ -50,7 +58,7 @@ def writing_labels(inputs: Sequence[str], writes: Sequence[str]) -> list[str]:
     """
     if len(inputs) != len(writes):
         raise ValueError(f"{len(inputs)} decoder inputs but {len(writes)} tokens written")
-    return [f"{a} → {b}" for a, b in zip(inputs, writes, strict=True)]
+    return [f"{shown_token(a)} → {shown_token(b)}" for a, b in zip(inputs, writes, strict=True)]
 
 
 def label_text(label: str) -> str:
