@@ -19,10 +19,11 @@ from attnviz.app import (
 )
 from attnviz.app.cache import load_bundle
 from attnviz.app.present import intro, page_config, room
+from attnviz.app.widgets import escape_markdown
 from attnviz.atlas import STATISTICS, typical_sentences
 from attnviz.figures.atlas import STATISTIC_LABELS, head_map
 from attnviz.figures.attention import attention_heatmap
-from attnviz.figures.common import export_config
+from attnviz.figures.common import export_config, writing_labels
 from attnviz.kinds import TITLES, allowed
 
 page_config("head atlas", "🗺️")
@@ -99,7 +100,8 @@ def show_typical(atlas, atlas_id: str, kind: str, layer: int, head: int, statist
         model_matches = bundle.sha256 == atlas.manifest["model"]["checkpoint_sha256"]
     if not model_matches:
         st.info(
-            f"This atlas was computed with the model {atlas.manifest['model']['name']!r}; choose that model in the "
+            f"This atlas was computed with the model {escape_markdown(repr(atlas.manifest['model']['name']))}; "
+            "choose that model in the "
             "sidebar to see the maps of these sentences."
         )
     inputs = atlas.inputs.set_index("line")
@@ -108,7 +110,7 @@ def show_typical(atlas, atlas_id: str, kind: str, layer: int, head: int, statist
         for _, row in rows.iterrows():
             sentence = inputs.loc[row["line"]]
             st.caption(
-                f"Line {row['line']}: {sentence['src']} — {statistic} {row[statistic]:.4f} "
+                f"Line {row['line']}: {escape_markdown(sentence['src'])} — {statistic} {row[statistic]:.4f} "
                 f"({row['deviation']:+.4f} from the mean)"
             )
             if not model_matches:
@@ -119,7 +121,8 @@ def show_typical(atlas, atlas_id: str, kind: str, layer: int, head: int, statist
             )
             src_tokens = list(sentence["src_tokens"])
             tgt_tokens = None if tgt_ids is None else list(sentence["tgt_tokens"])
-            q_tokens = src_tokens if kind == "encoder" else tgt_tokens
+            # a decoder row reads one token and writes the next (the last writes the end token)
+            q_tokens = src_tokens if kind == "encoder" else writing_labels(tgt_tokens, [*tgt_tokens[1:], "</s>"])
             k_tokens = tgt_tokens if kind == "decoder" else src_tokens
             title = f"{TITLES[kind]}, layer {layer}, head {head}, line {row['line']}"
             fig = shared(
@@ -144,9 +147,11 @@ def show(atlas) -> None:
     counts = manifest["counts"]
     skipped = sum(counts["skipped"].values())
     st.caption(
-        f"Model {manifest['model']['name']!r}, {counts['sentences']} sentences"
-        + (f" ({skipped} lines skipped)" if skipped else "")
-        + f", decoder input: {manifest['tgt_from']}, {manifest['precision']}."
+        escape_markdown(
+            f"Model {manifest['model']['name']!r}, {counts['sentences']} sentences"
+            + (f" ({skipped} lines skipped)" if skipped else "")
+            + f", decoder input: {manifest['tgt_from']}, {manifest['precision']}."
+        )
     )
     kinds = atlas.kinds
     clamp_state("at_kind", kinds)

@@ -1,11 +1,10 @@
 """Forward-pass walkthrough: one sentence through the whole model, one stage per step, real numbers."""
 
-import html
-
 import streamlit as st
 
 from attnviz.app import bound, clamp_state, footer, load_bundle, run_forward_pass, shared, show_error, sidebar
 from attnviz.app.present import intro, page_config, room
+from attnviz.app.widgets import escape_markdown
 from attnviz.export import ForwardPass
 from attnviz.figures.decoding import topk_bar
 from attnviz.figures.walkthrough import feed_arrow, matrix_figure
@@ -133,7 +132,7 @@ def main() -> None:
     st.subheader(stage.title)
     st.markdown(stage.text)
     for note in stage.notes:
-        st.markdown(f"- {html.escape(note)}")
+        st.markdown(f"- {escape_markdown(note)}")
     if stage.table is not None:
         st.dataframe(stage.table, hide_index=True, width="stretch")
     if stage.arrow is not None:

@@ -14,6 +14,8 @@ from collections.abc import Callable, Mapping
 
 import streamlit as st
 
+from attnviz.app.text import escape_markdown
+
 LINK_STATE = "_link"  # session key: the link's parameters at the start of this run, and how bound widgets show values
 # Session key: per parameter, the URL values this session's own page had put there by the end of the
 # last run. A callback (Next, a click on the grid, an example) changes a bound widget before the run
@@ -119,8 +121,8 @@ def footer() -> None:
     """The end of every page: which link values were set aside, and how to share this view."""
     aside = set_aside()
     remember_own_values()
-    if aside:
-        values = ", ".join(f"{key}={raw!r}" for key, raw in aside)
+    if aside:  # the link's values are a visitor's text: shown as typed, never as markdown
+        values = escape_markdown(", ".join(f"{key}={raw!r}" for key, raw in aside))
         st.toast(
             f"This link's {values} cannot be shown here: the default is shown instead.", icon=":material/link_off:"
         )

@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 import logging
-import re
 from collections.abc import Callable
 
 import pandas as pd
 import streamlit as st
 
 from attnviz.app.links import bound
+from attnviz.app.text import escape_markdown
 from attnviz.errors import AttnvizError, InputError
 from attnviz.export import AttentionExport
 from attnviz.lessons import positional as pe
@@ -30,21 +30,6 @@ def show_error(e: Exception) -> None:
     else:
         log.error("unexpected error in the app", exc_info=e)
         st.error(f"Something went wrong ({type(e).__name__}); the details are in the server's log.")
-
-
-MARKDOWN_SPECIALS = "\\`*_{}[]()<>!|~$:"  # what Streamlit's markdown reads as syntax, emoji or LaTeX anywhere
-LINE_START = re.compile(r"^(\s*\d*)([#>+\-.)])", re.MULTILINE)  # a heading, quote, list item, numbered item
-
-
-def escape_markdown(text: str) -> str:
-    """``text`` as inert markdown: every character Streamlit would read as syntax is backslash-escaped.
-
-    For text from outside the app (a sentence, a token, a link's value, a file): inside ``st.markdown``
-    or ``st.caption`` it then shows as typed, and never becomes a link, an image or HTML. Full stops
-    and dashes are left alone inside a line, where they are plain text ("2. Juli", "fifty-six").
-    """
-    escaped = "".join("\\" + c if c in MARKDOWN_SPECIALS else c for c in str(text))
-    return LINE_START.sub(lambda m: m[1] + "\\" + m[2], escaped)
 
 
 def number_table(table: pd.DataFrame, fmt: str = "{:.4f}", columns=None) -> pd.DataFrame:
