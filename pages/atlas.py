@@ -147,11 +147,9 @@ def show(atlas) -> None:
     counts = manifest["counts"]
     skipped = sum(counts["skipped"].values())
     st.caption(
-        escape_markdown(
-            f"Model {manifest['model']['name']!r}, {counts['sentences']} sentences"
-            + (f" ({skipped} lines skipped)" if skipped else "")
-            + f", decoder input: {manifest['tgt_from']}, {manifest['precision']}."
-        )
+        f"Model {escape_markdown(repr(manifest['model']['name']))}, {counts['sentences']} sentences"
+        + (f" ({skipped} lines skipped)" if skipped else "")
+        + f", decoder input: {escape_markdown(manifest['tgt_from'])}, {escape_markdown(manifest['precision'])}."
     )
     kinds = atlas.kinds
     clamp_state("at_kind", kinds)

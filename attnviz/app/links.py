@@ -122,7 +122,7 @@ def footer() -> None:
     aside = set_aside()
     remember_own_values()
     if aside:  # the link's values are a visitor's text: shown as typed, never as markdown
-        values = escape_markdown(", ".join(f"{key}={raw!r}" for key, raw in aside))
+        values = ", ".join(f"{key}={escape_markdown(repr(raw))}" for key, raw in aside)
         st.toast(
             f"This link's {values} cannot be shown here: the default is shown instead.", icon=":material/link_off:"
         )
