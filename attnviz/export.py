@@ -12,6 +12,9 @@ from __future__ import annotations
 
 import io
 import json
+import math
+import os
+import stat
 import zipfile
 import zlib
 from dataclasses import dataclass, field
@@ -32,6 +35,99 @@ FORMAT_VERSIONS = {
 FORMAT_VERSION = max(FORMAT_VERSIONS)  # what AttentionExport.save writes
 # What each axis of each exported array holds; written into every manifest.
 AXES = {kind: ["layer", "head", *axis_names(kind)] for kind in KINDS}
+# A file's arrays are checked against these before any is decompressed: golden files arrive in pull
+# requests, and a 1 MB .npz can declare a GiB of zeros. ATTNVIZ_MAX_EXPORT_MB raises the bound.
+MAX_EXPORT_MB = 512
+MAX_MANIFEST_CHARS = 1_000_000
+MAX_JSON_DEPTH = 16  # a real manifest nests 3 deep (config, axes, run, ablation)
+ARRAY_KINDS = {  # what each standard array's dtype must be: numpy's kind letters
+    "encoder": "f",  # real floats: a complex map would compare as equal to its real part
+    "decoder": "f",
+    "cross": "f",
+    "src_ids": "iu",
+    "tgt_ids": "iu",
+    "src_tokens": "U",
+    "tgt_tokens": "U",
+    "manifest": "U",
+}
+
+
+def max_export_bytes() -> int:
+    """The most bytes a file's arrays may hold once decompressed: ``ATTNVIZ_MAX_EXPORT_MB``, else 512 MB."""
+    try:
+        return int(float(os.environ.get("ATTNVIZ_MAX_EXPORT_MB", MAX_EXPORT_MB)) * 2**20)
+    except ValueError:
+        return MAX_EXPORT_MB * 2**20
+
+
+def check_regular_file(path: Path, what: str = "export") -> None:
+    """Nothing, or an ExportError when ``path`` is not a regular file (a FIFO would hang its reader)."""
+    try:
+        mode = os.stat(path).st_mode
+    except FileNotFoundError:
+        raise ExportError(f"{path} does not exist") from None
+    except OSError as e:
+        raise ExportError(f"{path} cannot be read: {e.strerror}") from None
+    if not stat.S_ISREG(mode):
+        kind = "a folder" if stat.S_ISDIR(mode) else "a FIFO" if stat.S_ISFIFO(mode) else "not a regular file"
+        raise ExportError(f"{path} is {kind}, not an {what} file")
+
+
+def write_atomically(path: Path, data: bytes) -> Path:
+    """Write ``data`` to ``path`` through a temporary file in its folder and a rename, so that a killed
+    run never leaves a truncated file, and an earlier good file stays until the new one is whole."""
+    path = Path(path)
+    if path.exists() or path.is_symlink():
+        check_regular_file(path, "output")  # never write into a FIFO, a device or a folder
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    try:
+        with open(tmp, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
+    return path
+
+
+def _json_depth(value, depth: int = 0) -> int:
+    if depth > MAX_JSON_DEPTH:
+        return depth
+    if isinstance(value, dict):
+        return max((_json_depth(v, depth + 1) for v in value.values()), default=depth + 1)
+    if isinstance(value, list):
+        return max((_json_depth(v, depth + 1) for v in value), default=depth + 1)
+    return depth
+
+
+def _check_members(path: Path, archive: zipfile.ZipFile) -> None:
+    """Each array's declared dtype and shape, read from its header alone, against the limits."""
+    total, limit = 0, max_export_bytes()
+    for info in archive.infolist():
+        name = info.filename.removesuffix(".npy")
+        with archive.open(info) as member:
+            version = np.lib.format.read_magic(member)
+            read_header = (
+                np.lib.format.read_array_header_1_0 if version == (1, 0) else np.lib.format.read_array_header_2_0
+            )
+            shape, _, dtype = read_header(member)
+        if dtype.hasobject:
+            raise ExportError(f"{path}: the array {name!r} holds Python objects; an attnviz export never does")
+        kinds = ARRAY_KINDS.get(name)
+        if kinds is not None and dtype.kind not in kinds:
+            want = {"f": "real floating-point numbers", "iu": "integers", "U": "text"}[kinds]
+            raise ExportError(f"{path}: the array {name!r} holds {dtype} values, not {want}")
+        if name == "manifest" and dtype.itemsize // 4 > MAX_MANIFEST_CHARS:
+            raise ExportError(
+                f"{path}: its manifest is {dtype.itemsize // 4:,} characters long, over {MAX_MANIFEST_CHARS:,}"
+            )
+        total += math.prod(shape) * dtype.itemsize
+        if total > limit:
+            raise ExportError(
+                f"{path} declares {total / 2**20:,.0f} MB of arrays or more once decompressed, over the limit of "
+                f"{limit / 2**20:,.0f} MB (ATTNVIZ_MAX_EXPORT_MB raises it)"
+            )
 
 
 def package_version(name: str) -> str:
@@ -111,9 +207,8 @@ class AttentionExport:
         return {name: a for name, a in {**arrays, **self.extras}.items() if a is not None}
 
     def save(self, path: str | Path) -> Path:
-        path = Path(path)
-        path.write_bytes(self.to_bytes())  # bytes, so numpy does not append ".npz" to the name
-        return path
+        """Write the .npz file to ``path`` (through a temporary file and a rename: never half a file)."""
+        return write_atomically(Path(path), self.to_bytes())  # bytes, so numpy does not append ".npz"
 
     def to_bytes(self) -> bytes:
         """The .npz file's content (what `attnviz attention --out` writes)."""
@@ -129,11 +224,15 @@ def load_export(path: str | Path) -> AttentionExport:
     truncated, another program's .npz, pickled data) or that a newer attnviz wrote.
     """
     path = Path(path)
+    check_regular_file(path)
     with open(path, "rb") as f:
         magic = f.read(6)
     if not magic.startswith(b"PK") and magic != b"\x93NUMPY":  # np.load would try it as a pickle
         raise ExportError(f"{path} is not an .npz file: an attnviz export is a zip archive of arrays")
     try:
+        if magic.startswith(b"PK"):
+            with zipfile.ZipFile(path) as archive:
+                _check_members(path, archive)
         z = np.load(path, allow_pickle=False)
         if not isinstance(z, np.lib.npyio.NpzFile):  # a .npy file: one bare array
             raise ExportError(f"{path} holds one array, not an attnviz export (an .npz of several arrays)")
@@ -142,9 +241,14 @@ def load_export(path: str | Path) -> AttentionExport:
             if missing:
                 found = ", ".join(z.files[:8]) or "none"
                 raise ExportError(f"{path} is not an attnviz export: no {', '.join(missing)} in it (it has: {found})")
-            manifest = json.loads(str(z["manifest"]))
+            try:
+                manifest = json.loads(str(z["manifest"]))
+            except RecursionError:
+                raise ExportError(f"{path}: its manifest nests too deep to be an attnviz manifest") from None
             if not isinstance(manifest, dict):
                 raise ExportError(f"{path} is not an attnviz export: its manifest is not a JSON object")
+            if _json_depth(manifest) > MAX_JSON_DEPTH:
+                raise ExportError(f"{path}: its manifest nests deeper than {MAX_JSON_DEPTH} levels")
             _check_format_version(path, manifest)
             get = lambda name: z[name] if name in z.files else None  # noqa: E731
             return AttentionExport(
@@ -158,7 +262,7 @@ def load_export(path: str | Path) -> AttentionExport:
                 manifest=manifest,
                 extras={name: z[name] for name in z.files if name not in STANDARD_ARRAYS},
             )
-    except (ValueError, KeyError, EOFError, zipfile.BadZipFile, zlib.error) as e:
+    except (ValueError, KeyError, EOFError, zipfile.BadZipFile, zlib.error, NotImplementedError) as e:
         # numpy's own messages for these speak of pickles and zip members; say what the user has.
         raise ExportError(f"{path} is not a readable attnviz export (.npz): {type(e).__name__}: {e}") from None
 

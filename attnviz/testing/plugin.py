@@ -164,16 +164,41 @@ class AttentionSnapshot:
                 + (f"\n{report}" if report else ""),
                 pytrace=False,
             )
+        from attnviz.errors import ExportError
+
         golden.parent.mkdir(parents=True, exist_ok=True)
-        if golden.is_dir():
-            shutil.rmtree(golden)
-        elif golden.exists():
-            golden.unlink()
-        if isinstance(actual, (str, Path)):  # an atlas folder
-            shutil.copytree(actual, golden)
-        else:
-            actual.save(golden)
+        try:
+            if isinstance(actual, (str, Path)):  # an atlas folder
+                _replace_folder(Path(actual), golden)
+            elif golden.is_dir() and not golden.is_symlink():
+                raise ExportError(f"{golden} is a folder, not an export file; move it away to write the golden file")
+            else:
+                actual.save(golden)  # a temporary file renamed over the old one: never half a golden file
+        except ExportError as e:
+            pytest.fail(
+                f"attention_snapshot: cannot write the golden file {self._relative(golden)}: {e}", pytrace=False
+            )
         self._request.config.stash.setdefault(_written, []).append(f"{action} {self._relative(golden)}")
+
+
+def _replace_folder(source: Path, golden: Path) -> None:
+    """Put a copy of the atlas folder ``source`` at ``golden``: copied whole beside it first, then swapped
+    in by renames, so that the old golden folder is only removed once the new one is complete."""
+    from attnviz.errors import ExportError
+
+    if golden.is_symlink() or (golden.exists() and not golden.is_dir()):
+        raise ExportError(f"{golden} is not a folder; move it away to write the atlas golden folder")
+    staged = golden.with_name(f".{golden.name}.new")
+    old = golden.with_name(f".{golden.name}.old")
+    for leftover in (staged, old):  # a run killed half-way before
+        if leftover.is_dir() and not leftover.is_symlink():
+            shutil.rmtree(leftover)
+    shutil.copytree(source, staged)
+    if golden.exists():
+        golden.rename(old)
+    staged.rename(golden)
+    if old.exists():
+        shutil.rmtree(old)
 
 
 @pytest.fixture

@@ -1,0 +1,150 @@
+"""Exports and golden files are safe to read and to write: hostile files end in exit 2, never a hang."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import subprocess
+import sys
+import zipfile
+from pathlib import Path
+
+import numpy as np
+import pytest
+from conftest import toy_export
+
+from attnviz.cli import main
+from attnviz.errors import ExportError
+from attnviz.export import load_export, write_atomically
+
+
+def zeros_npz(path: Path, n_bytes: int) -> Path:
+    """An .npz whose 'encoder' declares ``n_bytes`` of float32 zeros: about 1/1000 of that on disk."""
+    with zipfile.ZipFile(path, "w", zipfile.ZIP_DEFLATED) as archive:
+        with archive.open("encoder.npy", "w", force_zip64=True) as f:
+            np.lib.format.write_array_header_1_0(f, {"descr": "<f4", "fortran_order": False, "shape": (n_bytes // 4,)})
+            for _ in range(n_bytes // 2**24):
+                f.write(bytes(2**24))
+    return path
+
+
+def test_a_small_file_that_declares_a_gib_is_refused_before_it_is_decompressed(tmp_path, capsys):
+    bomb = zeros_npz(tmp_path / "bomb.npz", 2**30)
+    assert bomb.stat().st_size < 2 * 2**20
+    with pytest.raises(ExportError, match="1,024 MB.*ATTNVIZ_MAX_EXPORT_MB"):
+        load_export(bomb)
+    good = toy_export().save(tmp_path / "good.npz")
+    assert main(["diff", str(bomb), str(good)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "over the limit" in err
+
+
+def test_the_limit_is_the_operators(tmp_path, monkeypatch):
+    bomb = zeros_npz(tmp_path / "bomb.npz", 2**25)  # 32 MB
+    monkeypatch.setenv("ATTNVIZ_MAX_EXPORT_MB", "16")
+    with pytest.raises(ExportError, match="over the limit of 16 MB"):
+        load_export(bomb)
+    monkeypatch.setenv("ATTNVIZ_MAX_EXPORT_MB", "64")
+    with pytest.raises(ExportError, match="no src_ids"):  # past the bound: read, and found not to be an export
+        load_export(bomb)
+
+
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        (lambda e: dataclasses.replace(e, cross=e.cross.astype(np.complex64)), "complex64 values, not real"),
+        (lambda e: dataclasses.replace(e, src_ids=e.src_ids.astype(np.float32)), "not integers"),
+        (lambda e: dataclasses.replace(e, manifest={"a": json.loads("[" * 40 + "]" * 40)}), "nests deeper"),
+    ],
+)
+def test_maps_that_are_not_real_floats_and_nested_manifests_are_refused(tmp_path, change, message):
+    path = tmp_path / "x.npz"
+    path.write_bytes(change(toy_export()).to_bytes())
+    with pytest.raises(ExportError, match=message):
+        load_export(path)
+
+
+def test_a_manifest_nested_past_python_s_recursion_is_refused(tmp_path):
+    export = toy_export()
+    arrays = export.arrays()
+    arrays["manifest"] = np.array("[" * 100_000 + "]" * 100_000)
+    np.savez_compressed(tmp_path / "deep.npz", **arrays)
+    assert main(["diff", str(tmp_path / "deep.npz"), str(export.save(tmp_path / "good.npz"))]) == 2
+
+
+def test_fifos_are_refused_by_diff_and_by_out_without_hanging(tmp_path):
+    fifo = tmp_path / "pipe.npz"
+    os.mkfifo(fifo)
+    good = toy_export().save(tmp_path / "good.npz")
+    with pytest.raises(ExportError, match="FIFO"):
+        load_export(fifo)
+    for args in (
+        ["diff", str(fifo), str(good)],
+        ["attention", "--model", "reverse", "--src", "a b", "--out", str(fifo)],
+    ):
+        run = subprocess.run(
+            [sys.executable, "-m", "attnviz.cli", *args], capture_output=True, text=True, timeout=120, cwd=tmp_path
+        )
+        assert run.returncode == 2, run.stderr
+        assert "FIFO" in run.stderr and len(run.stderr.strip().splitlines()) == 1, run.stderr
+
+
+def test_a_failed_write_leaves_the_old_file_whole_and_no_temporary(tmp_path, monkeypatch):
+    path = tmp_path / "out.npz"
+    path.write_bytes(b"the earlier, good file")
+
+    def crash(fd):  # the process dies between writing and renaming
+        raise OSError("killed")
+
+    monkeypatch.setattr(os, "fsync", crash)
+    with pytest.raises(OSError):
+        write_atomically(path, b"half")
+    assert path.read_bytes() == b"the earlier, good file"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["out.npz"]
+    monkeypatch.undo()
+    write_atomically(path, b"new")
+    assert path.read_bytes() == b"new"
+
+
+PLUGIN_TEST = """
+from conftest_export import export
+
+
+def test_snapshot(attention_snapshot):
+    attention_snapshot(export())
+"""
+
+
+def run_plugin(folder: Path, *flags: str) -> subprocess.CompletedProcess:
+    env = {k: v for k, v in os.environ.items() if k != "CI"}
+    return subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *flags, str(folder / "test_x.py")],
+        capture_output=True,
+        text=True,
+        cwd=folder,
+        env=env,
+        timeout=300,
+    )
+
+
+def test_the_plugin_never_deletes_a_folder_and_replaces_a_golden_file_whole(tmp_path):
+    (tmp_path / "test_x.py").write_text(PLUGIN_TEST)
+    source = Path(__file__).with_name("conftest.py")
+    (tmp_path / "conftest_export.py").write_text(
+        f"import sys\nsys.path.insert(0, {str(source.parent)!r})\nfrom conftest import toy_export as export\n"
+    )
+    golden = tmp_path / "__snapshots__" / "test_x" / "test_snapshot.npz"
+    golden.mkdir(parents=True)
+    (golden / "keep.txt").write_text("someone's files")
+    run = run_plugin(tmp_path, "--attnviz-update")
+    assert run.returncode == 1 and "is a folder, not an export file" in run.stdout, run.stdout
+    assert (golden / "keep.txt").read_text() == "someone's files", "a folder is never deleted"
+    (golden / "keep.txt").unlink()
+    golden.rmdir()
+    zeros_npz(golden, 2**30)  # a hostile golden file from a pull request: repaired by an update
+    assert run_plugin(tmp_path).returncode == 1
+    run = run_plugin(tmp_path, "--attnviz-update")
+    assert run.returncode == 0, run.stdout
+    assert load_export(golden).src_tokens == toy_export().src_tokens
+    assert sorted(p.name for p in golden.parent.iterdir()) == ["test_snapshot.npz"], "no temporary file left"
