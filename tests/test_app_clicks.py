@@ -109,3 +109,23 @@ def test_the_teaching_tabs_step_with_their_buttons(page, key):
     at.button(key=f"_{key}_previous").click().run()
     assert_ok(at)
     assert at.session_state[key] != second and not notices(at)
+
+
+@pytest.mark.parametrize(
+    ("page", "params"),
+    [
+        ("pages/walkthrough.py", {"wt_k": "1e309"}),
+        ("pages/variants.py", {"var_tab": "Complexity (section 4)", "var_cx_n": "1e309"}),
+        ("pages/variants.py", {"var_tab": "Synthesizer", "var_syn_seed": "-1e400"}),
+        ("pages/mechanics.py", {"mech_tab": "Why √d_k", "mech_n_keys": "nan"}),
+    ],
+)
+def test_whole_numbers_out_of_range_in_a_link_are_set_aside(page, params):
+    """Streamlit's own reading of 1e309 for a whole-number box raised OverflowError: the page crashed."""
+    at = AppTest.from_file("../app.py", default_timeout=120)
+    at.query_params.update(params)
+    at.run()
+    at.switch_page(page).run()
+    assert_ok(at)
+    key, value = list(params.items())[-1]
+    assert any(f"{key}='{value}'" in n for n in notices(at)), notices(at)

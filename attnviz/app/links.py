@@ -10,9 +10,11 @@ address bar is the link to share.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Mapping
 
 import streamlit as st
+from streamlit.runtime.state.session_state_proxy import get_session_state
 
 from attnviz.app.text import escape_markdown
 
@@ -38,6 +40,8 @@ def bound(widget: Callable, label: str, *args, key: str, format_func: Callable |
     """
     shown = format_func or str
     st.session_state.setdefault(LINK_STATE, {"raw": {}, "shown": {}})["shown"][key] = shown
+    if getattr(widget, "__name__", "") in NUMERIC_WIDGETS and not _usable_number(st.query_params.get(key)):
+        _drop_link_value(key)
     if format_func is not None:
         kwargs["format_func"] = format_func
     return widget(label, *args, key=key, bind="query-params", **kwargs)
@@ -48,6 +52,39 @@ def _next_tab(key: str, names: list[str], delta: int) -> None:
     current = st.session_state.get(key)
     at = names.index(current) if current in names else 0
     st.session_state[key] = names[min(max(at + delta, 0), len(names) - 1)]
+
+
+NUMERIC_WIDGETS = ("number_input", "slider", "select_slider")
+LARGEST_NUMBER = 2.0**53  # beyond, a float no longer holds every whole number
+
+
+def _drop_link_value(key: str) -> None:
+    """Take ``key``'s value out of the link before its widget reads it; the footer then sets it aside.
+
+    Streamlit's own reading of such a value crashes the page (1e309 is infinity, and no whole
+    number). A widget seeds itself from the link's *first* parameters, which only Streamlit's
+    session keeps: after the parameter goes, they are made the current ones again.
+    """
+    st.query_params.pop(key, None)
+    with get_session_state().query_params() as params:
+        params.set_initial_query_params_from_current()
+
+
+def _usable_number(raw: str | None) -> bool:
+    """Whether a link's value for a number widget is one Streamlit can read: absent, or finite and not huge.
+
+    (Ranges, "3,7", and values the widget itself refuses are left to the widget: they are set aside.)
+    """
+    if raw is None:
+        return True
+    for part in str(raw).split(","):
+        try:
+            number = float(part)
+        except ValueError:
+            continue
+        if not math.isfinite(number) or abs(number) > LARGEST_NUMBER:
+            return False
+    return True
 
 
 def lazy_tabs(key: str, tabs: Mapping[str, Callable[[], None]]) -> None:
