@@ -13,7 +13,7 @@ import pytest
 
 import attnviz
 from attnviz.atlas import STATISTICS, build_atlas, compute_atlas, load_atlas, typical_sentences
-from attnviz.atlas.corpus import Sentence, batches, by_width, shards, split_lines, tokenize
+from attnviz.atlas.corpus import Sentence, batches, by_width, read_lines, shards, split_lines, tokenize
 from attnviz.atlas.store import TABLES
 from attnviz.atlas.summary import classical_mds, head_table
 from attnviz.cli import main
@@ -55,10 +55,30 @@ def _frames_equal(a, b) -> None:
 # Lines, shards, batches
 
 
-def test_lines_split_on_newlines_only_and_bad_bytes_are_marked():
+def test_lines_split_on_newlines_only_and_bad_bytes_are_marked(tmp_path):
     data = "a\r\nb\u2028c\n\nd".encode() + b"\n\xff\n"
     assert split_lines(data) == ["a", "b\u2028c", "", "d", None]
     assert split_lines(data, limit=2) == ["a", "b\u2028c"]
+    path = tmp_path / "corpus.txt"
+    path.write_bytes(data)
+    assert read_lines(path) == split_lines(data), "read line by line, split the same way"
+    assert read_lines(path, limit=2) == ["a", "b\u2028c"]
+
+
+def test_a_limit_reads_only_its_lines_and_a_huge_line_is_cut(tmp_path, monkeypatch):
+    import tracemalloc
+
+    import attnviz.atlas.corpus as corpus
+
+    path = tmp_path / "corpus.txt"
+    path.write_bytes(b"first\n" + b"x" * 10**7 + b"\nthird\n")
+    tracemalloc.start()
+    assert read_lines(path, limit=1) == ["first"]
+    peak = tracemalloc.get_traced_memory()[1]
+    tracemalloc.stop()
+    assert peak < 2**20, f"--limit 1 held {peak:,} bytes: the 10 MB line after it was read"
+    monkeypatch.setattr(corpus, "MAX_LINE_BYTES", 64)
+    assert read_lines(path) == ["first", "x" * 64, "third"], "a huge line is cut, and the next line still read"
 
 
 def test_bad_lines_are_skipped_and_counted(bundle):

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from attnviz.atlas.corpus import Corpus, file_sha256, shards, split_lines, tokenize
+from attnviz.atlas.corpus import Corpus, file_sha256, read_lines, shards, tokenize
 from attnviz.atlas.engine import check_precision, run_local
 from attnviz.atlas.stats import STATISTICS
 from attnviz.atlas.store import FORMAT, AtlasFolder, load_atlas, summarise
@@ -128,8 +128,8 @@ def build_atlas(
     corpus, targets = Path(corpus), None if targets is None else Path(targets)
     parsed = tokenize(
         bundle.tokenizer,
-        split_lines(corpus.read_bytes(), limit),
-        None if targets is None else split_lines(targets.read_bytes(), limit),
+        read_lines(corpus, limit),
+        None if targets is None else read_lines(targets, limit),
     )
     _check_usable(parsed, bundle, targets is not None)
     plan = {

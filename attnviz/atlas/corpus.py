@@ -65,6 +65,36 @@ def file_sha256(path: Path) -> str:
     return h.hexdigest()
 
 
+MAX_LINE_BYTES = 1 << 20  # a longer line is read this far only: no sentence a model reads is longer
+
+
+def read_lines(path: Path, limit: int | None = None) -> list[str | None]:
+    """The first ``limit`` lines of the file at ``path`` (all without it), read one at a time, as
+    :func:`split_lines` splits them: ``--limit 10`` reads ten lines of a 100 MB corpus, not the file.
+
+    A line is read up to :data:`MAX_LINE_BYTES`, its rest skipped unread into memory: such a line is
+    too long for any model, and is skipped later for that reason.
+    """
+    lines: list[str | None] = []
+    with open(path, "rb") as f:
+        while limit is None or len(lines) < limit:
+            chunk = f.readline(MAX_LINE_BYTES)
+            if not chunk:
+                break
+            if chunk.endswith(b"\n"):
+                chunk = chunk[:-1]
+            elif len(chunk) == MAX_LINE_BYTES:  # cut: skip the rest of this line in blocks
+                while (rest := f.readline(MAX_LINE_BYTES)) and not rest.endswith(b"\n"):
+                    pass
+                lines.append(chunk.decode("utf-8", errors="ignore"))
+                continue
+            try:
+                lines.append(chunk.removesuffix(b"\r").decode("utf-8"))
+            except UnicodeDecodeError:
+                lines.append(None)
+    return lines
+
+
 def split_lines(data: bytes, limit: int | None = None) -> list[str | None]:
     """The lines of a file's bytes (a final newline ends the last line; "\\r\\n" counts as one newline).
 
