@@ -188,6 +188,58 @@ def test_a_run_killed_after_some_shards_resumes_to_the_same_atlas(bundle, corpus
     assert not (out / "shards").exists()
 
 
+@pytest.mark.parametrize("tamper", ["values", "columns", "rows", "unreadable", "ledger"])
+def test_a_shard_that_does_not_match_its_record_is_computed_again_never_merged(
+    bundle, corpus, tmp_path, tamper, caplog
+):
+    whole = build_atlas(bundle, corpus, tmp_path / "whole", batch_size=2, shard_size=2)
+    out = tmp_path / "stopped"
+
+    def stop_in_the_third_shard(done, total):
+        if done >= 5:
+            raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        build_atlas(bundle, corpus, out, batch_size=2, shard_size=2, progress=stop_in_the_third_shard)
+    shard = out / "shards" / "00001.sentences.parquet"
+    frame = pd.read_parquet(shard)
+    if tamper == "values":
+        frame[STATISTICS[0]] = frame[STATISTICS[0]] + 0.5
+    elif tamper == "columns":
+        frame = frame.drop(columns=[STATISTICS[0]])
+    elif tamper == "rows":
+        frame = frame.iloc[:3]
+    if tamper == "unreadable":
+        shard.write_bytes(b"PAR1 garbage")
+    elif tamper == "ledger":  # the manifest's record says the shard holds another number of sentences
+        manifest = json.loads((out / "manifest.json").read_text())
+        manifest["shard_ledger"]["1"]["inputs"]["rows"] = 1
+        (out / "manifest.json").write_text(json.dumps(manifest))
+    else:
+        frame.to_parquet(shard, index=False)
+    seen = []
+    with caplog.at_level("WARNING", logger="attnviz"):
+        resumed = build_atlas(bundle, corpus, out, batch_size=2, shard_size=2, progress=lambda d, t: seen.append(d))
+    assert seen[0] == 2, "only shard 0 (2 sentences) is kept; shard 1 is computed again"
+    assert any("shard 1" in r.getMessage() and "computed again" in r.getMessage() for r in caplog.records)
+    _frames_equal(resumed, whole)
+
+
+def test_a_shard_changed_while_the_run_goes_on_is_refused_at_the_merge(bundle, corpus, tmp_path, monkeypatch):
+    from attnviz.atlas import store
+
+    real = store.AtlasFolder.finish
+
+    def tamper_then_finish(self, *args, **kwargs):
+        path = self.shards / "00000.sentences.parquet"
+        path.write_bytes(path.read_bytes() + b" ")
+        return real(self, *args, **kwargs)
+
+    monkeypatch.setattr(store.AtlasFolder, "finish", tamper_then_finish)
+    with pytest.raises(AtlasError, match="shard 0 .* changed since it was written"):
+        build_atlas(bundle, corpus, tmp_path / "a", batch_size=2, shard_size=2)
+
+
 def test_a_finished_atlas_is_read_back_not_recomputed(bundle, corpus, tmp_path):
     first = build_atlas(bundle, corpus, tmp_path / "a", shard_size=4)
     calls = []

@@ -159,7 +159,7 @@ def build_atlas(
     folder = AtlasFolder(Path(out), plan, manifest)
     if folder.complete:
         return load_atlas(out)
-    done_shards = folder.done()
+    done_shards = folder.done({i: len(shard) for i, shard in enumerate(work)})
     todo = {i: shard for i, shard in enumerate(work) if i not in done_shards}
     total = len(parsed.sentences)
     done = total - sum(len(shard) for shard in todo.values())

@@ -11,6 +11,7 @@ renamed, so a run killed at any moment leaves no half-written file that counts.
 from __future__ import annotations
 
 import json
+import logging
 import os
 import shutil
 from pathlib import Path
@@ -18,6 +19,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from attnviz.atlas.corpus import file_sha256
 from attnviz.atlas.summary import (
     Atlas,
     distance_table,
@@ -33,6 +35,10 @@ FORMAT = "attnviz-atlas/1"
 MANIFEST = "manifest.json"
 TABLES = ("sentences", "heads", "distances", "mds", "inputs")
 SHARDS = "shards"
+PARTS = ("inputs", "pairs", "sentences")  # a shard's files, in the order they are written
+LEDGER = "shard_ledger"  # manifest key: per shard written, each file's rows and sha256
+
+log = logging.getLogger(__name__)
 
 
 def _write_atomic(path: Path, write) -> None:
@@ -83,25 +89,65 @@ class AtlasFolder:
     def _shard(self, index: int, part: str) -> Path:
         return self.shards / f"{index:05d}.{part}.parquet"
 
-    def done(self) -> set[int]:
-        """The shards already written."""
-        return {int(p.name.split(".")[0]) for p in self.shards.glob("*.sentences.parquet")}
+    def _matches(self, index: int, sentences: int | None) -> str | None:
+        """Why shard ``index`` does not match its ledger entry (None when it does, file by file)."""
+        record = self.manifest.get(LEDGER, {}).get(str(index))
+        if record is None:
+            return "no record of it in the manifest"
+        if sentences is not None and record["inputs"]["rows"] != sentences:
+            return f"it holds {record['inputs']['rows']} sentences where the plan has {sentences}"
+        for part in PARTS:
+            path = self._shard(index, part)
+            if not path.is_file():
+                return f"its {part} file is missing"
+            if file_sha256(path) != record[part]["sha256"]:
+                return f"its {part} file changed since it was written"
+        return None
+
+    def done(self, sizes: dict[int, int] | None = None) -> set[int]:
+        """The shards already written whose files are exactly as recorded when they were (and, with
+        ``sizes``, hold the plan's number of sentences). Any other shard's files are removed, with a
+        warning, so that it is computed again: a shard is never merged on trust."""
+        found = {int(p.name.split(".")[0]) for p in self.shards.glob("*.parquet") if p.name[:5].isdigit()}
+        found |= {int(i) for i in self.manifest.get(LEDGER, {})}
+        good = set()
+        for index in sorted(found):
+            why = self._matches(index, None if sizes is None else sizes.get(index))
+            if why is None:
+                good.add(index)
+                continue
+            if str(index) in self.manifest.get(LEDGER, {}) or any(self._shard(index, p).exists() for p in PARTS):
+                log.warning("shard %d of %s is computed again: %s", index, self.folder, why)
+            for part in PARTS:
+                self._shard(index, part).unlink(missing_ok=True)
+            self.manifest.get(LEDGER, {}).pop(str(index), None)
+        return good
 
     def write_shard(self, index: int, sentences: pd.DataFrame, inputs: pd.DataFrame, sums: dict) -> None:
-        """One finished shard: its inputs and divergence sums first, its sentences last (the mark of done)."""
-        pairs = [
-            pd.DataFrame({"kind": kind, "pair": np.arange(total.size), "js_sum": total.ravel(), "count": count})
-            for kind, (total, count) in sums.items()
-        ]
-        write_table(self._shard(index, "inputs"), inputs)
-        write_table(self._shard(index, "pairs"), pd.concat(pairs, ignore_index=True))
-        write_table(self._shard(index, "sentences"), sentences)
+        """One finished shard: its three files, then their rows and hashes in the manifest (the mark of done)."""
+        pairs = pd.concat(
+            [
+                pd.DataFrame({"kind": kind, "pair": np.arange(total.size), "js_sum": total.ravel(), "count": count})
+                for kind, (total, count) in sums.items()
+            ],
+            ignore_index=True,
+        )
+        record = {}
+        for part, frame in zip(PARTS, (inputs, pairs, sentences), strict=True):
+            write_table(self._shard(index, part), frame)
+            record[part] = {"rows": len(frame), "sha256": file_sha256(self._shard(index, part))}
+        self.manifest.setdefault(LEDGER, {})[str(index)] = record
+        write_json(self.folder / MANIFEST, self.manifest)
 
     def finish(self, n_shards: int, n_heads: int, updates: dict) -> Atlas:
-        """Merge the shards into the final tables, mark the manifest complete, remove the shards."""
-        missing = sorted(set(range(n_shards)) - self.done())
-        if missing:
-            raise AtlasError(f"shards {missing} are missing from {self.folder}: run the same command again")
+        """Check every shard against its record, merge them into the final tables, mark the manifest
+        complete, remove the shards. A shard that no longer matches is refused: never merged."""
+        for index in range(n_shards):
+            why = self._matches(index, None)
+            if why is not None:
+                raise AtlasError(
+                    f"shard {index} of {self.folder} cannot be merged: {why}; run the same command again to compute it"
+                )
         indices = range(n_shards)
         sentences = sort_sentences(pd.concat([pd.read_parquet(self._shard(i, "sentences")) for i in indices]))
         inputs = pd.concat([pd.read_parquet(self._shard(i, "inputs")) for i in indices])
@@ -115,7 +161,8 @@ class AtlasFolder:
                 count = int(rows["count"].iloc[0])
                 before, seen = sums.get(kind, (np.zeros((size, size)), 0))
                 sums[kind] = (before + total.reshape(size, size), seen + count)
-        atlas = summarise(sentences, inputs, sums, n_heads, {**self.manifest, **updates, "complete": True})
+        final = {k: v for k, v in self.manifest.items() if k != LEDGER}
+        atlas = summarise(sentences, inputs, sums, n_heads, {**final, **updates, "complete": True})
         for name in TABLES:
             write_table(self.folder / f"{name}.parquet", getattr(atlas, name))
         write_json(self.folder / MANIFEST, atlas.manifest)
