@@ -326,3 +326,29 @@ def test_presenter_mode_puts_each_pages_picture_on_a_readable_first_screen(serve
                 assert room["caption"] is None or room["caption"] >= 20, f"{name}: captions under 20 px: {room}"
         finally:
             browser.close()
+
+
+def test_a_crafted_link_draws_no_link_and_no_image_on_any_page(server):
+    """Markdown, HTML and bare addresses in every parameter stay text: nothing points off this server."""
+    from urllib.parse import urlencode, urlparse
+
+    from playwright.sync_api import sync_playwright
+
+    link, image = "[Session expired: log in again](https://evil.example/login)", "![t](http://evil.example/t.png)"
+    params = {key: link for key in ("src", "tgt", "cmp_src", "at_folder", "model_path")}
+    params.update({"head": image, "layer": "<img src=http://evil.example/x.png>", "kind": "www.evil.example"})
+    outside = "a[href*='evil.example'], img[src*='evil.example'], [style*='evil.example']"
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_ARGS)
+        page = browser.new_page(viewport={"width": 1400, "height": 1000})
+        requests = []
+        page.on("request", lambda r: requests.append(r.url) if urlparse(r.url).hostname != "127.0.0.1" else None)
+        try:
+            for name, path in PAGES.items():
+                page.goto(f"{server}/{path}?" + urlencode(params))
+                _wait_for_run(page)
+                _no_exception(page, f"{name} opened from a crafted link")
+                assert page.locator(outside).count() == 0, f"{name} draws a link or an image the app did not put there"
+            assert not requests, f"the browser asked another host for {requests}"
+        finally:
+            browser.close()

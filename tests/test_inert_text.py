@@ -20,8 +20,8 @@ TAG = re.compile(r"(?<!\\)<[a-z]")  # "<img", "<a" not escaped: HTML (inert with
 
 
 def rendered_markdown(text: str) -> str:
-    """What markdown shows of ``text``: each backslash-escaped character as itself."""
-    return re.sub(r"\\(.)", r"\1", text)
+    """What markdown shows of ``text``: each backslash-escaped character as itself (word joiners are invisible)."""
+    return re.sub(r"\\(.)", r"\1", text).replace("\u2060", "")
 
 
 @pytest.mark.parametrize(
@@ -62,3 +62,10 @@ def test_a_crafted_link_shows_no_link_or_image_on_any_page(page):
     for text in texts:
         assert not ACTIVE.search(text), (page, text)
         assert not TAG.search(text), (page, text)
+
+
+def test_bare_addresses_do_not_become_links():
+    for text in ("https://evil.example/login", "www.evil.example", "someone@evil.example"):
+        escaped = escape_markdown(text)
+        assert rendered_markdown(escaped) == text
+        assert not re.search(r"://|www\.|\w@", escaped, re.IGNORECASE), escaped
