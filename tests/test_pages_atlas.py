@@ -130,3 +130,79 @@ def test_a_link_reopens_the_chosen_head():
     at, notices = open_link(PAGE, {"at_kind": "sideways", "at_layer": "9"})
     assert_ok(at)
     assert "at_kind='sideways'" in notices and "at_layer='9'" in notices, notices
+
+
+def _hostile(folder, case: str, outside) -> None:
+    """Make the atlas folder ``folder`` hostile in the way ``case`` names."""
+    import json
+    import os
+    import shutil
+
+    import pandas as pd
+
+    manifest = folder / "manifest.json"
+    if case == "manifest to /dev/zero":
+        manifest.unlink()
+        manifest.symlink_to("/dev/zero")
+    elif case == "manifest a FIFO":
+        manifest.unlink()
+        os.mkfifo(manifest)
+    elif case == "manifest a folder":
+        manifest.unlink()
+        manifest.mkdir()
+    elif case == "manifest huge":
+        manifest.write_text(json.dumps({"format": "attnviz-atlas/1", "pad": "x" * 2_000_000}))
+    elif case == "manifest nested":
+        manifest.write_text("[" * 100_000 + "]" * 100_000)
+    elif case == "manifest wrong types":
+        data = json.loads(manifest.read_text())
+        data["model"] = ["not", "an", "object"]
+        manifest.write_text(json.dumps(data))
+    elif case == "table of 60 M rows":
+        pd.DataFrame({"line": pd.Series(0, index=range(60_000_000), dtype="int8")}).to_parquet(folder / "heads.parquet")
+    elif case == "table linked out of the folder":
+        shutil.copy(folder / "mds.parquet", outside / "mds.parquet")
+        (folder / "mds.parquet").unlink()
+        (folder / "mds.parquet").symlink_to(outside / "mds.parquet")
+    elif case == "table without its columns":
+        pd.DataFrame({"kind": ["cross"]}).to_parquet(folder / "distances.parquet")
+    elif case == "table not parquet":
+        (folder / "inputs.parquet").write_bytes(b"PAR1 not really")
+
+
+HOSTILE = [
+    "manifest to /dev/zero",
+    "manifest a FIFO",
+    "manifest a folder",
+    "manifest huge",
+    "manifest nested",
+    "manifest wrong types",
+    "table of 60 M rows",
+    "table linked out of the folder",
+    "table without its columns",
+    "table not parquet",
+]
+
+
+@pytest.mark.parametrize("case", HOSTILE)
+def test_a_hostile_atlas_folder_gives_a_message_that_names_no_path(atlas_root, tmp_path, case):
+    """Atlas folders get the checks checkpoint files get: no hang, no GB read, no link out, no traceback."""
+    import resource
+    import time
+
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    _hostile(atlas_root / "demo", case, outside)
+    before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    start = time.perf_counter()
+    at = open_app(PAGE)
+    at.radio(key="at_source").set_value("folder").run()
+    at.text_input(key="at_folder").set_value("demo").run()
+    assert time.perf_counter() - start < 60, "a FIFO must not hang the visitor"
+    grown_mb = (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before) / 1024
+    assert grown_mb < 400, f"{case}: the server grew by {grown_mb:.0f} MB"
+    assert not at.exception, [e.value for e in at.exception]
+    shown = " ".join(e.value for e in at.error)
+    assert shown, f"{case}: no message"
+    for path in (str(atlas_root), str(tmp_path), "/dev/zero"):
+        assert path not in shown, (case, shown)

@@ -14,12 +14,14 @@ import json
 import logging
 import os
 import shutil
+import stat
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
 
 from attnviz.atlas.corpus import file_sha256
+from attnviz.atlas.stats import STATISTICS
 from attnviz.atlas.summary import (
     Atlas,
     distance_table,
@@ -186,33 +188,105 @@ def summarise(
     )
 
 
+MAX_MANIFEST_BYTES = 1 << 20
+MAX_ATLAS_MB = 256  # per table file; ATTNVIZ_MAX_ATLAS_MB changes it
+MAX_ATLAS_ROWS = 2_000_000  # per table, read from the file's metadata first; ATTNVIZ_MAX_ATLAS_ROWS changes it
+COLUMNS = {  # what each table must hold for the app and the CLI to read it
+    "sentences": ("line", "kind", "layer", "head", *STATISTICS),
+    "heads": ("kind", "layer", "head", "sentences"),
+    "distances": ("kind", "layer_a", "head_a", "layer_b", "head_b", "js_divergence"),
+    "mds": ("kind", "layer", "head", "x", "y"),
+    "inputs": ("line", "src", "src_ids", "src_tokens", "tgt_ids", "tgt_tokens"),
+}
+
+
+def _limit(name: str, default: int) -> int:
+    try:
+        return int(float(os.environ.get(name, default)))
+    except ValueError:
+        return default
+
+
+def _checked_file(folder: Path, name: str, max_bytes: int) -> Path:
+    """``folder / name`` when it is a regular file inside the folder and at most ``max_bytes``; else an
+    AtlasError naming only ``name``. Checked as checkpoint files are: a link may not leave the
+    folder, and a FIFO or a device is never opened (one would hang the reader, the other never end)."""
+    path = folder / name
+    try:
+        if path.is_symlink() and not path.resolve().is_relative_to(folder.resolve()):
+            raise AtlasError(f"the atlas's {name} is a link out of its folder: it is not read")
+        info = path.stat()
+    except FileNotFoundError:
+        raise AtlasError(f"the atlas has no {name}: it is incomplete or not an atlas (`attnviz atlas --out`)") from None
+    except (OSError, RuntimeError) as e:  # a loop of links, a name too long
+        raise AtlasError(f"the atlas's {name} cannot be read ({type(e).__name__})") from None
+    if not stat.S_ISREG(info.st_mode):
+        raise AtlasError(f"the atlas's {name} is not a regular file")
+    if info.st_size > max_bytes:
+        raise AtlasError(
+            f"the atlas's {name} is {info.st_size / 2**20:,.1f} MB, over the limit of {max_bytes / 2**20:,.0f} MB"
+        )
+    return path
+
+
 def read_manifest(folder: Path) -> dict:
-    path = Path(folder) / MANIFEST
+    if not (Path(folder) / MANIFEST).exists() and not (Path(folder) / MANIFEST).is_symlink():
+        raise AtlasError("no atlas there: manifest.json is missing (`attnviz atlas --out` writes one)")
+    path = _checked_file(Path(folder), MANIFEST, MAX_MANIFEST_BYTES)
     try:
         manifest = json.loads(path.read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        raise AtlasError("no atlas there: manifest.json is missing (`attnviz atlas --out` writes one)") from None
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise AtlasError(f"the atlas's manifest.json cannot be read: {e}") from None
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError, RecursionError) as e:
+        raise AtlasError(f"the atlas's manifest.json cannot be read ({type(e).__name__})") from None
     if not isinstance(manifest, dict) or manifest.get("format") != FORMAT:
         raise AtlasError(f"manifest.json is not an attnviz atlas manifest (format {FORMAT})")
     return manifest
 
 
+def _check_finished_manifest(manifest: dict) -> None:
+    """The fields a finished atlas's readers use, of the types they use: else an AtlasError."""
+    model, counts = manifest.get("model"), manifest.get("counts")
+    fields = {
+        "model.name": isinstance(model, dict) and isinstance(model.get("name"), str),
+        "model.checkpoint_sha256": isinstance(model, dict) and isinstance(model.get("checkpoint_sha256"), str),
+        "counts.sentences": isinstance(counts, dict) and type(counts.get("sentences")) is int,
+        "counts.skipped": isinstance(counts, dict)
+        and isinstance(counts.get("skipped"), dict)
+        and all(type(v) is int for v in counts["skipped"].values()),
+        "tgt_from": isinstance(manifest.get("tgt_from"), str),
+        "precision": isinstance(manifest.get("precision"), str),
+    }
+    wrong = [name for name, ok in fields.items() if not ok]
+    if wrong:
+        raise AtlasError(f"the atlas's manifest.json lacks, or has the wrong type for: {', '.join(wrong)}")
+
+
+def _read_table(folder: Path, name: str) -> pd.DataFrame:
+    """One table, after its size, its row count (from the file's own metadata) and its columns are checked."""
+    import pyarrow.parquet as pq
+
+    path = _checked_file(folder, f"{name}.parquet", _limit("ATTNVIZ_MAX_ATLAS_MB", MAX_ATLAS_MB) * 2**20)
+    max_rows = _limit("ATTNVIZ_MAX_ATLAS_ROWS", MAX_ATLAS_ROWS)
+    try:
+        meta = pq.ParquetFile(path)
+        rows, columns = meta.metadata.num_rows, set(meta.schema_arrow.names)
+        if rows > max_rows:
+            raise AtlasError(f"the atlas's {name}.parquet has {rows:,} rows, over the limit of {max_rows:,}")
+        missing = [c for c in COLUMNS[name] if c not in columns]
+        if missing:
+            raise AtlasError(f"the atlas's {name}.parquet lacks the columns {', '.join(missing)}: compute it again")
+        return pd.read_parquet(path)
+    except AtlasError:
+        raise
+    except Exception as e:  # noqa: BLE001 - pyarrow raises its own errors for a damaged file
+        raise AtlasError(f"the atlas's {name}.parquet cannot be read ({type(e).__name__}); compute it again") from None
+
+
 def load_atlas(folder: str | Path) -> Atlas:
-    """Read a finished atlas folder; AtlasError (naming no path) when it is incomplete or not an atlas."""
+    """Read a finished atlas folder; AtlasError (naming no path) when it is incomplete, not an atlas,
+    or not safe to read: every file is checked as checkpoint files are before any is read whole."""
     folder = Path(folder)
     manifest = read_manifest(folder)
     if not manifest.get("complete"):
         raise AtlasError("this atlas is not finished: run the same `attnviz atlas` command again to complete it")
-    tables = {}
-    for name in TABLES:
-        try:
-            tables[name] = pd.read_parquet(folder / f"{name}.parquet")
-        except FileNotFoundError:
-            raise AtlasError(f"the atlas has no {name}.parquet: it is incomplete; compute it again") from None
-        except Exception as e:  # noqa: BLE001 - pyarrow raises its own errors for a damaged file
-            raise AtlasError(
-                f"the atlas's {name}.parquet cannot be read ({type(e).__name__}); compute it again"
-            ) from None
-    return Atlas(manifest=manifest, **tables)
+    _check_finished_manifest(manifest)
+    return Atlas(manifest=manifest, **{name: _read_table(folder, name) for name in TABLES})
