@@ -149,8 +149,11 @@ def visitor_roots(monkeypatch, tmp_path_factory):
 def fresh_streamlit_caches():
     import streamlit as st
 
+    from attnviz.app.cache import RESULTS
+
     st.cache_data.clear()
     st.cache_resource.clear()
+    RESULTS.clear()
 
 
 def open_app(page: str = "app.py", model: str | None = None):

@@ -1,19 +1,23 @@
 """What the pages compute from a model, cached per process: a widget change never reruns the model.
 
-``st.cache_resource`` hands every session the same model, which is therefore read-only;
-``st.cache_data`` keys on strings and numbers only (models and tensors cannot be hashed).
+``st.cache_resource`` hands every session the same model, which is therefore read-only. What is
+computed from it (maps, decodings, figures) is kept in one :class:`~attnviz.app.budget.ByteBudget`
+under ``ATTNVIZ_CACHE_MB``, keyed on strings and numbers only (models and tensors cannot be hashed),
+and shared by every session as it is: read-only.
 """
 
 from __future__ import annotations
 
+import functools
 import threading
 from collections.abc import Callable
-from typing import Any, TypeVar
+from typing import TypeVar
 
 import numpy as np
 import streamlit as st
 
 from attnviz import api
+from attnviz.app.budget import ByteBudget
 from attnviz.atlas.engine import head_map
 from attnviz.checkpoints import Bundle
 from attnviz.checkpoints.catalog import visitor_path
@@ -22,6 +26,30 @@ from attnviz.errors import AtlasError, CheckpointError
 ATLAS_MEMORY = 8  # atlases computed in the app, kept for every session (the oldest goes first)
 
 T = TypeVar("T")
+RESULTS = ByteBudget()  # every session's computed results and figures, under ATTNVIZ_CACHE_MB
+
+
+def budgeted(spinner: str | bool):
+    """``@st.cache_data`` by bytes: the decorated function's result per arguments, kept in :data:`RESULTS`.
+
+    ``spinner``: the text shown while it is computed (False: none). The arguments must be strings,
+    numbers, None and tuples of them.
+    """
+
+    def decorate(function):
+        @functools.wraps(function)
+        def cached(*args, **kwargs):
+            def make():
+                if not spinner:
+                    return function(*args, **kwargs)
+                with st.spinner(spinner):
+                    return function(*args, **kwargs)
+
+            return RESULTS.get((function.__qualname__, args, tuple(sorted(kwargs.items()))), make)
+
+        return cached
+
+    return decorate
 
 
 @st.cache_resource(show_spinner="Loading the model…", max_entries=4)
@@ -42,36 +70,36 @@ def run_attention(model: str, device: str, src: str, tgt: str | None, words: boo
     return _run_attention(model, device, src, tgt, bool(words))  # every argument given: one cache key per run
 
 
-@st.cache_data(show_spinner="Running the model…", max_entries=64)
+@budgeted("Running the model…")
 def _run_attention(model: str, device: str, src: str, tgt: str | None, words: bool) -> api.AttentionExport:
     return api.attention(load_bundle(model, device), src, tgt, words=words)
 
 
-@st.cache_data(show_spinner="Recording queries and keys…", max_entries=16)
+@budgeted("Recording queries and keys…")
 def run_queries_keys(model: str, device: str, src: str, tgt: str | None) -> dict:
     """Every head's query and key vectors, per kind (L, H, n, d_k); cached like the maps."""
     return api.queries_keys(load_bundle(model, device), src, tgt)
 
 
-@st.cache_data(show_spinner="Computing the scores…", max_entries=16)
+@budgeted("Computing the scores…")
 def run_scores(model: str, device: str, src: str, tgt: str | None) -> dict:
     """Scaled scores before the softmax, per kind (L, H, Q, K); cached like the maps."""
     return api.attention_scores(load_bundle(model, device), src, tgt)
 
 
-@st.cache_data(show_spinner="Running the model…", max_entries=16)
+@budgeted("Running the model…")
 def run_forward_pass(model: str, device: str, src: str, tgt: str | None) -> api.ForwardPass:
     """Every intermediate tensor of one forward pass, cached: moving between stages does not rerun it."""
     return api.forward_pass(load_bundle(model, device), src, tgt)
 
 
-@st.cache_data(show_spinner="Decoding…", max_entries=32)
+@budgeted("Decoding…")
 def run_decoding(model: str, device: str, src: str, beam: int, tgt: str | None, top_k: int = 8):
     """The step-through of one decoding (greedy, beam search or teacher-forced), cached."""
     return api.step_through(load_bundle(model, device), src, beam=beam, top_k=top_k, target=tgt)
 
 
-@st.cache_data(show_spinner="Computing the contributions…", max_entries=32)
+@budgeted("Computing the contributions…")
 def run_attribution(
     model: str, device: str, src: str, tgt: str | None, method: str, position: int | None, words: bool
 ) -> api.AttentionExport:
@@ -79,7 +107,7 @@ def run_attribution(
     return api.attribute(load_bundle(model, device), src, tgt, method=method, position=position, words=words)
 
 
-@st.cache_data(show_spinner="Running the model with those heads switched off…", max_entries=32)
+@budgeted("Running the model with those heads switched off…")
 def run_ablation(
     model: str, device: str, src: str, tgt: str | None, ablate: str, mode: str, words: bool
 ) -> api.AblationComparison:
@@ -87,7 +115,7 @@ def run_ablation(
     return api.compare_ablation(load_bundle(model, device), src, api.Ablation.parse(ablate, mode), tgt, words=words)
 
 
-@st.cache_data(show_spinner="Switching every head off in turn…", max_entries=16)
+@budgeted("Switching every head off in turn…")
 def run_importance(
     model: str, device: str, sentences: tuple[str, ...], references: tuple[str, ...] | None
 ) -> api.HeadImportance:
@@ -96,20 +124,15 @@ def run_importance(
     return api.head_importance(load_bundle(model, device), list(sentences), refs)
 
 
-@st.cache_resource(show_spinner=False, max_entries=512, ttl=3600)
-def _shared(kind: str, key: tuple, _build: Callable[[], Any]) -> Any:
-    return _build()
-
-
 def shared(kind: str, key: tuple, build: Callable[[], T]) -> T:
     """``build()``, made once per (``kind``, ``key``) in the process and shared by every session.
 
     For what a page draws from its choices (a figure, a formatted table): ``key`` must hold every
-    choice the result depends on, as strings, numbers and tuples of them. Unlike st.cache_data
-    nothing is copied on a hit, which is what makes a rerun cheap; so the result is read-only
-    (st.plotly_chart and st.table only read it). Bounded: the 512 most recent, for an hour.
+    choice the result depends on, as strings, numbers and tuples of them. Nothing is copied on a
+    hit, which is what makes a rerun cheap; so the result is read-only (st.plotly_chart and st.table
+    only read it). Bounded with the computed results, by bytes (:data:`RESULTS`).
     """
-    return _shared(kind, key, build)
+    return RESULTS.get(("shared", kind, key), build)
 
 
 @st.cache_resource
@@ -160,7 +183,7 @@ def open_atlas(typed: str) -> api.Atlas:
     return _read_atlas(str(folder), manifest.stat().st_mtime if manifest.is_file() else 0.0)
 
 
-@st.cache_data(show_spinner=False, max_entries=256)
+@budgeted(False)
 def run_head_map(
     model: str, device: str, src_ids: tuple[int, ...], tgt_ids: tuple[int, ...] | None, kind: str, layer: int, head: int
 ) -> np.ndarray:

@@ -1,0 +1,78 @@
+"""The app's memory is bounded by bytes: results are counted by what they hold and dropped oldest first."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import numpy as np
+import pytest
+import torch
+from conftest import toy_export
+
+from attnviz.app.budget import ByteBudget, held_bytes
+
+MB = 2**20
+
+
+def test_held_bytes_counts_arrays_tensors_and_tables_once():
+    import pandas as pd
+
+    a = np.zeros((256, 1024), dtype=np.float32)  # 1 MB
+    t = torch.zeros(1024, 256, dtype=torch.float64)  # 2 MB
+    frame = pd.DataFrame({"x": np.zeros(MB // 8)})  # 1 MB of float64
+    assert MB <= held_bytes(a) < MB + 1024
+    assert held_bytes({"a": a, "again": a, "t": t, "f": frame}) == pytest.approx(4 * MB, rel=0.01)
+    export = toy_export()
+    arrays = sum(v.nbytes for v in (export.encoder, export.decoder, export.cross, export.src_ids, export.tgt_ids))
+    assert arrays <= held_bytes(export) < arrays + 64 * 1024
+    assert not export.encoder.flags.writeable, "a result shared by every session is read-only"
+
+
+def test_the_least_recently_used_results_go_first_and_the_total_stays_under_the_budget():
+    budget = ByteBudget(lambda: 3 * MB + 4096)
+    make = lambda: np.zeros(MB // 4, dtype=np.float32)  # noqa: E731 - 1 MB each
+    for key in "abc":
+        budget.get(key, make)
+    budget.get("a", lambda: pytest.fail("'a' is kept: no new computation"))  # 'a' is now the most recent
+    budget.get("d", make)
+    assert budget.total <= 3 * MB + 4096 and len(budget) == 3
+    made = []
+    budget.get("b", lambda: made.append("b") or make())
+    assert made == ["b"], "'b' was the least recently used: it went first"
+    budget.get("a", lambda: pytest.fail("'a' was used recently: it stays"))
+    assert budget.get("huge", lambda: np.zeros(MB, dtype=np.float32)).nbytes == 4 * MB
+    assert len(budget) == 3 and budget.total <= 3 * MB + 4096, "a result over the whole budget is not kept"
+
+
+def test_sessions_asking_at_once_make_a_result_once():
+    budget, calls = ByteBudget(lambda: 64 * MB), []
+
+    def slow():
+        calls.append(1)
+        time.sleep(0.2)
+        return np.ones(10)
+
+    threads = [threading.Thread(target=budget.get, args=("k", slow)) for _ in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert len(calls) == 1
+
+
+def test_distinct_long_inputs_one_after_another_stay_under_the_operators_budget(monkeypatch):
+    """The app's own cache, with 12 distinct inputs (about 50 kB of maps each) under a 0.2 MB budget."""
+    from attnviz.app import cache
+
+    monkeypatch.setenv("ATTNVIZ_CACHE_MB", "0.2")
+    cache.RESULTS.clear()
+    letters = "abcdefghijklmnopqrstuvwxyz"
+    try:
+        for i in range(12):
+            sentence = " ".join(letters[(i + j) % 26] for j in range(19))  # the reverse model reads up to 20
+            cache.run_attention("reverse", "cpu", sentence, None)
+            assert cache.RESULTS.total <= 0.2 * MB
+        assert 0 < len(cache.RESULTS) < 12, "the oldest were dropped"
+    finally:
+        cache.RESULTS.clear()
