@@ -42,6 +42,9 @@ TYPICAL = 3  # sentences shown as most, and as least, typical
 
 
 def pasted_sentences() -> list[str] | None:
+    if "at_pasted" not in st.session_state:  # start from the model's examples: an atlas at once, to edit
+        examples = load_bundle(choices.model, choices.device).info.get("examples") or []
+        st.session_state["at_pasted"] = "\n".join(examples)
     text = bound(
         st.text_area,
         f"One sentence per line (at most {MAX_SENTENCES} lines of {MAX_CHARACTERS} characters)",

@@ -49,6 +49,10 @@ def test_choosing_a_kind_statistic_and_head():
 def test_pasted_sentences_are_bounded_and_give_an_atlas():
     at = open_app(PAGE)
     at.radio(key="at_source").set_value("pasted").run()
+    assert_ok(at)
+    assert at.text_area(key="at_pasted").value.splitlines() == attnviz.load("en-de").info["examples"]
+    assert at.dataframe and charts(at), "the box starts from the model's examples: an atlas at once"
+    at.text_area(key="at_pasted").set_value("").run()
     assert any("Paste some sentences" in i.value for i in at.info)
     lines = ["twenty-one", "seven", "x" * 500, "Thursday, July 2, 1998"]
     at.text_area(key="at_pasted").set_value("\n".join(lines)).run()
