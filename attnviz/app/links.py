@@ -14,6 +14,7 @@ import math
 from collections.abc import Callable, Mapping
 
 import streamlit as st
+from streamlit.runtime.scriptrunner import get_script_run_ctx
 from streamlit.runtime.state.session_state_proxy import get_session_state
 
 from attnviz.app.text import escape_markdown
@@ -24,12 +25,22 @@ LINK_STATE = "_link"  # session key: the link's parameters at the start of this 
 # starts, while the address bar still holds the value of the run before: that is the page's own
 # change, not a link's value to set aside.
 SEEN_STATE = "_link_seen"
+PAGE_STATE = "_link_page"  # session key: the page the last run drew
 
 
 def start() -> None:
-    """Note the URL's parameters before any widget of this run can drop one (the sidebar calls it first)."""
+    """Note the URL's parameters before any widget of this run can drop one (the sidebar calls it first).
+
+    Only a run that opens a page (a new session, or another page) reads the link: within a visit,
+    every change of the address bar is the page's own (its widgets and callbacks, or Streamlit
+    rewriting a value whose options changed), never a link to check.
+    """
+    ctx = get_script_run_ctx()
+    page = ctx.page_script_hash if ctx is not None else None
+    opened = st.session_state.get(PAGE_STATE, object()) != page
+    st.session_state[PAGE_STATE] = page
     # A multiselect writes one parameter per value (?heads=1&heads=3); read them as the list it is.
-    raw = {key: ",".join(st.query_params.get_all(key)) for key in st.query_params}
+    raw = {key: ",".join(st.query_params.get_all(key)) for key in st.query_params} if opened else {}
     st.session_state[LINK_STATE] = {"raw": raw, "shown": {}}
 
 
