@@ -63,6 +63,8 @@ def test_worked_example_agrees_with_the_models_equation_1():
         (X, W_Q, [[1, 0], [0, 1], [1, 1], [0, 0]], "same shape"),
         ([[1, float("nan"), 0, 0]], W_Q, W_K, "fill every cell"),
         ([[1, "a", 0, 0]], W_Q, W_K, "numbers only"),
+        ([[1e300, 0, 0, 0], [0, 1, 0, 0]], W_Q, W_K, "too large"),  # finite cells whose products overflow
+        ([[1.7e308, 0, 0, 0]], W_Q, W_K, "too large"),
     ],
 )
 def test_worked_example_rejects_bad_matrices_with_a_message(x, wq, wk, message):

@@ -85,11 +85,18 @@ def worked_example(X, W_Q, W_K, W_V, scale: bool = True) -> WorkedExample:
             raise InputError(f"{name} has {m.shape[0]} rows but the input vectors have {D} dimensions: they must match")
     if W_Q.shape != W_K.shape:
         raise InputError(f"W_Q {W_Q.shape} and W_K {W_K.shape} must have the same shape: q . k needs equal d_k")
-    Q, K, V = X @ W_Q, X @ W_K, X @ W_V
     divisor = math.sqrt(W_Q.shape[1]) if scale else 1.0
-    scores = Q @ K.T / divisor
-    weights = softmax(scores)
-    return WorkedExample(Q=Q, K=K, V=V, scores=scores, weights=weights, output=weights @ V, divisor=divisor)
+    with np.errstate(over="ignore", invalid="ignore"):  # huge cells overflow: said below, in words
+        Q, K, V = X @ W_Q, X @ W_K, X @ W_V
+        scores = Q @ K.T / divisor
+        weights = softmax(scores)
+        output = weights @ V
+    if not all(np.isfinite(m).all() for m in (Q, K, V, scores, weights, output)):
+        raise InputError(
+            "these cells are too large: their products overflow the largest number a float can hold "
+            f"(about {np.finfo(np.float64).max:.1e}); use smaller numbers"
+        )
+    return WorkedExample(Q=Q, K=K, V=V, scores=scores, weights=weights, output=output, divisor=divisor)
 
 
 def labelled(matrix: np.ndarray, row_label: str, col_label: str) -> pd.DataFrame:
