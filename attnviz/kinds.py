@@ -7,6 +7,8 @@ input (target) rows by source columns. Masks are boolean, True = this query may 
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import numpy as np
 
 KINDS = ("encoder", "decoder", "cross")
@@ -53,3 +55,22 @@ def causal_mask(n_queries: int, n_keys: int | None = None, start: int = 0) -> np
 def allowed(kind: str, n_queries: int, n_keys: int) -> np.ndarray | None:
     """Which cells of one unpadded map of ``kind`` may be non-zero: the causal mask, or None (every cell)."""
     return causal_mask(n_queries, n_keys) if check_kind(kind) == "decoder" else None
+
+
+LONE_SPACE = "␣"  # how a piece that is only sentencepiece's word marker "▁" is shown: a space, visibly
+
+
+def shown_token(token: str) -> str:
+    """A token as a figure shows it: itself, but a lone word marker "▁" (a space) as "␣", not a stray underscore."""
+    return LONE_SPACE if token == "▁" else token
+
+
+def writing_labels(inputs: Sequence[str], writes: Sequence[str]) -> list[str]:
+    """'▁hundert → ▁sechs': a decoder position by its input token and the token it writes.
+
+    A decoder row reads one token and writes the next: labelled by its input alone, the row
+    "hundert" seems to look at "six", when it does so because it writes "sechs".
+    """
+    if len(inputs) != len(writes):
+        raise ValueError(f"{len(inputs)} decoder inputs but {len(writes)} tokens written")
+    return [f"{shown_token(a)} → {shown_token(b)}" for a, b in zip(inputs, writes, strict=True)]

@@ -23,8 +23,8 @@ from attnviz.app.widgets import escape_markdown
 from attnviz.atlas import STATISTICS, typical_sentences
 from attnviz.figures.atlas import STATISTIC_LABELS, head_map
 from attnviz.figures.attention import attention_heatmap
-from attnviz.figures.common import export_config, writing_labels
-from attnviz.kinds import TITLES, allowed
+from attnviz.figures.common import export_config
+from attnviz.kinds import TITLES, allowed, writing_labels
 
 page_config("head atlas", "🗺️")
 choices = sidebar()

@@ -22,8 +22,8 @@ from attnviz.app import (
 from attnviz.app.present import intro, page_config, picture_area, room
 from attnviz.app.widgets import escape_markdown
 from attnviz.figures.attention import attention_heatmap
-from attnviz.figures.common import writing_labels
 from attnviz.figures.decoding import step_rows_grid, topk_bar
+from attnviz.kinds import writing_labels
 
 page_config("decoding step by step")
 choices = sidebar()

@@ -83,7 +83,7 @@ def test_digit_tokens_are_not_read_as_positions():
 
 def test_decoder_rows_are_named_by_what_they_write():
     from attnviz.export import AttentionExport
-    from attnviz.figures.common import writing_labels
+    from attnviz.kinds import writing_labels
 
     export = AttentionExport(
         encoder=random_maps(1, 1, 3, 3),

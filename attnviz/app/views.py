@@ -21,8 +21,8 @@ from attnviz.app.present import room
 from attnviz.app.widgets import clamp_state
 from attnviz.export import AttentionExport
 from attnviz.figures.attention import attention_heatmap
-from attnviz.figures.common import writing_labels
 from attnviz.figures.images import CONTRASTS, attention_image, scores_image
+from attnviz.kinds import writing_labels
 
 KIND_NAMES = {"encoder": "encoder self-attention", "decoder": "decoder self-attention", "cross": "cross-attention"}
 

@@ -16,7 +16,7 @@ from collections.abc import Sequence
 import numpy as np
 from plotly.colors import qualitative
 
-from attnviz.kinds import TITLES, axis_names
+from attnviz.kinds import TITLES, axis_names, shown_token
 
 WEIGHT_COLORSCALE = "Blues"
 SCORE_COLORSCALE = "RdBu_r"  # diverging: negative blue, 0 white, positive red
@@ -32,14 +32,6 @@ KEY_ANGLES = [0, -60]
 TITLE_PX, SUBTITLE_PX, AXIS_TITLE_PX = 44, 22, 28  # the bands a title, its subtitle and an axis title take
 
 
-LONE_SPACE = "␣"  # how a piece that is only sentencepiece's word marker "▁" is shown: a space, visibly
-
-
-def shown_token(token: str) -> str:
-    """A token as a figure shows it: itself, but a lone word marker "▁" (a space) as "␣", not a stray underscore."""
-    return LONE_SPACE if token == "▁" else token
-
-
 def position_labels(tokens: Sequence[str], start: int = 0) -> list[str]:
     """'3 ▁the': unique tick labels even when a token repeats; positions count from ``start``."""
     return [f"{i} {shown_token(t)}" for i, t in enumerate(tokens, start)]
@@ -48,17 +40,6 @@ def position_labels(tokens: Sequence[str], start: int = 0) -> list[str]:
 def plotly_labels(tokens: Sequence[str], start: int = 0) -> list[str]:
     """Position labels escaped for plotly's HTML-like text: '0 &lt;s&gt;' displays as '0 <s>'."""
     return [html.escape(label, quote=False) for label in position_labels(tokens, start)]
-
-
-def writing_labels(inputs: Sequence[str], writes: Sequence[str]) -> list[str]:
-    """'▁hundert → ▁sechs': a decoder position by its input token and the token it writes.
-
-    A decoder row reads one token and writes the next: labelled by its input alone, the row
-    "hundert" seems to look at "six", when it does so because it writes "sechs".
-    """
-    if len(inputs) != len(writes):
-        raise ValueError(f"{len(inputs)} decoder inputs but {len(writes)} tokens written")
-    return [f"{shown_token(a)} → {shown_token(b)}" for a, b in zip(inputs, writes, strict=True)]
 
 
 def label_text(label: str) -> str:

@@ -22,7 +22,7 @@ import pandas as pd
 
 from attnviz.export import ForwardPass
 from attnviz.hooks import act_name, attention_site
-from attnviz.kinds import SIDES, axis_names
+from attnviz.kinds import SIDES, axis_names, writing_labels
 
 ENCODER_STAGES = (
     ("tokens", "1. Tokens"),
@@ -444,11 +444,16 @@ def _dec_input(wt, facts, step, **_):
     return mats, text, {}
 
 
+def _writing(wt, n: int) -> list[str]:
+    """The first ``n`` decoder positions as "input → the token it writes" (the last input writes </s>)."""
+    return writing_labels(wt.tgt_tokens[:n], [*wt.tgt_tokens[1:], "</s>"][:n])
+
+
 def _dec_self(wt, facts, layer, head, step, **_):
     n, rows = step + 1, wt.tgt_tokens[: step + 1]
     p = attention_site("decoder", layer)
     mats = _qkv(wt, p, head, rows, rows, T_AX, T_AX, n, n)
-    mats += _maps(wt, p, head, rows, rows, *axis_names("decoder"), "decoder", n, n)
+    mats += _maps(wt, p, head, _writing(wt, n), rows, *axis_names("decoder"), "decoder", n, n)
     mats += [_m(wt, act_name(p, "out"), (T_AX, "d_model"), rows, "After W^O", (slice(0, n),))]
     mats += [
         _m(
@@ -473,7 +478,7 @@ def _dec_cross(wt, facts, layer, head, step, **_):
     p = attention_site("cross", layer)
     mats = [_m(wt, act_name("memory"), (S_AX, "d_model"), wt.src_tokens, "Encoder output (memory)")]
     mats += _qkv(wt, p, head, rows, wt.src_tokens, T_AX, S_AX, q_n=n)
-    mats += _maps(wt, p, head, rows, wt.src_tokens, *axis_names("cross"), "cross", q_n=n)
+    mats += _maps(wt, p, head, _writing(wt, n), wt.src_tokens, *axis_names("cross"), "cross", q_n=n)
     mats += [
         _m(
             wt,
