@@ -158,7 +158,8 @@ def test_a_corpus_gives_every_file_and_manifest(bundle, corpus, tmp_path):
     _frames_equal(loaded, atlas)
 
 
-def test_a_run_killed_after_some_shards_resumes_to_the_same_atlas(bundle, corpus, tmp_path):
+def _whole_and_stopped(bundle, corpus, tmp_path):
+    """The whole atlas (shards of 2 sentences), and the folder of a run stopped in its third shard."""
     whole = build_atlas(bundle, corpus, tmp_path / "whole", batch_size=2, shard_size=2)
     out = tmp_path / "stopped"
 
@@ -168,6 +169,11 @@ def test_a_run_killed_after_some_shards_resumes_to_the_same_atlas(bundle, corpus
 
     with pytest.raises(KeyboardInterrupt):
         build_atlas(bundle, corpus, out, batch_size=2, shard_size=2, progress=stop_in_the_third_shard)
+    return whole, out
+
+
+def test_a_run_killed_after_some_shards_resumes_to_the_same_atlas(bundle, corpus, tmp_path):
+    whole, out = _whole_and_stopped(bundle, corpus, tmp_path)
     written = sorted(p.name for p in (out / "shards").iterdir())
     assert [n for n in written if n.endswith(".sentences.parquet")] == [
         "00000.sentences.parquet",
@@ -192,15 +198,7 @@ def test_a_run_killed_after_some_shards_resumes_to_the_same_atlas(bundle, corpus
 def test_a_shard_that_does_not_match_its_record_is_computed_again_never_merged(
     bundle, corpus, tmp_path, tamper, caplog
 ):
-    whole = build_atlas(bundle, corpus, tmp_path / "whole", batch_size=2, shard_size=2)
-    out = tmp_path / "stopped"
-
-    def stop_in_the_third_shard(done, total):
-        if done >= 5:
-            raise KeyboardInterrupt
-
-    with pytest.raises(KeyboardInterrupt):
-        build_atlas(bundle, corpus, out, batch_size=2, shard_size=2, progress=stop_in_the_third_shard)
+    whole, out = _whole_and_stopped(bundle, corpus, tmp_path)
     shard = out / "shards" / "00001.sentences.parquet"
     frame = pd.read_parquet(shard)
     if tamper == "values":
