@@ -15,6 +15,7 @@ import streamlit as st
 from attnviz import api
 from attnviz.app import links, present, registry
 from attnviz.app.cache import load_bundle
+from attnviz.app.text import escape_markdown
 from attnviz.app.widgets import show_error
 from attnviz.checkpoints.catalog import visitor_model
 from attnviz.checkpoints.hub import ALLOW_DOWNLOADS, downloads_allowed, is_hub_id
@@ -143,10 +144,11 @@ def sidebar() -> Choices | None:
         )
         family = bundle.info.get("family", "attnviz")
         st.caption(
-            f"{bundle.name} ({family}): {bundle.config.n_enc_layers}+{bundle.config.n_dec_layers} layers, "
+            f"{escape_markdown(bundle.name)} ({escape_markdown(family)}): "  # a folder's names: shown as text
+            f"{bundle.config.n_enc_layers}+{bundle.config.n_dec_layers} layers, "
             f"{bundle.config.n_heads} heads, d_model {bundle.config.d_model}, "
             f"vocabulary {bundle.config.src_vocab_size:,}, on {device}. "
-            f"From: {bundle.info.get('source', 'trained by attnviz train')}."
+            f"From: {escape_markdown(bundle.info.get('source', 'trained by attnviz train'))}."
         )
     tgt = None if encoder_only else st.session_state.get("tgt", "").strip() or None
     src = st.session_state.get("src", "")
