@@ -113,7 +113,10 @@ def _check_members(path: Path, archive: zipfile.ZipFile) -> None:
             )
             shape, _, dtype = read_header(member)
         if dtype.hasobject:
-            raise ExportError(f"{path}: the array {name!r} holds Python objects; an attnviz export never does")
+            raise ExportError(
+                f"{path} is not a readable attnviz export: the array {name!r} holds Python objects (pickled "
+                "data), which an attnviz export never does"
+            )
         kinds = ARRAY_KINDS.get(name)
         if kinds is not None and dtype.kind not in kinds:
             want = {"f": "real floating-point numbers", "iu": "integers", "U": "text"}[kinds]
