@@ -17,6 +17,9 @@ class AttnvizError(Exception):
         super().__init__(message)
         self.public = public or self.default_public or message
 
+    def __reduce__(self):  # both messages survive a pickle: errors travel back from worker processes
+        return type(self), (str(self), self.public)
+
 
 class ConfigError(AttnvizError, ValueError):
     """A model config is invalid."""

@@ -9,6 +9,7 @@ and shared by every session as it is: read-only.
 from __future__ import annotations
 
 import functools
+import os
 import threading
 from collections.abc import Callable
 from typing import TypeVar
@@ -16,12 +17,12 @@ from typing import TypeVar
 import numpy as np
 import streamlit as st
 
-from attnviz import api
+from attnviz import api, jobs
+from attnviz.app import heavy
 from attnviz.app.budget import ByteBudget
-from attnviz.atlas.engine import head_map
 from attnviz.checkpoints import Bundle
 from attnviz.checkpoints.catalog import visitor_path
-from attnviz.errors import AtlasError, CheckpointError
+from attnviz.errors import AtlasError, AttnvizError, CheckpointError, InputError
 
 ATLAS_MEMORY = 8  # atlases computed in the app, kept for every session (the oldest goes first)
 
@@ -54,14 +55,55 @@ def budgeted(spinner: str | bool):
 
 @st.cache_resource(show_spinner="Loading the model…", max_entries=4)
 def load_bundle(model: str, device: str) -> Bundle:
-    """One loaded model per (model, device) for the whole process; never mutated."""
-    return api.load(model, device)
+    """One loaded model per (model, device) for the whole process; never mutated.
+
+    The heavy-work processes load it too, in the background, while the first page is read.
+    """
+    bundle = api.load(model, device)
+    heavy.pool().warm(model, device)
+    return bundle
 
 
 @st.cache_resource(show_spinner="Finding the clearest head…", max_entries=8)
 def clearest_head(model: str, device: str) -> tuple[str, int, int]:
     """(kind, layer, head) the pages open on for ``model`` (:func:`attnviz.api.clearest_head`), once per process."""
     return api.clearest_head(load_bundle(model, device))
+
+
+LIGHT_TOKENS = 64  # ATTNVIZ_LIGHT_TOKENS: one forward pass over at most this many tokens runs at once, in place
+MAX_TOKENS = 4096  # ATTNVIZ_MAX_TOKENS: the longest text this server takes (the model's own limit may be lower)
+
+
+def _tokens_setting(name: str, default: int) -> int:
+    try:
+        return max(1, int(os.environ.get(name, default)))
+    except ValueError:
+        return default
+
+
+def _light(model: str, device: str, src: str, tgt: str | None) -> bool:
+    """Whether one forward pass over ``src`` (and ``tgt``) is quick enough to run in the visitor's thread.
+
+    A text over ``ATTNVIZ_MAX_TOKENS`` is refused here, before any work is queued.
+    """
+    tok = load_bundle(model, device).tokenizer
+    try:
+        n = len(tok.encode_source(src).ids)
+        if tgt is not None:
+            n = max(n, len(tok.encode_target(tgt)[0].ids))
+    except AttnvizError:
+        return True  # the model refuses it at once, with its own message
+    most = _tokens_setting("ATTNVIZ_MAX_TOKENS", MAX_TOKENS)
+    if n > most:
+        raise InputError(f"the text is {n:,} tokens long; this server takes at most {most:,} (ATTNVIZ_MAX_TOKENS)")
+    return n <= _tokens_setting("ATTNVIZ_LIGHT_TOKENS", LIGHT_TOKENS)
+
+
+def _compute(name: str, what: str, model: str, device: str, args: tuple, light: bool = False, progress=None):
+    """Job ``name`` (:data:`attnviz.jobs.JOBS`): in place when ``light``, else through :func:`attnviz.app.heavy.run`."""
+    if light:
+        return jobs.run_job(load_bundle(model, device), name, args, progress)
+    return heavy.run(name, model, device, args, lambda: load_bundle(model, device), what, progress)
 
 
 def run_attention(model: str, device: str, src: str, tgt: str | None, words: bool = False) -> api.AttentionExport:
@@ -72,31 +114,36 @@ def run_attention(model: str, device: str, src: str, tgt: str | None, words: boo
 
 @budgeted("Running the model…")
 def _run_attention(model: str, device: str, src: str, tgt: str | None, words: bool) -> api.AttentionExport:
-    return api.attention(load_bundle(model, device), src, tgt, words=words)
+    light = _light(model, device, src, tgt)
+    return _compute("attention", "Running the model", model, device, (src, tgt, words), light)
 
 
 @budgeted("Recording queries and keys…")
 def run_queries_keys(model: str, device: str, src: str, tgt: str | None) -> dict:
     """Every head's query and key vectors, per kind (L, H, n, d_k); cached like the maps."""
-    return api.queries_keys(load_bundle(model, device), src, tgt)
+    light = _light(model, device, src, tgt)
+    return _compute("queries_keys", "Recording queries and keys", model, device, (src, tgt), light)
 
 
 @budgeted("Computing the scores…")
 def run_scores(model: str, device: str, src: str, tgt: str | None) -> dict:
     """Scaled scores before the softmax, per kind (L, H, Q, K); cached like the maps."""
-    return api.attention_scores(load_bundle(model, device), src, tgt)
+    light = _light(model, device, src, tgt)
+    return _compute("scores", "Computing the scores", model, device, (src, tgt), light)
 
 
 @budgeted("Running the model…")
 def run_forward_pass(model: str, device: str, src: str, tgt: str | None) -> api.ForwardPass:
     """Every intermediate tensor of one forward pass, cached: moving between stages does not rerun it."""
-    return api.forward_pass(load_bundle(model, device), src, tgt)
+    light = _light(model, device, src, tgt)
+    return _compute("forward_pass", "Running the model", model, device, (src, tgt), light)
 
 
 @budgeted("Decoding…")
 def run_decoding(model: str, device: str, src: str, beam: int, tgt: str | None, top_k: int = 8):
-    """The step-through of one decoding (greedy, beam search or teacher-forced), cached."""
-    return api.step_through(load_bundle(model, device), src, beam=beam, top_k=top_k, target=tgt)
+    """The step-through of one decoding (greedy, beam search or teacher-forced), cached. Beam search is heavy."""
+    light = _light(model, device, src, tgt) and beam == 1
+    return _compute("decoding", "Decoding", model, device, (src, beam, tgt, top_k), light)
 
 
 @budgeted("Computing the contributions…")
@@ -104,7 +151,9 @@ def run_attribution(
     model: str, device: str, src: str, tgt: str | None, method: str, position: int | None, words: bool
 ) -> api.AttentionExport:
     """A contribution method's arrays for a sentence (``attnviz.attribute``), cached per method, position and units."""
-    return api.attribute(load_bundle(model, device), src, tgt, method=method, position=position, words=words)
+    _light(model, device, src, tgt)  # the size bound
+    args = (src, tgt, method, position, words)
+    return _compute("attribution", "Computing the contributions", model, device, args)
 
 
 @budgeted("Running the model with those heads switched off…")
@@ -112,7 +161,9 @@ def run_ablation(
     model: str, device: str, src: str, tgt: str | None, ablate: str, mode: str, words: bool
 ) -> api.AblationComparison:
     """Intact and ablated model side by side; ``ablate`` in text form (``cross:1.2,...``), cached."""
-    return api.compare_ablation(load_bundle(model, device), src, api.Ablation.parse(ablate, mode), tgt, words=words)
+    _light(model, device, src, tgt)
+    args = (src, tgt, ablate, mode, words)
+    return _compute("ablation", "Running the model with those heads switched off", model, device, args)
 
 
 @budgeted("Switching every head off in turn…")
@@ -120,8 +171,8 @@ def run_importance(
     model: str, device: str, sentences: tuple[str, ...], references: tuple[str, ...] | None
 ) -> api.HeadImportance:
     """Every head's importance over the sentences (and references), cached on the texts."""
-    refs = None if references is None else list(references)
-    return api.head_importance(load_bundle(model, device), list(sentences), refs)
+    args = (tuple(sentences), None if references is None else tuple(references))
+    return _compute("importance", "Switching every head off in turn", model, device, args)
 
 
 def shared(kind: str, key: tuple, build: Callable[[], T]) -> T:
@@ -154,7 +205,7 @@ def computed_atlas(
     with lock:
         if key in memo:
             return memo[key]
-    atlas = api.compute_atlas(load_bundle(model, device), list(sentences), progress=progress)
+    atlas = _compute("atlas", "Computing the atlas", model, device, (tuple(sentences),), progress=progress)
     with lock:
         memo[key] = atlas
         while len(memo) > ATLAS_MEMORY:
@@ -188,4 +239,5 @@ def run_head_map(
     model: str, device: str, src_ids: tuple[int, ...], tgt_ids: tuple[int, ...] | None, kind: str, layer: int, head: int
 ) -> np.ndarray:
     """One head's map for one sentence's exact inputs (Q, K), cached."""
-    return head_map(load_bundle(model, device), src_ids, tgt_ids, kind, layer, head)
+    light = max(len(src_ids), len(tgt_ids or ())) <= _tokens_setting("ATTNVIZ_LIGHT_TOKENS", LIGHT_TOKENS)
+    return _compute("head_map", "Computing the map", model, device, (src_ids, tgt_ids, kind, layer, head), light)

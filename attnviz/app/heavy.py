@@ -1,0 +1,334 @@
+"""Heavy work, admitted in order, a few at a time, each bounded in time: the server stays responsive.
+
+Eight atlases or beam searches at once made every visitor's page wait for all of them (the health
+check took 15-39 s), because Python work from many script threads shares one GIL and two cores.
+Every computation that can take seconds (a long input, beam search, an atlas, attributions,
+ablations, head importance) goes through :func:`run`:
+
+- it waits in one first-come queue (its place is shown to the visitor), and at most
+  ``ATTNVIZ_HEAVY_AT_ONCE`` run at once; a full queue (``ATTNVIZ_HEAVY_QUEUE`` waiting) is a
+  clear "busy" message, not a longer wait;
+- it runs in a worker process (:mod:`attnviz.jobs`), at a lower CPU priority than the server, so
+  a cached page or the health check never waits for it; ``ATTNVIZ_HEAVY_IN=threads`` runs it in
+  the visitor's own thread instead (same queue, no time bound), which the class benchmark compares;
+- it is stopped after ``ATTNVIZ_HEAVY_SECONDS``, its worker killed and replaced, with a message
+  that says so.
+
+``benchmarks/bench_class.py --heavy`` measures the server under 16 heavy sessions and 30 light ones.
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import logging
+import os
+import select
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+from attnviz import jobs
+from attnviz.errors import AttnvizError
+
+log = logging.getLogger(__name__)
+
+POLL_S = 0.25  # how often a waiting visitor's notice and the time bound are looked at
+SHOW_AFTER_S = 0.5  # a computation shorter than this shows no notice at all
+
+
+class BusyError(AttnvizError):
+    """The server's queue for heavy work is full, or a computation passed its time bound."""
+
+
+def _setting(name: str, default: float) -> float:
+    try:
+        value = float(os.environ.get(name, default))
+    except ValueError:
+        return default
+    return value if value > 0 else default
+
+
+@dataclasses.dataclass(frozen=True)
+class Limits:
+    """The operator's bounds, from the environment (read when the first heavy job arrives)."""
+
+    at_once: int  # ATTNVIZ_HEAVY_AT_ONCE: computations running at once (default: one core left free)
+    queue: int  # ATTNVIZ_HEAVY_QUEUE: computations waiting, beyond which a visitor is told to come back
+    seconds: float  # ATTNVIZ_HEAVY_SECONDS: a computation is stopped after this long
+    in_processes: bool  # ATTNVIZ_HEAVY_IN: "processes" (default) or "threads"
+
+    @classmethod
+    def from_environment(cls) -> Limits:
+        return cls(
+            at_once=int(_setting("ATTNVIZ_HEAVY_AT_ONCE", max(1, (os.cpu_count() or 2) - 1))),
+            queue=int(_setting("ATTNVIZ_HEAVY_QUEUE", 64)),
+            seconds=_setting("ATTNVIZ_HEAVY_SECONDS", 120),
+            in_processes=os.environ.get("ATTNVIZ_HEAVY_IN", "processes").strip().lower() != "threads",
+        )
+
+
+class Gate:
+    """First come, first served: at most ``at_once`` inside, at most ``queue`` waiting."""
+
+    def __init__(self, at_once: int, queue: int):
+        self.at_once, self.queue = at_once, queue
+        self._waiting: collections.deque[object] = collections.deque()
+        self._inside = 0
+        self._cond = threading.Condition()
+
+    def join(self) -> object:
+        """A ticket in the queue; :class:`BusyError` when the queue is full."""
+        with self._cond:
+            if len(self._waiting) >= self.queue:
+                raise BusyError(
+                    f"The server is busy: {len(self._waiting)} long computations are already waiting. "
+                    "Try again in a minute."
+                )
+            ticket = object()
+            self._waiting.append(ticket)
+            return ticket
+
+    def wait(self, ticket: object, timeout: float) -> int:
+        """0 once ``ticket`` is let in; else, after ``timeout`` s, how many are ahead of it."""
+        with self._cond:
+            deadline = time.monotonic() + timeout
+            while not (self._waiting[0] is ticket and self._inside < self.at_once):
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    return self._waiting.index(ticket) + self._inside
+                self._cond.wait(left)
+            self._waiting.popleft()
+            self._inside += 1
+            self._cond.notify_all()
+            return 0
+
+    def leave(self, ticket: object, admitted: bool) -> None:
+        with self._cond:
+            if admitted:
+                self._inside -= 1
+            else:
+                self._waiting.remove(ticket)
+            self._cond.notify_all()
+
+    @property
+    def load(self) -> tuple[int, int]:
+        """(running, waiting) now."""
+        with self._cond:
+            return self._inside, len(self._waiting)
+
+
+class Worker:
+    """One ``python -m attnviz.jobs`` process, started on first use, killed when a job overruns."""
+
+    def __init__(self):
+        self.proc: subprocess.Popen | None = None
+
+    def _start(self) -> None:
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "attnviz.jobs"], stdin=subprocess.PIPE, stdout=subprocess.PIPE
+        )
+        if self._next(deadline=time.monotonic() + 120, tick=lambda: None) != ("ready",):
+            raise RuntimeError("a worker process did not start")
+
+    def _next(self, deadline: float, tick: Callable[[], None]) -> Any:
+        """The worker's next message; ``tick()`` every POLL_S while none has come."""
+        fd = self.proc.stdout.fileno()
+        while True:
+            left = deadline - time.monotonic()
+            if left <= 0:  # checked before every message: an atlas's progress must not keep it alive
+                raise TimeoutError
+            ready, _, _ = select.select([fd], [], [], min(POLL_S, left))
+            if ready:
+                message = jobs.receive(self.proc.stdout.read)
+                if message is None:
+                    self.kill()
+                    raise RuntimeError("a worker process ended unexpectedly (out of memory?)")
+                return message
+            if self.proc.poll() is not None:
+                status = self.proc.returncode
+                self.kill()
+                raise RuntimeError(f"a worker process ended with status {status}")
+            tick()
+
+    def call(
+        self,
+        name: str,
+        model: str,
+        device: str,
+        args: tuple,
+        seconds: float,
+        progress: Callable[[int, int], None] | None,
+        tick: Callable[[], None],
+    ) -> Any:
+        if self.proc is None or self.proc.poll() is not None:
+            self._start()
+        settings = {k: v for k, v in os.environ.items() if k.startswith("ATTNVIZ_")}
+        jobs.send(self.proc.stdin, ("job", name, model, device, args, settings))
+        deadline = time.monotonic() + seconds
+        try:
+            while (message := self._next(deadline, tick))[0] == "progress":
+                if progress is not None:
+                    progress(*message[1:])  # a page's progress bar: a stopped script raises here
+        except BaseException:
+            self.kill()  # it overran, died, or the visitor left: a fresh worker takes the next job
+            raise
+        if message[0] == "error":  # the job's own error, such as a text too long: the worker is fine
+            raise message[1]
+        return message[1]
+
+    def kill(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait()
+        self.proc = None
+
+
+class Pool:
+    """The gate and the idle workers (the gate keeps at most ``at_once`` busy)."""
+
+    def __init__(self, limits: Limits):
+        self.limits = limits
+        self.gate = Gate(limits.at_once, limits.queue)
+        self._idle: list[Worker] = []
+        self._lock = threading.Lock()
+
+    def take(self) -> Worker:
+        with self._lock:
+            return self._idle.pop() if self._idle else Worker()
+
+    def give_back(self, worker: Worker) -> None:
+        with self._lock:
+            if len(self._idle) < self.limits.at_once:
+                self._idle.append(worker)
+                return
+        worker.kill()
+
+    def warm(self, model: str, device: str) -> None:
+        """Start the workers and load ``model`` in each, in the background, before the first heavy job."""
+
+        def start() -> None:
+            for _ in range(self.limits.at_once):
+                worker = self.take()
+                try:
+                    worker.call("warm", model, device, (), 120, None, lambda: None)
+                except Exception:  # noqa: BLE001 - a worker that fails to start is started again by a job
+                    log.warning("a worker process could not load %s", model, exc_info=True)
+                    worker.kill()
+                self.give_back(worker)
+
+        if self.limits.in_processes:
+            threading.Thread(target=start, name="attnviz-warm-workers", daemon=True).start()
+
+    def close(self) -> None:
+        with self._lock:
+            for worker in self._idle:
+                worker.kill()
+            self._idle.clear()
+
+
+_POOL: Pool | None = None
+_POOL_LOCK = threading.Lock()
+
+
+def pool() -> Pool:
+    """The process's pool, made with the environment's limits on first use."""
+    global _POOL
+    with _POOL_LOCK:
+        if _POOL is None:
+            _POOL = Pool(Limits.from_environment())
+        return _POOL
+
+
+def reset() -> None:
+    """Forget the pool (its idle workers are stopped): the next job reads the limits again. For tests."""
+    global _POOL
+    with _POOL_LOCK:
+        if _POOL is not None:
+            _POOL.close()
+        _POOL = None
+
+
+class Notice:
+    """What a waiting visitor sees: the place in the queue, then the time so far. Nothing outside a page."""
+
+    def __init__(self, what: str, limits: Limits):
+        self.what, self.limits = what, limits
+        self.start = time.monotonic()
+        self._slot = None
+        self._shown = ""
+
+    def _show(self, text: str) -> None:
+        if time.monotonic() - self.start < SHOW_AFTER_S:
+            return
+        from streamlit.runtime.scriptrunner import get_script_run_ctx
+
+        if get_script_run_ctx(suppress_warning=True) is None:
+            return
+        import streamlit as st
+
+        if self._slot is None:
+            self._slot = st.empty()
+        if text != self._shown:  # redrawn when it changes (a stopped script raises here, and its job ends)
+            self._slot.info(text, icon=":material/hourglass_top:")
+            self._shown = text
+
+    def waiting(self, ahead: int) -> None:
+        self._show(
+            f"{self.what}: waiting for the server, {ahead} computation{'s' if ahead != 1 else ''} ahead of this one "
+            f"(this server runs {self.limits.at_once} at once)."
+        )
+
+    def running(self) -> None:
+        seconds = time.monotonic() - self.start
+        bound = f"; this server stops a computation after {self.limits.seconds:g} s" if self.limits.in_processes else ""
+        self._show(f"{self.what}: running, {seconds:.0f} s so far{bound}.")
+
+    def clear(self) -> None:
+        if self._slot is not None:
+            self._slot.empty()
+
+
+def run(
+    name: str,
+    model: str,
+    device: str,
+    args: tuple,
+    bundle: Callable[[], Any],
+    what: str = "Computing",
+    progress: Callable[[int, int], None] | None = None,
+) -> Any:
+    """Job ``name`` (:data:`attnviz.jobs.JOBS`) on ``model`` with ``args``: queued, bounded, shown waiting.
+
+    ``bundle()`` gives the server's own loaded model, used when the work runs in threads. Raises
+    :class:`BusyError` when the queue is full or the time bound is passed.
+    """
+    current = pool()
+    limits, gate = current.limits, current.gate
+    notice = Notice(what, limits)
+    ticket = gate.join()
+    admitted = False
+    try:
+        while ahead := gate.wait(ticket, POLL_S):
+            notice.waiting(ahead)
+        admitted = True
+        if not limits.in_processes:
+            notice.running()
+            return jobs.run_job(bundle(), name, args, progress)
+        worker = current.take()
+        try:
+            result = worker.call(name, model, device, args, limits.seconds, progress, notice.running)
+        except TimeoutError:
+            raise BusyError(
+                f"{what} was stopped after {limits.seconds:g} s, the longest this server lets one computation run "
+                "(ATTNVIZ_HEAVY_SECONDS). Try a shorter text or fewer sentences."
+            ) from None
+        finally:
+            current.give_back(worker)
+        return result
+    finally:
+        gate.leave(ticket, admitted)
+        notice.clear()

@@ -1,0 +1,162 @@
+"""The computations a server runs away from its visitors' threads, by name, and the worker that runs them.
+
+A Streamlit server runs every session's script in threads of one process, under one GIL. A few
+atlases, beam searches or head-importance runs at once held it for tens of seconds: every other
+visitor's page, and the health check, waited. :mod:`attnviz.app.heavy` admits such work in order
+and hands it to worker processes, ``python -m attnviz.jobs``, each reading jobs on its standard
+input and writing results on its standard output.
+
+A job is a name in :data:`JOBS` with its arguments (strings, numbers, tuples): a worker runs
+nothing else, and loads models itself, by the name or folder the server already accepted. The
+pipe carries pickles between a server and the workers it started from this very code; it is
+never opened to anything else.
+"""
+
+from __future__ import annotations
+
+import os
+import pickle
+import struct
+import sys
+from collections import OrderedDict
+from collections.abc import Callable
+from typing import IO, Any
+
+from attnviz import api
+from attnviz.atlas.engine import head_map
+
+HEADER = struct.Struct("<Q")  # each message: its length, then its pickle
+MODELS_KEPT = 2  # models a worker keeps loaded (a class mostly uses one)
+
+
+def _decoding(bundle, src: str, beam: int, tgt: str | None, top_k: int):
+    return api.step_through(bundle, src, beam=beam, top_k=top_k, target=tgt)
+
+
+def _ablation(bundle, src: str, tgt: str | None, ablate: str, mode: str, words: bool):
+    return api.compare_ablation(bundle, src, api.Ablation.parse(ablate, mode), tgt, words=words)
+
+
+def _importance(bundle, sentences: tuple[str, ...], references: tuple[str, ...] | None):
+    return api.head_importance(bundle, list(sentences), None if references is None else list(references))
+
+
+def _atlas(bundle, sentences: tuple[str, ...], progress=None):
+    return api.compute_atlas(bundle, list(sentences), progress=progress)
+
+
+# name -> function(bundle, *args[, progress]); only ``atlas`` reports progress
+JOBS: dict[str, Callable[..., Any]] = {
+    "attention": lambda b, src, tgt, words: api.attention(b, src, tgt, words=words),
+    "scores": lambda b, src, tgt: api.attention_scores(b, src, tgt),
+    "queries_keys": lambda b, src, tgt: api.queries_keys(b, src, tgt),
+    "forward_pass": lambda b, src, tgt: api.forward_pass(b, src, tgt),
+    "decoding": _decoding,
+    "attribution": lambda b, src, tgt, method, position, words: api.attribute(
+        b, src, tgt, method=method, position=position, words=words
+    ),
+    "ablation": _ablation,
+    "importance": _importance,
+    "atlas": _atlas,
+    "head_map": head_map,
+    "warm": lambda b: None,  # load the model before the first visitor needs it
+}
+REPORTS_PROGRESS = {"atlas"}
+
+
+def run_job(bundle, name: str, args: tuple, progress: Callable[[int, int], None] | None = None) -> Any:
+    """Job ``name`` on ``bundle`` with ``args``, where it is called: in a worker or in the server's thread."""
+    if name in REPORTS_PROGRESS:
+        return JOBS[name](bundle, *args, progress=progress)
+    return JOBS[name](bundle, *args)
+
+
+# ---------------------------------------------------------------------------------------------
+# The pipe
+
+
+def send(out: IO[bytes], message: Any) -> None:
+    body = pickle.dumps(message, protocol=pickle.HIGHEST_PROTOCOL)
+    out.write(HEADER.pack(len(body)) + body)
+    out.flush()
+
+
+def read_exactly(read: Callable[[int], bytes], n: int) -> bytes | None:
+    """``n`` bytes from ``read``, or None at the end of the stream."""
+    chunks, left = [], n
+    while left:
+        chunk = read(min(left, 1 << 24))
+        if not chunk:
+            return None
+        chunks.append(chunk)
+        left -= len(chunk)
+    return b"".join(chunks)
+
+
+def receive(read: Callable[[int], bytes]) -> Any:
+    """The next message, or None when the other end has gone."""
+    header = read_exactly(read, HEADER.size)
+    if header is None:
+        return None
+    body = read_exactly(read, HEADER.unpack(header)[0])
+    return None if body is None else pickle.loads(body)
+
+
+def sendable(error: BaseException) -> BaseException:
+    """``error`` if it survives a pickle round trip, else a RuntimeError that says what it was."""
+    try:
+        pickle.loads(pickle.dumps(error))
+        return error
+    except Exception:  # noqa: BLE001 - any error that cannot travel is described instead
+        return RuntimeError(f"{type(error).__name__}: {error}")
+
+
+def _apply_settings(settings: dict[str, str]) -> None:
+    """The server's ATTNVIZ_* settings as they are now (a test or an operator may change them)."""
+    for name in [k for k in os.environ if k.startswith("ATTNVIZ_")]:
+        if name not in settings:
+            del os.environ[name]
+    os.environ.update(settings)
+
+
+def serve(read: Callable[[int], bytes], out: IO[bytes]) -> None:
+    """Answer jobs until the server closes the pipe: ``("job", name, model, device, args, settings)``.
+
+    Replies: ``("progress", done, total)`` while an atlas runs, then ``("done", result)`` or ``("error", e)``.
+    """
+    models: OrderedDict[tuple[str, str], Any] = OrderedDict()
+    send(out, ("ready",))
+    while (message := receive(read)) is not None:
+        _, name, model, device, args, settings = message
+        try:
+            _apply_settings(settings)
+            if name not in JOBS:
+                raise ValueError(f"no job named {name!r}")
+            key = (model, device)
+            if key not in models:
+                models[key] = api.load(model, device)
+                while len(models) > MODELS_KEPT:
+                    models.popitem(last=False)
+            models.move_to_end(key)
+            result = run_job(models[key], name, args, lambda done, total: send(out, ("progress", done, total)))
+            reply = ("done", result)
+        except Exception as e:  # noqa: BLE001 - the server shows the visitor what went wrong
+            reply = ("error", sendable(e))
+        send(out, reply)
+
+
+def main() -> None:
+    """``python -m attnviz.jobs``: serve jobs on stdin/stdout; anything else printed goes to stderr."""
+    out = os.fdopen(os.dup(sys.stdout.fileno()), "wb")
+    os.dup2(sys.stderr.fileno(), sys.stdout.fileno())  # a stray print cannot break the pipe's framing
+    if hasattr(os, "nice"):
+        os.nice(10)  # below the server's own threads: a cached page and the health check come first
+    import torch
+
+    threads = os.environ.get("ATTNVIZ_WORKER_THREADS", "1")
+    torch.set_num_threads(max(1, int(threads)) if threads.isdigit() else 1)  # one per worker by default
+    serve(sys.stdin.buffer.read, out)
+
+
+if __name__ == "__main__":
+    main()

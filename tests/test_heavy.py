@@ -1,0 +1,274 @@
+"""Heavy work in the app: admitted in order, bounded in number, time and size, run in worker processes."""
+
+from __future__ import annotations
+
+import dataclasses
+import io
+import os
+import pickle
+import threading
+import time
+
+import numpy as np
+import pytest
+from conftest import open_app
+
+from attnviz import api, jobs
+from attnviz.app import heavy
+from attnviz.errors import CheckpointError, InputError
+
+
+@pytest.fixture
+def pool(monkeypatch):
+    """A pool made from the settings the test sets, stopped afterwards."""
+    heavy.reset()
+    yield monkeypatch
+    heavy.reset()
+
+
+@pytest.fixture(scope="module")
+def bundle():
+    return api.load("en-de", "cpu")
+
+
+def no_bundle():
+    raise AssertionError("worker processes load the model themselves")
+
+
+# ---------------------------------------------------------------------------------------------
+# The gate
+
+
+def test_the_gate_lets_in_first_come_first_served_and_never_more_than_its_bound():
+    gate = heavy.Gate(at_once=2, queue=100)
+    inside, most, order = [0], [0], []
+    lock = threading.Lock()
+    tickets = [gate.join() for _ in range(8)]  # joined in this order, before any thread runs
+
+    def visitor(i: int) -> None:
+        while gate.wait(tickets[i], 0.01):
+            pass
+        with lock:
+            order.append(i)
+            inside[0] += 1
+            most[0] = max(most[0], inside[0])
+        time.sleep(0.05)
+        with lock:
+            inside[0] -= 1
+        gate.leave(tickets[i], admitted=True)
+
+    threads = [threading.Thread(target=visitor, args=(i,)) for i in reversed(range(8))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(30)
+    assert order == list(range(8))
+    assert most[0] == 2
+    assert gate.load == (0, 0)
+
+
+def test_a_waiting_visitor_is_told_how_many_are_ahead():
+    gate = heavy.Gate(at_once=1, queue=10)
+    first, second, third = gate.join(), gate.join(), gate.join()
+    assert gate.wait(first, 0.01) == 0
+    assert gate.wait(second, 0.01) == 1  # the one running
+    assert gate.wait(third, 0.01) == 2
+    gate.leave(second, admitted=False)  # a visitor who left while waiting
+    assert gate.wait(third, 0.01) == 1
+    gate.leave(first, admitted=True)
+    assert gate.wait(third, 0.01) == 0
+
+
+def test_a_full_queue_is_a_message_not_a_longer_wait():
+    gate = heavy.Gate(at_once=1, queue=2)
+    gate.join(), gate.join()
+    with pytest.raises(heavy.BusyError, match="The server is busy: 2 long computations are already waiting"):
+        gate.join()
+
+
+def test_limits_come_from_the_environment_and_bad_values_fall_back(monkeypatch):
+    monkeypatch.setenv("ATTNVIZ_HEAVY_AT_ONCE", "3")
+    monkeypatch.setenv("ATTNVIZ_HEAVY_QUEUE", "many")
+    monkeypatch.setenv("ATTNVIZ_HEAVY_SECONDS", "-5")
+    monkeypatch.setenv("ATTNVIZ_HEAVY_IN", "Threads")
+    limits = heavy.Limits.from_environment()
+    assert (limits.at_once, limits.queue, limits.seconds, limits.in_processes) == (3, 64, 120, False)
+
+
+# ---------------------------------------------------------------------------------------------
+# The worker's pipe
+
+
+def framed(*messages) -> bytes:
+    out = io.BytesIO()
+    for m in messages:
+        jobs.send(out, m)
+    return out.getvalue()
+
+
+def replies(data: bytes) -> list:
+    stream, out = io.BytesIO(data), []
+    while (m := jobs.receive(stream.read)) is not None:
+        out.append(m)
+    return out
+
+
+def test_a_worker_runs_named_jobs_only_and_answers_each(bundle):
+    settings = {k: v for k, v in os.environ.items() if k.startswith("ATTNVIZ_")}
+    request = framed(
+        ("job", "attention", "en-de", "cpu", ("twenty-one", None, False), settings),
+        ("job", "os.system", "en-de", "cpu", ("true",), settings),
+        ("job", "attention", "en-de", "cpu", ("", None, False), settings),
+    )
+    out = io.BytesIO()
+    jobs.serve(io.BytesIO(request).read, out)
+    answers = replies(out.getvalue())
+    assert answers[0] == ("ready",)
+    assert answers[1][0] == "done"
+    np.testing.assert_array_equal(answers[1][1].cross, api.attention(bundle, "twenty-one").cross)
+    assert answers[2][0] == "error" and "no job named 'os.system'" in str(answers[2][1])
+    assert answers[3][0] == "error" and isinstance(answers[3][1], InputError)
+    assert len(answers) == 4
+
+
+def test_errors_keep_both_messages_across_the_pipe():
+    error = CheckpointError("/srv/models/x/config.json is not JSON", public="this folder is not a checkpoint")
+    back = pickle.loads(pickle.dumps(error))
+    assert type(back) is CheckpointError
+    assert (str(back), back.public) == (str(error), error.public)
+
+
+def test_an_error_that_cannot_travel_is_described_instead():
+    class Local(Exception):
+        pass
+
+    error = jobs.sendable(Local("a lambda inside"))
+    assert isinstance(error, RuntimeError) and "Local: a lambda inside" in str(error)
+
+
+def test_the_server_settings_reach_a_worker_as_they_are_now(monkeypatch):
+    monkeypatch.setenv("ATTNVIZ_GONE", "1")
+    monkeypatch.setenv("ATTNVIZ_KEPT", "old")
+    jobs._apply_settings({"ATTNVIZ_KEPT": "new", "ATTNVIZ_ADDED": "2"})
+    try:
+        assert "ATTNVIZ_GONE" not in os.environ
+        assert os.environ["ATTNVIZ_KEPT"] == "new" and os.environ["ATTNVIZ_ADDED"] == "2"
+    finally:
+        os.environ.pop("ATTNVIZ_ADDED", None)
+
+
+# ---------------------------------------------------------------------------------------------
+# Worker processes
+
+
+def test_a_job_in_a_worker_process_gives_what_the_api_gives_here(pool, bundle):
+    pool.setenv("ATTNVIZ_HEAVY_IN", "processes")
+    there = heavy.run("attention", "en-de", "cpu", ("3:45 PM", None, True), no_bundle)
+    here = api.attention(bundle, "3:45 PM", words=True)
+    assert there.src_tokens == here.src_tokens and there.tgt_tokens == here.tgt_tokens
+    for kind in ("encoder", "decoder", "cross"):
+        np.testing.assert_allclose(getattr(there, kind), getattr(here, kind), rtol=0, atol=1e-6)
+
+
+def test_an_atlas_reports_its_progress_from_the_worker(pool):
+    pool.setenv("ATTNVIZ_HEAVY_IN", "processes")
+    seen = []
+    sentences = tuple(f"{n} PM" for n in range(1, 40))
+    atlas = heavy.run("atlas", "en-de", "cpu", (sentences,), no_bundle, progress=lambda d, t: seen.append((d, t)))
+    assert len(atlas.inputs) == len(sentences)
+    assert seen and seen[-1] == (39, 39) and [d for d, _ in seen] == sorted(d for d, _ in seen)
+
+
+def test_a_job_past_the_time_bound_is_stopped_with_a_message_and_its_worker_replaced(pool):
+    pool.setenv("ATTNVIZ_HEAVY_IN", "processes")
+    heavy.run("warm", "en-de", "cpu", (), no_bundle)  # started and loaded: only the job is timed
+    heavy.pool().limits = dataclasses.replace(heavy.pool().limits, seconds=0.05)
+    worker = heavy.pool()._idle[0]
+    pid = worker.proc.pid
+    sentences = tuple(f"Thursday, July {n}, 1998" for n in range(1, 29))
+    start = time.monotonic()
+    with pytest.raises(heavy.BusyError, match="was stopped after 0.05 s.*ATTNVIZ_HEAVY_SECONDS"):
+        heavy.run("importance", "en-de", "cpu", (sentences, None), no_bundle, "Measuring every head")
+    assert time.monotonic() - start < 10
+    assert not os.path.exists(f"/proc/{pid}")  # killed and reaped
+    heavy.pool().limits = dataclasses.replace(heavy.pool().limits, seconds=120)
+    assert heavy.run("attention", "en-de", "cpu", ("twenty-one", None, False), no_bundle).cross.ndim == 4
+
+
+def test_a_visitor_who_leaves_stops_the_job_and_the_next_one_runs(pool):
+    """Streamlit stops a script by raising in its next drawing call: here, the progress callback."""
+    pool.setenv("ATTNVIZ_HEAVY_IN", "processes")
+
+    class Left(BaseException):
+        pass
+
+    def progress(done, total):
+        raise Left
+
+    sentences = tuple(f"{n} PM" for n in range(1, 80))
+    with pytest.raises(Left):
+        heavy.run("atlas", "en-de", "cpu", (sentences,), no_bundle, progress=progress)
+    assert heavy.pool().gate.load == (0, 0)
+    assert heavy.run("attention", "en-de", "cpu", ("twenty-one", None, False), no_bundle).cross.ndim == 4
+
+
+def test_a_job_s_own_error_keeps_the_worker(pool):
+    pool.setenv("ATTNVIZ_HEAVY_IN", "processes")
+    heavy.run("warm", "en-de", "cpu", (), no_bundle)
+    pid = heavy.pool()._idle[0].proc.pid
+    with pytest.raises(InputError, match="empty"):
+        heavy.run("attention", "en-de", "cpu", ("   ", None, False), no_bundle)
+    assert heavy.pool()._idle[0].proc.pid == pid
+
+
+def test_in_threads_the_same_queue_runs_the_job_on_the_server_s_model(pool, bundle):
+    pool.setenv("ATTNVIZ_HEAVY_IN", "threads")
+    result = heavy.run("attention", "en-de", "cpu", ("twenty-one", None, False), lambda: bundle)
+    np.testing.assert_array_equal(result.cross, api.attention(bundle, "twenty-one").cross)
+    assert not heavy.pool()._idle  # no process was started
+
+
+# ---------------------------------------------------------------------------------------------
+# In the app
+
+
+def test_short_inputs_run_in_place_and_long_ones_go_through_the_queue(pool, fresh_streamlit_caches, monkeypatch):
+    from attnviz.app import cache
+
+    queued = []
+    real = heavy.run
+    monkeypatch.setattr(heavy, "run", lambda name, *a, **k: queued.append(name) or real(name, *a, **k))
+    cache.run_attention("en-de", "cpu", "twenty-one", None)
+    assert queued == []
+    cache.run_attention("en-de", "cpu", " ".join(["Thursday, July 2, 1998"] * 8), None)
+    cache.run_decoding("en-de", "cpu", "twenty-one", 4, None)
+    assert queued == ["attention", "decoding"]
+
+
+def test_a_text_over_the_operator_s_token_bound_is_refused_before_any_work(pool, fresh_streamlit_caches):
+    pool.setenv("ATTNVIZ_MAX_TOKENS", "20")
+    at = open_app("pages/explorer.py")
+    at.sidebar.text_area(key="src").set_value(" ".join(["Thursday, July 2, 1998"] * 4)).run()
+    assert not at.exception
+    assert any("this server takes at most 20" in e.value and "MAX" in e.value for e in at.error)
+    assert not at.get("plotly_chart")
+
+
+def test_beam_search_on_the_decoding_page_runs_in_a_worker(pool, fresh_streamlit_caches):
+    pool.setenv("ATTNVIZ_HEAVY_IN", "processes")
+    at = open_app("pages/decoding.py")
+    at.slider(key="beam").set_value(4).run()
+    assert not at.exception and not at.error
+    assert at.get("plotly_chart")
+    assert heavy.pool()._idle and heavy.pool()._idle[0].proc is not None
+
+
+def test_an_atlas_past_the_time_bound_says_so_on_the_page(pool, fresh_streamlit_caches):
+    pool.setenv("ATTNVIZ_HEAVY_IN", "processes")
+    pool.setenv("ATTNVIZ_HEAVY_SECONDS", "0.01")  # 200 sentences take more than half a second here
+    at = open_app("pages/atlas.py")
+    at.radio(key="at_source").set_value("pasted").run()
+    lines = "\n".join([f"Thursday, July {d}, {y}" for d in range(1, 29) for y in range(1990, 1998)][:200])
+    at.text_area(key="at_pasted").set_value(lines).run()
+    assert not at.exception
+    assert any("was stopped after 0.01 s" in e.value for e in at.error), [e.value for e in at.error]
