@@ -148,12 +148,19 @@ def method_section(picture, export, pieces, kinds: list[str], words: bool, contr
             ),
         )
         st.plotly_chart(room(fig), width="stretch")
-    table = values[:, None] if not spec.per_head else values
+    # The downloads' closures hold these keys, not the arrays: Streamlit keeps a closed tab's session
+    # (and its download callables) for a while, and the arrays come back from the cache on a click.
+    asked = (choices.model, choices.device, choices.src, choices.tgt, method, position, words)
+
+    def table():
+        values = getattr(run_attribution(*asked), kind)
+        return values[:, None] if not spec.per_head else values
+
     cols = st.columns(2)
     cols[0].download_button(
         "CSV of what is shown",
         lambda: (
-            analysis.long_form(table, q_tokens, k_tokens, layers=[layer], heads=[head] if spec.per_head else None)
+            analysis.long_form(table(), q_tokens, k_tokens, layers=[layer], heads=[head] if spec.per_head else None)
             .rename(columns={"weight": spec.value_name})
             .to_csv(index=False)
             .encode("utf-8")
@@ -164,7 +171,7 @@ def method_section(picture, export, pieces, kinds: list[str], words: bool, contr
     )
     cols[1].download_button(
         f"NPZ of every {spec.title.lower()} array",
-        result.to_bytes,
+        lambda: run_attribution(*asked).to_bytes(),
         f"{choices.model.replace('/', '_')}-{method}.npz",
         "application/octet-stream",
         help=f"The same file as `attnviz attribute --method {method}`: its arrays, ids, tokens and a manifest.",

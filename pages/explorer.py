@@ -109,6 +109,13 @@ def main() -> None:
     kind = bound(st.radio, "Attention", kinds, index=default, captions=captions, horizontal=True, key="kind")
     maps = getattr(export, kind)  # (L, H, Q, K)
     L, H, Q, K = maps.shape
+    source = (choices.model, choices.device, choices.src, choices.tgt)
+
+    def maps_now() -> np.ndarray:
+        """The maps again, from the cache (or computed): a download's closure holds these strings, not the
+        maps, so that a closed tab, which Streamlit keeps for reconnection, holds no megabytes."""
+        return getattr(run_attention(*source, words), kind)
+
     q_tokens, k_tokens = export.tokens(kind)  # the tables' tokens; the figures name decoder rows by what they write
     q_labels = row_labels(export, kind)
     mask = allowed(kind, Q, K)
@@ -142,7 +149,8 @@ def main() -> None:
                 zoom_map = ((*shown_map, layer, head, "scores"), matrix, title, sq_labels, sk_tokens, True)
 
             def shown():
-                return analysis.long_form(scores, sq_tokens, sk_tokens, layers=[layer], heads=[head]).rename(
+                scores_now = run_scores(*source)[kind]
+                return analysis.long_form(scores_now, sq_tokens, sk_tokens, layers=[layer], heads=[head]).rename(
                     columns={"weight": "score"}
                 )
 
@@ -151,7 +159,7 @@ def main() -> None:
             fig = one_head((*shown_map, layer, head), matrix, q_labels, k_tokens, kind, contrast, mask, title)
             if max(Q, K) > EXACT_MAX:
                 zoom_map = ((*shown_map, layer, head), matrix, title, q_labels, k_tokens, False)
-            shown = lambda: analysis.long_form(maps, q_tokens, k_tokens, layers=[layer], heads=[head])  # noqa: E731
+            shown = lambda: analysis.long_form(maps_now(), q_tokens, k_tokens, layers=[layer], heads=[head])  # noqa: E731
         name = f"{stem}-L{layer}H{head}"
     elif view == "grid":
         fig = shared(
@@ -164,7 +172,7 @@ def main() -> None:
             "Click a map to open it at full resolution."
         )
         st.button(f"Open layer {layer}, head {head} large", on_click=open_one_head, key="_open_large")
-        shown = lambda: analysis.long_form(maps, q_tokens, k_tokens)  # noqa: E731 - built on click
+        shown = lambda: analysis.long_form(maps_now(), q_tokens, k_tokens)  # noqa: E731 - built on click
         name = f"{stem}-all-heads"
     elif view == "lines":
         heads = bound(st.multiselect, "Heads", range(1, H + 1), default=[head], key="lines_heads")
@@ -185,7 +193,7 @@ def main() -> None:
             ),
         )
         st.caption("Queries on the left, keys on the right; a line's opacity is the weight (under 0.01 not drawn).")
-        shown = lambda: analysis.long_form(maps, q_tokens, k_tokens, layers=[layer], heads=heads)  # noqa: E731
+        shown = lambda: analysis.long_form(maps_now(), q_tokens, k_tokens, layers=[layer], heads=heads)  # noqa: E731
         name = f"{stem}-L{layer}-lines"
     elif view == "aggregate":
         options = ["mean", "max"] + (["rollout"] if kind == "encoder" else [])
@@ -213,7 +221,7 @@ def main() -> None:
         fig = one_head((*shown_map, layer, how), combined, q_labels, k_tokens, kind, contrast, mask, title)
         if max(Q, K) > EXACT_MAX:
             zoom_map = ((*shown_map, layer, how), combined, title, q_labels, k_tokens, False)
-        shown = lambda: analysis.long_form(aggregate(maps, how, layer)[None, None], q_tokens, k_tokens).assign(  # noqa: E731
+        shown = lambda: analysis.long_form(aggregate(maps_now(), how, layer)[None, None], q_tokens, k_tokens).assign(  # noqa: E731
             layer=layer, head=how
         )
         name = f"{stem}-L{layer}-{how}"
@@ -255,7 +263,7 @@ def main() -> None:
     if zoom_map is not None:
         key, matrix, title, rows, columns, scores = zoom_map
         zoom("", key, matrix, rows, columns, kind, contrast, None if scores else mask, title, scores=scores)
-    download_buttons(shown, export, fmt, name)
+    download_buttons(shown, lambda: run_attention(*source, words), fmt, name)
 
 
 def show_qk(choices, export, kind: str, layer: int, head: int, words: bool) -> None:

@@ -5,7 +5,6 @@ import streamlit as st
 from attnviz.app import bound, clamp_state, footer, load_bundle, run_forward_pass, shared, show_error, sidebar
 from attnviz.app.present import intro, page_config, room
 from attnviz.app.widgets import escape_markdown
-from attnviz.export import ForwardPass
 from attnviz.figures.decoding import topk_bar
 from attnviz.figures.walkthrough import feed_arrow, matrix_figure
 from attnviz.lessons import walkthrough as wk
@@ -27,7 +26,30 @@ def move(delta: int) -> None:
         st.session_state["wt_stage"] = keys[max(0, min(len(keys) - 1, i + delta))]
 
 
-def show_matrix(m: wk.Matrix, wt: ForwardPass, k: int, i: int, shown_stage: tuple) -> None:
+def stage_of(shown_stage: tuple) -> wk.Stage:
+    """The stage for (model, device, src, tgt, stage, layer, head, step), kept with the cached results."""
+    model, device, src, tgt, key, layer, head, step = shown_stage
+    bundle = load_bundle(model, device)
+    cfg = bundle.config
+
+    def build() -> wk.Stage:
+        out_w = bundle.model.tgt_embed.weight if cfg.tie_output else getattr(bundle.model, "out_proj", None)
+        return wk.build_stage(
+            run_forward_pass(model, device, src, tgt),
+            wk.ModelFacts.of(cfg),
+            key,
+            layer=layer - 1,
+            head=head - 1,
+            step=step - 1,
+            embedding=bundle.model.src_embed.weight.detach().cpu().numpy() if key == "embedding" else None,
+            output_weight=None if key != "output" or out_w is None else out_w.detach().cpu().numpy(),
+            token_of=bundle.tokenizer.target_token if not cfg.encoder_only else None,
+        )
+
+    return shared("walkthrough-stage", shown_stage, build)
+
+
+def show_matrix(m: wk.Matrix, k: int, i: int, shown_stage: tuple) -> None:
     fig = shared("walkthrough-matrix", (*shown_stage, k, i), lambda: matrix_figure(m, k))
     st.plotly_chart(room(fig), width="stretch", key=f"wt_fig_{i}")
     shown = "" if m.style != "matrix" or m.values.shape[1] <= k else f"; the first {k} of {m.values.shape[1]} columns"
@@ -37,7 +59,8 @@ def show_matrix(m: wk.Matrix, wt: ForwardPass, k: int, i: int, shown_stage: tupl
     )
     st.download_button(
         f"CSV of the full {m.source}",
-        lambda: wk.matrix_csv(m, wt).encode("utf-8"),
+        # keys, not tensors: Streamlit keeps a closed tab's download callables for a while
+        lambda: wk.matrix_csv(stage_of(shown_stage).matrices[i], run_forward_pass(*shown_stage[:4])).encode("utf-8"),
         f"{m.source.replace('[', '_').replace(']', '')}.csv",
         "text/csv",
         key=f"_wt_csv_{i}",
@@ -56,7 +79,6 @@ def main() -> None:
         show_error(e)
         return
     cfg = bundle.config
-    facts = wk.ModelFacts.of(cfg)
     stages = wk.stage_list(cfg.encoder_only)
     keys, titles = [k for k, _ in stages], dict(stages)
     st.session_state["wt_keys"] = keys
@@ -112,23 +134,8 @@ def main() -> None:
     )
     k = bound(c[3].number_input, "Dimensions shown (k)", 1, 4096, 16, key="wt_k", help="columns drawn; the CSV has all")
 
-    out_w = bundle.model.tgt_embed.weight if cfg.tie_output else getattr(bundle.model, "out_proj", None)
     shown_stage = (choices.model, choices.device, choices.src, choices.tgt, key, layer, head, step)
-    stage = shared(
-        "walkthrough-stage",
-        shown_stage,
-        lambda: wk.build_stage(
-            wt,
-            facts,
-            key,
-            layer=layer - 1,
-            head=head - 1,
-            step=step - 1,
-            embedding=bundle.model.src_embed.weight.detach().cpu().numpy() if key == "embedding" else None,
-            output_weight=None if key != "output" or out_w is None else out_w.detach().cpu().numpy(),
-            token_of=bundle.tokenizer.target_token if not cfg.encoder_only else None,
-        ),
-    )
+    stage = stage_of(shown_stage)
     st.subheader(stage.title)
     st.markdown(stage.text)
     for note in stage.notes:
@@ -149,7 +156,7 @@ def main() -> None:
     cols = st.columns(2)
     for i, m in enumerate(stage.matrices):
         with cols[i % 2]:
-            show_matrix(m, wt, int(k), i, shown_stage)
+            show_matrix(m, int(k), i, shown_stage)
 
 
 main()

@@ -104,14 +104,18 @@ def sinusoid_inputs(columns, prefix: str, base_help: str, layout_help: str | Non
 
 def download_buttons(
     make_table: Callable[[], pd.DataFrame],
-    export: AttentionExport | None,
+    make_export: Callable[[], AttentionExport] | None,
     image_format: str | None,
     name: str,
 ) -> None:
     """CSV of the matrix shown, NPZ of every tensor, and the image format of the figure's camera button.
 
     The files are built only when a button is clicked (a callable ``data``): a long form of every
-    head of a 500-token sentence has millions of rows, too many to build on every rerun.
+    head of a 500-token sentence has millions of rows, too many to build on every rerun. Streamlit
+    keeps those callables with the session, and keeps a closed tab's session for a while in case it
+    reconnects: ``make_table`` and ``make_export`` must hold keys (strings, numbers), not arrays,
+    and get the arrays from the cache when called. A closure holding each tab's 1000-token maps
+    kept about 25 MB per closed tab alive, beyond ATTNVIZ_CACHE_MB.
     """
     cols = st.columns(3)
     cols[0].download_button(
@@ -121,10 +125,10 @@ def download_buttons(
         "text/csv",
         help="Long form: layer, head, query index and token, key index and token, value.",
     )
-    if export is not None:
+    if make_export is not None:
         cols[1].download_button(
             "NPZ of every map",
-            export.to_bytes,
+            lambda: make_export().to_bytes(),
             f"{name.split('-')[0]}-attention.npz",
             "application/octet-stream",
             help="The same file as `attnviz attention`: encoder, decoder, cross, ids, tokens and a manifest.",
