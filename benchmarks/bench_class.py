@@ -43,9 +43,20 @@ import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 
+from attnviz.app.visit import Session, warm
+
 ROOT = Path(__file__).resolve().parents[1]
 PAGES = {"home": "", "explorer": "explorer"}  # page name -> Streamlit's page_name (the URL path)
-TARGETS = {"p50": 0.300, "p95": 1.0, "widget": 0.050, "rss_mb": 1024, "replicas": 1.6}
+TARGETS = {
+    "p50": 0.300,
+    "p95": 1.0,
+    "widget": 0.050,
+    "rss_mb": 1024,
+    "replicas": 1.6,
+    "first": 3.0,
+    "opening_p95": 1.2,
+    "long_rss_mb": 1536,
+}
 SENTENCES = ["Thursday, July 2, 1998", "twenty-one", "$1,234.50", "3:45 PM", "7/2/98"]
 
 
@@ -91,12 +102,17 @@ def stop(proc: subprocess.Popen) -> None:
 
 
 @contextlib.contextmanager
-def app_server(*flags: str) -> Iterator[tuple[int, int]]:
-    """One `streamlit run app.py` on 127.0.0.1 with the repository's config and ``flags``: (port, pid)."""
+def app_server(*flags: str, env: dict[str, str] | None = None) -> Iterator[tuple[int, int]]:
+    """One `streamlit run app.py` on 127.0.0.1 with the repository's config and ``flags``: (port, pid).
+
+    ``env``: settings added to this process's environment for the server.
+    """
     port = free_port()
     cmd = [sys.executable, "-m", "streamlit", "run", "app.py", "--server.headless", "true"]
     cmd += ["--server.address", "127.0.0.1", "--server.port", str(port), *flags]
-    proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    proc = subprocess.Popen(
+        cmd, cwd=ROOT, env={**os.environ, **(env or {})}, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+    )
     try:
         wait_healthy(port, proc)
         yield port, proc.pid
@@ -137,45 +153,12 @@ def rss_mb(pid: int) -> float:
     return float("nan")
 
 
-# ---------------------------------------------------------------------------------------------
-# A browser session, as Streamlit's websocket sees it
-
-
-class Session:
-    """One browser tab: a websocket to the server, and reruns of one page."""
-
-    def __init__(self, port: int, page: str, query: str = ""):
-        self.url = f"ws://127.0.0.1:{port}/_stcore/stream"
-        self.page, self.query = page, query
-        self.ws = None
-
-    async def __aenter__(self) -> Session:
-        import websockets  # Streamlit's own dependency
-
-        self.ws = await websockets.connect(
-            self.url, subprotocols=["streamlit"], max_size=None, open_timeout=60, ping_interval=None
-        )
-        return self
-
-    async def __aexit__(self, *exc) -> None:
-        await self.ws.close()
-
-    async def rerun(self, timeout: float = 120) -> float:
-        """Rerun the page; seconds until the server says the script finished."""
-        from streamlit.proto.BackMsg_pb2 import BackMsg
-        from streamlit.proto.ForwardMsg_pb2 import ForwardMsg
-
-        msg = BackMsg()
-        msg.rerun_script.page_name = self.page
-        msg.rerun_script.query_string = self.query
-        start = time.perf_counter()
-        await self.ws.send(msg.SerializeToString())
-        async with asyncio.timeout(timeout):
-            while True:
-                reply = ForwardMsg()
-                reply.ParseFromString(await self.ws.recv())
-                if reply.WhichOneof("type") == "script_finished":
-                    return time.perf_counter() - start
+def children(pid: int) -> list[int]:
+    """The processes ``pid`` started (the server's heavy-work workers)."""
+    try:
+        return [int(p) for p in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
+    except OSError:
+        return []
 
 
 def percentile(values: list[float], q: float) -> float:
@@ -231,6 +214,176 @@ async def many_sessions(port: int, n: int, parallel: int = 10) -> None:
 
     for start in range(0, n, parallel):
         await asyncio.gather(*(one(i) for i in range(start, min(n, start + parallel))))
+
+
+# ---------------------------------------------------------------------------------------------
+# Heavy work beside a class (issue 21)
+
+HEAVY_KINDS = ("atlas", "beam", "long", "methods")
+REFUSED = ("The server is busy", "was stopped after")  # a bound's message: a refusal, not an error
+HEAVY_SETTINGS = {  # label -> the server's environment; the shipped setting is measured last
+    "threads, no bound (before)": {"ATTNVIZ_HEAVY_IN": "threads", "ATTNVIZ_HEAVY_AT_ONCE": "1000"},
+    "threads, 1 at once": {"ATTNVIZ_HEAVY_IN": "threads", "ATTNVIZ_HEAVY_AT_ONCE": "1"},
+    "worker processes (shipped)": {},
+}
+
+
+def long_text(rng: random.Random, tokens: int, tag: str, model: str = "en-de") -> str:
+    """A text of at most ``tokens`` of ``model``'s tokens, as close as sentences allow, unique by ``tag``."""
+    from attnviz import api
+
+    tok = api.load(model, "cpu").tokenizer
+    words = [tag]
+    while True:
+        longer = [*words, rng.choice(SENTENCES)]
+        if len(tok.encode_source(" ".join(longer)).ids) > tokens:
+            return " ".join(words)
+        words = longer
+
+
+def heavy_requests(n: int, seed: int = 0) -> list[tuple[str, str, str]]:
+    """``n`` heavy page openings, each with its own input: (kind, page, query string)."""
+    from urllib.parse import urlencode
+
+    rng = random.Random(seed)
+    out = []
+    for i in range(n):
+        kind = HEAVY_KINDS[i % len(HEAVY_KINDS)]
+        if kind == "atlas":  # 200 pasted sentences, the most the page computes
+            lines = "\n".join(f"{rng.choice(SENTENCES)} {i}-{j}" for j in range(200))
+            out.append((kind, "atlas", urlencode({"at_source": "pasted", "at_pasted": lines})))
+        elif kind == "beam":  # beam 8 on a long sentence
+            out.append((kind, "decoding", urlencode({"src": long_text(rng, 120, f"{i}."), "beam": 8})))
+        elif kind == "long":  # near the model's 512 tokens
+            out.append((kind, "explorer", urlencode({"src": long_text(rng, 500, f"{i}.")})))
+        else:  # a contribution method and an ablation, on a long sentence
+            query = {"src": long_text(rng, 250, f"{i}."), "bw_method": "value-zeroing", "bw_ablate": "cross:1.2"}
+            out.append((kind, "beyond", urlencode(query)))
+    return out
+
+
+async def health_poll(port: int, done: asyncio.Event, every: float = 0.25) -> list[float]:
+    """Seconds each ``/_stcore/health`` request took, polled until ``done``."""
+
+    def one() -> float:
+        start = time.perf_counter()
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}/_stcore/health", timeout=60) as r:
+                r.read()
+        except OSError:
+            return 60.0
+        return time.perf_counter() - start
+
+    times = []
+    while not done.is_set():
+        times.append(await asyncio.to_thread(one))
+        await asyncio.sleep(every)
+    return times
+
+
+async def heavy_class(port: int, heavy: int, light: int, think: float, timeout: float, seed: int = 0) -> dict:
+    """``heavy`` sessions each opening a heavy page once, beside ``light`` sessions rerunning cached pages.
+
+    Light sessions rerun the home page or the explorer on the default sentence (computed before the
+    start) with ``think`` s between reruns, until every heavy session is done. Returns the light
+    latencies, the health latencies, and each heavy session's (kind, seconds, outcome).
+    """
+    await warm(port)  # the light pages' work, cached
+    requests = heavy_requests(heavy, seed)
+    rng = random.Random(seed)
+    done = asyncio.Event()
+    light_times, light_errors = [], []
+
+    async def heavy_session(kind: str, page: str, query: str) -> tuple[str, float, str]:
+        try:
+            async with Session(port, page, query) as s:
+                seconds, errors, exceptions = await s.rerun_and_read(timeout)
+        except TimeoutError:
+            return kind, timeout, "no answer"
+        if exceptions:
+            return kind, seconds, f"exception: {exceptions[0]}"
+        unforeseen = [e for e in errors if not any(r in e for r in REFUSED)]
+        if unforeseen:
+            return kind, seconds, f"error: {unforeseen[0]}"
+        return kind, seconds, "refused" if errors else "finished"
+
+    async def light_session(i: int) -> None:
+        page = list(PAGES.values())[i % len(PAGES)]
+        await asyncio.sleep(rng.uniform(0, think))
+        async with Session(port, page) as s:
+            while not done.is_set():
+                try:
+                    seconds, errors, exceptions = await s.rerun_and_read(timeout)
+                except TimeoutError:
+                    light_errors.append("no answer")
+                    return
+                light_times.append(seconds)
+                light_errors.extend(errors + exceptions)
+                await asyncio.sleep(rng.uniform(0.5 * think, 1.5 * think))
+
+    async def heavy_then_done() -> list[tuple[str, float, str]]:
+        try:
+            return await asyncio.gather(*(heavy_session(*r) for r in requests))
+        finally:
+            done.set()
+
+    lights = [asyncio.create_task(light_session(i)) for i in range(light)]
+    health = asyncio.create_task(health_poll(port, done))
+    outcomes = await heavy_then_done()
+    await asyncio.gather(*lights)
+    return {"light": light_times, "light_errors": light_errors, "health": await health, "heavy": outcomes}
+
+
+async def opening(port: int, sessions: int, reruns: int, seed: int = 0) -> tuple[list[float], list[float]]:
+    """A class opening the link at once: ``sessions`` sessions within one second, on the home page or
+    the explorer, each then rerunning every second. (first runs, every run), in seconds."""
+    rng = random.Random(seed)
+    names = list(PAGES.values())
+
+    async def student(i: int) -> list[float]:
+        await asyncio.sleep(rng.uniform(0, 1))
+        async with Session(port, names[i % len(names)]) as s:
+            times = [await s.rerun()]
+            for _ in range(reruns):
+                await asyncio.sleep(1.0)
+                times.append(await s.rerun())
+            return times
+
+    runs = await asyncio.gather(*(student(i) for i in range(sessions)))
+    return [r[0] for r in runs], [t for r in runs for t in r]
+
+
+@contextlib.contextmanager
+def long_model() -> Iterator[tuple[str, dict[str, str]]]:
+    """The shipped en-de model with room for 1024 tokens (its positions are sinusoids, computed on load),
+    in a temporary model folder: (its path, the server's environment)."""
+    import json
+    import shutil
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as root:
+        folder = Path(root) / "en-de-1024"
+        shutil.copytree(ROOT / "pretrained" / "en-de", folder)
+        config = json.loads((folder / "config.json").read_text())
+        config["model"]["max_len"] = 1024
+        (folder / "config.json").write_text(json.dumps(config))
+        yield str(folder), {"ATTNVIZ_MODEL_ROOTS": root}
+
+
+async def long_inputs(port: int, model: str, n: int, tokens: int) -> None:
+    """``n`` sessions one after another, each opening the explorer on its own ``tokens``-token input."""
+    from urllib.parse import urlencode
+
+    from attnviz.app.session import CUSTOM_PATH
+
+    rng = random.Random(1)
+    for i in range(n):
+        src = long_text(rng, tokens, f"{i}.", model)
+        query = urlencode({"model": CUSTOM_PATH, "model_path": model, "src": src})
+        async with Session(port, "explorer", query) as s:
+            _, errors, exceptions = await s.rerun_and_read(timeout=300)
+            if errors or exceptions:
+                raise RuntimeError(f"the long input was not shown: {(errors + exceptions)[0]}")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -290,13 +443,24 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--b2b-sessions", type=int, default=8)
     parser.add_argument("--memory-sessions", type=int, default=100)
     parser.add_argument("--alternations", type=int, default=5)
-    parser.add_argument("--only", default="class,b2b,widgets,memory,replicas")
+    parser.add_argument("--only", default=None, help="measures, comma-separated (default: all but --heavy's)")
     parser.add_argument("--quick", action="store_true", help="a few sessions and seconds: a smoke run")
+    heavy = parser.add_argument_group("--heavy: a class beside heavy work (issue 21)")
+    heavy.add_argument(
+        "--heavy", action="store_true", help="measure opening, heavy and longmem; the last line is the heavy summary"
+    )
+    heavy.add_argument("--heavy-sessions", type=int, default=16)
+    heavy.add_argument("--light-sessions", type=int, default=30)
+    heavy.add_argument("--heavy-timeout", type=float, default=900, help="seconds a heavy page may take to answer")
+    heavy.add_argument("--long-inputs", type=int, default=100)
+    heavy.add_argument("--long-tokens", type=int, default=1000)
     args = parser.parse_args(argv)
     if args.quick:
         args.sessions, args.reruns, args.think, args.b2b_seconds, args.b2b_sessions = 2, 2, 0.1, 1.0, 2
         args.memory_sessions, args.alternations = 4, 1
-    only = set(args.only.split(","))
+        args.heavy_sessions, args.light_sessions, args.long_inputs = 4, 2, 3
+    default = "opening,heavy,longmem" if args.heavy else "class,b2b,widgets,memory,replicas"
+    only = set((args.only or default).split(","))
     print(f"attnviz class benchmark | {cpu_name()}, {os.cpu_count()} cores | python {platform.python_version()}")
 
     if "class" in only or "b2b" in only:
@@ -351,6 +515,73 @@ def main(argv: list[str] | None = None) -> int:
             f"\nreplicas (deploy/serve.sh, nginx, explorer, {args.b2b_sessions} sessions back to back): "
             f"1 replica {rates[1]:.1f} reruns/s, 2 replicas {rates[2]:.1f} reruns/s, ratio {ratio:.2f}  "
             f"{verdict(ratio, TARGETS['replicas'], smaller_is_better=False)} (>= 1.6)"
+        )
+
+    if "opening" in only:
+        print(
+            f"\nopening: {args.sessions} sessions open the home page or the explorer within 1 s, then rerun every "
+            f"second ({args.reruns} reruns); every run counted, first runs included, ms"
+        )
+        print(
+            f"  {'a fresh server, started by':36} {'first p50':>9} {'first max':>9} {'p50':>5} {'p95':>6} {'max':>6}  "
+            "targets first <= 3000, p95 <= 1200"
+        )
+        starts = ("streamlit run app.py",) if args.quick else ("streamlit run app.py", "deploy/serve.sh --replicas 1")
+        for label in starts:
+            with contextlib.ExitStack() as stack:
+                if label.startswith("deploy"):  # it visits its replica once before it opens
+                    port = stack.enter_context(replicas(1))
+                else:
+                    port, _ = stack.enter_context(app_server())
+                first, every = asyncio.run(opening(port, args.sessions, args.reruns))
+            p95 = percentile(every, 0.95)
+            print(
+                f"  {label:36} {percentile(first, 0.5) * 1000:9.0f} {max(first) * 1000:9.0f} "
+                f"{percentile(every, 0.5) * 1000:5.0f} {p95 * 1000:6.0f} {max(every) * 1000:6.0f}  "
+                f"{verdict(max(first), TARGETS['first'])} {verdict(p95, TARGETS['opening_p95'])}"
+            )
+
+    if "longmem" in only:
+        with long_model() as (model, env), app_server(env=env) as (port, pid):
+            before = rss_mb(pid)
+            asyncio.run(long_inputs(port, model, args.long_inputs, args.long_tokens))
+            server = rss_mb(pid)
+            workers = sum(rss_mb(c) for c in children(pid))
+        print(
+            f"\nlong inputs: server RSS {before:.0f} MB after start, {server:.0f} MB after {args.long_inputs} "
+            f"distinct {args.long_tokens}-token inputs one after another, plus {workers:.0f} MB in its workers  "
+            f"{verdict(server + workers, TARGETS['long_rss_mb'])} (server and workers <= 1536 MB)"
+        )
+
+    if "heavy" in only:
+        print(
+            f"\nheavy: {args.heavy_sessions} heavy sessions ({', '.join(HEAVY_KINDS)}), each opening one page, beside "
+            f"{args.light_sessions} light sessions rerunning cached pages about every {args.think:g} s; ms"
+        )
+        print(
+            f"  {'heavy work runs in':28} {'light p50':>9} {'p95':>7} {'health max':>10} {'heavy max':>10}  "
+            "finished refused errors"
+        )
+        settings = list(HEAVY_SETTINGS.items())[-1:] if args.quick else HEAVY_SETTINGS.items()  # the shipped one last
+        for label, env in settings:
+            with app_server(env=env) as (port, _):
+                result = asyncio.run(
+                    heavy_class(port, args.heavy_sessions, args.light_sessions, args.think, args.heavy_timeout)
+                )
+            light, health, outcomes = result["light"], result["health"], result["heavy"]
+            counts = {o: sum(1 for _, _, x in outcomes if x == o) for o in ("finished", "refused")}
+            problems = [f"{k}: {x}" for k, _, x in outcomes if x not in counts] + result["light_errors"]
+            light_p95 = percentile(light, 0.95) if light else float("inf")
+            print(
+                f"  {label:28} {percentile(light, 0.5) * 1000 if light else float('inf'):9.0f} {light_p95 * 1000:7.0f} "
+                f"{max(health) * 1000:10.0f} {max(t for _, t, _ in outcomes) * 1000:10.0f}  "
+                f"{counts['finished']:8} {counts['refused']:7} {len(problems):6}"
+            )
+            for problem in problems[:5]:
+                print(f"    {problem[:160]}")
+        print(f"  targets: light p95 <= 1000, health <= 2000, 0 errors | {cpu_name()}, {os.cpu_count()} cores")
+        print(
+            f"heavy_light_p95_ms={light_p95 * 1000:.0f} health_max_ms={max(health) * 1000:.0f} errors={len(problems)}"
         )
     return 0
 

@@ -125,6 +125,12 @@ for i in $(seq 1 "$replicas"); do
   done
 done
 
+# A fresh replica imports torch, loads the model and computes the first page on its first visit
+# (about 4 s on 2 cores): a class opening the link at once would wait behind it. Visit each once.
+for i in $(seq 1 "$replicas"); do
+  (cd "$root" && "$python" -m attnviz.app.visit --port $((port + i))) || echo "serve.sh: replica $i's first visit showed a problem (above)" >&2
+done
+
 nginx -p "$work" -c "$work/nginx.conf" -g 'daemon off;' &
 pids+=("$!")
 echo "attnviz: $replicas replica(s) behind nginx at http://$bind:$port (pids ${pids[*]}); Ctrl-C stops them" >&2

@@ -62,6 +62,23 @@ def test_the_class_benchmark_runs_end_to_end(capsys):
         assert "ratio" in out
 
 
+@pytest.mark.slow
+def test_the_heavy_class_benchmark_runs_end_to_end_and_ends_with_its_summary_line(capsys):
+    """bench_class.py --heavy --quick: a few heavy and light sessions, a class opening, long inputs."""
+    import re
+
+    import bench_class
+
+    assert bench_class.main(["--heavy", "--quick"]) == 0
+    out = capsys.readouterr().out
+    assert "streamlit run app.py" in out and "long inputs: server RSS" in out
+    assert "worker processes (shipped)" in out
+    last = out.strip().splitlines()[-1]
+    match = re.fullmatch(r"heavy_light_p95_ms=(\d+) health_max_ms=(\d+) errors=(\d+)", last)
+    assert match, last
+    assert match[3] == "0", out  # every heavy page finished or was refused with a message
+
+
 def test_the_widget_rerun_measure_covers_every_page():
     import bench_class
 
