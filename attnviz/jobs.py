@@ -24,6 +24,7 @@ from typing import IO, Any
 
 from attnviz import api
 from attnviz.atlas.engine import head_map
+from attnviz.lessons import mechanics, variants
 
 HEADER = struct.Struct("<Q")  # each message: its length, then its pickle
 MODELS_KEPT = 2  # models a worker keeps loaded (a class mostly uses one)
@@ -45,7 +46,25 @@ def _atlas(bundle, sentences: tuple[str, ...], progress=None):
     return api.compute_atlas(bundle, list(sentences), progress=progress)
 
 
-# name -> function(bundle, *args[, progress]); only ``atlas`` reports progress
+def _pattern(bundle, src: str, name: str | None, k: int):
+    """Source tokens, the pattern's mask (None: the model as trained), the run, and its translation."""
+    enc = bundle.tokenizer.encode_source(src)
+    mask = None if name is None else variants.pattern(name, len(enc.ids), k)
+    run = variants.encode_with_pattern(bundle.model, enc.ids, mask)
+    text = None if run.output_ids is None else bundle.tokenizer.decode(run.output_ids)
+    return enc.tokens, mask, run, text
+
+
+def _permutation(bundle, src: str, order: str, seed: int):
+    """Tokens, the order, and the check without and with positional encoding."""
+    enc = bundle.tokenizer.encode_source(src)
+    n = len(enc.ids)
+    perm = tuple(range(n - 1, -1, -1)) if order == "reverse" else mechanics.shuffled_order(n, seed)
+    checks = {up: mechanics.permutation_check(bundle.model, enc.ids, perm, up) for up in (False, True)}
+    return enc.tokens, perm, checks
+
+
+# name -> function(bundle, *args[, progress]); only ``atlas`` reports progress; ``timing`` takes no model
 JOBS: dict[str, Callable[..., Any]] = {
     "attention": lambda b, src, tgt, words: api.attention(b, src, tgt, words=words),
     "scores": lambda b, src, tgt: api.attention_scores(b, src, tgt),
@@ -59,6 +78,9 @@ JOBS: dict[str, Callable[..., Any]] = {
     "importance": _importance,
     "atlas": _atlas,
     "head_map": head_map,
+    "pattern": _pattern,
+    "permutation": _permutation,
+    "timing": lambda _, d: variants.time_self_attention_vs_gru(d=d, repeats=5),
     "warm": lambda b: None,  # load the model before the first visitor needs it
 }
 REPORTS_PROGRESS = {"atlas"}
@@ -133,12 +155,14 @@ def serve(read: Callable[[int], bytes], out: IO[bytes]) -> None:
             if name not in JOBS:
                 raise ValueError(f"no job named {name!r}")
             key = (model, device)
-            if key not in models:
+            if model is not None and key not in models:
                 models[key] = api.load(model, device)
                 while len(models) > MODELS_KEPT:
                     models.popitem(last=False)
-            models.move_to_end(key)
-            result = run_job(models[key], name, args, lambda done, total: send(out, ("progress", done, total)))
+            if model is not None:
+                models.move_to_end(key)
+            bundle = models.get(key)  # None for a job that takes no model
+            result = run_job(bundle, name, args, lambda done, total: send(out, ("progress", done, total)))
             reply = ("done", result)
         except Exception as e:  # noqa: BLE001 - the server shows the visitor what went wrong
             reply = ("error", sendable(e))

@@ -10,12 +10,12 @@ from attnviz.app import (
     footer,
     keep_in_range,
     lazy_tabs,
-    load_bundle,
     number_table,
     shared,
     show_error,
     sidebar,
 )
+from attnviz.app.cache import budgeted, compute, is_light
 from attnviz.app.present import intro, page_config, room
 from attnviz.figures import teaching as tp
 from attnviz.lessons import mechanics
@@ -45,15 +45,13 @@ def scaling(d_ks: tuple[int, ...], n_keys: int, seed: int) -> pd.DataFrame:
     return mechanics.scaling_experiment(d_ks, n_keys=n_keys, n_samples=1000, seed=seed)
 
 
-@st.cache_data(show_spinner="Shuffling the sentence and running the encoder…", max_entries=32)
+@budgeted("Shuffling the sentence and running the encoder…")
 def permutation(model: str, device: str, src: str, order: str, seed: int):
     """Tokens, the order, and the check without and with positional encoding."""
-    bundle = load_bundle(model, device)
-    enc = bundle.tokenizer.encode_source(src)
-    n = len(enc.ids)
-    perm = tuple(range(n - 1, -1, -1)) if order == "reverse" else mechanics.shuffled_order(n, seed)
-    checks = {up: mechanics.permutation_check(bundle.model, enc.ids, perm, up) for up in (False, True)}
-    return enc.tokens, perm, checks
+    light = is_light(model, device, src)
+    return compute(
+        "permutation", "Shuffling the sentence and running the encoder", model, device, (src, order, seed), light
+    )
 
 
 def reset_example() -> None:

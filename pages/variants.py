@@ -9,12 +9,12 @@ from attnviz.app import (
     footer,
     keep_in_range,
     lazy_tabs,
-    load_bundle,
     number_table,
     shared,
     show_error,
     sidebar,
 )
+from attnviz.app.cache import budgeted, compute, is_light
 from attnviz.app.present import intro, page_config, room
 from attnviz.figures import teaching as tp
 from attnviz.figures.attention import attention_heatmap
@@ -33,20 +33,16 @@ intro(
 )
 
 
-@st.cache_data(show_spinner="Running the encoder with the pattern, then decoding…", max_entries=32)
+@budgeted("Running the encoder with the pattern, then decoding…")
 def run_pattern(model: str, device: str, src: str, name: str | None, k: int):
     """Source tokens, the pattern's mask (None for the model as trained), the run, and its translation."""
-    bundle = load_bundle(model, device)
-    enc = bundle.tokenizer.encode_source(src)
-    mask = None if name is None else variants.pattern(name, len(enc.ids), k)
-    run = variants.encode_with_pattern(bundle.model, enc.ids, mask)
-    text = None if run.output_ids is None else bundle.tokenizer.decode(run.output_ids)
-    return enc.tokens, mask, run, text
+    light = is_light(model, device, src)
+    return compute("pattern", "Running the encoder with the pattern", model, device, (src, name, k), light)
 
 
-@st.cache_data(show_spinner="Timing self-attention and a GRU…", max_entries=8)
+@budgeted("Timing self-attention and a GRU…")
 def timing(d: int) -> pd.DataFrame:
-    return variants.time_self_attention_vs_gru(d=d, repeats=5)
+    return compute("timing", "Timing self-attention and a GRU", None, "cpu", (d,))
 
 
 def patterns_tab() -> None:

@@ -126,3 +126,16 @@ def test_sigterm_stops_every_process_it_started(served):
 def test_bad_arguments_exit_2_with_one_line(args, message):
     result = subprocess.run(["bash", str(SERVE), *args], capture_output=True, text=True, timeout=30, check=False)
     assert result.returncode == 2 and message in result.stderr and result.stderr.count("\n") == 1, result.stderr
+
+
+def test_the_first_visit_without_a_server_exits_2_with_one_line(capsys):
+    import socket
+
+    from attnviz.app import visit
+
+    with socket.socket() as s:  # a port nobody listens on
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    assert visit.main(["--port", str(port), "--timeout", "5"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith(f"attnviz: could not open the app on port {port}") and "\n" not in err

@@ -272,3 +272,46 @@ def test_an_atlas_past_the_time_bound_says_so_on_the_page(pool, fresh_streamlit_
     at.text_area(key="at_pasted").set_value(lines).run()
     assert not at.exception
     assert any("was stopped after 0.01 s" in e.value for e in at.error), [e.value for e in at.error]
+
+
+def test_a_worker_that_dies_mid_job_is_a_message_and_is_replaced(pool):
+    pool.setenv("ATTNVIZ_HEAVY_IN", "processes")
+    heavy.run("warm", "en-de", "cpu", (), no_bundle)
+    pid = heavy.pool()._idle[0].proc.pid
+    threading.Timer(0.3, os.kill, (pid, 9)).start()  # as the kernel's out-of-memory killer would
+    sentences = tuple(f"Thursday, July {n}, 1998" for n in range(1, 29))
+    with pytest.raises(heavy.BusyError) as caught:
+        heavy.run("importance", "en-de", "cpu", (sentences, None), no_bundle)
+    assert "stopped unexpectedly" in caught.value.public and "status -9" in str(caught.value)
+    assert heavy.run("attention", "en-de", "cpu", ("twenty-one", None, False), no_bundle).cross.ndim == 4
+
+
+def test_a_waiting_visitor_sees_the_place_then_the_seconds_redrawn_only_when_they_change(monkeypatch):
+    import streamlit as st
+    from streamlit.runtime import scriptrunner
+
+    drawn = []
+
+    class Slot:
+        def info(self, text, icon=None):
+            drawn.append(text)
+
+        def empty(self):
+            drawn.append(None)
+
+    monkeypatch.setattr(scriptrunner, "get_script_run_ctx", lambda suppress_warning=False: object())
+    monkeypatch.setattr(st, "empty", Slot)
+    notice = heavy.Notice("Computing the atlas", heavy.Limits(at_once=1, queue=8, seconds=90, in_processes=True))
+    notice.waiting(3)  # too soon: nothing is drawn for a short wait
+    notice.start -= heavy.SHOW_AFTER_S
+    notice.waiting(3)
+    notice.waiting(3)
+    notice.waiting(1)
+    notice.running()
+    notice.clear()
+    assert drawn[0] == (
+        "Computing the atlas: waiting for the server, 3 computations ahead of this one (this server runs 1 at once)."
+    )
+    assert drawn[1].endswith("1 computation ahead of this one (this server runs 1 at once).")
+    assert drawn[2].startswith("Computing the atlas: running, ") and "stops a computation after 90 s" in drawn[2]
+    assert drawn[3:] == [None]

@@ -81,7 +81,7 @@ def _tokens_setting(name: str, default: int) -> int:
         return default
 
 
-def _light(model: str, device: str, src: str, tgt: str | None) -> bool:
+def is_light(model: str, device: str, src: str, tgt: str | None = None) -> bool:
     """Whether one forward pass over ``src`` (and ``tgt``) is quick enough to run in the visitor's thread.
 
     A text over ``ATTNVIZ_MAX_TOKENS`` is refused here, before any work is queued.
@@ -99,11 +99,16 @@ def _light(model: str, device: str, src: str, tgt: str | None) -> bool:
     return n <= _tokens_setting("ATTNVIZ_LIGHT_TOKENS", LIGHT_TOKENS)
 
 
-def _compute(name: str, what: str, model: str, device: str, args: tuple, light: bool = False, progress=None):
-    """Job ``name`` (:data:`attnviz.jobs.JOBS`): in place when ``light``, else through :func:`attnviz.app.heavy.run`."""
+def compute(name: str, what: str, model: str | None, device: str, args: tuple, light: bool = False, progress=None):
+    """Job ``name`` (:data:`attnviz.jobs.JOBS`) on ``model`` (None: a job that takes none).
+
+    In place when ``light``; else through :func:`attnviz.app.heavy.run`: queued, bounded and run in
+    a worker process, with ``what`` in the visitor's notice while it waits.
+    """
+    bundle = (lambda: None) if model is None else (lambda: load_bundle(model, device))
     if light:
-        return jobs.run_job(load_bundle(model, device), name, args, progress)
-    return heavy.run(name, model, device, args, lambda: load_bundle(model, device), what, progress)
+        return jobs.run_job(bundle(), name, args, progress)
+    return heavy.run(name, model, device, args, bundle, what, progress)
 
 
 def run_attention(model: str, device: str, src: str, tgt: str | None, words: bool = False) -> api.AttentionExport:
@@ -114,36 +119,36 @@ def run_attention(model: str, device: str, src: str, tgt: str | None, words: boo
 
 @budgeted("Running the model…")
 def _run_attention(model: str, device: str, src: str, tgt: str | None, words: bool) -> api.AttentionExport:
-    light = _light(model, device, src, tgt)
-    return _compute("attention", "Running the model", model, device, (src, tgt, words), light)
+    light = is_light(model, device, src, tgt)
+    return compute("attention", "Running the model", model, device, (src, tgt, words), light)
 
 
 @budgeted("Recording queries and keys…")
 def run_queries_keys(model: str, device: str, src: str, tgt: str | None) -> dict:
     """Every head's query and key vectors, per kind (L, H, n, d_k); cached like the maps."""
-    light = _light(model, device, src, tgt)
-    return _compute("queries_keys", "Recording queries and keys", model, device, (src, tgt), light)
+    light = is_light(model, device, src, tgt)
+    return compute("queries_keys", "Recording queries and keys", model, device, (src, tgt), light)
 
 
 @budgeted("Computing the scores…")
 def run_scores(model: str, device: str, src: str, tgt: str | None) -> dict:
     """Scaled scores before the softmax, per kind (L, H, Q, K); cached like the maps."""
-    light = _light(model, device, src, tgt)
-    return _compute("scores", "Computing the scores", model, device, (src, tgt), light)
+    light = is_light(model, device, src, tgt)
+    return compute("scores", "Computing the scores", model, device, (src, tgt), light)
 
 
 @budgeted("Running the model…")
 def run_forward_pass(model: str, device: str, src: str, tgt: str | None) -> api.ForwardPass:
     """Every intermediate tensor of one forward pass, cached: moving between stages does not rerun it."""
-    light = _light(model, device, src, tgt)
-    return _compute("forward_pass", "Running the model", model, device, (src, tgt), light)
+    light = is_light(model, device, src, tgt)
+    return compute("forward_pass", "Running the model", model, device, (src, tgt), light)
 
 
 @budgeted("Decoding…")
 def run_decoding(model: str, device: str, src: str, beam: int, tgt: str | None, top_k: int = 8):
     """The step-through of one decoding (greedy, beam search or teacher-forced), cached. Beam search is heavy."""
-    light = _light(model, device, src, tgt) and beam == 1
-    return _compute("decoding", "Decoding", model, device, (src, beam, tgt, top_k), light)
+    light = is_light(model, device, src, tgt) and beam == 1
+    return compute("decoding", "Decoding", model, device, (src, beam, tgt, top_k), light)
 
 
 @budgeted("Computing the contributions…")
@@ -151,9 +156,9 @@ def run_attribution(
     model: str, device: str, src: str, tgt: str | None, method: str, position: int | None, words: bool
 ) -> api.AttentionExport:
     """A contribution method's arrays for a sentence (``attnviz.attribute``), cached per method, position and units."""
-    _light(model, device, src, tgt)  # the size bound
+    is_light(model, device, src, tgt)  # the size bound
     args = (src, tgt, method, position, words)
-    return _compute("attribution", "Computing the contributions", model, device, args)
+    return compute("attribution", "Computing the contributions", model, device, args)
 
 
 @budgeted("Running the model with those heads switched off…")
@@ -161,9 +166,9 @@ def run_ablation(
     model: str, device: str, src: str, tgt: str | None, ablate: str, mode: str, words: bool
 ) -> api.AblationComparison:
     """Intact and ablated model side by side; ``ablate`` in text form (``cross:1.2,...``), cached."""
-    _light(model, device, src, tgt)
+    is_light(model, device, src, tgt)
     args = (src, tgt, ablate, mode, words)
-    return _compute("ablation", "Running the model with those heads switched off", model, device, args)
+    return compute("ablation", "Running the model with those heads switched off", model, device, args)
 
 
 @budgeted("Switching every head off in turn…")
@@ -172,7 +177,7 @@ def run_importance(
 ) -> api.HeadImportance:
     """Every head's importance over the sentences (and references), cached on the texts."""
     args = (tuple(sentences), None if references is None else tuple(references))
-    return _compute("importance", "Switching every head off in turn", model, device, args)
+    return compute("importance", "Switching every head off in turn", model, device, args)
 
 
 def shared(kind: str, key: tuple, build: Callable[[], T]) -> T:
@@ -205,7 +210,7 @@ def computed_atlas(
     with lock:
         if key in memo:
             return memo[key]
-    atlas = _compute("atlas", "Computing the atlas", model, device, (tuple(sentences),), progress=progress)
+    atlas = compute("atlas", "Computing the atlas", model, device, (tuple(sentences),), progress=progress)
     with lock:
         memo[key] = atlas
         while len(memo) > ATLAS_MEMORY:
@@ -240,4 +245,4 @@ def run_head_map(
 ) -> np.ndarray:
     """One head's map for one sentence's exact inputs (Q, K), cached."""
     light = max(len(src_ids), len(tgt_ids or ())) <= _tokens_setting("ATTNVIZ_LIGHT_TOKENS", LIGHT_TOKENS)
-    return _compute("head_map", "Computing the map", model, device, (src_ids, tgt_ids, kind, layer, head), light)
+    return compute("head_map", "Computing the map", model, device, (src_ids, tgt_ids, kind, layer, head), light)

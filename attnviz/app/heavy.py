@@ -41,7 +41,13 @@ SHOW_AFTER_S = 0.5  # a computation shorter than this shows no notice at all
 
 
 class BusyError(AttnvizError):
-    """The server's queue for heavy work is full, or a computation passed its time bound."""
+    """The server's queue for heavy work is full, a computation passed its time bound, or its worker died."""
+
+
+LOST = (
+    "The computation stopped unexpectedly on the server (it may have run out of memory). "
+    "Try a shorter text or fewer sentences."
+)
 
 
 def _setting(name: str, default: float) -> float:
@@ -145,13 +151,14 @@ class Worker:
             if ready:
                 message = jobs.receive(self.proc.stdout.read)
                 if message is None:
+                    status = self.proc.wait()
                     self.kill()
-                    raise RuntimeError("a worker process ended unexpectedly (out of memory?)")
+                    raise BusyError(f"a worker process ended with status {status} during a job", LOST)
                 return message
             if self.proc.poll() is not None:
                 status = self.proc.returncode
                 self.kill()
-                raise RuntimeError(f"a worker process ended with status {status}")
+                raise BusyError(f"a worker process ended with status {status} during a job", LOST)
             tick()
 
     def call(
