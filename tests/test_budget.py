@@ -45,6 +45,29 @@ def test_the_least_recently_used_results_go_first_and_the_total_stays_under_the_
     assert len(budget) == 3 and budget.total <= 3 * MB + 4096, "a result over the whole budget is not kept"
 
 
+def test_a_budgeted_function_can_forget_its_own_results_only(fresh_streamlit_caches):
+    from attnviz.app.cache import RESULTS, budgeted
+
+    made = []
+
+    @budgeted(False)
+    def timing(d: int):
+        made.append(d)
+        return np.zeros(d)
+
+    @budgeted(False)
+    def other(d: int):
+        made.append(-d)
+        return np.zeros(d)
+
+    timing(8), timing(8), other(8)
+    before = RESULTS.total
+    timing.clear()  # "Measure again"
+    assert RESULTS.total == before - 64
+    timing(8), other(8)
+    assert made == [8, -8, 8]
+
+
 def test_sessions_asking_at_once_make_a_result_once():
     budget, calls = ByteBudget(lambda: 64 * MB), []
 

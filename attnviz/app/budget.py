@@ -85,6 +85,12 @@ class ByteBudget:
             self._items.clear()
             self.total = 0
 
+    def drop(self, which: Callable[[Hashable], bool]) -> None:
+        """Forget every result whose key ``which`` accepts (made again when next asked for)."""
+        with self._lock:
+            for key in [k for k in self._items if which(k)]:
+                self.total -= self._items.pop(key)[1]
+
     def _take(self, key: Hashable):
         with self._lock:
             if key in self._items:

@@ -38,6 +38,9 @@ def budgeted(spinner: str | bool):
     """
 
     def decorate(function):
+        # Pages run as scripts: two of them may define functions of the same name, so the file is in the key.
+        name = f"{function.__code__.co_filename}:{function.__qualname__}"
+
         @functools.wraps(function)
         def cached(*args, **kwargs):
             def make():
@@ -46,8 +49,9 @@ def budgeted(spinner: str | bool):
                 with st.spinner(spinner):
                     return function(*args, **kwargs)
 
-            return RESULTS.get((function.__qualname__, args, tuple(sorted(kwargs.items()))), make)
+            return RESULTS.get((name, args, tuple(sorted(kwargs.items()))), make)
 
+        cached.clear = lambda: RESULTS.drop(lambda key: key[0] == name)  # as st.cache_data's .clear()
         return cached
 
     return decorate
