@@ -270,7 +270,7 @@ def run_record(bundle: Bundle) -> dict:
     """Where and how ``bundle`` computes its maps: what is needed to judge a difference between two exports.
 
     Two exports of the same model and input can differ in the last float32 bits when any of these
-    differ (README, "Snapshot testing", measures by how much).
+    differ (docs/tolerances.md measures by how much).
     """
     device = bundle.device
     return {

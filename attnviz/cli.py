@@ -386,7 +386,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--atol",
         type=float_in(0.0, 1e6),
         default=DEFAULT_ATOL,
-        help=f"absolute tolerance per cell (default {DEFAULT_ATOL:g}: what holds across CPUs, README)",
+        help=f"absolute tolerance per cell (default {DEFAULT_ATOL:g}: what holds across CPUs, docs/tolerances.md)",
     )
     p.add_argument("--rtol", type=float_in(0.0, 1.0), default=0.0, help="relative tolerance per cell (default 0)")
     p.add_argument("--json", action="store_true", help="print the report as JSON")

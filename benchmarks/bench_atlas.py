@@ -159,7 +159,7 @@ def aligned(kind: str, Q: int, K: int) -> np.ndarray:
 
 
 def plain_statistics(maps: np.ndarray, kind: str, special: np.ndarray, punct: np.ndarray) -> np.ndarray:
-    """(L, H, len(STATISTICS)) for one sentence's (L, H, Q, K) maps, numpy, as the README defines them."""
+    """(L, H, len(STATISTICS)) for one sentence's (L, H, Q, K) maps, numpy, as docs/atlas.md defines them."""
     p = maps.astype(np.float64)
     L, H, Q, K = p.shape
     i, d = np.arange(Q), aligned(kind, Q, K)

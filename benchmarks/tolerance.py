@@ -11,7 +11,7 @@ other instruction sets run in a child process with ATen's, oneDNN's and MKL's di
 (``ATEN_CPU_CAPABILITY``, ``ONEDNN_MAX_CPU_ISA``, ``MKL_ENABLE_INSTRUCTIONS``): the kernels a CPU
 without AVX-512 (or without AVX) would run, on this CPU. ``--python`` computes the same maps in
 another Python environment, with this project's code on its path: how torch versions are compared.
-It prints a Markdown table for the README's "Snapshot testing" section: the largest |A - B| over
+It prints a Markdown table for docs/tolerances.md: the largest |A - B| over
 every cell of every map, and how many cells are off by more than the default tolerance.
 """
 

@@ -220,7 +220,7 @@ def show(atlas) -> None:
     )
     st.caption(
         f"Means over sentences, sorted by {statistic} (click a column header to sort by another). Every column is "
-        'described in the README, section "Head atlas".'
+        'described in the manual, on its "Head atlas" page (docs/atlas.md).'
     )
 
     st.subheader(f"Layer {layer}, head {head}: where it is most and least itself")

@@ -1,6 +1,6 @@
 """The atlas's statistics against plain numpy, on maps written by `attnviz attention` and on hand-made maps.
 
-The reference below is written from the definitions (README, "Head atlas"), one query row at a
+The reference below is written from the definitions (docs/atlas.md), one query row at a
 time in float64, sharing no code with attnviz.atlas.stats (batched torch, float32, padding masks).
 """
 
@@ -360,7 +360,7 @@ def test_a_batch_gives_what_each_sentence_gives_alone():
 # ---------------------------------------------------------------------------------------------
 # bfloat16
 
-# The bound this project states for --precision bf16 (README, "Head atlas"): every weight within
+# The bound this project states for --precision bf16 (docs/atlas.md): every weight within
 # 0.05 of its float32 value, the mean absolute change under 1e-3, and each statistic within 0.05,
 # except the argmax shares, which count rows and can jump where two weights tie in bfloat16.
 BF16_MAX_WEIGHT, BF16_MEAN_WEIGHT, BF16_MAX_STATISTIC = 0.05, 1e-3, 0.05

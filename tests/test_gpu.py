@@ -2,7 +2,7 @@
 app's device choice run there. Skipped, with the reason, where there is no CUDA GPU or torch is a CPU build.
 
 Run it alone with ``pytest -m gpu``; it is part of the default suite and skips itself elsewhere. A
-CUDA build of torch: README, "Set-up on a fresh machine".
+CUDA build of torch: docs/install.md.
 """
 
 from __future__ import annotations

@@ -303,7 +303,7 @@ def test_head_importance_matches_one_head_at_a_time_in_transformers(pair):
 
 
 def test_inseq_value_zeroing_agrees_where_it_runs(pair, monkeypatch):
-    """Inseq 0.7.1's value zeroing (README, "Beyond the weights": what the comparison found).
+    """Inseq 0.7.1's value zeroing (docs/beyond.md: what the comparison found).
 
     Inseq is not a dependency (its metadata pulls CUDA wheels): the test skips without it, and with
     transformers 5, where Inseq 0.7.1's layer hook fails (it expects the tuple outputs of

@@ -19,7 +19,7 @@ sys.path.insert(0, str(Path(__file__).parent / "golden"))
 from regenerate import INPUTS, golden_path  # noqa: E402
 
 SHIPPED = ["en-de", "reverse"]
-ATOL = 1e-5  # across CPUs (AVX2 vs AVX-512) results differ around 1e-6 (README, "Snapshot testing")
+ATOL = 1e-5  # across CPUs (AVX2 vs AVX-512) results differ around 1e-6 (docs/tolerances.md)
 
 
 @pytest.fixture(scope="module", params=SHIPPED)

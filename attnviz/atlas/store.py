@@ -1,6 +1,6 @@
 """An atlas folder: shards written as the work proceeds, resumed on a re-run, then the final tables.
 
-Layout of a folder (README, "Head atlas"): ``manifest.json`` from the start (``complete`` false
+Layout of a folder (docs/atlas.md): ``manifest.json`` from the start (``complete`` false
 until the end); while running, ``shards/NNNNN.{inputs,pairs,sentences}.parquet`` per finished
 shard, the sentences file written last, so that its presence marks the shard done; at the end
 ``sentences.parquet``, ``heads.parquet``, ``distances.parquet``, ``mds.parquet`` and

@@ -1,7 +1,7 @@
 """The atlas as tables: per sentence, per head over the corpus, head to head, and the 2-D map of heads.
 
 Plain pandas and numpy: these functions turn the engines' numpy results into the DataFrames that
-are written as Parquet (README, "Head atlas") and read by the app. Columns ``kind``
+are written as Parquet (docs/atlas.md) and read by the app. Columns ``kind``
 (encoder/decoder/cross), ``layer`` and ``head`` (from 1) name a head everywhere.
 """
 
@@ -24,7 +24,7 @@ KIND_ORDER = pd.CategoricalDtype(list(KINDS), ordered=True)
 
 @dataclass(frozen=True)
 class Atlas:
-    """Every table of one atlas (README, "Head atlas", says what each column holds)."""
+    """Every table of one atlas (docs/atlas.md says what each column holds)."""
 
     sentences: pd.DataFrame  # one row per sentence x kind x layer x head
     heads: pd.DataFrame  # one row per kind x layer x head: mean and standard deviation over sentences

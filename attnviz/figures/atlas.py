@@ -20,7 +20,7 @@ import plotly.graph_objects as go
 from attnviz.figures.common import HIGHLIGHT, MASKED_GREY, TICK_FONT
 from attnviz.kinds import TITLES, check_kind
 
-# What each statistic measures, with its unit: colour bar titles, captions and the README agree.
+# What each statistic measures, with its unit: colour bar titles, captions and docs/atlas.md agree.
 STATISTIC_LABELS = {
     "entropy": "entropy (nats)",
     "mean_distance": "mean distance (tokens)",

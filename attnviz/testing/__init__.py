@@ -4,7 +4,7 @@
   the invariants of attention weights;
 - :mod:`attnviz.testing.atlas`: the same for two atlas folders;
 - :mod:`attnviz.testing.plugin`: the pytest plugin, with the ``attention_snapshot`` fixture and
-  the ``--attnviz-update`` flag (README, "Snapshot testing").
+  the ``--attnviz-update`` flag (docs/snapshots.md).
 
 The names below load on first use: pytest imports the plugin in every run where attnviz is
 installed, and that import must stay free of numpy and torch.

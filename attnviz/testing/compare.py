@@ -28,7 +28,7 @@ from attnviz.export import AttentionExport, load_export
 from attnviz.kinds import KIND_SIDES, KINDS, axis_names, causal_mask
 
 # Across CPUs (AVX2 against AVX-512), thread counts and attnviz's kernel choices the maps of one
-# model agree to about 1e-6 (README, "Snapshot testing", with the measurements).
+# model agree to about 1e-6 (docs/tolerances.md, with the measurements).
 DEFAULT_ATOL = 1e-5
 ROW_SUM_ATOL = 1e-5  # how far a row of float32 weights may sum from 1 (or atol, when larger)
 MAX_GROUPS_SHOWN = 8  # heads listed per array; the count of the others follows
