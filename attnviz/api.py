@@ -26,14 +26,14 @@ import sentencepiece
 import torch
 
 from attnviz import analysis
-from attnviz.atlas import Atlas, build_atlas, compute_atlas, load_atlas
+from attnviz.atlas import Atlas, build_atlas, compute_atlas, load_atlas  # noqa: F401 - public (attnviz.public)
 from attnviz.checkpoints import Bundle, load_checkpoint
-from attnviz.checkpoints.catalog import DEFAULT_MODEL, MINILM, list_models, resolve_model
+from attnviz.checkpoints.catalog import DEFAULT_MODEL, MINILM, list_models, resolve_model  # noqa: F401 - public (attnviz.public)
 from attnviz.decoding import Decoding, greedy_decode
 from attnviz.decoding import step_through as _step_through
 from attnviz.devices import device_name
 from attnviz.errors import InputError, NonFiniteError
-from attnviz.export import AXES, FORMAT_VERSION, AttentionExport, ForwardPass, load_export, package_version
+from attnviz.export import AXES, FORMAT_VERSION, AttentionExport, ForwardPass, load_export, package_version  # noqa: F401 - public (attnviz.public)
 from attnviz.hooks import Recorder, act_name, attention_site
 from attnviz.kinds import KINDS, axis_names
 from attnviz.linear import onednn_enabled
@@ -41,6 +41,7 @@ from attnviz.methods import METHODS
 from attnviz.methods.ablation import MODES, Ablation, ablation_scope, step_comparison
 from attnviz.methods.importance import HeadImportance
 from attnviz.methods.importance import head_importance as _head_importance
+from attnviz.public import PUBLIC
 from attnviz.tokenizer import Encoded, Word, pad_batch
 from attnviz.words import merge_export
 
@@ -48,36 +49,7 @@ MAX_OUTPUT_TOKENS = 256
 
 log = logging.getLogger(__name__)
 
-__all__ = [
-    "DEFAULT_MODEL",
-    "METHODS",
-    "MINILM",
-    "Ablation",
-    "AblationComparison",
-    "Atlas",
-    "AttentionExport",
-    "ForwardPass",
-    "HeadImportance",
-    "attention",
-    "attention_scores",
-    "attribute",
-    "clearest_head",
-    "compare_ablation",
-    "head_importance",
-    "build_atlas",
-    "compute_atlas",
-    "load_atlas",
-    "list_models",
-    "load",
-    "out_of_domain",
-    "load_export",
-    "queries_keys",
-    "resolve_model",
-    "run_record",
-    "step_through",
-    "forward_pass",
-    "translate",
-]
+__all__ = list(PUBLIC["attnviz.api"])  # the API's part of the one list of public names
 
 
 def load(name_or_dir: str | Path = DEFAULT_MODEL, device: str = "auto") -> Bundle:

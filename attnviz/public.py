@@ -1,0 +1,48 @@
+"""Every public name of attnviz, written once, with the module that defines it.
+
+``attnviz`` exposes exactly these names (imported on first use: importing the package must not
+import torch), and ``attnviz.api.__all__`` is its part of the table. Adding a function to the API
+is its definition in ``api.py`` plus one name here. This module imports nothing.
+"""
+
+from __future__ import annotations
+
+PUBLIC: dict[str, tuple[str, ...]] = {
+    "attnviz.api": (
+        "DEFAULT_MODEL",
+        "METHODS",
+        "MINILM",
+        "Ablation",
+        "AblationComparison",
+        "Atlas",
+        "AttentionExport",
+        "ForwardPass",
+        "HeadImportance",
+        "attention",
+        "attention_scores",
+        "attribute",
+        "build_atlas",
+        "clearest_head",
+        "compare_ablation",
+        "compute_atlas",
+        "forward_pass",
+        "head_importance",
+        "list_models",
+        "load",
+        "load_atlas",
+        "load_export",
+        "out_of_domain",
+        "queries_keys",
+        "resolve_model",
+        "run_record",
+        "step_through",
+        "translate",
+        "versions",
+    ),
+    "attnviz.checkpoints": ("Bundle",),
+    "attnviz.errors": ("AttnvizError", "CheckpointError", "ConfigError", "DeviceError", "ExportError", "InputError"),
+    "attnviz.model": ("Attention", "Transformer", "TransformerConfig"),
+}
+
+# name -> the module it lives in
+WHERE: dict[str, str] = {name: module for module, names in PUBLIC.items() for name in names}
