@@ -29,7 +29,7 @@ from attnviz import analysis
 from attnviz.atlas import Atlas, build_atlas, compute_atlas, load_atlas  # noqa: F401 - public (attnviz.public)
 from attnviz.checkpoints import Bundle, load_checkpoint
 from attnviz.checkpoints.catalog import DEFAULT_MODEL, MINILM, list_models, resolve_model  # noqa: F401 - public (attnviz.public)
-from attnviz.decoding import Decoding, greedy_decode
+from attnviz.decoding import Decoding, greedy_decode, output_limit
 from attnviz.decoding import step_through as _step_through
 from attnviz.devices import device_name
 from attnviz.errors import InputError, NonFiniteError
@@ -44,8 +44,6 @@ from attnviz.methods.importance import head_importance as _head_importance
 from attnviz.public import PUBLIC
 from attnviz.tokenizer import Encoded, Word, pad_batch
 from attnviz.words import merge_export
-
-MAX_OUTPUT_TOKENS = 256
 
 log = logging.getLogger(__name__)
 
@@ -63,8 +61,7 @@ def _source_tensor(bundle: Bundle, text: str) -> torch.Tensor:
 
 
 def _max_output(bundle: Bundle, src_len: int) -> int:
-    """How many tokens decoding may produce: generous, but within the model's positions."""
-    return min(MAX_OUTPUT_TOKENS, 2 * src_len + 16, bundle.config.max_len - 1)
+    return output_limit(src_len, bundle.config.max_len)
 
 
 def _say_truncated(limit: int) -> None:
@@ -109,7 +106,7 @@ def translate(bundle: Bundle, text: str, beam: int = 1, ablate: str | Ablation |
     ``ablate`` switches heads off while decoding: text such as ``"cross:1.2,encoder:3.1"`` (kind,
     layer and head from 1; their outputs zeroed) or an :class:`~attnviz.methods.ablation.Ablation`
     (which may replace them by their means instead). The model itself is not modified. An output
-    cut at the length limit (:data:`MAX_OUTPUT_TOKENS`, or the model's positions) is logged as a
+    cut at the length limit (:data:`attnviz.decoding.MAX_OUTPUT_TOKENS`, or the model's positions) is logged as a
     warning; :func:`step_through` and :func:`attention` also record it.
     """
     src = _source_tensor(bundle, text)

@@ -23,9 +23,9 @@ from attnviz.atlas import ENGINES, PRECISIONS
 from attnviz.data import TASKS
 from attnviz.devices import DEVICE_CHOICES
 from attnviz.errors import AttnvizError, InputError
+from attnviz.export import DEFAULT_ATOL
 from attnviz.methods import METHODS
 from attnviz.methods.ablation import MODES, Ablation
-from attnviz.testing.compare import DEFAULT_ATOL
 
 MAX_PATH = 4096  # Linux's PATH_MAX: a longer --model or --out cannot name a file
 MAX_BEAM = 64  # what attnviz.decoding.step_through accepts

@@ -19,6 +19,14 @@ from attnviz.model import Transformer
 
 # GNMT length penalty with alpha = 0.6, as the paper's beam search (section 6.1).
 LENGTH_PENALTY_ALPHA = 0.6
+MAX_OUTPUT_TOKENS = 256
+
+
+def output_limit(src_len: int, max_len: int) -> int:
+    """How many tokens decoding may produce for a source of ``src_len`` tokens: generous (2 S + 16,
+    at most :data:`MAX_OUTPUT_TOKENS`), and within the model's ``max_len`` positions. The one rule
+    the API, the atlas and the lessons decode by."""
+    return min(MAX_OUTPUT_TOKENS, 2 * src_len + 16, max_len - 1)
 
 
 def length_penalty(length: int, alpha: float = LENGTH_PENALTY_ALPHA) -> float:

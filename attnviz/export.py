@@ -38,6 +38,10 @@ AXES = {kind: ["layer", "head", *axis_names(kind)] for kind in KINDS}
 # A file's arrays are checked against these before any is decompressed: golden files arrive in pull
 # requests, and a 1 MB .npz can declare a GiB of zeros. ATTNVIZ_MAX_EXPORT_MB raises the bound.
 MAX_EXPORT_MB = 512
+# How far two exports' maps may differ and still be equal (attnviz diff, the snapshot plugin): across
+# CPUs (AVX2 against AVX-512), thread counts and attnviz's kernel choices the maps of one model agree
+# to about 1e-6 (docs/tolerances.md, with the measurements).
+DEFAULT_ATOL = 1e-5
 MAX_MANIFEST_CHARS = 1_000_000
 MAX_JSON_DEPTH = 16  # a real manifest nests 3 deep (config, axes, run, ablation)
 ARRAY_KINDS = {  # what each standard array's dtype must be: numpy's kind letters

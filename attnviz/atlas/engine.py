@@ -23,12 +23,11 @@ import torch
 from attnviz.atlas.corpus import Sentence, batch_plan, is_punctuation, special_ids
 from attnviz.atlas.stats import js_divergences, sentence_statistics, stack_heads
 from attnviz.checkpoints import Bundle
-from attnviz.decoding import greedy_decode
+from attnviz.decoding import greedy_decode, output_limit
 from attnviz.errors import InputError
 from attnviz.tokenizer import pad_batch
 
 PRECISIONS = ("fp32", "bf16")
-MAX_OUTPUT_TOKENS = 256  # as attnviz.api: a greedy output is at most min(256, 2 S + 16) tokens
 
 
 @dataclass(frozen=True)
@@ -58,7 +57,7 @@ def precision_context(precision: str, device: torch.device) -> AbstractContextMa
 
 
 def _max_output(bundle: Bundle, src_len: int) -> int:
-    return min(MAX_OUTPUT_TOKENS, 2 * src_len + 16, bundle.config.max_len - 1)
+    return output_limit(src_len, bundle.config.max_len)
 
 
 def _with_greedy_targets(bundle: Bundle, sentences: list[Sentence], src, src_valid) -> list[Sentence]:

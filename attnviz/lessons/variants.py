@@ -18,7 +18,7 @@ import numpy as np
 import pandas as pd
 import torch
 
-from attnviz.decoding import greedy_decode
+from attnviz.decoding import greedy_decode, output_limit
 from attnviz.errors import InputError
 from attnviz.hooks import Edit, act_name, attention_site
 from attnviz.kinds import causal_mask
@@ -261,6 +261,6 @@ def encode_with_pattern(model: Transformer, src_ids, mask: np.ndarray | None, ma
         maps = torch.stack([w[0] for w in weights]).float().cpu().numpy()
         if model.cfg.encoder_only:  # no decoder: the maps are the whole experiment
             return PatternRun(maps=maps, output_ids=None)
-        limit = max_len if max_len is not None else min(2 * S + 16, model.cfg.max_len - 1)
+        limit = max_len if max_len is not None else output_limit(S, model.cfg.max_len)
         output = greedy_decode(model, ids, max_len=limit)[0]
     return PatternRun(maps=maps, output_ids=tuple(output))

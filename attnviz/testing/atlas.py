@@ -17,7 +17,7 @@ import numpy as np
 import pandas as pd
 
 from attnviz.errors import ExportError
-from attnviz.testing.compare import MAX_GROUPS_SHOWN, Finding, Report, manifest_context
+from attnviz.testing.report import MAX_GROUPS_SHOWN, Finding, Report, manifest_context
 
 HEAD_KEYS = ["kind", "layer", "head"]
 

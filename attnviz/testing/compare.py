@@ -19,120 +19,18 @@ from __future__ import annotations
 
 import json
 from collections.abc import Sequence
-from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 
-from attnviz.export import AttentionExport, load_export
+from attnviz.export import DEFAULT_ATOL, AttentionExport, load_export
 from attnviz.kinds import KIND_SIDES, KINDS, axis_names, causal_mask
+from attnviz.testing.report import MAX_GROUPS_SHOWN, Finding, Report, manifest_context
 
-# Across CPUs (AVX2 against AVX-512), thread counts and attnviz's kernel choices the maps of one
-# model agree to about 1e-6 (docs/tolerances.md, with the measurements).
-DEFAULT_ATOL = 1e-5
 ROW_SUM_ATOL = 1e-5  # how far a row of float32 weights may sum from 1 (or atol, when larger)
-MAX_GROUPS_SHOWN = 8  # heads listed per array; the count of the others follows
 MAX_TOKENS_SHOWN = 12  # tokens listed around the first changed one
 
 SIDES = {"source": ("src_ids", "src_tokens", "src"), "target": ("tgt_ids", "tgt_tokens", "tgt")}
-
-
-@dataclass(frozen=True)
-class Finding:
-    """One difference between A and B, or one broken invariant.
-
-    ``what`` is one of "inputs", "missing", "shape", "values", "invariant"; ``subject`` the array,
-    side or table it is about; ``text`` one line for people, ``details`` the lines under it;
-    ``data`` the same facts for machines (JSON-able).
-    """
-
-    what: str
-    subject: str
-    text: str
-    details: tuple[str, ...] = ()
-    data: dict = field(default_factory=dict)
-
-    def to_json(self) -> dict:
-        return {
-            "what": self.what,
-            "subject": self.subject,
-            "text": self.text,
-            "details": list(self.details),
-            **self.data,
-        }
-
-
-@dataclass(frozen=True)
-class Report:
-    """Every difference between A (expected) and B (actual), renderable as text or JSON.
-
-    ``findings`` are the differences (empty when the two are equal within the tolerance);
-    ``checked`` says, one line per array, what was found equal; ``context`` lists what differs
-    between the two manifests (versions, device, kernels) and may explain the findings.
-    """
-
-    a: str
-    b: str
-    atol: float
-    rtol: float
-    findings: tuple[Finding, ...]
-    checked: tuple[str, ...] = ()
-    context: tuple[dict, ...] = ()
-
-    @property
-    def equal(self) -> bool:
-        return not self.findings
-
-    def to_text(self) -> str:
-        """The report for people: what A and B are, the verdict, each difference, then the context."""
-        lines = [f"A: {self.a}", f"B: {self.b}", f"tolerance: |A - B| <= {self.atol:g} + {self.rtol:g} * |B| per cell"]
-        if self.equal:
-            lines.append("EQUAL within the tolerance")
-        else:
-            n = len(self.findings)
-            lines.append(f"DIFFERENT: {n} finding{'s' * (n != 1)}")
-            for f in self.findings:
-                lines.append(f"- {f.text}")
-                lines.extend(f"    {d}" for d in f.details)
-        if self.checked:
-            lines.append("equal within the tolerance:")
-            lines.extend(f"  {c}" for c in self.checked)
-        if self.context:
-            lines.append("context (differs between the two manifests; may explain differences):")
-            lines.extend(f"  {_context_line(c)}" for c in self.context)
-        return "\n".join(lines)
-
-    def to_json(self) -> dict:
-        """The report for machines: the same facts as :meth:`to_text`, as a JSON-able dict.
-
-        Strict JSON: a value that is not finite (NaN against a number) is the string "nan" or "inf".
-        """
-        return _json_safe(
-            {
-                "equal": self.equal,
-                "a": self.a,
-                "b": self.b,
-                "atol": self.atol,
-                "rtol": self.rtol,
-                "findings": [f.to_json() for f in self.findings],
-                "checked": list(self.checked),
-                "context": list(self.context),
-            }
-        )
-
-
-def _json_safe(value):
-    if isinstance(value, float) and not np.isfinite(value):
-        return str(value)  # "nan", "inf", "-inf": JSON has no such numbers
-    if isinstance(value, dict):
-        return {k: _json_safe(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [_json_safe(v) for v in value]
-    return value
-
-
-# ---------------------------------------------------------------------------------------------
-# Labels: which cell of which map, in the app's words
 
 
 def _quote(token: str) -> str:
@@ -383,43 +281,6 @@ def check_invariants(export: AttentionExport, label: str, atol: float = 0.0) -> 
 
 # ---------------------------------------------------------------------------------------------
 # Manifests: context, never a difference by itself
-
-CONTEXT_KEYS = ("model", "checkpoint_sha256", "method", "format_version", "versions", "run", "config")
-
-
-def _flatten(value, prefix: str) -> dict[str, object]:
-    if isinstance(value, dict):
-        return {k: v for key, item in value.items() for k, v in _flatten(item, f"{prefix}.{key}").items()}
-    return {prefix: value}
-
-
-def manifest_context(a: dict, b: dict) -> list[dict]:
-    """What differs between two manifests among what can explain numbers: model, versions, device, kernels, config.
-
-    One entry per differing leaf, ``{"key": "versions.torch", "a": ..., "b": ...}``; a whole block
-    that one side does not record (an older file has no ``run``) is one entry whose missing side is None.
-    """
-    flat_a, flat_b = {}, {}
-    for key in CONTEXT_KEYS:
-        x, y = a.get(key), b.get(key)
-        if (x is None) != (y is None):
-            flat_a[key], flat_b[key] = x, y  # not recorded on one side: one entry, not one per field
-        else:
-            flat_a.update(_flatten(x, key))
-            flat_b.update(_flatten(y, key))
-    keys = [*flat_a, *(k for k in flat_b if k not in flat_a)]
-    return [{"key": k, "a": flat_a.get(k), "b": flat_b.get(k)} for k in keys if flat_a.get(k) != flat_b.get(k)]
-
-
-def _context_line(entry: dict) -> str:
-    for missing, other in (("a", "B"), ("b", "A")):
-        if entry[missing] is None and isinstance(entry["b" if missing == "a" else "a"], dict):
-            return f"{entry['key']}: recorded in {other} only"
-    return f"{entry['key']}: {entry['a']!r} (A) vs {entry['b']!r} (B)"
-
-
-# ---------------------------------------------------------------------------------------------
-# The comparison
 
 
 def _numeric_arrays(export: AttentionExport) -> dict[str, np.ndarray]:
