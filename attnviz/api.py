@@ -182,10 +182,13 @@ class _Inputs:
     truncated: bool  # the decoder input is the greedy output, cut at the length limit
 
 
-def _inputs(bundle: Bundle, src: str, tgt: str | None) -> _Inputs:
-    """The encoder input, and the decoder input: ``<s>`` and ``tgt``'s pieces, or the greedy output."""
+def _inputs(bundle: Bundle, src: str, tgt: str | None, src_enc: Encoded | None = None) -> _Inputs:
+    """The encoder input, and the decoder input: ``<s>`` and ``tgt``'s pieces, or the greedy output.
+
+    ``src_enc``: ``src`` already encoded, when the caller needed its ids first.
+    """
     tok = bundle.tokenizer
-    src_enc = tok.encode_source(src)
+    src_enc = tok.encode_source(src) if src_enc is None else src_enc
     src_ids = torch.tensor([src_enc.ids], device=bundle.device)
     if bundle.config.encoder_only:
         if tgt is not None:
@@ -298,8 +301,9 @@ def attention(
     as typed, and the manifest says so (``units``, ``words``).
     """
     ablation = _ablation(bundle, ablate)
-    with _ablated(bundle, ablation, _source_tensor(bundle, src), tgt):
-        inputs = _inputs(bundle, src, tgt)
+    src_enc = bundle.tokenizer.encode_source(src)  # once: the ablation's scope needs the ids first
+    with _ablated(bundle, ablation, torch.tensor([src_enc.ids], device=bundle.device), tgt):
+        inputs = _inputs(bundle, src, tgt, src_enc)
         export = _maps(bundle, src, tgt, inputs, ablation)
     return merge_export(export, inputs.src_enc.words, inputs.tgt_words) if words else export
 
@@ -452,7 +456,10 @@ def compare_ablation(
     tok, max_len = bundle.tokenizer, _max_output(bundle, src_ids.shape[1])
     forced = [*inputs.tgt_ids[1:], tok.eos_id]  # the decoder input, shifted: the token each step reads next
     intact_steps = _step_through(bundle.model, src_ids, top_k=top_k, forced=forced)
-    intact_output = tok.decode(greedy_decode(bundle.model, src_ids, max_len=max_len)[0])
+    if tgt is None:  # the decoder input is the intact model's greedy output already: not decoded twice
+        intact_output = tok.decode(list(inputs.tgt_ids[1:]))
+    else:
+        intact_output = tok.decode(greedy_decode(bundle.model, src_ids, max_len=max_len)[0])
     with _ablated(bundle, ablation, src_ids, tgt):
         ablated = maps(ablation)
         ablated_steps = _step_through(bundle.model, src_ids, top_k=top_k, forced=forced)
