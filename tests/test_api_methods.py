@@ -21,6 +21,7 @@ def reverse():
     return attnviz.load("reverse", device="cpu")
 
 
+@pytest.mark.slow
 def test_ablating_no_head_gives_the_intact_numbers_exactly(en_de):
     text = "Thursday, July 2, 1998"
     intact = attnviz.attention(en_de, text)

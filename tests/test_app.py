@@ -42,6 +42,7 @@ def test_page_runs_on_defaults(page):
     assert shows_content(at), "a first-time visitor sees the model at work without doing anything"
 
 
+@pytest.mark.slow
 def test_explorer_every_widget():
     at = open_app("pages/explorer.py")
     for kind in ("encoder", "decoder", "cross"):
@@ -104,6 +105,7 @@ def test_device_that_is_missing_falls_back_with_a_notice():
     assert at.get("plotly_chart")
 
 
+@pytest.mark.slow
 def test_decoding_every_widget():
     at = open_app("pages/decoding.py")
     assert_ok(at)
@@ -125,6 +127,7 @@ def test_decoding_every_widget():
     assert_ok(at)
 
 
+@pytest.mark.slow
 def test_decoding_teacher_forcing():
     at = open_app("pages/decoding.py")
     at.sidebar.text_area(key="src").set_value("twenty-one").run()
@@ -138,6 +141,7 @@ def test_decoding_teacher_forcing():
     assert ":material/cancel: different" in text  # the model would write "ein", not the given "zwei"
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("page", PAGES)
 @pytest.mark.parametrize("text", ["", "x " * 2500, "😀 漢字 ✓ عربى"], ids=["empty", "5000-chars", "emoji"])
 def test_bad_source_text_gives_a_message(page, text):
@@ -151,6 +155,7 @@ def test_bad_source_text_gives_a_message(page, text):
         assert "empty" in at.error[0].value or "at most" in at.error[0].value
 
 
+@pytest.mark.slow
 def test_a_visitor_opens_only_folders_under_the_roots_and_learns_nothing_else(tmp_path, monkeypatch):
     roots, outside = tmp_path / "roots", tmp_path / "outside"
     (roots / "garbage").mkdir(parents=True)
@@ -182,6 +187,7 @@ def test_a_visitor_opens_only_folders_under_the_roots_and_learns_nothing_else(tm
     assert not at.get("plotly_chart"), "nothing is drawn for a refused folder"
 
 
+@pytest.mark.slow
 def test_changing_layer_head_or_view_does_not_rerun_the_model(monkeypatch):
     import attnviz.api
 
@@ -203,6 +209,7 @@ def test_changing_layer_head_or_view_does_not_rerun_the_model(monkeypatch):
     assert len(calls) == opened + 1, "a new sentence runs the model once"
 
 
+@pytest.mark.slow
 def test_encoder_only_model_in_every_page():
     from attnviz.checkpoints.bert import minilm_dir
 
@@ -221,6 +228,7 @@ def test_encoder_only_model_in_every_page():
     assert at.sidebar.text_input(key="tgt").disabled
 
 
+@pytest.mark.slow
 def test_marian_folder_in_every_page(tmp_path, visitor_roots):
     """A Hugging Face Marian folder, chosen by path, works on every page (a small random one)."""
     pytest.importorskip("transformers")
@@ -241,6 +249,7 @@ def test_marian_folder_in_every_page(tmp_path, visitor_roots):
         assert shows_content(at), page
 
 
+@pytest.mark.slow
 def test_long_input_stays_usable():
     """About 480 source tokens: every view runs; one head is an image with an exact zoom, the grid max-pools."""
     at = open_app("pages/explorer.py")
@@ -302,6 +311,7 @@ def test_a_new_page_needs_its_file_and_one_registry_line(tmp_path, monkeypatch):
     assert at.markdown[0].value.startswith("on en-de: "), "the shared sidebar ran on it"
 
 
+@pytest.mark.slow
 def test_choices_survive_a_visit_to_another_page():
     at = open_app("pages/explorer.py")
     at.radio(key="kind").set_value("encoder").run()
@@ -358,6 +368,7 @@ def test_a_link_reopens_the_exact_explorer_view():
     assert any("address bar" in c.value for c in at.caption), "the page says that the link is the view"
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     ("page", "params"),
     [
@@ -386,6 +397,7 @@ def test_a_link_to_a_teaching_page_keeps_its_settings():
     assert at.slider(key="mech_n_keys").value == 6 and at.number_input(key="mech_seed").value == 3 and not notices
 
 
+@pytest.mark.slow
 def test_compare_two_sentences_draws_their_difference_when_the_shapes_match():
     at = open_app("pages/compare.py")
     assert_ok(at)
@@ -421,6 +433,7 @@ def test_compare_two_models_says_why_there_is_no_difference():
     assert at.selectbox(key="cmp_layer").options == ["1", "2"], "only the layers both have"
 
 
+@pytest.mark.slow
 def test_compare_against_a_checkpoint_of_the_same_shape(tmp_path, visitor_roots):
     """Two checkpoints of one model (here: en-de and a copy with one head's queries scaled) differ in that head."""
     from safetensors.torch import load_file, save_file
@@ -454,6 +467,7 @@ def test_a_link_reopens_a_comparison_with_words_and_contrast():
     assert "weight (log scale)" in at.get("plotly_chart")[0].proto.spec
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("page", ["app.py", "pages/beyond.py", "pages/decoding.py"])
 def test_words_and_contrast_on_the_other_weight_views(page):
     """The home map and Beyond the weights take both controls; decoding (pieces as written) takes the contrast."""

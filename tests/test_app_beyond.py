@@ -55,6 +55,7 @@ def click_cell(at: AppTest, kind: str, layer: int, head: int) -> AppTest:
     return at._run(states)
 
 
+@pytest.mark.slow
 def test_defaults_show_weights_a_method_and_importance():
     at = open_app(PAGE)
     assert_ok(at)
@@ -66,6 +67,7 @@ def test_defaults_show_weights_a_method_and_importance():
     assert "CSV of what is shown" in labels and any(label.startswith("NPZ") for label in labels)
 
 
+@pytest.mark.slow
 def test_every_method_kind_layer_head_and_position():
     at = open_app(PAGE)
     for method, spec in METHODS.items():
@@ -84,6 +86,7 @@ def test_every_method_kind_layer_head_and_position():
             assert "Relevance for" in spec_json and "decoder position 0" in spec_json
 
 
+@pytest.mark.slow
 def test_ablation_panel_shows_both_translations_steps_and_maps():
     at = open_app(PAGE)
     at.multiselect(key="bw_ablate").set_value(["decoder:1.1"]).run()
@@ -99,6 +102,7 @@ def test_ablation_panel_shows_both_translations_steps_and_maps():
     assert "heads off" in titles and "intact" in titles
 
 
+@pytest.mark.slow
 def test_every_cross_attention_head_off_breaks_the_reversal():
     at = open_app(PAGE, model="reverse")
     every = [f"cross:{layer}.{head}" for layer in (1, 2) for head in (1, 2, 3, 4)]
@@ -109,6 +113,7 @@ def test_every_cross_attention_head_off_breaks_the_reversal():
     assert intact.endswith("n o i t n e t t a") and "(changed)" in ablated
 
 
+@pytest.mark.slow
 def test_clicking_an_importance_cell_applies_that_ablation():
     at = open_app(PAGE)
     assert at.multiselect(key="bw_ablate").value == []
@@ -134,6 +139,7 @@ def test_clicking_an_importance_cell_applies_that_ablation():
     )
 
 
+@pytest.mark.slow
 def test_importance_sentences_and_references():
     at = open_app(PAGE)
     at.text_area(key="bw_imp_text").set_value("twenty-one ||| einundzwanzig\nthree ||| drei").run()
@@ -155,6 +161,7 @@ def test_sentence_pairs_reads_lines_and_references():
         sentence_pairs("a\nb", 1)
 
 
+@pytest.mark.slow
 def test_encoder_only_model_where_methods_apply():
     from attnviz.checkpoints.bert import minilm_dir
 
@@ -185,6 +192,7 @@ def _open_on(folder):
     return at
 
 
+@pytest.mark.slow
 def test_marian_folder(tmp_path, visitor_roots):
     pytest.importorskip("transformers")
     from test_marian import make_marian
@@ -200,6 +208,7 @@ def test_marian_folder(tmp_path, visitor_roots):
     assert len(importance_charts(at)) == 3
 
 
+@pytest.mark.slow
 def test_a_model_with_many_heads_measures_importance_on_request(tmp_path, visitor_roots):
     """Over 64 heads (here 4 + 2 x 4 layers of 8), the importance grid waits for the toggle."""
     pytest.importorskip("transformers")
@@ -215,6 +224,7 @@ def test_a_model_with_many_heads_measures_importance_on_request(tmp_path, visito
     assert set(importance_charts(at)) == {"encoder", "decoder", "cross"}
 
 
+@pytest.mark.slow
 def test_a_link_reopens_the_method_view_and_the_ablation():
     from test_app import open_link
 
@@ -243,6 +253,7 @@ def test_a_link_reopens_the_method_view_and_the_ablation():
     assert "layer 2, head 3: heads off" in titles, "the linked ablation is the one drawn"
 
 
+@pytest.mark.slow
 def test_bad_link_values_on_this_page_fall_back_with_a_notice():
     from test_app import open_link
 

@@ -24,6 +24,7 @@ def assert_ok(at: AppTest) -> None:
     assert not at.error, [e.value for e in at.error]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("model", ["en-de", "reverse"])
 @pytest.mark.parametrize("page", [page.path for page in registry.PAGES])
 def test_an_example_click_sets_the_sentence_and_analyses_it(page, model):
@@ -49,6 +50,7 @@ def test_the_home_page_analyses_the_example_clicked():
     assert any(example in m.value for m in at.markdown), "the map's heading names the example's sentence"
 
 
+@pytest.mark.slow
 def test_steps_taken_by_the_page_raise_no_notice():
     """Buttons change bound widgets in callbacks: the page's own changes, never a link's values set aside."""
     at = AppTest.from_file("../app.py", default_timeout=120)
@@ -72,6 +74,7 @@ def test_a_link_value_the_page_cannot_take_is_still_set_aside_once():
     assert not notices(at), "said once, when the link is opened, not on every later click"
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("page", [page.path for page in registry.PAGES])
 def test_presenter_mode_from_a_link_draws_every_figure_for_the_room(page):
     import json
@@ -98,6 +101,7 @@ def test_presenter_mode_from_a_link_draws_every_figure_for_the_room(page):
     assert all(size is None or size < 18 for size in sizes), "off again: the figures as they are"
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(("page", "key"), [("pages/mechanics.py", "mech_tab"), ("pages/variants.py", "var_tab")])
 def test_the_teaching_tabs_step_with_their_buttons(page, key):
     at = open_app(page)
@@ -111,6 +115,7 @@ def test_the_teaching_tabs_step_with_their_buttons(page, key):
     assert at.session_state[key] != second and not notices(at)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     ("page", "params"),
     [

@@ -194,6 +194,7 @@ def test_a_run_killed_after_some_shards_resumes_to_the_same_atlas(bundle, corpus
     assert not (out / "shards").exists()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("tamper", ["values", "columns", "rows", "unreadable", "ledger"])
 def test_a_shard_that_does_not_match_its_record_is_computed_again_never_merged(
     bundle, corpus, tmp_path, tamper, caplog
@@ -423,6 +424,7 @@ def test_bad_arguments_are_one_line_and_exit_2(corpus, tmp_path, capsys, args, w
     assert not (tmp_path / "out").exists(), "nothing is written before the arguments are checked"
 
 
+@pytest.mark.slow
 def test_a_folder_of_another_run_is_exit_2_and_one_line(corpus, tmp_path):
     out = tmp_path / "out"
     assert main(["atlas", "--corpus", str(corpus), "--out", str(out), "--limit", "2"]) == 0

@@ -40,6 +40,7 @@ def local_ray():
     assert not left, f"Ray left processes running: {left}"
 
 
+@pytest.mark.slow
 def test_the_ray_engine_equals_the_local_engine(local_ray, tmp_path):
     corpus = tmp_path / "corpus.txt"
     corpus.write_text("\n".join(LINES) + "\n", encoding="utf-8")

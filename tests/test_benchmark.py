@@ -15,6 +15,8 @@ import bench_forward  # noqa: E402
 
 from attnviz.linear import onednn_supported  # noqa: E402
 
+pytestmark = pytest.mark.slow  # servers and browsers: the full suite, not the quick tier
+
 
 def test_every_variant_takes_every_place_in_the_order():
     calls: list[str] = []

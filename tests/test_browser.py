@@ -15,6 +15,7 @@ import urllib.request
 from pathlib import Path
 
 import pytest
+from browser_wait import settled
 
 from attnviz.app import CUSTOM_PATH, registry
 from attnviz.checkpoints.catalog import pretrained_dir
@@ -22,6 +23,8 @@ from attnviz.checkpoints.catalog import pretrained_dir
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "benchmarks"))
 from bench_render import build_random_model, letters  # noqa: E402
+
+pytestmark = pytest.mark.slow  # servers and browsers: the full suite, not the quick tier
 
 CHROMIUM = Path("/usr/bin/chromium")
 ARTIFACTS = ROOT / "test-artifacts"
@@ -109,9 +112,8 @@ def server(tmp_path_factory):
 
 
 def _wait_for_run(page) -> None:
-    page.wait_for_selector("[data-testid='stApp'][data-test-script-state='notRunning']", timeout=120_000)
-    page.wait_for_timeout(1500)  # charts draw after the script finishes
-    page.wait_for_selector("[data-testid='stApp'][data-test-script-state='notRunning']", timeout=120_000)
+    """The run has ended and the page has stopped drawing (browser_wait.settled): no fixed sleep."""
+    settled(page, page.url)
 
 
 # Every drawn plot's title against its own x tick labels: the boxes of those that overlap.
@@ -192,8 +194,8 @@ def test_clicking_an_importance_cell_switches_that_head_off(server):
             _wait_for_run(page)
             grid = page.locator(".js-plotly-plot", has_text="Decoder self-attention (masked)").last
             grid.scroll_into_view_if_needed()
-            page.wait_for_timeout(500)
             cell = grid.locator(".scatterlayer path.point").first  # layer 1, head 1: the first cell
+            cell.wait_for(state="visible", timeout=60_000)
             box = cell.bounding_box()
             assert box is not None, "the grid's cells are drawn"
             page.mouse.click(box["x"] + box["width"] / 2, box["y"] + box["height"] / 2)
@@ -259,7 +261,11 @@ def test_a_click_on_the_grid_opens_that_head(server):
         try:
             page.goto(f"{server}/explorer?model=en-de&kind=encoder&view=All+heads+%28model+view%29")
             _wait_for_run(page)
-            points = page.locator(".js-plotly-plot .scatterlayer .trace .points path")
+            # The script has finished; plotly draws the grid after that, in the browser: wait for its
+            # points, never count them at once (0 were found on a loaded machine).
+            selector = ".js-plotly-plot .scatterlayer .trace .points path"
+            page.wait_for_function(f"() => document.querySelectorAll({selector!r}).length >= 12", timeout=60_000)
+            points = page.locator(selector)
             assert points.count() == 3 * 4, "one point per layer and head of en-de"
             box = points.nth((2 - 1) * 4 + (3 - 1)).bounding_box()  # layer 2, head 3
             page.mouse.move(box["x"] + box["width"] / 2, box["y"] + box["height"] / 2)

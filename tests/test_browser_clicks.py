@@ -13,6 +13,7 @@ from __future__ import annotations
 import time
 
 import pytest
+from browser_wait import RUN_ENDS_S, settled
 from test_browser import ARTIFACTS, CHROMIUM, CHROMIUM_ARGS, server  # noqa: F401 - server: the fixture
 
 from attnviz.app import registry
@@ -21,7 +22,6 @@ pytestmark = pytest.mark.slow  # about 2 to 5 minutes on 2 cores
 
 MAIN = "[data-testid='stMain']"
 SIDEBAR = "[data-testid='stSidebar']"
-NOT_RUNNING = "[data-testid='stApp'][data-test-script-state='notRunning']"
 CONTENT = ", ".join(
     f"{MAIN} {s}"
     for s in (
@@ -34,7 +34,6 @@ CONTENT = ", ".join(
 SET_ASIDE = "Set aside from the link"
 MAX_ACTIONS = 25  # buttons, keys and widget changes per page: keeps the test bounded
 RUN_STARTS_S = 3  # how long an action may take to start a run; one that starts none costs this much
-RUN_ENDS_S = 120  # a slow page on two busy cores
 VIEWPORT = {"width": 1400, "height": 1000}
 
 # Installed in every document before the app's own scripts: counts runs (each change of the script
@@ -63,16 +62,6 @@ WATCH = """(() => {
 
 # What the page has drawn: every plotly element with its plot, no loading skeletons; the titles and
 # counts say when drawing has stopped.
-DRAWN = """() => {
-    const main = document.querySelector("[data-testid='stMain']");
-    if (!main || main.querySelector("[data-testid='stSkeleton']")) return null;
-    const charts = [...main.querySelectorAll("[data-testid='stPlotlyChart']")];
-    if (charts.some(c => !c.querySelector('.js-plotly-plot .main-svg'))) return null;
-    const titles = [...document.querySelectorAll('.js-plotly-plot .gtitle')].map(t => t.textContent);
-    const n = s => main.querySelectorAll(s).length;
-    return JSON.stringify([titles, n('.js-plotly-plot'), n("[data-testid='stDataFrame']"),
-                           n("[data-testid='stTable']"), n("[data-testid='stVegaLiteChart']")]);
-}"""
 
 # What stepping with the keyboard moves: plot titles, the main area's selectboxes, sliders and open tab.
 VIEW_STATE = """() => {
@@ -109,26 +98,8 @@ def _open(browser, url: str):
     page = context.new_page()
     page.goto(url)
     page.wait_for_function("() => window.__clicks && window.__clicks.runs > 0", timeout=RUN_ENDS_S * 1000)
-    _settled(page, url)
+    settled(page, url)
     return page
-
-
-def _settled(page, what: str) -> None:
-    """Wait until the run has ended and the page has stopped drawing."""
-    from playwright.sync_api import TimeoutError as PlaywrightTimeout
-
-    try:
-        page.wait_for_selector(NOT_RUNNING, timeout=RUN_ENDS_S * 1000)
-        last = None
-        while True:  # plots draw after the script has ended: two reads 300 ms apart must agree
-            drawn = page.wait_for_function(DRAWN, timeout=60_000).json_value()
-            if drawn == last:
-                break
-            last = drawn
-            page.wait_for_timeout(300)
-        page.wait_for_selector(NOT_RUNNING, timeout=RUN_ENDS_S * 1000)
-    except PlaywrightTimeout as e:
-        raise AssertionError(f"{what}: the page did not finish its run and drawing: {e}") from None
 
 
 def _act(page, action, what: str) -> None:
@@ -141,7 +112,7 @@ def _act(page, action, what: str) -> None:
         page.wait_for_function("n => window.__clicks.runs > n", arg=runs, timeout=RUN_STARTS_S * 1000)
     except PlaywrightTimeout:
         pass  # e.g. a step button at the end of its range: no run
-    _settled(page, what)
+    settled(page, what)
     _check(page, what)
 
 

@@ -259,6 +259,7 @@ def test_an_unforeseen_error_is_one_line_with_exit_1(capsys, monkeypatch):
     assert err.count("\n") == 1 and "ZeroDivisionError" in err and "ATTNVIZ_DEBUG" in err
 
 
+@pytest.mark.slow
 def test_console_script_runs_and_reports_errors():
     proc = run_cli("translate", "--model", "reverse", "a b c")
     assert proc.returncode == 0 and proc.stdout.strip() == "c b a"
@@ -266,6 +267,7 @@ def test_console_script_runs_and_reports_errors():
     assert proc.returncode == 2 and "empty" in proc.stderr and "Traceback" not in proc.stderr
 
 
+@pytest.mark.slow
 def test_train_writes_a_loadable_checkpoint(tmp_path, capsys):
     out = tmp_path / "tiny-reverse"
     assert main(["train", "reverse", "--out", str(out), "--steps", "30", "--eval-n", "20"]) == 0
@@ -276,6 +278,7 @@ def test_train_writes_a_loadable_checkpoint(tmp_path, capsys):
     assert "exact_match=" in capsys.readouterr().err
 
 
+@pytest.mark.slow
 def test_encoder_only_export_holds_the_encoder_only(tmp_path):
     from attnviz.checkpoints.bert import minilm_dir
 
@@ -379,6 +382,7 @@ def test_diff_of_a_file_against_a_folder_exits_2(exports, tmp_path, capsys):
     assert "cannot compare the folder" in capsys.readouterr().err
 
 
+@pytest.mark.slow
 def test_diff_exit_codes_from_the_console_script(exports):
     assert run_cli("diff", exports["golden"], exports["same"]).returncode == 0
     proc = run_cli("diff", exports["golden"], exports["perturbed"])

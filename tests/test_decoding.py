@@ -87,6 +87,7 @@ def _assert_steps_match_teacher_forcing(model, src, steps) -> None:
 # The cache gives the rows of a teacher-forced forward pass
 
 
+@pytest.mark.slow
 def test_greedy_steps_equal_rows_of_a_teacher_forced_forward(model, sources):
     for src in sources[:4]:
         decoding = step_through(model, src, beam_size=1, max_len=MAX_LEN)

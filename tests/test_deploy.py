@@ -23,6 +23,8 @@ SERVE = ROOT / "deploy" / "serve.sh"
 sys.path.insert(0, str(ROOT / "benchmarks"))
 from bench_class import free_port, wait_healthy  # noqa: E402
 
+pytestmark = pytest.mark.slow  # servers and browsers: the full suite, not the quick tier
+
 
 def _in_use(port: int) -> bool:
     import socket

@@ -29,6 +29,7 @@ def zeros_npz(path: Path, n_bytes: int) -> Path:
     return path
 
 
+@pytest.mark.slow
 def test_a_small_file_that_declares_a_gib_is_refused_before_it_is_decompressed(tmp_path, capsys):
     bomb = zeros_npz(tmp_path / "bomb.npz", 2**30)
     assert bomb.stat().st_size < 2 * 2**20
@@ -73,6 +74,7 @@ def test_a_manifest_nested_past_python_s_recursion_is_refused(tmp_path):
     assert main(["diff", str(tmp_path / "deep.npz"), str(export.save(tmp_path / "good.npz"))]) == 2
 
 
+@pytest.mark.slow
 def test_fifos_are_refused_by_diff_and_by_out_without_hanging(tmp_path):
     fifo = tmp_path / "pipe.npz"
     os.mkfifo(fifo)
@@ -128,6 +130,7 @@ def run_plugin(folder: Path, *flags: str) -> subprocess.CompletedProcess:
     )
 
 
+@pytest.mark.slow
 def test_the_plugin_never_deletes_a_folder_and_replaces_a_golden_file_whole(tmp_path):
     (tmp_path / "test_x.py").write_text(PLUGIN_TEST)
     source = Path(__file__).with_name("conftest.py")

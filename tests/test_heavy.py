@@ -161,6 +161,7 @@ def test_the_server_settings_reach_a_worker_as_they_are_now(monkeypatch):
 # Worker processes
 
 
+@pytest.mark.slow
 def test_a_job_in_a_worker_process_gives_what_the_api_gives_here(pool, bundle):
     pool.setenv("ATTNVIZ_HEAVY_IN", "processes")
     there = heavy.run("attention", "en-de", "cpu", ("3:45 PM", None, True), no_bundle)
@@ -170,6 +171,7 @@ def test_a_job_in_a_worker_process_gives_what_the_api_gives_here(pool, bundle):
         np.testing.assert_allclose(getattr(there, kind), getattr(here, kind), rtol=0, atol=1e-6)
 
 
+@pytest.mark.slow
 def test_an_atlas_reports_its_progress_from_the_worker(pool):
     pool.setenv("ATTNVIZ_HEAVY_IN", "processes")
     seen = []
@@ -179,6 +181,7 @@ def test_an_atlas_reports_its_progress_from_the_worker(pool):
     assert seen and seen[-1] == (39, 39) and [d for d, _ in seen] == sorted(d for d, _ in seen)
 
 
+@pytest.mark.slow
 def test_a_job_past_the_time_bound_is_stopped_with_a_message_and_its_worker_replaced(pool):
     pool.setenv("ATTNVIZ_HEAVY_IN", "processes")
     heavy.run("warm", "en-de", "cpu", (), no_bundle)  # started and loaded: only the job is timed
@@ -195,6 +198,7 @@ def test_a_job_past_the_time_bound_is_stopped_with_a_message_and_its_worker_repl
     assert heavy.run("attention", "en-de", "cpu", ("twenty-one", None, False), no_bundle).cross.ndim == 4
 
 
+@pytest.mark.slow
 def test_a_visitor_who_leaves_stops_the_job_and_the_next_one_runs(pool):
     """Streamlit stops a script by raising in its next drawing call: here, the progress callback."""
     pool.setenv("ATTNVIZ_HEAVY_IN", "processes")
@@ -212,6 +216,7 @@ def test_a_visitor_who_leaves_stops_the_job_and_the_next_one_runs(pool):
     assert heavy.run("attention", "en-de", "cpu", ("twenty-one", None, False), no_bundle).cross.ndim == 4
 
 
+@pytest.mark.slow
 def test_a_job_s_own_error_keeps_the_worker(pool):
     pool.setenv("ATTNVIZ_HEAVY_IN", "processes")
     heavy.run("warm", "en-de", "cpu", (), no_bundle)
@@ -232,6 +237,7 @@ def test_in_threads_the_same_queue_runs_the_job_on_the_server_s_model(pool, bund
 # In the app
 
 
+@pytest.mark.slow
 def test_short_inputs_run_in_place_and_long_ones_go_through_the_queue(pool, fresh_streamlit_caches, monkeypatch):
     from attnviz.app import cache
 
@@ -254,6 +260,7 @@ def test_a_text_over_the_operator_s_token_bound_is_refused_before_any_work(pool,
     assert not at.get("plotly_chart")
 
 
+@pytest.mark.slow
 def test_beam_search_on_the_decoding_page_runs_in_a_worker(pool, fresh_streamlit_caches):
     pool.setenv("ATTNVIZ_HEAVY_IN", "processes")
     at = open_app("pages/decoding.py")
@@ -263,6 +270,7 @@ def test_beam_search_on_the_decoding_page_runs_in_a_worker(pool, fresh_streamlit
     assert heavy.pool()._idle and heavy.pool()._idle[0].proc is not None
 
 
+@pytest.mark.slow
 def test_an_atlas_past_the_time_bound_says_so_on_the_page(pool, fresh_streamlit_caches):
     pool.setenv("ATTNVIZ_HEAVY_IN", "processes")
     pool.setenv("ATTNVIZ_HEAVY_SECONDS", "0.01")  # 200 sentences take more than half a second here
@@ -274,6 +282,7 @@ def test_an_atlas_past_the_time_bound_says_so_on_the_page(pool, fresh_streamlit_
     assert any("was stopped after 0.01 s" in e.value for e in at.error), [e.value for e in at.error]
 
 
+@pytest.mark.slow
 def test_a_worker_that_dies_mid_job_is_a_message_and_is_replaced(pool):
     pool.setenv("ATTNVIZ_HEAVY_IN", "processes")
     heavy.run("warm", "en-de", "cpu", (), no_bundle)

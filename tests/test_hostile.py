@@ -137,6 +137,7 @@ def test_a_hostile_checkpoint_is_refused_with_a_clear_message(good, case):
     assert str(good) not in public and "/" not in public and "nan" not in public.lower().replace("nan or", "")
 
 
+@pytest.mark.slow
 def test_hostile_checkpoints_cost_little_memory(tmp_path, tiny_spm):
     folders = []
     for i, (make, _) in enumerate(HOSTILE.values()):

@@ -338,6 +338,7 @@ def test_an_id_the_hub_refuses_says_why(online, tmp_path, monkeypatch, kind, rea
     assert no_server_path_in(public, tmp_path), public
 
 
+@pytest.mark.slow
 @pytest.mark.usefixtures("fresh_streamlit_caches")
 def test_the_app_shows_why_a_hub_id_cannot_be_had_when_downloads_are_allowed(cache, tmp_path, monkeypatch):
     from conftest import open_app

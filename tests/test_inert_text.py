@@ -48,6 +48,7 @@ def shown_texts(at: AppTest) -> list[str]:
     return [e.value for e in elements] + [t.proto.body for t in at.get("toast")]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("page", [page.path for page in registry.PAGES])
 def test_a_crafted_link_shows_no_link_or_image_on_any_page(page):
     params = {key: LINK for key in ("src", "tgt", "cmp_src", "at_folder", "at_pasted", "wt_stage", "model_path")}

@@ -135,6 +135,7 @@ def test_the_switch_restores_what_was_there():
     assert onednn_enabled() == before
 
 
+@pytest.mark.slow
 def test_the_environment_variable_turns_onednn_off():
     code = "import attnviz.linear as l; print(l.onednn_enabled())"
     env = {**os.environ, "ATTNVIZ_ONEDNN": "0"}

@@ -70,6 +70,7 @@ def test_non_finite_maps_are_refused_not_drawn(overflowing, capsys):
     assert capsys.readouterr().err.count("\n") == 1
 
 
+@pytest.mark.slow
 @pytest.mark.usefixtures("fresh_streamlit_caches", "visitor_roots")
 @pytest.mark.parametrize("page", ["app.py", "pages/explorer.py", "pages/decoding.py", "pages/walkthrough.py"])
 def test_the_app_says_so_instead_of_drawing(page, rambling, overflowing):

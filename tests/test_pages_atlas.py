@@ -31,6 +31,7 @@ def test_the_models_examples_give_a_map_a_table_and_typical_sentences():
     assert "Most typical" in text and "Least typical" in text
 
 
+@pytest.mark.slow
 def test_choosing_a_kind_statistic_and_head():
     at = open_app(PAGE)
     at.radio(key="at_kind").set_value("cross").run()
@@ -46,6 +47,7 @@ def test_choosing_a_kind_statistic_and_head():
     assert any("has no mean_distance" in i.value for i in at.info)
 
 
+@pytest.mark.slow
 def test_pasted_sentences_are_bounded_and_give_an_atlas():
     at = open_app(PAGE)
     at.radio(key="at_source").set_value("pasted").run()
@@ -80,6 +82,7 @@ def _reverse_corpus(tmp_path):
     return path
 
 
+@pytest.mark.slow
 def test_an_atlas_folder_opens_and_a_head_shows_its_sentences(atlas_root):
     at = open_app(PAGE)
     at.radio(key="at_source").set_value("folder").run()
@@ -103,6 +106,7 @@ def test_an_atlas_of_another_model_shows_its_table_and_says_which_model(atlas_ro
     assert len(charts(at)) == 1, "the map only: no head maps from a model that is not the atlas's"
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("typed", ["../", "/etc", "missing"])
 def test_a_folder_outside_the_roots_is_refused_naming_only_what_was_typed(atlas_root, typed):
     at = open_app(PAGE)
@@ -122,6 +126,7 @@ def test_a_model_folder_that_is_not_an_atlas_says_so(atlas_root, tmp_path):
     assert at.error and "manifest.json is missing" in at.error[0].value
 
 
+@pytest.mark.slow
 def test_a_link_reopens_the_chosen_head():
     from test_app import open_link
 
@@ -188,6 +193,7 @@ HOSTILE = [
 ]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("case", HOSTILE)
 def test_a_hostile_atlas_folder_gives_a_message_that_names_no_path(atlas_root, tmp_path, case):
     """Atlas folders get the checks checkpoint files get: no hang, no GB read, no link out, no traceback."""

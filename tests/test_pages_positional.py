@@ -69,6 +69,7 @@ def test_positional_defaults_show_the_models_positions():
     assert texts(at).count("depends on the offset only") >= 2  # the page's sinusoids and the model's
 
 
+@pytest.mark.slow
 def test_positional_every_control():
     at = open_app(POSITIONAL)
     changes = [
@@ -102,6 +103,7 @@ def test_linearity_defaults_show_rounding_only_and_the_models_fit():
     assert "en-de (sinusoidal)" in chart_names(at) and "random table" in chart_names(at)
 
 
+@pytest.mark.slow
 def test_linearity_every_control():
     at = open_app(LINEARITY)
     changes = [
@@ -143,6 +145,7 @@ def test_linearity_float32_angles_at_large_positions_break_the_shift():
     assert small < 1e-12 and large > 0.1
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("page", [POSITIONAL, LINEARITY])
 def test_pages_with_the_reverse_model(page):
     at = open_app(page)
@@ -177,6 +180,7 @@ def test_linearity_with_learned_and_without_positions(tiny_checkpoints):
     assert "has no positional encoding" in texts(at)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("page", [POSITIONAL, LINEARITY])
 def test_pages_without_a_usable_model_still_teach(page):
     at = open_app(page)

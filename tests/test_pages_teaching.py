@@ -69,6 +69,7 @@ def frame(at: AppTest, column: str):
     return next(d.value for d in at.dataframe if d.editing_mode == "read_only" and column in d.value.columns)
 
 
+@pytest.mark.slow
 def test_mechanics_on_defaults_shows_the_worked_example_and_every_part():
     at = open_app(MECHANICS)
     assert_ok(at)
@@ -88,6 +89,7 @@ def test_mechanics_on_defaults_shows_the_worked_example_and_every_part():
     assert at.caption and all(c.value for c in at.caption)
 
 
+@pytest.mark.slow
 def test_mechanics_every_control():
     at = open_app(MECHANICS)
     # Worked example: edit a cell and add a token, blank a cell, reset, switch off scaling.
@@ -152,6 +154,7 @@ def test_mechanics_every_control():
     assert any(f"{256**-0.5 * 1000**-0.5:.3e}" in c.value for c in at.caption), "the peak at the end of warm-up"
 
 
+@pytest.mark.slow
 def test_variants_on_defaults():
     at = open_app(VARIANTS)
     assert_ok(at)
@@ -165,6 +168,7 @@ def test_variants_on_defaults():
     assert charts_in_every_tab(at, "var_tab", VARIANTS_TABS) == 7  # patterns, cost, 2 maps, 2 synthesizer, timing
 
 
+@pytest.mark.slow
 def test_variants_every_control():
     at = open_app(VARIANTS)
     at.slider(key="var_n").set_value(9)
@@ -206,6 +210,7 @@ def test_variants_every_control():
     assert_ok(at)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("page", [MECHANICS, VARIANTS])
 def test_pages_with_the_reverse_model(page):
     at = open_app(page)
@@ -215,6 +220,7 @@ def test_pages_with_the_reverse_model(page):
     assert charts_in_every_tab(at, key, labels) == 7
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("page", [MECHANICS, VARIANTS])
 def test_pages_without_a_model_still_teach_and_say_what_to_do(page):
     at = open_app(page)

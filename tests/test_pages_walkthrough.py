@@ -32,6 +32,7 @@ def test_defaults_show_the_first_stage():
     assert [b.key for b in at.button][:2] == ["_wt_prev", "_wt_next"]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("model", ["en-de", "reverse", "minilm"])
 def test_next_through_every_stage_then_jump_and_change_controls(model):
     if model not in api.list_models():

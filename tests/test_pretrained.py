@@ -103,6 +103,7 @@ def test_snapshot(model, index, attention_snapshot):
     attention_snapshot(attnviz.attention(bundle, src, tgt), path=golden_path(model, index), atol=ATOL)
 
 
+@pytest.mark.slow
 def test_stated_metric_holds(bundle):
     """The exact match written in the model card, recomputed on the same fresh held-out pairs."""
     m = bundle.info["metrics"]

@@ -114,6 +114,7 @@ def test_the_measuring_script_counts_cells_off_and_refuses_other_inputs():
         tolerance.compare(a, {"m/encoder": b["m/encoder"]})
 
 
+@pytest.mark.slow
 def test_the_measuring_script_reads_maps_made_by_another_interpreter(tmp_path):
     """--python (torch versions are compared this way): a child interpreter computes the same maps
     as this process, and says which torch made them."""

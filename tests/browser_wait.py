@@ -1,0 +1,42 @@
+"""Waiting in a real browser for what a test asserts: the run's end, then the page's drawing.
+
+Streamlit marks the app ``notRunning`` when the script ends; plotly draws its charts after that, in
+the browser. A test that counts plots or points right after the run races the drawing (0 grid
+points were once found on a loaded machine), so it waits here until the drawn page stops changing.
+"""
+
+from __future__ import annotations
+
+NOT_RUNNING = "[data-testid='stApp'][data-test-script-state='notRunning']"
+RUN_ENDS_S = 120  # a slow page on two busy cores
+
+# What the main area shows once drawn (None while a chart is still being drawn): compared between
+# two reads to tell that the drawing has stopped.
+DRAWN = """() => {
+    const main = document.querySelector("[data-testid='stMain']");
+    if (!main || main.querySelector("[data-testid='stSkeleton']")) return null;
+    const charts = [...main.querySelectorAll("[data-testid='stPlotlyChart']")];
+    if (charts.some(c => !c.querySelector('.js-plotly-plot .main-svg'))) return null;
+    const titles = [...document.querySelectorAll('.js-plotly-plot .gtitle')].map(t => t.textContent);
+    const n = s => main.querySelectorAll(s).length;
+    return JSON.stringify([titles, n('.js-plotly-plot'), n("[data-testid='stDataFrame']"),
+                           n("[data-testid='stTable']"), n("[data-testid='stVegaLiteChart']")]);
+}"""
+
+
+def settled(page, what: str) -> None:
+    """Wait until the run has ended and the page has stopped drawing."""
+    from playwright.sync_api import TimeoutError as PlaywrightTimeout
+
+    try:
+        page.wait_for_selector(NOT_RUNNING, timeout=RUN_ENDS_S * 1000)
+        last = None
+        while True:  # plots draw after the script has ended: two reads 300 ms apart must agree
+            drawn = page.wait_for_function(DRAWN, timeout=60_000).json_value()
+            if drawn == last:
+                break
+            last = drawn
+            page.wait_for_timeout(300)
+        page.wait_for_selector(NOT_RUNNING, timeout=RUN_ENDS_S * 1000)
+    except PlaywrightTimeout as e:
+        raise AssertionError(f"{what}: the page did not finish its run and drawing: {e}") from None

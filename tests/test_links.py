@@ -1,0 +1,86 @@
+"""Saved links keep opening the same view: the widgets they set, and the titles of what is drawn.
+
+``tests/golden/links.json`` holds, for each link, what the app showed when it was saved. A change
+that moves page code around (a new frame, smaller pages) must leave every entry as it is; a change
+meant to alter a view regenerates the file with ``ATTNVIZ_RECORD_LINKS=1 pytest tests/test_links.py``
+and shows the difference in review.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+from streamlit.testing.v1 import AppTest
+
+GOLDEN = Path(__file__).parent / "golden" / "links.json"
+
+# Values as the widgets show them (a link writes a choice's label, not its key).
+LINKS: list[tuple[str, dict[str, str | list[str]]]] = [
+    ("app.py", {}),
+    ("app.py", {"src": "twenty-one", "words": "true"}),
+    ("pages/explorer.py", {"kind": "cross", "layer": "3", "head": "1"}),
+    ("pages/explorer.py", {"kind": "encoder", "view": "All heads (model view)", "contrast": "each row to its maximum"}),
+    ("pages/explorer.py", {"view": "Head statistics", "kind": "decoder"}),
+    ("pages/explorer.py", {"view": "Aggregate", "aggregate": "max", "layer": "2"}),
+    ("pages/explorer.py", {"model": "reverse", "src": "h e l l o", "view": "Lines", "lines_heads": ["1", "3"]}),
+    ("pages/compare.py", {"cmp_what": "another model", "cmp_model": "reverse"}),
+    ("pages/compare.py", {"cmp_src": "Thursday, July 3, 1998", "cmp_view": "All heads"}),
+    ("pages/decoding.py", {"beam": "4", "step": "3"}),
+    ("pages/beyond.py", {"bw_method": "rollout", "bw_kind": "encoder"}),
+    ("pages/atlas.py", {"at_kind": "encoder", "at_layer": "2", "at_head": "3"}),
+    ("pages/walkthrough.py", {"wt_layer": "2", "wt_head": "2"}),
+    ("pages/mechanics.py", {"mech_tab": "Masks"}),
+    ("pages/variants.py", {"var_tab": "Complexity (section 4)"}),
+    ("pages/positional.py", {"pe_length": "64"}),
+    ("pages/linearity.py", {"lin_k": "5"}),
+]
+
+
+def link_id(page: str, params: dict) -> str:
+    return page + "?" + "&".join(f"{k}={v}" for k, v in params.items())
+
+
+def opened(page: str, params: dict) -> dict:
+    """What the app shows when ``params`` are in the address bar and ``page`` is opened."""
+    at = AppTest.from_file("../app.py", default_timeout=180)
+    at.query_params.update(params)
+    at.run()
+    if page != "app.py":
+        at.switch_page(page).run()
+    assert not at.exception, [e.value for e in at.exception]
+    notices = [t.proto.body for t in at.get("toast")]
+    charts = [json.loads(chart.proto.spec) for chart in at.get("plotly_chart")]
+    return {
+        "widgets": {key: json.loads(json.dumps(at.session_state[key], default=str)) for key in params},
+        "notices": notices,
+        "titles": [(c.get("layout", {}).get("title") or {}).get("text") for c in charts],
+        "headings": [h.value for h in [*at.title, *at.header, *at.subheader]],
+    }
+
+
+@pytest.fixture(scope="module")
+def golden() -> dict:
+    return json.loads(GOLDEN.read_text()) if GOLDEN.exists() else {}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(("page", "params"), LINKS, ids=[link_id(*link) for link in LINKS])
+def test_a_saved_link_opens_the_same_view(page, params, golden, fresh_streamlit_caches):
+    shown = opened(page, params)
+    key = link_id(page, params)
+    if os.environ.get("ATTNVIZ_RECORD_LINKS"):
+        golden[key] = shown
+        GOLDEN.write_text(json.dumps(golden, indent=1, ensure_ascii=False, sort_keys=True) + "\n")
+        return
+    assert key in golden, f"{key} was never recorded: ATTNVIZ_RECORD_LINKS=1 pytest tests/test_links.py"
+    assert not shown["notices"], "a saved link's values are all usable"
+    assert shown == golden[key]
+
+
+def test_every_page_has_a_saved_link():
+    from attnviz.app.registry import PAGES
+
+    assert {page.path for page in PAGES} | {"app.py"} <= {page for page, _ in LINKS}
