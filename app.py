@@ -4,11 +4,11 @@ import streamlit as st
 
 from attnviz.app import (
     clearest_head,
+    computed,
     domain_notice,
     footer,
     load_bundle,
     registry,
-    run_attention,
     show_error,
     sidebar,
     truncation_notice,
@@ -51,7 +51,7 @@ def show_teaser(choices) -> None:
     words_column, contrast_column = st.columns([1, 3])
     words, contrast = views.words_and_contrast(words_column, contrast_column)
     try:
-        export = run_attention(choices.model, choices.device, choices.src, choices.tgt, words)
+        export = computed("attention", choices.model, choices.device, choices.src, choices.tgt, words)
         kind, layer, head = clearest_head(choices.model, choices.device)
         bundle = load_bundle(choices.model, choices.device)
     except Exception as e:  # noqa: BLE001 - the user sees a message, never a traceback

@@ -30,7 +30,7 @@ HEADER = struct.Struct("<Q")  # each message: its length, then its pickle
 MODELS_KEPT = 2  # models a worker keeps loaded (a class mostly uses one)
 
 
-def _decoding(bundle, src: str, beam: int, tgt: str | None, top_k: int):
+def _decoding(bundle, src: str, beam: int, tgt: str | None, top_k: int = 8):
     return api.step_through(bundle, src, beam=beam, top_k=top_k, target=tgt)
 
 
@@ -66,7 +66,7 @@ def _permutation(bundle, src: str, order: str, seed: int):
 
 # name -> function(bundle, *args[, progress]); only ``atlas`` reports progress; ``timing`` takes no model
 JOBS: dict[str, Callable[..., Any]] = {
-    "attention": lambda b, src, tgt, words: api.attention(b, src, tgt, words=words),
+    "attention": lambda b, src, tgt, words=False: api.attention(b, src, tgt, words=words),
     "scores": lambda b, src, tgt: api.attention_scores(b, src, tgt),
     "queries_keys": lambda b, src, tgt: api.queries_keys(b, src, tgt),
     "forward_pass": lambda b, src, tgt: api.forward_pass(b, src, tgt),

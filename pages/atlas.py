@@ -8,10 +8,10 @@ import streamlit as st
 from attnviz.app import (
     bound,
     clamp_state,
+    computed,
     computed_atlas,
     footer,
     open_atlas,
-    run_head_map,
     shared,
     show_error,
     sidebar,
@@ -119,8 +119,15 @@ def show_typical(atlas, atlas_id: str, kind: str, layer: int, head: int, statist
             if not model_matches:
                 continue
             tgt_ids = None if sentence["tgt_ids"] is None else tuple(int(i) for i in sentence["tgt_ids"])
-            matrix = run_head_map(
-                choices.model, choices.device, tuple(int(i) for i in sentence["src_ids"]), tgt_ids, kind, layer, head
+            matrix = computed(
+                "head_map",
+                choices.model,
+                choices.device,
+                tuple(int(i) for i in sentence["src_ids"]),
+                tgt_ids,
+                kind,
+                layer,
+                head,
             )
             src_tokens = list(sentence["src_tokens"])
             tgt_tokens = None if tgt_ids is None else list(sentence["tgt_tokens"])

@@ -9,13 +9,10 @@ from attnviz.app import (
     bound,
     clamp_state,
     clearest_head,
+    computed,
     domain_notice,
     footer,
     load_bundle,
-    run_ablation,
-    run_attention,
-    run_attribution,
-    run_importance,
     sentence_pairs,
     shared,
     show_error,
@@ -95,8 +92,9 @@ def method_section(picture, export, pieces, kinds: list[str], words: bool, contr
             format_func=lambda t: f"{t}: input {pieces.tgt_tokens[t]}, predicting the next token",
             key="bw_position",
         )
+    asked = (choices.model, choices.device, choices.src, choices.tgt, method, position, words)
     try:
-        result = run_attribution(choices.model, choices.device, choices.src, choices.tgt, method, position, words)
+        result = computed("attribution", *asked)
     except Exception as e:  # noqa: BLE001 - the user sees a message, never a traceback
         show_error(e)
         return kind, layer, head
@@ -148,12 +146,11 @@ def method_section(picture, export, pieces, kinds: list[str], words: bool, contr
             ),
         )
         st.plotly_chart(room(fig), width="stretch")
-    # The downloads' closures hold these keys, not the arrays: Streamlit keeps a closed tab's session
-    # (and its download callables) for a while, and the arrays come back from the cache on a click.
-    asked = (choices.model, choices.device, choices.src, choices.tgt, method, position, words)
+    # The downloads' closures hold the keys (asked), not the arrays: Streamlit keeps a closed tab's
+    # session (and its download callables) for a while, and the arrays come back from the cache on a click.
 
     def table():
-        values = getattr(run_attribution(*asked), kind)
+        values = getattr(computed("attribution", *asked), kind)
         return values[:, None] if not spec.per_head else values
 
     cols = st.columns(2)
@@ -171,7 +168,7 @@ def method_section(picture, export, pieces, kinds: list[str], words: bool, contr
     )
     cols[1].download_button(
         f"NPZ of every {spec.title.lower()} array",
-        lambda: run_attribution(*asked).to_bytes(),
+        lambda: computed("attribution", *asked).to_bytes(),
         f"{choices.model.replace('/', '_')}-{method}.npz",
         "application/octet-stream",
         help=f"The same file as `attnviz attribute --method {method}`: its arrays, ids, tokens and a manifest.",
@@ -206,7 +203,7 @@ def ablation_section(bundle, kinds: list[str], kind: str, layer: int, head: int,
         return
     heads = str(Ablation.parse(",".join(expand_layers(chosen, n_heads))))
     try:
-        comparison = run_ablation(choices.model, choices.device, choices.src, choices.tgt, heads, mode, words)
+        comparison = computed("ablation", choices.model, choices.device, choices.src, choices.tgt, heads, mode, words)
     except Exception as e:  # noqa: BLE001 - the user sees a message, never a traceback
         show_error(e)
         return
@@ -277,7 +274,7 @@ def importance_section(bundle, kinds: list[str]) -> None:
         return
     try:
         sentences, references = sentence_pairs(text, MAX_IMPORTANCE_SENTENCES)
-        importance = run_importance(choices.model, choices.device, sentences, references)
+        importance = computed("importance", choices.model, choices.device, sentences, references)
     except Exception as e:  # noqa: BLE001 - the user sees a message, never a traceback
         show_error(e)
         return
@@ -318,8 +315,10 @@ def main() -> None:
     words, contrast = views.words_and_contrast(words_column, contrast_column)
     try:
         bundle = load_bundle(choices.model, choices.device)
-        pieces = run_attention(choices.model, choices.device, choices.src, choices.tgt, False)
-        export = run_attention(choices.model, choices.device, choices.src, choices.tgt, True) if words else pieces
+        pieces = computed("attention", choices.model, choices.device, choices.src, choices.tgt, False)
+        export = (
+            computed("attention", choices.model, choices.device, choices.src, choices.tgt, True) if words else pieces
+        )
     except Exception as e:  # noqa: BLE001 - the user sees a message, never a traceback
         show_error(e)
         return

@@ -7,10 +7,10 @@ from attnviz.app import (
     bound,
     clamp_state,
     clearest_head,
+    computed,
     domain_notice,
     footer,
     load_bundle,
-    run_attention,
     shared,
     show_error,
     sidebar,
@@ -90,7 +90,7 @@ def main() -> None:
     runs = {}
     for side, (model, src, tgt) in {"A": (choices.model, choices.src, choices.tgt), "B": b}.items():
         try:
-            runs[side] = run_attention(model, choices.device, src, tgt, words)
+            runs[side] = computed("attention", model, choices.device, src, tgt, words)
         except Exception as e:  # noqa: BLE001 - the user sees a message, never a traceback
             st.error(f"Side {side}:")
             show_error(e)

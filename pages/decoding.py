@@ -11,9 +11,9 @@ from attnviz.app import (
     bound,
     clamp_state,
     clearest_head,
+    computed,
     footer,
     load_bundle,
-    run_decoding,
     shared,
     show_error,
     sidebar,
@@ -103,8 +103,13 @@ def main() -> None:
         return
     try:
         bundle = load_bundle(choices.model, choices.device)
-        dec = run_decoding(
-            choices.model, choices.device, choices.src, 1 if teacher else beam, choices.tgt if teacher else None
+        dec = computed(
+            "decoding",
+            choices.model,
+            choices.device,
+            choices.src,
+            1 if teacher else beam,
+            choices.tgt if teacher else None,
         )
     except Exception as e:  # noqa: BLE001 - the user sees a message, never a traceback
         show_error(e)

@@ -8,12 +8,10 @@ from attnviz.app import (
     bound,
     clamp_state,
     clearest_head,
+    computed,
     domain_notice,
     download_buttons,
     footer,
-    run_attention,
-    run_queries_keys,
-    run_scores,
     shared,
     show_error,
     sidebar,
@@ -95,7 +93,7 @@ def main() -> None:
     c1, c2 = st.columns([1, 3])
     words, contrast = words_and_contrast(c1, c2)
     try:
-        export = run_attention(choices.model, choices.device, choices.src, choices.tgt, words)
+        export = computed("attention", choices.model, choices.device, choices.src, choices.tgt, words)
     except Exception as e:  # noqa: BLE001 - the user sees a message, never a traceback
         show_error(e)
         return
@@ -114,7 +112,7 @@ def main() -> None:
     def maps_now() -> np.ndarray:
         """The maps again, from the cache (or computed): a download's closure holds these strings, not the
         maps, so that a closed tab, which Streamlit keeps for reconnection, holds no megabytes."""
-        return getattr(run_attention(*source, words), kind)
+        return getattr(computed("attention", *source, words), kind)
 
     q_tokens, k_tokens = export.tokens(kind)  # the tables' tokens; the figures name decoder rows by what they write
     q_labels = row_labels(export, kind)
@@ -136,10 +134,10 @@ def main() -> None:
         )
         title = f"{TITLES[kind]}, layer {layer}, head {head}"
         if show_scores:
-            pieces = run_attention(choices.model, choices.device, choices.src, choices.tgt) if words else export
+            pieces = computed("attention", choices.model, choices.device, choices.src, choices.tgt) if words else export
             if words:
                 st.info("Scores are per piece (a word has no single score): the words toggle merges weights only.")
-            scores = run_scores(choices.model, choices.device, choices.src, choices.tgt)[kind]
+            scores = computed("scores", choices.model, choices.device, choices.src, choices.tgt)[kind]
             matrix = scores[layer - 1, head - 1]
             sq_tokens, sk_tokens = pieces.tokens(kind)
             sq_labels = row_labels(pieces, kind)
@@ -149,7 +147,7 @@ def main() -> None:
                 zoom_map = ((*shown_map, layer, head, "scores"), matrix, title, sq_labels, sk_tokens, True)
 
             def shown():
-                scores_now = run_scores(*source)[kind]
+                scores_now = computed("scores", *source)[kind]
                 return analysis.long_form(scores_now, sq_tokens, sk_tokens, layers=[layer], heads=[head]).rename(
                     columns={"weight": "score"}
                 )
@@ -263,17 +261,17 @@ def main() -> None:
     if zoom_map is not None:
         key, matrix, title, rows, columns, scores = zoom_map
         zoom("", key, matrix, rows, columns, kind, contrast, None if scores else mask, title, scores=scores)
-    download_buttons(shown, lambda: run_attention(*source, words), fmt, name)
+    download_buttons(shown, lambda: computed("attention", *source, words), fmt, name)
 
 
 def show_qk(choices, export, kind: str, layer: int, head: int, words: bool) -> None:
     """The Q-K embedding of the chosen head: its queries and keys in one plane (attnviz.qk)."""
     try:
-        vectors = run_queries_keys(choices.model, choices.device, choices.src, choices.tgt)
+        vectors = computed("queries_keys", choices.model, choices.device, choices.src, choices.tgt)
     except Exception as e:  # noqa: BLE001 - the user sees a message, never a traceback
         show_error(e)
         return
-    pieces = run_attention(choices.model, choices.device, choices.src, choices.tgt) if words else export
+    pieces = computed("attention", choices.model, choices.device, choices.src, choices.tgt) if words else export
     if words:
         st.info("The Q-K embedding shows pieces: each piece has its own query and key vector, a word has none.")
     q_tokens, k_tokens = pieces.tokens(kind)

@@ -15,7 +15,7 @@ from attnviz.app import (
     show_error,
     sidebar,
 )
-from attnviz.app.cache import budgeted, compute, is_light
+from attnviz.app.cache import computed
 from attnviz.app.present import intro, page_config, room
 from attnviz.figures import teaching as tp
 from attnviz.lessons import mechanics
@@ -43,15 +43,6 @@ MATRICES = {  # key suffix: (title, default, row label, column label, rows can b
 @st.cache_data(show_spinner="Sampling queries and keys…", max_entries=32)
 def scaling(d_ks: tuple[int, ...], n_keys: int, seed: int) -> pd.DataFrame:
     return mechanics.scaling_experiment(d_ks, n_keys=n_keys, n_samples=1000, seed=seed)
-
-
-@budgeted("Shuffling the sentence and running the encoder…")
-def permutation(model: str, device: str, src: str, order: str, seed: int):
-    """Tokens, the order, and the check without and with positional encoding."""
-    light = is_light(model, device, src)
-    return compute(
-        "permutation", "Shuffling the sentence and running the encoder", model, device, (src, order, seed), light
-    )
 
 
 def reset_example() -> None:
@@ -231,7 +222,7 @@ def permutation_tab() -> None:
     order = bound(c[0].radio, "New order", ["reverse", "shuffle"], horizontal=True, key="mech_perm_order")
     seed = bound(c[1].number_input, "Shuffle seed", 0, 10_000, 0, key="mech_perm_seed", disabled=order != "shuffle")
     try:
-        tokens, perm, checks = permutation(choices.model, choices.device, choices.src, order, int(seed))
+        tokens, perm, checks = computed("permutation", choices.model, choices.device, choices.src, order, int(seed))
     except Exception as e:  # noqa: BLE001 - the user sees a message, never a traceback
         show_error(e)
         return

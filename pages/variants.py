@@ -14,7 +14,7 @@ from attnviz.app import (
     show_error,
     sidebar,
 )
-from attnviz.app.cache import budgeted, compute, is_light
+from attnviz.app.cache import computed, forget
 from attnviz.app.present import intro, page_config, room
 from attnviz.figures import teaching as tp
 from attnviz.figures.attention import attention_heatmap
@@ -31,18 +31,6 @@ intro(
     "measured on this machine. They show what full attention buys and what it costs as sentences grow.",
     prose=True,
 )
-
-
-@budgeted("Running the encoder with the pattern, then decoding…")
-def run_pattern(model: str, device: str, src: str, name: str | None, k: int):
-    """Source tokens, the pattern's mask (None for the model as trained), the run, and its translation."""
-    light = is_light(model, device, src)
-    return compute("pattern", "Running the encoder with the pattern", model, device, (src, name, k), light)
-
-
-@budgeted("Timing self-attention and a GRU…")
-def timing(d: int) -> pd.DataFrame:
-    return compute("timing", "Timing self-attention and a GRU", None, "cpu", (d,))
 
 
 def patterns_tab() -> None:
@@ -95,8 +83,8 @@ def model_tab() -> None:
     name = bound(c[0].selectbox, "Pattern", ["local", "dilated", "sparse", "causal"], key="var_pattern")
     k = bound(c[1].slider, "Window / stride k", 1, 8, 2, key="var_model_k", disabled=name == "causal")
     try:
-        tokens, _, base, base_text = run_pattern(choices.model, choices.device, choices.src, None, k)
-        _, mask, run, text = run_pattern(choices.model, choices.device, choices.src, name, k)
+        tokens, _, base, base_text = computed("pattern", choices.model, choices.device, choices.src, None, k)
+        _, mask, run, text = computed("pattern", choices.model, choices.device, choices.src, name, k)
     except Exception as e:  # noqa: BLE001 - the user sees a message, never a traceback
         show_error(e)
         return
@@ -193,9 +181,9 @@ def complexity_tab() -> None:
     c = st.columns([1, 3])
     width = bound(c[0].select_slider, "Width d for timing", [32, 64, 128, 256], value=64, key="var_time_d")
     if c[0].button("Measure again", key="_var_measure"):
-        timing.clear()
+        forget("timing")
     try:
-        df = timing(width)
+        df = computed("timing", None, "cpu", width)
     except Exception as e:  # noqa: BLE001 - the user sees a message, never a traceback
         show_error(e)
         return

@@ -2,7 +2,7 @@
 
 import streamlit as st
 
-from attnviz.app import bound, clamp_state, footer, load_bundle, run_forward_pass, shared, show_error, sidebar
+from attnviz.app import bound, clamp_state, computed, footer, load_bundle, shared, show_error, sidebar
 from attnviz.app.present import intro, page_config, room
 from attnviz.app.widgets import escape_markdown
 from attnviz.figures.decoding import topk_bar
@@ -35,7 +35,7 @@ def stage_of(shown_stage: tuple) -> wk.Stage:
     def build() -> wk.Stage:
         out_w = bundle.model.tgt_embed.weight if cfg.tie_output else getattr(bundle.model, "out_proj", None)
         return wk.build_stage(
-            run_forward_pass(model, device, src, tgt),
+            computed("forward_pass", model, device, src, tgt),
             wk.ModelFacts.of(cfg),
             key,
             layer=layer - 1,
@@ -60,7 +60,9 @@ def show_matrix(m: wk.Matrix, k: int, i: int, shown_stage: tuple) -> None:
     st.download_button(
         f"CSV of the full {m.source}",
         # keys, not tensors: Streamlit keeps a closed tab's download callables for a while
-        lambda: wk.matrix_csv(stage_of(shown_stage).matrices[i], run_forward_pass(*shown_stage[:4])).encode("utf-8"),
+        lambda: wk.matrix_csv(stage_of(shown_stage).matrices[i], computed("forward_pass", *shown_stage[:4])).encode(
+            "utf-8"
+        ),
         f"{m.source.replace('[', '_').replace(']', '')}.csv",
         "text/csv",
         key=f"_wt_csv_{i}",
@@ -74,7 +76,7 @@ def main() -> None:
         return
     try:
         bundle = load_bundle(choices.model, choices.device)
-        wt = run_forward_pass(choices.model, choices.device, choices.src, choices.tgt)
+        wt = computed("forward_pass", choices.model, choices.device, choices.src, choices.tgt)
     except Exception as e:  # noqa: BLE001 - the user sees a message, never a traceback
         show_error(e)
         return

@@ -45,27 +45,20 @@ def test_the_least_recently_used_results_go_first_and_the_total_stays_under_the_
     assert len(budget) == 3 and budget.total <= 3 * MB + 4096, "a result over the whole budget is not kept"
 
 
-def test_a_budgeted_function_can_forget_its_own_results_only(fresh_streamlit_caches):
-    from attnviz.app.cache import RESULTS, budgeted
+def test_a_job_s_results_can_be_forgotten_and_only_that_job_s(fresh_streamlit_caches, monkeypatch):
+    from attnviz.app import cache
 
     made = []
-
-    @budgeted(False)
-    def timing(d: int):
-        made.append(d)
-        return np.zeros(d)
-
-    @budgeted(False)
-    def other(d: int):
-        made.append(-d)
-        return np.zeros(d)
-
-    timing(8), timing(8), other(8)
-    before = RESULTS.total
-    timing.clear()  # "Measure again"
-    assert RESULTS.total == before - 64
-    timing(8), other(8)
-    assert made == [8, -8, 8]
+    monkeypatch.setitem(cache.JOB_RULES, "timing", ("Timing", lambda *a: True))  # in place: no worker needed
+    monkeypatch.setitem(cache.JOB_RULES, "warm", ("Nothing", lambda *a: True))
+    monkeypatch.setattr(cache.jobs, "run_job", lambda b, name, args, p=None: made.append(name) or np.zeros(8))
+    cache.computed("timing", "en-de", "cpu", 64), cache.computed("timing", "en-de", "cpu", 64)
+    cache.computed("warm", "en-de", "cpu")
+    before = cache.RESULTS.total
+    cache.forget("timing")  # "Measure again"
+    assert cache.RESULTS.total == before - 64
+    cache.computed("timing", "en-de", "cpu", 64), cache.computed("warm", "en-de", "cpu")
+    assert made == ["timing", "warm", "timing"]
 
 
 def test_sessions_asking_at_once_make_a_result_once():
@@ -94,7 +87,7 @@ def test_distinct_long_inputs_one_after_another_stay_under_the_operators_budget(
     try:
         for i in range(12):
             sentence = " ".join(letters[(i + j) % 26] for j in range(19))  # the reverse model reads up to 20
-            cache.run_attention("reverse", "cpu", sentence, None)
+            cache.computed("attention", "reverse", "cpu", sentence, None)
             assert cache.RESULTS.total <= 0.2 * MB
         assert 0 < len(cache.RESULTS) < 12, "the oldest were dropped"
     finally:

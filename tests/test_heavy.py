@@ -244,10 +244,10 @@ def test_short_inputs_run_in_place_and_long_ones_go_through_the_queue(pool, fres
     queued = []
     real = heavy.run
     monkeypatch.setattr(heavy, "run", lambda name, *a, **k: queued.append(name) or real(name, *a, **k))
-    cache.run_attention("en-de", "cpu", "twenty-one", None)
+    cache.computed("attention", "en-de", "cpu", "twenty-one", None)
     assert queued == []
-    cache.run_attention("en-de", "cpu", " ".join(["Thursday, July 2, 1998"] * 8), None)
-    cache.run_decoding("en-de", "cpu", "twenty-one", 4, None)
+    cache.computed("attention", "en-de", "cpu", " ".join(["Thursday, July 2, 1998"] * 8), None)
+    cache.computed("decoding", "en-de", "cpu", "twenty-one", 4, None)
     assert queued == ["attention", "decoding"]
 
 

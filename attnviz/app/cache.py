@@ -8,13 +8,12 @@ and shared by every session as it is: read-only.
 
 from __future__ import annotations
 
-import functools
+import inspect
 import os
 import threading
 from collections.abc import Callable
-from typing import TypeVar
+from typing import Any, TypeVar
 
-import numpy as np
 import streamlit as st
 
 from attnviz import api, jobs
@@ -28,33 +27,6 @@ ATLAS_MEMORY = 8  # atlases computed in the app, kept for every session (the old
 
 T = TypeVar("T")
 RESULTS = ByteBudget()  # every session's computed results and figures, under ATTNVIZ_CACHE_MB
-
-
-def budgeted(spinner: str | bool):
-    """``@st.cache_data`` by bytes: the decorated function's result per arguments, kept in :data:`RESULTS`.
-
-    ``spinner``: the text shown while it is computed (False: none). The arguments must be strings,
-    numbers, None and tuples of them.
-    """
-
-    def decorate(function):
-        # Pages run as scripts: two of them may define functions of the same name, so the file is in the key.
-        name = f"{function.__code__.co_filename}:{function.__qualname__}"
-
-        @functools.wraps(function)
-        def cached(*args, **kwargs):
-            def make():
-                if not spinner:
-                    return function(*args, **kwargs)
-                with st.spinner(spinner):
-                    return function(*args, **kwargs)
-
-            return RESULTS.get((name, args, tuple(sorted(kwargs.items()))), make)
-
-        cached.clear = lambda: RESULTS.drop(lambda key: key[0] == name)  # as st.cache_data's .clear()
-        return cached
-
-    return decorate
 
 
 @st.cache_resource(show_spinner="Loading the model…", max_entries=4)
@@ -115,73 +87,63 @@ def compute(name: str, what: str, model: str | None, device: str, args: tuple, l
     return heavy.run(name, model, device, args, bundle, what, progress)
 
 
-def run_attention(model: str, device: str, src: str, tgt: str | None, words: bool = False) -> api.AttentionExport:
-    """Every attention map for a sentence (over words with ``words``), cached: changing layer, head
-    or view does not rerun it."""
-    return _run_attention(model, device, src, tgt, bool(words))  # every argument given: one cache key per run
-
-
-@budgeted("Running the model…")
-def _run_attention(model: str, device: str, src: str, tgt: str | None, words: bool) -> api.AttentionExport:
-    light = is_light(model, device, src, tgt)
-    return compute("attention", "Running the model", model, device, (src, tgt, words), light)
-
-
-@budgeted("Recording queries and keys…")
-def run_queries_keys(model: str, device: str, src: str, tgt: str | None) -> dict:
-    """Every head's query and key vectors, per kind (L, H, n, d_k); cached like the maps."""
-    light = is_light(model, device, src, tgt)
-    return compute("queries_keys", "Recording queries and keys", model, device, (src, tgt), light)
-
-
-@budgeted("Computing the scores…")
-def run_scores(model: str, device: str, src: str, tgt: str | None) -> dict:
-    """Scaled scores before the softmax, per kind (L, H, Q, K); cached like the maps."""
-    light = is_light(model, device, src, tgt)
-    return compute("scores", "Computing the scores", model, device, (src, tgt), light)
-
-
-@budgeted("Running the model…")
-def run_forward_pass(model: str, device: str, src: str, tgt: str | None) -> api.ForwardPass:
-    """Every intermediate tensor of one forward pass, cached: moving between stages does not rerun it."""
-    light = is_light(model, device, src, tgt)
-    return compute("forward_pass", "Running the model", model, device, (src, tgt), light)
-
-
-@budgeted("Decoding…")
-def run_decoding(model: str, device: str, src: str, beam: int, tgt: str | None, top_k: int = 8):
-    """The step-through of one decoding (greedy, beam search or teacher-forced), cached. Beam search is heavy."""
-    light = is_light(model, device, src, tgt) and beam == 1
-    return compute("decoding", "Decoding", model, device, (src, beam, tgt, top_k), light)
-
-
-@budgeted("Computing the contributions…")
-def run_attribution(
-    model: str, device: str, src: str, tgt: str | None, method: str, position: int | None, words: bool
-) -> api.AttentionExport:
-    """A contribution method's arrays for a sentence (``attnviz.attribute``), cached per method, position and units."""
-    is_light(model, device, src, tgt)  # the size bound
-    args = (src, tgt, method, position, words)
-    return compute("attribution", "Computing the contributions", model, device, args)
-
-
-@budgeted("Running the model with those heads switched off…")
-def run_ablation(
-    model: str, device: str, src: str, tgt: str | None, ablate: str, mode: str, words: bool
-) -> api.AblationComparison:
-    """Intact and ablated model side by side; ``ablate`` in text form (``cross:1.2,...``), cached."""
+def _queued(model: str, device: str, src: str, tgt: str | None = None) -> bool:
+    """Always queued, but a text over ATTNVIZ_MAX_TOKENS is refused first (:func:`is_light`)."""
     is_light(model, device, src, tgt)
-    args = (src, tgt, ablate, mode, words)
-    return compute("ablation", "Running the model with those heads switched off", model, device, args)
+    return False
 
 
-@budgeted("Switching every head off in turn…")
-def run_importance(
-    model: str, device: str, sentences: tuple[str, ...], references: tuple[str, ...] | None
-) -> api.HeadImportance:
-    """Every head's importance over the sentences (and references), cached on the texts."""
-    args = (tuple(sentences), None if references is None else tuple(references))
-    return compute("importance", "Switching every head off in turn", model, device, args)
+def _short_ids(model: str, device: str, src_ids: tuple, tgt_ids: tuple | None, *_) -> bool:
+    return max(len(src_ids), len(tgt_ids or ())) <= _tokens_setting("ATTNVIZ_LIGHT_TOKENS", LIGHT_TOKENS)
+
+
+# Each job of attnviz.jobs.JOBS the pages compute: what the visitor reads while it runs, and when it
+# runs in place (a rule on the job's arguments) instead of through the queue (None: always queued).
+JOB_RULES: dict[str, tuple[str, Callable[..., bool] | None]] = {
+    "attention": ("Running the model", lambda m, d, src, tgt, words: is_light(m, d, src, tgt)),
+    "scores": ("Computing the scores", is_light),
+    "queries_keys": ("Recording queries and keys", is_light),
+    "forward_pass": ("Running the model", is_light),
+    "decoding": ("Decoding", lambda m, d, src, beam, tgt, top_k: beam == 1 and is_light(m, d, src, tgt)),
+    "attribution": ("Computing the contributions", lambda m, d, src, tgt, *_: _queued(m, d, src, tgt)),
+    "ablation": ("Running the model with those heads switched off", lambda m, d, src, tgt, *_: _queued(m, d, src, tgt)),
+    "importance": ("Switching every head off in turn", None),
+    "head_map": ("Computing the map", _short_ids),
+    "pattern": ("Running the encoder with the pattern, then decoding", lambda m, d, src, *_: is_light(m, d, src)),
+    "permutation": ("Shuffling the sentence and running the encoder", lambda m, d, src, *_: is_light(m, d, src)),
+    "timing": ("Timing self-attention and a GRU", None),
+}
+
+
+def _canonical(name: str, args: tuple) -> tuple:
+    """``args`` with the job's defaults filled in: one cache key however a page spells the call."""
+    bound = inspect.signature(jobs.JOBS[name]).bind(None, *args)
+    bound.apply_defaults()
+    return tuple(bound.arguments.values())[1:]
+
+
+def computed(name: str, model: str | None, device: str, *args) -> Any:
+    """Job ``name`` of :data:`attnviz.jobs.JOBS` on ``model`` with ``args``: what every page computes.
+
+    Kept for every session under the byte budget (:data:`RESULTS`), keyed on the strings and
+    numbers given, so a widget change never reruns the model. A short input runs in place; the
+    rest is queued, bounded and run in a worker process (:func:`compute`). The result is shared
+    and read-only. ``model`` is None for a job that takes none (``timing``).
+    """
+    args = _canonical(name, args)
+    what, rule = JOB_RULES[name]
+
+    def make() -> Any:
+        with st.spinner(f"{what}…"):
+            light = rule is not None and model is not None and rule(model, device, *args)
+            return compute(name, what, model, device, args, light)
+
+    return RESULTS.get(("computed", name, model, device, args), make)
+
+
+def forget(name: str) -> None:
+    """Drop every kept result of job ``name`` (the timing lesson's "Measure again")."""
+    RESULTS.drop(lambda key: key[:2] == ("computed", name))
 
 
 def shared(kind: str, key: tuple, build: Callable[[], T]) -> T:
@@ -241,12 +203,3 @@ def open_atlas(typed: str) -> api.Atlas:
         ) from None
     manifest = folder / "manifest.json"
     return _read_atlas(str(folder), manifest.stat().st_mtime if manifest.is_file() else 0.0)
-
-
-@budgeted(False)
-def run_head_map(
-    model: str, device: str, src_ids: tuple[int, ...], tgt_ids: tuple[int, ...] | None, kind: str, layer: int, head: int
-) -> np.ndarray:
-    """One head's map for one sentence's exact inputs (Q, K), cached."""
-    light = max(len(src_ids), len(tgt_ids or ())) <= _tokens_setting("ATTNVIZ_LIGHT_TOKENS", LIGHT_TOKENS)
-    return compute("head_map", "Computing the map", model, device, (src_ids, tgt_ids, kind, layer, head), light)
