@@ -324,3 +324,26 @@ def test_a_waiting_visitor_sees_the_place_then_the_seconds_redrawn_only_when_the
     assert drawn[1].endswith("1 computation ahead of this one (this server runs 1 at once).")
     assert drawn[2].startswith("Computing the atlas: running, ") and "stops a computation after 90 s" in drawn[2]
     assert drawn[3:] == [None]
+
+
+def test_two_messages_written_at_once_are_both_read():
+    """The pipe is read with os.read: a buffered reader took the second message into its buffer, where
+    select() could not see it, and the job then waited for its time bound."""
+    read_end, write_end = os.pipe()
+
+    class Proc:
+        stdout = os.fdopen(read_end, "rb")  # buffered, as subprocess.PIPE gives it
+
+        def poll(self):
+            return None
+
+    os.write(write_end, framed(("progress", 1, 2), ("done", "result")))
+    worker = heavy.Worker()
+    worker.proc = Proc()
+    try:
+        deadline = time.monotonic() + 5
+        assert worker._next(deadline, tick=lambda: None) == ("progress", 1, 2)
+        assert worker._next(deadline, tick=lambda: None) == ("done", "result")
+    finally:
+        os.close(write_end)
+        Proc.stdout.close()

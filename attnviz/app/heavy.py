@@ -148,8 +148,9 @@ class Worker:
             if left <= 0:  # checked before every message: an atlas's progress must not keep it alive
                 raise TimeoutError
             ready, _, _ = select.select([fd], [], [], min(POLL_S, left))
-            if ready:
-                message = jobs.receive(self.proc.stdout.read)
+            if ready:  # read the pipe itself: a buffered reader could take the next message into its buffer,
+                # where select() cannot see it
+                message = jobs.receive(lambda n: os.read(fd, n))
                 if message is None:
                     status = self.proc.wait()
                     self.kill()
@@ -171,17 +172,17 @@ class Worker:
         progress: Callable[[int, int], None] | None,
         tick: Callable[[], None],
     ) -> Any:
-        if self.proc is None or self.proc.poll() is not None:
-            self._start()
         settings = {k: v for k, v in os.environ.items() if k.startswith("ATTNVIZ_")}
-        jobs.send(self.proc.stdin, ("job", name, model, device, args, settings))
-        deadline = time.monotonic() + seconds
         try:
+            if self.proc is None or self.proc.poll() is not None:
+                self._start()
+            jobs.send(self.proc.stdin, ("job", name, model, device, args, settings))
+            deadline = time.monotonic() + seconds
             while (message := self._next(deadline, tick))[0] == "progress":
                 if progress is not None:
                     progress(*message[1:])  # a page's progress bar: a stopped script raises here
         except BaseException:
-            self.kill()  # it overran, died, or the visitor left: a fresh worker takes the next job
+            self.kill()  # it hung starting, overran, died, or the visitor left: a fresh worker takes the next job
             raise
         if message[0] == "error":  # the job's own error, such as a text too long: the worker is fine
             raise message[1]
