@@ -1,12 +1,12 @@
 """The linear layers' matrix multiply: oneDNN's kernel on x86-64 CPUs at inference, else ``F.linear``.
 
-Why: on CPU, torch's ``F.linear`` calls MKL, which picks its kernels by processor vendor. On the
-2-core AMD EPYC (Zen 4, with AVX-512) this project is tested on, MKL's float32 products ran at
-100-170 GFLOP/s and oneDNN's at 290-430 GFLOP/s, for the base model's shapes (64 or 256 rows by
-512, 1536, 2048 or 8000 columns). oneDNN ships inside every x86-64 torch wheel and picks the widest
-vector unit the processor has; ``mkldnn::_linear_pointwise`` is the kernel torch.compile's CPU
-backend uses for frozen linear layers, called here directly. ``benchmarks/bench_forward.py`` prints
-the effect on a whole forward pass, and the same pass with oneDNN off.
+Why: on CPU, torch's ``F.linear`` calls MKL, which picks its kernels by processor vendor: on some
+processors its float32 products run at a fraction of oneDNN's speed for the base model's shapes
+(docs/benchmarks.md has the figures and names the CPUs). oneDNN ships inside every x86-64 torch
+wheel and picks the widest vector unit the processor has; ``mkldnn::_linear_pointwise`` is the
+kernel torch.compile's CPU backend uses for frozen linear layers, called here directly.
+``benchmarks/bench_forward.py`` prints the effect on a whole forward pass, and the same pass with
+oneDNN off.
 
 It is the same float32 arithmetic summed in a different order: results equal ``F.linear``'s to
 about 1e-6 relative (``tests/test_linear.py``). oneDNN is used only where all of these hold:
@@ -14,8 +14,7 @@ about 1e-6 relative (``tests/test_linear.py``). oneDNN is used only where all of
 - a CPU float32 input and weight, on an x86-64 torch built with oneDNN;
 - no gradient is being recorded: the kernel has no backward, so training always takes ``F.linear``;
 - the product is large enough, (rows x out x in) >= ``MIN_WORK``: each oneDNN call costs about 25 us
-  more than MKL's, which only pays off above about 2 million multiply-adds (measured: a 64 x 128
-  by 128 x 128 product is 1.5x slower in oneDNN, a 64 x 512 by 512 x 512 one 1.8x faster);
+  more than MKL's, which only pays off above about 2 million multiply-adds (docs/benchmarks.md);
 - input and weight are contiguous (a strided weight is re-laid out on every call);
 - no ``torch.autocast`` region is active on the CPU: there ``F.linear`` runs, so that autocast
   casts the product to bfloat16 (``attnviz atlas --precision bf16``); calling oneDNN's float32
@@ -26,9 +25,8 @@ Under ``torch.autocast("cpu", dtype=torch.bfloat16)`` a :class:`Linear` layer ru
 kernel instead, on the same conditions otherwise, from a bfloat16 copy of its weight and bias made
 once and kept while they are unchanged: autocast would cast every weight again on every call. The
 product is autocast's (bfloat16 operands, float32 sums, a bfloat16 result), and the activation is
-applied before the result is rounded to bfloat16 rather than after. On the base model (2-core Intel
-Xeon with AMX) a forward pass in bf16 took 0.86-0.89 of autocast's time. The copies cost 2 bytes per
-weight, only where bf16 ran.
+applied before the result is rounded to bfloat16 rather than after (docs/benchmarks.md has its
+speed against autocast's). The copies cost 2 bytes per weight, only where bf16 ran.
 
 Should oneDNN ever refuse a product, ``F.linear`` computes it and every later one, with a warning.
 """
