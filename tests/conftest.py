@@ -171,3 +171,19 @@ def open_app(page: str = "app.py", model: str | None = None):
     if page != "app.py":
         at.switch_page(page).run()
     return at
+
+
+def open_from_link(page: str, params: dict, timeout: float = 120):
+    """An AppTest of the app opened from a link: ``params`` in the address bar, then ``page``.
+
+    A browser runs the linked page first; AppTest starts from app.py, whose sidebar reads the
+    sidebar's parameters, then switches to ``page`` with the same address.
+    """
+    from streamlit.testing.v1 import AppTest
+
+    at = AppTest.from_file("../app.py", default_timeout=timeout)
+    at.query_params.update(params)
+    at.run()
+    if page != "app.py":
+        at.switch_page(page).run()
+    return at

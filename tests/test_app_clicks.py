@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import pytest
-from conftest import open_app
+from conftest import open_app, open_from_link
 from streamlit.testing.v1 import AppTest
 
 from attnviz import api
@@ -127,10 +127,7 @@ def test_the_teaching_tabs_step_with_their_buttons(page, key):
 )
 def test_whole_numbers_out_of_range_in_a_link_are_set_aside(page, params):
     """Streamlit's own reading of 1e309 for a whole-number box raised OverflowError: the page crashed."""
-    at = AppTest.from_file("../app.py", default_timeout=120)
-    at.query_params.update(params)
-    at.run()
-    at.switch_page(page).run()
+    at = open_from_link(page, params)
     assert_ok(at)
     key, value = list(params.items())[-1]
     assert any(f"{key}='{value}'" in n for n in notices(at)), notices(at)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import re
 
 import pytest
+from conftest import open_from_link
 from streamlit.testing.v1 import AppTest
 
 from attnviz.app import registry
@@ -53,11 +54,7 @@ def shown_texts(at: AppTest) -> list[str]:
 def test_a_crafted_link_shows_no_link_or_image_on_any_page(page):
     params = {key: LINK for key in ("src", "tgt", "cmp_src", "at_folder", "at_pasted", "wt_stage", "model_path")}
     params.update({"head": IMAGE, "layer": HTML, "kind": IMAGE, "view": LINK, "contrast": IMAGE})
-    at = AppTest.from_file("../app.py", default_timeout=120)
-    at.query_params.update(params)
-    at.run()
-    if page != "app.py":
-        at.switch_page(page).run()
+    at = open_from_link(page, params)
     assert not at.exception, [e.value for e in at.exception]
     texts = [t for t in shown_texts(at) if "evil.example" in t]
     for text in texts:

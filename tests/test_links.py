@@ -13,7 +13,7 @@ import os
 from pathlib import Path
 
 import pytest
-from streamlit.testing.v1 import AppTest
+from conftest import open_from_link
 
 GOLDEN = Path(__file__).parent / "golden" / "links.json"
 
@@ -45,11 +45,7 @@ def link_id(page: str, params: dict) -> str:
 
 def opened(page: str, params: dict) -> dict:
     """What the app shows when ``params`` are in the address bar and ``page`` is opened."""
-    at = AppTest.from_file("../app.py", default_timeout=180)
-    at.query_params.update(params)
-    at.run()
-    if page != "app.py":
-        at.switch_page(page).run()
+    at = open_from_link(page, params, timeout=180)
     assert not at.exception, [e.value for e in at.exception]
     notices = [t.proto.body for t in at.get("toast")]
     charts = [json.loads(chart.proto.spec) for chart in at.get("plotly_chart")]
