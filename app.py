@@ -2,26 +2,12 @@
 
 import streamlit as st
 
-from attnviz.app import (
-    clearest_head,
-    computed,
-    domain_notice,
-    footer,
-    load_bundle,
-    registry,
-    show_error,
-    sidebar,
-    truncation_notice,
-    views,
-)
-from attnviz.app.present import page_config, room
-from attnviz.app.widgets import escape_markdown
+from attnviz.app import domain_notice, truncation_notice, views
+from attnviz.app.frame import Context, frame
+from attnviz.app.present import room
+from attnviz.app.registry import PAGES
+from attnviz.app.widgets import escape_markdown, guarded
 from attnviz.kinds import TITLES, allowed
-
-page_config("")
-choices = sidebar()
-
-st.title("attnviz: attention in the Transformer")
 
 PROSE = """
 attnviz shows the attention of the encoder-decoder Transformer of *Attention Is All You Need*
@@ -41,7 +27,7 @@ Wiegreffe & Pinter, 2019). Read maps as what the model computed, not as why it d
 """
 
 
-def show_teaser(choices) -> None:
+def show_teaser(ctx: Context) -> None:
     """The first screen: the model's clearest head for the sidebar's sentence, with one line on how to read it.
 
     Cross-attention (where the decoder looks) when the model has a decoder, else the encoder's
@@ -50,17 +36,11 @@ def show_teaser(choices) -> None:
     heading, picture = st.container(), st.container()
     words_column, contrast_column = st.columns([1, 3])
     words, contrast = views.words_and_contrast(words_column, contrast_column)
-    try:
-        export = computed("attention", choices.model, choices.device, choices.src, choices.tgt, words)
-        kind, layer, head = clearest_head(choices.model, choices.device)
-        bundle = load_bundle(choices.model, choices.device)
-    except Exception as e:  # noqa: BLE001 - the user sees a message, never a traceback
-        show_error(e)
-        return
+    export, (kind, layer, head), bundle = ctx.export(words), ctx.clearest_head(), ctx.bundle
     with heading:
         truncation_notice(export)
-        domain_notice(choices)
-        source = escape_markdown(choices.src)
+        domain_notice(ctx.choices)
+        source = escape_markdown(ctx.choices.src)
         if kind == "cross":
             output = escape_markdown(bundle.tokenizer.decode(export.tgt_ids[1:].tolist())) or "(nothing)"
             st.markdown(f"**{source}** → **{output}**")
@@ -77,18 +57,22 @@ def show_teaser(choices) -> None:
             )
     title = f"{TITLES[kind]}, layer {layer}, head {head}"
     matrix = getattr(export, kind)[layer - 1, head - 1]
-    shown = ("home", choices.model, choices.device, choices.src, choices.tgt, words)  # what the map depends on
+    shown = ("home", *ctx.key, words)  # what the map depends on
     mask = allowed(kind, *matrix.shape)
     rows, columns = views.row_labels(export, kind), export.tokens(kind)[1]
     fig = views.one_head(shown, matrix, rows, columns, kind, contrast, mask, title)
     picture.plotly_chart(room(fig), width="stretch")
 
 
-if choices is not None:
-    show_teaser(choices)
-st.markdown(PROSE)
-st.subheader("Pages")
-for page in registry.PAGES[1:]:
-    st.page_link(page.path, label=page.title, icon=page.icon)
-    st.caption(page.description)
-footer()
+def body(ctx: Context) -> None:
+    """The teaser when a model is chosen, then how to read a map and the pages."""
+    if ctx.ready:
+        guarded(lambda: show_teaser(ctx))  # a failing teaser leaves the rest of the page standing
+    st.markdown(PROSE)
+    st.subheader("Pages")
+    for page in PAGES[1:]:
+        st.page_link(page.path, label=page.title, icon=page.icon)
+        st.caption(page.description)
+
+
+frame(body, needs_model=False)

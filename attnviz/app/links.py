@@ -17,6 +17,7 @@ import streamlit as st
 from streamlit.runtime.scriptrunner import get_script_run_ctx
 from streamlit.runtime.state.session_state_proxy import get_session_state
 
+from attnviz.app.guard import guarded
 from attnviz.app.text import escape_markdown
 
 LINK_STATE = "_link"  # session key: the link's parameters at the start of this run, and how bound widgets show values
@@ -121,7 +122,7 @@ def lazy_tabs(key: str, tabs: Mapping[str, Callable[[], None]]) -> None:
     for tab, draw in zip(bound(st.tabs, names, key=key), tabs.values(), strict=True):
         if tab.open:
             with tab:
-                draw()
+                guarded(draw)
 
 
 def _as_url(value, shown: Callable) -> set[str]:

@@ -18,6 +18,7 @@ class Page:
     title: str
     icon: str  # a Material icon: they ship with Streamlit, so they render offline in any browser
     description: str  # one line on the home page
+    heading: str = ""  # the title on the page itself, when it is not ``title``
 
     @property
     def url_path(self) -> str:
@@ -26,7 +27,13 @@ class Page:
 
 
 PAGES = (
-    Page("app.py", "Home", ":material/home:", "what attnviz shows, how to read a map, and where the decoder looks."),
+    Page(
+        "app.py",
+        "Home",
+        ":material/home:",
+        "what attnviz shows, how to read a map, and where the decoder looks.",
+        heading="attnviz: attention in the Transformer",
+    ),
     Page(
         "pages/explorer.py",
         "Attention explorer",
@@ -49,6 +56,7 @@ PAGES = (
         ":material/play_circle:",
         "greedy or beam search one token at a time: the top candidates, where every head of the decoder looks "
         "at each step, and the alignment growing row by row; teacher forcing with a target sentence.",
+        heading="Decoding, step by step",
     ),
     Page(
         "pages/beyond.py",
@@ -81,6 +89,7 @@ PAGES = (
         "equation 1 by hand on a 3-token example you can edit, why the scores are divided by sqrt(d_k), the "
         "padding and subsequent masks, the shapes of multi-head attention, why self-attention without positions "
         "is a bag of tokens (shown on the loaded model), and the learning-rate schedule.",
+        heading="The mechanics of attention",
     ),
     Page(
         "pages/variants.py",
@@ -105,5 +114,6 @@ PAGES = (
         "section 3.5's claim that PE(pos + k) is a linear function (a rotation) of PE(pos): the matrix M_k, the "
         "angle-addition identities, least-squares fits for sinusoidal, random and learned tables, and where "
         "floating point makes it break.",
+        heading="Relative positions are linear maps",
     ),
 )

@@ -2,34 +2,17 @@
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Callable
 
 import pandas as pd
 import streamlit as st
 
+from attnviz.app.guard import guarded, show_error  # noqa: F401 - pages and tests import them from here
 from attnviz.app.links import bound
 from attnviz.app.text import escape_markdown
-from attnviz.errors import AttnvizError, InputError
+from attnviz.errors import InputError
 from attnviz.export import AttentionExport
 from attnviz.lessons import positional as pe
-
-log = logging.getLogger(__name__)
-
-
-def show_error(e: Exception) -> None:
-    """A clear message for the people using the app, never a traceback, and never a server's secrets.
-
-    A visitor sees :attr:`AttnvizError.public`, which names no server path and quotes nothing read
-    from a file; the full message, and the traceback of an error nobody foresaw, go to the server's log.
-    """
-    if isinstance(e, AttnvizError):
-        st.error(escape_markdown(e.public))  # it may quote what a visitor typed: shown as text, never as markdown
-        if e.public != str(e):
-            log.warning("shown to a visitor as %r: %s", e.public, e)
-    else:
-        log.error("unexpected error in the app", exc_info=e)
-        st.error(f"Something went wrong ({type(e).__name__}); the details are in the server's log.")
 
 
 def number_table(table: pd.DataFrame, fmt: str = "{:.4f}", columns=None) -> pd.DataFrame:

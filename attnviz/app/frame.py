@@ -1,0 +1,123 @@
+"""The frame every page is drawn in, and the context a page's body receives.
+
+A page is a file in ``pages/`` (the home page is ``app.py``), one line in
+:mod:`attnviz.app.registry`, and a body::
+
+    from attnviz.app.frame import Context, frame
+
+    def body(ctx: Context) -> None:
+        st.markdown(f"{ctx.bundle.name} reads {ctx.choices.src}")
+
+    frame(body)
+
+:func:`frame` does everything else, the same way on every page: the page's configuration (its
+title and icon from the registry, presenter mode), the shared sidebar, the page's title and
+introduction, one guard that turns any error into a clear message (never a traceback), and the
+footer. It is a call each page file makes, not ``st.navigation`` over the registry: with the
+design card's ``pages/`` folder, a server's first run after a restart, a deep link opened first
+and AppTest all run a page file on its own, and a call at the top of that file runs in each of
+them (see the facts on Streamlit's ``pages/`` folder in the architecture notes).
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import streamlit as st
+
+from attnviz.app import present, registry
+from attnviz.app.cache import clearest_head, computed, load_bundle
+from attnviz.app.links import footer
+from attnviz.app.session import Choices, sidebar
+from attnviz.app.widgets import guarded
+
+
+@dataclass(frozen=True)
+class Context:
+    """What a page's body receives: the sidebar's choices, and the loaded model and its maps on demand.
+
+    ``choices`` is None when the sidebar's choices cannot be used (no model, or one that failed to
+    load: the sidebar has said why). Everything else is computed when first asked for, from the
+    caches every session shares, so a page pays only for what it shows.
+    """
+
+    choices: Choices | None
+
+    @property
+    def ready(self) -> bool:
+        """Whether there is a model and a sentence to show."""
+        return self.choices is not None
+
+    @property
+    def key(self) -> tuple[str, str, str, str | None]:
+        """(model, device, source, target): what every map of the sidebar's sentence depends on."""
+        c = self._chosen()
+        return c.model, c.device, c.src, c.tgt
+
+    @property
+    def model(self) -> str:
+        return self._chosen().model
+
+    @property
+    def device(self) -> str:
+        return self._chosen().device
+
+    @property
+    def bundle(self):
+        """The loaded model (an :class:`attnviz.api.Bundle`), shared by every session: never change it."""
+        return load_bundle(self.model, self.device)
+
+    def export(self, words: bool = False):
+        """The attention maps of the sidebar's sentence (an :class:`attnviz.export.AttentionExport`);
+        ``export(...).tokens(kind)`` names the rows and columns of ``kind``'s maps."""
+        return computed("attention", *self.key, words)
+
+    def on_text(self, job: str, *args: Any) -> Any:
+        """Job ``job`` (:data:`attnviz.jobs.JOBS`) on the sidebar's sentence: ``job(model, src, tgt, *args)``."""
+        return computed(job, *self.key, *args)
+
+    def on_model(self, job: str, *args: Any) -> Any:
+        """Job ``job`` on the loaded model with other inputs than the sidebar's sentence."""
+        return computed(job, self.model, self.device, *args)
+
+    def clearest_head(self) -> tuple[str, int, int]:
+        """(kind, layer, head) of the model's clearest head, where pickers open."""
+        return clearest_head(self.model, self.device)
+
+    def _chosen(self) -> Choices:
+        if self.choices is None:
+            raise RuntimeError("this page part needs a model: check Context.ready first")
+        return self.choices
+
+
+def page_of(body: Callable) -> registry.Page:
+    """The registry's entry for the file that defines ``body``."""
+    parts = Path(inspect.getsourcefile(body) or "").resolve().parts
+    for page in registry.PAGES:
+        own = Path(page.path).parts
+        if parts[-len(own) :] == own:
+            return page
+    raise LookupError(f"{'/'.join(parts[-2:])} is not in attnviz.app.registry.PAGES: add its line there")
+
+
+def frame(body: Callable[[Context], None], intro: str = "", prose: bool = False, needs_model: bool = True) -> None:
+    """Draw one page: configuration, sidebar, title, ``intro``, ``body(context)`` in the guard, footer.
+
+    ``intro`` is shown under the title except in presenter mode (:func:`attnviz.app.present.intro`),
+    as a paragraph with ``prose``, else as a caption. With ``needs_model`` (the default) the body
+    runs only when the sidebar's choices are usable; otherwise it runs always and checks
+    :attr:`Context.ready` where it needs the model.
+    """
+    page = page_of(body)
+    present.page_config(page.title if page.url_path else "", page.icon)
+    choices = sidebar()
+    st.title(page.heading or page.title)
+    if intro:
+        present.intro(intro, prose=prose)
+    if choices is not None or not needs_model:
+        guarded(lambda: body(Context(choices)))
+    footer()
