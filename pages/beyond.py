@@ -1,37 +1,23 @@
 """Beyond the weights: contribution methods beside the weights, heads switched off, and head importance."""
 
 import html
+from dataclasses import dataclass
 
 import streamlit as st
 
 from attnviz import analysis
-from attnviz.app import (
-    bound,
-    clamp_state,
-    clearest_head,
-    computed,
-    domain_notice,
-    footer,
-    load_bundle,
-    sentence_pairs,
-    shared,
-    show_error,
-    sidebar,
-    truncation_notice,
-    views,
-)
-from attnviz.app.present import intro, page_config, picture_area, room
-from attnviz.app.widgets import escape_markdown
+from attnviz.app import bound, clamp_state, domain_notice, sentence_pairs, shared, truncation_notice, views
+from attnviz.app.frame import Context, frame
+from attnviz.app.present import picture_area, room
+from attnviz.app.widgets import escape_markdown, guarded
+from attnviz.export import AttentionExport
 from attnviz.figures.common import export_config
 from attnviz.figures.contributions import contribution_heatmap, importance_grid, relevance_bars
 from attnviz.kinds import KINDS, TITLES, allowed
 from attnviz.methods import METHODS
 from attnviz.methods.ablation import MODES, Ablation, all_heads, expand_layers, whole_layers
 
-page_config("beyond the weights")
-choices = sidebar()
-st.title("Beyond the weights")
-intro(
+INTRO = (
     "A weight says how much of a value vector is mixed in, not what that token contributes (Jain & Wallace, "
     "2019). Here: four methods that take more of the model into account, beside the weights of the same layer "
     "and head; the model with heads switched off; and how much each head matters for the output."
@@ -56,12 +42,46 @@ def apply_importance_click(kind: str) -> None:
         st.session_state["bw_kind"], st.session_state["bw_layer"], st.session_state["bw_head"] = kind, layer, head
 
 
-def method_section(picture, export, pieces, kinds: list[str], words: bool, contrast: str) -> tuple[str, int, int]:
-    """Weights and a method side by side; returns the kind, layer and head chosen (from 1).
+@dataclass(frozen=True)
+class Asked:
+    """What the method section shows, as keys only: a method at a decoder position, and one kind, layer and
+    head (from 1) of the maps over pieces or words. It holds no arrays: the downloads' closures hold it, and
+    Streamlit keeps a closed tab's session (and its download callables) for a while; the arrays come back
+    from the cache on a click."""
+
+    ctx: Context
+    method: str
+    position: int | None
+    words: bool
+    kind: str
+    layer: int
+    head: int
+
+    @property
+    def spec(self):
+        return METHODS[self.method]
+
+    def result(self):
+        """The method's maps (an :class:`attnviz.methods.Attribution`), from the cache or computed."""
+        return self.ctx.on_text("attribution", self.method, self.position, self.words)
+
+    @property
+    def shown(self) -> tuple:
+        """What the maps show: the figures' cache key."""
+        return (*self.ctx.key, self.words, self.kind, self.layer, self.head)
+
+    @property
+    def stem(self) -> str:
+        return f"{self.ctx.model.replace('/', '_')}-{self.kind}-L{self.layer}"
+
+
+def method_controls(
+    ctx: Context, export: AttentionExport, pieces: AttentionExport, kinds: list[str], words: bool
+) -> Asked:
+    """The method section's heading and controls: the method, the kind, layer and head, and the position.
 
     ``export`` holds the maps as shown (over words with ``words``), ``pieces`` over pieces: a
-    prediction is explained at a decoder piece, as the model writes them. The two maps go into
-    ``picture`` (:func:`~attnviz.app.present.picture_area`).
+    prediction is explained at a decoder piece, as the model writes them.
     """
     st.header("The weights beside a contribution method")
     methods = [name for name, m in METHODS.items() if not (m.needs_decoder and export.tgt_ids is None)]
@@ -75,10 +95,9 @@ def method_section(picture, export, pieces, kinds: list[str], words: bool, contr
     default = kinds.index("cross") if "cross" in kinds else 0  # where the decoder looks, when there is one
     captions = [TITLES[k] for k in kinds]
     kind = bound(st.radio, "Attention", kinds, index=default, captions=captions, horizontal=True, key="bw_kind")
-    maps = getattr(export, kind)  # (L, H, Q, K)
-    L, H = maps.shape[:2]
+    L, H = getattr(export, kind).shape[:2]  # (L, H, Q, K)
     columns = st.columns([1, 1, 3])
-    clearest = clearest_head(choices.model, choices.device)
+    clearest = ctx.clearest_head()
     layer, head = views.layer_and_head(columns, kind, L, H, clearest, keys=("bw_layer", "bw_head"), keyboard=False)
     position = None
     if spec.uses_position:
@@ -92,30 +111,30 @@ def method_section(picture, export, pieces, kinds: list[str], words: bool, contr
             format_func=lambda t: f"{t}: input {pieces.tgt_tokens[t]}, predicting the next token",
             key="bw_position",
         )
-    asked = (choices.model, choices.device, choices.src, choices.tgt, method, position, words)
-    try:
-        result = computed("attribution", *asked)
-    except Exception as e:  # noqa: BLE001 - the user sees a message, never a traceback
-        show_error(e)
-        return kind, layer, head
+    return Asked(ctx, method, position, words, kind, layer, head)
 
+
+def method_section(picture, asked: Asked, export: AttentionExport, contrast: str) -> None:
+    """The weights and the method's map side by side (in ``picture``, see
+    :func:`~attnviz.app.present.picture_area`), the relevance of a prediction, and the downloads."""
+    result = asked.result()
+    spec, kind, layer, head, method = asked.spec, asked.kind, asked.layer, asked.head, asked.method
     q_tokens, k_tokens = export.tokens(kind)  # the table's; the figures name decoder rows by what they write
     rows = views.row_labels(export, kind)
     mask = allowed(kind, len(q_tokens), len(k_tokens))
     values = getattr(result, kind)
     matrix = values[layer - 1, head - 1] if spec.per_head else values[layer - 1]
     left, right = picture.columns(2)
-    stem = f"{choices.model.replace('/', '_')}-{kind}-L{layer}"
-    shown = (choices.model, choices.device, choices.src, choices.tgt, words, kind, layer, head)  # what maps show
     with left:
         title = f"Weights, layer {layer}, head {head}"
-        fig = views.one_head(("beyond", *shown), maps[layer - 1, head - 1], rows, k_tokens, kind, contrast, mask, title)
-        st.plotly_chart(room(fig), width="stretch", config=export_config(f"{stem}H{head}-weights", "png"))
+        weights = getattr(export, kind)[layer - 1, head - 1]
+        fig = views.one_head(("beyond", *asked.shown), weights, rows, k_tokens, kind, contrast, mask, title)
+        st.plotly_chart(room(fig), width="stretch", config=export_config(f"{asked.stem}H{head}-weights", "png"))
     with right:
         which = f"layer {layer}, head {head}" if spec.per_head else f"layer {layer}, all heads"
         fig = shared(
             "beyond-method",
-            (*shown, method, position),
+            (*asked.shown, method, asked.position),
             lambda: contribution_heatmap(
                 matrix,
                 rows,
@@ -127,30 +146,37 @@ def method_section(picture, export, pieces, kinds: list[str], words: bool, contr
                 zmax=1.0 if spec.shares else None,
             ),
         )
-        st.plotly_chart(room(fig), width="stretch", config=export_config(f"{stem}-{method}", "png"))
+        st.plotly_chart(room(fig), width="stretch", config=export_config(f"{asked.stem}-{method}", "png"))
         if not spec.per_head:
             st.caption("This method gives one map per layer: the heads together, not the head chosen on the left.")
     if "position" in result.manifest:
-        explained = (
-            f"'{result.manifest['predicted_token']}' predicted at decoder position {result.manifest['position']}"
-        )
-        fig = shared(
-            "beyond-relevance",
-            (*shown[:5], method, position),
-            lambda: relevance_bars(
-                export.src_tokens,
-                result.extras["source_relevance"],
-                export.tgt_tokens,
-                result.extras["target_relevance"],
-                html.escape(explained, quote=False),
-            ),
-        )
-        st.plotly_chart(room(fig), width="stretch")
-    # The downloads' closures hold the keys (asked), not the arrays: Streamlit keeps a closed tab's
-    # session (and its download callables) for a while, and the arrays come back from the cache on a click.
+        relevance(asked, export, result)
+    method_downloads(asked, q_tokens, k_tokens)
+
+
+def relevance(asked: Asked, export: AttentionExport, result) -> None:
+    """How much each source and target token matters for the prediction the method explains."""
+    explained = f"'{result.manifest['predicted_token']}' predicted at decoder position {result.manifest['position']}"
+    fig = shared(
+        "beyond-relevance",
+        (*asked.ctx.key, asked.words, asked.method, asked.position),
+        lambda: relevance_bars(
+            export.src_tokens,
+            result.extras["source_relevance"],
+            export.tgt_tokens,
+            result.extras["target_relevance"],
+            html.escape(explained, quote=False),
+        ),
+    )
+    st.plotly_chart(room(fig), width="stretch")
+
+
+def method_downloads(asked: Asked, q_tokens, k_tokens) -> None:
+    """The CSV of the map shown and the NPZ of every map of the method, both built on a click."""
+    spec, layer, head, method = asked.spec, asked.layer, asked.head, asked.method
 
     def table():
-        values = getattr(computed("attribution", *asked), kind)
+        values = getattr(asked.result(), asked.kind)
         return values[:, None] if not spec.per_head else values
 
     cols = st.columns(2)
@@ -162,22 +188,22 @@ def method_section(picture, export, pieces, kinds: list[str], words: bool, contr
             .to_csv(index=False)
             .encode("utf-8")
         ),
-        f"{stem}-{method}.csv",
+        f"{asked.stem}-{method}.csv",
         "text/csv",
         key="_bw_csv",
     )
     cols[1].download_button(
         f"NPZ of every {spec.title.lower()} array",
-        lambda: computed("attribution", *asked).to_bytes(),
-        f"{choices.model.replace('/', '_')}-{method}.npz",
+        lambda: asked.result().to_bytes(),
+        f"{asked.ctx.model.replace('/', '_')}-{method}.npz",
         "application/octet-stream",
         help=f"The same file as `attnviz attribute --method {method}`: its arrays, ids, tokens and a manifest.",
         key="_bw_npz",
     )
-    return kind, layer, head
 
 
-def ablation_section(bundle, kinds: list[str], kind: str, layer: int, head: int, words: bool, contrast: str) -> None:
+def ablation_controls(bundle, kinds: list[str]) -> tuple[list[str], str]:
+    """The ablation panel's heading and controls: (the heads and layers to switch off, the replacement)."""
     st.header("Switch heads off")
     n_heads = bundle.config.n_heads
     options = whole_layers(bundle.config, kinds) + all_heads(bundle.config, kinds)
@@ -198,34 +224,20 @@ def ablation_section(bundle, kinds: list[str], kind: str, layer: int, head: int,
         "message and loses what depends on the token. The shared model is not modified: the heads are switched "
         "off for this computation only."
     )
+    return chosen, mode
+
+
+def ablation_section(bundle, kinds: list[str], asked: Asked, contrast: str) -> None:
+    """The model with heads switched off beside the intact one: outputs, each step, and the head chosen above."""
+    chosen, mode = ablation_controls(bundle, kinds)
     if not chosen:
         st.info("Choose heads to switch off, or click a cell of the importance grid below.")
         return
-    heads = str(Ablation.parse(",".join(expand_layers(chosen, n_heads))))
-    try:
-        comparison = computed("ablation", choices.model, choices.device, choices.src, choices.tgt, heads, mode, words)
-    except Exception as e:  # noqa: BLE001 - the user sees a message, never a traceback
-        show_error(e)
-        return
+    ctx, kind, layer, head = asked.ctx, asked.kind, asked.layer, asked.head
+    heads = str(Ablation.parse(",".join(expand_layers(chosen, bundle.config.n_heads))))
+    comparison = ctx.on_text("ablation", heads, mode, asked.words)
     if comparison.intact_output is not None:
-        a, b = st.columns(2)
-        a.markdown(f"**Intact model:** {escape_markdown(comparison.intact_output) or '(nothing)'}")
-        changed = comparison.ablated_output != comparison.intact_output
-        n_off = len(Ablation.parse(heads).heads)
-        b.markdown(
-            f"**With {n_off} head{'s' if n_off > 1 else ''} off:** "
-            f"{escape_markdown(comparison.ablated_output) or '(nothing)'} " + ("(changed)" if changed else "(the same)")
-        )
-        st.markdown(
-            "**Step by step**, along the "
-            + ("target sentence" if choices.tgt else "intact model's output")
-            + ": the probability of each token in both models, and each model's most likely tokens."
-        )
-        st.dataframe(
-            comparison.steps.style.format({"p intact": "{:.4f}", "p ablated": "{:.4f}", "change": "{:+.4f}"}),
-            hide_index=True,
-            width="stretch",
-        )
+        ablation_outputs(ctx, comparison, heads)
     q_tokens, k_tokens = comparison.intact.tokens(kind)
     rows = views.row_labels(comparison.intact, kind)
     mask = allowed(kind, len(q_tokens), len(k_tokens))
@@ -233,7 +245,7 @@ def ablation_section(bundle, kinds: list[str], kind: str, layer: int, head: int,
     for column, export, label in ((a, comparison.intact, "intact"), (b, comparison.ablated, "heads off")):
         matrix = getattr(export, kind)[layer - 1, head - 1]
         title = f"{TITLES[kind]}, layer {layer}, head {head}: {label}"
-        shown = ("beyond-ablation", choices.model, choices.device, choices.src, choices.tgt, heads, mode, words)
+        shown = ("beyond-ablation", *ctx.key, heads, mode, asked.words)
         fig = views.one_head((*shown, kind, layer, head), matrix, rows, k_tokens, kind, contrast, mask, title)
         column.plotly_chart(room(fig), width="stretch")
     st.caption(
@@ -242,18 +254,34 @@ def ablation_section(bundle, kinds: list[str], kind: str, layer: int, head: int,
     )
 
 
-def importance_section(bundle, kinds: list[str]) -> None:
-    st.header("Head importance")
-    if bundle.config.encoder_only:
-        st.info(
-            "Head importance measures how much less likely the model's output becomes without a head; this model "
-            "is encoder-only and writes no output."
-        )
-        return
-    examples = bundle.info.get("examples") or [choices.src]
-    if st.session_state.get("bw_imp_for") != choices.model:  # a new model: start from its own examples
+def ablation_outputs(ctx: Context, comparison, heads: str) -> None:
+    """Both models' outputs, and each step's probabilities in both."""
+    a, b = st.columns(2)
+    a.markdown(f"**Intact model:** {escape_markdown(comparison.intact_output) or '(nothing)'}")
+    changed = comparison.ablated_output != comparison.intact_output
+    n_off = len(Ablation.parse(heads).heads)
+    b.markdown(
+        f"**With {n_off} head{'s' if n_off > 1 else ''} off:** "
+        f"{escape_markdown(comparison.ablated_output) or '(nothing)'} " + ("(changed)" if changed else "(the same)")
+    )
+    st.markdown(
+        "**Step by step**, along the "
+        + ("target sentence" if ctx.choices.tgt else "intact model's output")
+        + ": the probability of each token in both models, and each model's most likely tokens."
+    )
+    st.dataframe(
+        comparison.steps.style.format({"p intact": "{:.4f}", "p ablated": "{:.4f}", "change": "{:+.4f}"}),
+        hide_index=True,
+        width="stretch",
+    )
+
+
+def importance_controls(ctx: Context, bundle) -> str | None:
+    """The sentences to measure over and the toggle that measures: the sentences' text, None until measured."""
+    examples = bundle.info.get("examples") or [ctx.choices.src]
+    if st.session_state.get("bw_imp_for") != ctx.model:  # a new model: start from its own examples
         st.session_state["bw_imp_text"] = "\n".join(examples)
-        st.session_state["bw_imp_for"] = choices.model
+        st.session_state["bw_imp_for"] = ctx.model
     text = st.text_area(
         "Sentences, one per line (optionally `source ||| reference`)",
         key="bw_imp_text",
@@ -262,22 +290,32 @@ def importance_section(bundle, kinds: list[str]) -> None:
     )
     cfg = bundle.config
     n_heads = (cfg.n_enc_layers + 2 * cfg.n_dec_layers) * cfg.n_heads
-    if st.session_state.get("bw_imp_on_for") != choices.model:  # small models measure at once, large ones on request
+    if st.session_state.get("bw_imp_on_for") != ctx.model:  # small models measure at once, large ones on request
         st.session_state["bw_imp_on"] = n_heads <= AUTO_IMPORTANCE_HEADS
-        st.session_state["bw_imp_on_for"] = choices.model
-    if not st.toggle(
+        st.session_state["bw_imp_on_for"] = ctx.model
+    measure = st.toggle(
         f"Measure all {n_heads} heads",
         key="bw_imp_on",
         help="Every head is switched off in turn, over every sentence: a few seconds for a small model, "
         "a minute or more for one of the paper's base size.",
-    ):
+    )
+    return text if measure else None
+
+
+def importance_section(ctx: Context, bundle, kinds: list[str]) -> None:
+    """Every head's importance, one grid per kind; a click on a cell switches that head off above."""
+    st.header("Head importance")
+    if bundle.config.encoder_only:
+        st.info(
+            "Head importance measures how much less likely the model's output becomes without a head; this model "
+            "is encoder-only and writes no output."
+        )
         return
-    try:
-        sentences, references = sentence_pairs(text, MAX_IMPORTANCE_SENTENCES)
-        importance = computed("importance", choices.model, choices.device, sentences, references)
-    except Exception as e:  # noqa: BLE001 - the user sees a message, never a traceback
-        show_error(e)
+    text = importance_controls(ctx, bundle)
+    if text is None:
         return
+    sentences, references = sentence_pairs(text, MAX_IMPORTANCE_SENTENCES)
+    importance = ctx.on_model("importance", sentences, references)
     scored = "the references" if references else "the model's own outputs"
     st.caption(
         f"For each head alone switched off (zeroed), the drop in the log-probability of {scored}, in nats per "
@@ -295,7 +333,7 @@ def importance_section(bundle, kinds: list[str]) -> None:
             selected = (layer + 1, head + 1)
         fig = shared(
             "beyond-importance",
-            (choices.model, choices.device, tuple(sentences), tuple(references or ()), kind, selected),
+            (ctx.model, ctx.device, tuple(sentences), tuple(references or ()), kind, selected),
             lambda kind=kind, selected=selected: importance_grid(importance.scores[kind], kind, selected=selected),
         )
         column.plotly_chart(
@@ -307,28 +345,22 @@ def importance_section(bundle, kinds: list[str]) -> None:
         )
 
 
-def main() -> None:
-    if choices is None:
-        return
+def body(ctx: Context) -> None:
+    """A method beside the weights, heads switched off, and every head's importance."""
     picture = picture_area()  # the weights beside a method: under the title in presenter mode
     words_column, contrast_column = st.columns([1, 3])
     words, contrast = views.words_and_contrast(words_column, contrast_column)
-    try:
-        bundle = load_bundle(choices.model, choices.device)
-        pieces = computed("attention", choices.model, choices.device, choices.src, choices.tgt, False)
-        export = (
-            computed("attention", choices.model, choices.device, choices.src, choices.tgt, True) if words else pieces
-        )
-    except Exception as e:  # noqa: BLE001 - the user sees a message, never a traceback
-        show_error(e)
-        return
+    bundle = ctx.bundle
+    pieces = ctx.export(False)
+    export = ctx.export(True) if words else pieces
     truncation_notice(export)
-    domain_notice(choices)
+    domain_notice(ctx.choices)
     kinds = [k for k in KINDS if getattr(export, k) is not None]
-    kind, layer, head = method_section(picture, export, pieces, kinds, words, contrast)
-    ablation_section(bundle, kinds, kind, layer, head, words, contrast)
-    importance_section(bundle, kinds)
+    asked = method_controls(ctx, export, pieces, kinds, words)
+    # A failing method or ablation leaves the sections below it standing.
+    guarded(lambda: method_section(picture, asked, export, contrast))
+    guarded(lambda: ablation_section(bundle, kinds, asked, contrast))
+    importance_section(ctx, bundle, kinds)
 
 
-main()
-footer()
+frame(body, intro=INTRO)

@@ -2,33 +2,23 @@
 
 import html
 import time
+from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import pandas as pd
 import streamlit as st
 
-from attnviz.app import (
-    bound,
-    clamp_state,
-    clearest_head,
-    computed,
-    footer,
-    load_bundle,
-    shared,
-    show_error,
-    sidebar,
-    views,
-)
-from attnviz.app.present import intro, page_config, picture_area, room
+from attnviz.app import bound, clamp_state, shared, views
+from attnviz.app.frame import Context, frame
+from attnviz.app.present import picture_area, room
 from attnviz.app.widgets import escape_markdown
+from attnviz.decoding import DecodeStep, Decoding
 from attnviz.figures.attention import attention_heatmap
 from attnviz.figures.decoding import step_rows_grid, topk_bar
 from attnviz.kinds import writing_labels
 
-page_config("decoding step by step")
-choices = sidebar()
-st.title("Decoding, step by step")
-intro(
+INTRO = (
     "At step t the decoder reads the start token and the t tokens it has written, attends to them "
     "(masked self-attention) and to the source (cross-attention), and picks the next token. "
     "Each row here is the query of the newest position."
@@ -82,50 +72,108 @@ def output_text(pieces: list[str], t: int) -> str:
     return "".join(spans)
 
 
-def main() -> None:
-    if choices is None:
-        return
+@dataclass(frozen=True)
+class Shown:
+    """One step of one decoding and the head its figures show."""
+
+    dec: Decoding
+    tok: Any  # the model's tokenizer
+    src_tokens: list[str]
+    pieces: list[str]  # the output, one piece per step
+    t: int  # the step, from 0
+    layer: int
+    head: int
+    contrast: str
+    key: tuple  # what this step's figures depend on: the decoding, then the step
+    teacher: bool
+    beam: int
+
+    @property
+    def step(self) -> DecodeStep:
+        return self.dec.steps[self.t]
+
+    @property
+    def dec_input(self) -> list[str]:
+        """The start token, then the decoder's own output."""
+        return [self.tok.target_token(self.tok.bos_id), *self.pieces[:-1]]
+
+    @property
+    def rows(self) -> list[str]:
+        """Position i reads dec_input[i] and writes pieces[i]."""
+        return writing_labels(self.dec_input, self.pieces)
+
+
+def body(ctx: Context) -> None:
     c1, c2 = st.columns([2, 1])
     teacher = bound(
         c2.toggle,
         "Teacher forcing",
         key="teacher",
-        disabled=choices.tgt is None,
+        disabled=ctx.choices.tgt is None,
         help="Feed the target sentence from the sidebar instead of the model's own tokens.",
     )
-    teacher = teacher and choices.tgt is not None
+    teacher = teacher and ctx.choices.tgt is not None
     beam = bound(c1.slider, "Beam size (1 = greedy)", 1, 8, key="beam", disabled=teacher)
-    if load_bundle(choices.model, choices.device).config.encoder_only:
+    if ctx.bundle.config.encoder_only:
         st.info(
             "This model is encoder-only: it has no decoder, so there is nothing to decode step by step. "
             "The attention explorer shows its self-attention."
         )
         return
-    try:
-        bundle = load_bundle(choices.model, choices.device)
-        dec = computed(
-            "decoding",
-            choices.model,
-            choices.device,
-            choices.src,
-            1 if teacher else beam,
-            choices.tgt if teacher else None,
-        )
-    except Exception as e:  # noqa: BLE001 - the user sees a message, never a traceback
-        show_error(e)
-        return
+    job = (ctx.choices.src, 1 if teacher else beam, ctx.choices.tgt if teacher else None)  # the decoding's inputs
+    dec = ctx.on_model("decoding", *job)
     if dec.truncated:
         st.warning(
             f"The output stopped at the length limit of {len(dec.steps)} tokens without an end token: it is unfinished."
         )
-    tok = bundle.tokenizer
-    src_tokens = tok.encode_source(choices.src).tokens
+    tok = ctx.bundle.tokenizer
+    src_tokens = tok.encode_source(ctx.choices.src).tokens
     n = len(dec.steps)
     st.session_state["n_steps"] = n
     clamp_state("step", range(1, n + 1))
     play_step(n)
 
     top = picture_area()  # the alignment and the candidates: under the title in presenter mode
+    t = step_controls(n)
+    pieces = [tok.target_token(s.token_id) for s in dec.steps]
+    st.markdown(f"**Step {t + 1} of {n}.** Output: {output_text(pieces, t)}", unsafe_allow_html=True)
+
+    L, H = dec.steps[t].cross_attn.shape[:2]
+    c1, c2, c3 = st.columns([1, 1, 2])
+    contrast = views.contrast_choice(c3)
+    layer, head = views.layer_and_head((c1, c2), "cross", L, H, ctx.clearest_head(), keyboard=False)
+    shown = Shown(
+        dec=dec,
+        tok=tok,
+        src_tokens=src_tokens,
+        pieces=pieces,
+        t=t,
+        layer=layer,
+        head=head,
+        contrast=contrast,
+        key=(ctx.model, ctx.device, *job, t),
+        teacher=teacher,
+        beam=beam,
+    )
+    draw_figures(shown, top)
+
+
+def draw_figures(s: Shown, top) -> None:
+    """The alignment and the candidates in ``top``, then the step's rows and its every-head grid."""
+    left, right = top.columns(2)
+    with left:
+        draw_alignment(s)
+    with right:
+        draw_candidates(s)
+    left, right = st.columns(2)
+    with left:
+        draw_step_rows(s)
+    with right:
+        draw_step_grid(s)
+
+
+def step_controls(n: int) -> int:
+    """The step buttons, the play toggle and the step slider; the step shown, from 0."""
     b = st.columns([1.9, 1.7, 1.7, 1.9, 1.1, 2.7])
     for column, (key, label, icon, shortcut, kwargs) in zip(b, step_buttons(n), strict=False):
         column.button(
@@ -142,114 +190,109 @@ def main() -> None:
         bound(b[5].slider, "Step", 1, n, key="step", label_visibility="collapsed")
     if st.session_state.get("playing"):
         st.fragment(tick, run_every=1.0)()  # the timer exists only while playing
-    t = st.session_state.get("step", 1) - 1
-    step = dec.steps[t]
-    # What this step's figures depend on: the decoding, then the step.
-    decoded = (choices.model, choices.device, choices.src, 1 if teacher else beam, choices.tgt if teacher else None, t)
+    return st.session_state.get("step", 1) - 1
 
-    pieces = [tok.target_token(s.token_id) for s in dec.steps]
-    dec_input = [tok.target_token(tok.bos_id), *pieces[:-1]]  # the start token, then its own output
-    rows = writing_labels(dec_input, pieces)  # position i reads dec_input[i] and writes pieces[i]
-    st.markdown(f"**Step {t + 1} of {n}.** Output: {output_text(pieces, t)}", unsafe_allow_html=True)
 
-    L, H = step.cross_attn.shape[:2]
-    c1, c2, c3 = st.columns([1, 1, 2])
-    contrast = views.contrast_choice(c3)
-    clearest = clearest_head(choices.model, choices.device)
-    layer, head = views.layer_and_head((c1, c2), "cross", L, H, clearest, keyboard=False)
+def draw_alignment(s: Shown) -> None:
+    """Cross-attention of every step so far: the alignment, one row per step."""
+    dec, t, layer, head = s.dec, s.t, s.layer, s.head
+    fig = shared(
+        "decoding-alignment",
+        (*s.key, layer, head, s.contrast),
+        lambda: attention_heatmap(
+            np.stack([step.cross_attn[layer - 1, head - 1].numpy() for step in dec.steps[: t + 1]]),  # (t + 1, S)
+            s.rows[: t + 1],
+            s.src_tokens,
+            "cross",
+            title=f"Cross-attention so far (one row per step), layer {layer}, head {head}",
+            contrast=s.contrast,
+        ),
+    )
+    st.plotly_chart(room(fig), width="stretch")
+    st.caption(
+        'The alignment grows by one row per step: the row "a → b" is where the decoder looked while reading a '
+        "and writing b."
+    )
 
-    left, right = top.columns(2)
-    with left:
-        fig = shared(
-            "decoding-alignment",
-            (*decoded, layer, head, contrast),
-            lambda: attention_heatmap(
-                np.stack([s.cross_attn[layer - 1, head - 1].numpy() for s in dec.steps[: t + 1]]),  # (t + 1, S)
-                rows[: t + 1],
-                src_tokens,
-                "cross",
-                title=f"Cross-attention so far (one row per step), layer {layer}, head {head}",
-                contrast=contrast,
-            ),
+
+def draw_candidates(s: Shown) -> None:
+    """The step's top candidates, the token taken, and with beam search the beams before the step."""
+    step, tok = s.step, s.tok
+    labels = [tok.target_token(c.token_id) for c in step.top]
+    chosen = tok.target_token(step.token_id)
+    top = shared("decoding-top", s.key, lambda: topk_bar(labels, [c.prob for c in step.top], chosen=chosen))
+    st.plotly_chart(room(top), width="stretch")
+    if s.teacher:
+        predicted = step.top[0]
+        verdict = (
+            ":material/check_circle: the same" if predicted.token_id == step.token_id else ":material/cancel: different"
         )
-        st.plotly_chart(room(fig), width="stretch")
-        st.caption(
-            'The alignment grows by one row per step: the row "a → b" is where the decoder looked while reading a '
-            "and writing b."
+        st.markdown(
+            f"Given token **{escape_markdown(chosen)}** (the model gives it p = {step.prob:.3f}); the model's own "
+            f"prediction: **{escape_markdown(labels[0])}** (p = {predicted.prob:.3f}): {verdict}."
         )
-    with right:
-        labels = [tok.target_token(c.token_id) for c in step.top]
-        chosen = tok.target_token(step.token_id)
-        top = shared("decoding-top", decoded, lambda: topk_bar(labels, [c.prob for c in step.top], chosen=chosen))
-        st.plotly_chart(room(top), width="stretch")
-        if teacher:
-            predicted = step.top[0]
-            verdict = (
-                ":material/check_circle: the same"
-                if predicted.token_id == step.token_id
-                else ":material/cancel: different"
-            )
-            st.markdown(
-                f"Given token **{escape_markdown(chosen)}** (the model gives it p = {step.prob:.3f}); the model's own "
-                f"prediction: **{escape_markdown(labels[0])}** (p = {predicted.prob:.3f}): {verdict}."
-            )
-        else:
-            st.markdown(f"Chosen: **{escape_markdown(chosen)}** with p = {step.prob:.3f}.")
-        if beam > 1 and not teacher:
-            table = [
-                {
-                    "beam": i + 1,
-                    "followed": "→" if i == step.followed else "",
-                    "output so far": tok.decode(bm.ids) or "(start)",
-                    "log-probability": round(bm.score, 4),
-                }
-                for i, bm in enumerate(step.beams)
-            ]
-            st.markdown("**Beams before this step** (the arrow marks the one the final output extends):")
-            st.dataframe(pd.DataFrame(table), hide_index=True, width="stretch")
-
-    left, right = st.columns(2)
-    with left:
-        self_row = step.self_attn[layer - 1, head - 1].numpy()[None]  # (1, t + 1): only the prefix
-        fig = shared(
-            "decoding-self-row",
-            (*decoded, layer, head, contrast),
-            lambda: attention_heatmap(
-                self_row,
-                rows[t : t + 1],
-                dec_input[: t + 1],
-                "decoder",
-                query_start=t,
-                title=f"Decoder self-attention of step {t + 1}, layer {layer}, head {head}",
-                contrast=contrast,
-            ),
-        )
-        st.plotly_chart(room(fig), width="stretch")
-        cross_row = step.cross_attn[layer - 1, head - 1].numpy()[None]
-        fig = shared(
-            "decoding-cross-row",
-            (*decoded, layer, head, contrast),
-            lambda: attention_heatmap(
-                cross_row,
-                rows[t : t + 1],
-                src_tokens,
-                "cross",
-                query_start=t,
-                title=f"Cross-attention of step {t + 1}, layer {layer}, head {head}",
-                contrast=contrast,
-            ),
-        )
-        st.plotly_chart(room(fig), width="stretch")
-    with right:
-        grid = shared(
-            "decoding-grid",
-            decoded,
-            lambda: step_rows_grid(
-                step.cross_attn.numpy(), src_tokens, title=f"Cross-attention of step {t + 1}, every layer and head"
-            ),
-        )
-        st.plotly_chart(room(grid), width="stretch")
+    else:
+        st.markdown(f"Chosen: **{escape_markdown(chosen)}** with p = {step.prob:.3f}.")
+    if s.beam > 1 and not s.teacher:
+        table = [
+            {
+                "beam": i + 1,
+                "followed": "→" if i == step.followed else "",
+                "output so far": tok.decode(bm.ids) or "(start)",
+                "log-probability": round(bm.score, 4),
+            }
+            for i, bm in enumerate(step.beams)
+        ]
+        st.markdown("**Beams before this step** (the arrow marks the one the final output extends):")
+        st.dataframe(pd.DataFrame(table), hide_index=True, width="stretch")
 
 
-main()
-footer()
+def draw_step_rows(s: Shown) -> None:
+    """The newest position's row of decoder self-attention, then of cross-attention."""
+    step, t, layer, head = s.step, s.t, s.layer, s.head
+    self_row = step.self_attn[layer - 1, head - 1].numpy()[None]  # (1, t + 1): only the prefix
+    fig = shared(
+        "decoding-self-row",
+        (*s.key, layer, head, s.contrast),
+        lambda: attention_heatmap(
+            self_row,
+            s.rows[t : t + 1],
+            s.dec_input[: t + 1],
+            "decoder",
+            query_start=t,
+            title=f"Decoder self-attention of step {t + 1}, layer {layer}, head {head}",
+            contrast=s.contrast,
+        ),
+    )
+    st.plotly_chart(room(fig), width="stretch")
+    cross_row = step.cross_attn[layer - 1, head - 1].numpy()[None]
+    fig = shared(
+        "decoding-cross-row",
+        (*s.key, layer, head, s.contrast),
+        lambda: attention_heatmap(
+            cross_row,
+            s.rows[t : t + 1],
+            s.src_tokens,
+            "cross",
+            query_start=t,
+            title=f"Cross-attention of step {t + 1}, layer {layer}, head {head}",
+            contrast=s.contrast,
+        ),
+    )
+    st.plotly_chart(room(fig), width="stretch")
+
+
+def draw_step_grid(s: Shown) -> None:
+    """The newest position's cross-attention in every layer and head."""
+    step, t = s.step, s.t
+    grid = shared(
+        "decoding-grid",
+        s.key,
+        lambda: step_rows_grid(
+            step.cross_attn.numpy(), s.src_tokens, title=f"Cross-attention of step {t + 1}, every layer and head"
+        ),
+    )
+    st.plotly_chart(room(grid), width="stretch")
+
+
+frame(body, intro=INTRO)

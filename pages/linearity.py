@@ -1,33 +1,23 @@
 """Relative-position linearity: PE(pos + k) = M_k PE(pos), the claim of section 3.5, checked."""
 
+from dataclasses import dataclass
+
 import numpy as np
 import streamlit as st
 
-from attnviz.app import (
-    bound,
-    clamp_state,
-    footer,
-    keep_in_range,
-    load_bundle,
-    shared,
-    show_error,
-    sidebar,
-    sinusoid_inputs,
-)
-from attnviz.app.present import intro, page_config, room
+from attnviz.app import bound, clamp_state, keep_in_range, load_bundle, shared, sinusoid_inputs
+from attnviz.app.frame import Context, frame
+from attnviz.app.present import room
+from attnviz.app.widgets import guarded
 from attnviz.errors import InputError
 from attnviz.figures import positional as pp
 from attnviz.lessons import positional as pe
 
-page_config("relative-position linearity", "🔄")
-choices = sidebar()
-st.title("Relative positions are linear maps")
-intro(
+INTRO = (
     "Section 3.5 says the sinusoids were chosen because, for any fixed offset k, PE(pos + k) is a linear "
     "function of PE(pos). Here you build that function, a matrix M_k made of one 2×2 rotation per "
     "frequency, and check that the same M_k works at every position, to rounding error. It matters "
-    "because attention is built from linear maps: a head can learn to look k tokens back wherever it is.",
-    prose=True,
+    "because attention is built from linear maps: a head can learn to look k tokens back wherever it is."
 )
 
 STARTS = [0, 1_000, 100_000, 10_000_000]
@@ -56,7 +46,25 @@ def model_fit(model: str, device: str, ks: tuple[int, ...]) -> tuple[str, np.nda
     return kind, None if table is None else pe.fit_residual_by_offset(table, ks)
 
 
-def controls() -> dict:
+@dataclass(frozen=True)
+class Controls:
+    """The page's controls: the sinusoids' settings, the offset and the positions they are checked at."""
+
+    d_model: int
+    base: float
+    layout: str
+    n: int
+    k: int
+    precision: str
+    start: int
+
+    @property
+    def key(self) -> tuple:
+        """Every control of the page, in order: the key of what is drawn from them."""
+        return (self.d_model, self.base, self.layout, self.n, self.k, self.precision, self.start)
+
+
+def controls() -> Controls:
     c1, c2, c3, c4 = st.columns(4)
     d_model, base, layout = sinusoid_inputs(
         (c1, c2, c3),
@@ -79,34 +87,21 @@ def controls() -> dict:
         "pos·ω itself rounded to float32.",
     )
     start = bound(c3.select_slider, "First position", STARTS, key="lin_start", format_func=lambda s: f"{s:,}")
-    return {
-        "d_model": d_model,
-        "base": base,
-        "layout": layout,
-        "n": n,
-        "k": k,
-        "precision": precision,
-        "start": start,
-    }
+    return Controls(d_model, base, layout, n, k, precision, start)
 
 
-def settings(c: dict) -> tuple:
-    """Every control of the page, in order: the key of what is drawn from them."""
-    return tuple(c[name] for name in ("d_model", "base", "layout", "n", "k", "precision", "start"))
-
-
-def rotation_section(c: dict, M: np.ndarray, table: np.ndarray) -> None:
+def rotation_section(c: Controls, M: np.ndarray, table: np.ndarray) -> None:
     st.header("M_k: one rotation per frequency")
-    d_model, k = c["d_model"], c["k"]
+    d_model, k = c.d_model, c.k
     left, right = st.columns([2, 3])
-    rotation = shared("lin-rotation", (d_model, c["base"], c["layout"], k), lambda: pp.rotation_heatmap(M, k))
+    rotation = shared("lin-rotation", (d_model, c.base, c.layout, k), lambda: pp.rotation_heatmap(M, k))
     left.plotly_chart(room(rotation), width="stretch")
     left.caption(
         "Each pair (sin pos·ω_i, cos pos·ω_i) is turned by the angle k·ω_i: the 2×2 block "
         "[[cos kω_i, sin kω_i], [−sin kω_i, cos kω_i]]. No entry involves pos. In the concatenated layout "
         "the same blocks are spread out by the column reordering."
     )
-    check = shared("lin-shift", settings(c), lambda: pe.shift_residual(table, k, M))
+    check = shared("lin-shift", c.key, lambda: pe.shift_residual(table, k, M))
     with right:
         clamp_state("lin_dim", range(d_model))
         dim = bound(
@@ -115,24 +110,24 @@ def rotation_section(c: dict, M: np.ndarray, table: np.ndarray) -> None:
             range(d_model),
             index=min(32, d_model - 1),
             key="lin_dim",
-            format_func=lambda d: pe.dimension_label(d, d_model, c["layout"]),
+            format_func=lambda d: pe.dimension_label(d, d_model, c.layout),
         )
-        label = pe.dimension_label(dim, d_model, c["layout"])
-        positions = c["start"] + check.positions
+        label = pe.dimension_label(dim, d_model, c.layout)
+        positions = c.start + check.positions
         shift = shared(
             "lin-shift-chart",
-            (*settings(c), dim),
+            (*c.key, dim),
             lambda: pp.shift_chart(positions, check.predicted[:, dim], check.actual[:, dim], k, label),
         )
         st.plotly_chart(room(shift), width="stretch")
         st.caption("The line is the table shifted by k; the markers are M_k applied to the unshifted table.")
     residual = shared(
         "lin-residual",
-        settings(c),
+        c.key,
         lambda: pp.residual_chart(
             positions,
             {f"k = {k}": check.residual},
-            f"Residual max_d |M_k·PE(pos) − PE(pos + k)|, {c['precision']}",
+            f"Residual max_d |M_k·PE(pos) − PE(pos + k)|, {c.precision}",
             "position pos",
             "largest error over dimensions",
         ),
@@ -146,22 +141,22 @@ def rotation_section(c: dict, M: np.ndarray, table: np.ndarray) -> None:
     )
 
 
-def angle_figure(c: dict, i: int):
+def angle_figure(c: Controls, i: int):
     """(both sides of the angle-addition identities for pair i, the largest gap between them)."""
-    pos = c["start"] + np.arange(c["n"])
-    both = pe.angle_addition(pos, c["k"], i, c["d_model"], c["base"])
+    pos = c.start + np.arange(c.n)
+    both = pe.angle_addition(pos, c.k, i, c.d_model, c.base)
     gap = max(np.abs(both.sin_lhs - both.sin_rhs).max(), np.abs(both.cos_lhs - both.cos_rhs).max())
     return pp.angle_addition_chart(pos, both.sin_lhs, both.sin_rhs, both.cos_lhs, both.cos_rhs, i), gap
 
 
-def angle_section(c: dict) -> None:
+def angle_section(c: Controls) -> None:
     st.header("The angle-addition form")
-    d_model = c["d_model"]
+    d_model = c.d_model
     keep_in_range("lin_pair", 16, 0, d_model // 2 - 1)
     i = bound(st.slider, "Frequency pair i", 0, d_model // 2 - 1, key="lin_pair")
     st.latex(r"PE_{pos+k,\,2i} = PE_{pos,\,2i}\,PE_{k,\,2i+1} + PE_{pos,\,2i+1}\,PE_{k,\,2i}")
     st.latex(r"PE_{pos+k,\,2i+1} = PE_{pos,\,2i+1}\,PE_{k,\,2i+1} - PE_{pos,\,2i}\,PE_{k,\,2i}")
-    fig, gap = shared("lin-angles", (*settings(c), i), lambda: angle_figure(c, i))
+    fig, gap = shared("lin-angles", (*c.key, i), lambda: angle_figure(c, i))
     st.plotly_chart(room(fig), width="stretch")
     st.caption(
         f"sin(a + b) = sin a cos b + cos a sin b and cos(a + b) = cos a cos b − sin a sin b, with a = pos·ω_i "
@@ -170,34 +165,22 @@ def angle_section(c: dict) -> None:
     )
 
 
-def fit_section(c: dict) -> None:
+def fit_section(c: Controls, ctx: Context) -> None:
     st.header("One map for every position: a least-squares fit")
-    d_model = c["d_model"]
+    d_model = c.d_model
     k_max = bound(st.slider, "Largest offset to fit", 1, 128, 64, key="lin_k_max")
     ks = tuple(pe.offset_ladder(k_max))
     n_fit = 2 * d_model + k_max  # twice as many pairs as dimensions, whatever the offset
     series = {
-        f"sinusoids ({c['precision']})": sinusoid_fit(d_model, c["base"], c["layout"], c["precision"], n_fit, ks),
+        f"sinusoids ({c.precision})": sinusoid_fit(d_model, c.base, c.layout, c.precision, n_fit, ks),
         "random table": random_fit(d_model, n_fit, ks),
     }
-    note = ""
-    if choices is None:
-        note = "Choose a model in the sidebar to add its positions."
-    else:
-        try:
-            kind, residual = model_fit(choices.model, choices.device, ks)
-        except InputError as e:  # a position table too short for these offsets
-            kind, residual, note = None, None, f"{choices.model}: {e}"
-        except Exception as e:  # noqa: BLE001 - the user sees a message, never a traceback
-            show_error(e)
-            kind, residual = None, None
-        if kind == "none":
-            note = f"{choices.model} has no positional encoding, so it has no table to fit."
-        elif residual is not None:
-            series[f"{choices.model} ({kind})"] = residual
+    notes = []
+    guarded(lambda: notes.append(add_model(ctx, ks, series)))  # a failing model leaves the sinusoids' fit standing
+    note = notes[0] if notes else ""
     fit = shared(
         "lin-fit",
-        (d_model, c["base"], c["layout"], c["precision"], k_max, tuple(series)),
+        (d_model, c.base, c.layout, c.precision, k_max, tuple(series)),
         lambda: pp.residual_chart(
             ks,
             series,
@@ -218,24 +201,39 @@ def fit_section(c: dict) -> None:
         st.info(note)
 
 
-def breakdown_figure(c: dict):
-    sweep = pe.linearity_by_start(c["k"], c["d_model"], c["base"], c["layout"], n=64, starts=STARTS)
+def add_model(ctx: Context, ks: tuple[int, ...], series: dict) -> str:
+    """Add the loaded model's fit residual to ``series``; the note under the chart ("" for none)."""
+    if not ctx.ready:
+        return "Choose a model in the sidebar to add its positions."
+    try:
+        kind, residual = model_fit(ctx.model, ctx.device, ks)
+    except InputError as e:  # a position table too short for these offsets
+        return f"{ctx.model}: {e}"
+    if kind == "none":
+        return f"{ctx.model} has no positional encoding, so it has no table to fit."
+    if residual is not None:
+        series[f"{ctx.model} ({kind})"] = residual
+    return ""
+
+
+def breakdown_figure(c: Controls):
+    sweep = pe.linearity_by_start(c.k, c.d_model, c.base, c.layout, n=64, starts=STARTS)
     series = {p: sweep.loc[sweep["precision"] == p, "max_residual"].to_numpy() for p in pe.PRECISIONS}
     labels = [f"{s:,}" for s in STARTS]  # a category axis: position 0 has no place on a log axis
     return pp.residual_chart(
         labels,
         series,
-        f"Largest residual for k = {c['k']} over 64 positions",
+        f"Largest residual for k = {c.k} over 64 positions",
         "first position",
         "largest error",
         categorical_x=True,
     )
 
 
-def breakdown_section(c: dict) -> None:
+def breakdown_section(c: Controls) -> None:
     st.header("When does linearity break?")
     st.plotly_chart(
-        room(shared("lin-breakdown", (c["k"], c["d_model"], c["base"], c["layout"]), lambda: breakdown_figure(c))),
+        room(shared("lin-breakdown", (c.k, c.d_model, c.base, c.layout), lambda: breakdown_figure(c))),
         width="stretch",
     )
     st.caption(
@@ -246,28 +244,24 @@ def breakdown_section(c: dict) -> None:
     )
 
 
-def main() -> None:
+def body(ctx: Context) -> None:
+    """The controls, then M_k, the angle-addition form, the fits and where linearity breaks."""
     c = controls()
-    dtype, angle_dtype = pe.PRECISIONS[c["precision"]]
-    try:
-        table = shared(
-            "lin-table",
-            settings(c),
-            lambda: pe.encoding_matrix(c["n"], c["d_model"], c["base"], c["layout"], c["start"], dtype, angle_dtype),
-        )
-        M = shared(
-            "lin-m",
-            (c["k"], c["d_model"], c["base"], c["layout"]),
-            lambda: pe.rotation_matrix(c["k"], c["d_model"], c["base"], c["layout"]),
-        )
-    except Exception as e:  # noqa: BLE001 - the user sees a message, never a traceback
-        show_error(e)
-        return
+    dtype, angle_dtype = pe.PRECISIONS[c.precision]
+    table = shared(
+        "lin-table",
+        c.key,
+        lambda: pe.encoding_matrix(c.n, c.d_model, c.base, c.layout, c.start, dtype, angle_dtype),
+    )
+    M = shared(
+        "lin-m",
+        (c.k, c.d_model, c.base, c.layout),
+        lambda: pe.rotation_matrix(c.k, c.d_model, c.base, c.layout),
+    )
     rotation_section(c, M, table)
     angle_section(c)
-    fit_section(c)
+    fit_section(c, ctx)
     breakdown_section(c)
 
 
-main()
-footer()
+frame(body, intro=INTRO, prose=True, needs_model=False)

@@ -4,32 +4,18 @@ import numpy as np
 import pandas as pd
 import streamlit as st
 
-from attnviz.app import (
-    bound,
-    clamp_state,
-    footer,
-    keep_in_range,
-    lazy_tabs,
-    number_table,
-    shared,
-    show_error,
-    sidebar,
-)
-from attnviz.app.cache import computed
-from attnviz.app.present import intro, page_config, room
+from attnviz.app import bound, clamp_state, keep_in_range, lazy_tabs, number_table, shared
+from attnviz.app.frame import Context, frame
+from attnviz.app.present import room
 from attnviz.figures import teaching as tp
 from attnviz.lessons import mechanics
 
-page_config("mechanics of attention", "🧮")
-choices = sidebar()
-st.title("The mechanics of attention")
-intro(
+INTRO = (
     "This page computes attention by hand: a three-token example of equation 1 whose every number you "
     "can check on paper, then why the scores are divided by √d_k, what masks do, how multi-head "
     "attention splits the model's width, why the model needs positional encoding, and the learning-rate "
     "schedule it was trained with. Knowing these mechanics is what lets you read an attention map as a "
-    "computation rather than as a picture.",
-    prose=True,
+    "computation rather than as a picture."
 )
 
 MATRICES = {  # key suffix: (title, default, row label, column label, rows can be added)
@@ -83,13 +69,9 @@ def worked_example_tab() -> None:
     inputs = {name: matrix_editor(name, col) for name, col in zip(MATRICES, cols, strict=True)}
     st.button("Reset to the example's matrices", on_click=reset_example, key="_mech_reset")
     scale = bound(st.toggle, "Divide the scores by √d_k (the paper)", value=True, key="mech_scale")
-    try:
-        shown = mechanics.worked_example(inputs["X"], inputs["WQ"], inputs["WK"], inputs["WV"], scale=scale)
-        scaled = mechanics.worked_example(inputs["X"], inputs["WQ"], inputs["WK"], inputs["WV"], scale=True)
-        unscaled = mechanics.worked_example(inputs["X"], inputs["WQ"], inputs["WK"], inputs["WV"], scale=False)
-    except Exception as e:  # noqa: BLE001 - the user sees a message, never a traceback
-        show_error(e)
-        return
+    shown = mechanics.worked_example(inputs["X"], inputs["WQ"], inputs["WK"], inputs["WV"], scale=scale)
+    scaled = mechanics.worked_example(inputs["X"], inputs["WQ"], inputs["WK"], inputs["WV"], scale=True)
+    unscaled = mechanics.worked_example(inputs["X"], inputs["WQ"], inputs["WK"], inputs["WV"], scale=False)
     c = st.columns(3)
     show_table("Q = X W_Q", shown.Q, "token", "dim", c[0])
     show_table("K = X W_K", shown.K, "token", "dim", c[1])
@@ -100,7 +82,11 @@ def worked_example_tab() -> None:
     show_table("Weights: softmax of each row", shown.weights, "query", "key", c[1])
     show_table("Output = weights V", shown.output, "query", "dim", c[2])
     st.caption("Rows of the scores and weights are queries, columns are keys; each row of weights sums to 1.")
+    scaling_changes(scaled, unscaled)
 
+
+def scaling_changes(scaled: mechanics.WorkedExample, unscaled: mechanics.WorkedExample) -> None:
+    """The worked example with and without the division by √d_k, query by query."""
     st.subheader("What the scaling changes")
     table = mechanics.scaling_comparison(scaled, unscaled)
     biggest = table.loc[table["largest weight change"].idxmax()]
@@ -185,12 +171,8 @@ def multihead_tab() -> None:
     n = bound(c[0].slider, "Tokens n", 1, 64, 10, key="mech_n")
     d_model = bound(c[1].select_slider, "d_model", [64, 128, 256, 512, 1024], value=512, key="mech_d_model")
     h = bound(c[2].select_slider, "Heads h", [1, 2, 4, 8, 16], value=8, key="mech_h")
-    try:
-        steps = mechanics.multihead_shapes(n, d_model, h)
-        cost = mechanics.narrow_vs_wide_cost(n, d_model, h)
-    except Exception as e:  # noqa: BLE001 - the user sees a message, never a traceback
-        show_error(e)
-        return
+    steps = mechanics.multihead_shapes(n, d_model, h)
+    cost = mechanics.narrow_vs_wide_cost(n, d_model, h)
     st.table(pd.DataFrame([(s, str(shape), what) for s, shape, what in steps], columns=["step", "shape", "what"]))
     st.caption(f"Shapes for one sentence: d_k = d_v = {d_model} / {h} = {d_model // h}.")
     c = st.columns(2)
@@ -207,7 +189,7 @@ def multihead_tab() -> None:
     c[1].table(number_table(wide, "{:,}", wide.columns))
 
 
-def permutation_tab() -> None:
+def permutation_tab(ctx: Context) -> None:
     st.markdown(
         "Self-attention itself has no notion of order: shuffle the input tokens and, without positional "
         "encoding, the encoder's outputs and every attention map are shuffled the same way "
@@ -215,17 +197,13 @@ def permutation_tab() -> None:
         "encoding added (3.5), the shuffled sentence is a different input. This runs the loaded model, "
         "unchanged, on the sidebar's sentence."
     )
-    if choices is None:
+    if not ctx.ready:
         st.info("Choose a model in the sidebar to run this experiment.")
         return
     c = st.columns(4)
     order = bound(c[0].radio, "New order", ["reverse", "shuffle"], horizontal=True, key="mech_perm_order")
     seed = bound(c[1].number_input, "Shuffle seed", 0, 10_000, 0, key="mech_perm_seed", disabled=order != "shuffle")
-    try:
-        tokens, perm, checks = computed("permutation", choices.model, choices.device, choices.src, order, int(seed))
-    except Exception as e:  # noqa: BLE001 - the user sees a message, never a traceback
-        show_error(e)
-        return
+    tokens, perm, checks = ctx.on_model("permutation", ctx.choices.src, order, int(seed))
     L, H = checks[True].attention.shape[:2]
     clamp_state("mech_perm_layer", range(1, L + 1))
     clamp_state("mech_perm_head", range(1, H + 1))
@@ -235,24 +213,10 @@ def permutation_tab() -> None:
         st.warning("The sentence has one token: there is nothing to shuffle. Type a longer sentence.")
     shuffled = [tokens[i] for i in perm]
     st.markdown("**Shuffled order:** " + " ".join(f"`{t}`" for t in shuffled))
-    summary = pd.DataFrame(
-        {
-            "positional encoding": ["off", "on"],
-            "max |enc(P x) − P enc(x)|": [checks[False].output_max_diff, checks[True].output_max_diff],
-            "max |A(P x) − P A(x) Pᵀ|, every layer": [checks[False].max_diff, checks[True].max_diff],
-            "max |enc(x)|, for scale": [checks[False].output_max_abs, checks[True].output_max_abs],
-        }
-    )
-    st.table(number_table(summary, "{:.3g}", summary.columns[1:]))
-    holds = checks[False].max_diff < 1e-6
-    st.markdown(
-        f"Without positions the largest difference is {checks[False].max_diff:.1e} "
-        f"({'exact up to float64 rounding' if holds else 'NOT exact: this model is not order-blind'}); "
-        f"with positions it is {checks[True].max_diff:.3g}: order matters."
-    )
+    permutation_summary(checks)
     for use_positions in (False, True):
         check = checks[use_positions]
-        key = (choices.model, choices.device, choices.src, order, int(seed), layer, head, use_positions)
+        key = (ctx.model, ctx.device, ctx.choices.src, order, int(seed), layer, head, use_positions)
         fig = shared(
             "mech-permutation",
             key,
@@ -269,6 +233,25 @@ def permutation_tab() -> None:
             "shuffled. Right: their difference, "
             + ("blank when order does not matter." if not use_positions else "far from 0: the positions changed.")
         )
+
+
+def permutation_summary(checks: dict[bool, mechanics.PermutationCheck]) -> None:
+    """How far the shuffled sentence's outputs and maps are from the shuffled originals, without and with positions."""
+    summary = pd.DataFrame(
+        {
+            "positional encoding": ["off", "on"],
+            "max |enc(P x) − P enc(x)|": [checks[False].output_max_diff, checks[True].output_max_diff],
+            "max |A(P x) − P A(x) Pᵀ|, every layer": [checks[False].max_diff, checks[True].max_diff],
+            "max |enc(x)|, for scale": [checks[False].output_max_abs, checks[True].output_max_abs],
+        }
+    )
+    st.table(number_table(summary, "{:.3g}", summary.columns[1:]))
+    holds = checks[False].max_diff < 1e-6
+    st.markdown(
+        f"Without positions the largest difference is {checks[False].max_diff:.1e} "
+        f"({'exact up to float64 rounding' if holds else 'NOT exact: this model is not order-blind'}); "
+        f"with positions it is {checks[True].max_diff:.3g}: order matters."
+    )
 
 
 def learning_rate_tab() -> None:
@@ -295,15 +278,18 @@ def learning_rate_tab() -> None:
     st.caption(f"{where} The paper's base model used d_model = 512 and warmup_steps = 4000.")
 
 
-lazy_tabs(
-    "mech_tab",
-    {
-        "Worked example": worked_example_tab,
-        "Why √d_k": scaling_tab,
-        "Masks": masks_tab,
-        "Multi-head": multihead_tab,
-        "Permutation": permutation_tab,
-        "Learning rate": learning_rate_tab,
-    },
-)
-footer()
+def body(ctx: Context) -> None:
+    lazy_tabs(
+        "mech_tab",
+        {
+            "Worked example": worked_example_tab,
+            "Why √d_k": scaling_tab,
+            "Masks": masks_tab,
+            "Multi-head": multihead_tab,
+            "Permutation": lambda: permutation_tab(ctx),
+            "Learning rate": learning_rate_tab,
+        },
+    )
+
+
+frame(body, intro=INTRO, prose=True, needs_model=False)

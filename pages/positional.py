@@ -3,21 +3,19 @@
 import numpy as np
 import streamlit as st
 
-from attnviz.app import bound, footer, load_bundle, shared, show_error, sidebar, sinusoid_inputs
-from attnviz.app.present import intro, page_config, room
+from attnviz.app import bound, shared, sinusoid_inputs
+from attnviz.app.frame import Context, frame
+from attnviz.app.present import room
+from attnviz.app.widgets import guarded
 from attnviz.figures import positional as pp
 from attnviz.lessons import positional as pe
 
-page_config("positional encoding", "🌊")
-choices = sidebar()
-st.title("Positional encoding")
-intro(
+INTRO = (
     "Attention by itself cannot tell word order: it sees a set of tokens. The Transformer adds to each "
     "token's embedding a vector that depends on its position only (section 3.5): sines and cosines of "
     "wavelengths growing geometrically from 2π to about 2π·10000. Below you see that table, why each "
     "column is a wave, and that the similarity of two positions depends on how far apart they are, not "
-    "on where they are, which is what makes relative positions easy for attention to use.",
-    prose=True,
+    "on where they are, which is what makes relative positions easy for attention to use."
 )
 
 
@@ -105,7 +103,7 @@ def similarity_view(key: tuple, table: np.ndarray, cosine: bool, name: str, clos
     )
 
 
-def similarity_section(table: np.ndarray, d_model: int, base: float, layout: str) -> None:
+def similarity_section(ctx: Context, table: np.ndarray, d_model: int, base: float, layout: str) -> None:
     st.header("Similarity depends on the offset only")
     cosine = bound(st.toggle, "Cosine similarity (divide by the norms)", key="pe_cosine")
     k = np.arange(table.shape[0])
@@ -117,26 +115,27 @@ def similarity_section(table: np.ndarray, d_model: int, base: float, layout: str
         "look alike, far ones less so, wherever they are in the sentence."
     )
     st.subheader("The positions of the loaded model")
-    if choices is None:
+    if not ctx.ready:
         st.info("Choose a model in the sidebar to compare its positions.")
         return
-    try:
-        kind, model_table = pe.model_positions(load_bundle(choices.model, choices.device).model)
-    except Exception as e:  # noqa: BLE001 - the user sees a message, never a traceback
-        show_error(e)
-        return
+    guarded(lambda: model_similarity(ctx, table, cosine))  # a failure leaves the layouts below standing
+
+
+def model_similarity(ctx: Context, table: np.ndarray, cosine: bool) -> None:
+    """The similarity of the loaded model's positions, over as many positions as ``table`` has."""
+    kind, model_table = pe.model_positions(ctx.bundle.model)
     if model_table is None:
         st.info(
-            f"{choices.model} adds no positional encoding (kind '{kind}'): its attention sees the tokens as a "
+            f"{ctx.model} adds no positional encoding (kind '{kind}'): its attention sees the tokens as a "
             "set, and only a causal mask or the data could tell order."
         )
         return
     n = min(table.shape[0], model_table.shape[0])
     st.caption(
-        f"{choices.model}: {kind} positions, a table of {model_table.shape[0]} × {model_table.shape[1]}; "
+        f"{ctx.model}: {kind} positions, a table of {model_table.shape[0]} × {model_table.shape[1]}; "
         f"the first {n} positions, as many as chosen above."
     )
-    similarity_view((choices.model, choices.device, n), model_table[:n], cosine, f"{choices.model} ({kind})")
+    similarity_view((ctx.model, ctx.device, n), model_table[:n], cosine, f"{ctx.model} ({kind})")
 
 
 def layout_figure(d_model: int, n: int, base: float):
@@ -167,14 +166,13 @@ def layout_section(d_model: int, n: int, base: float) -> None:
     )
 
 
-def main() -> None:
+def body(ctx: Context) -> None:
     d_model, n, base, layout = controls()
     table = shared("pe-table", (n, d_model, base, layout), lambda: pe.encoding_matrix(n, d_model, base, layout))
     encoding_section(table, d_model, base, layout)
     curves_section(table, d_model, base, layout)
-    similarity_section(table, d_model, base, layout)
+    similarity_section(ctx, table, d_model, base, layout)
     layout_section(d_model, n, base)
 
 
-main()
-footer()
+frame(body, intro=INTRO, prose=True, needs_model=False)

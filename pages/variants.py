@@ -3,33 +3,20 @@
 import pandas as pd
 import streamlit as st
 
-from attnviz.app import (
-    bound,
-    clamp_state,
-    footer,
-    keep_in_range,
-    lazy_tabs,
-    number_table,
-    shared,
-    show_error,
-    sidebar,
-)
+from attnviz.app import bound, clamp_state, keep_in_range, lazy_tabs, number_table, shared
 from attnviz.app.cache import computed, forget
-from attnviz.app.present import intro, page_config, room
+from attnviz.app.frame import Context, frame
+from attnviz.app.present import room
 from attnviz.figures import teaching as tp
 from attnviz.figures.attention import attention_heatmap
 from attnviz.lessons import variants
 
-page_config("attention variants", "🧩")
-choices = sidebar()
-st.title("Attention variants")
-intro(
+INTRO = (
     "Full self-attention compares every position with every other: n² pairs per head and layer. This page "
     "shows the sparse patterns that compute only some pairs, what one of them does to the trained model's "
     "maps and translation, attention weights that are not computed from token pairs at all (the "
     "Synthesizer), and the paper's own comparison of self-attention with recurrent and convolutional layers, "
-    "measured on this machine. They show what full attention buys and what it costs as sentences grow.",
-    prose=True,
+    "measured on this machine. They show what full attention buys and what it costs as sentences grow."
 )
 
 
@@ -70,24 +57,20 @@ def patterns_tab() -> None:
     )
 
 
-def model_tab() -> None:
+def model_tab(ctx: Context) -> None:
     st.markdown(
         "The trained model never saw these patterns: here one of them is ANDed into every encoder "
         "self-attention layer of the loaded model (the model itself is not changed), and the sentence is "
         "translated again. Masked pairs are grey."
     )
-    if choices is None:
+    if not ctx.ready:
         st.info("Choose a model in the sidebar to run this experiment.")
         return
     c = st.columns(4)
     name = bound(c[0].selectbox, "Pattern", ["local", "dilated", "sparse", "causal"], key="var_pattern")
     k = bound(c[1].slider, "Window / stride k", 1, 8, 2, key="var_model_k", disabled=name == "causal")
-    try:
-        tokens, _, base, base_text = computed("pattern", choices.model, choices.device, choices.src, None, k)
-        _, mask, run, text = computed("pattern", choices.model, choices.device, choices.src, name, k)
-    except Exception as e:  # noqa: BLE001 - the user sees a message, never a traceback
-        show_error(e)
-        return
+    tokens, _, base, base_text = ctx.on_model("pattern", ctx.choices.src, None, k)
+    _, mask, run, text = ctx.on_model("pattern", ctx.choices.src, name, k)
     L, H = base.maps.shape[:2]
     clamp_state("var_layer", range(1, L + 1))
     clamp_state("var_head", range(1, H + 1))
@@ -107,7 +90,7 @@ def model_tab() -> None:
     for col, maps, title, m in ((c[0], base.maps, "as trained", None), (c[1], run.maps, f"{name} pattern", mask)):
         fig = shared(
             "var-map",
-            (choices.model, choices.device, choices.src, name if m is not None else None, k, layer, head),
+            (ctx.model, ctx.device, ctx.choices.src, name if m is not None else None, k, layer, head),
             lambda maps=maps, title=title, m=m: attention_heatmap(
                 maps[layer - 1, head - 1],
                 tokens,
@@ -182,11 +165,7 @@ def complexity_tab() -> None:
     width = bound(c[0].select_slider, "Width d for timing", [32, 64, 128, 256], value=64, key="var_time_d")
     if c[0].button("Measure again", key="_var_measure"):
         forget("timing")
-    try:
-        df = computed("timing", None, "cpu", width)
-    except Exception as e:  # noqa: BLE001 - the user sees a message, never a traceback
-        show_error(e)
-        return
+    df = computed("timing", None, "cpu", width)
     c[1].plotly_chart(room(tp.timing_figure(df)), width="stretch", key="var_time_chart")  # re-measured: not shared
     c[1].caption(
         f"Median of 5 runs of one layer of width {width} on one sequence, on this machine's CPU "
@@ -196,13 +175,17 @@ def complexity_tab() -> None:
     c[0].dataframe(df.round(3), hide_index=True)
 
 
-lazy_tabs(
-    "var_tab",
-    {
-        "Mask patterns": patterns_tab,
-        "Pattern on the model": model_tab,
-        "Synthesizer": synthesizer_tab,
-        "Complexity (section 4)": complexity_tab,
-    },
-)
-footer()
+def body(ctx: Context) -> None:
+    """Four tabs; only the model's needs a model."""
+    lazy_tabs(
+        "var_tab",
+        {
+            "Mask patterns": patterns_tab,
+            "Pattern on the model": lambda: model_tab(ctx),
+            "Synthesizer": synthesizer_tab,
+            "Complexity (section 4)": complexity_tab,
+        },
+    )
+
+
+frame(body, intro=INTRO, prose=True, needs_model=False)

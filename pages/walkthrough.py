@@ -2,17 +2,16 @@
 
 import streamlit as st
 
-from attnviz.app import bound, clamp_state, computed, footer, load_bundle, shared, show_error, sidebar
-from attnviz.app.present import intro, page_config, room
+from attnviz.app import bound, clamp_state, computed, load_bundle, shared
+from attnviz.app.frame import Context, frame
+from attnviz.app.present import room
 from attnviz.app.widgets import escape_markdown
+from attnviz.config import TransformerConfig
 from attnviz.figures.decoding import topk_bar
 from attnviz.figures.walkthrough import feed_arrow, matrix_figure
 from attnviz.lessons import walkthrough as wk
 
-page_config("forward-pass walkthrough")
-choices = sidebar()
-st.title("Forward-pass walkthrough")
-intro(
+INTRO = (
     "One sentence through the encoder, the decoder and the output layer, one stage at a time. Every matrix is "
     "the loaded model's own intermediate tensor for this sentence, recorded during its forward pass."
 )
@@ -71,15 +70,9 @@ def show_matrix(m: wk.Matrix, k: int, i: int, shown_stage: tuple) -> None:
     )
 
 
-def main() -> None:
-    if choices is None:
-        return
-    try:
-        bundle = load_bundle(choices.model, choices.device)
-        wt = computed("forward_pass", choices.model, choices.device, choices.src, choices.tgt)
-    except Exception as e:  # noqa: BLE001 - the user sees a message, never a traceback
-        show_error(e)
-        return
+def body(ctx: Context) -> None:
+    bundle = ctx.bundle
+    wt = ctx.on_text("forward_pass")
     cfg = bundle.config
     stages = wk.stage_list(cfg.encoder_only)
     keys, titles = [k for k, _ in stages], dict(stages)
@@ -89,7 +82,14 @@ def main() -> None:
         st.info(
             "This model is encoder-only (BERT-style): it has no decoder, so the walkthrough stops after the encoder."
         )
+    key = stage_picker(keys, titles)
+    layer, head, step, k = stage_controls(cfg, key, 1 if wt.tgt_ids is None else len(wt.tgt_ids))
+    shown_stage = (*ctx.key, key, layer, head, step)
+    show_stage(stage_of(shown_stage), k, shown_stage)
 
+
+def stage_picker(keys: list[str], titles: dict[str, str]) -> str:
+    """Previous, Next and the list of stages: the stage shown."""
     b = st.columns([1.6, 1.6, 5])
     b[0].button(
         "Previous",
@@ -109,11 +109,13 @@ def main() -> None:
         shortcut="Shift+Right",
         help="Shift+Right",
     )
-    key = bound(b[2].selectbox, "Stage", keys, format_func=titles.get, key="wt_stage", label_visibility="collapsed")
+    return bound(b[2].selectbox, "Stage", keys, format_func=titles.get, key="wt_stage", label_visibility="collapsed")
 
+
+def stage_controls(cfg: TransformerConfig, key: str, T: int) -> tuple[int, int, int, int]:
+    """(layer, head, output step, dimensions shown) for stage ``key`` of a model with ``cfg``, ``T`` output steps."""
     decoder_stage = key in wk.USES_STEP
     n_layers = cfg.n_dec_layers if decoder_stage else cfg.n_enc_layers
-    T = 1 if wt.tgt_ids is None else len(wt.tgt_ids)
     clamp_state("wt_layer", range(1, n_layers + 1))
     clamp_state("wt_head", range(1, cfg.n_heads + 1))
     clamp_state("wt_step", range(1, T + 1))
@@ -135,9 +137,11 @@ def main() -> None:
         help="Step t: the decoder has read positions 0..t-1 and predicts the token after them.",
     )
     k = bound(c[3].number_input, "Dimensions shown (k)", 1, 4096, 16, key="wt_k", help="columns drawn; the CSV has all")
+    return layer, head, step, k
 
-    shown_stage = (choices.model, choices.device, choices.src, choices.tgt, key, layer, head, step)
-    stage = stage_of(shown_stage)
+
+def show_stage(stage: wk.Stage, k: int, shown_stage: tuple) -> None:
+    """The stage's title, text, notes, table, arrow, candidates, and its matrices two by two."""
     st.subheader(stage.title)
     st.markdown(stage.text)
     for note in stage.notes:
@@ -161,5 +165,4 @@ def main() -> None:
             show_matrix(m, int(k), i, shown_stage)
 
 
-main()
-footer()
+frame(body, intro=INTRO)

@@ -6,6 +6,7 @@ missing; under CI (CI=true) a missing browser is a failure, so the check cannot 
 
 from __future__ import annotations
 
+import contextlib
 import os
 import socket
 import subprocess
@@ -54,23 +55,16 @@ def _missing() -> str | None:
 LONG = 1000  # source tokens of the long input: beyond every shipped model, so a random model allows it
 
 
-@pytest.fixture(scope="module")
-def server(tmp_path_factory):
-    reason = _missing()
-    if reason:
-        if os.environ.get("CI"):
-            pytest.fail(f"the browser test must run in CI: {reason}")
-        pytest.skip(reason)
-    models = tmp_path_factory.mktemp("models")
-    build_random_model(models / "long", max_len=LONG + 100)
-    env = {**os.environ, "ATTNVIZ_MODEL_ROOTS": os.pathsep.join([str(pretrained_dir()), str(models)])}
+@contextlib.contextmanager
+def running_app(env: dict):
+    """A fresh ``streamlit run app.py`` on a free port of 127.0.0.1, its address while it runs; stopped by its PID."""
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     ARTIFACTS.mkdir(exist_ok=True)
     # The server's log goes to a file: a pipe nobody reads fills up, and the server then blocks
     # writing to it (seen: it no longer stopped within 20 s once a page logged more).
-    log = open(ARTIFACTS / "streamlit.log", "wb")  # closed when the server stops
+    log = open(ARTIFACTS / f"streamlit-{port}.log", "wb")  # closed when the server stops
     proc = subprocess.Popen(
         [
             sys.executable,
@@ -109,6 +103,24 @@ def server(tmp_path_factory):
         proc.terminate()
         proc.wait(timeout=20)
         log.close()
+
+
+def _need_browser() -> None:
+    reason = _missing()
+    if reason:
+        if os.environ.get("CI"):
+            pytest.fail(f"the browser test must run in CI: {reason}")
+        pytest.skip(reason)
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    _need_browser()
+    models = tmp_path_factory.mktemp("models")
+    build_random_model(models / "long", max_len=LONG + 100)
+    env = {**os.environ, "ATTNVIZ_MODEL_ROOTS": os.pathsep.join([str(pretrained_dir()), str(models)])}
+    with running_app(env) as url:
+        yield url
 
 
 def _wait_for_run(page) -> None:
@@ -356,5 +368,34 @@ def test_a_crafted_link_draws_no_link_and_no_image_on_any_page(server):
                 _no_exception(page, f"{name} opened from a crafted link")
                 assert page.locator(outside).count() == 0, f"{name} draws a link or an image the app did not put there"
             assert not requests, f"the browser asked another host for {requests}"
+        finally:
+            browser.close()
+
+
+@pytest.mark.parametrize(
+    ("link", "heading", "title"),
+    [
+        ("atlas?at_kind=encoder&at_layer=2&at_head=3", "Head atlas", "Layer 2, head 3"),
+        ("explorer?model=reverse&src=h+e+l+l+o&kind=encoder&layer=2&head=3", "Attention explorer", "layer 2, head 3"),
+    ],
+)
+def test_a_deep_link_opened_first_after_a_restart_gets_the_whole_frame(link, heading, title):
+    """A server's first run goes through Streamlit's old pages/ mode and runs the page file alone: the
+    frame, called by the page itself, must still draw the sidebar, the title, the view and the footer."""
+    from playwright.sync_api import sync_playwright
+
+    _need_browser()
+    with running_app(dict(os.environ)) as url, sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_ARGS)
+        page = browser.new_page(viewport={"width": 1400, "height": 1000})
+        try:
+            page.goto(f"{url}/{link}")  # the first request this server ever serves
+            _wait_for_run(page)
+            assert page.locator("[data-testid='stException']").count() == 0
+            links = page.locator("[data-testid='stSidebar'] [data-testid='stPageLink']").all_inner_texts()
+            assert [t.strip().splitlines()[-1] for t in links] == [pg.title for pg in registry.PAGES], "the sidebar"
+            assert page.locator("h1").first.inner_text().strip() == heading
+            assert any(title in t for t in page.locator("body").all_inner_texts()), "the linked view"
+            assert page.get_by_text("Every choice on this page is in the address bar").count() == 1, "the footer"
         finally:
             browser.close()

@@ -65,53 +65,15 @@ def sidebar() -> Choices | None:
     """Draw the shared sidebar and page links; the current choices, or None when they are unusable."""
     keep_state()
     links.start()
-    models = api.list_models()
-    options = [*models, CUSTOM_PATH]
-    default = options.index(api.DEFAULT_MODEL) if api.DEFAULT_MODEL in models else 0
     with st.sidebar:
         for page in registry.PAGES:
             st.page_link(page.path, label=page.title, icon=page.icon)
         st.divider()
-        choice = links.bound(
-            st.selectbox,
-            "Model",
-            options,
-            index=default,
-            key="model",
-            format_func=lambda m: "minilm: MiniLM, a real English encoder (BERT)" if m == api.MINILM else m,
-        )
-        model = choice
-        if choice == CUSTOM_PATH:
-            hub = (
-                "downloaded from the Hugging Face hub when this server has no copy"
-                if downloads_allowed()
-                else f"if this server already has it (its operator can allow downloads with {ALLOW_DOWNLOADS}=1)"
-            )
-            typed = links.bound(
-                st.text_input,
-                "Checkpoint directory or hub id",
-                key="model_path",
-                help="A folder under the model folders this server offers (ATTNVIZ_MODEL_ROOTS), by its path there; "
-                f"or a Hugging Face hub id such as Helsinki-NLP/opus-mt-en-de, {hub}.",
-            ).strip()
-            try:
-                if downloads_allowed() and is_hub_id(typed):  # a download may start: say so while it runs
-                    with st.spinner(f"Getting {typed} from the Hugging Face hub…"):
-                        model = str(visitor_model(typed))
-                else:
-                    model = str(visitor_model(typed)) if typed else ""
-            except AttnvizError as e:
-                show_error(e)
-                return None
+        model = model_choice()
+        if model is None:
+            return None
         present.toggle()
-        st.selectbox("Device", DEVICE_CHOICES, key="device", help="auto: a GPU when there is one, else the CPU")
-        device = st.session_state.get("device", "auto")
-        concrete = available_devices()
-        if device == "auto":
-            device = concrete[1] if len(concrete) > 1 else "cpu"
-        elif device not in concrete:
-            st.warning(f"No {device} device on this machine: running on the CPU instead.")
-            device = "cpu"
+        device = device_choice()
         if not model:
             st.info("Type the path of a model folder.")
             return None
@@ -120,40 +82,101 @@ def sidebar() -> Choices | None:
         except Exception as e:  # noqa: BLE001 - every failure must reach the user as a message
             show_error(e)
             return None
-        examples = bundle.info.get("examples") or []
-        if "src_model" not in st.session_state and st.query_params.get("src"):
-            st.session_state["src_model"] = model  # opened from a link: its sentence, not the model's example
-        if st.session_state.get("src_model") != model:  # a new model: start from its first example
-            if st.session_state.get("src_model") is not None:  # and from its own clearest head
-                for key in PER_MODEL_VIEW:
-                    st.session_state.pop(key, None)
-            st.session_state["src"] = examples[0] if examples else ""
-            st.session_state["tgt"] = ""
-            st.session_state["src_model"] = model
-        links.bound(st.text_area, "Source sentence", key="src", height=80)
-        if examples:
-            st.pills("Examples", examples, key=EXAMPLE_PILLS, on_change=use_example)
-        encoder_only = bundle.config.encoder_only
-        links.bound(
-            st.text_input,
-            "Target sentence (optional)",
-            key="tgt",
-            disabled=encoder_only,
-            help="Teacher forcing: the decoder reads this sentence instead of the model's own output."
-            + (" This model is encoder-only: it has no decoder." if encoder_only else ""),
-        )
-        family = bundle.info.get("family", "attnviz")
-        st.caption(
-            f"{escape_markdown(bundle.name)} ({escape_markdown(family)}): "  # a folder's names: shown as text
-            f"{bundle.config.n_enc_layers}+{bundle.config.n_dec_layers} layers, "
-            f"{bundle.config.n_heads} heads, d_model {bundle.config.d_model}, "
-            f"vocabulary {bundle.config.src_vocab_size:,}, on {device}. "
-            f"From: {escape_markdown(bundle.info.get('source', 'trained by attnviz train'))}."
-        )
-    tgt = None if encoder_only else st.session_state.get("tgt", "").strip() or None
+        sentence_inputs(bundle, model)
+        model_caption(bundle, device)
+    tgt = None if bundle.config.encoder_only else st.session_state.get("tgt", "").strip() or None
     src = st.session_state.get("src", "")
     try:
         notice = api.out_of_domain(bundle, src)
     except AttnvizError:  # a sentence the model cannot read at all: the page says why
         notice = None
     return Choices(model=model, src=src, tgt=tgt, device=device, out_of_domain=notice)
+
+
+def model_choice() -> str | None:
+    """The model picker: a shipped model's name, a typed folder or hub id ("" while none is typed), or
+    None when the typed one is refused (the message is shown)."""
+    models = api.list_models()
+    options = [*models, CUSTOM_PATH]
+    default = options.index(api.DEFAULT_MODEL) if api.DEFAULT_MODEL in models else 0
+    choice = links.bound(
+        st.selectbox,
+        "Model",
+        options,
+        index=default,
+        key="model",
+        format_func=lambda m: "minilm: MiniLM, a real English encoder (BERT)" if m == api.MINILM else m,
+    )
+    if choice != CUSTOM_PATH:
+        return choice
+    hub = (
+        "downloaded from the Hugging Face hub when this server has no copy"
+        if downloads_allowed()
+        else f"if this server already has it (its operator can allow downloads with {ALLOW_DOWNLOADS}=1)"
+    )
+    typed = links.bound(
+        st.text_input,
+        "Checkpoint directory or hub id",
+        key="model_path",
+        help="A folder under the model folders this server offers (ATTNVIZ_MODEL_ROOTS), by its path there; "
+        f"or a Hugging Face hub id such as Helsinki-NLP/opus-mt-en-de, {hub}.",
+    ).strip()
+    try:
+        if downloads_allowed() and is_hub_id(typed):  # a download may start: say so while it runs
+            with st.spinner(f"Getting {typed} from the Hugging Face hub…"):
+                return str(visitor_model(typed))
+        return str(visitor_model(typed)) if typed else ""
+    except AttnvizError as e:
+        show_error(e)
+        return None
+
+
+def device_choice() -> str:
+    """The device picker: a concrete device (auto: a GPU if any); the CPU when the one asked for is absent."""
+    st.selectbox("Device", DEVICE_CHOICES, key="device", help="auto: a GPU when there is one, else the CPU")
+    device = st.session_state.get("device", "auto")
+    concrete = available_devices()
+    if device == "auto":
+        return concrete[1] if len(concrete) > 1 else "cpu"
+    if device not in concrete:
+        st.warning(f"No {device} device on this machine: running on the CPU instead.")
+        return "cpu"
+    return device
+
+
+def sentence_inputs(bundle, model: str) -> None:
+    """The source and target boxes and the example pills; a newly chosen model starts from its first example."""
+    examples = bundle.info.get("examples") or []
+    if "src_model" not in st.session_state and st.query_params.get("src"):
+        st.session_state["src_model"] = model  # opened from a link: its sentence, not the model's example
+    if st.session_state.get("src_model") != model:  # a new model: start from its first example
+        if st.session_state.get("src_model") is not None:  # and from its own clearest head
+            for key in PER_MODEL_VIEW:
+                st.session_state.pop(key, None)
+        st.session_state["src"] = examples[0] if examples else ""
+        st.session_state["tgt"] = ""
+        st.session_state["src_model"] = model
+    links.bound(st.text_area, "Source sentence", key="src", height=80)
+    if examples:
+        st.pills("Examples", examples, key=EXAMPLE_PILLS, on_change=use_example)
+    encoder_only = bundle.config.encoder_only
+    links.bound(
+        st.text_input,
+        "Target sentence (optional)",
+        key="tgt",
+        disabled=encoder_only,
+        help="Teacher forcing: the decoder reads this sentence instead of the model's own output."
+        + (" This model is encoder-only: it has no decoder." if encoder_only else ""),
+    )
+
+
+def model_caption(bundle, device: str) -> None:
+    """One line on the loaded model: its name and family, sizes, device and where it comes from."""
+    family = bundle.info.get("family", "attnviz")
+    st.caption(
+        f"{escape_markdown(bundle.name)} ({escape_markdown(family)}): "  # a folder's names: shown as text
+        f"{bundle.config.n_enc_layers}+{bundle.config.n_dec_layers} layers, "
+        f"{bundle.config.n_heads} heads, d_model {bundle.config.d_model}, "
+        f"vocabulary {bundle.config.src_vocab_size:,}, on {device}. "
+        f"From: {escape_markdown(bundle.info.get('source', 'trained by attnviz train'))}."
+    )
