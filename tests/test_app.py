@@ -161,7 +161,7 @@ def test_a_visitor_opens_only_folders_under_the_roots_and_learns_nothing_else(tm
     (roots / "garbage").mkdir(parents=True)
     (roots / "garbage" / "config.json").write_text("{not json")
     (roots / "gpt").mkdir()
-    (roots / "gpt" / "config.json").write_text('{"model_type": "gpt2", "n_embd": 768, "secret": "hunter2"}')
+    (roots / "gpt" / "config.json").write_text('{"model_type": "gemma2", "hidden_size": 768, "secret": "hunter2"}')
     (outside / "model").mkdir(parents=True)
     (outside / "model" / "config.json").write_text('{"model_type": "bert", "secret": "hunter2"}')
     (outside / "model" / "private-notes.txt").write_text("x")
@@ -293,10 +293,10 @@ def test_a_new_page_needs_its_file_and_one_registry_line(tmp_path, monkeypatch):
     shutil.copy(ROOT / "app.py", app / "app.py")
     (app / "pages" / "throwaway.py").write_text(
         "import streamlit as st\n"
-        "from attnviz.app import sidebar\n"
-        "choices = sidebar()\n"
-        'st.title("A throwaway page")\n'
-        'st.markdown(f"on {choices.model}: {choices.src}")\n'
+        "from attnviz.app.frame import frame\n"
+        "def body(ctx):\n"
+        '    st.markdown(f"on {ctx.model}: {ctx.choices.src}")\n'
+        "frame(body)\n"
     )
     page = Page("pages/throwaway.py", "Throwaway", ":material/science:", "a page that a test added")
     monkeypatch.setattr(registry, "PAGES", (*registry.PAGES, page))
@@ -307,8 +307,9 @@ def test_a_new_page_needs_its_file_and_one_registry_line(tmp_path, monkeypatch):
     assert any(page.description in c.value for c in at.caption), "the home page lists it"
     at.switch_page("pages/throwaway.py").run()
     assert_ok(at)
-    assert at.title[0].value == "A throwaway page"
+    assert at.title[0].value == "Throwaway", "the frame drew the registry's title"
     assert at.markdown[0].value.startswith("on en-de: "), "the shared sidebar ran on it"
+    assert "Every choice on this page is in the address bar" in " ".join(c.value for c in at.caption), "and the footer"
 
 
 @pytest.mark.slow
