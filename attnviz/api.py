@@ -11,6 +11,9 @@
 >>> atlas = attnviz.api.compute_atlas(bundle, ["twenty-one", "seven"])  # every head over many sentences
 >>> atlas.heads[["kind", "layer", "head", "entropy"]]      # build_atlas writes a corpus's to a folder
 >>> attnviz.attention(bundle, "Thursday, July 2, 1998", words=True).src_tokens   # words, not pieces
+>>> lm = attnviz.load("openai-community/gpt2")          # a language model: GPT-2, Llama, Qwen2
+>>> attnviz.generate(lm, "The capital of France is", max_new=5)
+>>> attnviz.attention(lm, "The capital of France is", generate=5).decoder.shape   # (layers, heads, T, T)
 """
 
 from __future__ import annotations
@@ -56,8 +59,11 @@ def load(name_or_dir: str | Path = DEFAULT_MODEL, device: str = "auto") -> Bundl
 
 
 def _source_tensor(bundle: Bundle, text: str) -> torch.Tensor:
-    """The encoder input for ``text``: ids (1, S)."""
+    """The encoder input for ``text``: ids (1, S); a language model's prompt, for one."""
     return torch.tensor([bundle.tokenizer.encode_source(text).ids], device=bundle.device)
+
+
+LM_TRANSLATES = "this model is a language model: it continues a prompt rather than translating it; use generate"
 
 
 def _max_output(bundle: Bundle, src_len: int) -> int:
@@ -83,7 +89,10 @@ def _ablated(bundle: Bundle, ablation: Ablation, src_ids: torch.Tensor, tgt: str
 
     Mean ablation of decoder-side heads averages over the decoder input: ``tgt``, or without it the
     intact model's greedy output (taken before the block starts, so the means are the intact model's).
+    A language model's means are taken over its prompt, ``src_ids``.
     """
+    if bundle.config.decoder_only:
+        return ablation_scope(bundle.model, ablation, None, src_ids)
     tgt_tensor = None
     if ablation.needs_target():
         if tgt is not None:
@@ -109,6 +118,8 @@ def translate(bundle: Bundle, text: str, beam: int = 1, ablate: str | Ablation |
     cut at the length limit (:data:`attnviz.decoding.MAX_OUTPUT_TOKENS`, or the model's positions) is logged as a
     warning; :func:`step_through` and :func:`attention` also record it.
     """
+    if bundle.config.decoder_only:
+        raise InputError(LM_TRANSLATES)
     src = _source_tensor(bundle, text)
     ablation = _ablation(bundle, ablate)
     with _ablated(bundle, ablation, src, None):
@@ -119,6 +130,49 @@ def translate(bundle: Bundle, text: str, beam: int = 1, ablate: str | Ablation |
             if decoding.truncated:
                 _say_truncated(_max_output(bundle, src.shape[1]))
             ids = decoding.ids
+    return bundle.tokenizer.decode(ids)
+
+
+MAX_NEW_TOKENS = 256  # the most tokens generate appends to a prompt
+
+
+def _new_tokens(bundle: Bundle, prompt_len: int, max_new: int) -> int:
+    """How many tokens a language model may append: ``max_new``, within its positions; InputError otherwise."""
+    if isinstance(max_new, bool) or not isinstance(max_new, int) or not 0 <= max_new <= MAX_NEW_TOKENS:
+        raise InputError(f"the number of new tokens must be a whole number from 0 to {MAX_NEW_TOKENS}, got {max_new!r}")
+    room = bundle.config.max_len - prompt_len
+    if max_new > room:
+        raise InputError(
+            f"the prompt is {prompt_len} tokens and this model reads at most {bundle.config.max_len}: "
+            f"it can append {max(room, 0)} tokens, not {max_new}"
+        )
+    return max_new
+
+
+def _continuation(bundle: Bundle, prompt: torch.Tensor, max_new: int, beam: int = 1) -> tuple[int, ...]:
+    """A language model's continuation of ``prompt`` (1, P): greedy, or beam search; without the end token."""
+    n = _new_tokens(bundle, prompt.shape[1], max_new)
+    if n == 0:
+        return ()
+    if beam == 1:
+        return tuple(greedy_decode(bundle.model, prompt, max_len=n)[0])
+    return _step_through(bundle.model, prompt, beam_size=beam, max_len=n).ids
+
+
+def generate(
+    bundle: Bundle, prompt: str, max_new: int = 20, beam: int = 1, ablate: str | Ablation | None = None
+) -> str:
+    """A language model's continuation of ``prompt``: ``max_new`` tokens at most, greedy (``beam`` 1) or
+    by beam search, stopping at the end token. ``ablate``: heads switched off, as in :func:`translate`.
+    The text returned is the continuation alone, without the prompt."""
+    if not bundle.config.decoder_only:
+        raise InputError("generate continues a language model's prompt; this model translates: use translate")
+    if not isinstance(beam, int) or isinstance(beam, bool) or not 1 <= beam <= 64:
+        raise InputError(f"the beam size must be from 1 to 64, got {beam!r}")
+    prompt_ids = _source_tensor(bundle, prompt)
+    ablation = _ablation(bundle, ablate)
+    with _ablated(bundle, ablation, prompt_ids, None):
+        ids = _continuation(bundle, prompt_ids, max_new, beam)
     return bundle.tokenizer.decode(ids)
 
 
@@ -171,24 +225,43 @@ def _check_finite(what: str, arrays: dict[str, np.ndarray], allow_masked: bool =
 @dataclass(frozen=True)
 class _Inputs:
     """What the model reads for one sentence pair: the encoder input, and the decoder input unless
-    the model is encoder-only (then every target field is None)."""
+    the model is encoder-only (then every target field is None). A language model has no encoder
+    input (``src`` and ``src_enc`` None): its decoder input is the prompt, and any generated tokens."""
 
-    src: torch.Tensor  # (1, S) ids
-    src_enc: Encoded
+    src: torch.Tensor | None  # (1, S) ids
+    src_enc: Encoded | None
     tgt: torch.Tensor | None  # (1, T) ids, from the start token on
     tgt_ids: tuple[int, ...] | None
     tgt_tokens: tuple[str, ...] | None
     tgt_words: tuple[Word, ...] | None
     truncated: bool  # the decoder input is the greedy output, cut at the length limit
+    generated: int = 0  # a language model: how many of the decoder input's tokens it wrote after the prompt
 
 
-def _inputs(bundle: Bundle, src: str, tgt: str | None, src_enc: Encoded | None = None) -> _Inputs:
+def _lm_inputs(bundle: Bundle, prompt: Encoded, tgt: str | None, generate: int) -> _Inputs:
+    """A language model's input: the prompt's ids, then ``generate`` greedy tokens (fewer if it ends)."""
+    if tgt is not None:
+        raise InputError("a language model reads one text, its prompt: there is no target sentence")
+    tok = bundle.tokenizer
+    prompt_ids = torch.tensor([prompt.ids], device=bundle.device)
+    ids = (*prompt.ids, *_continuation(bundle, prompt_ids, generate))
+    tokens = tuple(tok.target_token(i) for i in ids)
+    tensor = torch.tensor([ids], device=bundle.device)
+    return _Inputs(None, None, tensor, ids, tokens, tok.target_words(ids), False, len(ids) - len(prompt.ids))
+
+
+def _inputs(bundle: Bundle, src: str, tgt: str | None, src_enc: Encoded | None = None, generate: int = 0) -> _Inputs:
     """The encoder input, and the decoder input: ``<s>`` and ``tgt``'s pieces, or the greedy output.
 
-    ``src_enc``: ``src`` already encoded, when the caller needed its ids first.
+    ``src_enc``: ``src`` already encoded, when the caller needed its ids first. For a language model
+    ``src`` is the prompt and ``generate`` how many greedy tokens to append to it.
     """
     tok = bundle.tokenizer
     src_enc = tok.encode_source(src) if src_enc is None else src_enc
+    if bundle.config.decoder_only:
+        return _lm_inputs(bundle, src_enc, tgt, generate)
+    if generate:
+        raise InputError("generate applies to language models; this model's decoder input is its translation")
     src_ids = torch.tensor([src_enc.ids], device=bundle.device)
     if bundle.config.encoder_only:
         if tgt is not None:
@@ -205,23 +278,39 @@ def _inputs(bundle: Bundle, src: str, tgt: str | None, src_enc: Encoded | None =
     return _Inputs(src_ids, src_enc, tgt_ids, ids, tokens, words, truncated)
 
 
+def _per_layer(bundle: Bundle, part: str) -> dict[str, list[str]]:
+    """The names of point ``part`` (``scores``, ``q``...) of each layer's attention, per kind the model has."""
+    layers = {kind: bundle.config.n_layers_of(kind) for kind in KINDS}
+    return {kind: [act_name(attention_site(kind, i), part) for i in range(n)] for kind, n in layers.items() if n}
+
+
+def _all(*per_kind: dict[str, list[str]]) -> set[str]:
+    return {name for names in per_kind for kind_names in names.values() for name in kind_names}
+
+
+def _recorded(bundle: Bundle, inputs: _Inputs, names, logits: bool = False) -> dict[str, np.ndarray]:
+    """One forward pass on ``inputs``, recording the points ``names`` (a set, or a filter on names):
+    each as float32 numpy without the batch axis (position tables have none). The recipe every
+    reading of the model's insides shares."""
+    with Recorder(names) as rec:
+        bundle.model(inputs.src, inputs.tgt, return_logits=logits)
+    return {k: (v if k.endswith(".pos") else v[0]).float().cpu().numpy() for k, v in rec.tensors.items()}
+
+
+def _stacked(recorded: dict[str, np.ndarray], names: list[str]) -> np.ndarray:
+    """The recorded arrays of ``names`` (one per layer), stacked on a first axis: (L, ...)."""
+    return np.stack([recorded[name] for name in names])
+
+
 @torch.no_grad()
 def attention_scores(bundle: Bundle, src: str, tgt: str | None = None) -> dict[str, np.ndarray]:
     """The scaled scores Q K^T / sqrt(d_k) before the softmax, per kind, (L, H, Q, K) float32.
 
     The same inputs as :func:`attention`; masked entries are ``-inf``.
     """
-    inputs = _inputs(bundle, src, tgt)
-    layers = {"encoder": bundle.config.n_enc_layers, "decoder": bundle.config.n_dec_layers}
-    layers["cross"] = layers["decoder"]
-    names = {kind: [act_name(attention_site(kind, i), "scores") for i in range(layers[kind])] for kind in KINDS}
-    with Recorder({n for kind_names in names.values() for n in kind_names}) as rec:
-        bundle.model(inputs.src, inputs.tgt, return_logits=False)
-    scores = {
-        kind: torch.stack([rec.tensors[n] for n in kind_names])[:, 0].float().cpu().numpy()
-        for kind, kind_names in names.items()
-        if kind_names and kind_names[0] in rec.tensors
-    }
+    names = _per_layer(bundle, "scores")
+    recorded = _recorded(bundle, _inputs(bundle, src, tgt), _all(names))
+    scores = {kind: _stacked(recorded, kind_names) for kind, kind_names in names.items()}
     _check_finite("scores", scores, allow_masked=True)
     return scores
 
@@ -260,18 +349,23 @@ def run_record(bundle: Bundle) -> dict:
 
 def _manifest(bundle: Bundle, src: str, tgt: str | None, inputs: _Inputs) -> dict:
     """What every export records: the model, its inputs, the axes and the library versions."""
-    encoder_only = inputs.tgt_ids is None
+    encoder_only, lm = inputs.tgt_ids is None, bundle.config.decoder_only
+    if lm:
+        tgt_from = f"the prompt, then {inputs.generated} greedy tokens" if inputs.generated else "the prompt"
+    else:
+        tgt_from = "none: encoder-only model" if encoder_only else "given" if tgt is not None else "greedy output"
     return {
         "model": bundle.name,
+        "family": bundle.info.get("family", "attnviz"),
+        "architecture": bundle.config.architecture,
         "checkpoint_sha256": bundle.sha256,
         "config": bundle.config.to_dict(),
         "src": src,
         "tgt": tgt,
-        "tgt_from": (
-            "none: encoder-only model" if encoder_only else "given" if tgt is not None else "greedy output of the model"
-        ),
+        "tgt_from": tgt_from + ("" if lm or encoder_only or tgt is not None else " of the model"),
         "tgt_truncated": inputs.truncated,  # the greedy output stopped at the length limit, unfinished
-        "max_output_tokens": None if encoder_only else _max_output(bundle, inputs.src.shape[1]),
+        "generated": inputs.generated,  # a language model: tokens it appended to the prompt
+        "max_output_tokens": None if encoder_only or lm else _max_output(bundle, inputs.src.shape[1]),
         "units": "pieces",
         "axes": AXES,
         "note": "rows are queries, columns are keys; weights are post-softmax, per head",
@@ -289,9 +383,15 @@ def attention(
     ablate: str | Ablation | None = None,
     *,
     words: bool = False,
+    generate: int = 0,
 ) -> AttentionExport:
     """Every attention map for ``src``, with ``tgt`` (or, without it, the model's greedy output)
     as the decoder input.
+
+    For a language model (GPT-2, Llama, Qwen2) ``src`` is the prompt, there is no ``tgt``, and
+    ``generate`` appends that many of the model's greedy tokens: the export holds ``decoder``
+    (L, H, T, T), causal, over the prompt and those tokens, in ``tgt_ids`` and ``tgt_tokens``, and
+    no ``encoder``, ``cross`` or ``src_*``.
 
     ``ablate``: heads switched off, as in :func:`translate`; without ``tgt`` the decoder input is
     then the ablated model's own greedy output, and the manifest names the ablation.
@@ -303,9 +403,14 @@ def attention(
     ablation = _ablation(bundle, ablate)
     src_enc = bundle.tokenizer.encode_source(src)  # once: the ablation's scope needs the ids first
     with _ablated(bundle, ablation, torch.tensor([src_enc.ids], device=bundle.device), tgt):
-        inputs = _inputs(bundle, src, tgt, src_enc)
+        inputs = _inputs(bundle, src, tgt, src_enc, generate)
         export = _maps(bundle, src, tgt, inputs, ablation)
-    return merge_export(export, inputs.src_enc.words, inputs.tgt_words) if words else export
+    return merge_export(export, _src_words(inputs), inputs.tgt_words) if words else export
+
+
+def _src_words(inputs: _Inputs) -> tuple[Word, ...] | None:
+    """The source's words, or None for a language model (its words are the decoder input's)."""
+    return None if inputs.src_enc is None else inputs.src_enc.words
 
 
 # A sentence looks out of a model's domain when this much more of its word pieces than of any of the
@@ -368,7 +473,7 @@ def clearest_head(bundle: Bundle, kind: str | None = None) -> tuple[str, int, in
     the layer and head out always opens the same head. A model without examples opens on layer 1,
     head 1.
     """
-    kind = kind or ("encoder" if bundle.config.encoder_only else "cross")
+    kind = kind or ("encoder" if bundle.config.encoder_only else "decoder" if bundle.config.decoder_only else "cross")
     tables = []
     for sentence in (bundle.info.get("examples") or [])[:CLEAREST_SENTENCES]:
         try:
@@ -398,11 +503,11 @@ def _maps(bundle: Bundle, src: str, tgt: str | None, inputs: _Inputs, ablation: 
 
 def _export_inputs(inputs: _Inputs) -> dict:
     """An export's ids and tokens for ``inputs``: the exact pieces the model read."""
-    encoder_only = inputs.tgt_ids is None
+    encoder_only, lm = inputs.tgt_ids is None, inputs.src_enc is None
     return {
-        "src_ids": np.array(inputs.src_enc.ids, dtype=np.int64),
+        "src_ids": None if lm else np.array(inputs.src_enc.ids, dtype=np.int64),
         "tgt_ids": None if encoder_only else np.array(inputs.tgt_ids, dtype=np.int64),
-        "src_tokens": tuple(inputs.src_enc.tokens),
+        "src_tokens": None if lm else tuple(inputs.src_enc.tokens),
         "tgt_tokens": None if encoder_only else tuple(inputs.tgt_tokens),
     }
 
@@ -447,7 +552,7 @@ def compare_ablation(
 
     def maps(scope: Ablation) -> AttentionExport:
         export = _maps(bundle, src, tgt, inputs, scope)
-        return merge_export(export, inputs.src_enc.words, inputs.tgt_words) if words else export
+        return merge_export(export, _src_words(inputs), inputs.tgt_words) if words else export
 
     intact = maps(Ablation())
     if bundle.config.encoder_only:
@@ -476,6 +581,7 @@ def attribute(
     position: int | None = None,
     *,
     words: bool = False,
+    generate: int = 0,
 ) -> AttentionExport:
     """A contribution method's numbers for ``src`` and ``tgt`` (or the greedy output), as an export.
 
@@ -488,14 +594,15 @@ def attribute(
 
     ``words``: the maps merged into words as :func:`attention` merges the weights (to a word summed,
     from a word averaged) and each word's relevance the sum of its pieces'; ``position`` still
-    counts the decoder's pieces, as the model predicts them.
+    counts the decoder's pieces, as the model predicts them. ``generate``: a language model's greedy
+    tokens appended to the prompt, as in :func:`attention`.
     """
     spec = METHODS.get(method)
     if spec is None:
         raise InputError(f"unknown method {method!r}; choose one of {', '.join(METHODS)}")
     if position is not None and not spec.uses_position:
         raise InputError(f"a position applies to {', '.join(m for m in METHODS if METHODS[m].uses_position)} only")
-    inputs = _inputs(bundle, src, tgt)
+    inputs = _inputs(bundle, src, tgt, generate=generate)
     if spec.needs_decoder and inputs.tgt is None:
         raise InputError(f"{spec.title} explains a prediction of the decoder: this model is encoder-only")
     result = spec.function(bundle.model, inputs.src, inputs.tgt, position=position)
@@ -516,7 +623,7 @@ def attribute(
         manifest["predicted_token_id"] = result.notes["predicted_token_id"]
         manifest["predicted_token"] = bundle.tokenizer.target_token(result.notes["predicted_token_id"])
     export = AttentionExport(
-        encoder=result.maps["encoder"],
+        encoder=result.maps.get("encoder"),
         decoder=result.maps.get("decoder"),
         cross=result.maps.get("cross"),
         **_export_inputs(inputs),
@@ -525,7 +632,7 @@ def attribute(
     )
     if not words:
         return export
-    return merge_export(export, inputs.src_enc.words, inputs.tgt_words, dict(spec.token_extras))
+    return merge_export(export, _src_words(inputs), inputs.tgt_words, dict(spec.token_extras))
 
 
 @torch.no_grad()
@@ -562,21 +669,9 @@ def queries_keys(bundle: Bundle, src: str, tgt: str | None = None) -> dict[str, 
     heads (section 3.2.2), before the scaling by 1/sqrt(d_k). An encoder-only model has only
     "encoder"; cross-attention's keys are the source's.
     """
-    inputs = _inputs(bundle, src, tgt)
-    n_layers = {"encoder": bundle.config.n_enc_layers, "decoder": bundle.config.n_dec_layers}
-    n_layers["cross"] = n_layers["decoder"]
-    names = {
-        kind: [(act_name(attention_site(kind, i), "q"), act_name(attention_site(kind, i), "k")) for i in range(n)]
-        for kind, n in n_layers.items()
-        if n
-    }
-    with Recorder({name for pairs in names.values() for pair in pairs for name in pair}) as rec:
-        bundle.model(inputs.src, inputs.tgt, return_logits=False)
-
-    def stacked(layer_names: list[str]) -> np.ndarray:
-        return torch.stack([rec.tensors[n] for n in layer_names])[:, 0].float().cpu().numpy()  # (L, H, n, d_k)
-
-    vectors = {kind: (stacked([q for q, _ in pairs]), stacked([k for _, k in pairs])) for kind, pairs in names.items()}
+    queries, keys = _per_layer(bundle, "q"), _per_layer(bundle, "k")
+    recorded = _recorded(bundle, _inputs(bundle, src, tgt), _all(queries, keys))
+    vectors = {kind: (_stacked(recorded, queries[kind]), _stacked(recorded, keys[kind])) for kind in queries}
     _check_finite("query and key vectors", {f"{kind} {i}": v[i] for kind, v in vectors.items() for i in (0, 1)})
     return vectors
 
@@ -585,10 +680,9 @@ def queries_keys(bundle: Bundle, src: str, tgt: str | None = None) -> dict[str, 
 def forward_pass(bundle: Bundle, src: str, tgt: str | None = None) -> ForwardPass:
     """The model's real intermediate tensors for ``src`` (and ``tgt``, or the greedy output)."""
     inputs = _inputs(bundle, src, tgt)
-    with Recorder(lambda name: not name.endswith(".mask")) as rec:
-        bundle.model(inputs.src, inputs.tgt)
-    # Batch of one: drop the batch axis; position tables have none.
-    tensors = {k: (v if k.endswith(".pos") else v[0]).float().cpu().numpy() for k, v in rec.tensors.items()}
+    tensors = _recorded(bundle, inputs, lambda name: not name.endswith(".mask"), logits=True)
     _check_finite("tensor", {k: v for k, v in tensors.items() if not k.endswith(".scores")})
     _check_finite("scores", {k: v for k, v in tensors.items() if k.endswith(".scores")}, allow_masked=True)
-    return ForwardPass(tensors, inputs.src_enc.ids, inputs.src_enc.tokens, inputs.tgt_ids, inputs.tgt_tokens)
+    src_enc = inputs.src_enc
+    src_ids, src_tokens = (None, None) if src_enc is None else (src_enc.ids, src_enc.tokens)
+    return ForwardPass(tensors, src_ids, src_tokens, inputs.tgt_ids, inputs.tgt_tokens)

@@ -29,6 +29,7 @@ from attnviz.methods.ablation import MODES, Ablation
 
 MAX_PATH = 4096  # Linux's PATH_MAX: a longer --model or --out cannot name a file
 MAX_BEAM = 64  # what attnviz.decoding.step_through accepts
+MAX_NEW_TOKENS = 256  # what attnviz.api.generate accepts
 MAX_POSITION = 1 << 20  # beyond any model's positions; the sentence's own length is checked once it is known
 
 
@@ -193,15 +194,31 @@ def _translate(args) -> None:
     print(translate(load(args.model, args.device), args.text, beam=args.beam, ablate=ablate))
 
 
+def _generate(args) -> None:
+    from attnviz.api import generate, load
+
+    ablate = None if args.ablate is None else Ablation(args.ablate.heads, args.ablate_mode)
+    print(generate(load(args.model, args.device), args.prompt, max_new=args.max_new, beam=args.beam, ablate=ablate))
+
+
+def _inputs_line(export, unit: str) -> str:
+    """What an export's maps are over: "source 7 tokens, decoder input 9 tokens", or a prompt's length."""
+    if export.src_tokens is None:  # a language model
+        generated = export.manifest.get("generated", 0)
+        more = f" with {generated} generated" if generated else ""
+        return f"prompt{more}, {len(export.tgt_tokens)} {unit}"
+    decoder = "" if export.tgt_tokens is None else f", decoder input {len(export.tgt_tokens)} {unit}"
+    return f"source {len(export.src_tokens)} {unit}{decoder}"
+
+
 def _attention(args) -> None:
     from attnviz.api import attention, load
 
-    export = attention(load(args.model, args.device), args.src, args.tgt, words=args.words)
+    export = attention(load(args.model, args.device), args.src, args.tgt, words=args.words, generate=args.generate)
     path = export.save(args.out)
-    L, H, S, _ = export.encoder.shape
+    L, H = (export.encoder if export.encoder is not None else export.decoder).shape[:2]
     unit = "words" if args.words else "tokens"
-    decoder = "" if export.tgt_tokens is None else f", decoder input {len(export.tgt_tokens)} {unit}"
-    print(f"wrote {path}: {L} layers x {H} heads, source {S} {unit}{decoder}")
+    print(f"wrote {path}: {L} layers x {H} heads, {_inputs_line(export, unit)}")
 
 
 def _diff(args) -> int:
@@ -223,17 +240,19 @@ def _attribute(args) -> None:
     from attnviz.api import attribute, load
 
     bundle = load(args.model, args.device)
-    export = attribute(bundle, args.src, args.tgt, method=args.method, position=args.position, words=args.words)
+    export = attribute(
+        bundle, args.src, args.tgt, method=args.method, position=args.position, words=args.words, generate=args.generate
+    )
     path = export.save(args.out)
-    shape = "x".join(str(n) for n in export.encoder.shape[: 2 if method.per_head else 1])
+    first = export.encoder if export.encoder is not None else export.decoder
+    shape = "x".join(str(n) for n in first.shape[: 2 if method.per_head else 1])
     unit = "words" if args.words else "tokens"
-    decoder = "" if export.tgt_tokens is None else f", decoder input {len(export.tgt_tokens)} {unit}"
     explained = ""
     if "position" in export.manifest:
         token, position = export.manifest["predicted_token"], export.manifest["position"]
         explained = f"; explains {token!r}, predicted at decoder position {position}"
     per = "layers x heads" if method.per_head else "layers"
-    print(f"wrote {path}: {method.name}, {shape} ({per}), source {len(export.src_tokens)} {unit}{decoder}{explained}")
+    print(f"wrote {path}: {method.name}, {shape} ({per}), {_inputs_line(export, unit)}{explained}")
 
 
 def _atlas(args) -> None:
@@ -320,6 +339,16 @@ def words_arg(p: argparse.ArgumentParser) -> None:
     )
 
 
+def generate_arg(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--generate",
+        type=int_in(0, MAX_NEW_TOKENS),
+        default=0,
+        metavar="N",
+        help="a language model: append its N greedy tokens to the prompt (default: 0)",
+    )
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = Parser(prog="attnviz", description=__doc__.split("\n\n")[0])
     sub = parser.add_subparsers(dest="command", required=True)
@@ -342,12 +371,24 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("text", type=text)
     p.set_defaults(run=_translate)
 
+    p = sub.add_parser("generate", help="print a language model's continuation of a prompt")
+    model_args(p)
+    p.add_argument(
+        "--max-new", type=int_in(0, MAX_NEW_TOKENS), default=20, help="tokens to append at most (default: 20)"
+    )
+    p.add_argument("--beam", type=int_in(1, MAX_BEAM), default=1, help="beam size (1 = greedy)")
+    p.add_argument("--ablate", type=heads, metavar="decoder:LAYER.HEAD[,...]", help="switch these heads off")
+    p.add_argument("--ablate-mode", choices=MODES, default="zero", help="zero or mean (default: zero)")
+    p.add_argument("prompt", type=text)
+    p.set_defaults(run=_generate)
+
     p = sub.add_parser("attention", help="write every attention map for one sentence to an .npz file")
     model_args(p)
-    p.add_argument("--src", required=True, type=text, help="source sentence")
+    p.add_argument("--src", required=True, type=text, help="source sentence, or a language model's prompt")
     p.add_argument(
         "--tgt", type=text, help="target sentence for the decoder input (default: the model's greedy output)"
     )
+    generate_arg(p)
     p.add_argument("--out", required=True, type=out_file, help="output .npz file")
     words_arg(p)
     p.set_defaults(run=_attention)
@@ -373,6 +414,7 @@ def build_parser() -> argparse.ArgumentParser:
         "(default: the last)",
     )
     words_arg(p)
+    generate_arg(p)
     p.add_argument("--out", required=True, type=out_file, help="output .npz file")
     p.set_defaults(run=_attribute)
 

@@ -2,7 +2,10 @@
 
 The defaults are the paper's base model. Options beyond the paper (pre-LN, GELU/swish, learned or
 concatenated positions, an output bias, BERT's token types and embedding LayerNorm) exist so that
-real checkpoints (Marian, BERT) run in the same model; each field says where it comes from.
+real checkpoints (Marian, BERT) run in the same model, and the fields after ``unk_id`` describe the
+decoder-only language models that came later (GPT-2, the Llama family: :mod:`attnviz.later`); each
+field says where it comes from. A decoder-only model is ``n_enc_layers=0``: its decoder layers have
+no cross-attention and read the prompt directly.
 """
 
 from __future__ import annotations
@@ -13,7 +16,10 @@ from attnviz.errors import ConfigError
 from attnviz.linear import ACTIVATIONS as LINEAR_ACTIVATIONS
 
 ACTIVATIONS = tuple(name for name in LINEAR_ACTIVATIONS if name)  # ("relu", "gelu", "swish")
-POS_ENCODINGS = ("sinusoidal", "sinusoidal_concat", "learned", "none")
+POS_ENCODINGS = ("sinusoidal", "sinusoidal_concat", "learned", "rotary", "none")
+NORMS = ("layernorm", "rmsnorm")
+FFNS = ("mlp", "gated")
+ROPE_SCALINGS = ("", "llama3")
 
 
 @dataclass(frozen=True)
@@ -44,6 +50,18 @@ class TransformerConfig:
     bos_id: int = 1  # the decoder's start token
     eos_id: int = 2
     unk_id: int = 3
+    # After 2017 (attnviz.later): decoder-only language models. The defaults are the paper's.
+    n_kv_heads: int = 0  # key/value heads, grouped-query attention (Llama, Qwen2); 0: one per query head
+    norm: str = "layernorm"  # layernorm (paper) | rmsnorm (Llama)
+    ffn: str = "mlp"  # mlp: act(x W1) W2 (paper) | gated: act(x W_gate) * (x W_up) W_down (SwiGLU, Llama)
+    ffn_bias: bool = True  # biases in the feed-forward network (Llama has none)
+    attn_out_bias: bool = True  # a bias on W^O, when attn_bias (Qwen2: biases on Q, K, V but not on W^O)
+    rope_theta: float = 10000.0  # rotary positions' base, the counterpart of the sinusoids' 10000
+    rope_scaling: str = ""  # "" | llama3: Llama 3.1's frequency scaling, with the four values below
+    rope_factor: float = 1.0
+    rope_low_freq_factor: float = 1.0
+    rope_high_freq_factor: float = 4.0
+    rope_original_max_len: int = 8192
 
     def __post_init__(self) -> None:
         problems = []
@@ -62,6 +80,19 @@ class TransformerConfig:
                 problems.append(f"{name} must be a non-negative integer, got {getattr(self, name)!r}")
         if not problems and self.d_model % self.n_heads:
             problems.append(f"d_model ({self.d_model}) must be divisible by n_heads ({self.n_heads})")
+        if self.n_kv_heads < 0 or (self.n_kv_heads and self.n_heads % self.n_kv_heads):
+            problems.append(f"n_kv_heads ({self.n_kv_heads}) must divide n_heads ({self.n_heads}), or be 0")
+        for name, allowed in (("norm", NORMS), ("ffn", FFNS), ("rope_scaling", ROPE_SCALINGS)):
+            if getattr(self, name) not in allowed:
+                problems.append(f"{name} must be one of {allowed}, got {getattr(self, name)!r}")
+        if self.pos_encoding == "rotary" and self.n_heads > 0 and self.d_head % 2:
+            problems.append("rotary positions need an even head size (d_model / n_heads)")
+        if not self.rope_theta > 0 or not self.rope_factor > 0 or self.rope_original_max_len < 1:
+            problems.append("rope_theta, rope_factor and rope_original_max_len must be positive")
+        if self.rope_scaling and not self.rope_high_freq_factor > self.rope_low_freq_factor > 0:
+            problems.append("llama3 rope scaling needs rope_high_freq_factor > rope_low_freq_factor > 0")
+        if self.n_enc_layers == 0 and self.n_dec_layers == 0:
+            problems.append("a model needs an encoder, a decoder or both")
         if self.activation not in ACTIVATIONS:
             problems.append(f"activation must be one of {ACTIVATIONS}, got {self.activation!r}")
         if self.pos_encoding not in POS_ENCODINGS:
@@ -85,6 +116,27 @@ class TransformerConfig:
     def encoder_only(self) -> bool:
         """True for a model with no decoder (BERT-style): it has encoder self-attention only."""
         return self.n_dec_layers == 0
+
+    @property
+    def decoder_only(self) -> bool:
+        """True for a language model (GPT-2, Llama): a decoder with no encoder and no cross-attention."""
+        return self.n_enc_layers == 0
+
+    @property
+    def architecture(self) -> str:
+        """encoder-decoder (the paper), encoder-only (BERT) or decoder-only (a language model)."""
+        return "encoder-only" if self.encoder_only else "decoder-only" if self.decoder_only else "encoder-decoder"
+
+    def n_layers_of(self, kind: str) -> int:
+        """How many layers hold attention of ``kind`` (encoder, decoder, cross): 0 where the model has none."""
+        if kind == "encoder":
+            return self.n_enc_layers
+        return 0 if kind == "cross" and self.decoder_only else self.n_dec_layers
+
+    @property
+    def kv_heads(self) -> int:
+        """The number of key/value heads: n_kv_heads, or one per query head (the paper)."""
+        return self.n_kv_heads or self.n_heads
 
     @property
     def d_head(self) -> int:

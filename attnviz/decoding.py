@@ -2,7 +2,9 @@
 
 Each decoding step feeds only the newest token to the decoder; the keys and values of earlier
 positions come from a :class:`~attnviz.kvcache.LayerCache`, and the encoder's keys and values for
-cross-attention are projected once. The step-through records, for every step, the decoder
+cross-attention are projected once. A decoder-only model (a language model) has no encoder: its
+prompt fills the cache in one pass (the prefill), and decoding continues from the prompt's last
+position. The step-through records, for every step, the decoder
 self-attention row and the cross-attention row of every layer and head: the same numbers as the
 corresponding rows of one teacher-forced forward pass over the same prefix.
 """
@@ -37,6 +39,17 @@ def _new_cache(model: Transformer) -> list[LayerCache]:
     return [LayerCache.empty() for _ in model.decoder_layers]
 
 
+def _start(model: Transformer, src: Tensor, src_valid: Tensor | None) -> tuple[Tensor | None, Tensor]:
+    """(the encoder output, the decoder's first input): ``<s>`` after the encoded source, or for a
+    decoder-only model no encoder output and the prompt ``src`` itself, read in one pass."""
+    if model.cfg.decoder_only:
+        if src_valid is not None and not bool(src_valid.all()):
+            raise ValueError("a language model's prompts are decoded one at a time or unpadded")
+        return None, src
+    memory, _ = model.encode(src, src_valid)
+    return memory, torch.full((src.shape[0], 1), model.cfg.bos_id, dtype=torch.long, device=src.device)
+
+
 @torch.no_grad()
 def greedy_decode(
     model: Transformer,
@@ -44,12 +57,14 @@ def greedy_decode(
     src_valid: Tensor | None = None,
     max_len: int = 64,
 ) -> list[list[int]]:
-    """Greedy outputs for a batch of source ids (B, S), each without the start and end tokens."""
+    """Greedy outputs for a batch of source ids (B, S), each without the start and end tokens.
+
+    For a decoder-only model ``src`` is the prompt and the output its continuation (without the prompt).
+    """
     cfg = model.cfg
     B = src.shape[0]
-    memory, _ = model.encode(src, src_valid)
+    memory, token = _start(model, src, src_valid)
     cache = _new_cache(model)
-    token = torch.full((B, 1), cfg.bos_id, dtype=torch.long, device=src.device)
     done = torch.zeros(B, dtype=torch.bool, device=src.device)
     out = []
     for _ in range(max_len):
@@ -89,8 +104,8 @@ class DecodeStep:
     token_id: int  # the token chosen (or given, under teacher forcing) at this step
     prob: float  # the model's probability for that token
     top: tuple[Candidate, ...]  # the k most likely next tokens, most likely first
-    self_attn: Tensor  # (L, H, t + 1): decoder self-attention row over the prefix, keys 0..t
-    cross_attn: Tensor  # (L, H, S): cross-attention row over the source
+    self_attn: Tensor  # (L, H, t + 1): decoder self-attention row over the prefix, keys 0..t (+ the prompt)
+    cross_attn: Tensor | None  # (L, H, S): cross-attention row over the source; None for a language model
     beams: tuple[Beam, ...] = ()  # beam search: the live hypotheses before this step
     followed: int = 0  # which of ``beams`` the followed hypothesis extends
 
@@ -126,7 +141,7 @@ def step_through(
     if forced is not None:
         beam_size, max_len = 1, len(forced)
     cfg = model.cfg
-    memory, _ = model.encode(src)  # (1, S, D)
+    memory, first = _start(model, src, None)  # (1, S, D) and <s>, or None and the prompt
     cache = _new_cache(model)
     live = [Beam((), 0.0)]
     # Per step, per live beam: (parent beam index, self rows, cross rows, top-k, log-probs).
@@ -134,11 +149,12 @@ def step_through(
     finished: list[tuple[float, Beam, int, int]] = []  # (normalised score, beam, step, beam index)
     for t in range(max_len):
         n = len(live)
-        last = torch.tensor([[b.ids[-1] if b.ids else cfg.bos_id] for b in live], device=src.device)
-        logits, self_w, cross_w = model.decode(last, memory.expand(n, -1, -1), need_weights=True, cache=cache)
+        last = torch.tensor([[b.ids[-1]] for b in live], device=src.device) if t else first
+        memory_n = None if memory is None else memory.expand(n, -1, -1)
+        logits, self_w, cross_w = model.decode(last, memory_n, return_attention=True, cache=cache)
         logp = torch.log_softmax(logits[:, -1].float(), dim=-1)  # (n, V)
-        self_rows = torch.stack([w[:, :, 0] for w in self_w], dim=1)  # (n, L, H, t+1)
-        cross_rows = torch.stack([w[:, :, 0] for w in cross_w], dim=1)  # (n, L, H, S)
+        self_rows = torch.stack([w[:, :, -1] for w in self_w], dim=1)  # (n, L, H, t+1): the newest query's row
+        cross_rows = None if memory is None else torch.stack([w[:, :, -1] for w in cross_w], dim=1)  # (n, L, H, S)
         top_p, top_i = logp.exp().topk(min(top_k, logp.shape[-1]), dim=-1)
         history.append(
             {
@@ -197,7 +213,7 @@ def step_through(
                 prob=float(h["logp"][b, token].exp()),
                 top=h["top"][b],
                 self_attn=h["self"][b].cpu(),
-                cross_attn=h["cross"][b].cpu(),
+                cross_attn=None if h["cross"] is None else h["cross"][b].cpu(),
                 beams=h["beams"],
                 followed=b,
             )

@@ -31,6 +31,8 @@ STANDARD_ARRAYS = ("encoder", "decoder", "cross", "src_ids", "tgt_ids", "src_tok
 FORMAT_VERSIONS = {
     1: "the arrays and a JSON manifest; the manifest has no format_version",
     2: "version 1, with manifest['format_version'] and manifest['run']: where and how the maps were computed",
+    3: "version 2, where a language model's file holds decoder, tgt_ids, tgt_tokens and the manifest, and no "
+    "encoder, cross or src_*; the manifest names the family and the architecture",
 }
 FORMAT_VERSION = max(FORMAT_VERSIONS)  # what AttentionExport.save writes
 # What each axis of each exported array holds; written into every manifest.
@@ -153,12 +155,12 @@ class AttentionExport:
     queries, columns are keys. ``tgt_ids`` is exactly the decoder input, starting with the start token.
     """
 
-    encoder: np.ndarray
+    encoder: np.ndarray | None  # None for a language model (decoder-only), like cross, src_ids, src_tokens
     decoder: np.ndarray | None  # None for an encoder-only model, like cross, tgt_ids, tgt_tokens
     cross: np.ndarray | None
-    src_ids: np.ndarray
+    src_ids: np.ndarray | None
     tgt_ids: np.ndarray | None
-    src_tokens: tuple[str, ...]
+    src_tokens: tuple[str, ...] | None
     tgt_tokens: tuple[str, ...] | None
     manifest: dict
     extras: dict[str, np.ndarray] = field(default_factory=dict)  # further named arrays, e.g. a method's relevance
@@ -180,14 +182,15 @@ class AttentionExport:
         """Per decoder position, the token it writes; None for an encoder-only model.
 
         The decoder input is the start token and then the output, so position t writes the input's
-        token t + 1, and the last position writes ``end_token``. When the output was cut at the length
+        token t + 1, and the last position writes ``end_token``. A language model's last position
+        writes the token after its input, which the export does not hold: "…". When the output was cut at the length
         limit (``manifest["tgt_truncated"]``) the last position's token is unknown: "…". With a given
         target (teacher forcing) a position writes the target's next token: what it is trained to
         predict, which its own prediction may miss.
         """
         if self.tgt_tokens is None:
             return None
-        last = "…" if self.manifest.get("tgt_truncated") else end_token
+        last = "…" if self.manifest.get("tgt_truncated") or self.encoder is None else end_token
         return (*self.tgt_tokens[1:], last)
 
     def arrays(self) -> dict[str, np.ndarray]:
@@ -204,7 +207,7 @@ class AttentionExport:
             "cross": self.cross,
             "src_ids": self.src_ids,
             "tgt_ids": self.tgt_ids,
-            "src_tokens": np.array(self.src_tokens, dtype=str),
+            "src_tokens": None if self.src_tokens is None else np.array(self.src_tokens, dtype=str),
             "tgt_tokens": None if self.tgt_tokens is None else np.array(self.tgt_tokens, dtype=str),
             "manifest": np.array(json.dumps(manifest, ensure_ascii=False)),
         }
@@ -244,7 +247,9 @@ def load_export(path: str | Path) -> AttentionExport:
         if not isinstance(z, np.lib.npyio.NpzFile):  # a .npy file: one bare array
             raise ExportError(f"{path} holds one array, not an attnviz export (an .npz of several arrays)")
         with z:
-            missing = [name for name in ("encoder", "src_ids", "src_tokens", "manifest") if name not in z.files]
+            lm = "encoder" not in z.files and "decoder" in z.files  # a language model's export (version 3)
+            required = ("decoder", "tgt_ids", "tgt_tokens") if lm else ("encoder", "src_ids", "src_tokens")
+            missing = [name for name in (*required, "manifest") if name not in z.files]
             if missing:
                 found = ", ".join(z.files[:8]) or "none"
                 raise ExportError(f"{path} is not an attnviz export: no {', '.join(missing)} in it (it has: {found})")
@@ -259,12 +264,12 @@ def load_export(path: str | Path) -> AttentionExport:
             _check_format_version(path, manifest)
             get = lambda name: z[name] if name in z.files else None  # noqa: E731
             return AttentionExport(
-                encoder=z["encoder"],
+                encoder=get("encoder"),
                 decoder=get("decoder"),
                 cross=get("cross"),
-                src_ids=z["src_ids"],
+                src_ids=get("src_ids"),
                 tgt_ids=get("tgt_ids"),
-                src_tokens=tuple(z["src_tokens"].tolist()),
+                src_tokens=None if get("src_tokens") is None else tuple(z["src_tokens"].tolist()),
                 tgt_tokens=None if get("tgt_tokens") is None else tuple(z["tgt_tokens"].tolist()),
                 manifest=manifest,
                 extras={name: z[name] for name in z.files if name not in STANDARD_ARRAYS},

@@ -38,6 +38,7 @@ import os
 import platform
 from collections.abc import Iterator
 from contextlib import contextmanager
+from functools import partial
 
 import torch
 import torch.nn.functional as F
@@ -134,6 +135,7 @@ ACTIVATIONS = {
     None: (None, "none", ""),
     "relu": (F.relu, "relu", ""),
     "gelu": (F.gelu, "gelu", "none"),  # the exact (erf) GELU, as F.gelu's default
+    "gelu_tanh": (partial(F.gelu, approximate="tanh"), "gelu", "tanh"),  # GPT-2's "gelu_new"
     "swish": (F.silu, "swish", ""),
 }
 

@@ -16,7 +16,10 @@ Where the paper is silent this file chooses, and says so: biases on the attentio
 initialisation of the linear layers, positions counted from 0, and a query with no key to attend
 to (only possible with an all-padding row) giving zeros instead of NaN. Options beyond the paper
 (pre-LN, GELU/swish, learned or concatenated positions, an output bias) exist for real checkpoints;
-the defaults are the paper's.
+the defaults are the paper's. The decoder-only language models that came later (GPT-2, the Llama
+family) are this file's decoder with no encoder and no cross-attention (``n_enc_layers=0``); the
+parts they add (RMSNorm, rotary positions, SwiGLU, grouped-query attention) live in
+:mod:`attnviz.later`, and each class here takes one only where its config asks for it.
 
 Shape letters, used in comments throughout: B batch, S source length, T target length, Q query
 length, K key length, H heads, Dh d_head, D d_model, F d_ff, V vocabulary size, L layers.
@@ -37,6 +40,7 @@ from attnviz.errors import InputError
 from attnviz.hooks import act_name, observe, point, wants
 from attnviz.kinds import causal_mask
 from attnviz.kvcache import KVCache, LayerCache
+from attnviz.later import GatedFeedForward, RopeSpec, Rotary, make_norm, repeat_kv
 from attnviz.linear import Linear, linear
 
 PAPER_BASE = 10000.0  # the sinusoids' base (3.5)
@@ -123,7 +127,8 @@ class TokenEmbedding(nn.Module):
 
 
 class PositionalEncoding(nn.Module):
-    """What is added for position: fixed sinusoids (3.5), a learned table, or nothing."""
+    """What is added for position: fixed sinusoids (3.5), a learned table, or nothing (also for rotary
+    positions, which rotate queries and keys inside attention instead: :class:`attnviz.later.Rotary`)."""
 
     def __init__(self, cfg: TransformerConfig):
         super().__init__()
@@ -158,14 +163,14 @@ class PositionalEncoding(nn.Module):
 
 
 def attention(
-    q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, keep_scores: bool = True
+    q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, return_scores: bool = True
 ) -> tuple[Tensor, Tensor, Tensor | None]:
     """Equation 1, softmax(Q K^T / sqrt(d_k)) V, explicitly: returns (output, weights, scores).
 
     ``q``, ``k`` (B, H, Q or K, Dh), ``v`` (B, H, K, Dv); ``mask`` (True = may attend) broadcasts to
     (B, H, Q, K). Blocked scores are -inf; a query whose every key is blocked gets zero weights, not
     NaN. The scale and the mask (a 0 / -inf bias) go into one batched matrix multiply, and without
-    ``keep_scores`` (scores None) the CPU softmax overwrites the scores when no gradient is recorded:
+    ``return_scores`` (scores None) the CPU softmax overwrites the scores when no gradient is recorded:
     returning the maps then costs a few per cent over the fused kernel, where equation 1 written
     plainly cost 2.5x at 256 tokens (``benchmarks/bench_forward.py``).
 
@@ -184,7 +189,7 @@ def attention(
         scores = torch.baddbmm(bias.expand(B, H, Q, K).reshape(B * H, Q, K), q3, kT3, alpha=Dh**-0.5)
     if scores.dtype in (torch.float16, torch.bfloat16):  # products in reduced precision (autocast)
         weights = torch.softmax(scores, dim=-1, dtype=torch.float32)  # the softmax stays in float32
-    elif keep_scores or scores.device.type != "cpu" or (torch.is_grad_enabled() and scores.requires_grad):
+    elif return_scores or scores.device.type != "cpu" or (torch.is_grad_enabled() and scores.requires_grad):
         weights = torch.softmax(scores, dim=-1)
     else:  # torch's CPU kernel reads each element of a row before it overwrites it: safe in place
         weights = torch.ops.aten._softmax.out(scores, -1, False, out=scores)
@@ -193,7 +198,7 @@ def attention(
         weights = weights.masked_fill(~mask, 0.0)  # rows that were all -inf are NaN: zero them
     Dv = v.shape[-1]  # d_v, which the paper lets differ from d_k
     out = torch.bmm(weights.reshape(B * H, Q, K).to(v.dtype), v.reshape(B * H, K, Dv)).view(B, H, Q, Dv)
-    return out, weights, scores.view(B, H, Q, K) if keep_scores else None
+    return out, weights, scores.view(B, H, Q, K) if return_scores else None
 
 
 def fused_attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None) -> Tensor:
@@ -209,40 +214,58 @@ def fused_attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None) -> Ten
 class MultiHeadAttention(nn.Module):
     """Multi-head attention (3.2.2): h heads of d_k = d_model / h, concatenated, then W^O."""
 
-    def __init__(self, cfg: TransformerConfig, site: str = "attn"):
+    def __init__(self, cfg: TransformerConfig, site: str = "attn", rotary: bool = False):
         super().__init__()
         self.n_heads, self.d_head = cfg.n_heads, cfg.d_head
         self.site = site  # the name of its points (attnviz.hooks), e.g. "decoder.0.cross_attn"
+        d_kv = cfg.kv_heads * cfg.d_head  # d_model, unless keys and values have fewer heads (grouped-query, later)
         self.q_proj = Linear(cfg.d_model, cfg.d_model, bias=cfg.attn_bias)  # W^Q for all heads
-        self.k_proj = Linear(cfg.d_model, cfg.d_model, bias=cfg.attn_bias)  # W^K
-        self.v_proj = Linear(cfg.d_model, cfg.d_model, bias=cfg.attn_bias)  # W^V
-        self.out_proj = Linear(cfg.d_model, cfg.d_model, bias=cfg.attn_bias)  # W^O
+        self.k_proj = Linear(cfg.d_model, d_kv, bias=cfg.attn_bias)  # W^K
+        self.v_proj = Linear(cfg.d_model, d_kv, bias=cfg.attn_bias)  # W^V
+        self.out_proj = Linear(cfg.d_model, cfg.d_model, bias=cfg.attn_bias and cfg.attn_out_bias)  # W^O
+        # Later: rotary positions rotate each query and key by its position's angles (attnviz.later).
+        self.rotary = Rotary(rope_spec(cfg)) if rotary else None
 
     def split_heads(self, x: Tensor) -> Tensor:
-        B, L, _ = x.shape
-        return x.view(B, L, self.n_heads, self.d_head).transpose(1, 2)  # (B, L, D) -> (B, H, L, Dh)
+        B, L, D = x.shape
+        return x.view(B, L, D // self.d_head, self.d_head).transpose(1, 2)  # (B, L, D) -> (B, H, L, Dh)
 
     def forward(
-        self, x_q: Tensor, x_kv: Tensor, mask: Tensor | None, need_weights: bool = False, cache: KVCache | None = None
+        self,
+        x_q: Tensor,
+        x_kv: Tensor,
+        mask: Tensor | None,
+        return_attention: bool = False,
+        cache: KVCache | None = None,
+        start: int = 0,
     ) -> tuple[Tensor, Tensor | None]:
         """Queries from ``x_q`` (B, Q, D) attend to keys and values from ``x_kv`` (B, K, D): (out, weights).
 
-        ``weights`` (B, H, Q, K) only with ``need_weights`` (the explicit path); otherwise the fused
-        kernel runs and it is None. With ``cache``, ``x_q`` holds the new positions only.
+        ``weights`` (B, H, Q, K) only with ``return_attention`` (the explicit path); otherwise the fused
+        kernel runs and it is None. With ``cache``, ``x_q`` holds the new positions only, the first
+        of them at position ``start`` (rotary positions need it).
         """
         site = self.site
         mask = point(mask, site, "mask")
-        q = point(self.split_heads(self.q_proj(x_q)), site, "q")  # (B, H, Q, Dh)
+        q = self.split_heads(self.q_proj(x_q))  # (B, H, Q, Dh)
         if cache is not None and not cache.grows and cache.k is not None:
             k, v = cache.k, cache.v  # cross-attention: the encoder output's keys and values, projected once
         else:
-            k, v = self.split_heads(self.k_proj(x_kv)), self.split_heads(self.v_proj(x_kv))  # (B, H, K, Dh)
+            k, v = self.split_heads(self.k_proj(x_kv)), self.split_heads(self.v_proj(x_kv))  # (B, Hkv, K, Dh)
+            if self.rotary is not None:  # later: keys rotated before they are cached, as queries below
+                observe(k, site, "k_unrotated")
+                k = self.rotary(k, start)
             if cache is not None:
                 k, v = cache.update(k, v)
-        k, v = point(k, site, "k"), point(v, site, "v")
-        keep_scores = wants(site, "scores")
-        if need_weights or keep_scores or wants(site, "weights"):
-            heads, weights, scores = attention(q, k, v, mask, keep_scores=keep_scores)
+        if self.rotary is not None:
+            observe(q, site, "q_unrotated")
+            q = self.rotary(q, start)
+        q = point(q, site, "q")
+        # Later: with grouped-query attention each key/value head serves a group of query heads.
+        k, v = point(repeat_kv(k, self.n_heads), site, "k"), point(repeat_kv(v, self.n_heads), site, "v")
+        return_scores = wants(site, "scores")
+        if return_attention or return_scores or wants(site, "weights"):
+            heads, weights, scores = attention(q, k, v, mask, return_scores=return_scores)
             observe(scores, site, "scores")
             observe(weights, site, "weights")
         else:
@@ -250,7 +273,7 @@ class MultiHeadAttention(nn.Module):
         heads = point(heads, site, "heads")  # (B, H, Q, Dh): each head's weighted sum of values
         B, H, Q, Dh = heads.shape
         concat = point(heads.transpose(1, 2).reshape(B, Q, H * Dh), site, "concat")  # (B, Q, D)
-        return point(self.out_proj(concat), site, "out"), weights if need_weights else None
+        return point(self.out_proj(concat), site, "out"), weights if return_attention else None
 
 
 # ---------------------------------------------------------------------------------------------
@@ -263,13 +286,33 @@ class FeedForward(nn.Module):
     def __init__(self, cfg: TransformerConfig, site: str = "ffn"):
         super().__init__()
         self.site = site
-        self.up = Linear(cfg.d_model, cfg.d_ff)  # W_1: D -> F
-        self.down = Linear(cfg.d_ff, cfg.d_model)  # W_2: F -> D
+        self.up = Linear(cfg.d_model, cfg.d_ff, bias=cfg.ffn_bias)  # W_1: D -> F
+        self.down = Linear(cfg.d_ff, cfg.d_model, bias=cfg.ffn_bias)  # W_2: F -> D
         self.activation = cfg.activation
 
     def forward(self, x: Tensor) -> Tensor:
         hidden = point(self.up(x, activation=self.activation), self.site, "hidden")  # (B, L, F)
         return point(self.down(hidden), self.site, "out")
+
+
+def feed_forward(cfg: TransformerConfig, site: str) -> nn.Module:
+    """The paper's feed-forward network, or (later) the gated one a config asks for."""
+    if cfg.ffn == "gated":
+        return GatedFeedForward(cfg.d_model, cfg.d_ff, cfg.activation, cfg.ffn_bias, site)
+    return FeedForward(cfg, site)
+
+
+def rope_spec(cfg: TransformerConfig) -> RopeSpec:
+    """The rotary angles' parameters of ``cfg`` (attnviz.later)."""
+    return RopeSpec(
+        cfg.d_head,
+        cfg.rope_theta,
+        cfg.rope_scaling,
+        cfg.rope_factor,
+        cfg.rope_low_freq_factor,
+        cfg.rope_high_freq_factor,
+        cfg.rope_original_max_len,
+    )
 
 
 # ---------------------------------------------------------------------------------------------
@@ -286,7 +329,7 @@ class SublayerConnection(nn.Module):
     def __init__(self, cfg: TransformerConfig, site: str = "block"):
         super().__init__()
         self.site = site
-        self.norm = nn.LayerNorm(cfg.d_model, eps=cfg.ln_eps)
+        self.norm = make_norm(cfg.norm, cfg.d_model, cfg.ln_eps)  # LayerNorm; RMSNorm in later models
         self.dropout = nn.Dropout(cfg.dropout)
         self.norm_first = cfg.norm_first
 
@@ -306,48 +349,60 @@ class EncoderLayer(nn.Module):
     def __init__(self, cfg: TransformerConfig, site: str = "encoder.0"):
         super().__init__()
         self.self_attn = MultiHeadAttention(cfg, act_name(site, "attn"))
-        self.ffn = FeedForward(cfg, act_name(site, "ffn"))
+        self.ffn = feed_forward(cfg, act_name(site, "ffn"))
         self.attn_block = SublayerConnection(cfg, act_name(site, "attn_block"))
         self.ffn_block = SublayerConnection(cfg, act_name(site, "ffn_block"))
 
-    def forward(self, x: Tensor, mask: Tensor | None, need_weights: bool = False) -> tuple[Tensor, Tensor | None]:
+    def forward(self, x: Tensor, mask: Tensor | None, return_attention: bool = False) -> tuple[Tensor, Tensor | None]:
         h = self.attn_block.sublayer_input(x)
-        out, weights = self.self_attn(h, h, mask, need_weights)
+        out, weights = self.self_attn(h, h, mask, return_attention)
         x = self.attn_block(x, out)
         x = self.ffn_block(x, self.ffn(self.ffn_block.sublayer_input(x)))
         return x, weights
 
 
 class DecoderLayer(nn.Module):
-    """Masked self-attention, encoder-decoder (cross) attention, feed-forward (3.1)."""
+    """Masked self-attention, encoder-decoder (cross) attention, feed-forward (3.1).
+
+    A decoder-only model (later: GPT-2, Llama) has no encoder, so its layers have no cross-attention.
+    """
 
     def __init__(self, cfg: TransformerConfig, site: str = "decoder.0"):
         super().__init__()
-        self.self_attn = MultiHeadAttention(cfg, act_name(site, "self_attn"))
-        self.cross_attn = MultiHeadAttention(cfg, act_name(site, "cross_attn"))
-        self.ffn = FeedForward(cfg, act_name(site, "ffn"))
+        rotary = cfg.pos_encoding == "rotary"
+        self.self_attn = MultiHeadAttention(cfg, act_name(site, "self_attn"), rotary=rotary)
         self.self_block = SublayerConnection(cfg, act_name(site, "self_block"))
-        self.cross_block = SublayerConnection(cfg, act_name(site, "cross_block"))
+        if not cfg.decoder_only:
+            self.cross_attn = MultiHeadAttention(cfg, act_name(site, "cross_attn"))
+            self.cross_block = SublayerConnection(cfg, act_name(site, "cross_block"))
+        self.ffn = feed_forward(cfg, act_name(site, "ffn"))
         self.ffn_block = SublayerConnection(cfg, act_name(site, "ffn_block"))
 
     def forward(
         self,
         x: Tensor,
-        memory: Tensor,
+        memory: Tensor | None,
         self_mask: Tensor,
         cross_mask: Tensor | None,
-        need_weights: bool = False,
+        return_attention: bool = False,
         cache: LayerCache | None = None,
+        start: int = 0,
     ) -> tuple[Tensor, Tensor | None, Tensor | None]:
-        """Returns the layer's output and its self- and cross-attention weights (None without ``need_weights``)."""
+        """Returns the layer's output and its self- and cross-attention weights (None without ``return_attention``).
+
+        ``memory`` is None in a decoder-only model; ``start`` is the position of ``x``'s first row.
+        """
         h = self.self_block.sublayer_input(x)
-        out, self_weights = self.self_attn(h, h, self_mask, need_weights, None if cache is None else cache.self_attn)
+        self_cache = None if cache is None else cache.self_attn
+        out, self_weights = self.self_attn(h, h, self_mask, return_attention, self_cache, start)
         x = self.self_block(x, out)
-        h = self.cross_block.sublayer_input(x)  # queries from the decoder, keys and values from the encoder
-        out, cross_weights = self.cross_attn(
-            h, memory, cross_mask, need_weights, None if cache is None else cache.cross_attn
-        )
-        x = self.cross_block(x, out)
+        cross_weights = None
+        if memory is not None:
+            h = self.cross_block.sublayer_input(x)  # queries from the decoder, keys and values from the encoder
+            out, cross_weights = self.cross_attn(
+                h, memory, cross_mask, return_attention, None if cache is None else cache.cross_attn
+            )
+            x = self.cross_block(x, out)
         x = self.ffn_block(x, self.ffn(self.ffn_block.sublayer_input(x)))
         return x, self_weights, cross_weights
 
@@ -363,9 +418,9 @@ class Attention:
     Rows are queries, columns are keys. ``cross`` is target rows by source columns.
     """
 
-    encoder: tuple[Tensor, ...]  # L_enc x (B, H, S, S)
+    encoder: tuple[Tensor, ...]  # L_enc x (B, H, S, S); empty for a decoder-only model
     decoder: tuple[Tensor, ...]  # L_dec x (B, H, T, T), causal
-    cross: tuple[Tensor, ...]  # L_dec x (B, H, T, S)
+    cross: tuple[Tensor, ...]  # L_dec x (B, H, T, S); empty without an encoder
 
     def stacked(self, kind: str) -> Tensor:
         """All layers of one kind as one tensor (L, B, H, Q, K)."""
@@ -375,12 +430,13 @@ class Attention:
 @dataclass(frozen=True)
 class Seq2SeqOutput:
     logits: Tensor | None  # (B, T, V): scores for the token after each target position
-    memory: Tensor  # (B, S, D): the encoder output
+    memory: Tensor | None  # (B, S, D): the encoder output; None for a decoder-only model
     attention: Attention | None = None
 
 
 class Transformer(nn.Module):
-    """The encoder-decoder of Figure 1 (or its encoder alone, with ``n_dec_layers=0``)."""
+    """The encoder-decoder of Figure 1, or its encoder alone (``n_dec_layers=0``: BERT), or its decoder
+    alone (``n_enc_layers=0``: a language model such as GPT-2 or Llama)."""
 
     def __init__(self, cfg: TransformerConfig):
         super().__init__()
@@ -399,8 +455,9 @@ class Transformer(nn.Module):
         self.encoder_layers = nn.ModuleList(EncoderLayer(cfg, act_name("encoder", i)) for i in range(cfg.n_enc_layers))
         self.decoder_layers = nn.ModuleList(DecoderLayer(cfg, act_name("decoder", i)) for i in range(cfg.n_dec_layers))
         # Pre-LN stacks end with a LayerNorm; the paper's post-LN stacks already end normalised.
-        self.encoder_norm = nn.LayerNorm(cfg.d_model, eps=cfg.ln_eps) if cfg.norm_first else nn.Identity()
-        self.decoder_norm = nn.LayerNorm(cfg.d_model, eps=cfg.ln_eps) if cfg.norm_first else nn.Identity()
+        final_norm = cfg.norm_first and cfg.n_enc_layers > 0
+        self.encoder_norm = make_norm(cfg.norm, cfg.d_model, cfg.ln_eps) if final_norm else nn.Identity()
+        self.decoder_norm = make_norm(cfg.norm, cfg.d_model, cfg.ln_eps) if cfg.norm_first else nn.Identity()
         if not cfg.tie_output:
             self.out_proj = nn.Parameter(torch.randn(cfg.tgt_vocab_size, cfg.d_model) * cfg.d_model**-0.5)
         if cfg.output_bias:
@@ -423,7 +480,7 @@ class Transformer(nn.Module):
             raise InputError(f"{side} ids must lie in [0, {vocab_size}); got {int(ids.min())}..{int(ids.max())}")
 
     def encode(
-        self, src: Tensor, src_valid: Tensor | None = None, need_weights: bool = False
+        self, src: Tensor, src_valid: Tensor | None = None, return_attention: bool = False
     ) -> tuple[Tensor, list[Tensor | None]]:
         """Source ids (B, S) -> memory (B, S, D) and each layer's self-attention weights (or Nones)."""
         self._check_ids(src, self.cfg.src_vocab_size, "source")
@@ -437,7 +494,7 @@ class Transformer(nn.Module):
         x = point(self.dropout(self.embed_norm(x)), "src", "input")
         weights = []
         for layer in self.encoder_layers:
-            x, w = layer(x, mask, need_weights)
+            x, w = layer(x, mask, return_attention)
             weights.append(w)
         return point(self.encoder_norm(x), "memory"), weights
 
@@ -447,19 +504,21 @@ class Transformer(nn.Module):
         memory: Tensor,
         src_valid: Tensor | None = None,
         tgt_valid: Tensor | None = None,
-        need_weights: bool = False,
+        return_attention: bool = False,
         cache: list[LayerCache] | None = None,
-        with_logits: bool = True,
+        return_logits: bool = True,
     ) -> tuple[Tensor | None, list, list]:
         """Target ids (B, T) and memory -> logits (B, T, V), self- and cross-attention weights per layer.
 
         With ``cache`` (one :class:`LayerCache` per layer), ``tgt`` holds only the new positions;
         earlier keys and values come from the cache, which is updated in place. Without
-        ``with_logits`` the output projection (a large matmul over the vocabulary) is skipped and
+        ``return_logits`` the output projection (a large matmul over the vocabulary) is skipped and
         None is returned in its place: attention maps do not need it.
         """
         if self.cfg.encoder_only:
             raise InputError("this model is encoder-only: it has no decoder to translate or decode with")
+        if (memory is None) != self.cfg.decoder_only:
+            raise InputError("a decoder-only model reads no encoder output; an encoder-decoder needs one")
         self._check_ids(tgt, self.cfg.tgt_vocab_size, "target")
         T = tgt.shape[1]
         start = 0 if cache is None else cache[0].length
@@ -472,12 +531,18 @@ class Transformer(nn.Module):
         self_weights, cross_weights = [], []
         for i, layer in enumerate(self.decoder_layers):
             x, s, c = layer(
-                x, memory, masks["decoder"], masks["cross"], need_weights, None if cache is None else cache[i]
+                x,
+                memory,
+                masks["decoder"],
+                masks["cross"],
+                return_attention,
+                None if cache is None else cache[i],
+                start,
             )
             self_weights.append(s)
             cross_weights.append(c)
         x = point(self.decoder_norm(x), "decoder_out")
-        logits = point(self.logits(x), "logits") if with_logits else None
+        logits = point(self.logits(x), "logits") if return_logits else None
         return logits, self_weights, cross_weights
 
     def logits(self, x: Tensor) -> Tensor:
@@ -487,7 +552,7 @@ class Transformer(nn.Module):
 
     def forward(
         self,
-        src: Tensor,
+        src: Tensor | None,
         tgt: Tensor | None = None,
         src_valid: Tensor | None = None,
         tgt_valid: Tensor | None = None,
@@ -501,13 +566,21 @@ class Transformer(nn.Module):
         ``src_valid`` / ``tgt_valid`` (bool, True = real token) mark padding. With
         ``return_attention`` every map is returned. ``return_logits=False`` skips the output
         projection (``logits`` is then None). Without ``tgt`` (the only way for an encoder-only
-        model) just the encoder runs. Intermediate tensors: :class:`attnviz.hooks.Recorder`.
+        model) just the encoder runs. A decoder-only model takes ``src=None`` and its sequence as
+        ``tgt`` (from its first token, a BOS where the tokenizer adds one). Intermediate tensors:
+        :class:`attnviz.hooks.Recorder`.
         """
-        memory, enc = self.encode(src, src_valid, return_attention)
+        if self.cfg.decoder_only:  # a language model: the decoder reads ``tgt`` (the prompt) alone
+            if src is not None or tgt is None:
+                raise InputError("a decoder-only model reads one sequence: pass it as tgt, with src None")
+            memory, enc = None, []
+        else:
+            memory, enc = self.encode(src, src_valid, return_attention)
         logits, dec, cross = None, [], []
         if tgt is not None:
             logits, dec, cross = self.decode(
-                tgt, memory, src_valid, tgt_valid, return_attention, with_logits=return_logits
+                tgt, memory, src_valid, tgt_valid, return_attention, return_logits=return_logits
             )
+        cross = [c for c in cross if c is not None] if self.cfg.decoder_only else cross
         attn = Attention(tuple(enc), tuple(dec), tuple(cross)) if return_attention else None
         return Seq2SeqOutput(logits=logits, memory=memory, attention=attn)

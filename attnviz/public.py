@@ -37,6 +37,7 @@ PUBLIC: dict[str, tuple[str, ...]] = {
         "run_record",
         "step_through",
         "translate",
+        "generate",
         "versions",
     ),
     "attnviz.checkpoints": ("Bundle",),

@@ -95,7 +95,7 @@ def spans(words: Sequence[Word]) -> list[list[int]]:
 
 def merge_export(
     export: AttentionExport,
-    src_words: Sequence[Word],
+    src_words: Sequence[Word] | None,
     tgt_words: Sequence[Word] | None,
     token_extras: Mapping[str, str] | None = None,
 ) -> AttentionExport:
@@ -110,6 +110,8 @@ def merge_export(
     """
     if (tgt_words is None) != (export.tgt_tokens is None):
         raise ValueError("pass target words exactly when the export has a decoder input")
+    if (src_words is None) != (export.src_tokens is None):
+        raise ValueError("pass source words exactly when the export has a source (a language model has none)")
     token_extras = dict(token_extras or {})
     if set(export.extras) - set(token_extras):
         raise ValueError(f"cannot merge the extra arrays {sorted(set(export.extras) - set(token_extras))} into words")
@@ -129,7 +131,7 @@ def merge_export(
         + ", merged from pieces",
         "words": {
             "rule": RULE,
-            "source": spans(src_words),
+            "source": None if src_words is None else spans(src_words),
             "target": None if tgt_words is None else spans(tgt_words),
             **({"extras": f"{', '.join(sorted(extras))}: each word the sum of its pieces'"} if extras else {}),
         },
@@ -138,7 +140,7 @@ def merge_export(
         export,
         **maps,
         extras=extras,
-        src_tokens=labels(src_words),
+        src_tokens=None if src_words is None else labels(src_words),
         tgt_tokens=None if tgt_words is None else labels(tgt_words),
         manifest=manifest,
     )

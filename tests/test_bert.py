@@ -85,7 +85,7 @@ def tiny_bert(tmp_path_factory) -> tuple[Path, transformers.BertModel]:
 
 
 def _ours(bundle, ids: list[int]):
-    return bundle.model.encode(torch.tensor([ids]), need_weights=True)
+    return bundle.model.encode(torch.tensor([ids]), return_attention=True)
 
 
 def _theirs(hf, ids: list[int]):
@@ -127,7 +127,7 @@ def test_padded_batch_matches_transformers(tiny_bert):
     width = max(map(len, encoded))
     ids = torch.tensor([list(e) + [bundle.tokenizer.pad_id] * (width - len(e)) for e in encoded])
     valid = torch.tensor([[j < len(e) for j in range(width)] for e in encoded])
-    memory, weights = bundle.model.encode(ids, valid, need_weights=True)
+    memory, weights = bundle.model.encode(ids, valid, return_attention=True)
     with torch.no_grad():
         out = hf(input_ids=ids, attention_mask=valid.long(), output_attentions=True)
     for ours, theirs in zip(weights, out.attentions, strict=True):

@@ -160,10 +160,10 @@ BROKEN = {
     "config not json": (_write(CONFIG_FILE, b"{'model': {"), CONFIG_FILE, "not valid JSON"),
     "config not utf-8": (_write(CONFIG_FILE, b"\xff\xfe{}"), CONFIG_FILE, "not valid JSON"),
     "config a list": (_write(CONFIG_FILE, b"[1, 2]"), CONFIG_FILE, "JSON object"),
-    "hugging face config": (  # Marian and BERT folders are loaded; other families are named
-        _write(CONFIG_FILE, json.dumps({"model_type": "gpt2", "n_embd": 768}).encode()),
+    "hugging face config": (  # Marian, BERT, GPT-2, Llama and Qwen2 folders are loaded; other families are named
+        _write(CONFIG_FILE, json.dumps({"model_type": "gemma2", "hidden_size": 768}).encode()),
         CONFIG_FILE,
-        "gpt2",
+        "gemma2",
     ),
     "unknown config key": (
         lambda d: _edit_config(d, lambda c: c["model"].update(n_head=4)),

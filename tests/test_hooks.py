@@ -98,7 +98,7 @@ def test_an_edit_switches_heads_off_as_written_plainly():
     with torch.no_grad():
         with Edit({act_name("encoder", 0, "attn", "heads"): zero}):
             fused, _ = mha(x, x, None)
-            explicit, weights = mha(x, x, None, need_weights=True)
+            explicit, weights = mha(x, x, None, return_attention=True)
         intact, _ = mha(x, x, None)
         expected = _heads_off_reference(mha, x, off)
     torch.testing.assert_close(fused, expected, atol=1e-5, rtol=0)

@@ -179,7 +179,7 @@ def test_a_model_without_safetensors_gets_its_pickle(online, marian_files, tmp_p
 def test_a_foreign_or_oversized_model_is_refused_before_its_weights(online, marian_files, tmp_path, monkeypatch):
     gpt = tmp_path / "gpt"
     gpt.mkdir()
-    (gpt / "config.json").write_text(json.dumps({"model_type": "gpt2"}))
+    (gpt / "config.json").write_text(json.dumps({"model_type": "gemma2"}))
     (gpt / "model.safetensors").write_bytes(b"x" * 100)
     fake = online({"test-org/gpt": gpt, REPO: marian_files})
     with pytest.raises(CheckpointError, match="not a model attnviz can load"):

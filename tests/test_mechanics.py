@@ -162,7 +162,7 @@ def test_multihead_shapes_match_the_model_module():
     mha = MultiHeadAttention(tiny_config(d_model=d_model, n_heads=h))
     x = torch.randn(1, n, d_model)
     q = mha.split_heads(mha.q_proj(x))  # (1, H, n, Dh)
-    out, weights = mha(x, x, None, need_weights=True)
+    out, weights = mha(x, x, None, return_attention=True)
     assert steps["input X"] == (n, d_model)
     assert steps["split into heads"] == tuple(q.shape[1:]) == (h, n, d_model // h)
     assert steps["weights = softmax(scores)"] == tuple(weights.shape[1:])

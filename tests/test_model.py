@@ -61,7 +61,11 @@ def test_default_model_has_the_papers_parameter_count():
     [
         ({"d_model": 30, "n_heads": 4}, ["d_model (30)", "divisible", "n_heads (4)"]),
         ({"activation": "tanh"}, ["activation", "'tanh'", "relu"]),
-        ({"pos_encoding": "rotary"}, ["pos_encoding", "'rotary'", "sinusoidal"]),
+        ({"pos_encoding": "alibi"}, ["pos_encoding", "'alibi'", "sinusoidal", "rotary"]),
+        ({"n_kv_heads": 3}, ["n_kv_heads (3)", "divide n_heads (4)"]),
+        ({"norm": "batchnorm"}, ["norm", "'batchnorm'", "rmsnorm"]),
+        ({"rope_scaling": "yarn"}, ["rope_scaling", "'yarn'", "llama3"]),
+        ({"n_enc_layers": 0, "n_dec_layers": 0}, ["an encoder, a decoder or both"]),
         ({"share_embeddings": True, "tgt_vocab_size": 60}, ["share_embeddings", "src_vocab_size == tgt_vocab_size"]),
         ({"dropout": 1.0}, ["dropout", "[0, 1)"]),
         ({"n_heads": 0}, ["n_heads", "positive"]),
@@ -79,7 +83,7 @@ def test_invalid_config_raises_config_error_naming_the_field(overrides, words):
 
 def test_config_error_lists_every_problem_at_once():
     with pytest.raises(ConfigError) as info:
-        tiny_config(activation="tanh", pos_encoding="rotary")
+        tiny_config(activation="tanh", pos_encoding="alibi")
     assert "activation" in str(info.value) and "pos_encoding" in str(info.value)
 
 
@@ -195,7 +199,7 @@ def test_multi_head_attention_matches_torch(kind, batch):
         x_q, x_kv, ref_kwargs = x_tgt, x_src, {"key_padding_mask": ~src_valid}
 
     with torch.no_grad():
-        out, weights = ours(x_q, x_kv, masks[kind], need_weights=True)
+        out, weights = ours(x_q, x_kv, masks[kind], return_attention=True)
         fused_out, no_weights = ours(x_q, x_kv, masks[kind])
         ref_out, ref_weights = ref(x_q, x_kv, x_kv, need_weights=True, average_attn_weights=False, **ref_kwargs)
 
@@ -238,7 +242,7 @@ def test_encoder_layer_matches_torch(norm_first, activation, batch):
     # Gradients stay enabled: that keeps torch on its plain Python path, not its fused fast path.
     expected = ref(x, src_key_padding_mask=~src_valid)
     fused, _ = ours(x, mask)
-    explicit, weights = ours(x, mask, need_weights=True)
+    explicit, weights = ours(x, mask, return_attention=True)
 
     torch.testing.assert_close(fused, expected, atol=ATOL, rtol=0)
     torch.testing.assert_close(explicit, expected, atol=ATOL, rtol=0)
@@ -286,7 +290,7 @@ def test_decoder_layer_matches_torch(norm_first, activation, batch):
         memory_key_padding_mask=~src_valid,
     )
     got, _, _ = ours(x, memory, masks["decoder"], masks["cross"])
-    explicit, _, _ = ours(x, memory, masks["decoder"], masks["cross"], need_weights=True)
+    explicit, _, _ = ours(x, memory, masks["decoder"], masks["cross"], return_attention=True)
 
     torch.testing.assert_close(got, expected, atol=ATOL, rtol=0)
     torch.testing.assert_close(explicit, expected, atol=ATOL, rtol=0)
@@ -329,8 +333,8 @@ def _mask(shape, seed):
     [None, (4, 6), (2, 1, 1, 6), (1, 1, 4, 6), (2, 1, 4, 6)],
     ids=["none", "2d", "key-padding", "shared", "per-sentence"],
 )
-@pytest.mark.parametrize("keep_scores", [True, False])
-def test_attention_equals_equation_1_written_plainly(mask_shape, keep_scores):
+@pytest.mark.parametrize("return_scores", [True, False])
+def test_attention_equals_equation_1_written_plainly(mask_shape, return_scores):
     g = torch.Generator().manual_seed(4)
     q = torch.randn(2, 6, 3, 8, generator=g).transpose(1, 2)[:, :, :4]  # (B, H, Q=4, Dh): a strided view
     k = torch.randn(2, 3, 6, 8, generator=g)
@@ -338,11 +342,11 @@ def test_attention_equals_equation_1_written_plainly(mask_shape, keep_scores):
     mask = None if mask_shape is None else _mask(mask_shape, seed=5)
     expected_out, expected_scores = textbook_attention(q, k, v, mask)
 
-    out, weights, scores = attention(q, k, v, mask, keep_scores=keep_scores)
+    out, weights, scores = attention(q, k, v, mask, return_scores=return_scores)
 
     torch.testing.assert_close(out, expected_out, atol=1e-6, rtol=0)
     torch.testing.assert_close(weights, torch.softmax(expected_scores, -1), atol=1e-6, rtol=0)
-    if keep_scores:
+    if return_scores:
         assert torch.equal(torch.isneginf(scores), torch.isneginf(expected_scores))
         torch.testing.assert_close(scores, expected_scores, atol=1e-6, rtol=0)
     else:
@@ -354,21 +358,21 @@ def test_attention_without_scores_still_has_the_right_gradients():
     g = torch.Generator().manual_seed(6)
     q, k, v = (torch.randn(1, 2, 5, 4, generator=g, requires_grad=True) for _ in range(3))
     mask = _mask((1, 1, 5, 5), seed=7)
-    out, _, _ = attention(q, k, v, mask, keep_scores=False)
+    out, _, _ = attention(q, k, v, mask, return_scores=False)
     grads = torch.autograd.grad(out.square().sum(), (q, k, v))
     expected = torch.autograd.grad(textbook_attention(q, k, v, mask)[0].square().sum(), (q, k, v))
     for got, want in zip(grads, expected, strict=True):
         torch.testing.assert_close(got, want, atol=1e-6, rtol=0)
 
 
-@pytest.mark.parametrize("keep_scores", [True, False])
-def test_under_bf16_autocast_the_products_are_bf16_and_the_softmax_float32(keep_scores):
+@pytest.mark.parametrize("return_scores", [True, False])
+def test_under_bf16_autocast_the_products_are_bf16_and_the_softmax_float32(return_scores):
     g = torch.Generator().manual_seed(8)
     q, k, v = (torch.randn(2, 3, 7, 16, generator=g) * 2 for _ in range(3))
     mask = _mask((2, 1, 7, 7), seed=9)
     with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
-        out, weights, scores = attention(q, k, v, mask, keep_scores=True)
-        assert attention(q, k, v, mask, keep_scores=keep_scores)[1].dtype == torch.float32
+        out, weights, scores = attention(q, k, v, mask, return_scores=True)
+        assert attention(q, k, v, mask, return_scores=return_scores)[1].dtype == torch.float32
     assert out.dtype == scores.dtype == torch.bfloat16 and weights.dtype == torch.float32
     # The softmax of the bfloat16 scores, computed in float32: rows sum to 1 to float32 rounding,
     # where a bfloat16 softmax would miss by about 1e-2.

@@ -43,6 +43,8 @@ def _model(bundle: Bundle) -> dict:
 def _tgt_from(bundle: Bundle, given: bool) -> str:
     if bundle.config.encoder_only:
         return "none: encoder-only model"
+    if bundle.config.decoder_only:
+        return "none: a language model reads each line as its prompt"
     return "given (--targets)" if given else "greedy output of the model"
 
 
@@ -51,8 +53,9 @@ def _counts(corpus: Corpus) -> dict:
 
 
 def _check_usable(corpus: Corpus, bundle: Bundle, has_targets: bool) -> None:
-    if has_targets and bundle.config.encoder_only:
-        raise InputError("this model is encoder-only: it takes no target sentences; leave out --targets")
+    if has_targets and (bundle.config.encoder_only or bundle.config.decoder_only):
+        kind = "encoder-only" if bundle.config.encoder_only else "a language model"
+        raise InputError(f"this model is {kind}: it takes no target sentences; leave out --targets")
     if not corpus.sentences:
         reasons = ", ".join(f"{n} {why}" for why, n in corpus.skipped.items() if n) or "it is empty"
         raise InputError(f"no usable sentence in the corpus ({corpus.lines} lines: {reasons})")

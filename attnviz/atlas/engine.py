@@ -94,6 +94,12 @@ def run_batch(bundle: Bundle, sentences: Iterable[Sentence], precision: str = "f
     specials = special_ids(tok)
     with precision_context(precision, device):
         src, src_valid = pad_batch([s.src_ids for s in sentences], tok.pad_id, device)
+        if bundle.config.decoder_only:  # a language model: its prompts are the decoder's input
+            src_flags = _flags(
+                [s.src_ids for s in sentences], [s.src_tokens for s in sentences], specials, src.shape[1], device
+            )
+            attn = model(None, src, None, src_valid, return_attention=True, return_logits=False).attention
+            return _result(sentences, attn, {"decoder": (src_valid, src_valid, src_flags)})
         if not bundle.config.encoder_only:
             sentences = _with_greedy_targets(bundle, sentences, src, src_valid)
         src_flags = _flags(
@@ -113,6 +119,11 @@ def run_batch(bundle: Bundle, sentences: Iterable[Sentence], precision: str = "f
                 "decoder": (tgt_valid, tgt_valid, tgt_flags),
                 "cross": (tgt_valid, src_valid, src_flags),
             }
+    return _result(sentences, attn, sides)
+
+
+def _result(sentences: list[Sentence], attn, sides: dict) -> BatchResult:
+    """The statistics and divergences of each kind's maps in ``attn``, with each side's masks and flags."""
     stats, divergences = {}, {}
     for kind, (query_valid, key_valid, (special, punctuation)) in sides.items():
         maps = getattr(attn, kind)
@@ -153,5 +164,7 @@ def head_map(
     device = bundle.device
     src = torch.tensor([list(src_ids)], device=device)
     tgt = None if tgt_ids is None else torch.tensor([list(tgt_ids)], device=device)
+    if bundle.config.decoder_only:  # a language model reads its prompt as the decoder's input
+        src, tgt = None, src
     attn = bundle.model(src, tgt, return_attention=True, return_logits=False).attention
     return getattr(attn, kind)[layer - 1][0, head - 1].float().cpu().numpy()

@@ -1,4 +1,4 @@
-"""Checkpoint directories: attnviz's own, Hugging Face Marian (opus-mt) and BERT, and where models are found.
+"""Checkpoint directories: attnviz's own, Hugging Face Marian (opus-mt), BERT, GPT-2, Llama and Qwen2.
 
 :data:`IMPORTERS` is the registry, tried in order. An importer is a module with ``FAMILY`` (its
 name), ``DESCRIPTION`` (what such a folder holds, for messages), ``detect(path)`` (whether a folder
@@ -12,12 +12,12 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from attnviz.checkpoints import bert, marian, native
+from attnviz.checkpoints import bert, gpt2, llama, marian, native, qwen2
 from attnviz.checkpoints.bundle import Bundle
 from attnviz.checkpoints.files import unrecognised
 from attnviz.errors import CheckpointError
 
-IMPORTERS = (native, marian, bert)
+IMPORTERS = (native, marian, bert, gpt2, llama, qwen2)
 
 
 def load_checkpoint(path: str | Path, device: str = "auto") -> Bundle:

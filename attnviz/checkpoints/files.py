@@ -215,7 +215,8 @@ def unrecognised(path: Path, expected: Sequence[str]) -> CheckpointError:
     hint = f" (it looks like a Hugging Face '{config['model_type']}' config)" if "model_type" in config else ""
     return CheckpointError(
         f"{config_file} is not a config attnviz can read{hint}: expected {kinds}",
-        "its config.json is not one attnviz can read: attnviz loads its own checkpoints, Marian and BERT folders",
+        "its config.json is not one attnviz can read: attnviz loads its own checkpoints, Marian, BERT, GPT-2, Llama "
+        "and Qwen2 folders",
     )
 
 

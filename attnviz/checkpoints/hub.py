@@ -27,6 +27,7 @@ from attnviz.errors import CheckpointError
 HUB_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,95}/[A-Za-z0-9][A-Za-z0-9._-]{0,95}")
 # What the importers read: configs, tokenizers and vocabularies, a card, and one weights file.
 HUB_FILES = [CONFIG_FILE, "README.md", "*.spm", "spm.model", "vocab.json", "target_vocab.json", "tokenizer.json"]
+SHARDS = ["model.safetensors.index.json", "model-*-of-*.safetensors"]  # a large model's weights, in parts
 PICKLE_FILE = "pytorch_model.bin"  # fetched only when a model has no model.safetensors
 ALLOW_DOWNLOADS = "ATTNVIZ_ALLOW_DOWNLOADS"
 _TRUE = {"1", "on", "yes", "true"}
@@ -119,8 +120,8 @@ def _probe(folder: Path, repo_id: str) -> None:
             importer.probe(folder)
             return
     raise CheckpointError(
-        f"{repo_id} is not a model attnviz can load: attnviz reads Marian (opus-mt), BERT and its own "
-        "checkpoints from the hub",
+        f"{repo_id} is not a model attnviz can load: attnviz reads Marian (opus-mt), BERT, GPT-2, Llama-family "
+        "and Qwen2 models and its own checkpoints from the hub",
         f"{repo_id} is not a model attnviz can load",
     )
 
@@ -131,7 +132,7 @@ def hub_snapshot(repo_id: str, cache: Path, download: bool = True) -> Path:
     With ``download`` False, or ``HF_HUB_OFFLINE`` set, only the cache is read, and a model that is
     not in it is a CheckpointError that says so. Online, the config comes first and is checked
     (:func:`_probe`); then the tokenizer files and ``model.safetensors`` (``pytorch_model.bin`` only
-    when the model has no safetensors file).
+    when the model has neither model.safetensors nor its shards).
     """
     if not is_hub_id(repo_id):
         raise CheckpointError(f"{repo_id!r} is not a Hugging Face hub id (owner/name)")
@@ -140,5 +141,7 @@ def hub_snapshot(repo_id: str, cache: Path, download: bool = True) -> Path:
         _probe(_fetch(repo_id, cache, [CONFIG_FILE], offline), repo_id)
     folder = _fetch(repo_id, cache, [*HUB_FILES, SAFETENSORS_FILE], offline)
     if not offline and not (folder / SAFETENSORS_FILE).exists():
+        folder = _fetch(repo_id, cache, SHARDS, offline)
+    if not offline and not (folder / SAFETENSORS_FILE).exists() and not (folder / SHARDS[0]).exists():
         folder = _fetch(repo_id, cache, [PICKLE_FILE], offline)
     return folder

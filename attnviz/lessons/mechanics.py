@@ -349,7 +349,7 @@ def permutation_check(
 
     def run(x: torch.Tensor) -> tuple[np.ndarray, np.ndarray]:
         with Edit(no_positions):
-            memory, weights = model.encode(x, need_weights=True)
+            memory, weights = model.encode(x, return_attention=True)
         maps = torch.stack([w[0] for w in weights])  # (L, H, S, S)
         return memory[0].double().cpu().numpy(), maps.double().cpu().numpy()
 

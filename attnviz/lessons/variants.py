@@ -257,7 +257,7 @@ def encode_with_pattern(model: Transformer, src_ids, mask: np.ndarray | None, ma
         narrow = lambda m: extra if m is None else m & extra  # noqa: E731 - None: no padding to mask
         edits = {act_name(attention_site("encoder", i), "mask"): narrow for i in range(model.cfg.n_enc_layers)}
     with Edit(edits):
-        _, weights = model.encode(ids, need_weights=True)
+        _, weights = model.encode(ids, return_attention=True)
         maps = torch.stack([w[0] for w in weights]).float().cpu().numpy()
         if model.cfg.encoder_only:  # no decoder: the maps are the whole experiment
             return PatternRun(maps=maps, output_ids=None)

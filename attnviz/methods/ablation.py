@@ -102,10 +102,10 @@ class Ablation:
     def check(self, cfg: TransformerConfig) -> Ablation:
         """Itself, or an InputError naming the model's sizes when a layer, head or kind does not exist."""
         for kind, layer, head in self.sorted_heads():
-            layers = cfg.n_enc_layers if kind == "encoder" else cfg.n_dec_layers
+            layers = cfg.n_layers_of(kind)
             label = f"{kind}:{layer + 1}.{head + 1}"
             if layers == 0:
-                raise InputError(f"cannot ablate {label}: this model is encoder-only, it has no {kind} attention")
+                raise InputError(f"cannot ablate {label}: this model is {cfg.architecture}, it has no {kind} attention")
             if layer >= layers or head >= cfg.n_heads:
                 raise InputError(
                     f"cannot ablate {label}: this model has {cfg.n_enc_layers} encoder and {cfg.n_dec_layers} "
@@ -129,7 +129,7 @@ def all_heads(cfg: TransformerConfig, kinds: Iterable[str] = KINDS) -> list[str]
     """Every head of the model in text form (``encoder:1.1`` ...), in kind, layer, head order."""
     out = []
     for kind in kinds:
-        layers = cfg.n_enc_layers if kind == "encoder" else cfg.n_dec_layers
+        layers = cfg.n_layers_of(kind)
         out += [f"{kind}:{layer}.{head}" for layer in range(1, layers + 1) for head in range(1, cfg.n_heads + 1)]
     return out
 
@@ -138,7 +138,7 @@ def whole_layers(cfg: TransformerConfig, kinds: Iterable[str] = KINDS) -> list[s
     """Every layer of the model in text form (``encoder:1`` ...): all of that layer's heads at once."""
     out = []
     for kind in kinds:
-        layers = cfg.n_enc_layers if kind == "encoder" else cfg.n_dec_layers
+        layers = cfg.n_layers_of(kind)
         out += [f"{kind}:{layer}" for layer in range(1, layers + 1)]
     return out
 
@@ -191,7 +191,7 @@ def ablation_scope(
     sites = ablation.by_site()
     if ablation.mode == "zero":
         return Edit({act_name(site, "heads"): _zero(heads) for site, heads in sites.items()})
-    if src is None or (ablation.needs_target() and tgt is None):
+    if (src is None and not model.cfg.decoder_only) or (ablation.needs_target() and tgt is None):
         raise ValueError("mean ablation needs the sentences its means are taken over (src, and tgt for decoder heads)")
     means = head_means(model, src, tgt if ablation.needs_target() else None, sites)
     return Edit({act_name(site, "heads"): _replace_by(means[site], heads) for site, heads in sites.items()})

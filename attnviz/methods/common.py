@@ -1,7 +1,8 @@
 """What every contribution method shares: its result, the kinds a model has, and input checks.
 
 A method takes the model and one sentence pair as token ids, ``src`` (1, S) and ``tgt`` (1, T) (the
-decoder input, starting with the start token; None for an encoder-only model), and returns a
+decoder input, starting with the start token; None for an encoder-only model; a language model
+reads no ``src``, None, and its prompt as ``tgt``), and returns a
 :class:`Contributions`: per kind of attention a float32 array shaped like the maps, (L, H, Q, K)
 per head or (L, Q, K) per layer, rows queries and columns keys, plus any further named arrays.
 """
@@ -33,14 +34,17 @@ class Contributions:
 
 
 def kinds_of(model: Transformer, tgt: Tensor | None) -> tuple[str, ...]:
-    """The kinds of attention a forward pass on (src, tgt) runs: the encoder's, and the decoder's with a target."""
+    """The kinds of attention a forward pass on (src, tgt) runs: the encoder's, and the decoder's with a
+    target; a language model's decoder alone."""
+    if model.cfg.decoder_only:
+        return ("decoder",)
     if tgt is None or model.cfg.encoder_only:
         return ("encoder",)
     return KINDS
 
 
 def n_layers(model: Transformer, kind: str) -> int:
-    return model.cfg.n_enc_layers if kind == "encoder" else model.cfg.n_dec_layers
+    return model.cfg.n_layers_of(kind)
 
 
 def layer_module(model: Transformer, kind: str, layer: int) -> nn.Module:
@@ -56,8 +60,15 @@ def attention_module(model: Transformer, kind: str, layer: int) -> MultiHeadAtte
     return block.self_attn if kind == "decoder" else block.cross_attn
 
 
-def check_pair(model: Transformer, src: Tensor, tgt: Tensor | None, needs_target: bool = False) -> None:
-    """InputError unless ``src`` is (1, S) and ``tgt`` (1, T) or None; methods explain one sentence at a time."""
+def check_pair(model: Transformer, src: Tensor | None, tgt: Tensor | None, needs_target: bool = False) -> None:
+    """InputError unless ``src`` is (1, S) and ``tgt`` (1, T) or None; methods explain one sentence at a time.
+
+    A language model reads no ``src`` (None) and its prompt as ``tgt``.
+    """
+    if model.cfg.decoder_only:
+        if src is not None or tgt is None or tgt.dim() != 2 or tgt.shape[0] != 1 or tgt.shape[1] == 0:
+            raise InputError("a language model's method explains one prompt: src None and tgt shaped (1, T)")
+        return
     if src.dim() != 2 or src.shape[0] != 1 or src.shape[1] == 0:
         raise InputError(f"a method explains one sentence: src must be shaped (1, S), got {tuple(src.shape)}")
     if tgt is not None and (model.cfg.encoder_only or tgt.dim() != 2 or tgt.shape[0] != 1 or tgt.shape[1] == 0):

@@ -93,7 +93,8 @@ def grad_attention(
     sites = [(kind, layer) for kind in kinds_of(model, tgt) for layer in range(n_layers(model, kind))]
     names = {act_name(attention_site(kind, layer), "weights"): (kind, layer) for kind, layer in sites}
     with torch.enable_grad():
-        with Edit({"src.embed": _requires_grad, "tgt.embed": _requires_grad}), Recorder(names, keep_graph=True) as rec:
+        embeddings = ("tgt.embed",) if model.cfg.decoder_only else ("src.embed", "tgt.embed")
+        with Edit(dict.fromkeys(embeddings, _requires_grad)), Recorder(names, keep_graph=True) as rec:
             logits = model(src, tgt).logits  # (1, T, V)
         for weights in rec.tensors.values():
             weights.retain_grad()
@@ -104,9 +105,15 @@ def grad_attention(
         weights = rec.tensors[name]  # (1, H, Q, K)
         maps.setdefault(kind, []).append((weights.grad * weights).clamp_min(0.0).mean(dim=1)[0].detach())
     stacked = {kind: as_float32(torch.stack(per_layer)) for kind, per_layer in maps.items()}
-    _, r_tt, r_ts = propagate(*(stacked[kind].astype(np.float64) for kind in ("encoder", "decoder", "cross")))
-    extras = {
-        "source_relevance": r_ts[position].astype(np.float32),
-        "target_relevance": r_tt[position].astype(np.float32),
-    }
+    if model.cfg.decoder_only:  # a language model: relevance flows through its self-attention alone
+        r_tt = np.eye(T)
+        for a in stacked["decoder"].astype(np.float64):
+            r_tt = r_tt + a @ r_tt
+        extras = {"target_relevance": r_tt[position].astype(np.float32)}
+    else:
+        _, r_tt, r_ts = propagate(*(stacked[kind].astype(np.float64) for kind in ("encoder", "decoder", "cross")))
+        extras = {
+            "source_relevance": r_ts[position].astype(np.float32),
+            "target_relevance": r_tt[position].astype(np.float32),
+        }
     return Contributions(stacked, extras, {"position": position, "predicted_token_id": predicted})

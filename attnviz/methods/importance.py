@@ -159,7 +159,7 @@ def head_importance(
     heads = torch.arange(H, device=device).repeat(n)
     scores = {}
     for kind in kinds:
-        layers = model.cfg.n_enc_layers if kind == "encoder" else model.cfg.n_dec_layers
+        layers = model.cfg.n_layers_of(kind)
         drops = np.empty((layers, H))
         for layer in range(layers):
             ablated = _logprobs(model, batch, rows, heads, kind, layer).view(n, H)

@@ -63,6 +63,9 @@ def rollout(model: Transformer, src: Tensor, tgt: Tensor | None = None, position
     """The rollout after each layer: ``encoder`` (L, S, S); with a decoder, ``decoder`` (L, T, T) and ``cross``."""
     check_pair(model, src, tgt)
     attention = model(src, tgt, return_attention=True, return_logits=False).attention
+    if model.cfg.decoder_only:  # a language model: the rollout of its causal self-attention alone
+        decoder = attention_rollout(attention.stacked("decoder")[:, 0].double().cpu().numpy())
+        return Contributions({"decoder": decoder.astype(np.float32)})
     encoder = attention_rollout(attention.stacked("encoder")[:, 0].double().cpu().numpy())
     maps = {"encoder": encoder.astype(np.float32)}
     if attention.decoder:

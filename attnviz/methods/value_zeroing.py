@@ -68,6 +68,8 @@ def _layer_outputs(model: Transformer, kind: str, layer: int, inputs: dict, mask
         xs = x.expand(rows, -1, -1).contiguous()  # contiguous: the fast linear kernel refuses stride-0 inputs
         if kind == "encoder":
             return block(xs, masks["encoder"])[0]
+        if model.cfg.decoder_only:  # a language model's layer: no cross-attention
+            return block(xs, None, masks["decoder"], None)[0]
         cross = attention_site("cross", layer)
         k, v = (inputs[act_name(cross, part)].expand(rows, -1, -1, -1) for part in ("k", "v"))  # (rows, H, S, Dh)
         cache = LayerCache(KVCache(grows=True), KVCache(grows=False, k=k, v=v))
@@ -81,7 +83,8 @@ def _distances(model, kind, layer, inputs, masks, n_keys: int) -> Tensor:
     clean = None
     columns = []
     for start in range(0, n_keys, chunk):
-        tokens = torch.arange(start, min(n_keys, start + chunk), device=inputs["memory"].device)
+        device = inputs[_layer_input_name(kind, layer)].device
+        tokens = torch.arange(start, min(n_keys, start + chunk), device=device)
         tokens = torch.cat([tokens, tokens.new_full((1,), -1)])  # the last row zeroes nothing: the intact y
         y = _layer_outputs(model, kind, layer, inputs, masks, tokens).double()  # (rows, Q, D)
         if clean is None:
@@ -101,13 +104,15 @@ def value_zeroing(
     """Value-zeroing scores per layer, rows normalised to sum to 1: per kind (L, Q, K) float32."""
     check_pair(model, src, tgt)
     kinds = kinds_of(model, tgt)
-    names = {"memory"} | {_layer_input_name(kind, layer) for kind in kinds for layer in range(n_layers(model, kind))}
-    if tgt is not None:
+    names = {_layer_input_name(kind, layer) for kind in kinds for layer in range(n_layers(model, kind))}
+    if not model.cfg.decoder_only:
+        names.add("memory")
+    if tgt is not None and not model.cfg.decoder_only:
         names |= {act_name(attention_site("cross", i), part) for i in range(model.cfg.n_dec_layers) for part in "kv"}
     with Recorder(names) as rec:
         model(src, tgt, return_logits=False)
     T = 0 if tgt is None else tgt.shape[1]
-    masks = attention_masks(None, None, tgt_len=T, device=src.device)
+    masks = attention_masks(None, None, tgt_len=T, device=(tgt if src is None else src).device)
     maps = {}
     for kind in kinds:
         per_layer = []

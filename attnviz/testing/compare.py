@@ -108,8 +108,9 @@ def _compare_side(side: str, a: AttentionExport, b: AttentionExport) -> Finding 
     if a_ids is None and b_ids is None:
         return None
     if a_ids is None or b_ids is None:
-        which = "A" if b_ids is None else "B"
-        return Finding("inputs", side, f"only {which} has a {side} side (the other model is encoder-only)")
+        which, other = ("A", b) if b_ids is None else ("B", a)
+        kind = "a language model" if other.src_ids is None else "encoder-only"
+        return Finding("inputs", side, f"only {which} has a {side} side (the other model is {kind})")
     same_ids = a_ids.shape == b_ids.shape and bool(np.array_equal(a_ids, b_ids))
     if same_ids and tuple(a_tok) == tuple(b_tok):
         return None
@@ -122,8 +123,15 @@ def _compare_side(side: str, a: AttentionExport, b: AttentionExport) -> Finding 
     if same_ids:
         why = f"the {side} ids are equal but their tokens differ from position {first}: the vocabulary's labels changed"
         return Finding("inputs", side, why, details, {**data, "cause": "labels"})
-    a_text, b_text = a.manifest.get(text_key), b.manifest.get(text_key)
-    if side == "target" and a_text is None and b_text is None and "tgt" in a.manifest and "tgt" in b.manifest:
+    lm = a.src_ids is None and b.src_ids is None  # language models: the decoder input is the prompt (and more)
+    a_text, b_text = (
+        (a.manifest.get("src"), b.manifest.get("src")) if lm else (a.manifest.get(text_key), b.manifest.get(text_key))
+    )
+    side = "prompt" if lm else side
+    generated = lm and (a.manifest.get("generated") or b.manifest.get("generated"))
+    if generated and a_text == b_text:
+        cause, why = "greedy output", f"the same prompt {_quote(a_text)} was continued differently by the model"
+    elif side == "target" and a_text is None and b_text is None and "tgt" in a.manifest and "tgt" in b.manifest:
         cause, why = "greedy output", "the model's own greedy output (the decoder input) changed"
     elif a_text is not None and a_text == b_text:
         cause = "tokenizer"

@@ -1,0 +1,367 @@
+"""What the decoder-only importers share: their tokenizer, sharded weights, and the loading recipe.
+
+GPT-2 (:mod:`~attnviz.checkpoints.gpt2`), the Llama family (:mod:`~attnviz.checkpoints.llama`) and
+Qwen2 (:mod:`~attnviz.checkpoints.qwen2`) are each a :class:`Family`: how to read its config.json
+into a :class:`~attnviz.config.TransformerConfig`, which tensors its weights hold, and how they
+become attnviz's parameters. The rest is here, the same for every family:
+
+- the config is read and checked first, and a model over the limits, or with a feature attnviz
+  does not implement, is refused before any other file is read;
+- the tokenizer is ``tokenizer.json``, read with the ``tokenizers`` library: the ids are exactly
+  the library's, with the BOS a Llama-family post-processor adds;
+- the weights are ``model.safetensors``, or the shards a ``model.safetensors.index.json`` lists
+  (``pytorch_model.bin`` only as :class:`~attnviz.checkpoints.files.WeightsFile` allows it).
+
+``transformers`` is never imported here; it is the independent implementation the tests compare with.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import logging
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from functools import lru_cache
+from pathlib import Path
+
+import torch
+
+from attnviz.checkpoints.bundle import Bundle, checked_shapes, make_bundle
+from attnviz.checkpoints.files import (
+    BAD_WEIGHTS,
+    CONFIG_FILE,
+    SAFETENSORS_FILE,
+    WeightsFile,
+    folder_listing,
+    has_model_type,
+    hub_name,
+    model_folder,
+    read_bytes,
+    read_config,
+    read_json,
+)
+from attnviz.checkpoints.limits import current_limits
+from attnviz.config import TransformerConfig
+from attnviz.errors import CheckpointError, ConfigError, InputError
+from attnviz.tokenizer import Encoded, Word, check_text
+
+log = logging.getLogger(__name__)
+
+TOKENIZER_FILE = "tokenizer.json"
+INDEX_FILE = "model.safetensors.index.json"
+PICKLE_FILE = "pytorch_model.bin"
+WORD_MARK = "\u2581"  # "▁": the app's mark of a piece that starts a word (sentencepiece's)
+SHOWN = {" ": WORD_MARK, "\n": "↵", "\t": "⇥", "\r": "␍"}  # how a label shows what would be invisible
+EXAMPLES = [
+    "The capital of France is Paris. The capital of Germany is",
+    "one two three four five one two three four five",
+    "When Mary and John went to the store, John gave a drink to",
+]
+
+
+# ---------------------------------------------------------------------------------------------
+# The tokenizer
+
+
+@lru_cache(maxsize=1)
+def _byte_of() -> dict[str, int]:
+    """GPT-2's byte-level alphabet, inverted: the printable character that stands for each byte.
+
+    Bytes that print as themselves (``!`` to ``~``, ``¡`` to ``¬``, ``®`` to ``ÿ``) keep their
+    character; the other 68 are shifted to 256 + n in order (so that the space is ``Ġ``, U+0120).
+    """
+    printable = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1), *range(ord("®"), ord("ÿ") + 1)]
+    chars, n = {}, 0
+    for b in range(256):
+        if b in printable:
+            chars[chr(b)] = b
+        else:
+            chars[chr(256 + n)] = b
+            n += 1
+    return chars
+
+
+def _is_byte_level(spec: object) -> bool:
+    """Whether a tokenizer.json's decoder (or pre-tokenizer) is byte-level BPE (GPT-2, Llama 3, Qwen2)."""
+    return '"ByteLevel"' in json.dumps(spec)
+
+
+class CausalLMTokenizer:
+    """A language model's ``tokenizer.json``, implementing :class:`attnviz.tokenizer.Tokenizer`.
+
+    The prompt is the model's only input, so :meth:`encode_source` encodes it (with the BOS the
+    tokenizer's post-processor adds, if any) and :meth:`encode_target` refuses. Labels are the
+    pieces as text: byte-level pieces (``Ġworld``) are turned back into their characters, and a
+    space that starts a piece is shown as "▁", the mark the app draws for a word's start, as it is
+    for sentencepiece models (whose pieces, ``▁world`` and ``<0x0A>``, are shown as they are).
+    A piece holding part of a character's UTF-8 bytes shows them as ``<0xE2>``.
+    """
+
+    def __init__(self, tokenizer_json: str, max_tokens: int, bos_id: int | None, eos_id: int | None):
+        from tokenizers import Tokenizer as HFTokenizer
+
+        spec = json.loads(tokenizer_json)
+        self.tok = HFTokenizer.from_str(tokenizer_json)
+        self.tok.no_padding()
+        self.tok.no_truncation()
+        self.byte_level = _is_byte_level(spec.get("decoder")) or _is_byte_level(spec.get("pre_tokenizer"))
+        self.special = {i for i, t in self.tok.get_added_tokens_decoder().items() if t.special}
+        size = self.src_vocab_size
+        self.eos_id = eos_id if eos_id is not None and 0 <= eos_id < size else 0
+        self.bos_id = bos_id if bos_id is not None and 0 <= bos_id < size else self.eos_id
+        unk = spec.get("model", {}).get("unk_token")
+        self.unk_id = (
+            self.tok.token_to_id(unk) if isinstance(unk, str) and self.tok.token_to_id(unk) is not None else -1
+        )
+        self.pad_id = self.eos_id  # never read: a language model's prompts are not padded here
+        self.max_tokens = max_tokens
+
+    def label(self, token_id: int) -> str:
+        """A piece as text a reader can read (see the class's docstring)."""
+        piece = self.tok.id_to_token(int(token_id))
+        if piece is None:
+            return f"<id {int(token_id)}>"
+        if int(token_id) in self.special:
+            return piece
+        if self.byte_level:
+            byte_of = _byte_of()
+            if all(c in byte_of for c in piece):
+                raw = bytes(byte_of[c] for c in piece)
+                try:
+                    piece = raw.decode("utf-8")
+                except UnicodeDecodeError:
+                    return "".join(f"<0x{b:02X}>" for b in raw)
+        return "".join(SHOWN.get(c, c) for c in piece)
+
+    def encode_source(self, text: str) -> Encoded:
+        """The prompt: ids exactly as ``tokenizers`` gives them (a BOS where the post-processor adds one)."""
+        check_text(text, "prompt", self.max_tokens)
+        ids = tuple(self.tok.encode(text).ids)
+        if len(ids) > self.max_tokens:
+            raise InputError(f"the prompt is {len(ids)} tokens long; this model takes at most {self.max_tokens}")
+        return Encoded(ids, tuple(self.label(i) for i in ids), self.target_words(ids))
+
+    def encode_target(self, text: str) -> tuple[Encoded, Encoded]:
+        raise InputError(
+            "a language model reads one text, its prompt, and continues it: there is no target sentence "
+            "(use generate to continue the prompt)"
+        )
+
+    def target_token(self, token_id: int) -> str:
+        return self.label(token_id)
+
+    def target_words(self, ids: Sequence[int]) -> tuple[Word, ...]:
+        """Words by the tokenizer's own marks: a piece whose label starts with "▁" (a space), or a new
+        line, starts a word; a special token is a word of its own. A word's text is its pieces decoded."""
+        groups: list[list[int]] = []
+        for position, i in enumerate(ids):
+            label = self.label(i)
+            starts = label.startswith((WORD_MARK, "↵")) or int(i) in self.special
+            after_special = groups and int(ids[groups[-1][0]]) in self.special
+            if not groups or starts or after_special:
+                groups.append([])
+            groups[-1].append(position)
+        words = []
+        for group in groups:
+            first = int(ids[group[0]])
+            if first in self.special:
+                words.append(Word(group[0], group[0] + 1, self.label(first), special=True))
+                continue
+            text = self.tok.decode([int(ids[p]) for p in group], skip_special_tokens=False).strip()
+            words.append(Word(group[0], group[-1] + 1, text or "".join(self.label(ids[p]) for p in group)))
+        return tuple(words)
+
+    def decode(self, ids: Iterable[int]) -> str:
+        return self.tok.decode([int(i) for i in ids], skip_special_tokens=True)
+
+    @property
+    def src_vocab_size(self) -> int:
+        return self.tok.get_vocab_size(with_added_tokens=True)
+
+    @property
+    def tgt_vocab_size(self) -> int:
+        return self.src_vocab_size
+
+
+def read_tokenizer(path: Path, max_tokens: int, bos_id: int | None, eos_id: int | None) -> CausalLMTokenizer:
+    """The folder's ``tokenizer.json``, or a CheckpointError naming what is wrong."""
+    file = path / TOKENIZER_FILE
+    if not file.exists():
+        raise CheckpointError(
+            f"{file} is missing: attnviz reads a language model's tokenizer from it (the fast-tokenizer file that "
+            "transformers saves with save_pretrained)"
+        )
+    if importlib.util.find_spec("tokenizers") is None:
+        raise CheckpointError(f"reading {file} needs the 'tokenizers' package: pip install tokenizers")
+    try:
+        return CausalLMTokenizer(read_bytes(file).decode("utf-8"), max_tokens, bos_id, eos_id)
+    except UnicodeDecodeError as e:
+        raise CheckpointError(f"{file} is not readable ({e})") from None
+    except Exception as e:  # the tokenizers library raises its own Exception subclass for a bad file
+        raise CheckpointError(f"{file} is not a usable tokenizer file ({e})") from None
+
+
+# ---------------------------------------------------------------------------------------------
+# Sharded weights
+
+
+class ShardedWeights(WeightsFile):
+    """The tensors of the shards ``model.safetensors.index.json`` lists, read as one file is.
+
+    The index's ``weight_map`` names each tensor's shard; every shard must be a plain file in the
+    folder (no path elsewhere), and each tensor is read from the shard the index names.
+    """
+
+    def __init__(self, index_file: Path, max_bytes: int, rename: Callable[[str], str] = lambda name: name):
+        self.file = index_file
+        self._tensors = None
+        self._handle = None
+        index = read_json(index_file)
+        weight_map = index.get("weight_map") if isinstance(index, dict) else None
+        if not isinstance(weight_map, dict) or not all(isinstance(v, str) for v in weight_map.values()):
+            raise CheckpointError(f"{index_file} has no weight_map of tensor names to shard files", BAD_WEIGHTS)
+        self.shards: dict[str, WeightsFile] = {}
+        for shard in sorted(set(weight_map.values())):
+            if Path(shard).name != shard or not shard.endswith(".safetensors"):
+                raise CheckpointError(f"{index_file} names a shard {shard!r} outside its folder", BAD_WEIGHTS)
+            self.shards[shard] = WeightsFile(index_file.parent / shard, max_bytes, rename)
+        self.where = {}  # the plan's name -> its shard
+        for shard, weights in self.shards.items():
+            for ours, stored in weights.names.items():
+                if weight_map.get(stored) == shard:
+                    self.where[ours] = weights
+        self.names = {ours: weights.names[ours] for ours, weights in self.where.items()}
+
+    def shape(self, name: str) -> tuple[int, ...]:
+        return self.where[name].shape(name)
+
+    def get(self, name: str) -> torch.Tensor:
+        return self.where[name].get(name)
+
+
+def open_weights(path: Path, max_bytes: int, rename: Callable[[str], str]) -> WeightsFile:
+    """The folder's weights: ``model.safetensors``, its shards, or (as WeightsFile allows) a pickle."""
+    if (path / SAFETENSORS_FILE).exists():
+        return WeightsFile(path / SAFETENSORS_FILE, max_bytes, rename)
+    if (path / INDEX_FILE).exists():
+        return ShardedWeights(path / INDEX_FILE, max_bytes, rename)
+    if (path / PICKLE_FILE).exists():
+        return WeightsFile(path / PICKLE_FILE, max_bytes, rename)
+    raise CheckpointError(
+        f"{path} has no weights: expected {SAFETENSORS_FILE}, or {INDEX_FILE} and its shards; found "
+        f"{folder_listing(path)}",
+        BAD_WEIGHTS,
+    )
+
+
+# ---------------------------------------------------------------------------------------------
+# A family, and loading one
+
+
+@dataclass(frozen=True)
+class Family:
+    """One decoder-only family: its config.json's model types and how its files become a Bundle.
+
+    ``config(hf, source)`` is the TransformerConfig (a CheckpointError naming ``source`` for anything
+    unsupported); ``tensors(cfg)`` every stored tensor's name and shape; ``convert(raw, cfg)`` attnviz's
+    parameters from those tensors; ``rename`` a stored name as ``tensors`` names it.
+    """
+
+    name: str
+    model_types: tuple[str, ...]
+    description: str
+    source: str
+    config: Callable[[dict, str], TransformerConfig]
+    tensors: Callable[[TransformerConfig], dict[str, tuple[int, ...]]]
+    convert: Callable[[Mapping[str, torch.Tensor], TransformerConfig], dict[str, torch.Tensor]]
+    rename: Callable[[str], str] = lambda name: name
+
+    def detect(self, path: Path) -> bool:
+        return any(has_model_type(path, t) for t in self.model_types)
+
+    def read_config(self, path: Path) -> tuple[dict, str]:
+        """(config.json's JSON, its file name for messages), checked to be of this family."""
+        path = model_folder(path)
+        hf = read_config(path)
+        source = str(path / CONFIG_FILE)
+        if not isinstance(hf, dict) or hf.get("model_type") not in self.model_types:
+            raise CheckpointError(f"{source} is not a {self.description} config")
+        return hf, source
+
+    def probe(self, path: Path) -> TransformerConfig:
+        """The model config.json describes, refused when attnviz cannot run it or it is over the limits."""
+        hf, source = self.read_config(path)
+        cfg = self.config(hf, source)
+        checked_shapes(cfg, source)
+        return cfg
+
+    def load(self, path: Path, device: str = "auto") -> Bundle:
+        path = model_folder(path)
+        hf, source = self.read_config(path)
+        cfg = self.config(hf, source)
+        _, max_bytes = checked_shapes(cfg, source)
+        tokenizer = read_tokenizer(
+            path, cfg.max_len, first_id(hf.get("bos_token_id")), first_id(hf.get("eos_token_id"))
+        )
+        if tokenizer.src_vocab_size > cfg.tgt_vocab_size:
+            raise CheckpointError(
+                f"{path / TOKENIZER_FILE} has {tokenizer.src_vocab_size} tokens but {source} declares a vocabulary of "
+                f"{cfg.tgt_vocab_size}: the files are from different models"
+            )
+        weights = open_weights(path, max_bytes, self.rename)
+        shapes = self.tensors(cfg)
+        optional = {name for name in shapes if name.endswith("?")}  # a tied head a file may or may not repeat
+        plan = {name.rstrip("?"): [name.rstrip("?")] for name in shapes if name not in optional or name[:-1] in weights}
+        raw = weights.read(plan, {name.rstrip("?"): shape for name, shape in shapes.items()})
+        tensors = self.convert(raw, cfg)
+        if (
+            "lm_head.weight" in raw
+            and cfg.tie_output
+            and not torch.equal(raw["lm_head.weight"], tensors["src_embed.weight"])
+        ):
+            raise CheckpointError(f"{weights.file}: lm_head.weight differs from the embedding, which {source} ties")
+        info = {
+            "family": self.name,
+            "architecture": (hf.get("architectures") or [f"{self.name} (decoder-only)"])[0],
+            "source": self.source,
+            "name": hub_name(path),
+            "weights_file": weights.file.name,
+            "examples": list(EXAMPLES),
+            "decoder_only": True,
+        }
+        files = weights.shards.values() if isinstance(weights, ShardedWeights) else [weights]
+        return make_bundle(cfg, tensors, tokenizer, next(iter(files)).file, info, device)
+
+
+def first_id(value: object) -> int | None:
+    """A token id from config.json: an int, or the first of a list (Llama 3.1 lists several end tokens)."""
+    if isinstance(value, list):
+        value = value[0] if value else None
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+
+def checked(fail: Callable[[str], CheckpointError], build: Callable[[], TransformerConfig]) -> TransformerConfig:
+    """``build()``, with a ConfigError (a value our config refuses) said as the family's ``fail``."""
+    try:
+        return build()
+    except ConfigError as e:
+        raise fail(str(e)) from None
+    except (TypeError, ValueError) as e:  # a field of the wrong type in config.json
+        raise fail(f"a field has the wrong type ({e})") from None
+
+
+def positions(hf_len: object, rotary: bool) -> int:
+    """The longest input: config.json's positions, and for rotary models (no table to allocate) at
+    most the server's ``ATTNVIZ_MAX_POSITIONS``, so that Llama 3's 131072 loads and is read up to it."""
+    n = hf_len if isinstance(hf_len, int) and not isinstance(hf_len, bool) else 2048
+    return min(n, current_limits().max_positions) if rotary else n
+
+
+def refuse_unsupported(hf: dict, fail: Callable[[str], CheckpointError], checks: Mapping[str, Callable]) -> None:
+    """Raise ``fail`` for the first config key whose check says what it asks for (a string), or pass."""
+    for key, check in checks.items():
+        if key in hf:
+            problem = check(hf[key])
+            if problem:
+                raise fail(f'"{key}": {json.dumps(hf[key])} asks for {problem}, which attnviz does not implement')
