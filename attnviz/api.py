@@ -200,9 +200,8 @@ def step_through(
             bundle.model, src, beam_size=beam, top_k=top_k, max_len=_max_output(bundle, src.shape[1]), forced=forced
         )
     for step in decoding.steps:
-        _check_finite(
-            "decoding step's attention", {"decoder": step.self_attn.numpy(), "cross": step.cross_attn.numpy()}
-        )
+        rows = {"decoder": step.self_attn, "cross": step.cross_attn}
+        _check_finite("decoding step's attention", {k: v.numpy() for k, v in rows.items() if v is not None})
     return decoding
 
 
@@ -517,7 +516,7 @@ class AblationComparison:
     """The intact and the ablated model on one sentence, side by side.
 
     ``intact`` and ``ablated`` hold the maps for the same decoder input (``tgt``, or the intact
-    model's output), so that their rows line up; ``steps`` reads that same input step by step
+    model's output; a language model's prompt), so that their rows line up; ``steps`` reads that same input step by step
     (:func:`~attnviz.methods.ablation.step_comparison`: each token's probability under both models and
     each model's top candidates). ``intact_output`` and ``ablated_output`` are the greedy translations.
     For an encoder-only model only the maps are there (the outputs and steps are None).
@@ -558,6 +557,8 @@ def compare_ablation(
     if bundle.config.encoder_only:
         with _ablated(bundle, ablation, src_ids, None):
             return AblationComparison(ablation, intact, maps(ablation), None, None, None)
+    if bundle.config.decoder_only:
+        return _compare_lm_ablation(bundle, ablation, inputs, intact, maps, top_k)
     tok, max_len = bundle.tokenizer, _max_output(bundle, src_ids.shape[1])
     forced = [*inputs.tgt_ids[1:], tok.eos_id]  # the decoder input, shifted: the token each step reads next
     intact_steps = _step_through(bundle.model, src_ids, top_k=top_k, forced=forced)
@@ -569,6 +570,27 @@ def compare_ablation(
         ablated = maps(ablation)
         ablated_steps = _step_through(bundle.model, src_ids, top_k=top_k, forced=forced)
         ablated_output = tok.decode(greedy_decode(bundle.model, src_ids, max_len=max_len)[0])
+    steps = step_comparison(intact_steps, ablated_steps, tok.target_token)
+    return AblationComparison(ablation, intact, ablated, intact_output, ablated_output, steps)
+
+
+LM_COMPARED_TOKENS = 20  # how far compare_ablation continues a language model's prompt, with and without the heads
+
+
+def _compare_lm_ablation(bundle: Bundle, ablation: Ablation, inputs: _Inputs, intact, maps, top_k: int):
+    """compare_ablation for a language model: the prompt read token by token (each next token's
+    probability under both models) and each model's greedy continuation."""
+    prompt, tok = inputs.tgt, bundle.tokenizer
+    if prompt.shape[1] < 2:
+        raise InputError("the prompt has one token: there is no next token in it to compare the models on")
+    first, forced = prompt[:, :1], list(inputs.tgt_ids[1:])  # each step reads the prompt's next token
+    n = min(LM_COMPARED_TOKENS, bundle.config.max_len - prompt.shape[1])
+    intact_steps = _step_through(bundle.model, first, top_k=top_k, forced=forced)
+    intact_output = tok.decode(_continuation(bundle, prompt, n))
+    with _ablated(bundle, ablation, prompt, None):
+        ablated = maps(ablation)
+        ablated_steps = _step_through(bundle.model, first, top_k=top_k, forced=forced)
+        ablated_output = tok.decode(_continuation(bundle, prompt, n))
     steps = step_comparison(intact_steps, ablated_steps, tok.target_token)
     return AblationComparison(ablation, intact, ablated, intact_output, ablated_output, steps)
 
@@ -652,6 +674,12 @@ def head_importance(
     if references is not None and len(references) != len(sentences):
         raise InputError(f"got {len(references)} references for {len(sentences)} sentences: give one per sentence")
     sources = [tok.encode_source(s).ids for s in sentences]
+    if bundle.config.decoder_only:  # a language model: each text's own tokens, every one after the first
+        if references is not None:
+            raise InputError("a language model is measured on its texts' own tokens: give no references")
+        if any(len(ids) < 2 for ids in sources):
+            raise InputError("every text must have at least two tokens: the first predicts the next")
+        return _head_importance(bundle.model, [(ids[:1], ids[1:]) for ids in sources])
     if references is not None:
         outputs = [tok.encode_target(r)[1].ids for r in references]
     else:

@@ -132,7 +132,7 @@ class CausalLMTokenizer:
                     piece = raw.decode("utf-8")
                 except UnicodeDecodeError:
                     return "".join(f"<0x{b:02X}>" for b in raw)
-        return "".join(SHOWN.get(c, c) for c in piece)
+        return "".join(SHOWN.get(c, c if c.isprintable() else f"<0x{ord(c):02X}>") for c in piece)
 
     def encode_source(self, text: str) -> Encoded:
         """The prompt: ids exactly as ``tokenizers`` gives them (a BOS where the post-processor adds one)."""

@@ -13,6 +13,9 @@ model's own output. Positive: the head helps produce y; negative: the output is 
 without it. A head can matter only together with another (heads can back each other up), which a
 one-at-a-time ablation does not show.
 
+For a language model (no encoder) a pair (x_n, y_n) is read as one text, x_n then y_n, and every
+token after the first is predicted: the log-probability is the text's own, token by token.
+
 The sentences are padded into one batch (longest first, so that a chunk of rows drops the padding
 none of its rows needs), and for each layer and kind every head is ablated in the same pass: the
 batch repeated once per head, each copy with its own head zeroed. A head in layer l cannot change
@@ -86,13 +89,22 @@ def _batch(model: Transformer, pairs: Sequence[tuple[Sequence[int], Sequence[int
             raise InputError("every sentence and every output must have at least one token")
     pairs = sorted(pairs, key=lambda p: -max(len(p[0]), len(p[1])))  # neighbours in a chunk have like lengths
     src, src_valid = pad_batch([tuple(s) for s, _ in pairs], cfg.pad_id, device)
-    tgt, tgt_valid = pad_batch([(cfg.bos_id, *out[:-1]) for _, out in pairs], cfg.pad_id, device)
-    labels, _ = pad_batch([tuple(out) for _, out in pairs], cfg.pad_id, device)
-    names = {"memory"} | {_layer_input("encoder", i) for i in range(cfg.n_enc_layers)}
-    names |= {_layer_input("decoder", i) for i in range(cfg.n_dec_layers)}
-    names |= {act_name(attention_site("cross", i), part) for i in range(cfg.n_dec_layers) for part in "kv"}
+    if cfg.decoder_only:  # a language model reads x then y, and predicts every token after the first
+        tgt, tgt_valid = pad_batch([(*s, *out[:-1]) for s, out in pairs], cfg.pad_id, device)
+        labels, _ = pad_batch([(*s[1:], *out) for s, out in pairs], cfg.pad_id, device)
+        src_valid = src_valid[:, :0]  # no encoder: no source columns
+    else:
+        tgt, tgt_valid = pad_batch([(cfg.bos_id, *out[:-1]) for _, out in pairs], cfg.pad_id, device)
+        labels, _ = pad_batch([tuple(out) for _, out in pairs], cfg.pad_id, device)
+    names = {_layer_input("decoder", i) for i in range(cfg.n_dec_layers)}
+    if not cfg.decoder_only:
+        names |= {"memory"} | {_layer_input("encoder", i) for i in range(cfg.n_enc_layers)}
+        names |= {act_name(attention_site("cross", i), part) for i in range(cfg.n_dec_layers) for part in "kv"}
     with Recorder(names) as rec:
-        model(src, tgt, src_valid, tgt_valid, return_logits=False)
+        if cfg.decoder_only:
+            model(None, tgt, None, tgt_valid, return_logits=False)
+        else:
+            model(src, tgt, src_valid, tgt_valid, return_logits=False)
     return _Batch(src_valid, tgt_valid, labels, src_valid.sum(1), tgt_valid.sum(1), rec.tensors)
 
 
@@ -115,7 +127,7 @@ def _logprobs(model: Transformer, batch: _Batch, rows: Tensor, heads: Tensor, ki
         r, h = rows[start : start + chunk], heads[start : start + chunk]
         S, T = int(batch.src_len[r].max()), int(batch.tgt_len[r].max())  # padding no row of the chunk needs: dropped
         src_valid, tgt_valid = batch.src_valid[r, :S], batch.tgt_valid[r, :T]
-        masks = attention_masks(src_valid, tgt_valid)
+        masks = attention_masks(None if cfg.decoder_only else src_valid, tgt_valid)
         keep = torch.ones(r.shape[0], cfg.n_heads, 1, 1, device=r.device)
         zeroed = torch.nonzero(h >= 0)[:, 0]
         keep[zeroed, h[zeroed]] = 0.0
@@ -125,12 +137,14 @@ def _logprobs(model: Transformer, batch: _Batch, rows: Tensor, heads: Tensor, ki
                 for block in model.encoder_layers[layer:]:
                     x = block(x, masks["encoder"])[0]
                 memory, first = model.encoder_norm(x), 0
+            elif cfg.decoder_only:
+                memory, first = None, layer
             else:
                 memory, first = batch.states["memory"][r, :S], layer
             x = batch.states[_layer_input("decoder", first)][r, :T]
             for i, block in enumerate(model.decoder_layers[first:], start=first):
                 cache = None
-                if kind != "encoder":  # the encoder output is intact: its keys and values too, as in decoding
+                if kind != "encoder" and memory is not None:  # the encoder output is intact: its keys and values
                     k, v = (batch.states[act_name(attention_site("cross", i), p)][r, :, :S] for p in "kv")
                     cache = LayerCache(KVCache(grows=True), KVCache(grows=False, k=k, v=v))
                 x = block(x, memory, masks["decoder"], masks["cross"], cache=cache)[0]
@@ -160,6 +174,8 @@ def head_importance(
     scores = {}
     for kind in kinds:
         layers = model.cfg.n_layers_of(kind)
+        if not layers:  # a kind this model does not have (a language model's encoder and cross-attention)
+            continue
         drops = np.empty((layers, H))
         for layer in range(layers):
             ablated = _logprobs(model, batch, rows, heads, kind, layer).view(n, H)
