@@ -182,6 +182,9 @@ def attention(
     B, H, Q, Dh = q.shape
     K = k.shape[2]
     q3, kT3 = q.reshape(B * H, Q, Dh), k.reshape(B * H, K, Dh).transpose(1, 2)  # (BH, Q, Dh), (BH, Dh, K)
+    if _by_blocks(q, return_scores, B * H * Q * K):
+        weights, out = _attention_by_blocks(q3, kT3, v.reshape(B * H, K, v.shape[-1]), mask, B, H)
+        return out.view(B, H, Q, -1), weights.view(B, H, Q, K), None
     if mask is None:  # beta=0: the first argument only gives the shape; its values are never read
         scores = torch.baddbmm(q3.new_empty(1, 1, 1).expand(B * H, Q, K), q3, kT3, beta=0, alpha=Dh**-0.5)
     else:
@@ -199,6 +202,65 @@ def attention(
     Dv = v.shape[-1]  # d_v, which the paper lets differ from d_k
     out = torch.bmm(weights.reshape(B * H, Q, K).to(v.dtype), v.reshape(B * H, K, Dv)).view(B, H, Q, Dv)
     return out, weights, scores.view(B, H, Q, K) if return_scores else None
+
+
+BLOCK_ELEMENTS = 1 << 20  # scores per block of queries (4 MB of float32): a block stays in the CPU's cache
+BLOCKS_FROM = 1 << 22  # maps at least this large (16 MB of float32) are computed by blocks of queries
+
+
+def _by_blocks(q: Tensor, return_scores: bool, n_scores: int) -> bool:
+    """Whether equation 1 runs by blocks of queries: a large float32 map on the CPU, with no gradient
+    and no scores asked for (the same conditions as the in-place softmax)."""
+    return (
+        n_scores >= BLOCKS_FROM
+        and q.device.type == "cpu"
+        and q.dtype == torch.float32
+        and not return_scores
+        and not (torch.is_grad_enabled() and q.requires_grad)
+        and not torch.is_autocast_enabled("cpu")
+    )
+
+
+def _attention_by_blocks(
+    q3: Tensor, kT3: Tensor, v3: Tensor, mask: Tensor | None, B: int, H: int
+) -> tuple[Tensor, Tensor]:
+    """Equation 1 on (B*H, Q, Dh) queries, one block of queries at a time: (weights (BH, Q, K), out (BH, Q, Dv)).
+
+    The same numbers as the one-pass path, in less memory traffic. Each block's scores, softmax and
+    product with V stay in the cache, and the weights are written once into the returned maps. A
+    block also skips the keys after the last one any of its queries may see, whose weights are
+    exactly 0: a causal map costs half its products.
+    """
+    BH, Q, Dh = q3.shape
+    K, Dv = kT3.shape[2], v3.shape[2]
+    weights = q3.new_empty(BH, Q, K)
+    out = q3.new_empty(BH, Q, Dv)
+    rows = max(1, BLOCK_ELEMENTS // (BH * K))
+    if mask is not None:  # per query, one past the last key it may see (0 when it sees none)
+        mask = mask.expand(mask.shape[0], mask.shape[1], Q, K)  # a padding mask (B, 1, 1, K) has one row
+        seen = mask.any(dim=1).any(dim=0)  # (Q, K)
+        reach = torch.where(seen, torch.arange(1, K + 1, device=seen.device), 0).amax(dim=-1)
+    for start in range(0, Q, rows):
+        stop = min(Q, start + rows)
+        hi = K if mask is None else int(reach[start:stop].max())
+        if hi < K:
+            weights[:, start:stop, hi:] = 0.0
+        if hi == 0:  # no query of the block sees any key: zero weights and zero output, not NaN
+            out[:, start:stop] = 0.0
+            continue
+        if mask is None:
+            base, beta = q3.new_empty(1, 1, 1).expand(BH, stop - start, hi), 0
+        else:
+            block = mask[..., start:stop, :hi]
+            bias = torch.zeros(block.shape, dtype=q3.dtype, device=q3.device).masked_fill_(~block, float("-inf"))
+            base, beta = bias.expand(B, H, stop - start, hi).reshape(BH, stop - start, hi), 1
+        scores = torch.baddbmm(base, q3[:, start:stop], kT3[:, :, :hi], beta=beta, alpha=Dh**-0.5)
+        torch.ops.aten._softmax.out(scores, -1, False, out=scores)
+        if mask is not None and bool((reach[start:stop] == 0).any() or not block.any(dim=-1).all()):
+            scores.nan_to_num_(nan=0.0)  # a row that sees no key: zeros, as in the one-pass path
+        weights[:, start:stop, :hi] = scores
+        torch.bmm(scores, v3[:, :hi], out=out[:, start:stop])
+    return weights, out
 
 
 def fused_attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None) -> Tensor:

@@ -4,6 +4,23 @@ Run it from the repository root:
 
     python benchmarks/bench_forward.py                 # CPU, S=T=64 and 256, median of 15
     python benchmarks/bench_forward.py --threads 1 --repeats 30 --lengths 32 128 512
+    python benchmarks/bench_forward.py --lm            # language models: GPT-2 small and a GQA Llama
+
+With ``--lm`` it measures decoder-only language models instead (random weights of two real shapes:
+GPT-2 small, 12 layers x 12 heads, d 768; and SmolLM2-135M's Llama layout, 30 layers, 9 query and
+3 key/value heads, d 576), at ``--lm-lengths`` tokens (default 128 and 1024), side by side:
+
+  (1) attnviz with every map, (2) attnviz fused, no maps, (3) transformers' AutoModelForCausalLM
+      with eager attention and ``output_attentions=True`` (its only way to return maps);
+      targets: (1)/(2) - 1 <= 10% and (1)/(3) <= 1.0 (at least transformers' speed);
+  greedy generation of 128 tokens after a 128-token prompt, with the key/value cache against
+      recomputing the whole prefix at every step (each step's logits for the last position only):
+      target >= 3x;
+  the peak memory one forward with every map adds at the longest length (Linux's VmHWM, reset
+      before the pass), beside the size of the maps themselves (L x H x T x T float32).
+
+bfloat16 is not timed: on a CPU without native bf16 (AVX2 only, as some of these machines are) its
+products are emulated and slower than fp32; the line says which this CPU is.
 
 What it measures, on the paper's base model (N=6, d_model=512, h=8, d_ff=2048; one vocabulary of
 8000 tokens shared by source and target; random weights, eval mode, torch.no_grad, batch 1) and
@@ -41,6 +58,7 @@ from collections.abc import Callable
 import torch
 from torch import nn
 
+import attnviz  # noqa: F401 - first, as in attnviz's own processes: it sets torch's allocator up (attnviz/__init__)
 from attnviz.devices import resolve_device
 from attnviz.errors import DeviceError
 from attnviz.linear import onednn_enabled, use_onednn
@@ -61,6 +79,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--threads", type=int, default=None, help="torch.set_num_threads (default: torch's own)")
     parser.add_argument("--device", choices=("auto", "cpu", "cuda"), default="cpu", help="default: cpu")
     parser.add_argument("--seed", type=int, default=0, help="seed for weights and token ids")
+    parser.add_argument("--lm", action="store_true", help="time decoder-only language models (GPT-2, Llama)")
+    parser.add_argument(
+        "--lm-lengths", type=int, nargs="+", default=[128, 1024], help="prompt lengths with --lm (default: 128 1024)"
+    )
     args = parser.parse_args(argv)
     if args.repeats < 1 or args.warmup < 0:
         parser.error("--repeats must be at least 1 and --warmup at least 0")
@@ -259,8 +281,222 @@ def table_row(length: int, times: dict[str, list[float]]) -> str:
     return row
 
 
+# ---------------------------------------------------------------------------------------------
+# Language models (--lm)
+
+MAX_LM_OVERHEAD = 0.10  # (1)/(2) - 1 for a language model
+MAX_LM_RATIO_VS_HF = 1.0  # (1)/(3): at least transformers' speed
+MIN_CACHE_SPEEDUP = 3.0  # recomputation / cached generation
+GENERATED = 128
+PROMPT_TOKENS = 128  # the prompt generation starts from: a paragraph, read once (prefill) or at every step
+LM_SHAPES = {
+    "gpt2-small": (
+        "gpt2",
+        {"vocab_size": 50257, "n_positions": 1024, "n_embd": 768, "n_layer": 12, "n_head": 12},
+    ),
+    "llama-gqa (SmolLM2-135M)": (
+        "llama",
+        {
+            "vocab_size": 49152, "hidden_size": 576, "intermediate_size": 1536, "num_hidden_layers": 30,
+            "num_attention_heads": 9, "num_key_value_heads": 3, "max_position_embeddings": 2048,
+            "rope_theta": 100000.0, "tie_word_embeddings": True,
+        },
+    ),
+}  # fmt: skip
+
+
+def build_lm(family: str, config: dict, device: torch.device):
+    """(a random transformers model of this shape with eager attention, attnviz's model with its weights).
+
+    attnviz's model is built by the importer's own config and conversion functions, from the
+    transformers model's state dict: the same path a checkpoint folder takes, without the disk.
+    """
+    import transformers
+
+    from attnviz.checkpoints import gpt2, llama
+
+    transformers.logging.set_verbosity_error()
+    if family == "gpt2":
+        hf = transformers.GPT2LMHeadModel(transformers.GPT2Config(**config, attn_implementation="eager"))
+        importer = gpt2.GPT2
+    else:
+        hf = transformers.LlamaForCausalLM(transformers.LlamaConfig(**config, attn_implementation="eager"))
+        importer = llama.LLAMA
+    hf = hf.to(device).eval()
+    if hf.config._attn_implementation != "eager":
+        raise RuntimeError(f"transformers runs {hf.config._attn_implementation!r} attention, not eager")
+    cfg = importer.config(hf.config.to_dict(), "benchmark")
+    raw = {importer.rename(k): v.detach() for k, v in hf.state_dict().items()}
+    tensors = importer.convert(raw, cfg)
+    ours = Transformer(cfg)
+    with torch.no_grad():
+        for name, p in ours.named_parameters():
+            p.copy_(tensors[name])
+    return hf, ours.to(device).eval()
+
+
+def lm_variants(ours: Transformer, hf: nn.Module, length: int, device: torch.device) -> dict[str, Callable]:
+    ids = torch.randint(4, ours.cfg.tgt_vocab_size, (1, length), device=device)
+    return {
+        "maps": lambda: ours(None, ids, return_attention=True),
+        "fused": lambda: ours(None, ids),
+        "hf": lambda: hf(ids, output_attentions=True, use_cache=False),
+    }
+
+
+def recomputed_greedy(model: Transformer, prompt: torch.Tensor, n: int) -> list[int]:
+    """Greedy decoding without a cache: the whole prefix through the model at every step."""
+    from attnviz.hooks import Recorder
+
+    ids = prompt
+    for _ in range(n):
+        with Recorder({"decoder_out"}) as rec:
+            model(None, ids, return_logits=False)
+        token = model.logits(rec.tensors["decoder_out"][:, -1:]).argmax(-1)  # (1, 1)
+        ids = torch.cat([ids, token], dim=1)
+    return ids[0, prompt.shape[1] :].tolist()
+
+
+def generation_times(model: Transformer, device: torch.device, repeats: int) -> tuple[float, float, bool]:
+    """(cached ms, recomputed ms, same tokens) for 128 greedy tokens after a 128-token prompt, median of ``repeats``."""
+    from attnviz.decoding import greedy_decode
+
+    prompt = torch.randint(4, model.cfg.tgt_vocab_size, (1, PROMPT_TOKENS), device=device)
+    eos = model.cfg.eos_id
+    prompt[prompt == eos] = eos + 1  # so that greedy decoding cannot stop at once on a prompt token
+    times = time_ms(
+        {
+            "cached": lambda: greedy_decode(model, prompt, max_len=GENERATED),
+            "recomputed": lambda: recomputed_greedy(model, prompt, GENERATED),
+        },
+        repeats,
+        0,
+        device,
+    )
+    cached = greedy_decode(model, prompt, max_len=GENERATED)[0]
+    same = recomputed_greedy(model, prompt, len(cached)) == cached
+    return statistics.median(times["cached"]), statistics.median(times["recomputed"]), same
+
+
+def peak_rss_added_mb(run: Callable[[], object]) -> float | None:
+    """How far one call raises this process's peak resident memory (Linux VmHWM, reset first), in MB."""
+
+    def hwm_kb() -> int:
+        with open("/proc/self/status") as f:
+            return next(int(line.split()[1]) for line in f if line.startswith("VmHWM:"))
+
+    def rss_kb() -> int:
+        with open("/proc/self/status") as f:
+            return next(int(line.split()[1]) for line in f if line.startswith("VmRSS:"))
+
+    try:
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")  # resets VmHWM to the current RSS
+        before = rss_kb()
+        run()
+        return (hwm_kb() - before) / 1024
+    except (OSError, StopIteration):
+        return None
+
+
+def bf16_line() -> str:
+    """Whether this CPU runs bfloat16 products natively, and what the benchmarks do about it."""
+    flags = ""
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as f:
+            flags = next((line for line in f if line.startswith("flags")), "")
+    except OSError:
+        pass
+    native = any(flag in flags.split() for flag in ("amx_bf16", "avx512_bf16"))
+    if native:
+        return "bf16: this CPU has native bfloat16 (amx_bf16 or avx512_bf16); fp32 is timed here, as the contract"
+    return (
+        "bf16: skipped. This CPU has no native bfloat16 (no amx_bf16, no avx512_bf16): its bf16 products are "
+        "emulated, about 5x slower than fp32 (FACTS), so a bf16 column would measure the emulation"
+    )
+
+
+def main_lm(args) -> None:
+    device = args.device
+    torch.manual_seed(args.seed)
+    import transformers
+
+    print(f"torch {torch.__version__}, transformers {transformers.__version__} | device {device} "
+          f"({hardware_name(device)}) | {torch.get_num_threads()} threads")  # fmt: skip
+    print(f"median of {args.repeats} runs after {args.warmup} warm-up runs; ms per forward pass; batch 1, fp32")
+    print(bf16_line() + "\n")
+    print(f"{'model':<26} {'T':>5} {'(1) maps':>10} {'(2) fused':>10} {'(3) HF eager':>13}   "
+          f"{'(1)/(2)-1':>16}   {'(1)/(3)':>12}")  # fmt: skip
+    results = []
+    for name, (family, config) in LM_SHAPES.items():
+        results += measure_lm(name, family, config, args)
+    print(
+        f"\ntargets: (1)/(2)-1 <= {MAX_LM_OVERHEAD:.0%}; (1)/(3) <= {MAX_LM_RATIO_VS_HF} vs transformers eager; "
+        f"cached generation >= {MIN_CACHE_SPEEDUP:.0f}x recomputation"
+    )
+    forward = [r for r in results if r[0] is not None]
+    print(
+        f"lm_overhead_max={max(o for o, _ in forward):.3f} lm_ratio_vs_hf_max={max(r for _, r in forward):.2f} "
+        f"cache_speedup_min={min(r for o, r in results if o is None):.1f}"
+    )
+
+
+def measure_lm(name: str, family: str, config: dict, args) -> list[tuple[float | None, float]]:
+    """Print one shape's rows: the forward at each length, generation, peak memory. Returns
+    (overhead, ratio vs transformers) per length, then (None, cache speed-up)."""
+    device = args.device
+    hf, ours = build_lm(family, config, device)
+    results = []
+    for length in args.lm_lengths:
+        variants = lm_variants(ours, hf, length, device)
+        with torch.no_grad():
+            check_lm_maps(variants["maps"](), variants["hf"]())
+            times = time_ms(variants, args.repeats, args.warmup, device)
+        ms = {k: statistics.median(v) for k, v in times.items()}
+        overhead, ratio = paired_ratio(times, "maps", "fused") - 1, paired_ratio(times, "maps", "hf")
+        results.append((overhead, ratio))
+        print(
+            f"{name:<26} {length:>5} {ms['maps']:>10.1f} {ms['fused']:>10.1f} {ms['hf']:>13.1f}   "
+            f"{overhead:>+10.1%} {verdict(overhead <= MAX_LM_OVERHEAD)}   "
+            f"{ratio:>7.2f} {verdict(ratio <= MAX_LM_RATIO_VS_HF)}"
+        )
+    with torch.no_grad():
+        cached, recomputed, same = generation_times(ours, device, max(1, args.repeats // 5))
+        longest = max(args.lm_lengths)
+        ids = torch.randint(4, ours.cfg.tgt_vocab_size, (1, longest), device=device)
+        peak = peak_rss_added_mb(lambda: ours(None, ids, return_attention=True))
+        peak_hf = peak_rss_added_mb(lambda: hf(ids, output_attentions=True, use_cache=False))
+    speedup = recomputed / cached
+    print(
+        f"{name:<26} {PROMPT_TOKENS} + {GENERATED} generated: cached {cached / 1e3:.2f} s, "
+        f"recomputed {recomputed / 1e3:.2f} s, {speedup:.1f}x {verdict(speedup >= MIN_CACHE_SPEEDUP)}"
+        + ("" if same else " (WARNING: the two gave different tokens)")
+    )
+    if peak is not None and device.type == "cpu":
+        maps_mb = ours.cfg.n_dec_layers * ours.cfg.n_heads * longest**2 * 4 / 2**20
+        print(
+            f"{name:<26} T={longest}: one forward with every map adds {peak:,.0f} MB at peak "
+            f"(transformers: {peak_hf:,.0f} MB); the maps themselves are {maps_mb:,.0f} MB"
+        )
+    return [*results, (None, speedup)]
+
+
+def check_lm_maps(ours, hf) -> None:
+    """Fail loudly unless both return one map per layer of the same shape, equal to 1e-4."""
+    if not hf.attentions or len(hf.attentions) != len(ours.attention.decoder):
+        raise RuntimeError("transformers did not return one attention map per layer")
+    for mine, theirs in zip(ours.attention.decoder, hf.attentions, strict=True):
+        if mine.shape != theirs.shape or float((mine - theirs).abs().max()) > 1e-4:
+            raise RuntimeError("attnviz's maps differ from transformers': the two models are not the same")
+
+
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
+    if args.lm:
+        if args.threads is not None:
+            torch.set_num_threads(args.threads)
+        main_lm(args)
+        return
     if args.threads is not None:
         torch.set_num_threads(args.threads)
     device = args.device

@@ -171,6 +171,17 @@ def test_llama3_rope_scaling_equals_transformers(tmp_path):
         torch.testing.assert_close(bundle.model(None, ids).logits, reference(ids).logits, atol=1e-4, rtol=0)
 
 
+def test_a_partial_rotary_factor_is_ignored_as_transformers_ignores_it_for_llama(tmp_path, caplog):
+    """transformers' Llama and Qwen2 rotate every dimension whatever partial_rotary_factor says."""
+    reference = build("llama", tmp_path / "partial", partial_rotary_factor=0.5)
+    with caplog.at_level("WARNING", logger="attnviz"):
+        bundle = load_checkpoint(tmp_path / "partial", "cpu")
+    assert "partial_rotary_factor" in caplog.text
+    ids = _prompt(bundle)
+    with torch.no_grad():
+        torch.testing.assert_close(bundle.model(None, ids).logits, reference(ids).logits, atol=ATOL, rtol=0)
+
+
 # ---------------------------------------------------------------------------------------------
 # Tokens
 
@@ -245,7 +256,6 @@ REFUSALS = {
         lambda c: c.update(rope_parameters=None, rope_theta=1e4, rope_scaling={"type": "linear", "factor": 2.0}),
         "linear",
     ),
-    "partial rotary": ("llama", lambda c: c.update(partial_rotary_factor=0.5), "partial_rotary_factor"),
     "mistral window": ("llama", lambda c: c.update(model_type="mistral", sliding_window=4096), "sliding_window"),
     "moe": ("llama", lambda c: c.update(num_local_experts=8), "mixture of experts"),
     "soft-capping": ("llama", lambda c: c.update(attn_logit_softcapping=50.0), "soft-capped"),

@@ -9,6 +9,7 @@ import torch
 from conftest import TINY_VOCAB, seeded_model, tiny_config
 from torch import nn
 
+import attnviz.model as model_module
 from attnviz.errors import ConfigError, InputError
 from attnviz.hooks import Recorder, act_name, attention_site
 from attnviz.model import (
@@ -351,6 +352,38 @@ def test_attention_equals_equation_1_written_plainly(mask_shape, return_scores):
         torch.testing.assert_close(scores, expected_scores, atol=1e-6, rtol=0)
     else:
         assert scores is None
+
+
+@pytest.mark.parametrize("mask_kind", ["none", "causal", "key-padding", "a row with no key", "random per sentence"])
+def test_attention_by_blocks_of_queries_equals_equation_1_written_plainly(mask_kind, monkeypatch):
+    """Large CPU maps are computed by blocks of queries, skipping keys no query of a block can see;
+    here every map is, in blocks of 3 queries, and must still be equation 1."""
+    monkeypatch.setattr(model_module, "BLOCKS_FROM", 1)
+    monkeypatch.setattr(model_module, "BLOCK_ELEMENTS", 3 * 2 * 3 * 11)  # 3 query rows per block
+    g = torch.Generator().manual_seed(9)
+    B, H, Q, K = 2, 3, 10, 11
+    q, k, v = (
+        torch.randn(B, H, Q, 8, generator=g),
+        torch.randn(B, H, K, 8, generator=g),
+        torch.randn(B, H, K, 5, generator=g),
+    )
+    causal = torch.ones(Q, K, dtype=torch.bool).tril(K - Q)
+    masks = {
+        "none": None,
+        "causal": causal[None, None],
+        "key-padding": torch.ones(B, 1, 1, K, dtype=torch.bool).index_fill_(3, torch.tensor([9, 10]), False),
+        "a row with no key": causal.clone().index_fill_(0, torch.tensor([4]), False)[None, None],
+        "random per sentence": _mask((B, 1, Q, K), seed=10),
+    }
+    mask = masks[mask_kind]
+    with torch.no_grad():
+        out, weights, _ = attention(q, k, v, mask, return_scores=False)
+    expected_out, expected_scores = textbook_attention(q, k, v, mask)
+    expected_weights = torch.softmax(expected_scores, -1)
+    if mask_kind == "a row with no key":  # the rule: zeros, not NaN
+        expected_weights[:, :, 4], expected_out[:, :, 4] = 0.0, 0.0
+    torch.testing.assert_close(weights, expected_weights, atol=1e-6, rtol=0)
+    torch.testing.assert_close(out, expected_out, atol=1e-6, rtol=0)
 
 
 def test_attention_without_scores_still_has_the_right_gradients():

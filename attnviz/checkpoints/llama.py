@@ -8,12 +8,16 @@ and an output layer tied to the embedding or not. Parameter names follow transfo
 LlamaForCausalLM; the Linear weights are stored (out, in), as attnviz's.
 
 Refused, with the key named, before any weight is read: a RoPE scaling type other than llama3
-(linear, dynamic, yarn, longrope, ...), partial rotary dimensions, a head size other than
-hidden_size / num_attention_heads, an active sliding window, and any activation but SiLU.
+(linear, dynamic, yarn, longrope, ...), a head size other than hidden_size / num_attention_heads,
+an active sliding window, soft-capping, QK-norm, experts, and any activation but SiLU. A
+``partial_rotary_factor`` is read as transformers reads it for these families: ignored, every
+dimension rotated (transformers applies it only to GPT-NeoX, Phi, StableLM and a few others), and
+a warning says so.
 """
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable, Mapping
 
 import torch
@@ -23,6 +27,8 @@ from attnviz.checkpoints.files import CONFIG_FILE, SAFETENSORS_FILE
 from attnviz.errors import CheckpointError
 from attnviz.model import TransformerConfig
 
+log = logging.getLogger(__name__)
+
 FAMILY = "llama"
 DESCRIPTION = (
     "a Hugging Face Llama-family language model such as HuggingFaceTB/SmolLM2-135M, Llama or Mistral "
@@ -30,7 +36,6 @@ DESCRIPTION = (
 )
 ROPE_TYPES = ("default", "llama3")
 UNSUPPORTED = {
-    "partial_rotary_factor": lambda v: None if v in (1, 1.0, None) else "rotary positions on part of each head",
     "attn_logit_softcapping": lambda v: None if v is None else "soft-capped attention scores",
     "final_logit_softcapping": lambda v: None if v is None else "soft-capped logits",
     "use_qk_norm": lambda v: "a norm on queries and keys (QK-norm)" if v else None,
@@ -72,6 +77,13 @@ def llama_style_config(hf: dict, source: str, family: str, attn_bias: bool, attn
         return CheckpointError(f"{source}: {what}; attnviz cannot load this {family} model faithfully")
 
     refuse_unsupported(hf, fail, UNSUPPORTED)
+    if hf.get("partial_rotary_factor") not in (None, 1, 1.0):
+        log.warning(
+            "%s: partial_rotary_factor %r is ignored, as transformers ignores it for %s: every dimension is rotated",
+            source,
+            hf["partial_rotary_factor"],
+            family,
+        )
     if hf.get("hidden_act", "silu") not in ("silu", "swish"):
         raise fail(f'"hidden_act" {hf.get("hidden_act")!r} is not silu')
     d_model, n_heads = hf.get("hidden_size", 4096), hf.get("num_attention_heads", 32)
