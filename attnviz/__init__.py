@@ -9,16 +9,7 @@ snapshot.
 from __future__ import annotations
 
 import importlib
-import os
-import sys
 from importlib.metadata import PackageNotFoundError, version
-
-# Returning every attention map writes a new map of L x H x T x T floats per forward pass: 576 MB
-# for GPT-2 small at 1024 tokens. Faulting that memory in 4 KB pages cost as long as computing it
-# (13 ms of a 31 ms layer, AMD EPYC); torch's CPU allocator asks for 2 MB pages instead when this is
-# set before it first allocates (docs/benchmarks.md). Set it to 0 to keep torch's default.
-if "torch" not in sys.modules:
-    os.environ.setdefault("THP_MEM_ALLOC_ENABLE", "1")
 
 from attnviz.public import WHERE
 

@@ -174,6 +174,25 @@ class Tokenizer(Protocol):
     def tgt_vocab_size(self) -> int: ...
 
 
+class TokenizersFile:
+    """What every tokenizer read from a ``tokenizer.json`` (the ``tokenizers`` library, as ``self.tok``)
+    shares: decoding and the vocabulary's size. BERT's and the language models' derive from it."""
+
+    tok: object  # a tokenizers.Tokenizer
+
+    def decode(self, ids: Iterable[int]) -> str:
+        """Ids to text, special tokens dropped."""
+        return self.tok.decode([int(i) for i in ids], skip_special_tokens=True)
+
+    @property
+    def src_vocab_size(self) -> int:
+        return self.tok.get_vocab_size(with_added_tokens=True)
+
+    @property
+    def tgt_vocab_size(self) -> int:
+        return self.src_vocab_size
+
+
 class SentencePieceTokenizer:
     """Source and target sentencepiece models (often the same one) and the special ids."""
 

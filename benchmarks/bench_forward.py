@@ -58,7 +58,6 @@ from collections.abc import Callable
 import torch
 from torch import nn
 
-import attnviz  # noqa: F401 - first, as in attnviz's own processes: it sets torch's allocator up (attnviz/__init__)
 from attnviz.devices import resolve_device
 from attnviz.errors import DeviceError
 from attnviz.linear import onednn_enabled, use_onednn

@@ -163,10 +163,7 @@ def choose(atlas: Atlas) -> Chosen:
         + (f" ({skipped} lines skipped)" if skipped else "")
         + f", decoder input: {escape_markdown(manifest['tgt_from'])}, {escape_markdown(manifest['precision'])}."
     )
-    kinds = atlas.kinds
-    clamp_state("at_kind", kinds)
-    captions = [TITLES[k] for k in kinds]
-    kind = bound(st.radio, "Attention", kinds, captions=captions, horizontal=True, key="at_kind")
+    kind = views.kind_choice(atlas.kinds, "at_kind", prefer=None)
     heads = atlas.heads[atlas.heads["kind"] == kind]
     layers_here, heads_here = sorted(set(heads["layer"])), sorted(set(heads["head"]))
     clamp_state("at_layer", layers_here)

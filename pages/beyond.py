@@ -91,10 +91,7 @@ def method_controls(
     spec = METHODS[method]
     st.info(f"**{spec.title}.** {spec.explanation}\n\n*{spec.paper}.*")
 
-    clamp_state("bw_kind", kinds)
-    default = kinds.index("cross") if "cross" in kinds else 0  # where the decoder looks, when there is one
-    captions = [TITLES[k] for k in kinds]
-    kind = bound(st.radio, "Attention", kinds, index=default, captions=captions, horizontal=True, key="bw_kind")
+    kind = views.kind_choice(kinds, "bw_kind")
     L, H = getattr(export, kind).shape[:2]  # (L, H, Q, K)
     columns = st.columns([1, 1, 3])
     clearest = ctx.clearest_head()

@@ -5,7 +5,7 @@ from dataclasses import dataclass
 import numpy as np
 import streamlit as st
 
-from attnviz.app import CUSTOM_PATH, bound, clamp_state, domain_notice, shared, truncation_notice, views
+from attnviz.app import CUSTOM_PATH, bound, domain_notice, shared, truncation_notice, views
 from attnviz.app.cache import computed
 from attnviz.app.frame import Context, frame
 from attnviz.app.present import picture_area, room
@@ -113,10 +113,7 @@ def body(ctx: Context) -> None:
     domain_notice(ctx.choices)
     a, b_export = runs["A"], runs["B"]
     kinds = [k for k in KINDS if getattr(a, k) is not None and getattr(b_export, k) is not None]
-    clamp_state("cmp_kind", kinds)
-    default = kinds.index("cross") if "cross" in kinds else 0  # where the decoder looks, as on the explorer
-    captions = [TITLES[k] for k in kinds]
-    kind = bound(st.radio, "Attention", kinds, index=default, captions=captions, horizontal=True, key="cmp_kind")
+    kind = views.kind_choice(kinds, "cmp_kind")
     maps = {"A": getattr(a, kind), "B": getattr(b_export, kind)}
     tokens = {side: (views.row_labels(e, kind), e.tokens(kind)[1]) for side, e in runs.items()}
     n_layers = min(m.shape[0] for m in maps.values())

@@ -12,6 +12,7 @@ from attnviz.app.frame import Context, frame
 from attnviz.app.present import picture_area, room
 from attnviz.app.views import (
     EXACT_MAX,
+    kind_choice,
     layer_and_head,
     one_head,
     one_head_scores,
@@ -139,10 +140,7 @@ def body(ctx: Context) -> None:
     truncation_notice(export)
     domain_notice(ctx.choices)
     kinds = [k for k in KINDS if getattr(export, k) is not None]
-    clamp_state("kind", kinds)
-    default = kinds.index("cross") if "cross" in kinds else 0  # where the decoder looks, when there is one
-    captions = [TITLES[k] for k in kinds]
-    kind = bound(st.radio, "Attention", kinds, index=default, captions=captions, horizontal=True, key="kind")
+    kind = kind_choice(kinds, "kind")
     L, H = getattr(export, kind).shape[:2]
     c1, c2, c3 = st.columns([1, 1, 2])
     view = bound(c3.selectbox, "View", list(VIEWS), format_func=VIEWS.get, key="view")

@@ -22,7 +22,7 @@ from attnviz.app.widgets import clamp_state
 from attnviz.export import AttentionExport
 from attnviz.figures.attention import attention_heatmap
 from attnviz.figures.images import CONTRASTS, attention_image, scores_image
-from attnviz.kinds import writing_labels
+from attnviz.kinds import TITLES, writing_labels
 
 KIND_NAMES = {"encoder": "encoder self-attention", "decoder": "decoder self-attention", "cross": "cross-attention"}
 
@@ -120,6 +120,19 @@ def contrast_choice(column) -> str:
         help="Linear: the weight on 0..1. Logarithmic: 1e-5 to 1, a decade per fifth of the scale, so small weights "
         "show. Each row to its maximum: where each query looks most, whatever its spread. The colour bar says which.",
     )
+
+
+def kind_choice(kinds: Sequence[str], key: str, prefer: str | None = "cross") -> str:
+    """The kind-of-attention picker (a radio bound to the link as ``key``) over the ``kinds`` there are.
+
+    It opens on ``prefer`` when there is one (cross-attention: where the decoder looks), else on the
+    first; a value from a link or an earlier page that is not among ``kinds`` falls back to it.
+    """
+    kinds = list(kinds)
+    clamp_state(key, kinds)
+    default = kinds.index(prefer) if prefer in kinds else 0
+    captions = [TITLES[k] for k in kinds]
+    return bound(st.radio, "Attention", kinds, index=default, captions=captions, horizontal=True, key=key)
 
 
 def words_and_contrast(words_column, contrast_column) -> tuple[bool, str]:

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import importlib.util
 import logging
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 
 from attnviz.checkpoints.bundle import Bundle, checked_shapes, make_bundle
@@ -31,7 +31,7 @@ from attnviz.checkpoints.files import (
 )
 from attnviz.errors import CheckpointError, ConfigError, InputError
 from attnviz.model import TransformerConfig
-from attnviz.tokenizer import Encoded, Word, check_text
+from attnviz.tokenizer import Encoded, TokenizersFile, Word, check_text
 
 log = logging.getLogger(__name__)
 
@@ -144,7 +144,7 @@ def bert_config(hf: dict, special_ids: dict[str, int] | None = None, source: str
 # The tokenizer
 
 
-class BertWordPieceTokenizer:
+class BertWordPieceTokenizer(TokenizersFile):
     """BERT's WordPiece tokenisation implementing :class:`attnviz.tokenizer.Tokenizer`.
 
     ``tokenizer.json`` (the ``tokenizers`` library) normalises, splits and maps to ids; its
@@ -207,18 +207,6 @@ class BertWordPieceTokenizer:
 
     def target_words(self, ids: Sequence[int]) -> tuple[Word, ...]:
         raise InputError("this BERT model is encoder-only: it has no decoder, so there are no target words")
-
-    def decode(self, ids: Iterable[int]) -> str:
-        """Ids to text; special tokens are dropped and ``##`` pieces joined."""
-        return self.tok.decode([int(i) for i in ids], skip_special_tokens=True)
-
-    @property
-    def src_vocab_size(self) -> int:
-        return self.tok.get_vocab_size(with_added_tokens=True)
-
-    @property
-    def tgt_vocab_size(self) -> int:
-        return self.src_vocab_size
 
 
 def _read_tokenizer(path: Path, max_tokens: int) -> BertWordPieceTokenizer:

@@ -20,7 +20,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import logging
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
@@ -44,7 +44,7 @@ from attnviz.checkpoints.files import (
 from attnviz.checkpoints.limits import current_limits
 from attnviz.config import TransformerConfig
 from attnviz.errors import CheckpointError, ConfigError, InputError
-from attnviz.tokenizer import Encoded, Word, check_text
+from attnviz.tokenizer import Encoded, TokenizersFile, Word, check_text
 
 log = logging.getLogger(__name__)
 
@@ -87,7 +87,7 @@ def _is_byte_level(spec: object) -> bool:
     return '"ByteLevel"' in json.dumps(spec)
 
 
-class CausalLMTokenizer:
+class CausalLMTokenizer(TokenizersFile):
     """A language model's ``tokenizer.json``, implementing :class:`attnviz.tokenizer.Tokenizer`.
 
     The prompt is the model's only input, so :meth:`encode_source` encodes it (with the BOS the
@@ -171,17 +171,6 @@ class CausalLMTokenizer:
             text = self.tok.decode([int(ids[p]) for p in group], skip_special_tokens=False).strip()
             words.append(Word(group[0], group[-1] + 1, text or "".join(self.label(ids[p]) for p in group)))
         return tuple(words)
-
-    def decode(self, ids: Iterable[int]) -> str:
-        return self.tok.decode([int(i) for i in ids], skip_special_tokens=True)
-
-    @property
-    def src_vocab_size(self) -> int:
-        return self.tok.get_vocab_size(with_added_tokens=True)
-
-    @property
-    def tgt_vocab_size(self) -> int:
-        return self.src_vocab_size
 
 
 def read_tokenizer(path: Path, max_tokens: int, bos_id: int | None, eos_id: int | None) -> CausalLMTokenizer:
