@@ -52,3 +52,20 @@ def device_name(device: torch.device) -> str:
         except OSError:
             pass  # not Linux: platform knows less, but something
     return platform.processor() or platform.machine() or device.type
+
+
+def fast_bfloat16(device: torch.device) -> tuple[bool, str]:
+    """Whether ``device`` multiplies bfloat16 natively (much faster than float32), and how that is known.
+
+    A CUDA GPU says so itself; a CPU has it with the ``amx_bf16`` or ``avx512_bf16`` flag. Without
+    them, torch emulates bfloat16 products: on an AMD EPYC with AVX2 only a bf16 linear layer under
+    autocast took 5x its float32 time.
+    """
+    if device.type == "cuda":
+        return torch.cuda.is_bf16_supported(), "torch.cuda.is_bf16_supported()"
+    try:
+        flags = set(Path("/proc/cpuinfo").read_text().split())
+    except OSError:
+        return False, "no /proc/cpuinfo to read CPU flags from"
+    found = sorted(flags & {"amx_bf16", "avx512_bf16"})
+    return bool(found), ("CPU flags: " + ", ".join(found)) if found else "no amx_bf16 or avx512_bf16 CPU flag"

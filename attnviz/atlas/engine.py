@@ -13,9 +13,11 @@ faster. The maps move by a few thousandths (``tests/test_atlas_stats.py`` states
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, replace
+from functools import cache
 
 import numpy as np
 import torch
@@ -24,8 +26,11 @@ from attnviz.atlas.corpus import Sentence, batch_plan, is_punctuation, special_i
 from attnviz.atlas.stats import js_divergences, sentence_statistics, stack_heads
 from attnviz.checkpoints import Bundle
 from attnviz.decoding import greedy_decode, output_limit
+from attnviz.devices import fast_bfloat16
 from attnviz.errors import InputError
 from attnviz.tokenizer import pad_batch
+
+log = logging.getLogger(__name__)
 
 PRECISIONS = ("fp32", "bf16")
 
@@ -48,6 +53,18 @@ def check_precision(precision: str, device: torch.device) -> None:
         raise InputError(f"precision must be one of {', '.join(PRECISIONS)}; got {precision!r}")
     if precision == "bf16" and device.type not in ("cpu", "cuda"):
         raise InputError(f"bf16 runs on the CPU or a CUDA GPU, not on {device.type}; use --precision fp32")
+    if precision == "bf16":
+        _say_if_emulated(device.type)
+
+
+@cache
+def _say_if_emulated(device_type: str) -> None:
+    """Warn once per process and device type when bf16 would be emulated there (slower than fp32)."""
+    fast, why = fast_bfloat16(torch.device(device_type))
+    if not fast:
+        log.warning(
+            "bf16 on this %s is emulated (%s): slower than fp32, not faster; use --precision fp32", device_type, why
+        )
 
 
 def precision_context(precision: str, device: torch.device) -> AbstractContextManager:
