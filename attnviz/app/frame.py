@@ -113,7 +113,7 @@ def frame(body: Callable[[Context], None], intro: str = "", prose: bool = False,
     :attr:`Context.ready` where it needs the model.
     """
     page = page_of(body)
-    present.page_config(page.title if page.url_path else "", page.icon)
+    present.page_config(page.title if page.url_path else "", page.favicon)
     choices = sidebar()
     st.title(page.heading or page.title)
     if intro:

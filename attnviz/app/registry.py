@@ -19,6 +19,9 @@ class Page:
     icon: str  # a Material icon: they ship with Streamlit, so they render offline in any browser
     description: str  # one line on the home page
     heading: str = ""  # the title on the page itself, when it is not ``title``
+    # The browser tab's icon. An emoji, drawn by the browser: a Material icon there would be fetched
+    # from fonts.gstatic.com, a request off this server (the crafted-link browser test checks).
+    favicon: str = "🔍"
 
     @property
     def url_path(self) -> str:
@@ -73,6 +76,7 @@ PAGES = (
         "every head's habits over many sentences (entropy, distance, the diagonal and neighbours, special tokens and "
         "punctuation, positional heads), heads on a map by how alike they attend, a sortable table, and each head's "
         "most and least typical sentences; for the model's examples, pasted sentences, or a corpus's atlas folder.",
+        favicon="🗺️",
     ),
     Page(
         "pages/walkthrough.py",
@@ -90,6 +94,7 @@ PAGES = (
         "padding and subsequent masks, the shapes of multi-head attention, why self-attention without positions "
         "is a bag of tokens (shown on the loaded model), and the learning-rate schedule.",
         heading="The mechanics of attention",
+        favicon="🧮",
     ),
     Page(
         "pages/variants.py",
@@ -98,6 +103,7 @@ PAGES = (
         "sparse attention patterns (local, dilated, strided) and their cost, the same patterns imposed on the "
         "loaded model's encoder, Synthesizer attention without token-to-token scores, and the complexity table "
         "of section 4 with timings measured on this machine.",
+        favicon="🧩",
     ),
     Page(
         "pages/positional.py",
@@ -106,6 +112,7 @@ PAGES = (
         "the sinusoidal encoding as a matrix and as curves, its wavelengths, how the dot product of two positions "
         "depends only on their offset, the interleaved and concatenated layouts, and the positions of the loaded "
         "model.",
+        favicon="🌊",
     ),
     Page(
         "pages/linearity.py",
@@ -115,5 +122,6 @@ PAGES = (
         "angle-addition identities, least-squares fits for sinusoidal, random and learned tables, and where "
         "floating point makes it break.",
         heading="Relative positions are linear maps",
+        favicon="🔄",
     ),
 )
