@@ -49,6 +49,13 @@ def show_teaser(ctx: Context) -> None:
                 "is a source token. The darker a cell, the more that row looks at that source token while writing. "
                 f"Layer {layer}, head {head}: this model's clearest cross-attention head."
             )
+        elif kind == "decoder":  # a language model: its prompt, causal
+            st.markdown(f"**{source}**")
+            st.caption(
+                "A language model: each row is a token of the prompt looking back at the tokens before it "
+                "(columns), never ahead; the darker a cell, the more it looks. "
+                f"Layer {layer}, head {head}: this model's clearest head. It has no encoder, so no cross-attention."
+            )
         else:
             st.markdown(f"**{source}**")
             st.caption(

@@ -230,6 +230,36 @@ def head_statistics(
 
 
 SINK_SHARE = 0.5  # a head with at least this mean weight on the first or the last key mostly rests there
+
+
+def repeat_scores(maps: np.ndarray, start: int, period: int) -> dict[str, np.ndarray]:
+    """Each head's induction and previous-token scores on a repeated sequence: {name: (L, H)}.
+
+    ``maps`` (L, H, T, T) are the causal maps of a sequence whose tokens ``start .. start + period``
+    are repeated at ``start + period ..`` (Olsson et al., 2022, the repeated random tokens probe;
+    ``start`` is 1 after a BOS). Over the queries i of the repeated part:
+
+    - ``induction``: the weight on i - period + 1, the token after the current token's earlier
+      occurrence (what an induction head attends to, to copy it);
+    - ``previous``: the weight on i - 1, the token just before (a previous-token head);
+    - ``bos``: the weight on position 0, the first token (an attention sink).
+
+    Each is a mean over those queries, in [0, 1].
+    """
+    maps = np.asarray(maps)
+    if maps.ndim != 4 or maps.shape[-1] != maps.shape[-2]:
+        raise ValueError(f"maps must be (layers, heads, T, T), got {maps.shape}")
+    T = maps.shape[-1]
+    if not (0 <= start and period >= 1 and start + 2 * period <= T):
+        raise ValueError(f"a sequence of {T} tokens has no repeat of {period} tokens from position {start}")
+    queries = np.arange(start + period, start + 2 * period)
+    return {
+        "induction": maps[..., queries, queries - period + 1].mean(axis=-1),
+        "previous": maps[..., queries, queries - 1].mean(axis=-1),
+        "bos": maps[..., queries, 0].mean(axis=-1),
+    }
+
+
 CLEAREST_RULE = (
     "the lowest mean entropy of its rows (normalised, over the model's example sentences), among the heads that "
     f"put less than {SINK_SHARE:.0%} of their weight on the first or the last token"

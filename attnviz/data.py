@@ -121,6 +121,21 @@ def _reverse_pair(rng: random.Random) -> tuple[str, str]:
     return " ".join(letters), " ".join(reversed(letters))
 
 
+INDUCTION_LENGTHS = (4, 12)  # letters in the first half; the second half repeats them
+
+
+def _induction_text(rng: random.Random) -> tuple[str, str]:
+    """Random letters, then the same letters again (Olsson et al., 2022): "q w e r q w e r".
+
+    The first half cannot be predicted; the second can, by finding the current letter's earlier
+    occurrence and copying the letter after it, which is what an induction head does. A pair of
+    the text with itself, since a language model's one text is both its input and its labels.
+    """
+    letters = rng.choices(REVERSE_ALPHABET, k=rng.randint(*INDUCTION_LENGTHS))
+    text = " ".join(letters + letters)
+    return text, text
+
+
 # ---------------------------------------------------------------------------------------------
 # Tasks
 
@@ -136,6 +151,7 @@ class Task:
     vocab_size: int  # sentencepiece vocabulary, shared by source and target
     spm_model_type: str = "bpe"
     symbols: tuple[str, ...] = ()  # pieces the tokenizer always keeps whole
+    decoder_only: bool = False  # a language model's task: each pair is one text, read and predicted
 
     def stream(self, seed: int, split: str = "train") -> Iterator[tuple[str, str]]:
         """An endless stream of pairs drawn with ``seed`` from one split ("train" or "heldout")."""
@@ -179,6 +195,18 @@ TASKS: dict[str, Task] = {
         examples=("a t t e n t i o n", "t r a n s f o r m e r", "a b c d e f g h"),
         vocab_size=4 + len(REVERSE_ALPHABET),  # one piece per letter, after the 4 special ids
         spm_model_type="word",
+    ),
+    "induction": Task(
+        name="induction",
+        description=(
+            "continue 4 to 12 random lowercase letters followed by the same letters again, letter by letter: "
+            "the setting in which induction heads form (Olsson et al., 2022)"
+        ),
+        make_pair=_induction_text,
+        examples=("q w e r t y q w e r t y", "a t t e n t i o n a t t e n t i o n", "h e a d s h e a d s"),
+        vocab_size=4 + len(REVERSE_ALPHABET),
+        spm_model_type="word",
+        decoder_only=True,
     ),
 }
 

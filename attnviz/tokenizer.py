@@ -194,9 +194,16 @@ class TokenizersFile:
 
 
 class SentencePieceTokenizer:
-    """Source and target sentencepiece models (often the same one) and the special ids."""
+    """Source and target sentencepiece models (often the same one) and the special ids.
 
-    def __init__(self, src_model: bytes, tgt_model: bytes | None = None, max_tokens: int = 1024):
+    With ``decoder_only`` (attnviz's own language models) there is one text, the prompt:
+    :meth:`encode_source` gives the decoder's input, ``<s>`` and the pieces, and there is no target.
+    """
+
+    def __init__(
+        self, src_model: bytes, tgt_model: bytes | None = None, max_tokens: int = 1024, decoder_only: bool = False
+    ):
+        self.decoder_only = decoder_only
         self.src = spm.SentencePieceProcessor(model_proto=src_model)
         self.tgt = (
             self.src
@@ -224,7 +231,13 @@ class SentencePieceTokenizer:
             raise InputError(f"the {side} text is {n} tokens long; this model takes at most {self.max_tokens}")
 
     def encode_source(self, text: str) -> Encoded:
-        """Encoder input: the pieces, then the end token."""
+        """Encoder input: the pieces, then the end token; a language model's prompt: ``<s>`` and the pieces."""
+        if self.decoder_only:
+            enc = self._pieces(self.src, text, "prompt", first=1)
+            start = Word(0, 1, "<s>", special=True)
+            out = Encoded((self.bos_id,) + enc.ids, ("<s>",) + enc.tokens, (start,) + enc.words)
+            self._check_length(len(out.ids), "prompt")
+            return out
         enc = self._pieces(self.src, text, "source", first=0)
         end = Word(len(enc.ids), len(enc.ids) + 1, "</s>", special=True)
         out = Encoded(enc.ids + (self.eos_id,), enc.tokens + ("</s>",), enc.words + (end,))
@@ -233,6 +246,11 @@ class SentencePieceTokenizer:
 
     def encode_target(self, text: str) -> tuple[Encoded, Encoded]:
         """(decoder input, labels): ``<s> pieces`` and ``pieces </s>``, one shifted from the other."""
+        if self.decoder_only:
+            raise InputError(
+                "a language model reads one text, its prompt, and continues it: there is no target sentence "
+                "(use generate to continue the prompt)"
+            )
         enc = self._pieces(self.tgt, text, "target", first=1)
         start = Word(0, 1, "<s>", special=True)
         inp = Encoded((self.bos_id,) + enc.ids, ("<s>",) + enc.tokens, (start,) + enc.words)

@@ -84,7 +84,8 @@ def sidebar() -> Choices | None:
             return None
         sentence_inputs(bundle, model)
         model_caption(bundle, device)
-    tgt = None if bundle.config.encoder_only else st.session_state.get("tgt", "").strip() or None
+    no_target = bundle.config.encoder_only or bundle.config.decoder_only
+    tgt = None if no_target else st.session_state.get("tgt", "").strip() or None
     src = st.session_state.get("src", "")
     try:
         notice = api.out_of_domain(bundle, src)
@@ -156,9 +157,12 @@ def sentence_inputs(bundle, model: str) -> None:
         st.session_state["src"] = examples[0] if examples else ""
         st.session_state["tgt"] = ""
         st.session_state["src_model"] = model
-    links.bound(st.text_area, "Source sentence", key="src", height=80)
+    lm = bundle.config.decoder_only  # a language model reads one text: its prompt, and has no target
+    links.bound(st.text_area, "Prompt" if lm else "Source sentence", key="src", height=80)
     if examples:
         st.pills("Examples", examples, key=EXAMPLE_PILLS, on_change=use_example)
+    if lm:
+        return
     encoder_only = bundle.config.encoder_only
     links.bound(
         st.text_input,
@@ -172,10 +176,15 @@ def sentence_inputs(bundle, model: str) -> None:
 
 def model_caption(bundle, device: str) -> None:
     """One line on the loaded model: its name and family, sizes, device and where it comes from."""
-    family = bundle.info.get("family", "attnviz")
+    family, cfg = bundle.info.get("family", "attnviz"), bundle.config
+    layers = (
+        f"{cfg.n_dec_layers} layers (decoder-only)"
+        if cfg.decoder_only
+        else f"{cfg.n_enc_layers}+{cfg.n_dec_layers} layers"
+    )
     st.caption(
         f"{escape_markdown(bundle.name)} ({escape_markdown(family)}): "  # a folder's names: shown as text
-        f"{bundle.config.n_enc_layers}+{bundle.config.n_dec_layers} layers, "
+        f"{layers}, "
         f"{bundle.config.n_heads} heads, d_model {bundle.config.d_model}, "
         f"vocabulary {bundle.config.src_vocab_size:,}, on {device}. "
         f"From: {escape_markdown(bundle.info.get('source', 'trained by attnviz train'))}."

@@ -83,7 +83,9 @@ def _read_tokenizer(path: Path, data: dict, cfg: TransformerConfig) -> SentenceP
                 f"{files[side]} has {sp.src_vocab_size} pieces but {CONFIG_FILE} says the {side} "
                 f"vocabulary has {want}: the file is empty, corrupt or from another model"
             )
-    return SentencePieceTokenizer(models["source"], models["target"], max_tokens=cfg.max_len)
+    return SentencePieceTokenizer(
+        models["source"], models["target"], max_tokens=cfg.max_len, decoder_only=cfg.decoder_only
+    )
 
 
 def _config(path: Path, data: dict) -> TransformerConfig:
