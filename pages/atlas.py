@@ -132,8 +132,11 @@ def show_sentence_map(ctx: Context, c: Chosen, line, sentence: pd.Series, contra
     matrix = ctx.on_model("head_map", src_ids, tgt_ids, kind, layer, head)
     src_tokens = list(sentence["src_tokens"])
     tgt_tokens = None if tgt_ids is None else list(sentence["tgt_tokens"])
+    end = "</s>"
+    if kind == "decoder" and tgt_tokens is None:  # a language model: its line is the decoder's input
+        tgt_tokens, end = src_tokens, "…"  # the last row writes the token after the line, not in the atlas
     # a decoder row reads one token and writes the next (the last writes the end token)
-    q_tokens = src_tokens if kind == "encoder" else writing_labels(tgt_tokens, [*tgt_tokens[1:], "</s>"])
+    q_tokens = src_tokens if kind == "encoder" else writing_labels(tgt_tokens, [*tgt_tokens[1:], end])
     k_tokens = tgt_tokens if kind == "decoder" else src_tokens
     title = f"{TITLES[kind]}, layer {layer}, head {head}, line {line}"
     fig = shared(

@@ -21,7 +21,8 @@ from attnviz.kinds import writing_labels
 INTRO = (
     "At step t the decoder reads the start token and the t tokens it has written, attends to them "
     "(masked self-attention) and to the source (cross-attention), and picks the next token. "
-    "Each row here is the query of the newest position."
+    "Each row here is the query of the newest position. A language model reads its prompt in one pass, "
+    "keeps the keys and values, and then writes one token per step, attending to the prompt and its own output."
 )
 
 
@@ -87,6 +88,12 @@ class Shown:
     key: tuple  # what this step's figures depend on: the decoding, then the step
     teacher: bool
     beam: int
+    lm: bool = False  # a language model: src_tokens is its prompt, read in one pass before step 1
+
+    @property
+    def offset(self) -> int:
+        """The position of step 1's query: the start token's (0), or a language model's prompt's last."""
+        return len(self.src_tokens) - 1 if self.lm else 0
 
     @property
     def step(self) -> DecodeStep:
@@ -94,13 +101,18 @@ class Shown:
 
     @property
     def dec_input(self) -> list[str]:
-        """The start token, then the decoder's own output."""
-        return [self.tok.target_token(self.tok.bos_id), *self.pieces[:-1]]
+        """The start token (a language model: its prompt), then the decoder's own output."""
+        first = self.src_tokens if self.lm else [self.tok.target_token(self.tok.bos_id)]
+        return [*first, *self.pieces[:-1]]
 
     @property
     def rows(self) -> list[str]:
-        """Position i reads dec_input[i] and writes pieces[i]."""
-        return writing_labels(self.dec_input, self.pieces)
+        """Step s's query reads dec_input[offset + s] and writes pieces[s]."""
+        return writing_labels(self.dec_input[self.offset :], self.pieces)
+
+    def keys(self, t: int) -> list[str]:
+        """What step ``t``'s query may attend to: every position up to its own."""
+        return self.dec_input[: self.offset + t + 1]
 
 
 def body(ctx: Context) -> None:
@@ -114,6 +126,7 @@ def body(ctx: Context) -> None:
     )
     teacher = teacher and ctx.choices.tgt is not None
     beam = bound(c1.slider, "Beam size (1 = greedy)", 1, 8, key="beam", disabled=teacher)
+    lm = ctx.bundle.config.decoder_only
     if ctx.bundle.config.encoder_only:
         st.info(
             "This model is encoder-only: it has no decoder, so there is nothing to decode step by step. "
@@ -138,10 +151,11 @@ def body(ctx: Context) -> None:
     pieces = [tok.target_token(s.token_id) for s in dec.steps]
     st.markdown(f"**Step {t + 1} of {n}.** Output: {output_text(pieces, t)}", unsafe_allow_html=True)
 
-    L, H = dec.steps[t].cross_attn.shape[:2]
+    L, H = dec.steps[t].self_attn.shape[:2]
     c1, c2, c3 = st.columns([1, 1, 2])
     contrast = views.contrast_choice(c3)
-    layer, head = views.layer_and_head((c1, c2), "cross", L, H, ctx.clearest_head(), keyboard=False)
+    kind = "decoder" if lm else "cross"
+    layer, head = views.layer_and_head((c1, c2), kind, L, H, ctx.clearest_head(), keyboard=False)
     shown = Shown(
         dec=dec,
         tok=tok,
@@ -154,6 +168,7 @@ def body(ctx: Context) -> None:
         key=(ctx.model, ctx.device, *job, t),
         teacher=teacher,
         beam=beam,
+        lm=lm,
     )
     draw_figures(shown, top)
 
@@ -194,8 +209,12 @@ def step_controls(n: int) -> int:
 
 
 def draw_alignment(s: Shown) -> None:
-    """Cross-attention of every step so far: the alignment, one row per step."""
+    """Cross-attention of every step so far: the alignment, one row per step (a language model: its
+    self-attention over the prompt and what it has written)."""
     dec, t, layer, head = s.dec, s.t, s.layer, s.head
+    if s.lm:
+        draw_lm_alignment(s)
+        return
     fig = shared(
         "decoding-alignment",
         (*s.key, layer, head, s.contrast),
@@ -212,6 +231,29 @@ def draw_alignment(s: Shown) -> None:
     st.caption(
         'The alignment grows by one row per step: the row "a → b" is where the decoder looked while reading a '
         "and writing b."
+    )
+
+
+def draw_lm_alignment(s: Shown) -> None:
+    """A language model's rows of every step so far, over the prompt and its output; grey: not yet written."""
+    t, layer, head = s.t, s.layer, s.head
+    keys = s.keys(t)
+    rows = np.zeros((t + 1, len(keys)), dtype=np.float32)
+    for i, step in enumerate(s.dec.steps[: t + 1]):
+        rows[i, : s.offset + i + 1] = step.self_attn[layer - 1, head - 1].numpy()
+    mask = np.arange(len(keys))[None, :] <= s.offset + np.arange(t + 1)[:, None]
+    fig = shared(
+        "decoding-lm-rows",
+        (*s.key, layer, head, s.contrast),
+        lambda: attention_heatmap(
+            rows, s.rows[: t + 1], keys, "decoder", mask=mask, query_start=s.offset, contrast=s.contrast,
+            title=f"Self-attention so far (one row per step), layer {layer}, head {head}",
+        ),
+    )  # fmt: skip
+    st.plotly_chart(room(fig), width="stretch")
+    st.caption(
+        'One row per step: the row "a → b" is where the model looked while reading a and writing b, over the '
+        "prompt and what it has written so far (the prompt was read in one pass, then one token per step)."
     )
 
 
@@ -257,14 +299,16 @@ def draw_step_rows(s: Shown) -> None:
         lambda: attention_heatmap(
             self_row,
             s.rows[t : t + 1],
-            s.dec_input[: t + 1],
+            s.keys(t),
             "decoder",
-            query_start=t,
+            query_start=s.offset + t,
             title=f"Decoder self-attention of step {t + 1}, layer {layer}, head {head}",
             contrast=s.contrast,
         ),
     )
     st.plotly_chart(room(fig), width="stretch")
+    if step.cross_attn is None:  # a language model has no source to look at
+        return
     cross_row = step.cross_attn[layer - 1, head - 1].numpy()[None]
     fig = shared(
         "decoding-cross-row",
@@ -283,14 +327,16 @@ def draw_step_rows(s: Shown) -> None:
 
 
 def draw_step_grid(s: Shown) -> None:
-    """The newest position's cross-attention in every layer and head."""
+    """The newest position's cross-attention in every layer and head (a language model: its self-attention)."""
     step, t = s.step, s.t
+    if s.lm:
+        rows, keys, what, kind = step.self_attn.numpy(), s.keys(t), "Self-attention", "decoder"
+    else:
+        rows, keys, what, kind = step.cross_attn.numpy(), s.src_tokens, "Cross-attention", "cross"
     grid = shared(
         "decoding-grid",
         s.key,
-        lambda: step_rows_grid(
-            step.cross_attn.numpy(), s.src_tokens, title=f"Cross-attention of step {t + 1}, every layer and head"
-        ),
+        lambda: step_rows_grid(rows, keys, title=f"{what} of step {t + 1}, every layer and head", kind=kind),
     )
     st.plotly_chart(room(grid), width="stretch")
 

@@ -72,8 +72,14 @@ def show_matrix(m: wk.Matrix, k: int, i: int, shown_stage: tuple) -> None:
 
 def body(ctx: Context) -> None:
     bundle = ctx.bundle
-    wt = ctx.on_text("forward_pass")
     cfg = bundle.config
+    if cfg.decoder_only:
+        st.info(
+            "This walkthrough follows the encoder-decoder's stages, and this model is a language model (a decoder "
+            "alone): its stages are not drawn here yet. The explorer and the decoding page show its maps step by step."
+        )
+        return
+    wt = ctx.on_text("forward_pass")
     stages = wk.stage_list(cfg.encoder_only)
     keys, titles = [k for k, _ in stages], dict(stages)
     st.session_state["wt_keys"] = keys

@@ -1,0 +1,55 @@
+"""Every page opens a language model with no error: the shipped induction model, and random GPT-2,
+Llama and Qwen2 folders opened as a visitor opens a folder (AppTest)."""
+
+from __future__ import annotations
+
+import pytest
+
+from attnviz.app import CUSTOM_PATH, registry
+
+pytest.importorskip("transformers")
+
+from conftest import open_app  # noqa: E402
+from lm_models import build  # noqa: E402
+
+pytestmark = pytest.mark.slow  # every page, several models: the full suite
+
+# Pages that say in one line why they do not show a language model yet (the rest must show it).
+NOT_YET = {"pages/walkthrough.py": "language model"}
+
+
+@pytest.fixture(scope="module")
+def folders(tmp_path_factory):
+    root = tmp_path_factory.mktemp("lms")
+    for family in ("gpt2", "llama", "qwen2"):
+        build(family, root / family)
+    return root
+
+
+def _errors(at) -> list[str]:
+    return [e.value for e in at.exception] + [e.value for e in at.error]
+
+
+@pytest.mark.parametrize("page", [page.path for page in registry.PAGES])
+def test_every_page_opens_the_shipped_language_model(page, visitor_roots):
+    at = open_app(page, "induction")
+    assert not _errors(at), _errors(at)
+    assert any("decoder-only" in c.value for c in at.sidebar.caption), "the model opened"
+    assert at.sidebar.text_area(key="src").label == "Prompt", "the sidebar speaks of a prompt"
+    assert not at.sidebar.get("text_input") or all(w.key != "tgt" for w in at.sidebar.text_input), "no target box"
+    if page in NOT_YET:
+        assert any(NOT_YET[page] in i.value for i in at.info), "it says why not, in one line"
+
+
+@pytest.mark.parametrize("family", ["gpt2", "llama", "qwen2"])
+@pytest.mark.parametrize("page", [page.path for page in registry.PAGES])
+def test_every_page_opens_a_hugging_face_language_model(page, family, folders, monkeypatch):
+    monkeypatch.setenv("ATTNVIZ_MODEL_ROOTS", str(folders))
+    at = open_app("app.py")
+    at.sidebar.selectbox(key="model").set_value(CUSTOM_PATH).run()
+    at.sidebar.text_input(key="model_path").set_value(str(folders / family)).run()
+    at.sidebar.text_area(key="src").set_value("the cat sat on the mat").run()
+    if page != "app.py":
+        at.switch_page(page).run()
+    assert not _errors(at), _errors(at)
+    assert any("decoder-only" in c.value and family in c.value for c in at.sidebar.caption), "the model opened"
