@@ -410,7 +410,8 @@ class EncoderLayer(nn.Module):
 
     def __init__(self, cfg: TransformerConfig, site: str = "encoder.0"):
         super().__init__()
-        self.self_attn = MultiHeadAttention(cfg, act_name(site, "attn"))
+        rotary = cfg.pos_encoding == "rotary"  # later: rotary positions live in self-attention
+        self.self_attn = MultiHeadAttention(cfg, act_name(site, "attn"), rotary=rotary)
         self.ffn = feed_forward(cfg, act_name(site, "ffn"))
         self.attn_block = SublayerConnection(cfg, act_name(site, "attn_block"))
         self.ffn_block = SublayerConnection(cfg, act_name(site, "ffn_block"))
