@@ -15,6 +15,7 @@ import string
 
 import numpy as np
 import pytest
+import torch
 
 import attnviz
 from attnviz.analysis import repeat_scores
@@ -94,3 +95,35 @@ def test_repeat_scores_are_the_plain_loops(bundle):
     np.testing.assert_allclose(scores["previous"], previous, atol=1e-6)
     np.testing.assert_allclose(scores["induction"], induction, atol=1e-6)
     np.testing.assert_allclose(scores["bos"], export.decoder[:, :, 7:13, 0].mean(-1), atol=1e-6)
+
+
+def test_the_atlas_of_a_language_model_names_its_induction_head(bundle, heads, tmp_path):
+    """role_table against plain loops over the same probes; the atlas's heads table carries it, on disk too."""
+    from attnviz.atlas.roles import PERIOD, probe_ids, probe_prefix, role_table
+
+    start = len(probe_prefix(bundle))
+    assert start == 1, "the induction model's tokenizer puts <s> first"
+    table = role_table(bundle).set_index(["layer", "head"])
+    L, H = bundle.config.n_dec_layers, bundle.config.n_heads
+    induction, bos = np.zeros((L, H)), np.zeros((L, H))
+    probes_ = probe_ids(bundle)
+    for ids in probes_:
+        assert ids[start : start + PERIOD] == ids[start + PERIOD :], "the second half repeats the first"
+        maps = bundle.model(None, torch.tensor([ids]), return_attention=True).attention
+        decoder = maps.stacked("decoder")[:, 0].detach().numpy()
+        for i in range(start + PERIOD, start + 2 * PERIOD):
+            induction += decoder[:, :, i, i - PERIOD + 1] / PERIOD / len(probes_)
+            bos += decoder[:, :, i, 0] / PERIOD / len(probes_)
+    for layer in range(L):
+        for head in range(H):
+            assert table.loc[(layer + 1, head + 1), "induction"] == pytest.approx(induction[layer, head], abs=1e-6)
+            assert table.loc[(layer + 1, head + 1), "bos"] == pytest.approx(bos[layer, head], abs=1e-6)
+    corpus = tmp_path / "corpus.txt"
+    corpus.write_text("q w e r t y q w e r t y\na b c d a b c d\n")
+    atlas = attnviz.build_atlas(bundle, corpus, tmp_path / "atlas")
+    again = attnviz.load_atlas(tmp_path / "atlas")
+    il, ih = heads["induction"]
+    best = again.heads.sort_values("induction").iloc[-1]
+    assert (best["layer"], best["head"]) == (il, ih), "the atlas finds the card's induction head"
+    assert again.manifest["roles"]["columns"] == ["induction", "bos"]
+    assert atlas.heads["induction"].notna().all()

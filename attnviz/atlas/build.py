@@ -14,6 +14,7 @@ import pandas as pd
 
 from attnviz.atlas.corpus import Corpus, file_sha256, read_lines, shards, tokenize
 from attnviz.atlas.engine import check_precision, run_local
+from attnviz.atlas.roles import PERIOD, PROBES, ROLES, SEED, role_table
 from attnviz.atlas.stats import STATISTICS
 from attnviz.atlas.store import FORMAT, AtlasFolder, load_atlas, summarise
 from attnviz.atlas.summary import Atlas, add_sums, divergence_sums, inputs_frame, stats_frame
@@ -100,9 +101,18 @@ def compute_atlas(
         "statistics": list(STATISTICS),
         "versions": _versions("local"),
     }
+    roles, manifest["roles"] = _roles(bundle)
     return summarise(
-        pd.concat(frames, ignore_index=True), inputs_frame(sentences), sums, bundle.config.n_heads, manifest
+        pd.concat(frames, ignore_index=True), inputs_frame(sentences), sums, bundle.config.n_heads, manifest, roles
     )
+
+
+def _roles(bundle: Bundle) -> tuple[pd.DataFrame | None, dict | None]:
+    """A language model's head roles on the repeated-random-tokens probe, and how they were measured."""
+    if not bundle.config.decoder_only:
+        return None, None
+    how = {"probe": "repeated random tokens (Olsson et al., 2022)", "probes": PROBES, "period": PERIOD, "seed": SEED}
+    return role_table(bundle), {**how, "columns": list(ROLES)}
 
 
 def build_atlas(
@@ -191,4 +201,5 @@ def build_atlas(
         device = ray_device or bundle.device.type
         for index, results in run_ray(bundle.path, bundle.sha256, todo, batch_size, precision, device, on_batch=step):
             write(index, results)
-    return folder.finish(len(work), bundle.config.n_heads, {"counts": _counts(parsed)})
+    roles, how = _roles(bundle)
+    return folder.finish(len(work), bundle.config.n_heads, {"counts": _counts(parsed), "roles": how}, roles)

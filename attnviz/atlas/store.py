@@ -141,7 +141,7 @@ class AtlasFolder:
         self.manifest.setdefault(LEDGER, {})[str(index)] = record
         write_json(self.folder / MANIFEST, self.manifest)
 
-    def finish(self, n_shards: int, n_heads: int, updates: dict) -> Atlas:
+    def finish(self, n_shards: int, n_heads: int, updates: dict, roles: pd.DataFrame | None = None) -> Atlas:
         """Check every shard against its record, merge them into the final tables, mark the manifest
         complete, remove the shards. A shard that no longer matches is refused: never merged."""
         for index in range(n_shards):
@@ -164,7 +164,7 @@ class AtlasFolder:
                 before, seen = sums.get(kind, (np.zeros((size, size)), 0))
                 sums[kind] = (before + total.reshape(size, size), seen + count)
         final = {k: v for k, v in self.manifest.items() if k != LEDGER}
-        atlas = summarise(sentences, inputs, sums, n_heads, {**final, **updates, "complete": True})
+        atlas = summarise(sentences, inputs, sums, n_heads, {**final, **updates, "complete": True}, roles)
         for name in TABLES:
             write_table(self.folder / f"{name}.parquet", getattr(atlas, name))
         write_json(self.folder / MANIFEST, atlas.manifest)
@@ -174,13 +174,22 @@ class AtlasFolder:
 
 
 def summarise(
-    sentences: pd.DataFrame, inputs: pd.DataFrame, sums: dict[str, tuple[np.ndarray, int]], n_heads: int, manifest: dict
+    sentences: pd.DataFrame,
+    inputs: pd.DataFrame,
+    sums: dict[str, tuple[np.ndarray, int]],
+    n_heads: int,
+    manifest: dict,
+    roles: pd.DataFrame | None = None,
 ) -> Atlas:
-    """The whole atlas from the per-sentence rows and the divergence sums."""
+    """The whole atlas from the per-sentence rows and the divergence sums; ``roles`` (a language model's
+    :func:`attnviz.atlas.roles.role_table`) adds its columns to the heads' table."""
     means = mean_divergences(sums)
+    heads = head_table(sentences)
+    if roles is not None:
+        heads = heads.merge(roles, on=["kind", "layer", "head"], how="left")
     return Atlas(
         sentences=sort_sentences(sentences),
-        heads=sort_heads(head_table(sentences)),
+        heads=sort_heads(heads),
         distances=distance_table(means, n_heads),
         mds=mds_table(means, n_heads),
         inputs=inputs.sort_values("line").reset_index(drop=True),
