@@ -24,7 +24,7 @@ from typing import IO, Any
 
 from attnviz import api
 from attnviz.atlas.engine import head_map
-from attnviz.lessons import mechanics, variants
+from attnviz.lessons import mechanics, rotary, variants
 
 HEADER = struct.Struct("<Q")  # each message: its length, then its pickle
 MODELS_KEPT = 2  # models a worker keeps loaded (a class mostly uses one)
@@ -64,6 +64,15 @@ def _permutation(bundle, src: str, order: str, seed: int):
     return enc.tokens, perm, checks
 
 
+def _rotary(bundle, src: str, tgt, layer: int, max_offset: int):
+    """(the shift check, the score by offset) of a rotary language model's layer, on the prompt ``src``."""
+    import torch
+
+    ids = torch.tensor([bundle.tokenizer.encode_source(src).ids], device=bundle.device)
+    last, first = ids.shape[1] - 1, 1 if ids.shape[1] > 1 else 0  # the last token's query, the first word's key
+    return rotary.shift_check(bundle, ids, layer), rotary.score_by_offset(bundle, ids, layer, last, first, max_offset)
+
+
 # name -> function(bundle, *args[, progress]); only ``atlas`` reports progress; ``timing`` takes no model
 JOBS: dict[str, Callable[..., Any]] = {
     "attention": lambda b, src, tgt, words=False: api.attention(b, src, tgt, words=words),
@@ -81,6 +90,7 @@ JOBS: dict[str, Callable[..., Any]] = {
     "pattern": _pattern,
     "permutation": _permutation,
     "timing": lambda _, d: variants.time_self_attention_vs_gru(d=d, repeats=5),
+    "rotary": _rotary,
     "warm": lambda b: None,  # load the model before the first visitor needs it
 }
 REPORTS_PROGRESS = {"atlas"}

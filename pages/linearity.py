@@ -244,6 +244,47 @@ def breakdown_section(c: Controls) -> None:
     )
 
 
+def rotary_section(ctx: Context) -> None:
+    """RoPE on the loaded model: a score depends on the offset alone (shifted, it changes by rounding only)."""
+    st.header("Rotary positions: the rotation inside attention")
+    st.markdown(
+        "RoPE (Su et al., 2021; Llama, Qwen2, SmolLM) takes this section's rotation literally: it adds no "
+        "table, but turns each query and key by its own position's angles, pair of dimensions by pair. "
+        "Rotations compose, so q_i R(i) · k_j R(j) = q_i · k_j R(j − i): the score of a pair depends on the "
+        "offset j − i alone, wherever the pair stands."
+    )
+    if not ctx.ready or ctx.bundle.config.pos_encoding != "rotary":
+        st.info(
+            "This part needs a model with rotary positions: open a Llama-family or Qwen2 folder or hub id "
+            "(for example HuggingFaceTB/SmolLM2-135M) in the sidebar."
+        )
+        return
+    cfg = ctx.bundle.config
+    c = st.columns(2)
+    clamp_state("lin_rope_layer", range(1, cfg.n_dec_layers + 1))
+    layer = bound(c[0].selectbox, "Layer", range(1, cfg.n_dec_layers + 1), key="lin_rope_layer")
+    max_offset = bound(c[1].slider, "Largest offset", 8, 256, 64, key="lin_rope_offset")
+    shifts, offsets = ctx.on_text("rotary", layer - 1, max_offset)
+    worst = shifts.groupby("shift")[["largest_change", "relative"]].max().reset_index()
+    st.dataframe(worst.style.format({"largest_change": "{:.2e}", "relative": "{:.2e}"}), hide_index=True)
+    st.caption(
+        f"The loaded model's own queries and keys of layer {layer}, before the rotation, rotated again with both "
+        "positions moved by c: the largest change of any pair's score, over every head (and relative to the "
+        "largest score). Rounding only: float32 keeps about 7 digits."
+    )
+    fig = shared(
+        "lin-rope-offset",
+        (*ctx.key, layer, max_offset),
+        lambda: pp.score_by_offset_chart(offsets, f"Layer {layer}: one query/key pair at every offset"),
+    )
+    st.plotly_chart(room(fig), width="stretch")
+    st.caption(
+        "The prompt's last query and its first word's key, each head's score as the query stands 0 to "
+        f"{max_offset} positions after the key. The curve is the head's positional preference for that pair of "
+        "contents: slow wiggles are its low frequencies, the fast ripple its high ones."
+    )
+
+
 def body(ctx: Context) -> None:
     """The controls, then M_k, the angle-addition form, the fits and where linearity breaks."""
     c = controls()
@@ -262,6 +303,7 @@ def body(ctx: Context) -> None:
     angle_section(c)
     fit_section(c, ctx)
     breakdown_section(c)
+    guarded(lambda: rotary_section(ctx))
 
 
 frame(body, intro=INTRO, prose=True, needs_model=False)

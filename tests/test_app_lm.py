@@ -53,3 +53,23 @@ def test_every_page_opens_a_hugging_face_language_model(page, family, folders, m
         at.switch_page(page).run()
     assert not _errors(at), _errors(at)
     assert any("decoder-only" in c.value and family in c.value for c in at.sidebar.caption), "the model opened"
+
+
+def test_the_linearity_page_shows_rope_on_a_rotary_model(folders, monkeypatch):
+    monkeypatch.setenv("ATTNVIZ_MODEL_ROOTS", str(folders))
+    at = open_app("app.py")
+    at.sidebar.selectbox(key="model").set_value(CUSTOM_PATH).run()
+    at.sidebar.text_input(key="model_path").set_value(str(folders / "llama")).run()
+    at.switch_page("pages/linearity.py").run()
+    assert not _errors(at), _errors(at)
+    assert "Rotary positions: the rotation inside attention" in [h.value for h in at.header]
+    table = at.dataframe[-1].value
+    assert list(table["shift"]) == [1, 10, 100, 1000] and float(table["relative"].max()) < 1e-5
+    charts = [c for c in at.get("plotly_chart") if "pair at every offset" in c.proto.spec]
+    assert charts, "the score-by-offset chart is drawn"
+
+
+def test_the_linearity_page_says_why_not_on_a_model_without_rope(visitor_roots):
+    at = open_app("pages/linearity.py", "induction")
+    assert not _errors(at), _errors(at)
+    assert any("needs a model with rotary positions" in i.value for i in at.info)

@@ -112,6 +112,7 @@ JOB_RULES: dict[str, tuple[str, Callable[..., bool] | None]] = {
     "pattern": ("Running the encoder with the pattern, then decoding", lambda m, d, src, *_: is_light(m, d, src)),
     "permutation": ("Shuffling the sentence and running the encoder", lambda m, d, src, *_: is_light(m, d, src)),
     "timing": ("Timing self-attention and a GRU", None),
+    "rotary": ("Rotating the queries and keys again", lambda m, d, src, tgt, *_: is_light(m, d, src, tgt)),
 }
 
 

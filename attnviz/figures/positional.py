@@ -310,6 +310,26 @@ def residual_chart(
     return fig
 
 
+def score_by_offset_chart(table, title: str) -> go.Figure:
+    """Each head's score (rows of ``table``: head, offset, score) against the offset, one line per head."""
+    fig = go.Figure()
+    for j, (head, rows) in enumerate(table.groupby("head", sort=True)):
+        fig.add_trace(
+            go.Scatter(
+                x=rows["offset"].to_numpy(),
+                y=rows["score"].to_numpy(),
+                mode="lines",
+                name=f"head {head}",
+                line={"color": COLORS[j % len(COLORS)]},
+                hovertemplate=f"head {head}<br>offset %{{x}}<br>score %{{y:.4f}}<extra></extra>",
+            )
+        )
+    fig.update_layout(title=title, height=360, margin=MARGIN)
+    fig.update_xaxes(title="offset: positions from the key to the query")
+    fig.update_yaxes(title="scaled score q·k/√d_k")
+    return fig
+
+
 def angle_addition_chart(pos: np.ndarray, sin_lhs, sin_rhs, cos_lhs, cos_rhs, i: int) -> go.Figure:
     """Both sides of the sine and cosine angle-addition identities for pair i, against pos."""
     pos = np.asarray(pos)

@@ -1,0 +1,77 @@
+"""The rotary lesson on a random Llama-layout model: the re-rotated vectors give the model's own scores,
+an independent rotation (2x2 blocks in numpy, float64) gives the same, and a shift changes nothing."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from attnviz.checkpoints import load_checkpoint
+from attnviz.hooks import Recorder, act_name
+from attnviz.lessons import rotary
+
+pytest.importorskip("transformers")
+
+from lm_models import build  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def llama(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("rope") / "llama"
+    build("llama", folder)
+    return load_checkpoint(folder, "cpu")
+
+
+def numpy_rotation(x: np.ndarray, positions: np.ndarray, theta: float) -> np.ndarray:
+    """x (H, T, D) turned by each position's angles, dimension i paired with i + D/2 (float64, no torch)."""
+    D = x.shape[-1]
+    half = D // 2
+    inv = theta ** (-np.arange(half) * 2.0 / D)
+    angle = positions[:, None] * inv[None, :]  # (T, D/2)
+    a, b = x[..., :half], x[..., half:]
+    return np.concatenate([a * np.cos(angle) - b * np.sin(angle), b * np.cos(angle) + a * np.sin(angle)], axis=-1)
+
+
+def test_the_re_rotated_vectors_give_the_models_own_scores_and_an_independent_rotation_agrees(llama):
+    ids = torch.tensor([llama.tokenizer.encode_source("the cat sat on the mat one two three").ids])
+    with torch.no_grad(), Recorder({act_name("decoder", 1, "self_attn", "scores")}) as rec:
+        llama.model(None, ids, return_logits=False)
+    model_scores = rec.tensors[act_name("decoder", 1, "self_attn", "scores")][0]
+    q, k = rotary.unrotated(llama, ids, 1)
+    T = ids.shape[1]
+    causal = torch.ones(T, T, dtype=torch.bool).tril()
+    ours = rotary.scores_at(llama, q, k, 0)
+    torch.testing.assert_close(ours[:, causal], model_scores[:, causal], atol=1e-5, rtol=0)
+    pos = np.arange(T, dtype=np.float64)
+    qn = numpy_rotation(q.double().numpy(), pos, llama.config.rope_theta)
+    kn = numpy_rotation(k.double().numpy(), pos, llama.config.rope_theta)
+    plain = qn @ kn.transpose(0, 2, 1) / np.sqrt(q.shape[-1])
+    np.testing.assert_allclose(ours[:, causal].numpy(), plain[:, causal.numpy()], atol=1e-5)
+
+
+def test_a_shift_of_both_positions_changes_the_scores_by_rounding_only(llama):
+    ids = torch.tensor([llama.tokenizer.encode_source("one two three four five six seven").ids])
+    table = rotary.shift_check(llama, ids, 0)
+    assert set(table["shift"]) == set(rotary.SHIFTS) and len(table) == len(rotary.SHIFTS) * llama.config.n_heads
+    assert table["relative"].max() < 1e-5, table
+    assert table["largest_change"].max() > 0, "float32 rounding shows: the check compares numbers, not one tensor"
+
+
+def test_the_score_by_offset_is_the_score_of_a_pair_that_far_apart(llama):
+    ids = torch.tensor([llama.tokenizer.encode_source("the cat sat on the mat").ids])
+    q, k = rotary.unrotated(llama, ids, 0)
+    table = rotary.score_by_offset(llama, ids, 0, query=5, key=1, max_offset=20)
+    for head, offset in [(1, 0), (3, 7), (8, 20)]:
+        qn = numpy_rotation(q[head - 1 : head, 5:6].double().numpy(), np.array([offset + 3.0]), llama.config.rope_theta)
+        kn = numpy_rotation(k[head - 1 : head, 1:2].double().numpy(), np.array([3.0]), llama.config.rope_theta)
+        expected = float((qn * kn).sum()) / np.sqrt(q.shape[-1])  # the pair moved to positions 3 and 3 + offset
+        got = table[(table["head"] == head) & (table["offset"] == offset)]["score"].item()
+        assert got == pytest.approx(expected, abs=1e-5)
+
+
+def test_a_model_without_rotary_positions_is_refused_with_a_reason():
+    import attnviz
+
+    with pytest.raises(ValueError, match="rotary positions"):
+        rotary.shift_check(attnviz.load("induction", device="cpu"), torch.tensor([[1, 5, 6]]), 0)
