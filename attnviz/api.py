@@ -690,15 +690,26 @@ def head_importance(
 
 
 @torch.no_grad()
-def queries_keys(bundle: Bundle, src: str, tgt: str | None = None) -> dict[str, tuple[np.ndarray, np.ndarray]]:
+def queries_keys(
+    bundle: Bundle, src: str, tgt: str | None = None, rotated: bool = True
+) -> dict[str, tuple[np.ndarray, np.ndarray]]:
     """Every head's query and key vectors, per kind: (queries (L, H, Q, d_k), keys (L, H, K, d_k)) float32.
 
     The same inputs as :func:`attention`; the vectors are the projections W^Q x and W^K x split into
     heads (section 3.2.2), before the scaling by 1/sqrt(d_k). An encoder-only model has only
-    "encoder"; cross-attention's keys are the source's.
+    "encoder"; cross-attention's keys are the source's. For a model with rotary positions they are
+    the rotated vectors, whose products are the scores; with ``rotated=False`` the vectors before the
+    rotation (their content alone, without their positions), grouped keys repeated per query head.
     """
-    queries, keys = _per_layer(bundle, "q"), _per_layer(bundle, "k")
+    rope = bundle.config.pos_encoding == "rotary"
+    if not rotated and not rope:
+        raise InputError("vectors before the rotation exist only for a model with rotary positions")
+    q_part, k_part = ("q", "k") if rotated else ("q_unrotated", "k_unrotated")
+    queries, keys = _per_layer(bundle, q_part), _per_layer(bundle, k_part)
     recorded = _recorded(bundle, _inputs(bundle, src, tgt), _all(queries, keys))
+    if not rotated:  # keys before the rotation are recorded per key/value head
+        group = bundle.config.n_heads // bundle.config.kv_heads
+        recorded = {n: np.repeat(v, group, axis=0) if n.endswith("k_unrotated") else v for n, v in recorded.items()}
     vectors = {kind: (_stacked(recorded, queries[kind]), _stacked(recorded, keys[kind])) for kind in queries}
     _check_finite("query and key vectors", {f"{kind} {i}": v[i] for kind, v in vectors.items() for i in (0, 1)})
     return vectors

@@ -77,7 +77,7 @@ def _rotary(bundle, src: str, tgt, layer: int, max_offset: int):
 JOBS: dict[str, Callable[..., Any]] = {
     "attention": lambda b, src, tgt, words=False: api.attention(b, src, tgt, words=words),
     "scores": lambda b, src, tgt: api.attention_scores(b, src, tgt),
-    "queries_keys": lambda b, src, tgt: api.queries_keys(b, src, tgt),
+    "queries_keys": lambda b, src, tgt, rotated=True: api.queries_keys(b, src, tgt, rotated),
     "forward_pass": lambda b, src, tgt: api.forward_pass(b, src, tgt),
     "decoding": _decoding,
     "attribution": lambda b, src, tgt, method, position, words: api.attribute(

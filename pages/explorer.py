@@ -307,7 +307,8 @@ def draw_stats(p: Picked) -> None:
 
 def draw_qk(p: Picked) -> None:
     """The Q-K embedding of the chosen head: its queries and keys in one plane (attnviz.qk)."""
-    vectors = p.ctx.on_text("queries_keys")
+    rotated = rotation_choice(p.ctx)
+    vectors = p.ctx.on_text("queries_keys", rotated)
     pieces = p.ctx.export() if p.words else p.export
     if p.words:
         st.info("The Q-K embedding shows pieces: each piece has its own query and key vector, a word has none.")
@@ -316,7 +317,7 @@ def draw_qk(p: Picked) -> None:
         st.radio, "Colour by", list(COLOUR_BY), format_func=COLOUR_BY.get, horizontal=True, key="qk_colour"
     )
     queries, keys = (v[layer - 1, head - 1] for v in vectors[kind])
-    key = (*p.ctx.key, kind, layer, head)
+    key = (*p.ctx.key, kind, layer, head, rotated)
     embedding = shared("qk-embedding", key, lambda: qk.qk_embedding(queries, keys))
     weights = getattr(pieces, kind)[layer - 1, head - 1]
     agreement = shared(
@@ -336,6 +337,31 @@ def draw_qk(p: Picked) -> None:
         f"a rank correlation of {agreement:.2f} per query on average (1 would be exact)."
     )
     st.plotly_chart(room(fig), width="stretch", config=export_config(f"{p.stem.removesuffix('-words')}-qk", "png"))
+
+
+ROTATIONS = {
+    "after": "After the rotation: what the scores use",
+    "before": "Before the rotation: the content alone",
+}
+
+
+def rotation_choice(ctx: Context) -> bool:
+    """For a model with rotary positions, which vectors the Q-K embedding shows; True: the rotated ones."""
+    if ctx.bundle.config.pos_encoding != "rotary":
+        return True
+    which = bound(st.radio, "Vectors", list(ROTATIONS), format_func=ROTATIONS.get, horizontal=True, key="qk_rotation")
+    if which == "after":
+        st.caption(
+            "Rotary positions turn each query and key by its position's angles before the product: these rotated "
+            "vectors give the scores exactly, so nearness here is attention, position included."
+        )
+    else:
+        st.caption(
+            "The same vectors before the rotation: what each token's content asks for and offers, without its "
+            "place. Tokens alike in content sit together wherever they stand; how far apart they stand is left "
+            "to the rotation, so nearness here is not the attention the model paid."
+        )
+    return which == "after"
 
 
 DRAW: dict[str, Callable[[Picked], Drawn | None]] = {

@@ -73,3 +73,18 @@ def test_the_linearity_page_says_why_not_on_a_model_without_rope(visitor_roots):
     at = open_app("pages/linearity.py", "induction")
     assert not _errors(at), _errors(at)
     assert any("needs a model with rotary positions" in i.value for i in at.info)
+
+
+def test_the_explorer_offers_queries_and_keys_before_and_after_the_rotation(folders, monkeypatch):
+    monkeypatch.setenv("ATTNVIZ_MODEL_ROOTS", str(folders))
+    at = open_app("app.py")
+    at.sidebar.selectbox(key="model").set_value(CUSTOM_PATH).run()
+    at.sidebar.text_input(key="model_path").set_value(str(folders / "qwen2")).run()
+    at.switch_page("pages/explorer.py").run()
+    at.selectbox(key="view").set_value("qk").run()
+    assert not _errors(at), _errors(at)
+    for which in ("after", "before"):
+        at.radio(key="qk_rotation").set_value(which).run()
+        assert not _errors(at), _errors(at)
+        assert any("Q-K embedding" in c.proto.spec for c in at.get("plotly_chart"))
+    assert any("content alone" in c.value or "without its" in c.value for c in at.caption)

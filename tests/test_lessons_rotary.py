@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from attnviz.checkpoints import load_checkpoint
+from attnviz.errors import InputError
 from attnviz.hooks import Recorder, act_name
 from attnviz.lessons import rotary
 
@@ -75,3 +76,22 @@ def test_a_model_without_rotary_positions_is_refused_with_a_reason():
 
     with pytest.raises(ValueError, match="rotary positions"):
         rotary.shift_check(attnviz.load("induction", device="cpu"), torch.tensor([[1, 5, 6]]), 0)
+
+
+def test_queries_and_keys_before_the_rotation_turn_into_the_rotated_ones(llama):
+    import attnviz
+
+    rotated = attnviz.queries_keys(llama, "the cat sat on the mat")["decoder"]
+    before = attnviz.queries_keys(llama, "the cat sat on the mat", rotated=False)["decoder"]
+    T = rotated[0].shape[2]
+    for side in (0, 1):
+        assert before[side].shape == rotated[side].shape, "grouped keys are repeated per query head"
+        for layer in range(llama.config.n_dec_layers):
+            turned = numpy_rotation(
+                before[side][layer].astype(np.float64), np.arange(T, dtype=np.float64), llama.config.rope_theta
+            )
+            np.testing.assert_allclose(turned, rotated[side][layer], atol=1e-4)
+    group = llama.config.n_heads // llama.config.kv_heads
+    np.testing.assert_array_equal(before[1][:, 0], before[1][:, group - 1])  # one key/value head serves its group
+    with pytest.raises(InputError, match="rotary"):
+        attnviz.queries_keys(attnviz.load("induction", device="cpu"), "a b", rotated=False)

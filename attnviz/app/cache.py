@@ -102,7 +102,7 @@ def _short_ids(model: str, device: str, src_ids: tuple, tgt_ids: tuple | None, *
 JOB_RULES: dict[str, tuple[str, Callable[..., bool] | None]] = {
     "attention": ("Running the model", lambda m, d, src, tgt, words: is_light(m, d, src, tgt)),
     "scores": ("Computing the scores", is_light),
-    "queries_keys": ("Recording queries and keys", is_light),
+    "queries_keys": ("Recording queries and keys", lambda m, d, src, tgt, *_: is_light(m, d, src, tgt)),
     "forward_pass": ("Running the model", is_light),
     "decoding": ("Decoding", lambda m, d, src, beam, tgt, top_k: beam == 1 and is_light(m, d, src, tgt)),
     "attribution": ("Computing the contributions", lambda m, d, src, tgt, *_: _queued(m, d, src, tgt)),
