@@ -12,8 +12,9 @@ from attnviz.figures.walkthrough import feed_arrow, matrix_figure
 from attnviz.lessons import walkthrough as wk
 
 INTRO = (
-    "One sentence through the encoder, the decoder and the output layer, one stage at a time. Every matrix is "
-    "the loaded model's own intermediate tensor for this sentence, recorded during its forward pass."
+    "One sentence through the encoder, the decoder and the output layer, one stage at a time (a language model's "
+    "prompt through its decoder). Every matrix is the loaded model's own intermediate tensor for this input, "
+    "recorded during its forward pass."
 )
 
 
@@ -73,14 +74,8 @@ def show_matrix(m: wk.Matrix, k: int, i: int, shown_stage: tuple) -> None:
 def body(ctx: Context) -> None:
     bundle = ctx.bundle
     cfg = bundle.config
-    if cfg.decoder_only:
-        st.info(
-            "This walkthrough follows the encoder-decoder's stages, and this model is a language model (a decoder "
-            "alone): its stages are not drawn here yet. The explorer and the decoding page show its maps step by step."
-        )
-        return
     wt = ctx.on_text("forward_pass")
-    stages = wk.stage_list(cfg.encoder_only)
+    stages = wk.stage_list(cfg.encoder_only, cfg.decoder_only, cfg.pos_encoding == "rotary")
     keys, titles = [k for k, _ in stages], dict(stages)
     st.session_state["wt_keys"] = keys
     clamp_state("wt_stage", keys)
@@ -121,7 +116,7 @@ def stage_picker(keys: list[str], titles: dict[str, str]) -> str:
 def stage_controls(cfg: TransformerConfig, key: str, T: int) -> tuple[int, int, int, int]:
     """(layer, head, output step, dimensions shown) for stage ``key`` of a model with ``cfg``, ``T`` output steps."""
     decoder_stage = key in wk.USES_STEP
-    n_layers = cfg.n_dec_layers if decoder_stage else cfg.n_enc_layers
+    n_layers = cfg.n_dec_layers if decoder_stage or cfg.decoder_only else cfg.n_enc_layers
     clamp_state("wt_layer", range(1, n_layers + 1))
     clamp_state("wt_head", range(1, cfg.n_heads + 1))
     clamp_state("wt_step", range(1, T + 1))

@@ -15,7 +15,7 @@ from lm_models import build  # noqa: E402
 pytestmark = pytest.mark.slow  # every page, several models: the full suite
 
 # Pages that say in one line why they do not show a language model yet (the rest must show it).
-NOT_YET = {"pages/walkthrough.py": "language model"}
+NOT_YET: dict[str, str] = {}
 
 
 @pytest.fixture(scope="module")
@@ -88,3 +88,21 @@ def test_the_explorer_offers_queries_and_keys_before_and_after_the_rotation(fold
         assert not _errors(at), _errors(at)
         assert any("Q-K embedding" in c.proto.spec for c in at.get("plotly_chart"))
     assert any("content alone" in c.value or "without its" in c.value for c in at.caption)
+
+
+@pytest.mark.parametrize(("family", "rotary"), [("llama", True), ("gpt2", False)])
+def test_the_walkthrough_takes_a_language_model_through_every_stage(family, rotary, folders, monkeypatch):
+    from attnviz.lessons import walkthrough as wk
+
+    monkeypatch.setenv("ATTNVIZ_MODEL_ROOTS", str(folders))
+    at = open_app("app.py")
+    at.sidebar.selectbox(key="model").set_value(CUSTOM_PATH).run()
+    at.sidebar.text_input(key="model_path").set_value(str(folders / family)).run()
+    at.switch_page("pages/walkthrough.py").run()
+    stages = wk.stage_list(False, decoder_only=True, rotary=rotary)
+    assert list(at.selectbox(key="wt_stage").options) == [title for _, title in stages]
+    assert ("rope" in dict(stages)) == rotary, "the rotation is a stage of its own where positions are rotary"
+    for key, title in stages:
+        at.selectbox(key="wt_stage").set_value(key).run()
+        assert not _errors(at), (key, _errors(at))
+        assert at.subheader[0].value == title

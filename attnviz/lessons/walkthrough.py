@@ -41,9 +41,19 @@ DECODER_STAGES = (
     ("dec_ffn", "5d. Decoder: feed-forward"),
     ("output", "6. Output: linear layer and softmax"),
 )
-USES_LAYER = {"enc_qkv", "enc_scores", "enc_heads", "enc_norm", "enc_ffn", "dec_self", "dec_cross", "dec_ffn"}
-USES_HEAD = {"enc_qkv", "enc_scores", "enc_heads", "dec_self", "dec_cross"}
-USES_STEP = {"dec_input", "dec_self", "dec_cross", "dec_ffn", "output"}
+# A language model (a decoder alone) reads its prompt: its stages are the decoder's, with the
+# rotation of queries and keys as a stage of its own where positions are rotary (Llama, Qwen2).
+LM_STAGES = (
+    ("tokens", "1. Tokens of the prompt"),
+    ("dec_input", "2. Embedding and positions"),
+    ("dec_self", "3. Masked self-attention"),
+    ("rope", "3a. Rotary positions: Q and K turned"),
+    ("dec_ffn", "4. Feed-forward"),
+    ("output", "5. Output: the next token"),
+)
+USES_LAYER = {"enc_qkv", "enc_scores", "enc_heads", "enc_norm", "enc_ffn", "dec_self", "dec_cross", "dec_ffn", "rope"}
+USES_HEAD = {"enc_qkv", "enc_scores", "enc_heads", "dec_self", "dec_cross", "rope"}
+USES_STEP = {"dec_input", "dec_self", "dec_cross", "dec_ffn", "output", "rope"}
 TOP_CANDIDATES = 10
 
 
@@ -87,8 +97,11 @@ class Stage:
     chosen: str | None = None
 
 
-def stage_list(encoder_only: bool) -> tuple[tuple[str, str], ...]:
-    """(key, title) of every stage, in order; an encoder-only model stops after the encoder."""
+def stage_list(encoder_only: bool, decoder_only: bool = False, rotary: bool = False) -> tuple[tuple[str, str], ...]:
+    """(key, title) of every stage, in order; an encoder-only model stops after the encoder, and a
+    language model has the decoder's stages alone (the rotation only where positions are rotary)."""
+    if decoder_only:
+        return tuple(s for s in LM_STAGES if rotary or s[0] != "rope")
     return ENCODER_STAGES if encoder_only else ENCODER_STAGES + DECODER_STAGES
 
 
@@ -151,6 +164,7 @@ class ModelFacts:
     activation: str
     tie_output: bool
     output_bias: bool
+    n_kv_heads: int = 0  # later: grouped-query attention (0: one key/value head per query head)
 
     @classmethod
     def of(cls, cfg) -> ModelFacts:
@@ -200,7 +214,7 @@ def build_stage(
     ``embedding`` (V, D) is the raw embedding matrix (stage 2); ``output_weight`` (V, D) and
     ``output_bias`` (V,) the output layer and ``token_of`` maps a vocabulary id to its piece (stage 6).
     """
-    titles = dict(stage_list(False))
+    titles = dict(stage_list(False)) | dict(LM_STAGES)
     if key not in titles:
         raise ValueError(f"unknown stage {key!r}; stages: {', '.join(titles)}")
     builder = _BUILDERS[key]
@@ -224,7 +238,7 @@ S_AX, T_AX = f"{SIDES['source']} position", f"{SIDES['target']} position"
 def _tokens(wt, facts, **_):
     rows = [
         {"side": "source", "position": i, "piece": t, "id": int(n)}
-        for i, (t, n) in enumerate(zip(wt.src_tokens, wt.src_ids, strict=True))
+        for i, (t, n) in enumerate(zip(wt.src_tokens or (), wt.src_ids or (), strict=True))
     ]
     if wt.tgt_ids is not None:
         rows += [
@@ -437,6 +451,14 @@ def _dec_input(wt, facts, step, **_):
     if act_name("tgt", "pos") in wt.tensors:
         mats.append(_m(wt, act_name("tgt", "pos"), ax, rows, "Positional encoding", (slice(0, n),)))
     mats.append(_m(wt, act_name("tgt", "input"), ax, rows, "Decoder input", (slice(0, n),)))
+    if facts.n_enc_layers == 0:  # a language model
+        rotary = " (none is added: rotary positions turn Q and K inside attention, stage 3a)"
+        text = (
+            "A language model reads its prompt one position after another: at position "
+            f"{step + 1} it sees positions 0..{step} and predicts the next token. Each piece is embedded, and its "
+            f"position added{rotary if facts.pos_encoding == 'rotary' else ''}."
+        )
+        return mats, text, {}
     text = (
         "The decoder reads the target shifted right by one: a start token, then the tokens written so far, "
         f"so at step {step + 1} it sees positions 0..{step}. They are embedded and get positions like the source."
@@ -445,8 +467,36 @@ def _dec_input(wt, facts, step, **_):
 
 
 def _writing(wt, n: int) -> list[str]:
-    """The first ``n`` decoder positions as "input → the token it writes" (the last input writes </s>)."""
-    return writing_labels(wt.tgt_tokens[:n], [*wt.tgt_tokens[1:], "</s>"][:n])
+    """The first ``n`` decoder positions as "input → the token it writes" (the last input writes </s>; a
+    language model's last position writes a token its input does not hold: "…")."""
+    last = "…" if wt.src_tokens is None else "</s>"
+    return writing_labels(wt.tgt_tokens[:n], [*wt.tgt_tokens[1:], last][:n])
+
+
+def _rope(wt, facts, layer, head, step, **_):
+    """Rotary positions: one head's queries and keys before and after their rotation."""
+    n, rows = step + 1, wt.tgt_tokens[: step + 1]
+    p = attention_site("decoder", layer)
+    kv_head = head // (facts.n_heads // (facts.n_kv_heads or facts.n_heads))
+    ax = ("head", T_AX, "d_k")
+    mats = [
+        _m(wt, act_name(p, "q_unrotated"), ax, rows, f"Q, head {head + 1}, before the rotation", (head, slice(0, n))),
+        _m(wt, act_name(p, "q"), ax, rows, f"Q, head {head + 1}, turned by its position", (head, slice(0, n))),
+        _m(
+            wt, act_name(p, "k_unrotated"), ax, rows, f"K, head {head + 1}, before the rotation", (kv_head, slice(0, n))
+        ),
+        _m(wt, act_name(p, "k"), ax, rows, f"K, head {head + 1}, turned by its position", (head, slice(0, n))),
+    ]
+    notes = ()
+    if kv_head != head:
+        notes = (f"Grouped-query attention: head {head + 1} reads key/value head {kv_head + 1}, shared by its group.",)
+    text = (
+        "Here positions enter: each pair of dimensions (i, i + d_k/2) of a query or key is turned by the angle "
+        "position × θ^(−2i/d_k). The first column pair barely turns at low frequencies and spins at high ones. "
+        "Rotations compose, so the score q_i·k_j depends on the positions only through j − i: the relative-position "
+        "property of section 3.5, inside attention (the linearity page measures it on this model)."
+    )
+    return mats, text, {"notes": notes}
 
 
 def _dec_self(wt, facts, layer, head, step, **_):
@@ -581,6 +631,7 @@ _BUILDERS = {
     "dec_cross": _dec_cross,
     "dec_ffn": _dec_ffn,
     "output": _output,
+    "rope": _rope,
 }
 
 
