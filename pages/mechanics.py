@@ -200,6 +200,12 @@ def permutation_tab(ctx: Context) -> None:
     if not ctx.ready:
         st.info("Choose a model in the sidebar to run this experiment.")
         return
+    if ctx.bundle.config.decoder_only:
+        st.info(
+            "This experiment shuffles an encoder's input, and a language model has no encoder: its causal mask "
+            "already tells positions apart (a token sees only those before it). Choose en-de or reverse."
+        )
+        return
     c = st.columns(4)
     order = bound(c[0].radio, "New order", ["reverse", "shuffle"], horizontal=True, key="mech_perm_order")
     seed = bound(c[1].number_input, "Shuffle seed", 0, 10_000, 0, key="mech_perm_seed", disabled=order != "shuffle")

@@ -66,6 +66,12 @@ def model_tab(ctx: Context) -> None:
     if not ctx.ready:
         st.info("Choose a model in the sidebar to run this experiment.")
         return
+    if ctx.bundle.config.decoder_only:
+        st.info(
+            "This experiment imposes a pattern on an encoder's self-attention, and a language model has no "
+            "encoder (its self-attention is already the causal pattern). Choose en-de or reverse."
+        )
+        return
     c = st.columns(4)
     name = bound(c[0].selectbox, "Pattern", ["local", "dilated", "sparse", "causal"], key="var_pattern")
     k = bound(c[1].slider, "Window / stride k", 1, 8, 2, key="var_model_k", disabled=name == "causal")

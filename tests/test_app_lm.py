@@ -106,3 +106,18 @@ def test_the_walkthrough_takes_a_language_model_through_every_stage(family, rota
         at.selectbox(key="wt_stage").set_value(key).run()
         assert not _errors(at), (key, _errors(at))
         assert at.subheader[0].value == title
+
+
+@pytest.mark.parametrize(
+    ("page", "key", "tab", "why"),
+    [
+        ("pages/mechanics.py", "mech_tab", "Permutation", "has no encoder"),
+        ("pages/variants.py", "var_tab", "Pattern on the model", "has no encoder"),
+    ],
+)
+def test_teaching_tabs_on_the_loaded_model_say_why_not_for_a_language_model(page, key, tab, why, visitor_roots):
+    at = open_app(page, "induction")
+    at.session_state[key] = tab  # as a click on the tab would
+    at.run()
+    assert not _errors(at), _errors(at)
+    assert any(why in i.value for i in at.info)
