@@ -287,10 +287,18 @@ def test_a_worker_that_dies_mid_job_is_a_message_and_is_replaced(pool):
     pool.setenv("ATTNVIZ_HEAVY_IN", "processes")
     heavy.run("warm", "en-de", "cpu", (), no_bundle)
     pid = heavy.pool()._idle[0].proc.pid
-    threading.Timer(0.3, os.kill, (pid, 9)).start()  # as the kernel's out-of-memory killer would
-    sentences = tuple(f"Thursday, July {n}, 1998" for n in range(1, 29))
+    killed = []
+
+    def kill_at_first_report(done: int, total: int) -> None:
+        """The atlas has started and has batches left: the kernel's out-of-memory killer strikes now."""
+        if not killed and done < total:
+            os.kill(pid, 9)
+            killed.append(done)
+
+    sentences = tuple(f"Thursday, July {d}, {y}" for d in range(1, 29) for y in range(1990, 1998))[:200]
     with pytest.raises(heavy.BusyError) as caught:
-        heavy.run("importance", "en-de", "cpu", (sentences, None), no_bundle)
+        heavy.run("atlas", "en-de", "cpu", (sentences,), no_bundle, progress=kill_at_first_report)
+    assert killed, "the worker was killed mid-job, not before it started or after it ended"
     assert "stopped unexpectedly" in caught.value.public and "status -9" in str(caught.value)
     assert heavy.run("attention", "en-de", "cpu", ("twenty-one", None, False), no_bundle).cross.ndim == 4
 
