@@ -64,11 +64,16 @@ def _permutation(bundle, src: str, order: str, seed: int):
     return enc.tokens, perm, checks
 
 
-def _rotary(bundle, src: str, tgt, layer: int, max_offset: int):
-    """(the shift check, the score by offset) of a rotary language model's layer, on the prompt ``src``."""
+def torch_ids(bundle, src: str):
+    """A prompt's ids (1, T) on the model's device."""
     import torch
 
-    ids = torch.tensor([bundle.tokenizer.encode_source(src).ids], device=bundle.device)
+    return torch.tensor([bundle.tokenizer.encode_source(src).ids], device=bundle.device)
+
+
+def _rotary(bundle, src: str, tgt, layer: int, max_offset: int):
+    """(the shift check, the score by offset) of a rotary language model's layer, on the prompt ``src``."""
+    ids = torch_ids(bundle, src)
     last, first = ids.shape[1] - 1, 1 if ids.shape[1] > 1 else 0  # the last token's query, the first word's key
     return rotary.shift_check(bundle, ids, layer), rotary.score_by_offset(bundle, ids, layer, last, first, max_offset)
 
@@ -91,6 +96,7 @@ JOBS: dict[str, Callable[..., Any]] = {
     "permutation": _permutation,
     "timing": lambda _, d: variants.time_self_attention_vs_gru(d=d, repeats=5),
     "rotary": _rotary,
+    "position_kinds": lambda b, src, tgt: rotary.kinds_table(b, torch_ids(b, src) if b.config.decoder_only else None),
     "warm": lambda b: None,  # load the model before the first visitor needs it
 }
 REPORTS_PROGRESS = {"atlas"}

@@ -12,6 +12,8 @@ from attnviz.app.widgets import guarded
 from attnviz.errors import InputError
 from attnviz.figures import positional as pp
 from attnviz.lessons import positional as pe
+from attnviz.lessons import rotary
+from attnviz.lessons.rotary import FIT_OFFSET
 
 INTRO = (
     "Section 3.5 says the sinusoids were chosen because, for any fixed offset k, PE(pos + k) is a linear "
@@ -285,6 +287,32 @@ def rotary_section(ctx: Context) -> None:
     )
 
 
+def kinds_section(ctx: Context) -> None:
+    """Sinusoidal, learned and rotary positions on the same two measurements."""
+    st.header("Three kinds of positions, measured alike")
+    table = ctx.on_text("position_kinds") if ctx.ready else rotary_kinds_without_model()
+    shown = table.rename(
+        columns={
+            "fit_residual": f"PE(pos + {FIT_OFFSET}) from PE(pos): best linear map's residual",
+            "shift_change": "every position moved: largest relative change of a first-layer score",
+        }
+    )
+    numbers = {column: "{:.2e}" for column in shown.columns if column != "kind"}
+    st.dataframe(shown.style.format(numbers, na_rep="—"), hide_index=True, width="stretch")
+    st.caption(
+        "The sinusoids (the paper's table) and RoPE's angles are exactly a rotation of themselves: the fit leaves "
+        "rounding. A learned table (the loaded model's, when it has one) is as linear as training made it. The "
+        "second column runs the loaded model only, for its own kind: with positions added to the embeddings "
+        "(sinusoidal or learned), moving every position changes the scores, since content and position mix; "
+        "with rotary positions it changes nothing but rounding. Loading GPT-2, the induction model and a Llama "
+        "model in turn fills every row."
+    )
+
+
+def rotary_kinds_without_model():
+    return shared("lin-kinds", (), lambda: rotary.kinds_table())
+
+
 def body(ctx: Context) -> None:
     """The controls, then M_k, the angle-addition form, the fits and where linearity breaks."""
     c = controls()
@@ -304,6 +332,7 @@ def body(ctx: Context) -> None:
     fit_section(c, ctx)
     breakdown_section(c)
     guarded(lambda: rotary_section(ctx))
+    guarded(lambda: kinds_section(ctx))
 
 
 frame(body, intro=INTRO, prose=True, needs_model=False)

@@ -121,3 +121,25 @@ def test_teaching_tabs_on_the_loaded_model_say_why_not_for_a_language_model(page
     at.run()
     assert not _errors(at), _errors(at)
     assert any(why in i.value for i in at.info)
+
+
+@pytest.mark.parametrize(("model", "measured"), [(None, None), ("induction", "sinusoidal"), ("llama", "rotary")])
+def test_the_linearity_page_measures_three_kinds_of_positions_alike(model, measured, folders, monkeypatch):
+    monkeypatch.setenv("ATTNVIZ_MODEL_ROOTS", str(folders))
+    at = open_app("app.py")
+    if model == "llama":
+        at.sidebar.selectbox(key="model").set_value(CUSTOM_PATH).run()
+        at.sidebar.text_input(key="model_path").set_value(str(folders / "llama")).run()
+    elif model is not None:
+        at.sidebar.selectbox(key="model").set_value(model).run()
+    at.switch_page("pages/linearity.py").run()
+    assert not _errors(at), _errors(at)
+    assert "Three kinds of positions, measured alike" in [h.value for h in at.header]
+    table = next(d.value for d in at.dataframe if "kind" in d.value.columns)
+    assert list(table["kind"]) == ["sinusoidal", "learned", "rotary"]
+    change = table.set_index("kind").iloc[:, 1]
+    assert change.notna().sum() == (0 if measured is None else 1)
+    if measured == "rotary":
+        assert change["rotary"] < 1e-5
+    if measured == "sinusoidal":
+        assert change["sinusoidal"] > 0.1

@@ -95,3 +95,40 @@ def test_queries_and_keys_before_the_rotation_turn_into_the_rotated_ones(llama):
     np.testing.assert_array_equal(before[1][:, 0], before[1][:, group - 1])  # one key/value head serves its group
     with pytest.raises(InputError, match="rotary"):
         attnviz.queries_keys(attnviz.load("induction", device="cpu"), "a b", rotated=False)
+
+
+def test_three_kinds_of_positions_on_the_same_two_measurements(llama):
+    """The fits of the paper's sinusoids and RoPE's angles leave rounding; a shift moves RoPE's scores by
+    rounding and an additive code's scores by far more, computed here by hand for the induction model."""
+    import attnviz
+
+    table = rotary.kinds_table(llama, torch.tensor([llama.tokenizer.encode_source("the cat sat on the mat").ids]))
+    rows = table.set_index("kind")
+    assert rows.loc["sinusoidal", "fit_residual"] < 1e-10 and rows.loc["rotary", "fit_residual"] < 1e-10
+    assert np.isnan(rows.loc["learned", "fit_residual"]), "no learned table in a Llama model"
+    assert rows.loc["rotary", "shift_change"] < 1e-5
+    # an exact map exists for RoPE's angles: each (cos, sin) pair turned by k * frequency
+    angles = rotary.rotary_table(40, 8, 500.0)
+    inv = 500.0 ** (-np.arange(0, 8, 2) / 8)
+    k = rotary.FIT_OFFSET
+    c, s = angles[:, :4], angles[:, 4:]
+    turned = np.concatenate([c * np.cos(k * inv) - s * np.sin(k * inv), s * np.cos(k * inv) + c * np.sin(k * inv)], 1)
+    np.testing.assert_allclose(turned[:-k], angles[k:], atol=1e-12)
+
+    induction = attnviz.load("induction", device="cpu")
+    ids = torch.tensor([induction.tokenizer.encode_source("q w e r t y q w e r t y").ids])
+    got = rotary.additive_shift_check(induction, ids, 0, [10])
+    model = induction.model
+    attn, T, Dh = model.decoder_layers[0].self_attn, ids.shape[1], induction.config.d_head
+
+    def scores(c: int) -> torch.Tensor:  # post-LN, first layer: q = (E x sqrt(d) + PE(pos)) W_Q + b
+        x = model.tgt_embed.weight[ids[0]] * induction.config.d_model**0.5 + model.pos.table[c : c + T]
+        q = (x @ attn.q_proj.weight.T + attn.q_proj.bias).view(T, -1, Dh).transpose(0, 1)
+        kk = (x @ attn.k_proj.weight.T + attn.k_proj.bias).view(T, -1, Dh).transpose(0, 1)
+        return q @ kk.transpose(1, 2) / Dh**0.5
+
+    with torch.no_grad():
+        base, moved = scores(0), scores(10)
+    causal = torch.ones(T, T, dtype=torch.bool).tril()
+    expected = float((moved - base)[:, causal].abs().max() / base[:, causal].abs().max())
+    assert got == pytest.approx(expected, rel=1e-4) and got > 0.1, "an additive code's scores move with the positions"

@@ -113,6 +113,7 @@ JOB_RULES: dict[str, tuple[str, Callable[..., bool] | None]] = {
     "permutation": ("Shuffling the sentence and running the encoder", lambda m, d, src, *_: is_light(m, d, src)),
     "timing": ("Timing self-attention and a GRU", None),
     "rotary": ("Rotating the queries and keys again", lambda m, d, src, tgt, *_: is_light(m, d, src, tgt)),
+    "position_kinds": ("Measuring three kinds of positions", is_light),
 }
 
 

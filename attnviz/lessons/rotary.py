@@ -81,3 +81,78 @@ def score_by_offset(bundle, ids: torch.Tensor, layer: int, query: int, key: int,
             "score": scores.flatten().numpy(),
         }
     )
+
+
+# ---------------------------------------------------------------------------------------------
+# The three kinds of positions, on the same two measurements
+
+FIT_OFFSET = 8  # the offset k of "PE(pos + k) from PE(pos)"
+
+
+def rotary_table(n: int, d_head: int, theta: float = 10000.0) -> np.ndarray:
+    """RoPE's angles as a table (n, d_head): cos and sin of pos * theta^(-2i/d_head), float64.
+
+    Nothing adds it to the embeddings; it is what the rotation of position pos is made of, so it
+    takes the place of the additive table in the fit below.
+    """
+    angles = np.arange(n, dtype=np.float64)[:, None] * theta ** (-np.arange(0, d_head, 2) / d_head)[None, :]
+    return np.concatenate([np.cos(angles), np.sin(angles)], axis=1)
+
+
+def additive_shift_check(bundle, ids: torch.Tensor, layer: int, shifts) -> float:
+    """The largest relative change of any causal score of decoder ``layer`` when the position table's rows
+    added to the prompt are those of positions c.. instead of 0.. (a model whose positions are added)."""
+    from attnviz.hooks import Edit
+
+    table = bundle.model.pos.table
+    T = ids.shape[1]
+    name = act_name(attention_site("decoder", layer), "scores")
+
+    def scores(c: int) -> torch.Tensor:
+        with torch.no_grad(), Edit({"tgt.pos": lambda _: table[c : c + T]}), Recorder({name}) as rec:
+            bundle.model(None, ids, return_logits=False)
+        return rec.tensors[name][0]
+
+    base = scores(0)
+    causal = torch.ones(T, T, dtype=torch.bool).tril()
+    scale = float(base[:, causal].abs().max())
+    return max(float((scores(c) - base)[:, causal].abs().max()) / scale for c in shifts)
+
+
+def kinds_table(bundle=None, ids: torch.Tensor | None = None, n: int = 256, d: int = 64) -> pd.DataFrame:
+    """Sinusoidal, learned and rotary positions on the same two measurements, one row each.
+
+    - ``fit_residual``: the best linear map from a position's code to the code ``FIT_OFFSET`` positions
+      later, fitted over ``n`` positions; what it leaves unexplained, relative (section 3.5's claim:
+      0 up to rounding). The sinusoids are the paper's table (d columns); the learned table is the
+      loaded model's when it has one; the rotary code is its angles (with the loaded model's theta).
+    - ``shift_change``: on the loaded model only (the others need a model of their kind), the largest
+      relative change of any score of its first layer when every position moves by the same amount.
+    """
+    from attnviz.lessons import positional as pe
+
+    cfg = None if bundle is None else bundle.config
+    kind = None if cfg is None else cfg.pos_encoding
+    rows = []
+    sinusoids = pe.encoding_matrix(n, d).astype(np.float64)
+    theta = cfg.rope_theta if kind == "rotary" else 10000.0
+    d_head = cfg.d_head if kind == "rotary" else d
+    learned = None
+    if kind == "learned":
+        learned = bundle.model.pos.table.detach().double().cpu().numpy()[:n]
+    for name, table in (
+        ("sinusoidal", sinusoids),
+        ("learned", learned),
+        ("rotary", rotary_table(n, d_head, theta)),
+    ):
+        fit = None if table is None else float(pe.fit_residual_by_offset(table, [FIT_OFFSET])[0])
+        change = None
+        if bundle is not None and ids is not None and (kind == name or kind.startswith(name)):
+            room = cfg.max_len - ids.shape[1]
+            shifts = [c for c in (1, 10, 100) if name == "rotary" or c <= room]
+            if name == "rotary":
+                change = float(shift_check(bundle, ids, 0, shifts)["relative"].max())
+            elif shifts:
+                change = additive_shift_check(bundle, ids, 0, shifts)
+        rows.append({"kind": name, "fit_residual": fit, "shift_change": change})
+    return pd.DataFrame(rows)
