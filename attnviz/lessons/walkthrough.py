@@ -214,7 +214,7 @@ def build_stage(
     ``embedding`` (V, D) is the raw embedding matrix (stage 2); ``output_weight`` (V, D) and
     ``output_bias`` (V,) the output layer and ``token_of`` maps a vocabulary id to its piece (stage 6).
     """
-    titles = dict(stage_list(False)) | dict(LM_STAGES)
+    titles = dict(LM_STAGES) if facts.n_enc_layers == 0 else dict(stage_list(False))
     if key not in titles:
         raise ValueError(f"unknown stage {key!r}; stages: {', '.join(titles)}")
     builder = _BUILDERS[key]
