@@ -8,6 +8,7 @@ with the paper's parts (post-LN, ReLU, sinusoids) is checked against torch's own
 
 from __future__ import annotations
 
+import hashlib
 import json
 import shutil
 
@@ -219,6 +220,10 @@ def test_sharded_safetensors_load_as_one_file(tmp_path):
     files = sorted(p.name for p in (tmp_path / "sharded").iterdir())
     assert "model.safetensors.index.json" in files and sum(f.endswith(".safetensors") for f in files) > 1, files
     bundle = load_checkpoint(tmp_path / "sharded", "cpu")
+    index = json.loads((tmp_path / "sharded" / "model.safetensors.index.json").read_text())
+    shards = sorted(set(index["weight_map"].values()))
+    digests = "".join(hashlib.sha256((tmp_path / "sharded" / s).read_bytes()).hexdigest() for s in shards)
+    assert bundle.sha256 == hashlib.sha256(digests.encode()).hexdigest(), "every shard is in the model's digest"
     ids = _prompt(bundle)
     with torch.no_grad():
         torch.testing.assert_close(bundle.model(None, ids).logits, reference(ids).logits, atol=ATOL, rtol=0)

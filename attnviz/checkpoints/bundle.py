@@ -74,6 +74,7 @@ def make_bundle(
     weights_file: Path,
     info: dict,
     device: str,
+    sha256: str | None = None,
 ) -> Bundle:
     """The read-only model in eval mode on ``device``, its parameters copied from checked ``tensors``.
 
@@ -87,4 +88,5 @@ def make_bundle(
     model.eval().requires_grad_(False)
     model = model.to(resolve_device(device))
     folder = weights_file.parent
-    return Bundle(model, tokenizer, info.get("name", folder.name), folder.resolve(), sha256_file(weights_file), info)
+    digest = sha256 or sha256_file(weights_file)
+    return Bundle(model, tokenizer, info.get("name", folder.name), folder.resolve(), digest, info)

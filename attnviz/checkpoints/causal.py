@@ -17,6 +17,7 @@ become attnviz's parameters. The rest is here, the same for every family:
 
 from __future__ import annotations
 
+import hashlib
 import importlib.util
 import json
 import logging
@@ -27,7 +28,7 @@ from pathlib import Path
 
 import torch
 
-from attnviz.checkpoints.bundle import Bundle, checked_shapes, make_bundle
+from attnviz.checkpoints.bundle import Bundle, checked_shapes, make_bundle, sha256_file
 from attnviz.checkpoints.files import (
     BAD_WEIGHTS,
     CONFIG_FILE,
@@ -319,8 +320,12 @@ class Family:
             "examples": list(EXAMPLES),
             "decoder_only": True,
         }
-        files = weights.shards.values() if isinstance(weights, ShardedWeights) else [weights]
-        return make_bundle(cfg, tensors, tokenizer, next(iter(files)).file, info, device)
+        if isinstance(weights, ShardedWeights):  # one digest for every shard: a change in any is seen
+            parts = "".join(sha256_file(shard.file) for shard in weights.shards.values())
+            digest = hashlib.sha256(parts.encode()).hexdigest()
+            first = next(iter(weights.shards.values())).file
+            return make_bundle(cfg, tensors, tokenizer, first, info, device, sha256=digest)
+        return make_bundle(cfg, tensors, tokenizer, weights.file, info, device)
 
 
 def first_id(value: object) -> int | None:
