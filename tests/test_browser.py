@@ -118,6 +118,12 @@ def server(tmp_path_factory):
     _need_browser()
     models = tmp_path_factory.mktemp("models")
     build_random_model(models / "long", max_len=LONG + 100)
+    try:
+        from lm_models import build
+
+        build("llama", models / "llama")  # a language model with RoPE and grouped-query attention
+    except ImportError:  # transformers missing: the language-model browser test skips itself
+        pass
     env = {**os.environ, "ATTNVIZ_MODEL_ROOTS": os.pathsep.join([str(pretrained_dir()), str(models)])}
     with running_app(env) as url:
         yield url
@@ -397,5 +403,36 @@ def test_a_deep_link_opened_first_after_a_restart_gets_the_whole_frame(link, hea
             assert page.locator("h1").first.inner_text().strip() == heading
             assert any(title in t for t in page.locator("body").all_inner_texts()), "the linked view"
             assert page.get_by_text("Every choice on this page is in the address bar").count() == 1, "the footer"
+        finally:
+            browser.close()
+
+
+@pytest.mark.parametrize(
+    "model",
+    [{"model": "induction"}, {"model": CUSTOM_PATH, "model_path": "llama"}],
+    ids=["induction", "llama"],
+)
+def test_every_page_draws_a_language_model(server, model):
+    """The shipped induction model and a random Llama folder, opened from a link on every page: each page
+    draws with no exception and no error message, and the sidebar asks for a prompt."""
+    from urllib.parse import urlencode
+
+    from playwright.sync_api import sync_playwright
+
+    if model.get("model_path") == "llama":
+        pytest.importorskip("transformers")
+    params = {**model, "src": "q w e r t y q w e r t y" if model["model"] == "induction" else "the cat sat on"}
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_ARGS)
+        page = browser.new_page(viewport={"width": 1400, "height": 1000})
+        try:
+            for name, path in PAGES.items():
+                page.goto(f"{server}/{path}?" + urlencode(params))
+                _wait_for_run(page)
+                _no_exception(page, f"{name} on a language model")
+                errors = page.locator("[data-testid='stAlertContentError']").all_inner_texts()
+                assert not errors, f"{name}: {errors}"
+                assert page.get_by_text("Prompt", exact=True).count() >= 1, f"{name}: the sidebar asks for a prompt"
+            page.screenshot(path=str(ARTIFACTS / f"lm-{params['model'].split()[0].lower()}-last-page.png"))
         finally:
             browser.close()
