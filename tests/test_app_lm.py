@@ -143,3 +143,16 @@ def test_the_linearity_page_measures_three_kinds_of_positions_alike(model, measu
         assert change["rotary"] < 1e-5
     if measured == "sinusoidal":
         assert change["sinusoidal"] > 0.1
+
+
+def test_compare_puts_the_en_de_decoder_beside_a_language_model(folders, monkeypatch):
+    """Two models on one text: en-de's decoder self-attention beside a GPT-2's, the kind both have."""
+    monkeypatch.setenv("ATTNVIZ_MODEL_ROOTS", str(folders))
+    at = open_app("pages/compare.py")
+    at.radio(key="cmp_what").set_value("model").run()
+    at.selectbox(key="cmp_model").set_value(CUSTOM_PATH).run()
+    at.text_input(key="cmp_model_path").set_value(str(folders / "gpt2")).run()
+    assert not _errors(at), _errors(at)
+    assert at.radio(key="cmp_kind").options == ["decoder"], "the one kind both models have"
+    titles = " ".join(c.proto.spec for c in at.get("plotly_chart"))
+    assert titles.count("Decoder self-attention") >= 2, "a map for each side"
