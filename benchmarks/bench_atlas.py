@@ -251,10 +251,105 @@ def plain_loop(model, tokenizer, pairs: list[tuple[str, str]], device: torch.dev
 
 
 # ---------------------------------------------------------------------------------------------
+# A language model: the same comparison on a random Llama layout (grouped-query attention, RoPE)
+
+
+def build_llama(folder: Path, args: argparse.Namespace, texts: list[str]):
+    """A random LlamaForCausalLM of the benchmark's size (a quarter as many key/value heads), saved with a
+    byte-level BPE tokenizer.json trained on ``texts``; the model, eager, on the benchmark's device."""
+    import transformers
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
+
+    transformers.logging.set_verbosity_error()
+    transformers.utils.logging.disable_progress_bar()  # no bars for writing and loading the weights
+    folder.mkdir(parents=True)
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=args.vocab, special_tokens=["<|end|>", "<s>"], initial_alphabet=pre_tokenizers.ByteLevel.alphabet()
+    )
+    tok.train_from_iterator(texts, trainer)
+    tok.post_processor = processors.TemplateProcessing(single="<s> $A", special_tokens=[("<s>", 1)])
+    tok.save(str(folder / "tokenizer.json"))
+    config = transformers.LlamaConfig(
+        vocab_size=tok.get_vocab_size(), hidden_size=args.d_model, intermediate_size=args.ffn,
+        num_hidden_layers=args.layers, num_attention_heads=args.heads,
+        num_key_value_heads=max(1, args.heads // 4), max_position_embeddings=512, bos_token_id=1, eos_token_id=0,
+        attn_implementation="eager",
+    )  # fmt: skip
+    torch.manual_seed(args.seed)
+    transformers.LlamaForCausalLM(config).save_pretrained(folder)
+    return transformers.AutoModelForCausalLM.from_pretrained(folder, attn_implementation="eager").to(args.device)
+
+
+def plain_lm_loop(model, tokenizer, texts: list[str], device: torch.device) -> dict:
+    """The plain loop for a language model: each text's decoder maps, statistics and divergences, one at a time."""
+    specials = special_ids(tokenizer)
+    stats, sums = [], 0
+    seconds = dict.fromkeys(("model", "statistics", "divergences"), 0.0)
+    with torch.no_grad():
+        for text in texts:
+            start = time.perf_counter()
+            enc = tokenizer.encode_source(text)
+            out = model(input_ids=torch.tensor([enc.ids], device=device), output_attentions=True, use_cache=False)
+            maps = torch.stack(out.attentions)[:, 0].float().cpu().numpy()
+            middle = time.perf_counter()
+            special = np.array([i in specials for i in enc.ids])
+            punct = np.array([is_punctuation(t) for t in enc.tokens])
+            stats.append(plain_statistics(maps, "decoder", special, punct))
+            after = time.perf_counter()
+            sums = sums + plain_divergences(maps)
+            seconds["model"] += middle - start
+            seconds["statistics"] += after - middle
+            seconds["divergences"] += time.perf_counter() - after
+    return {"stats": {"decoder": np.stack(stats)}, "sums": {"decoder": sums}, "seconds": seconds}
+
+
+def language_model_line(args: argparse.Namespace, texts: list[str], tmp: Path) -> float:
+    """Build, check and time the atlas of a random Llama layout against the plain loop; print its line."""
+    import attnviz
+
+    folder = tmp / "llama-random"
+    hf = build_llama(folder, args, texts)
+    bundle = attnviz.load(str(folder), device=str(args.device))
+    corpus = tmp / "lm-corpus.txt"
+    corpus.write_text("\n".join(texts) + "\n", encoding="utf-8")
+    plain = plain_lm_loop(hf, bundle.tokenizer, texts, args.device)  # also the warm-up
+    cfg = bundle.config
+    worst, where, moved = check_agreement(
+        plain, engine_run(bundle, corpus, None, args.batch, "fp32"), cfg.n_dec_layers, cfg.n_heads
+    )
+    if not (worst <= AGREEMENT and moved <= MAX_ARGMAX_MOVED):
+        raise RuntimeError(f"the plain loop and the engine disagree on the language model: {worst:.1e} on {where}")
+    times = {"plain": [], "engine": []}
+    for repeat in range(args.repeats):
+        order = ["plain", "engine"] if repeat % 2 == 0 else ["engine", "plain"]
+        for name in order:
+            synchronize(args.device)
+            start = time.perf_counter()
+            if name == "plain":
+                plain_lm_loop(hf, bundle.tokenizer, texts, args.device)
+            else:
+                engine_run(bundle, corpus, None, args.batch, "fp32")
+            synchronize(args.device)
+            times[name].append(time.perf_counter() - start)
+    speedup = statistics.median([p / e for p, e in zip(times["plain"], times["engine"], strict=True)])
+    verdict = "PASS" if speedup >= TARGET_FP32 else "MISS"
+    print(
+        f"language model (random Llama layout: {cfg.n_dec_layers} layers, {cfg.n_heads} query and {cfg.kv_heads} "
+        f"key/value heads, d_model {cfg.d_model}, RoPE), {len(texts)} texts, fp32: plain loop "
+        f"{statistics.median(times['plain']):.2f} s, engine {statistics.median(times['engine']):.2f} s, "
+        f"{speedup:.2f}x, target >= {TARGET_FP32:g}x: {verdict} (agreement {worst:.1e}, {where})"
+    )
+    return speedup
+
+
+# ---------------------------------------------------------------------------------------------
 # Timing
 
 
-def engine_run(bundle, corpus: Path, targets: Path, batch: int, precision: str):
+def engine_run(bundle, corpus: Path, targets: Path | None, batch: int, precision: str):
     with tempfile.TemporaryDirectory() as out:
         return build_atlas(bundle, corpus, Path(out) / "atlas", targets=targets, batch_size=batch, precision=precision)
 
@@ -268,7 +363,7 @@ def check_agreement(plain: dict, atlas, n_layers: int, n_heads: int) -> tuple[fl
     """
     worst, where, moved, counted = 0.0, "", 0, 0
     argmax = [i for i, name in enumerate(STATISTICS) if name.startswith("argmax")]
-    for kind in KINDS:
+    for kind in (k for k in KINDS if k in plain["stats"]):  # a language model has the decoder's alone
         rows = atlas.sentences[atlas.sentences["kind"] == kind].sort_values(["line", "layer", "head"])
         ours = rows[list(STATISTICS)].to_numpy(dtype=np.float64).reshape(-1, n_layers, n_heads, len(STATISTICS))
         theirs = plain["stats"][kind]
@@ -395,6 +490,8 @@ def main(argv: list[str] | None = None) -> None:
         print(f"target bf16 >= {TARGET_BF16:g}x: {verdict(speedup['bf16'] >= TARGET_BF16)}")
     else:
         print(f"target bf16 >= {TARGET_BF16:g}x: does not apply, this hardware has no fast bfloat16 ({bf16_why})")
+    with tempfile.TemporaryDirectory() as tmp:
+        language_model_line(args, [s for s, _ in pairs], Path(tmp))
     if device.type == "cpu":
         print(f"CPU: {cpu_model()}")
     print(f"atlas_speedup_fp32={speedup['fp32']:.2f} atlas_speedup_bf16={speedup.get('bf16', math.nan):.2f}")

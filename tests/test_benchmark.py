@@ -158,6 +158,8 @@ def test_the_atlas_benchmark_runs_at_tiny_sizes_and_ends_with_its_line(capsys):
     assert re.fullmatch(r"atlas_speedup_fp32=\d+\.\d\d atlas_speedup_bf16=(\d+\.\d\d|nan)", out[-1]), out[-1]
     text = "\n".join(out)
     assert "plain loop vs fp32 engine" in text, "the plain loop is checked against the engine before timing"
+    lm = next(line for line in out if line.startswith("language model (random Llama layout"))
+    assert "key/value heads" in lm and re.search(r"target >= 3x: (PASS|MISS) \(agreement ", lm), lm
     assert "fast bfloat16 on this hardware: " in text and "CPU: " in text
     fast, _ = fast_bfloat16(torch.device("cpu"))
     assert sum(line.split()[0] in ("plain", "fp32", "bf16") for line in out if line.strip()) >= (3 if fast else 2)
