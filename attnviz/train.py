@@ -103,6 +103,25 @@ def exact_match(
     return 1 - len(misses) / len(pairs), misses
 
 
+def optimise(optimizer, schedule, logits, labels, label_smoothing: float) -> float:
+    """One step of the paper's training: cross-entropy (padding labels -100 ignored), backward, Adam
+    step, the learning-rate schedule; the loss, as a float."""
+    loss = F.cross_entropy(logits.flatten(0, 1), labels.flatten(), ignore_index=-100, label_smoothing=label_smoothing)
+    optimizer.zero_grad(set_to_none=True)
+    loss.backward()
+    optimizer.step()
+    schedule.step()
+    return float(loss.detach())
+
+
+def running_mean(mean: float | None, value: float, step: int, keep: float) -> float:
+    """The loss's exponential running mean (``keep`` of the old per step), refusing a diverged run."""
+    mean = value if mean is None else keep * mean + (1 - keep) * value
+    if not math.isfinite(mean):
+        raise RuntimeError(f"training diverged at step {step} (loss {mean}); lower --lr-scale")
+    return mean
+
+
 def _progress(step: int, total: int, loss: float, lr: float, start: float, extra: str = "") -> None:
     done = step / total
     elapsed = time.time() - start
@@ -203,17 +222,8 @@ def train(
     for step in range(1, recipe.steps + 1):
         src, src_valid, tgt, tgt_valid, labels = make_batch(list(itertools.islice(stream, recipe.batch_size)), tok, dev)
         logits = model(src, tgt, src_valid, tgt_valid).logits
-        loss = F.cross_entropy(
-            logits.flatten(0, 1), labels.flatten(), ignore_index=-100, label_smoothing=recipe.label_smoothing
-        )
-        optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-        optimizer.step()
-        schedule.step()
-        value = float(loss.detach())
-        loss_avg = value if loss_avg is None else 0.98 * loss_avg + 0.02 * value
-        if not math.isfinite(loss_avg):
-            raise RuntimeError(f"training diverged at step {step} (loss {loss_avg}); lower --lr-scale")
+        value = optimise(optimizer, schedule, logits, labels, recipe.label_smoothing)
+        loss_avg = running_mean(loss_avg, value, step, keep=0.98)
         if step % 500 == 0 or step == recipe.steps:
             em, _ = exact_match(model, tok, monitor)
             extra = f", held-out exact match {em:.3f}"

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
-import math
 import platform
 import random
 import sys
@@ -22,9 +21,8 @@ from pathlib import Path
 
 import numpy as np
 import torch
-import torch.nn.functional as F
 
-from attnviz.analysis import repeat_scores
+from attnviz.atlas.roles import mean_repeat_scores
 from attnviz.checkpoints.native import WEIGHTS_FILE, save_checkpoint
 from attnviz.data import HELDOUT_SHARE, REVERSE_ALPHABET, Task
 from attnviz.model import Transformer, TransformerConfig
@@ -65,19 +63,16 @@ def repeat_accuracy(model: Transformer, tok: SentencePieceTokenizer, texts: list
     return correct / total
 
 
-@torch.no_grad()
 def head_roles(model: Transformer, tok: SentencePieceTokenizer, seed: int) -> dict[str, np.ndarray]:
     """Each head's induction, previous-token and first-token scores (L, H), averaged over repeated
     random-letter probes of :data:`PROBE_PERIOD` letters (drawn with ``seed``)."""
     rng = random.Random(f"induction-probes/{seed}")
-    totals = None
-    for _ in range(PROBES):
-        letters = rng.choices(REVERSE_ALPHABET, k=PROBE_PERIOD)
-        ids = torch.tensor([tok.encode_source(" ".join(letters + letters)).ids], device=model.device)
-        maps = model(None, ids, return_attention=True).attention.stacked("decoder")[:, 0].cpu().numpy()
-        scores = repeat_scores(maps, start=1, period=PROBE_PERIOD)
-        totals = scores if totals is None else {k: totals[k] + v for k, v in scores.items()}
-    return {k: v / PROBES for k, v in totals.items()}
+    texts = (
+        " ".join(letters + letters)
+        for letters in (rng.choices(REVERSE_ALPHABET, k=PROBE_PERIOD) for _ in range(PROBES))
+    )
+    with torch.no_grad():
+        return mean_repeat_scores(model, [tok.encode_source(text).ids for text in texts], start=1, period=PROBE_PERIOD)
 
 
 def named_heads(roles: dict[str, np.ndarray]) -> dict[str, tuple[int, int]]:
@@ -104,7 +99,7 @@ def _config(tok: SentencePieceTokenizer, recipe) -> TransformerConfig:
 
 def train_lm(task: Task, recipe, out: Path, seed: int, dev, eval_n: int, eval_seed: int, overrides: dict) -> dict:
     """Train ``task``'s language model and write its checkpoint directory with its card; returns its info."""
-    from attnviz.train import _progress  # the same progress line as the translation models'
+    from attnviz.train import _progress, optimise, running_mean  # the translation models' own steps
 
     start = time.time()
     texts = [t for t, _ in task.pairs(2000, seed)]
@@ -117,17 +112,8 @@ def train_lm(task: Task, recipe, out: Path, seed: int, dev, eval_n: int, eval_se
     for step in range(1, recipe.steps + 1):
         x, valid, y = lm_batch([t for t, _ in itertools.islice(stream, recipe.batch_size)], tok, dev)
         logits = model(None, x, None, valid).logits
-        loss = F.cross_entropy(
-            logits.flatten(0, 1), y.flatten(), ignore_index=-100, label_smoothing=recipe.label_smoothing
-        )
-        optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-        optimizer.step()
-        schedule.step()
-        value = float(loss.detach())
-        loss_avg = value if loss_avg is None else 0.95 * loss_avg + 0.05 * value
-        if not math.isfinite(loss_avg):
-            raise RuntimeError(f"training diverged at step {step} (loss {loss_avg}); lower --lr-scale")
+        value = optimise(optimizer, schedule, logits, y, recipe.label_smoothing)
+        loss_avg = running_mean(loss_avg, value, step, keep=0.95)
         if step % CURVE_EVERY == 0:
             curve.append((step, round(loss_avg, 4)))
         if step % 10 == 0 or step == recipe.steps:

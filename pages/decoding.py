@@ -16,7 +16,7 @@ from attnviz.app.widgets import escape_markdown
 from attnviz.decoding import DecodeStep, Decoding
 from attnviz.figures.attention import attention_heatmap
 from attnviz.figures.decoding import step_rows_grid, topk_bar
-from attnviz.kinds import writing_labels
+from attnviz.kinds import causal_mask, writing_labels
 
 INTRO = (
     "At step t the decoder reads the start token and the t tokens it has written, attends to them "
@@ -238,18 +238,18 @@ def draw_lm_alignment(s: Shown) -> None:
     """A language model's rows of every step so far, over the prompt and its output; grey: not yet written."""
     t, layer, head = s.t, s.layer, s.head
     keys = s.keys(t)
-    rows = np.zeros((t + 1, len(keys)), dtype=np.float32)
-    for i, step in enumerate(s.dec.steps[: t + 1]):
-        rows[i, : s.offset + i + 1] = step.self_attn[layer - 1, head - 1].numpy()
-    mask = np.arange(len(keys))[None, :] <= s.offset + np.arange(t + 1)[:, None]
-    fig = shared(
-        "decoding-lm-rows",
-        (*s.key, layer, head, s.contrast),
-        lambda: attention_heatmap(
-            rows, s.rows[: t + 1], keys, "decoder", mask=mask, query_start=s.offset, contrast=s.contrast,
+
+    def figure():
+        rows = np.zeros((t + 1, len(keys)), dtype=np.float32)  # row i: step i's keys 0..offset + i
+        for i, step in enumerate(s.dec.steps[: t + 1]):
+            rows[i, : s.offset + i + 1] = step.self_attn[layer - 1, head - 1].numpy()
+        return attention_heatmap(
+            rows, s.rows[: t + 1], keys, "decoder", mask=causal_mask(t + 1, len(keys), s.offset),
+            query_start=s.offset, contrast=s.contrast,
             title=f"Self-attention so far (one row per step), layer {layer}, head {head}",
-        ),
-    )  # fmt: skip
+        )  # fmt: skip
+
+    fig = shared("decoding-lm-rows", (*s.key, layer, head, s.contrast), figure)
     st.plotly_chart(room(fig), width="stretch")
     st.caption(
         'One row per step: the row "a → b" is where the model looked while reading a and writing b, over the '

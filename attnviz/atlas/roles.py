@@ -53,17 +53,23 @@ def probe_ids(bundle: Bundle, n: int = PROBES, period: int = PERIOD, seed: int =
 
 
 @torch.no_grad()
+def mean_repeat_scores(model, probes: list[tuple[int, ...]], start: int, period: int) -> dict[str, np.ndarray]:
+    """:func:`attnviz.analysis.repeat_scores` of a language model, averaged over ``probes`` (token ids, each
+    its first ``start`` ids then ``period`` ids repeated once): {induction, previous, bos: (L, H)}."""
+    totals = None
+    for ids in probes:
+        tensor = torch.tensor([ids], device=model.device)
+        maps = model(None, tensor, return_attention=True, return_logits=False).attention.stacked("decoder")
+        scores = repeat_scores(maps[:, 0].float().cpu().numpy(), start=start, period=period)
+        totals = scores if totals is None else {k: totals[k] + v for k, v in scores.items()}
+    return {k: v / len(probes) for k, v in totals.items()}
+
+
 def role_table(bundle: Bundle, n: int = PROBES, period: int = PERIOD, seed: int = SEED) -> pd.DataFrame:
     """One row per decoder head of a language model: kind, layer, head (from 1), induction, bos."""
     if not bundle.config.decoder_only:
         raise ValueError("head roles are measured on a language model's decoder")
-    start = len(probe_prefix(bundle))
-    totals = {role: 0.0 for role in ROLES}
-    for ids in probe_ids(bundle, n, period, seed):
-        tensor = torch.tensor([ids], device=bundle.device)
-        maps = bundle.model(None, tensor, return_attention=True, return_logits=False).attention.stacked("decoder")
-        scores = repeat_scores(maps[:, 0].float().cpu().numpy(), start=start, period=period)
-        totals = {role: totals[role] + scores[role] / n for role in ROLES}
+    totals = mean_repeat_scores(bundle.model, probe_ids(bundle, n, period, seed), len(probe_prefix(bundle)), period)
     L, H = totals["induction"].shape
     layer, head = np.meshgrid(np.arange(1, L + 1), np.arange(1, H + 1), indexing="ij")
     return pd.DataFrame(
