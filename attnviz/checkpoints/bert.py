@@ -20,14 +20,15 @@ from attnviz.checkpoints.bundle import Bundle, checked_shapes, make_bundle
 from attnviz.checkpoints.files import (
     CONFIG_FILE,
     SAFETENSORS_FILE,
+    TOKENIZER_FILE,
     WeightsFile,
     folder_listing,
     has_model_type,
     hf_config_check,
     hub_name,
     model_folder,
-    read_bytes,
     read_hf_config,
+    read_tokenizer_json,
 )
 from attnviz.errors import CheckpointError, ConfigError, InputError
 from attnviz.model import TransformerConfig
@@ -36,7 +37,6 @@ from attnviz.tokenizer import Encoded, TokenizersFile, Word, check_text
 log = logging.getLogger(__name__)
 
 FAMILY = "bert"
-TOKENIZER_FILE = "tokenizer.json"
 DESCRIPTION = (
     f"a Hugging Face BERT-family encoder such as all-MiniLM-L6-v2 ({CONFIG_FILE}, {SAFETENSORS_FILE}, {TOKENIZER_FILE})"
 )
@@ -210,22 +210,12 @@ class BertWordPieceTokenizer(TokenizersFile):
 
 
 def _read_tokenizer(path: Path, max_tokens: int) -> BertWordPieceTokenizer:
-    file = path / TOKENIZER_FILE
-    if not file.exists():
-        raise CheckpointError(
-            f"{file} is missing: attnviz reads BERT's WordPiece tokenizer from it (the fast-tokenizer file that "
-            "transformers saves with save_pretrained)"
-        )
-    if importlib.util.find_spec("tokenizers") is None:
-        raise CheckpointError(
-            f"reading {file} needs the 'tokenizers' package (BERT's WordPiece tokenizer): pip install tokenizers"
-        )
-    try:
-        return BertWordPieceTokenizer(read_bytes(file).decode("utf-8"), max_tokens=max_tokens)
-    except UnicodeDecodeError as e:
-        raise CheckpointError(f"{file} is not readable ({e})") from None
-    except Exception as e:  # the tokenizers library raises its own Exception subclass for a bad file
-        raise CheckpointError(f"{file} is not a usable tokenizer file ({e})") from None
+    return read_tokenizer_json(
+        path,
+        "BERT's WordPiece tokenizer",
+        lambda text: BertWordPieceTokenizer(text, max_tokens=max_tokens),
+        package_note=" (BERT's WordPiece tokenizer)",
+    )
 
 
 # ---------------------------------------------------------------------------------------------

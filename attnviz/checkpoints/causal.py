@@ -18,7 +18,6 @@ become attnviz's parameters. The rest is here, the same for every family:
 from __future__ import annotations
 
 import hashlib
-import importlib.util
 import json
 import logging
 from collections.abc import Callable, Mapping, Sequence
@@ -33,14 +32,15 @@ from attnviz.checkpoints.files import (
     BAD_WEIGHTS,
     CONFIG_FILE,
     SAFETENSORS_FILE,
+    TOKENIZER_FILE,
     WeightsFile,
     folder_listing,
     has_model_type,
     hub_name,
     model_folder,
-    read_bytes,
     read_config,
     read_json,
+    read_tokenizer_json,
 )
 from attnviz.checkpoints.limits import current_limits
 from attnviz.config import TransformerConfig
@@ -49,7 +49,6 @@ from attnviz.tokenizer import Encoded, TokenizersFile, Word, check_text
 
 log = logging.getLogger(__name__)
 
-TOKENIZER_FILE = "tokenizer.json"
 INDEX_FILE = "model.safetensors.index.json"
 PICKLE_FILE = "pytorch_model.bin"
 WORD_MARK = "\u2581"  # "▁": the app's mark of a piece that starts a word (sentencepiece's)
@@ -176,20 +175,9 @@ class CausalLMTokenizer(TokenizersFile):
 
 def read_tokenizer(path: Path, max_tokens: int, bos_id: int | None, eos_id: int | None) -> CausalLMTokenizer:
     """The folder's ``tokenizer.json``, or a CheckpointError naming what is wrong."""
-    file = path / TOKENIZER_FILE
-    if not file.exists():
-        raise CheckpointError(
-            f"{file} is missing: attnviz reads a language model's tokenizer from it (the fast-tokenizer file that "
-            "transformers saves with save_pretrained)"
-        )
-    if importlib.util.find_spec("tokenizers") is None:
-        raise CheckpointError(f"reading {file} needs the 'tokenizers' package: pip install tokenizers")
-    try:
-        return CausalLMTokenizer(read_bytes(file).decode("utf-8"), max_tokens, bos_id, eos_id)
-    except UnicodeDecodeError as e:
-        raise CheckpointError(f"{file} is not readable ({e})") from None
-    except Exception as e:  # the tokenizers library raises its own Exception subclass for a bad file
-        raise CheckpointError(f"{file} is not a usable tokenizer file ({e})") from None
+    return read_tokenizer_json(
+        path, "a language model's tokenizer", lambda text: CausalLMTokenizer(text, max_tokens, bos_id, eos_id)
+    )
 
 
 # ---------------------------------------------------------------------------------------------

@@ -12,12 +12,14 @@ bypasses of it.
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import logging
 import pickle
 import stat
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
+from typing import TypeVar
 
 import torch
 from safetensors import SafetensorError, safe_open
@@ -202,6 +204,32 @@ def read_hf_config(path: Path, model_type: str, expected: str) -> dict:
             "or an attnviz checkpoint"
         )
     return hf
+
+
+T = TypeVar("T")
+TOKENIZER_FILE = "tokenizer.json"  # the fast-tokenizer file transformers saves with save_pretrained
+
+
+def read_tokenizer_json(path: Path, what: str, build: Callable[[str], T], package_note: str = "") -> T:
+    """``build`` applied to the text of the folder's ``tokenizer.json`` (read with the ``tokenizers``
+    library by BERT's and the language models' importers), or a CheckpointError naming what is wrong.
+
+    ``what`` says whose tokenizer it is, for the message of a missing file.
+    """
+    file = path / TOKENIZER_FILE
+    if not file.exists():
+        raise CheckpointError(
+            f"{file} is missing: attnviz reads {what} from it (the fast-tokenizer file that "
+            "transformers saves with save_pretrained)"
+        )
+    if importlib.util.find_spec("tokenizers") is None:
+        raise CheckpointError(f"reading {file} needs the 'tokenizers' package{package_note}: pip install tokenizers")
+    try:
+        return build(read_bytes(file).decode("utf-8"))
+    except UnicodeDecodeError as e:
+        raise CheckpointError(f"{file} is not readable ({e})") from None
+    except Exception as e:  # the tokenizers library raises its own Exception subclass for a bad file
+        raise CheckpointError(f"{file} is not a usable tokenizer file ({e})") from None
 
 
 def unrecognised(path: Path, expected: Sequence[str]) -> CheckpointError:
