@@ -35,6 +35,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from attnviz import buffers
 from attnviz.config import TransformerConfig
 from attnviz.errors import InputError
 from attnviz.hooks import act_name, observe, point, wants
@@ -227,13 +228,14 @@ def _attention_by_blocks(
     """Equation 1 on (B*H, Q, Dh) queries, one block of queries at a time: (weights (BH, Q, K), out (BH, Q, Dv)).
 
     The same numbers as the one-pass path, in less memory traffic. Each block's scores, softmax and
-    product with V stay in the cache, and the weights are written once into the returned maps. A
-    block also skips the keys after the last one any of its queries may see, whose weights are
-    exactly 0: a causal map costs half its products.
+    product with V stay in the cache, and the weights are written once into the returned maps, in
+    memory of earlier maps that nobody holds any more where there is some (:mod:`attnviz.buffers`:
+    new memory costs a page fault per 4 KB written). A block also skips the keys after the last one
+    any of its queries may see, whose weights are exactly 0: a causal map costs half its products.
     """
     BH, Q, Dh = q3.shape
     K, Dv = kT3.shape[2], v3.shape[2]
-    weights = q3.new_empty(BH, Q, K)
+    weights = buffers.MAPS.empty((BH, Q, K))  # every element is written below
     out = q3.new_empty(BH, Q, Dv)
     rows = max(1, BLOCK_ELEMENTS // (BH * K))
     if mask is not None:  # per query, one past the last key it may see (0 when it sees none)
@@ -486,8 +488,13 @@ class Attention:
     cross: tuple[Tensor, ...]  # L_dec x (B, H, T, S); empty without an encoder
 
     def stacked(self, kind: str) -> Tensor:
-        """All layers of one kind as one tensor (L, B, H, Q, K)."""
-        return torch.stack(getattr(self, kind))
+        """All layers of one kind as one tensor (L, B, H, Q, K); large CPU maps in reused memory (attnviz.buffers)."""
+        maps = getattr(self, kind)
+        first = maps[0]
+        if first.device.type == "cpu" and first.dtype == torch.float32 and not first.requires_grad:
+            if len(maps) * first.numel() >= BLOCKS_FROM:
+                return torch.stack(maps, out=buffers.MAPS.empty((len(maps), *first.shape)))
+        return torch.stack(maps)
 
 
 @dataclass(frozen=True)
