@@ -171,6 +171,11 @@ def head_statistics(
     - ``end``: weight on the last key, which on the source side is the end token ``</s>``. NaN for
       decoder self-attention: the decoder input ``<s> pieces`` holds no end token, and only the last
       query may see its last key.
+    - ``bos``: decoder self-attention only (NaN for the other kinds), the weight on key 0: the start
+      token, a language model's BOS, or, for a model without one (GPT-2), the prompt's first token.
+      A head with most of its weight there uses it as an attention sink (Xiao et al., 2023): it
+      parks its weight where it changes the output least. Equal to ``first`` for the decoder,
+      named for what it is there.
 
     Raises ValueError when the shape, the tokens or the kind do not fit, when rows are not
     distributions (sum 1, or 0 when fully masked: not a :func:`head_max` map), or when a decoder
@@ -220,6 +225,7 @@ def head_statistics(
         "end": (
             np.full((n_layers, n_heads), np.nan) if kind == "decoder" else _mean_over(weights[..., n_keys - 1], real)
         ),
+        "bos": _mean_over(weights[..., 0], real) if kind == "decoder" else np.full((n_layers, n_heads), np.nan),
     }
     layer, head = np.meshgrid(np.arange(1, n_layers + 1), np.arange(1, n_heads + 1), indexing="ij")
     frame = pd.DataFrame(

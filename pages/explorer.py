@@ -292,7 +292,9 @@ def draw_stats(p: Picked) -> None:
         "One row per head; click a row to open that head. **entropy**: how spread a query's weights "
         "are (0 = one key; normalised: 1 = uniform). **mean_distance**: how far queries look, in "
         f"positions ({table.attrs.get('distance_note', '')}). **diagonal / previous / first / end**: "
-        "share of weight on the same position, the one before, the first token and the last token."
+        "share of weight on the same position, the one before, the first token and the last token. "
+        "**bos** (decoder self-attention): the share on position 0, the start token or a language model's "
+        "first token; a head that parks most of its weight there uses it as an attention sink."
     )
     st.dataframe(
         table.round(4),

@@ -152,7 +152,9 @@ def test_statistics_rows_are_layer_and_head_from_one():
         "previous",
         "first",
         "end",
+        "bos",
     ]
+    assert frame["bos"].isna().all()  # encoder self-attention has no start token
     assert list(zip(frame["layer"], frame["head"], strict=True)) == [(1, 1), (1, 2), (1, 3), (2, 1), (2, 2), (2, 3)]
     sharp = frame[frame["diagonal"] > 0.99]
     assert list(zip(sharp["layer"], sharp["head"], strict=True)) == [(2, 3)]
@@ -167,6 +169,21 @@ def test_decoder_entropy_norm_counts_only_the_keys_a_query_may_see():
     assert s["entropy_norm"] == pytest.approx(2 / 3)  # query 0 has one allowed key and contributes 0
     assert math.isnan(s["end"])  # the decoder input has no end token
     assert s["first"] == pytest.approx((1 + 1 / 2 + 1 / 3) / 3)
+    assert s["bos"] == s["first"]  # the weight on the start token, or on a language model's first token
+
+
+def test_bos_measures_an_attention_sink():
+    """A head that parks three quarters of every row on position 0 and spreads the rest scores 0.75+."""
+    T = 6
+    sink = np.tril(np.full((T, T), 0.25))
+    sink /= sink.sum(-1, keepdims=True)
+    sink *= 0.25
+    sink[:, 0] += 0.75
+    tokens = tuple("abcdef")
+    s = _stats(_one_layer(sink), tokens, tokens, "decoder")
+    expected = np.mean([0.75 + 0.25 / (t + 1) for t in range(T)])
+    assert s["bos"] == pytest.approx(expected)
+    assert math.isnan(_stats(_one_layer(sink[:, :]), tokens, tokens, "cross")["bos"])
 
 
 def test_cross_statistics_use_the_scaled_diagonal():
