@@ -45,6 +45,7 @@ from attnviz.methods.ablation import MODES, Ablation, ablation_scope, step_compa
 from attnviz.methods.importance import HeadImportance
 from attnviz.methods.importance import head_importance as _head_importance
 from attnviz.public import PUBLIC
+from attnviz.tiles import TiledAttention
 from attnviz.tokenizer import Encoded, Word, pad_batch
 from attnviz.words import merge_export
 
@@ -713,6 +714,35 @@ def queries_keys(
     vectors = {kind: (_stacked(recorded, queries[kind]), _stacked(recorded, keys[kind])) for kind in queries}
     _check_finite("query and key vectors", {f"{kind} {i}": v[i] for kind, v in vectors.items() for i in (0, 1)})
     return vectors
+
+
+@torch.no_grad()
+def tiled_attention(bundle: Bundle, src: str, tgt: str | None = None, *, generate: int = 0) -> TiledAttention:
+    """Every head's queries and keys for ``src``, from which any map is computed tile by tile.
+
+    For texts whose maps do not fit in memory (one head of a language model at 8192 tokens is
+    256 MB; all of SmolLM2-135M's, 69 GB): the model runs once with the fused kernel, no map is
+    made, and :class:`attnviz.tiles.TiledAttention` gives any head's whole map, a tile of it, a
+    max-pooled picture of any region, or every head's statistics, one block of rows at a time
+    (:mod:`attnviz.tiles`). The same inputs as :func:`attention`; the weights agree with its maps
+    to about 1e-7.
+
+    >>> tiled = attnviz.tiled_attention(lm, long_text)
+    >>> head = tiled.head("decoder", 3, 2)                         # layer 3, head 2: its queries and keys
+    >>> tiles.tile(head, tiles.scan(head, "decoder"), (4000, 4128), (3900, 4028))   # 128 x 128 exact weights
+    >>> tiled.statistics("decoder")                                # analysis.head_statistics, every head
+    """
+    inputs = _inputs(bundle, src, tgt, generate=generate)
+    queries, keys = _per_layer(bundle, "q"), _per_layer(bundle, "k")
+    recorded = _recorded(bundle, inputs, _all(queries, keys))
+    group = bundle.config.n_heads // bundle.config.kv_heads  # keys are recorded repeated per query head
+    q = {kind: _stacked(recorded, names) for kind, names in queries.items()}
+    k = {kind: _stacked(recorded, names)[:, ::group] for kind, names in keys.items()}
+    _check_finite("query and key vectors", {**{f"{n} queries": v for n, v in q.items()}, **k})
+    ids = _export_inputs(inputs)
+    manifest = _manifest(bundle, src, tgt, inputs)
+    manifest["note"] = "rows are queries, columns are keys; weights computed tile by tile from queries and keys"
+    return TiledAttention(q, k, ids["src_tokens"], ids["tgt_tokens"], manifest)
 
 
 @torch.no_grad()

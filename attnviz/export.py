@@ -147,6 +147,32 @@ def package_version(name: str) -> str:
         return "not installed"
 
 
+def kind_tokens(
+    kind: str, src_tokens: tuple[str, ...] | None, tgt_tokens: tuple[str, ...] | None
+) -> tuple[tuple[str, ...], tuple[str, ...]]:
+    """(query tokens, key tokens) of ``kind``'s maps: the source for the encoder, the decoder input
+    otherwise; cross-attention has decoder-input rows and source columns."""
+    queries = src_tokens if check_kind(kind) == "encoder" else tgt_tokens
+    return tuple(queries), tuple(tgt_tokens if kind == "decoder" else src_tokens)
+
+
+def written(
+    tgt_tokens: tuple[str, ...] | None, truncated: bool, language_model: bool, end_token: str = "</s>"
+) -> tuple[str, ...] | None:
+    """Per decoder position, the token it writes; None for an encoder-only model (no ``tgt_tokens``).
+
+    The decoder input is the start token and then the output, so position t writes the input's
+    token t + 1, and the last position writes ``end_token``. A language model's last position
+    writes the token after its input, which the input does not hold: "…". When the output was cut at the
+    length limit (``truncated``) the last position's token is unknown: "…". With a given target
+    (teacher forcing) a position writes the target's next token: what it is trained to predict,
+    which its own prediction may miss.
+    """
+    if tgt_tokens is None:
+        return None
+    return (*tgt_tokens[1:], "…" if truncated or language_model else end_token)
+
+
 @dataclass(frozen=True)
 class AttentionExport:
     """Every attention map for one sentence pair, as numpy arrays, with token labels.
@@ -175,23 +201,11 @@ class AttentionExport:
         otherwise; cross-attention has decoder-input rows and source columns."""
         if getattr(self, check_kind(kind)) is None:
             raise ValueError(f"this export has no {kind} maps (an encoder-only model has only the encoder's)")
-        queries = self.src_tokens if kind == "encoder" else self.tgt_tokens
-        return tuple(queries), tuple(self.tgt_tokens if kind == "decoder" else self.src_tokens)
+        return kind_tokens(kind, self.src_tokens, self.tgt_tokens)
 
     def writes(self, end_token: str = "</s>") -> tuple[str, ...] | None:
-        """Per decoder position, the token it writes; None for an encoder-only model.
-
-        The decoder input is the start token and then the output, so position t writes the input's
-        token t + 1, and the last position writes ``end_token``. A language model's last position
-        writes the token after its input, which the export does not hold: "…". When the output was cut at the length
-        limit (``manifest["tgt_truncated"]``) the last position's token is unknown: "…". With a given
-        target (teacher forcing) a position writes the target's next token: what it is trained to
-        predict, which its own prediction may miss.
-        """
-        if self.tgt_tokens is None:
-            return None
-        last = "…" if self.manifest.get("tgt_truncated") or self.encoder is None else end_token
-        return (*self.tgt_tokens[1:], last)
+        """Per decoder position, the token it writes; None for an encoder-only model (:func:`written`)."""
+        return written(self.tgt_tokens, bool(self.manifest.get("tgt_truncated")), self.encoder is None, end_token)
 
     def arrays(self) -> dict[str, np.ndarray]:
         """The arrays of the .npz file: numbers, unicode strings and a JSON manifest; no objects.
