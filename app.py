@@ -3,6 +3,7 @@
 import streamlit as st
 
 from attnviz.app import domain_notice, truncation_notice, views
+from attnviz.app.cache import maps_bytes, size_text
 from attnviz.app.frame import Context, frame
 from attnviz.app.present import room
 from attnviz.app.registry import PAGES
@@ -33,6 +34,15 @@ def show_teaser(ctx: Context) -> None:
     Cross-attention (where the decoder looks) when the model has a decoder, else the encoder's
     self-attention; the words and contrast controls sit below the map.
     """
+    if ctx.long:  # every map at once would not fit: the explorer shows it tile by tile
+        n, size = maps_bytes(*ctx.key)
+        st.info(
+            f"This text is {n:,} tokens long: all its attention maps would take {size_text(size)}, more than this "
+            "server makes at once. The Attention explorer shows every head of it, tile by tile."
+        )
+        explorer = next(page for page in PAGES if page.path == "pages/explorer.py")
+        st.page_link(explorer.path, label=f"Open it in the {explorer.title}", icon=explorer.icon)
+        return
     heading, picture = st.container(), st.container()
     words_column, contrast_column = st.columns([1, 3])
     words, contrast = views.words_and_contrast(words_column, contrast_column)

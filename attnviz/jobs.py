@@ -18,6 +18,7 @@ import os
 import pickle
 import struct
 import sys
+import threading
 from collections import OrderedDict
 from collections.abc import Callable
 from typing import IO, Any
@@ -78,6 +79,29 @@ def _rotary(bundle, src: str, tgt, layer: int, max_offset: int):
     return rotary.shift_check(bundle, ids, layer), rotary.score_by_offset(bundle, ids, layer, last, first, max_offset)
 
 
+_TILED: OrderedDict[tuple, Any] = OrderedDict()  # the last texts' queries and keys, for their next layers
+TILED_KEPT = 1  # a long text is read in one forward pass; its layers are then fetched one by one
+_TILED_LOCK = threading.Lock()  # jobs run in threads too (ATTNVIZ_HEAVY_IN=threads, short texts)
+
+
+def _tiled_layer(bundle, src: str, tgt: str | None, kind: str, layer: int, thumbnail: int = 96):
+    """One layer of a long text's maps, tile by tile (:meth:`attnviz.tiles.TiledAttention.layer_tiles`).
+
+    The text's queries and keys are kept for the next layer a page asks for: reading them is one
+    forward pass over the whole text, and a page asks for one layer at a time.
+    """
+    key = (id(bundle), src, tgt)  # the entry holds the bundle too, so its id cannot be another's
+    with _TILED_LOCK:
+        kept = _TILED.get(key)
+    tiled = kept[1] if kept else api.tiled_attention(bundle, src, tgt)
+    with _TILED_LOCK:
+        _TILED[key] = (bundle, tiled)
+        _TILED.move_to_end(key)
+        while len(_TILED) > TILED_KEPT:
+            _TILED.popitem(last=False)
+    return tiled.layer_tiles(kind, layer, thumbnail)
+
+
 # name -> function(bundle, *args[, progress]); only ``atlas`` reports progress; ``timing`` takes no model
 JOBS: dict[str, Callable[..., Any]] = {
     "attention": lambda b, src, tgt, words=False: api.attention(b, src, tgt, words=words),
@@ -97,6 +121,7 @@ JOBS: dict[str, Callable[..., Any]] = {
     "timing": lambda _, d: variants.time_self_attention_vs_gru(d=d, repeats=5),
     "rotary": _rotary,
     "position_kinds": lambda b, src, tgt: rotary.kinds_table(b, torch_ids(b, src) if b.config.decoder_only else None),
+    "tiled_layer": _tiled_layer,
     "warm": lambda b: None,  # load the model before the first visitor needs it
 }
 REPORTS_PROGRESS = {"atlas"}

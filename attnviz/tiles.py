@@ -24,6 +24,7 @@ Shape letters: Q queries, K keys, D d_head, R rows of a block, L layers, H heads
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass
 
@@ -69,8 +70,14 @@ class HeadQK:
         return min(stop, self.shape[1]) if self.causal else self.shape[1]
 
 
+def _tensor(array: np.ndarray) -> Tensor:
+    """``array`` as a tensor; a copy of one made read-only (the app shares results between sessions), which
+    torch cannot wrap as it is (a few MB at most, against a pass over a map)."""
+    return torch.from_numpy(np.ascontiguousarray(array) if array.flags.writeable else array.copy())
+
+
 def _tensors(head: HeadQK) -> tuple[Tensor, Tensor]:
-    return torch.from_numpy(np.ascontiguousarray(head.queries)), torch.from_numpy(np.ascontiguousarray(head.keys))
+    return _tensor(head.queries), _tensor(head.keys)
 
 
 def _scores(head: HeadQK, q: Tensor, k: Tensor, rows: tuple[int, int], cols: tuple[int, int]) -> Tensor:
@@ -187,7 +194,7 @@ def tile(head: HeadQK, scanned: Scan, rows: tuple[int, int], cols: tuple[int, in
         raise ValueError(f"a tile of a {Q} x {K} map needs 0 <= start < stop <= length; got rows {rows}, cols {cols}")
     q, k = _tensors(head)
     scores = _scores(head, q, k, rows, cols)
-    return torch.exp(scores - torch.from_numpy(scanned.lse[r0:r1])[:, None]).numpy()
+    return torch.exp(scores - _tensor(scanned.lse[r0:r1])[:, None]).numpy()
 
 
 def _pool_rows(values: Tensor, block: int) -> Tensor:
@@ -207,9 +214,9 @@ def pooled_from_scan(scanned: Scan, row_block: int, per_row_max: bool = False) -
     """
     if scanned.column_maxima is None:
         raise ValueError("this scan kept no column-block maxima: scan(..., column_block=n)")
-    values = torch.from_numpy(scanned.column_maxima)
+    values = _tensor(scanned.column_maxima)
     if per_row_max:
-        values = values / torch.from_numpy(scanned.row_max)[:, None]
+        values = values / _tensor(scanned.row_max)[:, None]
     return _pool_rows(values, row_block).numpy()
 
 
@@ -240,7 +247,7 @@ def region(
     fr, fc = block_size(r1 - r0, pixels), block_size(c1 - c0, pixels)
     h, w = math.ceil((r1 - r0) / fr), math.ceil((c1 - c0) / fc)
     q, k = _tensors(head)
-    lse, row_max = torch.from_numpy(scanned.lse), torch.from_numpy(scanned.row_max)
+    lse, row_max = _tensor(scanned.lse), _tensor(scanned.row_max)
     out = torch.empty(h, w)
     step = max(fr, (BLOCK_ELEMENTS // max(1, c1 - c0)) // fr * fr)  # whole row blocks, about a cache's worth
     for start in range(r0, r1, step):
@@ -275,13 +282,26 @@ def allowed_blocks(causal: bool, rows: tuple[int, int], cols: tuple[int, int], b
 
 @dataclass(frozen=True)
 class LayerTiles:
-    """One layer of one kind: each head's queries and keys and its :class:`Scan` (normalisers,
-    statistics, and column-block maxima for a thumbnail). What the app fetches per layer."""
+    """One layer of one kind: each head's queries, keys and :class:`Scan` (normalisers and statistics),
+    and each head's thumbnail. What the app fetches per layer."""
 
     kind: str
     layer: int  # from 1
     heads: tuple[HeadQK, ...]
-    scans: tuple[Scan, ...]
+    scans: tuple[Scan, ...]  # without column maxima: the thumbnails hold what the grid needs of them
+    thumbnails: np.ndarray  # (H, 2, h, w) float32: each head max-pooled, [0] weights, [1] weight / row max
+    blocks: tuple[int, int]  # positions per thumbnail pixel: (rows, columns)
+    labels: tuple[tuple[str, ...], tuple[str, ...], tuple[str, ...] | None]  # query and key tokens, what rows write
+
+    def tokens(self, kind: str | None = None) -> tuple[tuple[str, ...], tuple[str, ...]]:
+        """(query tokens, key tokens), as :meth:`TiledAttention.tokens` (this layer's kind only)."""
+        if kind not in (None, self.kind):
+            raise ValueError(f"this layer holds {self.kind} attention, not {kind}")
+        return self.labels[0], self.labels[1]
+
+    def writes(self) -> tuple[str, ...] | None:
+        """Per decoder position, the token it writes, as :meth:`TiledAttention.writes`."""
+        return self.labels[2]
 
     def statistics(self) -> list[dict]:
         """One row per head: layer, head (from 1) and :data:`STATISTICS`."""
@@ -348,16 +368,29 @@ class TiledAttention:
         one = self.head(kind, layer, head)
         return tile(one, scan(one, kind), (0, one.shape[0]), (0, one.shape[1]))
 
-    def layer_tiles(self, kind: str, layer: int, column_block: int | None = None) -> LayerTiles:
-        """Layer ``layer`` of ``kind``: every head's queries, keys and scan (with ``column_block`` maxima)."""
-        _, H, _, _ = self.shape(kind)
+    def layer_tiles(self, kind: str, layer: int, thumbnail: int = 96) -> LayerTiles:
+        """Layer ``layer`` of ``kind``: every head's queries, keys and scan, and its thumbnail of at most
+        ``thumbnail`` pixels per axis (max-pooled, blocks from the top left)."""
+        _, H, Q, K = self.shape(kind)
+        blocks = (block_size(Q, thumbnail), block_size(K, thumbnail))
         heads = tuple(self.head(kind, layer, h) for h in range(1, H + 1))
-        return LayerTiles(kind, layer, heads, tuple(scan(one, kind, column_block) for one in heads))
+        scans, thumbnails = [], []
+        for one in heads:
+            full = scan(one, kind, blocks[1])
+            thumbnails.append([pooled_from_scan(full, blocks[0], per_row_max) for per_row_max in (False, True)])
+            scans.append(dataclasses.replace(full, column_maxima=None))  # Q x K / block floats: not kept
+        labels = (*self.tokens(kind), self.writes())
+        return LayerTiles(kind, layer, heads, tuple(scans), np.array(thumbnails, dtype=np.float32), blocks, labels)
 
     def statistics(self, kind: str) -> pd.DataFrame:
         """:func:`attnviz.analysis.head_statistics` of ``kind``, every head, computed tile by tile."""
-        L = self.shape(kind)[0]
-        return statistics_frame([row for i in range(1, L + 1) for row in self.layer_tiles(kind, i).statistics()], kind)
+        L, H, _, _ = self.shape(kind)
+        rows = [
+            {"layer": layer, "head": h, **statistics_row(scan(self.head(kind, layer, h), kind))}
+            for layer in range(1, L + 1)
+            for h in range(1, H + 1)
+        ]
+        return statistics_frame(rows, kind)
 
     def nbytes(self) -> int:
         """The bytes its queries and keys hold."""

@@ -53,6 +53,7 @@ CHROMIUM_ARGS = [  # as tests/test_browser.py: a closed network, no sandbox as r
     "--disable-sync",
 ]
 TARGETS = {"one head": (1.5, 2.0), "grid": (3.0, 3.0)}  # (MB, seconds)
+LONG_TARGETS = {"first": (3.0, 3.0), "zoom": (None, 1.0)}  # a long text's head: (MB, seconds)
 CUSTOM_PATH = "A checkpoint directory…"  # attnviz.app.session.CUSTOM_PATH: the sidebar's path choice
 LETTERS = "abcdefghijklmnopqrstuvwxyz"
 
@@ -87,6 +88,49 @@ def build_random_model(folder: Path, max_len: int, n_layers: int = 2, n_heads: i
         d_ff=2 * d_model,
         dropout=0.0,
         max_len=max_len,
+    )
+    torch.manual_seed(0)
+    model = Transformer(cfg).eval()
+    with torch.no_grad():  # sharper than the initialisation's near-uniform attention, so images are not flat
+        for name, p in model.named_parameters():
+            if name.endswith(("q_proj.weight", "k_proj.weight")):
+                p.mul_(4.0)
+    info = {"name": folder.name, "examples": [letters(12)]}
+    return save_checkpoint(model, folder, spm, info, f"# {folder.name}\n\nRandom weights, for benchmarks and tests.\n")
+
+
+def build_random_lm(folder: Path, max_len: int, n_layers: int = 2, n_heads: int = 4, d_model: int = 64) -> Path:
+    """A random (seeded) language model of the Llama layout (rotary positions, RMSNorm, SwiGLU, two key/value
+    heads) whose positions allow ``max_len`` tokens, with the letter tokenizer: :func:`letters` of n
+    letters is n + 1 tokens, a BOS first."""
+    import torch
+
+    from attnviz.checkpoints.native import save_checkpoint
+    from attnviz.model import Transformer, TransformerConfig
+    from attnviz.tokenizer import SentencePieceTokenizer, train_sentencepiece
+
+    sentences = [" ".join(LETTERS[(i + j) % 26] for j in range(12)) for i in range(200)]
+    spm = train_sentencepiece(sentences, vocab_size=64, model_type="bpe")
+    vocab = SentencePieceTokenizer(spm, decoder_only=True).tgt_vocab_size
+    cfg = TransformerConfig(
+        src_vocab_size=vocab,
+        tgt_vocab_size=vocab,
+        n_enc_layers=0,
+        n_dec_layers=n_layers,
+        d_model=d_model,
+        n_heads=n_heads,
+        n_kv_heads=2,
+        d_ff=2 * d_model,
+        dropout=0.0,
+        max_len=max_len,
+        pos_encoding="rotary",
+        norm_first=True,
+        norm="rmsnorm",
+        ffn="gated",
+        activation="swish",
+        attn_bias=False,
+        ffn_bias=False,
+        scale_embedding=False,
     )
     torch.manual_seed(0)
     model = Transformer(cfg).eval()
@@ -141,7 +185,8 @@ def wait_idle(page, timeout_ms: int = 120_000) -> None:
 
 
 DRAWN = """([selector, text]) => {
-  const plot = [...document.querySelectorAll('.js-plotly-plot')].find(p => p.textContent.includes(text));
+  const texts = Array.isArray(text) ? text : [text];
+  const plot = [...document.querySelectorAll('.js-plotly-plot')].find(p => texts.every(t => p.textContent.includes(t)));
   const node = plot && plot.querySelector(selector);
   return !!node && !!(node.getAttribute('href') || node.getAttribute('xlink:href'));
 }"""
@@ -151,8 +196,9 @@ FRAMES = "() => new Promise(r => requestAnimationFrame(() => requestAnimationFra
 PROBLEMS = "[data-testid='stException'], [data-testid='stAlertContentError']"
 
 
-def wait_drawn(page, selector: str, text: str, timeout_s: float = 120) -> None:
-    """Until a plot whose text holds ``text`` has ``selector`` drawn, the script is idle, and two frames passed.
+def wait_drawn(page, selector: str, text: str | list[str], timeout_s: float = 120) -> None:
+    """Until a plot whose text holds ``text`` (every one of a list) has ``selector`` drawn, the script is
+    idle, and two frames passed.
 
     An exception or an error message on the page ends the wait at once, with what it says.
     """
@@ -185,6 +231,62 @@ def measure_view(chromium, url: str, selector: str, drawn_text: str, click: str,
         click_radio(page, click)
         wait_drawn(page, selector, after_text)
         return {"bytes": counter.received, "seconds": time.perf_counter() - start, "cold": cold}
+    finally:
+        page.close()
+
+
+ZOOM_TITLE = """(text) => [...document.querySelectorAll('.js-plotly-plot .gtitle')]
+  .map(t => t.textContent).find(t => t.includes(text))"""
+
+
+def drag_box(page, texts: list[str], n: int, rows: tuple[int, int], cols: tuple[int, int]) -> None:
+    """Drag a box on the plot whose text holds ``texts``, from cell (rows[0], cols[0]) to (rows[1], cols[1])
+    of an n x n map drawn over the whole plot area, as a person does with the mouse; the button stays down
+    (releasing it is the request)."""
+    plot = next(p for p in page.locator(".js-plotly-plot").all() if all(t in p.text_content() for t in texts))
+    plot.scroll_into_view_if_needed()
+    area = plot.locator(".nsewdrag").first.bounding_box()
+
+    def at(row: float, col: float) -> tuple[float, float]:
+        return area["x"] + (col + 0.5) / n * area["width"], area["y"] + (row + 0.5) / n * area["height"]
+
+    page.mouse.move(*at(rows[0], cols[0]))
+    page.mouse.down()
+    page.mouse.move(*at(rows[1], cols[1]), steps=5)
+
+
+def measure_long(chromium, url: str, n: int, layer: int, head: int) -> dict:
+    """One head of an n-token language model, tile by tile: open ``url`` (cold: the model runs), then
+    the next head's first picture (its overview computed from its queries and keys and drawn), then a
+    box of about 120 x 120 positions dragged on it, from the button's release until its exact heatmap is
+    drawn."""
+    page = chromium.new_page(viewport={"width": 1400, "height": 1000})
+    counter = Counter(page)
+    overview = f"queries 0-{n - 1}, keys 0-{n - 1}"
+    try:
+        start = time.perf_counter()
+        page.goto(url)
+        wait_drawn(page, ".im image", [f"layer {layer}, head {head}", overview], timeout_s=300)
+        result = {"cold": time.perf_counter() - start, "cold_bytes": counter.received}
+        counter.received = 0
+        start = time.perf_counter()
+        page.get_by_role("button", name="Next head").click()
+        wait_drawn(page, ".im image", [f"layer {layer}, head {head + 1}", overview])
+        result |= {"first": time.perf_counter() - start, "first_bytes": counter.received}
+        middle = n // 2
+        before = page.evaluate(ZOOM_TITLE, f"head {head + 1}: queries")  # the zoom's first region
+        drag_box(page, [f"head {head + 1}", overview], n, (middle, middle + 119), (middle - 200, middle - 81))
+        counter.received = 0
+        start = time.perf_counter()
+        page.mouse.up()  # the box is released: the zoom is asked for
+        while (title := page.evaluate(ZOOM_TITLE, f"head {head + 1}: queries")) == before:
+            if time.perf_counter() - start > 120:
+                raise TimeoutError("the dragged box did not change the zoom within 120 s")
+            page.wait_for_timeout(20)
+        wait_drawn(page, ".hm image", [title])
+        result |= {"zoom": time.perf_counter() - start, "zoom_bytes": counter.received}
+        result["region"] = title.split(": ", 1)[1]
+        return result
     finally:
         page.close()
 
@@ -311,14 +413,29 @@ def verdict(value: float, target: float) -> str:
     return "PASS" if value <= target else "MISS"
 
 
+def print_long(result: dict, n: int) -> None:
+    (first_mb, first_s), (_, zoom_s) = LONG_TARGETS["first"], LONG_TARGETS["zoom"]
+    mb = result["first_bytes"] / 1e6
+    print(f"\n  one head of a language model at {n} tokens, tile by tile (random Llama layout, 2 layers, d_head 64)")
+    print(f"  {'step':54} {'MB':>7} {'s':>8}  verdicts (targets)")
+    print(f"  {'opening the link (cold: the model runs, then layer 1)':54} {result['cold_bytes'] / 1e6:7.3f} "
+          f"{result['cold']:8.2f}  (for information)")  # fmt: skip
+    verdicts = f"{verdict(mb, first_mb)} (<= {first_mb} MB) {verdict(result['first'], first_s)} (<= {first_s} s)"
+    print(f"  {'first picture of a head (next head: its overview)':54} {mb:7.3f} {result['first']:8.2f}  {verdicts}")
+    zoom = f"zoom: a box dragged, {result['region']}"
+    print(f"  {zoom:54} {result['zoom_bytes'] / 1e6:7.3f} {result['zoom']:8.2f}  "
+          f"{verdict(result['zoom'], zoom_s)} (<= {zoom_s} s)")  # fmt: skip
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="small sizes: a smoke run")
-    parser.add_argument("--only", default="one,grid,variants")
+    parser.add_argument("--only", default="one,grid,long,variants")
     args = parser.parse_args(argv)
     only = set(args.only.split(","))
     # --quick keeps the one head above the explorer's exact-heatmap limit (128), so that it is still an image
     one_n, grid_n, variants_n = (160, 40, 64) if args.quick else (1024, 512, 1024)
+    long_n = 3000 if args.quick else 8192  # both over ATTNVIZ_FULL_MAPS_MB's 256 MB: tile by tile
     if not CHROMIUM.exists():
         print(f"{CHROMIUM} not found: apt-get install -y chromium", file=sys.stderr)
         return 2
@@ -329,6 +446,8 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory() as tmp:
         models = Path(tmp)
         build_random_model(models / "long", max_len=max(one_n, grid_n) + 64)
+        if "long" in only:  # d_head 64, as GPT-2's and SmolLM2's: what one head's tiles cost
+            build_random_lm(models / "long-lm", max_len=long_n, d_model=256, n_heads=4)
         roots, grid_model = [str(models)], "MiniLM"
         if minilm_dir() is None:
             build_random_model(models / "minilm-shaped", max_len=grid_n + 8, n_layers=6, n_heads=12, d_model=96)
@@ -357,6 +476,10 @@ def main(argv: list[str] | None = None) -> int:
                     chromium, url, ".im image", "contrast: linear", "logarithmic", "contrast: logarithmic"
                 )
                 rows.append((name, result, target))
+            long = None
+            if "long" in only:
+                params = {"model": CUSTOM_PATH, "model_path": "long-lm", "src": letters(long_n - 1), "view": "One head"}
+                long = measure_long(chromium, explorer_url(port, params | {"layer": "1", "head": "1"}), long_n, 1, 1)
         print(f"\n  {'view':54} {'MB':>7} {'drawn s':>8} {'cold s':>7}  verdicts (targets)")
         for name, result, (mb_target, s_target) in rows:
             mb = result["bytes"] / 1e6
@@ -364,6 +487,8 @@ def main(argv: list[str] | None = None) -> int:
                 f"  {name:54} {mb:7.3f} {result['seconds']:8.2f} {result['cold']:7.2f}  "
                 f"{verdict(mb, mb_target)} (<= {mb_target} MB) {verdict(result['seconds'], s_target)} (<= {s_target} s)"
             )
+        if long is not None:
+            print_long(long, long_n)
     if "variants" in only:
         with variants_server() as port, browser() as chromium:
             results = measure_variants(chromium, port, variants_n)

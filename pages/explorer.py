@@ -6,8 +6,9 @@ from dataclasses import dataclass
 import numpy as np
 import streamlit as st
 
-from attnviz import analysis, qk
-from attnviz.app import bound, clamp_state, domain_notice, download_buttons, shared, truncation_notice
+from attnviz import analysis, qk, tiles
+from attnviz.app import bound, clamp_state, domain_notice, download_buttons, shared, truncation_notice, views
+from attnviz.app.cache import maps_bytes, size_text
 from attnviz.app.frame import Context, frame
 from attnviz.app.present import picture_area, room
 from attnviz.app.views import (
@@ -24,7 +25,7 @@ from attnviz.export import AttentionExport
 from attnviz.figures.attention import lines_view
 from attnviz.figures.common import export_config
 from attnviz.figures.embedding import COLOUR_BY, qk_scatter
-from attnviz.figures.images import head_grid
+from attnviz.figures.images import head_grid, pooled_head_grid
 from attnviz.kinds import KINDS, TITLES, allowed
 
 INTRO = (
@@ -133,6 +134,9 @@ class Drawn:
 
 
 def body(ctx: Context) -> None:
+    if ctx.long:
+        long_body(ctx)
+        return
     picture = picture_area()  # under the title in presenter mode, else after the controls
     c1, c2 = st.columns([1, 3])
     words, contrast = words_and_contrast(c1, c2)
@@ -287,6 +291,11 @@ def draw_stats(p: Picked) -> None:
     """One row per head: entropy, distance and where the weight goes; a click on a row opens that head."""
     q_tokens, k_tokens = p.export.tokens(p.kind)
     table = shared("explorer-stats", p.key, lambda: analysis.head_statistics(p.maps, q_tokens, k_tokens, p.kind))
+    stats_table(table, p.stem)
+
+
+def stats_table(table, stem: str) -> None:
+    """The head statistics as a table whose row click opens that head, with its caption and download."""
     st.session_state["stats_rows"] = list(zip(table["layer"], table["head"], strict=True))
     st.caption(
         "One row per head; click a row to open that head. **entropy**: how spread a query's weights "
@@ -304,7 +313,7 @@ def draw_stats(p: Picked) -> None:
         hide_index=True,
         width="stretch",
     )
-    download_buttons(lambda: table, None, None, f"{p.stem}-head-statistics")
+    download_buttons(lambda: table, None, None, f"{stem}-head-statistics")
 
 
 def draw_qk(p: Picked) -> None:
@@ -364,6 +373,115 @@ def rotation_choice(ctx: Context) -> bool:
             "to the rotation, so nearness here is not the attention the model paid."
         )
     return which == "after"
+
+
+# ---------------------------------------------------------------------------------------------
+# A text whose maps do not fit at once (ATTNVIZ_FULL_MAPS_MB): every head tile by tile (attnviz.tiles)
+
+
+@dataclass(frozen=True)
+class LongPicked:
+    """What the controls chose for a long text: one kind, a layer and head, the contrast, the picture area."""
+
+    ctx: Context
+    kind: str
+    layer: int
+    head: int
+    contrast: str
+    picture: object
+
+    @property
+    def key(self) -> tuple:
+        return (*self.ctx.key, self.kind, "tiled")
+
+    def layers(self, what: str) -> list:
+        """``what`` (an attribute of :class:`attnviz.tiles.LayerTiles`) of every layer, with a progress bar
+        while layers are fetched; each kept for every session, small (not the queries and keys)."""
+        L = self.ctx.bundle.config.n_layers_of(self.kind)
+        bar = st.progress(0.0, text=f"Every head of {L} layers, one layer at a time…")
+        found = []
+        for layer in range(1, L + 1):
+            found.append(shared(f"long-{what}", (*self.key, layer), lambda lr=layer: long_part(self, lr, what)))
+            bar.progress(layer / L, text=f"Every head of {L} layers, one layer at a time: {layer} done")
+        bar.empty()
+        return found
+
+
+def long_part(p: LongPicked, layer: int, what: str):
+    part = getattr(p.ctx.layer_tiles(p.kind, layer), what)
+    return part() if callable(part) else part
+
+
+def long_body(ctx: Context) -> None:
+    """The explorer for a long text: one head, all heads and the head statistics, each tile by tile."""
+    picture = picture_area()
+    c1, c2 = st.columns([1, 3])
+    words, contrast = words_and_contrast(c1, c2)
+    n, size = maps_bytes(*ctx.key)
+    st.info(
+        f"This text is {n:,} tokens long: all its attention maps would take {size_text(size)}, more than this "
+        "server makes at once. Each head is computed tile by tile from its queries and keys, exactly, and "
+        "never the whole of every map: one head at full resolution through its zoom, every head max-pooled, "
+        "and the head statistics." + (" Words would need every map: the maps below are over pieces." if words else "")
+    )
+    domain_notice(ctx.choices)
+    cfg = ctx.bundle.config
+    kinds = [k for k in KINDS if cfg.n_layers_of(k)]
+    kind = kind_choice(kinds, "kind")
+    c1, c2, c3 = st.columns([1, 1, 2])
+    view = bound(c3.selectbox, "View", list(VIEWS), format_func=VIEWS.get, key="view")
+    layer, head = layer_and_head((c1, c2), kind, cfg.n_layers_of(kind), cfg.n_heads, ctx.clearest_head())
+    if view not in LONG_DRAW:
+        shown = ", ".join(VIEWS[v] for v in LONG_DRAW)
+        st.info(f"{VIEWS[view]} draws every weight of the maps at once; at this length the explorer shows {shown}.")
+        return
+    LONG_DRAW[view](LongPicked(ctx, kind, layer, head, contrast, picture))
+
+
+def long_one(p: LongPicked) -> None:
+    layer = p.ctx.layer_tiles(p.kind, p.layer)
+    title = f"{TITLES[p.kind]}, layer {p.layer}, head {p.head}"
+    rows = row_labels(layer, p.kind)
+    h = p.head - 1
+    views.long_one_head(
+        "", (*p.key, p.layer, p.head), layer.heads[h], layer.scans[h], rows, layer.tokens()[1], p.kind, p.contrast,
+        title, p.picture,
+    )  # fmt: skip
+
+
+def long_grid(p: LongPicked) -> None:
+    thumbnails = p.layers("thumbnails")
+    first = p.ctx.layer_tiles(p.kind, 1)  # cached by now: the grid's layers were just fetched
+    Q, K = len(first.tokens()[0]), len(first.tokens()[1])
+    allowed = tiles.allowed_blocks(p.kind == "decoder", (0, Q), (0, K), first.blocks)
+    fig = shared(
+        "long-grid",
+        (*p.key, p.contrast, p.layer, p.head),
+        lambda: pooled_head_grid(np.stack(thumbnails), allowed, first.blocks, p.kind, p.contrast, (p.layer, p.head)),
+    )
+    st.caption(
+        "Every layer (rows) and head (columns), each max-pooled from its queries and keys; the outlined map is "
+        "the layer and head chosen above. Click a map to open it."
+    )
+    st.button(f"Open layer {p.layer}, head {p.head} large", on_click=open_one_head, key="_open_large")
+    fmt = st.session_state.get("image_format", "png")
+    p.picture.plotly_chart(
+        room(fig),
+        width="stretch",
+        config=export_config(f"{p.ctx.model.replace('/', '_')}-{p.kind}-all-heads", fmt),
+        key="_grid_chart",
+        on_select=open_head_from_grid,
+        selection_mode="points",
+    )
+
+
+def long_stats(p: LongPicked) -> None:
+    rows = [row for layer in p.layers("statistics") for row in layer]
+    table = shared("long-stats", p.key, lambda: tiles.statistics_frame(rows, p.kind))
+    stats_table(table, f"{p.ctx.model.replace('/', '_')}-{p.kind}")
+
+
+LONG_DRAW: dict[str, Callable[[LongPicked], None]] = {"one": long_one, "grid": long_grid, "stats": long_stats}
 
 
 DRAW: dict[str, Callable[[Picked], Drawn | None]] = {

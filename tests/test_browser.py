@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import socket
 import subprocess
 import sys
@@ -23,7 +24,7 @@ from attnviz.checkpoints.catalog import pretrained_dir
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "benchmarks"))
-from bench_render import build_random_model, letters  # noqa: E402
+from bench_render import build_random_lm, build_random_model, drag_box, letters  # noqa: E402
 
 pytestmark = pytest.mark.slow  # servers and browsers: the full suite, not the quick tier
 
@@ -53,6 +54,10 @@ def _missing() -> str | None:
 
 
 LONG = 1000  # source tokens of the long input: beyond every shipped model, so a random model allows it
+# A language model's prompt whose maps (2 layers x 4 heads x 3000^2 floats, 288 MB) are over the
+# default ATTNVIZ_FULL_MAPS_MB (256): the explorer shows it tile by tile.
+LONG_LM = 3000
+LM_FAMILIES = ("gpt2", "llama", "qwen2")
 
 
 @contextlib.contextmanager
@@ -118,10 +123,12 @@ def server(tmp_path_factory):
     _need_browser()
     models = tmp_path_factory.mktemp("models")
     build_random_model(models / "long", max_len=LONG + 100)
+    build_random_lm(models / "long-lm", max_len=LONG_LM)  # a prompt whose maps are shown tile by tile
     try:
         from lm_models import build
 
-        build("llama", models / "llama")  # a language model with RoPE and grouped-query attention
+        for family in LM_FAMILIES:  # Llama: RoPE and grouped-query attention; Qwen2: Q/K/V biases
+            build(family, models / family)
     except ImportError:  # transformers missing: the language-model browser test skips itself
         pass
     env = {**os.environ, "ATTNVIZ_MODEL_ROOTS": os.pathsep.join([str(pretrained_dir()), str(models)])}
@@ -409,17 +416,17 @@ def test_a_deep_link_opened_first_after_a_restart_gets_the_whole_frame(link, hea
 
 @pytest.mark.parametrize(
     "model",
-    [{"model": "induction"}, {"model": CUSTOM_PATH, "model_path": "llama"}],
-    ids=["induction", "llama"],
+    [{"model": "induction"}] + [{"model": CUSTOM_PATH, "model_path": family} for family in LM_FAMILIES],
+    ids=["induction", *LM_FAMILIES],
 )
 def test_every_page_draws_a_language_model(server, model):
-    """The shipped induction model and a random Llama folder, opened from a link on every page: each page
-    draws with no exception and no error message, and the sidebar asks for a prompt."""
+    """The shipped induction model and random GPT-2, Llama and Qwen2 folders, opened from a link on every
+    page: each page draws with no exception and no error message, and the sidebar asks for a prompt."""
     from urllib.parse import urlencode
 
     from playwright.sync_api import sync_playwright
 
-    if model.get("model_path") == "llama":
+    if model.get("model_path") in LM_FAMILIES:
         pytest.importorskip("transformers")
     params = {**model, "src": "q w e r t y q w e r t y" if model["model"] == "induction" else "the cat sat on"}
     with sync_playwright() as p:
@@ -433,6 +440,50 @@ def test_every_page_draws_a_language_model(server, model):
                 errors = page.locator("[data-testid='stAlertContentError']").all_inner_texts()
                 assert not errors, f"{name}: {errors}"
                 assert page.get_by_text("Prompt", exact=True).count() >= 1, f"{name}: the sidebar asks for a prompt"
-            page.screenshot(path=str(ARTIFACTS / f"lm-{params['model'].split()[0].lower()}-last-page.png"))
+            name = params.get("model_path", params["model"])
+            page.screenshot(path=str(ARTIFACTS / f"lm-{name}-last-page.png"))
+        finally:
+            browser.close()
+
+
+def test_a_long_prompt_is_drawn_tile_by_tile_and_a_dragged_box_zooms_exactly(server):
+    """A 3000-token prompt, over what the server makes at once: one head's overview, a box dragged on it
+    opens that region exactly (its weights on hover), and every head and the statistics draw too."""
+    from urllib.parse import urlencode
+
+    from playwright.sync_api import sync_playwright
+
+    params = {"model": CUSTOM_PATH, "model_path": "long-lm", "src": letters(LONG_LM - 1), "layer": "2", "head": "1"}
+    overview = f"queries 0-{LONG_LM - 1}, keys 0-{LONG_LM - 1}"
+    zoom_title = """() => [...document.querySelectorAll('.js-plotly-plot .gtitle')].map(t => t.textContent)
+        .find(t => t.includes('head 1: queries'))"""
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_ARGS)
+        page = browser.new_page(viewport={"width": 1400, "height": 1000})
+        try:
+            page.goto(f"{server}/explorer?" + urlencode({**params, "view": "One head"}))
+            _wait_for_run(page)
+            _no_exception(page, "a long prompt's one head")
+            assert page.get_by_text("tile by tile", exact=False).count() >= 1
+            assert page.locator(".js-plotly-plot").filter(has_text=overview).count() == 1, "the overview"
+            assert "queries 0-47, keys 0-47" in page.evaluate(zoom_title), "the zoom opens on the first positions"
+            drag_box(page, ["head 1", overview], LONG_LM, (2000, 2090), (1000, 1090))
+            page.mouse.up()
+            moved = f"() => {{ const t = ({zoom_title})(); return !!t && !t.includes('queries 0-47'); }}"
+            page.wait_for_function(moved, timeout=60_000)  # the zoom's heatmap of the box replaced the first
+            _wait_for_run(page)
+            title = page.evaluate(zoom_title)
+            q0, q1, k0, k1 = (int(v) for v in re.search(r"queries (\d+)-(\d+), keys (\d+)-(\d+)", title).groups())
+            assert 1950 <= q0 <= 2050 and 60 <= q1 - q0 < 128, title  # about the box, every cell in it
+            assert 950 <= k0 <= 1050 and 60 <= k1 - k0 < 128, title
+            assert "zoom_q" in page.url, "the zoom is in the link"
+            page.screenshot(path=str(ARTIFACTS / "long-prompt-zoom.png"))
+            for view in ("All heads (model view)", "Head statistics"):
+                page.goto(f"{server}/explorer?" + urlencode({**params, "view": view}))
+                _wait_for_run(page)
+                _no_exception(page, f"a long prompt's {view}")
+                errors = page.locator("[data-testid='stAlertContentError']").all_inner_texts()
+                assert not errors, f"{view}: {errors}"
+            assert page.locator("[data-testid='stDataFrame']").count() == 1, "the statistics table"
         finally:
             browser.close()

@@ -159,6 +159,17 @@ def _check_against_export(bundle, src, tgt=None):
         np.testing.assert_allclose(got[numbers], dense[numbers], atol=2e-5, err_msg=kind)
         assert got.attrs == dense.attrs
     assert tiled.writes() == export.writes()
+    kind = tiled.kinds[-1]
+    layer = tiled.layer_tiles(kind, 1, thumbnail=5)
+    maps = getattr(export, kind)[0]
+    fr, fc = layer.blocks
+    assert layer.thumbnails.shape[:2] == (maps.shape[0], 2) and max(layer.thumbnails.shape[2:]) <= 5
+    for h, thumbnails in enumerate(layer.thumbnails):
+        np.testing.assert_allclose(thumbnails[0], _max_pool(maps[h], fr, fc), atol=ATOL)
+        np.testing.assert_allclose(
+            thumbnails[1], _max_pool(maps[h] / maps[h].max(-1, keepdims=True), fr, fc), atol=1e-5
+        )
+    assert tiles.statistics_frame(layer.statistics(), kind).equals(tiled.statistics(kind).iloc[: maps.shape[0]])
 
 
 def test_an_encoder_decoders_three_kinds_equal_its_maps():

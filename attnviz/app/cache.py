@@ -8,6 +8,7 @@ and shared by every session as it is: read-only.
 
 from __future__ import annotations
 
+import functools
 import inspect
 import os
 import threading
@@ -47,7 +48,8 @@ def clearest_head(model: str, device: str) -> tuple[str, int, int]:
 
 
 LIGHT_TOKENS = 64  # ATTNVIZ_LIGHT_TOKENS: one forward pass over at most this many tokens runs at once, in place
-MAX_TOKENS = 4096  # ATTNVIZ_MAX_TOKENS: the longest text this server takes (the model's own limit may be lower)
+MAX_TOKENS = 8192  # ATTNVIZ_MAX_TOKENS: the longest text this server takes (the model's own limit may be lower)
+FULL_MAPS_MB = 256  # ATTNVIZ_FULL_MAPS_MB: a text whose maps take more is shown tile by tile (attnviz.tiles)
 
 
 def _tokens_setting(name: str, default: int) -> int:
@@ -73,6 +75,51 @@ def is_light(model: str, device: str, src: str, tgt: str | None = None) -> bool:
     if n > most:
         raise InputError(f"the text is {n:,} tokens long; this server takes at most {most:,} (ATTNVIZ_MAX_TOKENS)")
     return n <= _tokens_setting("ATTNVIZ_LIGHT_TOKENS", LIGHT_TOKENS)
+
+
+@functools.lru_cache(maxsize=32)  # every page asks on every rerun; tokenising 8192 tokens takes milliseconds
+def maps_bytes(model: str, device: str, src: str, tgt: str | None = None) -> tuple[int, int]:
+    """(tokens, bytes): the text's length and about how much every attention map of it takes, float32.
+
+    A model that writes its own output is taken to write as many tokens as it reads. 0 bytes for a
+    text the model refuses (the page that runs it says why).
+    """
+    bundle = load_bundle(model, device)
+    cfg, tok = bundle.config, bundle.tokenizer
+    try:
+        S = len(tok.encode_source(src).ids)
+        T = len(tok.encode_target(tgt)[0].ids) if tgt and not (cfg.decoder_only or cfg.encoder_only) else S + 1
+    except AttnvizError:
+        return 0, 0
+    if cfg.decoder_only:
+        cells = cfg.n_dec_layers * S * S
+    elif cfg.encoder_only:
+        cells = cfg.n_enc_layers * S * S
+    else:
+        cells = cfg.n_enc_layers * S * S + cfg.n_dec_layers * (T * T + T * S)
+    return S, 4 * cfg.n_heads * cells
+
+
+def is_long(model: str, device: str, src: str, tgt: str | None = None) -> bool:
+    """Whether the text's maps take more than ``ATTNVIZ_FULL_MAPS_MB``: the explorer then shows it tile by tile."""
+    return maps_bytes(model, device, src, tgt)[1] > _tokens_setting("ATTNVIZ_FULL_MAPS_MB", FULL_MAPS_MB) * 2**20
+
+
+def size_text(n_bytes: float) -> str:
+    """'69 GB', '576 MB': a size for people."""
+    return f"{n_bytes / 2**30:,.1f} GB" if n_bytes >= 2**30 else f"{n_bytes / 2**20:,.0f} MB"
+
+
+def long_text_error(model: str, device: str, src: str, tgt: str | None = None) -> InputError:
+    """What a page that needs every map at once says of a text whose maps are too large for it."""
+    n, size = maps_bytes(model, device, src, tgt)
+    limit = _tokens_setting("ATTNVIZ_FULL_MAPS_MB", FULL_MAPS_MB)
+    return InputError(
+        f"this text is {n:,} tokens long: all its attention maps would take {size_text(size)}, more than this "
+        f"server makes at once (ATTNVIZ_FULL_MAPS_MB, {limit:,} MB). The Attention explorer shows every head of "
+        "it tile by tile (one head at full resolution, all heads max-pooled, the head statistics); this part of "
+        "the page needs every map at once: shorten the text for it"
+    )
 
 
 def compute(name: str, what: str, model: str | None, device: str, args: tuple, light: bool = False, progress=None):
@@ -114,6 +161,21 @@ JOB_RULES: dict[str, tuple[str, Callable[..., bool] | None]] = {
     "timing": ("Timing self-attention and a GRU", None),
     "rotary": ("Rotating the queries and keys again", lambda m, d, src, tgt, *_: is_light(m, d, src, tgt)),
     "position_kinds": ("Measuring three kinds of positions", is_light),
+    "tiled_layer": ("Reading the queries and keys of a long text, then one layer's heads", None),
+}
+# The jobs whose result holds, or is built from, every map of the sidebar's text at once: a text
+# whose maps are over ATTNVIZ_FULL_MAPS_MB is refused there with a message (the explorer shows it
+# tile by tile instead). Each gives where its (src, tgt) are among its arguments.
+MAP_JOBS: dict[str, Callable[[tuple], tuple[str, str | None]]] = {
+    "attention": lambda a: (a[0], a[1]),
+    "scores": lambda a: (a[0], a[1]),
+    "queries_keys": lambda a: (a[0], a[1]),  # the Q-K view compares its picture with the head's map
+    "forward_pass": lambda a: (a[0], a[1]),
+    "decoding": lambda a: (a[0], a[2]),
+    "attribution": lambda a: (a[0], a[1]),
+    "ablation": lambda a: (a[0], a[1]),
+    "rotary": lambda a: (a[0], a[1]),
+    "position_kinds": lambda a: (a[0], a[1]),
 }
 
 
@@ -134,6 +196,8 @@ def computed(name: str, model: str | None, device: str, *args) -> Any:
     """
     args = _canonical(name, args)
     what, rule = JOB_RULES[name]
+    if name in MAP_JOBS and model is not None and is_long(model, device, *MAP_JOBS[name](args)):
+        raise long_text_error(model, device, *MAP_JOBS[name](args))
 
     def make() -> Any:
         with st.spinner(f"{what}…"):

@@ -30,7 +30,7 @@ from typing import Any
 import streamlit as st
 
 from attnviz.app import present, registry
-from attnviz.app.cache import clearest_head, computed, load_bundle
+from attnviz.app.cache import clearest_head, computed, is_long, load_bundle
 from attnviz.app.links import footer
 from attnviz.app.session import Choices, sidebar
 from attnviz.app.widgets import guarded
@@ -83,6 +83,16 @@ class Context:
     def on_model(self, job: str, *args: Any) -> Any:
         """Job ``job`` on the loaded model with other inputs than the sidebar's sentence."""
         return computed(job, self.model, self.device, *args)
+
+    @property
+    def long(self) -> bool:
+        """Whether the sidebar's text is too long for every map at once: the explorer shows it tile by tile."""
+        return is_long(*self.key)
+
+    def layer_tiles(self, kind: str, layer: int):
+        """One layer of a long text's maps (:class:`attnviz.tiles.LayerTiles`): each head's queries and keys,
+        normalisers, statistics and thumbnail, from which any region of any head is computed."""
+        return computed("tiled_layer", *self.key, kind, layer)
 
     def clearest_head(self) -> tuple[str, int, int]:
         """(kind, layer, head) of the model's clearest head, where pickers open."""

@@ -14,7 +14,7 @@ import streamlit as st
 
 from attnviz import api
 from attnviz.app import links, present, registry
-from attnviz.app.cache import load_bundle
+from attnviz.app.cache import load_bundle, shared
 from attnviz.app.text import escape_markdown
 from attnviz.app.widgets import show_error
 from attnviz.checkpoints.catalog import visitor_model
@@ -87,8 +87,8 @@ def sidebar() -> Choices | None:
     no_target = bundle.config.encoder_only or bundle.config.decoder_only
     tgt = None if no_target else st.session_state.get("tgt", "").strip() or None
     src = st.session_state.get("src", "")
-    try:
-        notice = api.out_of_domain(bundle, src)
+    try:  # made once per text: a long one takes tens of milliseconds to read, on every rerun
+        notice = shared("out-of-domain", (model, device, src), lambda: api.out_of_domain(bundle, src))
     except AttnvizError:  # a sentence the model cannot read at all: the page says why
         notice = None
     return Choices(model=model, src=src, tgt=tgt, device=device, out_of_domain=notice)

@@ -8,12 +8,14 @@ heatmap. Every figure goes through :func:`attnviz.app.cache.shared`, keyed on wh
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 
 import numpy as np
 import plotly.graph_objects as go
 import streamlit as st
 
+from attnviz import tiles
 from attnviz.analysis import CLEAREST_RULE
 from attnviz.app.cache import shared
 from attnviz.app.links import bound
@@ -21,8 +23,9 @@ from attnviz.app.present import room
 from attnviz.app.widgets import clamp_state
 from attnviz.export import AttentionExport
 from attnviz.figures.attention import attention_heatmap
-from attnviz.figures.images import CONTRASTS, attention_image, scores_image
-from attnviz.kinds import TITLES, writing_labels
+from attnviz.figures.images import CONTRASTS, attention_image, pooled_attention_image, scores_image
+from attnviz.kinds import TITLES, causal_mask, writing_labels
+from attnviz.tiles import HeadQK, Scan
 
 KIND_NAMES = {"encoder": "encoder self-attention", "decoder": "decoder self-attention", "cross": "cross-attention"}
 
@@ -201,17 +204,11 @@ def zoom(
     """Two range sliders (bound to the URL as ``{prefix}zoom_q`` and ``{prefix}zoom_k``) and the region
     they choose as an exact heatmap: every weight on hover, the contrast's row maxima from whole rows.
     With ``scores`` the map holds scaled scores, shown on their own diverging scale."""
-    n_queries, n_keys = weights.shape
     st.caption(
         f"**Zoom** into a region (up to {ZOOM_MAX} x {ZOOM_MAX}): shown exactly below, with query, key and weight "
         "on hover. Dragging a box on the image above zooms it too."
     )
-    left, right = st.columns(2)
-    q_key, k_key = f"{prefix}zoom_q", f"{prefix}zoom_k"
-    keep_span(q_key, (0, min(n_queries, ZOOM_START) - 1), 0, n_queries - 1)
-    keep_span(k_key, (0, min(n_keys, ZOOM_START) - 1), 0, n_keys - 1)
-    q0, q1 = bound(left.slider, "Query positions", 0, n_queries - 1, key=q_key)
-    k0, k1 = bound(right.slider, "Key positions", 0, n_keys - 1, key=k_key)
+    q0, q1, k0, k1 = zoom_region(prefix, *weights.shape)
     if q1 - q0 >= ZOOM_MAX or k1 - k0 >= ZOOM_MAX:
         st.info(f"The zoom shows at most {ZOOM_MAX} positions per axis: the first {ZOOM_MAX} of the range chosen.")
         q1, k1 = min(q1, q0 + ZOOM_MAX - 1), min(k1, k0 + ZOOM_MAX - 1)
@@ -219,17 +216,159 @@ def zoom(
     fig = shared(
         "zoom",
         (*key, "scores" if scores else contrast, q0, q1, k0, k1, title),
-        lambda: attention_heatmap(
+        lambda: exact_region(
             weights[rows, cols],
-            query_tokens[rows],
-            key_tokens[cols],
+            (q0, k0),
+            query_tokens,
+            key_tokens,
             kind,
-            f"{title}: queries {q0}-{q1}, keys {k0}-{k1}",
+            title,
             None if mask is None else mask[rows, cols],
-            scores=scores,
-            query_start=q0,
-            key_start=k0,
-            **({} if scores else {"contrast": contrast, "row_max": weights[rows].max(axis=-1)}),
+            None if scores else contrast,
+            None if scores else weights[rows].max(axis=-1),
         ),
     )
     st.plotly_chart(room(fig), width="stretch", key=f"_{prefix}zoom_chart")
+
+
+def zoom_region(prefix: str, n_queries: int, n_keys: int) -> tuple[int, int, int, int]:
+    """The zoom's two range sliders, bound to the URL as ``{prefix}zoom_q`` and ``{prefix}zoom_k``:
+    (first query, last query, first key, last key), inclusive."""
+    left, right = st.columns(2)
+    q_key, k_key = f"{prefix}zoom_q", f"{prefix}zoom_k"
+    keep_span(q_key, (0, min(n_queries, ZOOM_START) - 1), 0, n_queries - 1)
+    keep_span(k_key, (0, min(n_keys, ZOOM_START) - 1), 0, n_keys - 1)
+    q0, q1 = bound(left.slider, "Query positions", 0, n_queries - 1, key=q_key)
+    k0, k1 = bound(right.slider, "Key positions", 0, n_keys - 1, key=k_key)
+    return q0, q1, k0, k1
+
+
+def exact_region(
+    weights: np.ndarray,
+    start: tuple[int, int],
+    query_tokens: Sequence[str],
+    key_tokens: Sequence[str],
+    kind: str,
+    title: str,
+    mask: np.ndarray | None,
+    contrast: str | None,
+    row_max: np.ndarray | None,
+) -> go.Figure:
+    """A region of a map whose first cell is at ``start`` (query, key), as an exact heatmap: its
+    weights under ``contrast`` with whole rows' ``row_max``, or (``contrast`` None) scaled scores."""
+    (q0, k0), (n_q, n_k) = start, weights.shape
+    return attention_heatmap(
+        weights,
+        query_tokens[q0 : q0 + n_q],
+        key_tokens[k0 : k0 + n_k],
+        kind,
+        f"{title}: queries {q0}-{q0 + n_q - 1}, keys {k0}-{k0 + n_k - 1}",
+        mask,
+        scores=contrast is None,
+        query_start=q0,
+        key_start=k0,
+        **({} if contrast is None else {"contrast": contrast, "row_max": row_max}),
+    )
+
+
+# ---------------------------------------------------------------------------------------------
+# A long map, tile by tile (attnviz.tiles): an overview, and any region of it
+
+
+OVERVIEW = 1024  # a long map's overview: at most this many pixels per axis, max-pooled
+DETAIL = 1024  # a zoomed region over ZOOM_MAX positions: at most this many pixels per axis
+
+
+def _zoom_to_box(chart: str, prefix: str, n_queries: int, n_keys: int) -> None:
+    """A box dragged on a picture of a long map sets the zoom's region (runs before the rerun).
+
+    The box is in the map's positions (a cell j spans j - 0.5 .. j + 0.5): every cell it touches is in.
+    """
+    event = st.session_state.get(chart)
+    boxes = event.selection.box if event is not None else []
+    if not boxes:
+        return
+    xs, ys = boxes[-1]["x"], boxes[-1]["y"]
+
+    def span(values, n: int) -> tuple[int, int]:
+        low = min(max(math.ceil(min(values) - 0.5), 0), n - 1)
+        return low, min(max(math.floor(max(values) + 0.5), low), n - 1)
+
+    st.session_state[f"{prefix}zoom_q"], st.session_state[f"{prefix}zoom_k"] = span(ys, n_queries), span(xs, n_keys)
+
+
+def _box_select(fig: go.Figure) -> go.Figure:
+    """``fig`` (new, not yet shared) with dragging a box selecting a region instead of zooming the picture."""
+    return fig.update_layout(dragmode="select", selectdirection="any")
+
+
+def long_one_head(
+    prefix: str,
+    key: tuple,
+    head: HeadQK,
+    scanned: Scan,
+    query_tokens: Sequence[str],
+    key_tokens: Sequence[str],
+    kind: str,
+    contrast: str,
+    title: str,
+    where=st,
+) -> None:
+    """One head of a long text, tile by tile: the whole map max-pooled to at most :data:`OVERVIEW` pixels,
+    and the zoom's region below it, exact up to :data:`ZOOM_MAX` positions a side, else pooled to at most
+    :data:`DETAIL` pixels. A box dragged on either picture becomes the zoom's region. The overview goes
+    into ``where`` (presenter mode's picture area), the rest below."""
+    Q, K = head.shape
+    per_row = contrast == "row"
+
+    def pooled(rows: tuple[int, int], cols: tuple[int, int], pixels: int, name: str) -> go.Figure:
+        values, allowed, blocks = tiles.region(head, scanned, rows, cols, pixels, per_row)
+        region = (rows, cols)
+        return _box_select(
+            pooled_attention_image(values, allowed, blocks, region, query_tokens, key_tokens, kind, contrast, name)
+        )
+
+    overview = shared("long-overview", (*key, contrast, title), lambda: pooled((0, Q), (0, K), OVERVIEW, title))
+    chart = f"_{prefix}overview_chart"
+    where.plotly_chart(
+        room(overview),
+        width="stretch",
+        key=chart,
+        on_select=lambda: _zoom_to_box(chart, prefix, Q, K),
+        selection_mode="box",
+    )
+    st.caption(
+        f"**Zoom**: drag a box on the map, or set the ranges. A region of up to {ZOOM_MAX} x {ZOOM_MAX} positions "
+        f"is shown exactly, with query, key and weight on hover; a larger one at up to {DETAIL} pixels a side, "
+        "where you can drag a box again."
+    )
+    q0, q1, k0, k1 = zoom_region(prefix, Q, K)
+    rows, cols = (q0, q1 + 1), (k0, k1 + 1)
+    if q1 - q0 < ZOOM_MAX and k1 - k0 < ZOOM_MAX:
+        fig = shared(
+            "long-zoom",
+            (*key, contrast, rows, cols, title),
+            lambda: exact_region(
+                tiles.tile(head, scanned, rows, cols),
+                (q0, k0),
+                query_tokens,
+                key_tokens,
+                kind,
+                title,
+                causal_mask(q1 - q0 + 1, k1 - k0 + 1, q0 - k0) if head.causal else None,  # key <= query
+                contrast,
+                scanned.row_max[q0 : q1 + 1],
+            ),
+        )
+        st.plotly_chart(room(fig), width="stretch", key=f"_{prefix}zoom_chart")
+        return
+    name = f"{title}: queries {q0}-{q1}, keys {k0}-{k1}"
+    detail = shared("long-detail", (*key, contrast, rows, cols, title), lambda: pooled(rows, cols, DETAIL, name))
+    chart = f"_{prefix}detail_chart"
+    st.plotly_chart(
+        room(detail),
+        width="stretch",
+        key=chart,
+        on_select=lambda: _zoom_to_box(chart, prefix, Q, K),
+        selection_mode="box",
+    )

@@ -147,10 +147,12 @@ def legend_trace(colorscale: str, bar: dict) -> go.Scatter:
     )
 
 
-def position_ticks(labels: list[str], max_labels: int = 40) -> dict:
-    """Numeric-axis ticks at every n-th position, labelled with the position-prefixed tokens."""
-    step = max(1, math.ceil(len(labels) / max_labels))
-    positions = list(range(0, len(labels), step))
+def position_ticks(labels: list[str], max_labels: int = 40, span: tuple[int, int] | None = None) -> dict:
+    """Numeric-axis ticks at every n-th position of ``span`` (start, stop; default all), labelled with
+    the position-prefixed tokens."""
+    start, stop = span or (0, len(labels))
+    step = max(1, math.ceil((stop - start) / max_labels))
+    positions = list(range(start, stop, step))
     return {"tickmode": "array", "tickvals": positions, "ticktext": [labels[i] for i in positions]}
 
 
@@ -163,42 +165,50 @@ def map_image(
     axis_titles: tuple[str, str],
     title: str,
     note: str,
+    region: tuple[tuple[int, int], tuple[int, int]] | None = None,
+    blocks: tuple[int, int] = (1, 1),
 ) -> go.Figure:
-    """One map's palette indices (Q, K) drawn as an image, one pixel per cell, with its colour bar.
+    """One map's palette indices drawn as an image, one pixel per cell (or per block), with its colour bar.
 
     Rows are queries, columns keys: ``labels`` and ``axis_titles`` are (queries, keys), the labels
-    ready for plotly (escaped); keys are labelled along the top, rotated. Hover gives the query and
-    key positions. Zoom with the mouse (drag a box; double-click to reset): cells stay sharp squares.
+    ready for plotly (escaped); keys are labelled along the top, rotated. The image covers
+    ``region`` ((r0, r1), (c0, c1), half-open; default the whole of ``labels``), one pixel per block
+    of ``blocks`` (rows, columns) positions, so the axes keep the map's own positions. Hover gives
+    the query and key positions. Zoom with the mouse (drag a box; double-click to reset): cells stay
+    sharp squares.
     """
-    Q, K = indices.shape
     (query_labels, key_labels), (y_title, x_title) = labels, axis_titles
+    (r0, r1), (c0, c1) = region or ((0, len(query_labels)), (0, len(key_labels)))
+    fr, fc = blocks
+    pooled = fr > 1 or fc > 1
+    hover = "around query %{y:.0f}<br>key %{x:.0f}" if pooled else "query %{y}<br>key %{x}"
     fig = go.Figure(
         [
             go.Image(
                 source=png_data_uri(indices, colorscale),
-                x0=0,
-                y0=0,
-                dx=1,
-                dy=1,
+                x0=c0 + (fc - 1) / 2,  # the centre of the first block
+                y0=r0 + (fr - 1) / 2,
+                dx=fc,
+                dy=fr,
                 name=name,
-                hovertemplate="query %{y}<br>key %{x}<extra></extra>",
+                hovertemplate=hover + "<extra></extra>",
             ),
             legend_trace(colorscale, bar),
         ]
     )
     fig.update_layout(
-        height=max(360, min(900, Q + 260)),
+        height=max(360, min(900, indices.shape[0] + 260)),
         plot_bgcolor="white",
-        **above_top_labels(title, key_labels, angle=90, subtitle=note),
+        **above_top_labels(title, key_labels[c0:c1], angle=90, subtitle=note),
     )
     fig.update_xaxes(
         title=x_title,
         side="top",
         tickangle=-90,
-        range=[-0.5, K - 0.5],
-        **position_ticks(key_labels, max_labels=30),
+        range=[c0 - 0.5, c1 - 0.5],
+        **position_ticks(key_labels, max_labels=30, span=(c0, c1)),
     )
-    fig.update_yaxes(title=y_title, range=[Q - 0.5, -0.5], **position_ticks(query_labels))
+    fig.update_yaxes(title=y_title, range=[r1 - 0.5, r0 - 0.5], **position_ticks(query_labels, span=(r0, r1)))
     return fig
 
 
@@ -233,6 +243,56 @@ def attention_image(
     return map_image(indices, WEIGHT_COLORSCALE, bar, "weights", labels, (y_title, x_title), title or kind_title, note)
 
 
+def pooled_attention_image(
+    values: np.ndarray,
+    allowed: np.ndarray,
+    blocks: tuple[int, int],
+    region: tuple[tuple[int, int], tuple[int, int]],
+    query_tokens: Sequence[str],
+    key_tokens: Sequence[str],
+    kind: str,
+    contrast: str = "linear",
+    title: str | None = None,
+) -> go.Figure:
+    """A region of one head's map, max-pooled (:func:`attnviz.tiles.region`), as an image under ``contrast``.
+
+    ``values`` (h, w) is the largest weight of each block of ``blocks`` (rows, columns) positions,
+    or, for the ``row`` contrast, the largest weight / its row's largest weight (rows run on beyond
+    the region, so the region cannot rescale them itself). ``allowed`` (h, w) is False where every
+    cell of a block is masked: grey. The axes keep the map's positions (``region``: (r0, r1), (c0, c1)).
+    """
+    kind_title, y_title, x_title = kind_titles(kind)
+    values = as_array(values, "values", 2)
+    ((r0, r1), (c0, c1)), (fr, fc) = region, blocks
+    expected = (math.ceil((r1 - r0) / fr), math.ceil((c1 - c0) / fc))
+    allowed = np.asarray(allowed, dtype=bool)
+    if values.shape != expected or allowed.shape != expected:
+        raise ValueError(f"a region {region} in blocks of {blocks} is {expected} pixels; got {values.shape}")
+    coloured = contrast_values(values, "linear" if check_contrast(contrast) == "row" else contrast)
+    indices = colour_indices(coloured, ~allowed)
+    note = f"queries {r0}-{r1 - 1}, keys {c0}-{c1 - 1}; contrast: {CONTRASTS[contrast]}"
+    if fr > 1 or fc > 1:
+        note = f"each pixel the largest of {fr} x {fc} weights (max-pooled); " + note
+    else:
+        note = "one pixel per weight; " + note
+    if not allowed.all():
+        note += "; grey: masked"
+    labels = (plotly_labels(query_tokens), plotly_labels(key_tokens))
+    bar = colour_bar(contrast)
+    return map_image(
+        indices,
+        WEIGHT_COLORSCALE,
+        bar,
+        "weights",
+        labels,
+        (y_title, x_title),
+        title or kind_title,
+        note,
+        region=region,
+        blocks=blocks,
+    )
+
+
 def grid_layout(n_layers: int, n_heads: int, rows: int, cols: int) -> tuple[int, int, list[int], list[int]]:
     """(width, height, column starts, row starts) in pixels of a layers x heads mosaic of rows x cols thumbnails."""
     gap_x, gap_y = max(1, round(GAP * cols)), max(1, round(GAP * rows))
@@ -261,13 +321,10 @@ def head_grid(
     and a click on it can open the head (``st.plotly_chart(on_select=...)``). ``selected`` (layer,
     head), from 1, is outlined.
     """
-    kind_title, y_title, x_title = kind_titles(kind)
     maps = as_array(maps, "maps", 4)
     L, H, Q, K = maps.shape
     check_tokens(Q, query_tokens, "query")
     check_tokens(K, key_tokens, "key")
-    if selected is not None and not (1 <= selected[0] <= L and 1 <= selected[1] <= H):
-        raise ValueError(f"selected is (layer, head) from 1; these maps have {L} layers and {H} heads, got {selected}")
     if thumbnail < 1:
         raise ValueError(f"thumbnail must be at least 1 pixel, got {thumbnail}")
     check_contrast(contrast)
@@ -276,14 +333,63 @@ def head_grid(
     if mask is not None:
         allowed_blocks = downsample(mask.astype(np.float64), thumbnail, how="max")[0] > 0
     rows, cols = min(Q, thumbnail), min(K, thumbnail)
+
+    def tile(layer: int, head: int) -> np.ndarray:  # one head at a time: every head at once is L*H*Q*K float64s
+        pooled = downsample(contrast_values(maps[layer, head], contrast), thumbnail, how="max")[0]
+        return colour_indices(pooled, None if allowed_blocks is None else ~allowed_blocks)
+
+    pooled = (math.ceil(Q / rows), math.ceil(K / cols))
+    return _grid_figure(tile, (L, H), (rows, cols), pooled, kind, contrast, selected)
+
+
+def pooled_head_grid(
+    thumbnails: np.ndarray,
+    allowed: np.ndarray,
+    blocks: tuple[int, int],
+    kind: str,
+    contrast: str = "linear",
+    selected: tuple[int, int] | None = None,
+) -> go.Figure:
+    """:func:`head_grid` of thumbnails already max-pooled from queries and keys (:mod:`attnviz.tiles`).
+
+    ``thumbnails`` (L, H, 2, h, w): each head's largest weight per block of ``blocks`` positions, and
+    the largest weight / its row's largest weight (:attr:`attnviz.tiles.LayerTiles.thumbnails`);
+    ``allowed`` (h, w) is False where every cell of a block is masked.
+    """
+    thumbnails = np.asarray(thumbnails, dtype=np.float32)
+    if thumbnails.ndim != 5 or thumbnails.shape[2] != 2:
+        raise ValueError(f"thumbnails must be (layers, heads, 2, h, w), got {thumbnails.shape}")
+    L, H, _, h, w = thumbnails.shape
+    masked = ~np.asarray(allowed, dtype=bool)
+    which, shown = (1, "linear") if check_contrast(contrast) == "row" else (0, contrast)
+
+    def tile(layer: int, head: int) -> np.ndarray:
+        return colour_indices(contrast_values(thumbnails[layer, head, which], shown), masked)
+
+    return _grid_figure(tile, (L, H), (h, w), blocks, kind, contrast, selected)
+
+
+def _grid_figure(
+    tile,
+    heads_shape: tuple[int, int],
+    size: tuple[int, int],
+    pooled: tuple[int, int],
+    kind: str,
+    contrast: str,
+    selected: tuple[int, int] | None,
+) -> go.Figure:
+    """The mosaic of :func:`head_grid`: ``tile(layer, head)`` (from 0) gives each head's palette indices."""
+    kind_title, y_title, x_title = kind_titles(kind)
+    (L, H), (rows, cols), (pooled_rows, pooled_cols) = heads_shape, size, pooled
+    if selected is not None and not (1 <= selected[0] <= L and 1 <= selected[1] <= H):
+        raise ValueError(f"selected is (layer, head) from 1; these maps have {L} layers and {H} heads, got {selected}")
     width, height, starts_x, starts_y = grid_layout(L, H, rows, cols)
     indices = np.full((height, width), BACKGROUND_INDEX, dtype=np.uint8)
     for layer in range(L):
-        for head in range(H):  # one head at a time: the contrast of every head at once is L*H*Q*K float64s
-            pooled = downsample(contrast_values(maps[layer, head], contrast), thumbnail, how="max")[0]
-            tile = colour_indices(pooled, None if allowed_blocks is None else ~allowed_blocks)
-            indices[starts_y[layer] : starts_y[layer] + rows, starts_x[head] : starts_x[head] + cols] = tile
-    pooled_rows, pooled_cols = math.ceil(Q / rows), math.ceil(K / cols)
+        for head in range(H):
+            indices[starts_y[layer] : starts_y[layer] + rows, starts_x[head] : starts_x[head] + cols] = tile(
+                layer, head
+            )
     centres_x = [x + (cols - 1) / 2 for x in starts_x]
     centres_y = [y + (rows - 1) / 2 for y in starts_y]
     heads = [(layer, head) for layer in range(1, L + 1) for head in range(1, H + 1)]
