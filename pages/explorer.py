@@ -2,6 +2,7 @@
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import TypeVar
 
 import numpy as np
 import streamlit as st
@@ -28,6 +29,7 @@ from attnviz.figures.embedding import COLOUR_BY, qk_scatter
 from attnviz.figures.images import head_grid, pooled_head_grid
 from attnviz.kinds import KINDS, TITLES, allowed
 
+T = TypeVar("T")
 INTRO = (
     "Rows are queries, columns are keys: row i shows how the token at position i mixes the values "
     "of the tokens it attends to, and sums to 1. Cross-attention has target rows and source columns. A decoder "
@@ -394,22 +396,18 @@ class LongPicked:
     def key(self) -> tuple:
         return (*self.ctx.key, self.kind, "tiled")
 
-    def layers(self, what: str) -> list:
-        """``what`` (an attribute of :class:`attnviz.tiles.LayerTiles`) of every layer, with a progress bar
-        while layers are fetched; each kept for every session, small (not the queries and keys)."""
+    def layers(self, name: str, part: Callable[[tiles.LayerTiles], T]) -> list[T]:
+        """``part`` of every layer's :class:`attnviz.tiles.LayerTiles`, with a progress bar while layers are
+        fetched. Each part is kept for every session under ``name``: it is small, where a layer's queries
+        and keys need not stay for it (the budget may let them go)."""
         L = self.ctx.bundle.config.n_layers_of(self.kind)
         bar = st.progress(0.0, text=f"Every head of {L} layers, one layer at a time…")
         found = []
         for layer in range(1, L + 1):
-            found.append(shared(f"long-{what}", (*self.key, layer), lambda lr=layer: long_part(self, lr, what)))
+            found.append(shared(name, (*self.key, layer), lambda n=layer: part(self.ctx.layer_tiles(self.kind, n))))
             bar.progress(layer / L, text=f"Every head of {L} layers, one layer at a time: {layer} done")
         bar.empty()
         return found
-
-
-def long_part(p: LongPicked, layer: int, what: str):
-    part = getattr(p.ctx.layer_tiles(p.kind, layer), what)
-    return part() if callable(part) else part
 
 
 def long_body(ctx: Context) -> None:
@@ -450,15 +448,14 @@ def long_one(p: LongPicked) -> None:
 
 
 def long_grid(p: LongPicked) -> None:
-    thumbnails = p.layers("thumbnails")
-    first = p.ctx.layer_tiles(p.kind, 1)  # cached by now: the grid's layers were just fetched
-    Q, K = len(first.tokens()[0]), len(first.tokens()[1])
-    allowed = tiles.allowed_blocks(p.kind == "decoder", (0, Q), (0, K), first.blocks)
-    fig = shared(
-        "long-grid",
-        (*p.key, p.contrast, p.layer, p.head),
-        lambda: pooled_head_grid(np.stack(thumbnails), allowed, first.blocks, p.kind, p.contrast, (p.layer, p.head)),
-    )
+    def grid() -> object:
+        parts = p.layers("long-thumbnails", lambda layer: (layer.thumbnails, layer.blocks, layer.heads[0].shape))
+        _, blocks, (Q, K) = parts[0]
+        allowed = tiles.allowed_blocks(p.kind == "decoder", (0, Q), (0, K), blocks)
+        thumbnails = np.stack([thumbnails for thumbnails, _, _ in parts])
+        return pooled_head_grid(thumbnails, allowed, blocks, p.kind, p.contrast, (p.layer, p.head))
+
+    fig = shared("long-grid", (*p.key, p.contrast, p.layer, p.head), grid)
     st.caption(
         "Every layer (rows) and head (columns), each max-pooled from its queries and keys; the outlined map is "
         "the layer and head chosen above. Click a map to open it."
@@ -476,8 +473,13 @@ def long_grid(p: LongPicked) -> None:
 
 
 def long_stats(p: LongPicked) -> None:
-    rows = [row for layer in p.layers("statistics") for row in layer]
-    table = shared("long-stats", p.key, lambda: tiles.statistics_frame(rows, p.kind))
+    table = shared(
+        "long-stats",
+        p.key,
+        lambda: tiles.statistics_frame(
+            [row for rows in p.layers("long-statistics", tiles.LayerTiles.statistics) for row in rows], p.kind
+        ),
+    )
     stats_table(table, f"{p.ctx.model.replace('/', '_')}-{p.kind}")
 
 
