@@ -129,7 +129,7 @@ def _check_maps(maps: np.ndarray, query_tokens: Sequence[str], key_tokens: Seque
     return maps
 
 
-def _aligned_keys(n_queries: int, n_keys: int, kind: str) -> np.ndarray:
+def aligned_keys(n_queries: int, n_keys: int, kind: str) -> np.ndarray:
     """Float key position each query lines up with: itself for self-attention, the scaled diagonal for cross."""
     positions = np.arange(n_queries, dtype=np.float64)
     if kind != "cross":
@@ -210,7 +210,7 @@ def head_statistics(
     entropy_norm = np.divide(entropy, log_allowed, out=np.zeros_like(entropy), where=allowed > 1)
 
     query_at = np.arange(n_queries)
-    aligned = _aligned_keys(n_queries, n_keys, kind)  # (Q,)
+    aligned = aligned_keys(n_queries, n_keys, kind)  # (Q,)
     distance = np.abs(aligned[:, None] - np.arange(n_keys)[None, :])  # (Q, K)
     diagonal_key = np.floor(aligned + 0.5).astype(int)
     has_previous = diagonal_key >= 1

@@ -33,7 +33,7 @@ import pandas as pd
 import torch
 from torch import Tensor
 
-from attnviz.analysis import DISTANCE_NOTES, _aligned_keys
+from attnviz.analysis import DISTANCE_NOTES, aligned_keys
 from attnviz.export import kind_tokens, written
 from attnviz.kinds import KINDS, check_kind
 
@@ -106,12 +106,12 @@ class Scan:
     column_maxima: np.ndarray | None  # (Q, ceil(K / column_block)) float32: each row's largest weight per block
     column_block: int
 
-    def weight_of(self, head: HeadQK, rows: np.ndarray, keys: np.ndarray) -> np.ndarray:
-        """The exact weights A[rows[n], keys[n]], float64 (0 where the mask blocks them)."""
-        q, k = head.queries[rows].astype(np.float64), head.keys[keys].astype(np.float64)
-        scores = (q * k).sum(-1) * head.scale
-        weights = np.exp(scores - self.lse[rows])
-        return np.where(head.causal & (keys > rows), 0.0, weights)
+
+def _weights_at(head: HeadQK, lse: np.ndarray, rows: np.ndarray, keys: np.ndarray) -> np.ndarray:
+    """A[rows[n], keys[n]] from the rows' normalisers ``lse``, float64 (0 where the mask blocks them)."""
+    q, k = head.queries[rows].astype(np.float64), head.keys[keys].astype(np.float64)
+    weights = np.exp((q * k).sum(-1) * head.scale - lse[rows])
+    return np.where(head.causal & (keys > rows), 0.0, weights)
 
 
 def scan(head: HeadQK, kind: str, column_block: int | None = None) -> Scan:
@@ -130,7 +130,7 @@ def scan(head: HeadQK, kind: str, column_block: int | None = None) -> Scan:
     entropy, distance = torch.empty(Q, dtype=torch.float64), torch.empty(Q, dtype=torch.float64)
     n_blocks = math.ceil(K / column_block) if column_block else 0
     maxima = torch.full((Q, n_blocks), float("-inf")) if column_block else None
-    aligned = torch.from_numpy(_aligned_keys(Q, K, kind).astype(np.float32))
+    aligned = torch.from_numpy(aligned_keys(Q, K, kind).astype(np.float32))
     key_at = torch.arange(K, dtype=torch.float32)
     starts, size = _row_blocks(head)
     for r0 in starts:
@@ -162,18 +162,19 @@ def _row_statistics(head: HeadQK, kind: str, lse: np.ndarray, entropy: np.ndarra
     at = np.arange(Q)
     allowed = (at + 1) if kind == "decoder" else np.full(Q, K)
     log_allowed = np.log(allowed.astype(np.float64))
-    diagonal_key = np.floor(_aligned_keys(Q, K, kind) + 0.5).astype(int)
-    partial = Scan(lse, lse, {}, None, 0)  # weight_of needs the normaliser only
-    previous = partial.weight_of(head, at, np.maximum(diagonal_key - 1, 0))
+    diagonal_key = np.floor(aligned_keys(Q, K, kind) + 0.5).astype(int)
+    previous = _weights_at(head, lse, at, np.maximum(diagonal_key - 1, 0))
+    first = _weights_at(head, lse, at, np.zeros(Q, dtype=int))
+    none = np.full(Q, np.nan)
     return {
         "entropy": entropy,
         "entropy_norm": np.divide(entropy, log_allowed, out=np.zeros_like(entropy), where=allowed > 1),
         "mean_distance": distance,
-        "diagonal": partial.weight_of(head, at, diagonal_key),
+        "diagonal": _weights_at(head, lse, at, diagonal_key),
         "previous": np.where(diagonal_key >= 1, previous, np.nan),
-        "first": partial.weight_of(head, at, np.zeros(Q, dtype=int)),
-        "end": partial.weight_of(head, at, np.full(Q, K - 1)) if kind != "decoder" else np.full(Q, np.nan),
-        "bos": partial.weight_of(head, at, np.zeros(Q, dtype=int)) if kind == "decoder" else np.full(Q, np.nan),
+        "first": first,
+        "end": none if kind == "decoder" else _weights_at(head, lse, at, np.full(Q, K - 1)),
+        "bos": first if kind == "decoder" else none,
     }
 
 
