@@ -716,6 +716,22 @@ def queries_keys(
     return vectors
 
 
+def maps_size(bundle: Bundle, src: str, tgt: str | None = None, generate: int = 0) -> tuple[int, int]:
+    """(tokens, bytes): the text's length in tokens, and about how many bytes every attention map of it
+    takes in float32, before any is made. A model that writes its own output is taken to write as
+    many tokens as it reads; a language model's ``generate`` tokens are counted."""
+    cfg, tok = bundle.config, bundle.tokenizer
+    S = len(tok.encode_source(src).ids)
+    T = len(tok.encode_target(tgt)[0].ids) if tgt and not (cfg.decoder_only or cfg.encoder_only) else S + 1
+    if cfg.decoder_only:
+        cells = cfg.n_dec_layers * (S + generate) ** 2
+    elif cfg.encoder_only:
+        cells = cfg.n_enc_layers * S * S
+    else:
+        cells = cfg.n_enc_layers * S * S + cfg.n_dec_layers * (T * T + T * S)
+    return S, 4 * cfg.n_heads * cells
+
+
 @torch.no_grad()
 def tiled_attention(bundle: Bundle, src: str, tgt: str | None = None, *, generate: int = 0) -> TiledAttention:
     """Every head's queries and keys for ``src``, from which any map is computed tile by tile.

@@ -212,9 +212,18 @@ def _inputs_line(export, unit: str) -> str:
 
 
 def _attention(args) -> None:
-    from attnviz.api import attention, load
+    from attnviz.api import attention, load, maps_size
+    from attnviz.export import max_export_bytes
 
-    export = attention(load(args.model, args.device), args.src, args.tgt, words=args.words, generate=args.generate)
+    bundle = load(args.model, args.device)
+    n, size = maps_size(bundle, args.src, args.tgt, args.generate)
+    if size > max_export_bytes():  # a file attnviz's own diff and snapshot plugin would refuse to read
+        raise InputError(
+            f"the text is {n:,} tokens: its maps would take about {size / 2**20:,.0f} MB, over the "
+            f"{max_export_bytes() / 2**20:,.0f} MB an export may hold (ATTNVIZ_MAX_EXPORT_MB raises it); "
+            "attnviz.tiled_attention in Python computes any head of it tile by tile"
+        )
+    export = attention(bundle, args.src, args.tgt, words=args.words, generate=args.generate)
     path = export.save(args.out)
     L, H = (export.encoder if export.encoder is not None else export.decoder).shape[:2]
     unit = "words" if args.words else "tokens"

@@ -32,6 +32,7 @@ PUBLIC: dict[str, tuple[str, ...]] = {
         "load",
         "load_atlas",
         "load_export",
+        "maps_size",
         "out_of_domain",
         "queries_keys",
         "resolve_model",

@@ -389,3 +389,28 @@ def test_diff_exit_codes_from_the_console_script(exports):
     assert proc.returncode == 1 and "layer 2, head 3" in proc.stdout
     proc = run_cli("diff", exports["golden"], exports["corrupt"])
     assert proc.returncode == 2 and proc.stderr.count("\n") == 1 and "Traceback" not in proc.stderr
+
+
+def test_attention_of_a_text_whose_maps_are_over_the_export_limit_is_exit_2_before_any_map(
+    tmp_path, capsys, monkeypatch
+):
+    bundle = attnviz.load("reverse", device="cpu")
+    text = "a b c d e f g h"
+    tokens, size = attnviz.maps_size(bundle, text, "h g f e d c b a")
+    export = attnviz.attention(bundle, text, "h g f e d c b a")
+    assert tokens == len(export.src_tokens)
+    assert size == sum(getattr(export, k).nbytes for k in ("encoder", "decoder", "cross"))  # exact when given
+    monkeypatch.setenv("ATTNVIZ_MAX_EXPORT_MB", str(size / 2 / 2**20))
+    out = tmp_path / "maps.npz"
+    assert main(["attention", "--model", "reverse", "--src", text, "--tgt", "h g f e d c b a", "--out", str(out)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "tiled_attention" in err and "ATTNVIZ_MAX_EXPORT_MB" in err
+    assert not out.exists()
+    monkeypatch.setenv("ATTNVIZ_MAX_EXPORT_MB", str(2 * size / 2**20))
+    assert main(["attention", "--model", "reverse", "--src", text, "--tgt", "h g f e d c b a", "--out", str(out)]) == 0
+
+
+def test_maps_size_of_a_language_model_counts_the_generated_tokens():
+    lm = attnviz.load("induction", device="cpu")
+    export = attnviz.attention(lm, "q w e r t y q w", generate=3)
+    assert attnviz.maps_size(lm, "q w e r t y q w", generate=3)[1] == export.decoder.nbytes

@@ -79,25 +79,12 @@ def is_light(model: str, device: str, src: str, tgt: str | None = None) -> bool:
 
 @functools.lru_cache(maxsize=32)  # every page asks on every rerun; tokenising 8192 tokens takes milliseconds
 def maps_bytes(model: str, device: str, src: str, tgt: str | None = None) -> tuple[int, int]:
-    """(tokens, bytes): the text's length and about how much every attention map of it takes, float32.
-
-    A model that writes its own output is taken to write as many tokens as it reads. 0 bytes for a
-    text the model refuses (the page that runs it says why).
-    """
-    bundle = load_bundle(model, device)
-    cfg, tok = bundle.config, bundle.tokenizer
+    """(tokens, bytes) of the text's maps (:func:`attnviz.api.maps_size`); (0, 0) for a text the model
+    refuses (the page that runs it says why)."""
     try:
-        S = len(tok.encode_source(src).ids)
-        T = len(tok.encode_target(tgt)[0].ids) if tgt and not (cfg.decoder_only or cfg.encoder_only) else S + 1
+        return api.maps_size(load_bundle(model, device), src, tgt)
     except AttnvizError:
         return 0, 0
-    if cfg.decoder_only:
-        cells = cfg.n_dec_layers * S * S
-    elif cfg.encoder_only:
-        cells = cfg.n_enc_layers * S * S
-    else:
-        cells = cfg.n_enc_layers * S * S + cfg.n_dec_layers * (T * T + T * S)
-    return S, 4 * cfg.n_heads * cells
 
 
 def is_long(model: str, device: str, src: str, tgt: str | None = None) -> bool:
