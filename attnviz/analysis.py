@@ -176,6 +176,11 @@ def head_statistics(
       A head with most of its weight there uses it as an attention sink (Xiao et al., 2023): it
       parks its weight where it changes the output least. Equal to ``first`` for the decoder,
       named for what it is there.
+    - ``induction``: decoder self-attention only, over the queries whose token occurred before
+      (:func:`induction_targets`), the weight on the token right after its latest earlier occurrence:
+      what an induction head attends to, to copy it (Olsson et al., 2022). On a text that repeats no
+      token, and for the other kinds, NaN. The atlas measures it on repeated random tokens instead
+      (:func:`repeat_scores`); here it is measured on the text itself.
 
     Raises ValueError when the shape, the tokens or the kind do not fit, when rows are not
     distributions (sum 1, or 0 when fully masked: not a :func:`head_max` map), or when a decoder
@@ -226,13 +231,30 @@ def head_statistics(
             np.full((n_layers, n_heads), np.nan) if kind == "decoder" else _mean_over(weights[..., n_keys - 1], real)
         ),
         "bos": _mean_over(weights[..., 0], real) if kind == "decoder" else np.full((n_layers, n_heads), np.nan),
+        "induction": np.full((n_layers, n_heads), np.nan),
     }
+    rows, keys = induction_targets(query_tokens) if kind == "decoder" else (np.zeros(0, dtype=int),) * 2
+    if rows.size:
+        columns["induction"] = weights[..., rows, keys].mean(axis=-1)
     layer, head = np.meshgrid(np.arange(1, n_layers + 1), np.arange(1, n_heads + 1), indexing="ij")
     frame = pd.DataFrame(
         {"layer": layer.ravel(), "head": head.ravel(), **{name: v.ravel() for name, v in columns.items()}}
     )
     frame.attrs["distance_note"] = DISTANCE_NOTES[kind]
     return frame
+
+
+def induction_targets(tokens: Sequence[str]) -> tuple[np.ndarray, np.ndarray]:
+    """(queries, keys): each position whose token occurred before, and the position right after that
+    token's latest earlier occurrence (what an induction head attends to). Empty when no token repeats."""
+    last: dict[str, int] = {}
+    rows, keys = [], []
+    for i, token in enumerate(tokens):
+        if token in last:
+            rows.append(i)
+            keys.append(last[token] + 1)
+        last[token] = i
+    return np.array(rows, dtype=int), np.array(keys, dtype=int)
 
 
 SINK_SHARE = 0.5  # a head with at least this mean weight on the first or the last key mostly rests there

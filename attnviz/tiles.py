@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -33,12 +34,12 @@ import pandas as pd
 import torch
 from torch import Tensor
 
-from attnviz.analysis import DISTANCE_NOTES, aligned_keys
+from attnviz.analysis import DISTANCE_NOTES, aligned_keys, induction_targets
 from attnviz.export import kind_tokens, written
 from attnviz.kinds import KINDS, check_kind
 
 BLOCK_ELEMENTS = 1 << 20  # scores per block of query rows (4 MB of float32): a block stays in the CPU's cache
-STATISTICS = ("entropy", "entropy_norm", "mean_distance", "diagonal", "previous", "first", "end", "bos")
+STATISTICS = ("entropy", "entropy_norm", "mean_distance", "diagonal", "previous", "first", "end", "bos", "induction")
 
 
 @dataclass(frozen=True)
@@ -114,12 +115,13 @@ def _weights_at(head: HeadQK, lse: np.ndarray, rows: np.ndarray, keys: np.ndarra
     return np.where(head.causal & (keys > rows), 0.0, weights)
 
 
-def scan(head: HeadQK, kind: str, column_block: int | None = None) -> Scan:
+def scan(head: HeadQK, kind: str, column_block: int | None = None, tokens: Sequence[str] | None = None) -> Scan:
     """Every row's normaliser, largest weight and statistics in one pass over blocks of rows.
 
     With ``column_block``, also each row's largest weight in each block of that many columns: the
     makings of max-pooled pictures (:func:`pooled_from_scan`). The statistics per row are those
-    :func:`attnviz.analysis.head_statistics` averages, with the same definitions.
+    :func:`attnviz.analysis.head_statistics` averages, with the same definitions; ``induction``
+    needs the query ``tokens`` (without them it is NaN).
     """
     check_kind(kind)
     if head.causal != (kind == "decoder"):
@@ -151,12 +153,14 @@ def scan(head: HeadQK, kind: str, column_block: int | None = None) -> Scan:
             block_max = padded.view(r1 - r0, n_blocks, column_block).amax(-1)
             maxima[r0:r1] = torch.exp(block_max - block_lse[:, None])
     lse_np = lse.numpy()
-    rows = _row_statistics(head, kind, lse_np, entropy.numpy(), distance.numpy())
+    rows = _row_statistics(head, kind, lse_np, entropy.numpy(), distance.numpy(), tokens)
     maxima_np = None if maxima is None else maxima.numpy()
     return Scan(lse_np, row_max.numpy(), rows, maxima_np, column_block or 0)
 
 
-def _row_statistics(head: HeadQK, kind: str, lse: np.ndarray, entropy: np.ndarray, distance: np.ndarray) -> dict:
+def _row_statistics(
+    head: HeadQK, kind: str, lse: np.ndarray, entropy: np.ndarray, distance: np.ndarray, tokens: Sequence[str] | None
+) -> dict:
     """The per-row quantities of :func:`attnviz.analysis.head_statistics`, from a scan's sums."""
     Q, K = head.shape
     at = np.arange(Q)
@@ -175,7 +179,16 @@ def _row_statistics(head: HeadQK, kind: str, lse: np.ndarray, entropy: np.ndarra
         "first": first,
         "end": none if kind == "decoder" else _weights_at(head, lse, at, np.full(Q, K - 1)),
         "bos": first if kind == "decoder" else none,
+        "induction": _induction(head, lse, tokens) if kind == "decoder" and tokens is not None else none,
     }
+
+
+def _induction(head: HeadQK, lse: np.ndarray, tokens: Sequence[str]) -> np.ndarray:
+    """Per query row, the weight on the token after its token's latest earlier occurrence; NaN where none."""
+    rows, keys = induction_targets(tokens)
+    per_row = np.full(head.shape[0], np.nan)
+    per_row[rows] = _weights_at(head, lse, rows, keys)
+    return per_row
 
 
 def statistics_row(scanned: Scan) -> dict[str, float]:
@@ -376,8 +389,9 @@ class TiledAttention:
         blocks = (block_size(Q, thumbnail), block_size(K, thumbnail))
         heads = tuple(self.head(kind, layer, h) for h in range(1, H + 1))
         scans, thumbnails = [], []
+        queries = self.tokens(kind)[0]
         for one in heads:
-            full = scan(one, kind, blocks[1])
+            full = scan(one, kind, blocks[1], queries)
             thumbnails.append([pooled_from_scan(full, blocks[0], per_row_max) for per_row_max in (False, True)])
             scans.append(dataclasses.replace(full, column_maxima=None))  # Q x K / block floats: not kept
         labels = (*self.tokens(kind), self.writes())
@@ -386,8 +400,9 @@ class TiledAttention:
     def statistics(self, kind: str) -> pd.DataFrame:
         """:func:`attnviz.analysis.head_statistics` of ``kind``, every head, computed tile by tile."""
         L, H, _, _ = self.shape(kind)
+        queries = self.tokens(kind)[0]
         rows = [
-            {"layer": layer, "head": h, **statistics_row(scan(self.head(kind, layer, h), kind))}
+            {"layer": layer, "head": h, **statistics_row(scan(self.head(kind, layer, h), kind, None, queries))}
             for layer in range(1, L + 1)
             for h in range(1, H + 1)
         ]

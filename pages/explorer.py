@@ -305,7 +305,9 @@ def stats_table(table, stem: str) -> None:
         f"positions ({table.attrs.get('distance_note', '')}). **diagonal / previous / first / end**: "
         "share of weight on the same position, the one before, the first token and the last token. "
         "**bos** (decoder self-attention): the share on position 0, the start token or a language model's "
-        "first token; a head that parks most of its weight there uses it as an attention sink."
+        "first token; a head that parks most of its weight there uses it as an attention sink. **induction** "
+        "(decoder self-attention, on a text that repeats tokens): the share on the token right after the "
+        "current token's latest earlier occurrence, where an induction head looks to copy what came next."
     )
     st.dataframe(
         table.round(4),

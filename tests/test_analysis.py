@@ -14,6 +14,7 @@ from attnviz.analysis import (
     head_max,
     head_mean,
     head_statistics,
+    induction_targets,
     long_form,
 )
 
@@ -153,8 +154,9 @@ def test_statistics_rows_are_layer_and_head_from_one():
         "first",
         "end",
         "bos",
+        "induction",
     ]
-    assert frame["bos"].isna().all()  # encoder self-attention has no start token
+    assert frame["bos"].isna().all() and frame["induction"].isna().all()  # decoder self-attention only
     assert list(zip(frame["layer"], frame["head"], strict=True)) == [(1, 1), (1, 2), (1, 3), (2, 1), (2, 2), (2, 3)]
     sharp = frame[frame["diagonal"] > 0.99]
     assert list(zip(sharp["layer"], sharp["head"], strict=True)) == [(2, 3)]
@@ -334,3 +336,18 @@ def test_downsample_limits_each_axis_separately_and_leaves_small_matrices_alone(
 def test_downsample_rejects_bad_input(matrix, max_size):
     with pytest.raises(ValueError):
         downsample(matrix, max_size)
+
+
+def test_induction_is_the_weight_on_the_token_after_the_latest_earlier_occurrence():
+    tokens = ("<s>", "a", "b", "c", "a", "b", "a")  # a at 4 follows 1; b at 5 follows 2; a at 6 follows 4
+    rows, keys = induction_targets(tokens)
+    assert rows.tolist() == [4, 5, 6] and keys.tolist() == [2, 3, 5]
+    T = len(tokens)
+    maps = np.tril(np.ones((T, T)))
+    maps /= maps.sum(-1, keepdims=True)
+    maps[rows] = 0.0
+    maps[rows, keys] = [1.0, 0.5, 0.25]  # the rest of each row on the diagonal
+    maps[rows, rows] += [0.0, 0.5, 0.75]
+    s = _stats(_one_layer(maps), tokens, tokens, "decoder")
+    assert s["induction"] == pytest.approx((1.0 + 0.5 + 0.25) / 3)
+    assert math.isnan(_stats(_one_layer(maps[:4, :4]), tokens[:4], tokens[:4], "decoder")["induction"])

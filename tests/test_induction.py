@@ -127,3 +127,16 @@ def test_the_atlas_of_a_language_model_names_its_induction_head(bundle, heads, t
     assert (best["layer"], best["head"]) == (il, ih), "the atlas finds the card's induction head"
     assert again.manifest["roles"]["columns"] == ["induction", "bos"]
     assert atlas.heads["induction"].notna().all()
+
+
+def test_the_explorers_induction_statistic_is_the_plain_loop_on_a_clean_repeat(bundle, heads):
+    """On a text whose first half repeats no letter, every repeated query's target is i - period + 1."""
+    from attnviz.analysis import head_statistics
+
+    text = "q w e r t y u i q w e r t y u i"
+    export = attnviz.attention(bundle, text)
+    table = head_statistics(export.decoder, *export.tokens("decoder"), "decoder")
+    _, induction = plain_scores(export.decoder, 8)
+    np.testing.assert_allclose(table["induction"].to_numpy().reshape(induction.shape), induction, atol=1e-6)
+    layer, head = heads["induction"]
+    assert induction[layer - 1, head - 1] > 0.5, "the card's induction head does it on this text too"
