@@ -67,61 +67,22 @@ def build_random_model(folder: Path, max_len: int, n_layers: int = 2, n_heads: i
 
     The tokenizer knows the 26 letters as words ("▁a"), so :func:`letters` of n letters is n + 1 tokens.
     """
-    import torch
-
-    from attnviz.checkpoints.native import save_checkpoint
-    from attnviz.model import Transformer, TransformerConfig
-    from attnviz.tokenizer import train_sentencepiece
-
-    sentences = [" ".join(LETTERS[(i + j) % 26] for j in range(12)) for i in range(200)]
-    spm = train_sentencepiece(sentences, vocab_size=64, model_type="bpe")  # every "▁x" a piece
-    import sentencepiece
-
-    vocab = sentencepiece.SentencePieceProcessor(model_proto=spm).get_piece_size()
-    cfg = TransformerConfig(
-        src_vocab_size=vocab,
-        tgt_vocab_size=vocab,
-        n_enc_layers=n_layers,
-        n_dec_layers=n_layers,
-        d_model=d_model,
-        n_heads=n_heads,
-        d_ff=2 * d_model,
-        dropout=0.0,
-        max_len=max_len,
+    return _random_checkpoint(
+        folder, n_enc_layers=n_layers, n_dec_layers=n_layers, d_model=d_model, n_heads=n_heads, max_len=max_len
     )
-    torch.manual_seed(0)
-    model = Transformer(cfg).eval()
-    with torch.no_grad():  # sharper than the initialisation's near-uniform attention, so images are not flat
-        for name, p in model.named_parameters():
-            if name.endswith(("q_proj.weight", "k_proj.weight")):
-                p.mul_(4.0)
-    info = {"name": folder.name, "examples": [letters(12)]}
-    return save_checkpoint(model, folder, spm, info, f"# {folder.name}\n\nRandom weights, for benchmarks and tests.\n")
 
 
 def build_random_lm(folder: Path, max_len: int, n_layers: int = 2, n_heads: int = 4, d_model: int = 64) -> Path:
     """A random (seeded) language model of the Llama layout (rotary positions, RMSNorm, SwiGLU, two key/value
     heads) whose positions allow ``max_len`` tokens, with the letter tokenizer: :func:`letters` of n
     letters is n + 1 tokens, a BOS first."""
-    import torch
-
-    from attnviz.checkpoints.native import save_checkpoint
-    from attnviz.model import Transformer, TransformerConfig
-    from attnviz.tokenizer import SentencePieceTokenizer, train_sentencepiece
-
-    sentences = [" ".join(LETTERS[(i + j) % 26] for j in range(12)) for i in range(200)]
-    spm = train_sentencepiece(sentences, vocab_size=64, model_type="bpe")
-    vocab = SentencePieceTokenizer(spm, decoder_only=True).tgt_vocab_size
-    cfg = TransformerConfig(
-        src_vocab_size=vocab,
-        tgt_vocab_size=vocab,
+    return _random_checkpoint(
+        folder,
         n_enc_layers=0,
         n_dec_layers=n_layers,
         d_model=d_model,
         n_heads=n_heads,
         n_kv_heads=2,
-        d_ff=2 * d_model,
-        dropout=0.0,
         max_len=max_len,
         pos_encoding="rotary",
         norm_first=True,
@@ -132,6 +93,22 @@ def build_random_lm(folder: Path, max_len: int, n_layers: int = 2, n_heads: int 
         ffn_bias=False,
         scale_embedding=False,
     )
+
+
+def _random_checkpoint(folder: Path, **config) -> Path:
+    """A seeded random model of ``config`` (a TransformerConfig's fields) over the letter tokenizer, saved."""
+    import sentencepiece
+    import torch
+
+    from attnviz.checkpoints.native import save_checkpoint
+    from attnviz.model import Transformer, TransformerConfig
+    from attnviz.tokenizer import train_sentencepiece
+
+    sentences = [" ".join(LETTERS[(i + j) % 26] for j in range(12)) for i in range(200)]
+    spm = train_sentencepiece(sentences, vocab_size=64, model_type="bpe")  # every "▁x" a piece
+    vocab = sentencepiece.SentencePieceProcessor(model_proto=spm).get_piece_size()
+    d_model = config["d_model"]
+    cfg = TransformerConfig(src_vocab_size=vocab, tgt_vocab_size=vocab, d_ff=2 * d_model, dropout=0.0, **config)
     torch.manual_seed(0)
     model = Transformer(cfg).eval()
     with torch.no_grad():  # sharper than the initialisation's near-uniform attention, so images are not flat

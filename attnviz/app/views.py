@@ -302,6 +302,17 @@ def _box_select(fig: go.Figure) -> go.Figure:
     return fig.update_layout(dragmode="select", selectdirection="any")
 
 
+def _box_chart(where, fig: go.Figure, chart: str, prefix: str, shape: tuple[int, int]) -> None:
+    """``fig`` drawn in ``where``; a box dragged on it becomes the zoom's region (a map of ``shape``)."""
+    where.plotly_chart(
+        room(fig),
+        width="stretch",
+        key=chart,
+        on_select=lambda: _zoom_to_box(chart, prefix, *shape),
+        selection_mode="box",
+    )
+
+
 def long_one_head(
     prefix: str,
     key: tuple,
@@ -329,14 +340,7 @@ def long_one_head(
         )
 
     overview = shared("long-overview", (*key, contrast, title), lambda: pooled((0, Q), (0, K), OVERVIEW, title))
-    chart = f"_{prefix}overview_chart"
-    where.plotly_chart(
-        room(overview),
-        width="stretch",
-        key=chart,
-        on_select=lambda: _zoom_to_box(chart, prefix, Q, K),
-        selection_mode="box",
-    )
+    _box_chart(where, overview, f"_{prefix}overview_chart", prefix, (Q, K))
     st.caption(
         f"**Zoom**: drag a box on the map, or set the ranges. A region of up to {ZOOM_MAX} x {ZOOM_MAX} positions "
         f"is shown exactly, with query, key and weight on hover; a larger one at up to {DETAIL} pixels a side, "
@@ -364,11 +368,4 @@ def long_one_head(
         return
     name = f"{title}: queries {q0}-{q1}, keys {k0}-{k1}"
     detail = shared("long-detail", (*key, contrast, rows, cols, title), lambda: pooled(rows, cols, DETAIL, name))
-    chart = f"_{prefix}detail_chart"
-    st.plotly_chart(
-        room(detail),
-        width="stretch",
-        key=chart,
-        on_select=lambda: _zoom_to_box(chart, prefix, Q, K),
-        selection_mode="box",
-    )
+    _box_chart(st, detail, f"_{prefix}detail_chart", prefix, (Q, K))
