@@ -3,7 +3,7 @@
 import streamlit as st
 
 from attnviz.app import domain_notice, truncation_notice, views
-from attnviz.app.cache import maps_bytes, size_text
+from attnviz.app.cache import long_text
 from attnviz.app.frame import Context, frame
 from attnviz.app.present import room
 from attnviz.app.registry import PAGES
@@ -35,11 +35,7 @@ def show_teaser(ctx: Context) -> None:
     self-attention; the words and contrast controls sit below the map.
     """
     if ctx.long:  # every map at once would not fit: the explorer shows it tile by tile
-        n, size = maps_bytes(*ctx.key)
-        st.info(
-            f"This text is {n:,} tokens long: all its attention maps would take {size_text(size)}, more than this "
-            "server makes at once. The Attention explorer shows every head of it, tile by tile."
-        )
+        st.info(long_text(*ctx.key) + " The Attention explorer shows every head of it, tile by tile.")
         explorer = next(page for page in PAGES if page.path == "pages/explorer.py")
         st.page_link(explorer.path, label=f"Open it in the {explorer.title}", icon=explorer.icon)
         return

@@ -105,7 +105,6 @@ class Scan:
     row_max: np.ndarray  # (Q,) float32: the largest weight of each row
     rows: dict[str, np.ndarray]  # per query row: entropy, distance, and the weight on chosen keys (float64)
     column_maxima: np.ndarray | None  # (Q, ceil(K / column_block)) float32: each row's largest weight per block
-    column_block: int
 
 
 def _weights_at(head: HeadQK, lse: np.ndarray, rows: np.ndarray, keys: np.ndarray) -> np.ndarray:
@@ -155,7 +154,7 @@ def scan(head: HeadQK, kind: str, column_block: int | None = None, tokens: Seque
     lse_np = lse.numpy()
     rows = _row_statistics(head, kind, lse_np, entropy.numpy(), distance.numpy(), tokens)
     maxima_np = None if maxima is None else maxima.numpy()
-    return Scan(lse_np, row_max.numpy(), rows, maxima_np, column_block or 0)
+    return Scan(lse_np, row_max.numpy(), rows, maxima_np)
 
 
 def _row_statistics(
@@ -407,7 +406,3 @@ class TiledAttention:
             for h in range(1, H + 1)
         ]
         return statistics_frame(rows, kind)
-
-    def nbytes(self) -> int:
-        """The bytes its queries and keys hold."""
-        return sum(a.nbytes for a in (*self.queries.values(), *self.keys.values()))

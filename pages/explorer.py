@@ -9,7 +9,7 @@ import streamlit as st
 
 from attnviz import analysis, qk, tiles
 from attnviz.app import bound, clamp_state, domain_notice, download_buttons, shared, truncation_notice, views
-from attnviz.app.cache import maps_bytes, size_text
+from attnviz.app.cache import long_text
 from attnviz.app.frame import Context, frame
 from attnviz.app.present import picture_area, room
 from attnviz.app.views import (
@@ -146,11 +146,7 @@ def body(ctx: Context) -> None:
     truncation_notice(export)
     domain_notice(ctx.choices)
     kinds = [k for k in KINDS if getattr(export, k) is not None]
-    kind = kind_choice(kinds, "kind")
-    L, H = getattr(export, kind).shape[:2]
-    c1, c2, c3 = st.columns([1, 1, 2])
-    view = bound(c3.selectbox, "View", list(VIEWS), format_func=VIEWS.get, key="view")
-    layer, head = layer_and_head((c1, c2), kind, L, H, ctx.clearest_head())
+    kind, view, layer, head = choose(ctx, kinds, lambda k: getattr(export, k).shape[:2])
     picked = Picked(ctx, export, kind, layer, head, words, contrast)
     drawn = DRAW[view](picked)
     if drawn is None:  # the view drew itself
@@ -172,6 +168,16 @@ def body(ctx: Context) -> None:
         mask = None if scores else picked.mask()
         zoom("", key, matrix, rows, columns, kind, contrast, mask, title, scores=scores)
     download_buttons(drawn.table, lambda: ctx.export(words), fmt, drawn.name)
+
+
+def choose(ctx: Context, kinds: list[str], layers_heads: Callable[[str], tuple[int, int]]) -> tuple[str, str, int, int]:
+    """The kind, view, layer and head pickers: (kind, view, layer, head); ``layers_heads(kind)`` is (L, H)."""
+    kind = kind_choice(kinds, "kind")
+    L, H = layers_heads(kind)
+    c1, c2, c3 = st.columns([1, 1, 2])
+    view = bound(c3.selectbox, "View", list(VIEWS), format_func=VIEWS.get, key="view")
+    layer, head = layer_and_head((c1, c2), kind, L, H, ctx.clearest_head())
+    return kind, view, layer, head
 
 
 def draw_one(p: Picked) -> Drawn:
@@ -417,20 +423,15 @@ def long_body(ctx: Context) -> None:
     picture = picture_area()
     c1, c2 = st.columns([1, 3])
     words, contrast = words_and_contrast(c1, c2)
-    n, size = maps_bytes(*ctx.key)
     st.info(
-        f"This text is {n:,} tokens long: all its attention maps would take {size_text(size)}, more than this "
-        "server makes at once. Each head is computed tile by tile from its queries and keys, exactly, and "
+        long_text(*ctx.key) + " Each head is computed tile by tile from its queries and keys, exactly, and "
         "never the whole of every map: one head at full resolution through its zoom, every head max-pooled, "
         "and the head statistics." + (" Words would need every map: the maps below are over pieces." if words else "")
     )
     domain_notice(ctx.choices)
     cfg = ctx.bundle.config
     kinds = [k for k in KINDS if cfg.n_layers_of(k)]
-    kind = kind_choice(kinds, "kind")
-    c1, c2, c3 = st.columns([1, 1, 2])
-    view = bound(c3.selectbox, "View", list(VIEWS), format_func=VIEWS.get, key="view")
-    layer, head = layer_and_head((c1, c2), kind, cfg.n_layers_of(kind), cfg.n_heads, ctx.clearest_head())
+    kind, view, layer, head = choose(ctx, kinds, lambda k: (cfg.n_layers_of(k), cfg.n_heads))
     if view not in LONG_DRAW:
         shown = ", ".join(VIEWS[v] for v in LONG_DRAW)
         st.info(f"{VIEWS[view]} draws every weight of the maps at once; at this length the explorer shows {shown}.")

@@ -24,7 +24,7 @@ from attnviz.checkpoints.catalog import pretrained_dir
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "benchmarks"))
-from bench_render import build_random_lm, build_random_model, drag_box, letters  # noqa: E402
+from bench_render import ZOOM_TITLE, build_random_lm, build_random_model, drag_box, letters  # noqa: E402
 
 pytestmark = pytest.mark.slow  # servers and browsers: the full suite, not the quick tier
 
@@ -455,8 +455,6 @@ def test_a_long_prompt_is_drawn_tile_by_tile_and_a_dragged_box_zooms_exactly(ser
 
     params = {"model": CUSTOM_PATH, "model_path": "long-lm", "src": letters(LONG_LM - 1), "layer": "2", "head": "1"}
     overview = f"queries 0-{LONG_LM - 1}, keys 0-{LONG_LM - 1}"
-    zoom_title = """() => [...document.querySelectorAll('.js-plotly-plot .gtitle')].map(t => t.textContent)
-        .find(t => t.includes('head 1: queries'))"""
     with sync_playwright() as p:
         browser = p.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_ARGS)
         page = browser.new_page(viewport={"width": 1400, "height": 1000})
@@ -466,13 +464,14 @@ def test_a_long_prompt_is_drawn_tile_by_tile_and_a_dragged_box_zooms_exactly(ser
             _no_exception(page, "a long prompt's one head")
             assert page.get_by_text("tile by tile", exact=False).count() >= 1
             assert page.locator(".js-plotly-plot").filter(has_text=overview).count() == 1, "the overview"
-            assert "queries 0-47, keys 0-47" in page.evaluate(zoom_title), "the zoom opens on the first positions"
+            zoom = "head 1: queries"
+            assert "queries 0-47, keys 0-47" in page.evaluate(ZOOM_TITLE, zoom), "the zoom opens on the first positions"
             drag_box(page, ["head 1", overview], LONG_LM, (2000, 2090), (1000, 1090))
             page.mouse.up()
-            moved = f"() => {{ const t = ({zoom_title})(); return !!t && !t.includes('queries 0-47'); }}"
-            page.wait_for_function(moved, timeout=60_000)  # the zoom's heatmap of the box replaced the first
+            moved = f"(text) => {{ const t = ({ZOOM_TITLE})(text); return !!t && !t.includes('queries 0-47'); }}"
+            page.wait_for_function(moved, arg=zoom, timeout=60_000)  # the box's heatmap replaced the first
             _wait_for_run(page)
-            title = page.evaluate(zoom_title)
+            title = page.evaluate(ZOOM_TITLE, zoom)
             q0, q1, k0, k1 = (int(v) for v in re.search(r"queries (\d+)-(\d+), keys (\d+)-(\d+)", title).groups())
             assert 1950 <= q0 <= 2050 and 60 <= q1 - q0 < 128, title  # about the box, every cell in it
             assert 950 <= k0 <= 1050 and 60 <= k1 - k0 < 128, title

@@ -52,7 +52,8 @@ MAX_TOKENS = 8192  # ATTNVIZ_MAX_TOKENS: the longest text this server takes (the
 FULL_MAPS_MB = 256  # ATTNVIZ_FULL_MAPS_MB: a text whose maps take more is shown tile by tile (attnviz.tiles)
 
 
-def _tokens_setting(name: str, default: int) -> int:
+def _int_setting(name: str, default: int) -> int:
+    """The operator's whole-number setting ``name`` (at least 1), else ``default``."""
     try:
         return max(1, int(os.environ.get(name, default)))
     except ValueError:
@@ -71,10 +72,10 @@ def is_light(model: str, device: str, src: str, tgt: str | None = None) -> bool:
             n = max(n, len(tok.encode_target(tgt)[0].ids))
     except AttnvizError:
         return True  # the model refuses it at once, with its own message
-    most = _tokens_setting("ATTNVIZ_MAX_TOKENS", MAX_TOKENS)
+    most = _int_setting("ATTNVIZ_MAX_TOKENS", MAX_TOKENS)
     if n > most:
         raise InputError(f"the text is {n:,} tokens long; this server takes at most {most:,} (ATTNVIZ_MAX_TOKENS)")
-    return n <= _tokens_setting("ATTNVIZ_LIGHT_TOKENS", LIGHT_TOKENS)
+    return n <= _int_setting("ATTNVIZ_LIGHT_TOKENS", LIGHT_TOKENS)
 
 
 @functools.lru_cache(maxsize=32)  # every page asks on every rerun; tokenising 8192 tokens takes milliseconds
@@ -89,7 +90,7 @@ def maps_bytes(model: str, device: str, src: str, tgt: str | None = None) -> tup
 
 def is_long(model: str, device: str, src: str, tgt: str | None = None) -> bool:
     """Whether the text's maps take more than ``ATTNVIZ_FULL_MAPS_MB``: the explorer then shows it tile by tile."""
-    return maps_bytes(model, device, src, tgt)[1] > _tokens_setting("ATTNVIZ_FULL_MAPS_MB", FULL_MAPS_MB) * 2**20
+    return maps_bytes(model, device, src, tgt)[1] > _int_setting("ATTNVIZ_FULL_MAPS_MB", FULL_MAPS_MB) * 2**20
 
 
 def size_text(n_bytes: float) -> str:
@@ -97,15 +98,24 @@ def size_text(n_bytes: float) -> str:
     return f"{n_bytes / 2**30:,.1f} GB" if n_bytes >= 2**30 else f"{n_bytes / 2**20:,.0f} MB"
 
 
+def long_text(model: str, device: str, src: str, tgt: str | None = None) -> str:
+    """'This text is 8,192 tokens long: all its attention maps would take 2.0 GB, more than this server
+    makes at once (ATTNVIZ_FULL_MAPS_MB, 256 MB).': what every page says first of a long text."""
+    n, size = maps_bytes(model, device, src, tgt)
+    limit = _int_setting("ATTNVIZ_FULL_MAPS_MB", FULL_MAPS_MB)
+    return (
+        f"This text is {n:,} tokens long: all its attention maps would take {size_text(size)}, more than this "
+        f"server makes at once (ATTNVIZ_FULL_MAPS_MB, {limit:,} MB)."
+    )
+
+
 def long_text_error(model: str, device: str, src: str, tgt: str | None = None) -> InputError:
     """What a page that needs every map at once says of a text whose maps are too large for it."""
-    n, size = maps_bytes(model, device, src, tgt)
-    limit = _tokens_setting("ATTNVIZ_FULL_MAPS_MB", FULL_MAPS_MB)
+    first = long_text(model, device, src, tgt)
     return InputError(
-        f"this text is {n:,} tokens long: all its attention maps would take {size_text(size)}, more than this "
-        f"server makes at once (ATTNVIZ_FULL_MAPS_MB, {limit:,} MB). The Attention explorer shows every head of "
-        "it tile by tile (one head at full resolution, all heads max-pooled, the head statistics); this part of "
-        "the page needs every map at once: shorten the text for it"
+        f"{first[0].lower()}{first[1:-1]}. The Attention explorer shows every head of it tile by tile (one head "
+        "at full resolution, all heads max-pooled, the head statistics); this part of the page needs every map "
+        "at once: shorten the text for it"
     )
 
 
@@ -128,7 +138,7 @@ def _queued(model: str, device: str, src: str, tgt: str | None = None) -> bool:
 
 
 def _short_ids(model: str, device: str, src_ids: tuple, tgt_ids: tuple | None, *_) -> bool:
-    return max(len(src_ids), len(tgt_ids or ())) <= _tokens_setting("ATTNVIZ_LIGHT_TOKENS", LIGHT_TOKENS)
+    return max(len(src_ids), len(tgt_ids or ())) <= _int_setting("ATTNVIZ_LIGHT_TOKENS", LIGHT_TOKENS)
 
 
 # Each job of attnviz.jobs.JOBS the pages compute: what the visitor reads while it runs, and when it
