@@ -47,7 +47,8 @@ def test_every_shipped_models_maps_on_cuda_equal_the_cpus(name):
     assert gpu.device.type == "cuda"
     for sentence in _sentences(cpu):
         want = attnviz.attention(cpu, sentence)
-        src = torch.from_numpy(want.src_ids)[None].cuda()
+        # a language model has no source: its text is the decoder's input (src None, as in api.attention)
+        src = None if want.src_ids is None else torch.from_numpy(want.src_ids)[None].cuda()
         tgt = None if want.tgt_ids is None else torch.from_numpy(want.tgt_ids)[None].cuda()  # the CPU's decoder input
         with torch.no_grad():
             got = gpu.model(src, tgt, return_attention=True, return_logits=False).attention
