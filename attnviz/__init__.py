@@ -1,6 +1,6 @@
 """attnviz: see and explore attention in the Transformer of "Attention Is All You Need".
 
-Its public names, listed once in :mod:`attnviz.public`, are imported on first use, not with the
+Its public names, listed once in `attnviz.public`, are imported on first use, not with the
 package: pytest imports ``attnviz.testing.plugin`` in every test run of every project where attnviz
 is installed, and that must not import torch (seconds) for a run that never takes an attention
 snapshot.

@@ -8,17 +8,17 @@ took 43 ms to compute its maps into new memory and 21 ms into memory written bef
 the fused kernel that returns none (docs/benchmarks.md). Reading a corpus, an atlas, a snapshot
 suite or a benchmark computes maps of the same sizes over and over.
 
-:class:`MapBuffers` keeps the memory of maps that nobody holds any more, and hands it out again.
+`MapBuffers` keeps the memory of maps that nobody holds any more, and hands it out again.
 Each buffer is a numpy array; the maps lent from it are a tensor over a numpy view of it
 (``torch.from_numpy``), whose storage holds that view until the last tensor, view of a tensor or
 array made from one that uses it is gone. The pool keeps a weak reference to the view: a buffer is
 lent again only once it is dead. Maps the
 caller keeps are never touched; they cost new memory as before.
 
-What is kept is bounded: at most ``ATTNVIZ_MAP_POOL_MB`` (default :data:`DEFAULT_MB`) of buffers
+What is kept is bounded: at most ``ATTNVIZ_MAP_POOL_MB`` (default `DEFAULT_MB`) of buffers
 nobody holds, checked whenever maps are dropped; ``0`` keeps none, and memory then goes back when
-the maps go, as without a pool. :func:`release` gives every unused buffer back.
-Only large float32 maps on the CPU come from here (the blocked path of :func:`attnviz.model.attention`);
+the maps go, as without a pool. `release` gives every unused buffer back.
+Only large float32 maps on the CPU come from here (the blocked path of `attnviz.model.attention`);
 smaller ones are reused by the C allocator itself.
 """
 
@@ -38,7 +38,7 @@ SLACK = 2  # a buffer serves a request of at least 1/SLACK of its size (a corpus
 
 
 def keep_bytes() -> int:
-    """The bytes of unused buffers the pool may keep: ``ATTNVIZ_MAP_POOL_MB`` MB, else :data:`DEFAULT_MB`."""
+    """The bytes of unused buffers the pool may keep: ``ATTNVIZ_MAP_POOL_MB`` MB, else `DEFAULT_MB`."""
     try:
         return max(0, int(float(os.environ.get("ATTNVIZ_MAP_POOL_MB", DEFAULT_MB)) * 2**20))
     except ValueError:
@@ -63,7 +63,7 @@ class _Buffer:
 
 
 class MapBuffers:
-    """A pool of float32 buffers for maps: :meth:`empty` lends an unused one of about the right size."""
+    """A pool of float32 buffers for maps: `empty` lends an unused one of about the right size."""
 
     def __init__(self) -> None:
         self._buffers: list[_Buffer] = []  # every buffer the pool made and still keeps, used or not
@@ -113,5 +113,5 @@ MAPS = MapBuffers()  # the process's pool; the maps of every model and thread co
 
 
 def release() -> None:
-    """Give the memory of maps nobody holds back to the operating system (:data:`MAPS`)."""
+    """Give the memory of maps nobody holds back to the operating system (`MAPS`)."""
     MAPS.release()

@@ -1,7 +1,7 @@
 """Decoding with an incremental key/value cache: batched greedy, beam search, and a step-through.
 
 Each decoding step feeds only the newest token to the decoder; the keys and values of earlier
-positions come from a :class:`~attnviz.kvcache.LayerCache`, and the encoder's keys and values for
+positions come from a `LayerCache`, and the encoder's keys and values for
 cross-attention are projected once. A decoder-only model (a language model) has no encoder: its
 prompt fills the cache in one pass (the prefill), and decoding continues from the prompt's last
 position. The step-through records, for every step, the decoder
@@ -26,7 +26,7 @@ MAX_OUTPUT_TOKENS = 256
 
 def output_limit(src_len: int, max_len: int) -> int:
     """How many tokens decoding may produce for a source of ``src_len`` tokens: generous (2 S + 16,
-    at most :data:`MAX_OUTPUT_TOKENS`), and within the model's ``max_len`` positions. The one rule
+    at most `MAX_OUTPUT_TOKENS`), and within the model's ``max_len`` positions. The one rule
     the API, the atlas and the lessons decode by."""
     return min(MAX_OUTPUT_TOKENS, 2 * src_len + 16, max_len - 1)
 

@@ -1,8 +1,8 @@
 """Named points inside a forward pass, where tensors can be recorded or edited inside a ``with`` block.
 
-The model hands each intermediate tensor to :func:`point` under a name built by :func:`act_name`,
+The model hands each intermediate tensor to `point` under a name built by `act_name`,
 such as ``encoder.0.attn.weights``; readers (the walkthrough, tests, research methods) build the
-same names with the same function. Outside any block :func:`point` returns the tensor after one
+same names with the same function. Outside any block `point` returns the tensor after one
 context-variable read, so a plain forward pays nothing.
 
 - ``with Recorder() as rec: model(...)`` keeps every named tensor (or those a filter selects) in
@@ -10,7 +10,7 @@ context-variable read, so a plain forward pays nothing.
 - ``with Edit({name: fn}): model(...)`` replaces the tensor at each named point by ``fn(tensor)``
   (a head switched off, a value zeroed, a mask narrowed, a position table removed).
 
-Blocks live in a :class:`contextvars.ContextVar`, so each thread sees only its own: a model shared
+Blocks live in a `contextvars.ContextVar`, so each thread sees only its own: a model shared
 between Streamlit sessions by ``st.cache_resource`` is never touched, since nothing is registered on
 its modules (TransformerLens registers hooks on the module, which shared models cannot allow).
 Edits run before recorders, so a recorder sees what the model really used.
@@ -152,7 +152,7 @@ def wants(site: str, *parts: str) -> bool:
 def point(tensor, *path: str | int):
     """``tensor``, edited and recorded as the active blocks ask; ``tensor`` itself when none is active.
 
-    ``path`` names the point (:func:`act_name`); the name is built only when a block is active.
+    ``path`` names the point (`act_name`); the name is built only when a block is active.
     """
     scopes = _ACTIVE.get()
     if not scopes:

@@ -38,7 +38,7 @@ def axis_name(kind: str, role: str, unit: str = "position") -> str:
 
 
 def axis_names(kind: str, unit: str = "position") -> tuple[str, str]:
-    """(query axis, key axis) of ``kind``, as :func:`axis_name` writes them."""
+    """(query axis, key axis) of ``kind``, as `axis_name` writes them."""
     return axis_name(kind, "query", unit), axis_name(kind, "key", unit)
 
 

@@ -1,7 +1,7 @@
 """Keys and values kept between decoding steps: the state of one decoding, never part of the model.
 
 Decoding feeds the decoder only the newest token at each step; the keys and values of earlier
-positions come from here (:mod:`attnviz.decoding`), and beam search reorders them with ``select``.
+positions come from here (`attnviz.decoding`), and beam search reorders them with ``select``.
 """
 
 from __future__ import annotations

@@ -1,23 +1,23 @@
 """What came after 2017: the parts of GPT-2 and the Llama family that the paper's model does not have.
 
-:mod:`attnviz.model` is the paper's Transformer; each class there takes one of these parts only
+`attnviz.model` is the paper's Transformer; each class there takes one of these parts only
 where a config asks for it, and the defaults are the paper's. Each part says where it comes from.
 
-- :class:`RMSNorm` (Zhang & Sennrich, 2019): LayerNorm without the mean and the bias (Llama).
-- :class:`Rotary`, rotary position embeddings, RoPE (Su et al., 2021, "RoFormer"): positions
+- `RMSNorm` (Zhang & Sennrich, 2019): LayerNorm without the mean and the bias (Llama).
+- `Rotary`, rotary position embeddings, RoPE (Su et al., 2021, "RoFormer"): positions
   enter as a rotation of each query and key, by an angle proportional to the position, so that
   q·k depends on the two positions only through their offset. It is the sequel of section 3.5's
   remark that PE(pos + k) is a linear function of PE(pos). The layout is Hugging Face's "half
   split": dimension i is paired with i + d/2 (the RoFormer paper pairs 2i with 2i + 1; the two are
   the same rotation with the dimensions permuted). Llama 3.1's frequency scaling (``llama3``) is
   implemented as Meta's reference code and transformers compute it.
-- :class:`GatedFeedForward`, SwiGLU (Shazeer, 2020): the feed-forward network with a gate,
+- `GatedFeedForward`, SwiGLU (Shazeer, 2020): the feed-forward network with a gate,
   act(x W_gate) * (x W_up), then W_down (Llama; act is SiLU, which the config calls "swish").
-- :func:`repeat_kv`, grouped-query attention (Ainslie et al., 2023): fewer key/value heads than
+- `repeat_kv`, grouped-query attention (Ainslie et al., 2023): fewer key/value heads than
   query heads, each shared by a group of consecutive query heads (Llama 2 70B, Llama 3, Qwen2).
   Maps stay one per query head.
 
-GPT-2 needs only options :mod:`attnviz.model` already had: pre-LN (Radford et al., 2019; also
+GPT-2 needs only options `attnviz.model` already had: pre-LN (Radford et al., 2019; also
 Xiong et al., 2020), learned positions, and GELU, in its tanh approximation ("gelu_tanh").
 """
 

@@ -19,9 +19,9 @@ about 1e-6 relative (``tests/test_linear.py``). oneDNN is used only where all of
 - no ``torch.autocast`` region is active on the CPU: there ``F.linear`` runs, so that autocast
   casts the product to bfloat16 (``attnviz atlas --precision bf16``); calling oneDNN's float32
   kernel directly would silently bypass it;
-- it is not switched off: ``ATTNVIZ_ONEDNN=0`` in the environment, or :func:`use_onednn`.
+- it is not switched off: ``ATTNVIZ_ONEDNN=0`` in the environment, or `use_onednn`.
 
-Under ``torch.autocast("cpu", dtype=torch.bfloat16)`` a :class:`Linear` layer runs oneDNN's bfloat16
+Under ``torch.autocast("cpu", dtype=torch.bfloat16)`` a `Linear` layer runs oneDNN's bfloat16
 kernel instead, on the same conditions otherwise, from a bfloat16 copy of its weight and bias made
 once and kept while they are unchanged: autocast would cast every weight again on every call. The
 product is autocast's (bfloat16 operands, float32 sums, a bfloat16 result), and the activation is
@@ -161,7 +161,7 @@ def linear(x: Tensor, weight: Tensor, bias: Tensor | None = None, activation: st
 
 
 class Linear(nn.Linear):
-    """``nn.Linear`` (same parameters, same state_dict keys) whose forward calls :func:`linear`, or
+    """``nn.Linear`` (same parameters, same state_dict keys) whose forward calls `linear`, or
     oneDNN's bfloat16 kernel under CPU autocast to bfloat16 (see the module's docstring)."""
 
     def forward(self, x: Tensor, activation: str | None = None) -> Tensor:

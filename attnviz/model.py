@@ -6,9 +6,9 @@ attention (3.2.2), the position-wise feed-forward network (3.3), encoder and dec
 and the whole model.
 
 Attention is returned, not hooked: every attention module returns ``(out, weights or None)`` and
-the model gathers the weights into a frozen :class:`Attention` when ``return_attention=True``.
+the model gathers the weights into a frozen [`Attention`][attnviz.model.Attention] when ``return_attention=True``.
 Without the flag the fused ``F.scaled_dot_product_attention`` kernel runs and no map is
-materialised. Every intermediate tensor also passes a named point (:mod:`attnviz.hooks`), where a
+materialised. Every intermediate tensor also passes a named point (`attnviz.hooks`), where a
 ``with`` block can record or edit it; outside such a block a point costs one variable read.
 
 Where the paper is silent this file chooses, and says so: biases on the attention projections
@@ -19,7 +19,7 @@ to (only possible with an all-padding row) giving zeros instead of NaN. Options 
 the defaults are the paper's. The decoder-only language models that came later (GPT-2, the Llama
 family) are this file's decoder with no encoder and no cross-attention (``n_enc_layers=0``); the
 parts they add (RMSNorm, rotary positions, SwiGLU, grouped-query attention) live in
-:mod:`attnviz.later`, and each class here takes one only where its config asks for it.
+`attnviz.later`, and each class here takes one only where its config asks for it.
 
 Shape letters, used in comments throughout: B batch, S source length, T target length, Q query
 length, K key length, H heads, Dh d_head, D d_model, F d_ff, V vocabulary size, L layers.
@@ -129,7 +129,7 @@ class TokenEmbedding(nn.Module):
 
 class PositionalEncoding(nn.Module):
     """What is added for position: fixed sinusoids (3.5), a learned table, or nothing (also for rotary
-    positions, which rotate queries and keys inside attention instead: :class:`attnviz.later.Rotary`)."""
+    positions, which rotate queries and keys inside attention instead: `attnviz.later.Rotary`)."""
 
     def __init__(self, cfg: TransformerConfig):
         super().__init__()
@@ -229,7 +229,7 @@ def _attention_by_blocks(
 
     The same numbers as the one-pass path, in less memory traffic. Each block's scores, softmax and
     product with V stay in the cache, and the weights are written once into the returned maps, in
-    memory of earlier maps that nobody holds any more where there is some (:mod:`attnviz.buffers`:
+    memory of earlier maps that nobody holds any more where there is some (`attnviz.buffers`:
     new memory costs a page fault per 4 KB written). A block also skips the keys after the last one
     any of its queries may see, whose weights are exactly 0: a causal map costs half its products.
     """
@@ -580,7 +580,7 @@ class Transformer(nn.Module):
     ) -> tuple[Tensor | None, list, list]:
         """Target ids (B, T) and memory -> logits (B, T, V), self- and cross-attention weights per layer.
 
-        With ``cache`` (one :class:`LayerCache` per layer), ``tgt`` holds only the new positions;
+        With ``cache`` (one `LayerCache` per layer), ``tgt`` holds only the new positions;
         earlier keys and values come from the cache, which is updated in place. Without
         ``return_logits`` the output projection (a large matmul over the vocabulary) is skipped and
         None is returned in its place: attention maps do not need it.
@@ -638,7 +638,7 @@ class Transformer(nn.Module):
         projection (``logits`` is then None). Without ``tgt`` (the only way for an encoder-only
         model) just the encoder runs. A decoder-only model takes ``src=None`` and its sequence as
         ``tgt`` (from its first token, a BOS where the tokenizer adds one). Intermediate tensors:
-        :class:`attnviz.hooks.Recorder`.
+        `attnviz.hooks.Recorder`.
         """
         if self.cfg.decoder_only:  # a language model: the decoder reads ``tgt`` (the prompt) alone
             if src is not None or tgt is None:

@@ -17,13 +17,15 @@ So far AttentionViz. Distance then only approximately follows attention, since
 (a deviation from AttentionViz): every query gets 0 and key k gets sqrt(R^2 - |k|^2), with R the
 largest key norm, so that every key has norm R and, **exactly**,
 
-    |q - k|^2 = |q|^2 + R^2 - 2 (score(q, k) + q . t)     (t the translation, scaled)
+```text
+|q - k|^2 = |q|^2 + R^2 - 2 (score(q, k) + q . t)     (t the translation, scaled)
+```
 
 For one query the first terms are constants: among the keys it may attend to, the nearer key has
 the higher score, hence the larger attention weight, and the ranking of keys by distance equals
 their ranking by weight. That holds in the full (d_k + 1)-dimensional space (``vectors``); the
 2-D picture is its principal-component projection (PCA), which keeps a share of the spread
-(``explained``) and the ranking only approximately (:func:`picture_agreement` measures how well).
+(``explained``) and the ranking only approximately (`picture_agreement` measures how well).
 
 Scores are q . k / sqrt(d_k) (equation 1): both sides are divided by d_k ** (1/4) first.
 """

@@ -11,7 +11,7 @@ A special token (``<s>``, ``</s>``, ``[CLS]``, ``[SEP]``) is a word of its own. 
 exactly 0 for every piece pair stays exactly 0: the decoder's future stays masked, word by word,
 because every piece of a later word comes after every piece of an earlier one.
 
-Which pieces make up a word comes from the tokenizer (:class:`attnviz.tokenizer.Word`): "▁"
+Which pieces make up a word comes from the tokenizer (`attnviz.tokenizer.Word`): "▁"
 starts a word in sentencepiece (attnviz's own models and Marian), "##" continues one in BERT's
 WordPiece. Words are contiguous runs of pieces, in order, covering every position once.
 

@@ -2,8 +2,10 @@
 
 Run it from the repository root:
 
-    python benchmarks/bench_atlas.py                      # CPU, 128 sentences, 3 repeats
-    python benchmarks/bench_atlas.py --device cuda --sentences 2000
+```bash
+python benchmarks/bench_atlas.py                      # CPU, 128 sentences, 3 repeats
+python benchmarks/bench_atlas.py --device cuda --sentences 2000
+```
 
 What it measures, on one random Marian model of the paper's base size (6 + 6 layers, d_model 512,
 8 heads, d_ff 2048, swish, one vocabulary of 8000 entries; built with transformers, saved as a
@@ -11,12 +13,14 @@ Hugging Face folder and read by attnviz's Marian importer: the same weights for 
 one corpus of random sentences with given decoder inputs (a random model's greedy output means
 nothing, and every variant must read the same decoder input):
 
-  (plain) a loop over the sentences, batch 1: tokenise, ``MarianMTModel(..., output_attentions=True)``
-          with eager attention in float32, then every statistic of the atlas and the head-to-head
-          Jensen-Shannon divergences computed from the returned maps with numpy, and the means per head;
-  (fp32)  ``attnviz.atlas.build_atlas`` into a fresh folder: tokenise, sort by length, padded batches,
-          statistics on the device, Parquet shards and tables, the manifest;
-  (bf16)  the same with ``precision="bf16"`` (products in bfloat16, softmax in float32).
+```text
+(plain) a loop over the sentences, batch 1: tokenise, MarianMTModel(..., output_attentions=True)
+        with eager attention in float32, then every statistic of the atlas and the head-to-head
+        Jensen-Shannon divergences computed from the returned maps with numpy, and the means per head;
+(fp32)  attnviz.atlas.build_atlas into a fresh folder: tokenise, sort by length, padded batches,
+        statistics on the device, Parquet shards and tables, the manifest;
+(bf16)  the same with precision="bf16" (products in bfloat16, softmax in float32).
+```
 
 The variants run in turn within each repeat, in an order that rotates, and each speed-up is the
 median over repeats of (plain time / engine time) within a repeat, so that load drifting on a

@@ -2,25 +2,29 @@
 
 Run it from the repository root:
 
-    python benchmarks/bench_forward.py                 # CPU, S=T=64 and 256, median of 15
-    python benchmarks/bench_forward.py --threads 1 --repeats 30 --lengths 32 128 512
-    python benchmarks/bench_forward.py --lm            # language models: GPT-2 small and a GQA Llama
+```bash
+python benchmarks/bench_forward.py                 # CPU, S=T=64 and 256, median of 15
+python benchmarks/bench_forward.py --threads 1 --repeats 30 --lengths 32 128 512
+python benchmarks/bench_forward.py --lm            # language models: GPT-2 small and a GQA Llama
+```
 
 With ``--lm`` it measures decoder-only language models instead (random weights of two real shapes:
 GPT-2 small, 12 layers x 12 heads, d 768; and SmolLM2-135M's Llama layout, 30 layers, 9 query and
 3 key/value heads, d 576), at ``--lm-lengths`` tokens (default 128 and 1024), side by side:
 
-  (1) attnviz with every map, (2) attnviz fused, no maps, (3) transformers' AutoModelForCausalLM
-      with eager attention and ``output_attentions=True`` (its only way to return maps);
-      targets: (1)/(2) - 1 <= 10% and (1)/(3) <= 1.0 (at least transformers' speed);
-  (1n) (1) with ``ATTNVIZ_MAP_POOL_MB=0``: every map written into new memory, as the first pass of a
-      process, or one whose caller still holds its earlier maps, writes them (attnviz.buffers);
-      (1) runs as a loop over texts does, in the memory of the maps it dropped;
-  greedy generation of 128 tokens after a 128-token prompt, with the key/value cache against
-      recomputing the whole prefix at every step (each step's logits for the last position only):
-      target >= 3x;
-  the peak memory one forward with every map adds at the longest length (Linux's VmHWM, reset
-      before the pass), beside the size of the maps themselves (L x H x T x T float32).
+```text
+(1) attnviz with every map, (2) attnviz fused, no maps, (3) transformers' AutoModelForCausalLM
+    with eager attention and output_attentions=True (its only way to return maps);
+    targets: (1)/(2) - 1 <= 10% and (1)/(3) <= 1.0 (at least transformers' speed);
+(1n) (1) with ATTNVIZ_MAP_POOL_MB=0: every map written into new memory, as the first pass of a
+    process, or one whose caller still holds its earlier maps, writes them (attnviz.buffers);
+    (1) runs as a loop over texts does, in the memory of the maps it dropped;
+greedy generation of 128 tokens after a 128-token prompt, with the key/value cache against
+    recomputing the whole prefix at every step (each step's logits for the last position only):
+    target >= 3x;
+the peak memory one forward with every map adds at the longest length (Linux's VmHWM, reset
+    before the pass), beside the size of the maps themselves (L x H x T x T float32).
+```
 
 bfloat16 is not timed: on a CPU without native bf16 (AVX2 only, as some of these machines are) its
 products are emulated and slower than fp32; the line says which this CPU is.
@@ -29,16 +33,18 @@ What it measures, on the paper's base model (N=6, d_model=512, h=8, d_ff=2048; o
 8000 tokens shared by source and target; random weights, eval mode, torch.no_grad, batch 1) and
 for each length S = T:
 
-  (1) attnviz with every attention map (``return_attention=True``: the explicit softmax path);
-  (2) attnviz without maps (the fused ``F.scaled_dot_product_attention`` kernel);
-  (3) Hugging Face ``MarianMTModel`` of the same size (relu, eager attention) called with
-      ``output_attentions=True``, when ``transformers`` is installed (``pip install transformers``);
-  (1b) attnviz with every map but no output projection (``return_logits=False``: what
-      ``attnviz.attention`` and the app run), against
-  (3b) the same MarianMTModel's encoder-decoder alone (``model.model``, no LM head), like for like;
-  (1a) (1) again with oneDNN switched off (``attnviz.linear.use_onednn(False)``): every linear
-      layer through ``F.linear``, the same kernel transformers uses. (1)/(3) measures what a user
-      gets; (1a)/(3) separates what the model code does from what the faster kernel does.
+```text
+(1) attnviz with every attention map (return_attention=True: the explicit softmax path);
+(2) attnviz without maps (the fused F.scaled_dot_product_attention kernel);
+(3) Hugging Face MarianMTModel of the same size (relu, eager attention) called with
+    output_attentions=True, when transformers is installed (pip install transformers);
+(1b) attnviz with every map but no output projection (return_logits=False: what
+    attnviz.attention and the app run), against
+(3b) the same MarianMTModel's encoder-decoder alone (model.model, no LM head), like for like;
+(1a) (1) again with oneDNN switched off (attnviz.linear.use_onednn(False)): every linear
+    layer through F.linear, the same kernel transformers uses. (1)/(3) measures what a user
+    gets; (1a)/(3) separates what the model code does from what the faster kernel does.
+```
 
 All three get the same token ids and the same all-real padding masks; the target starts with the
 start token, which is also Marian's ``decoder_start_token_id``. Each time is the median over
@@ -46,8 +52,10 @@ start token, which is also Marian's ``decoder_start_token_id``. Each time is the
 drifting background load slows them alike; each ratio is therefore the median of the ratios
 within a repeat, not a ratio of medians. Two targets are checked:
 
-  capture overhead  (1)/(2) - 1 <= 5%
-  versus transformers  (1)/(3) <= 0.9, i.e. returning every map is at least 10% faster.
+```text
+capture overhead  (1)/(2) - 1 <= 5%
+versus transformers  (1)/(3) <= 0.9, i.e. returning every map is at least 10% faster.
+```
 """
 
 from __future__ import annotations
@@ -265,7 +273,7 @@ def repeat_ratios(times: dict[str, list[float]], a: str, b: str) -> list[float]:
 
 
 def paired_ratio(times: dict[str, list[float]], a: str, b: str) -> float:
-    """The median of :func:`repeat_ratios`: how much slower a is than b."""
+    """The median of `repeat_ratios`: how much slower a is than b."""
     return statistics.median(repeat_ratios(times, a, b))
 
 

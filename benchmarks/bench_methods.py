@@ -2,24 +2,30 @@
 
 Run it from the repository root:
 
-    python benchmarks/bench_methods.py                  # en-de and a base-size model, S = 32, 20 sentences
-    python benchmarks/bench_methods.py --threads 2 --repeats 20
+```bash
+python benchmarks/bench_methods.py                  # en-de and a base-size model, S = 32, 20 sentences
+python benchmarks/bench_methods.py --threads 2 --repeats 20
+```
 
 For each model (the shipped ``en-de``, then, as a harder second line, a random model of the paper's
 base shape as in ``bench_forward.py``: N=6, d_model=512, h=8, d_ff=2048, vocabulary 8000), one
 sentence of ``--length`` source tokens and its decoder input, eval mode, batch 1:
 
-  (a) a forward pass with every map, as ``attnviz.attention`` runs it (no vocabulary projection);
-  (b) norm-based attention (records values and weights in one such pass, then W_O per head);
-  (c) value zeroing of every layer and every kind (one batched pass per layer and kind);
-  (d) rollout through encoder and decoder, and (e) gradient-weighted attention (one backward pass);
-  (f) head importance: every head switched off alone, over ``--sentences`` sentences.
+```text
+(a) a forward pass with every map, as attnviz.attention runs it (no vocabulary projection);
+(b) norm-based attention (records values and weights in one such pass, then W_O per head);
+(c) value zeroing of every layer and every kind (one batched pass per layer and kind);
+(d) rollout through encoder and decoder, and (e) gradient-weighted attention (one backward pass);
+(f) head importance: every head switched off alone, over --sentences sentences.
+```
 
 (a) to (e) run in turn within each repeat, in an order that rotates between repeats, and (b)/(a)
 is the median of the per-repeat ratios (``bench_forward.time_ms`` and ``paired_ratio``), so that
 load drifting on a shared machine cancels; (f) is timed ``--importance-repeats`` times. Targets:
 
-  norm-based  (b)/(a) <= 1.3;  value zeroing  (c) <= 1 s;  head importance  (f) <= 30 s.
+```text
+norm-based  (b)/(a) <= 1.3;  value zeroing  (c) <= 1 s;  head importance  (f) <= 30 s.
+```
 """
 
 from __future__ import annotations

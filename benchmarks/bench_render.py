@@ -2,8 +2,10 @@
 
 Run it from the repository root (it starts its own app server on 127.0.0.1 and stops it):
 
-    python benchmarks/bench_render.py            # the targets of issue 14, a few minutes
-    python benchmarks/bench_render.py --quick    # small sizes: a smoke run (what the test suite does)
+```bash
+python benchmarks/bench_render.py            # the targets of issue 14, a few minutes
+python benchmarks/bench_render.py --quick    # small sizes: a smoke run (what the test suite does)
+```
 
 It needs Debian's chromium (/usr/bin/chromium) and playwright. For each measure, a page is opened
 from a link (the forward pass then runs and is cached), then one widget changes the view (the
@@ -13,15 +15,17 @@ figure is drawn: the server's rerun, the transfer, and the browser's drawing, up
 frames after the new figure is in the page. "Cold" is the first opening from the link, forward
 pass and app start included, for information.
 
-  one head   a random attnviz model whose positions allow 1024 tokens (built here, seeded), its
-             encoder self-attention of a 1024-token sentence, one head at full resolution.
-             Targets: <= 1.5 MB and drawn <= 2 s.
-  grid       every layer and head (6 x 12) of MiniLM at 512 tokens (a random model of MiniLM's
-             shape when MiniLM is not installed). Targets: <= 3 MB and drawn <= 3 s.
-  variants   one head of 1024 x 1024 drawn three ways by a throwaway page: the plotly heatmap of
-             float32 numbers attnviz drew before, the plotly Image trace of a palette PNG it draws
-             now, and a bare canvas component (streamlit components v2, inline JavaScript, no axes,
-             no colour bar, no zoom) drawing the same PNG: what the choice was made on.
+```text
+one head   a random attnviz model whose positions allow 1024 tokens (built here, seeded), its
+           encoder self-attention of a 1024-token sentence, one head at full resolution.
+           Targets: <= 1.5 MB and drawn <= 2 s.
+grid       every layer and head (6 x 12) of MiniLM at 512 tokens (a random model of MiniLM's
+           shape when MiniLM is not installed). Targets: <= 3 MB and drawn <= 3 s.
+variants   one head of 1024 x 1024 drawn three ways by a throwaway page: the plotly heatmap of
+           float32 numbers attnviz drew before, the plotly Image trace of a palette PNG it draws
+           now, and a bare canvas component (streamlit components v2, inline JavaScript, no axes,
+           no colour bar, no zoom) drawing the same PNG: what the choice was made on.
+```
 """
 
 from __future__ import annotations
@@ -65,7 +69,7 @@ LETTERS = "abcdefghijklmnopqrstuvwxyz"
 def build_random_model(folder: Path, max_len: int, n_layers: int = 2, n_heads: int = 4, d_model: int = 64) -> Path:
     """A random (seeded) attnviz checkpoint whose positions allow ``max_len`` tokens, with a letter tokenizer.
 
-    The tokenizer knows the 26 letters as words ("▁a"), so :func:`letters` of n letters is n + 1 tokens.
+    The tokenizer knows the 26 letters as words ("▁a"), so `letters` of n letters is n + 1 tokens.
     """
     return _random_checkpoint(
         folder, n_enc_layers=n_layers, n_dec_layers=n_layers, d_model=d_model, n_heads=n_heads, max_len=max_len
@@ -74,7 +78,7 @@ def build_random_model(folder: Path, max_len: int, n_layers: int = 2, n_heads: i
 
 def build_random_lm(folder: Path, max_len: int, n_layers: int = 2, n_heads: int = 4, d_model: int = 64) -> Path:
     """A random (seeded) language model of the Llama layout (rotary positions, RMSNorm, SwiGLU, two key/value
-    heads) whose positions allow ``max_len`` tokens, with the letter tokenizer: :func:`letters` of n
+    heads) whose positions allow ``max_len`` tokens, with the letter tokenizer: `letters` of n
     letters is n + 1 tokens, a BOS first."""
     return _random_checkpoint(
         folder,
@@ -120,7 +124,7 @@ def _random_checkpoint(folder: Path, **config) -> Path:
 
 
 def letters(n: int) -> str:
-    """n letters separated by spaces: n + 1 source tokens for :func:`build_random_model`'s tokenizer."""
+    """n letters separated by spaces: n + 1 source tokens for `build_random_model`'s tokenizer."""
     return " ".join(LETTERS[i % 26] for i in range(n))
 
 

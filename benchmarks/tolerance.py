@@ -1,8 +1,10 @@
 """How far attention maps move across thread counts, kernels, CPU instruction sets and devices.
 
-    python benchmarks/tolerance.py             # the CPU settings this machine can reach
-    python benchmarks/tolerance.py --cuda      # and the GPU against the CPU, when there is one
-    python benchmarks/tolerance.py --python ENV/bin/python   # and another environment (another torch)
+```bash
+python benchmarks/tolerance.py             # the CPU settings this machine can reach
+python benchmarks/tolerance.py --cuda      # and the GPU against the CPU, when there is one
+python benchmarks/tolerance.py --python ENV/bin/python   # and another environment (another torch)
+```
 
 The same maps (the shipped models on the golden inputs and on a 36-token sentence, and the paper's
 base configuration with random weights at S = T = 64) are computed under each setting and compared

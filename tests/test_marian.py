@@ -1,7 +1,7 @@
 """Parity of the Marian importer with Hugging Face transformers, and its error messages.
 
 Small random ``MarianMTModel``s (no download) are saved as Hugging Face folders with sentencepiece
-models and a vocab.json, loaded by :func:`attnviz.checkpoints.marian.load` into our Transformer, and
+models and a vocab.json, loaded by `attnviz.checkpoints.marian.load` into our Transformer, and
 compared with transformers' eager attention: logits, every encoder, decoder and cross-attention
 map, and greedy outputs. LayerNorms and biases are perturbed so that a wrong mapping cannot pass.
 """

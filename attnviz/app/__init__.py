@@ -1,8 +1,8 @@
 """The app's helpers: the only part of attnviz that imports Streamlit.
 
-Pages import from here: the sidebar and its choices (:mod:`~attnviz.app.session`), the cached
-computations (:mod:`~attnviz.app.cache`), shared widgets (:mod:`~attnviz.app.widgets`), the weight
-views several pages draw (:mod:`~attnviz.app.views`) and the list of pages (:mod:`~attnviz.app.registry`).
+Pages import from here: the sidebar and its choices (`session`), the cached
+computations (`cache`), shared widgets (`widgets`), the weight
+views several pages draw (`views`) and the list of pages (`registry`).
 """
 
 from attnviz.app import links, registry, views

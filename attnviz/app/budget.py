@@ -1,9 +1,9 @@
 """What the app keeps in memory for every session, bounded by bytes, not by entries.
 
 A class server's memory grew by about 60 MB per distinct 1000-token input, because Streamlit's
-caches count entries: 64 exports of a long input are gigabytes. :class:`ByteBudget` counts what
+caches count entries: 64 exports of a long input are gigabytes. `ByteBudget` counts what
 each result holds (numpy arrays, tensors, tables, figures) and drops the least recently used ones
-once the total passes ``ATTNVIZ_CACHE_MB`` (default :data:`DEFAULT_MB`).
+once the total passes ``ATTNVIZ_CACHE_MB`` (default `DEFAULT_MB`).
 
 Results are handed to every session as they are, not copied: arrays in them are made read-only, so
 that no page can change what another session sees.
@@ -25,7 +25,7 @@ DEFAULT_MB = 512
 
 
 def budget_bytes() -> int:
-    """The operator's budget, ``ATTNVIZ_CACHE_MB`` (a number of MB), else :data:`DEFAULT_MB`."""
+    """The operator's budget, ``ATTNVIZ_CACHE_MB`` (a number of MB), else `DEFAULT_MB`."""
     try:
         return int(float(os.environ.get("ATTNVIZ_CACHE_MB", DEFAULT_MB)) * 2**20)
     except ValueError:

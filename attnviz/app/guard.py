@@ -16,7 +16,7 @@ log = logging.getLogger(__name__)
 def show_error(e: Exception) -> None:
     """A clear message for the people using the app, never a traceback, and never a server's secrets.
 
-    A visitor sees :attr:`AttnvizError.public`, which names no server path and quotes nothing read
+    A visitor sees `AttnvizError.public`, which names no server path and quotes nothing read
     from a file; the full message, and the traceback of an error nobody foresaw, go to the server's log.
     """
     if isinstance(e, AttnvizError):
@@ -29,9 +29,9 @@ def show_error(e: Exception) -> None:
 
 
 def guarded(draw: Callable[[], None]) -> None:
-    """Run ``draw``; an error in it becomes a message (:func:`show_error`) and ends ``draw`` only.
+    """Run ``draw``; an error in it becomes a message (`show_error`) and ends ``draw`` only.
 
-    The one guard of the app: the frame runs each page body in it and :func:`attnviz.app.links.lazy_tabs`
+    The one guard of the app: the frame runs each page body in it and `attnviz.app.links.lazy_tabs`
     each tab, so a failing tab leaves the page's other parts standing. Streamlit's own stop and rerun
     signals are BaseExceptions, not Exceptions, and pass through.
     """

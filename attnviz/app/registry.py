@@ -3,7 +3,7 @@
 A new page is its file in ``pages/`` and one line here. Widget keys: give a page's widgets keys
 with the page's own prefix; keys of widgets whose value Streamlit refuses to have set (buttons,
 download buttons, data editors, selectable tables) start with "_" so that the sidebar does not
-carry them across pages (:func:`attnviz.app.session.keep_state`).
+carry them across pages (`attnviz.app.session.keep_state`).
 """
 
 from __future__ import annotations

@@ -4,7 +4,7 @@ A fresh server imports torch, loads the model and computes the first page when i
 arrives: about 4 s on 2 cores, while a class that opens the link at once waits behind it.
 ``python -m attnviz.app.visit --port P`` opens the home page and the explorer once, as a teacher
 would before class; ``deploy/serve.sh`` runs it on each replica before it lets visitors in, and
-``benchmarks/bench_class.py`` drives its sessions with :class:`Session`.
+``benchmarks/bench_class.py`` drives its sessions with `Session`.
 
 A session speaks Streamlit's own websocket protocol (``/_stcore/stream``, the BackMsg and
 ForwardMsg protobufs that ship with Streamlit): it sends ``rerun_script`` and reads until the

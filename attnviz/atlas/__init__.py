@@ -5,14 +5,14 @@ For each sentence of a corpus and each head of each kind of attention, statistic
 confidence, positional behaviour), their means over the corpus, how alike heads attend (the mean
 Jensen-Shannon divergence between their rows) and a 2-D map of the heads from it.
 
-- :mod:`~attnviz.atlas.stats`: the statistics, batched, in torch on the model's device;
-- :mod:`~attnviz.atlas.corpus`: lines, tokens, skipped lines, shards and batches;
-- :mod:`~attnviz.atlas.engine`: one batch through the model; the local engine;
-- :mod:`~attnviz.atlas.ray_engine`: the same batches as Ray Data batch inference (``pip install "attnviz[ray]"``);
-- :mod:`~attnviz.atlas.summary`: the tables (per sentence, per head, head to head, the map);
-- :mod:`~attnviz.atlas.store`: the folder, its shards, resuming, the manifest;
-- :mod:`~attnviz.atlas.build`: :func:`build_atlas` (a corpus file into a folder) and
-  :func:`compute_atlas` (a list of sentences, in memory).
+- `stats`: the statistics, batched, in torch on the model's device;
+- `corpus`: lines, tokens, skipped lines, shards and batches;
+- `engine`: one batch through the model; the local engine;
+- `ray_engine`: the same batches as Ray Data batch inference (``pip install "attnviz[ray]"``);
+- `summary`: the tables (per sentence, per head, head to head, the map);
+- `store`: the folder, its shards, resuming, the manifest;
+- `build`: [`build_atlas`][attnviz.atlas.build_atlas] (a corpus file into a folder) and
+  [`compute_atlas`][attnviz.atlas.compute_atlas] (a list of sentences, in memory).
 """
 
 from attnviz.atlas.build import ENGINES, SHARD_SIZE, build_atlas, compute_atlas

@@ -70,9 +70,9 @@ MAX_LINE_BYTES = 1 << 20  # a longer line is read this far only: no sentence a m
 
 def read_lines(path: Path, limit: int | None = None) -> list[str | None]:
     """The first ``limit`` lines of the file at ``path`` (all without it), read one at a time, as
-    :func:`split_lines` splits them: ``--limit 10`` reads ten lines of a 100 MB corpus, not the file.
+    `split_lines` splits them: ``--limit 10`` reads ten lines of a 100 MB corpus, not the file.
 
-    A line is read up to :data:`MAX_LINE_BYTES`, its rest skipped unread into memory: such a line is
+    A line is read up to `MAX_LINE_BYTES`, its rest skipped unread into memory: such a line is
     too long for any model, and is skipped later for that reason.
     """
     lines: list[str | None] = []
@@ -202,7 +202,7 @@ def batches(
 
 
 def batch_plan(sentences: Iterable[Sentence], max_sentences: int) -> list[list[Sentence]]:
-    """The batches every engine runs (local and Ray alike): by width, then :func:`batches`."""
+    """The batches every engine runs (local and Ray alike): by width, then `batches`."""
     return batches(by_width(sentences), max_sentences)
 
 

@@ -1,13 +1,13 @@
 """The work of the atlas on one batch of sentences, and the local engine that runs it batch after batch.
 
-:func:`run_batch` is what every engine runs, locally or in a Ray actor: pad a batch of similar
+`run_batch` is what every engine runs, locally or in a Ray actor: pad a batch of similar
 length, decode greedily where no decoder input was given, run the model once with every map, and
 compute each head's statistics and the head-to-head divergences on the model's device. Only those
 small results come back to the host.
 
 ``precision="bf16"`` runs the matrix products in bfloat16 under ``torch.autocast``, with the
-softmax in float32 (:func:`attnviz.model.attention`; on the CPU the linear layers take oneDNN's
-bfloat16 kernel, :mod:`attnviz.linear`): on a CPU with AMX or a recent GPU they are several times
+softmax in float32 (`attnviz.model.attention`; on the CPU the linear layers take oneDNN's
+bfloat16 kernel, `attnviz.linear`): on a CPU with AMX or a recent GPU they are several times
 faster. The maps move by a few thousandths (``tests/test_atlas_stats.py`` states the bound).
 """
 
@@ -158,7 +158,7 @@ def run_local(
     on_batch: Callable[[int], None] | None = None,
 ) -> Iterator[BatchResult]:
     """The local engine: ``sentences`` sorted by their longer side and run in padded batches
-    (:func:`attnviz.atlas.corpus.batch_plan`) on the bundle's device.
+    (`attnviz.atlas.corpus.batch_plan`) on the bundle's device.
 
     ``on_batch(n)`` is called after each batch of n sentences (a progress bar).
     """

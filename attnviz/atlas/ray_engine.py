@@ -1,10 +1,10 @@
 """The Ray engine: the atlas's batches as Ray Data batch inference, the model held by actors.
 
 The driver reads and tokenises the corpus and cuts it into shards and batches exactly as the
-local engine does (:func:`attnviz.atlas.corpus.batch_plan`, padding kept small); Ray Data then
+local engine does (`attnviz.atlas.corpus.batch_plan`, padding kept small); Ray Data then
 streams the batches, one dataset row each, through ``map_batches`` into a pool of
-:class:`AtlasWorker` actors, each loading the model once and running
-:func:`attnviz.atlas.engine.run_batch`, the very function of the local engine, on the very same
+`AtlasWorker` actors, each loading the model once and running
+`attnviz.atlas.engine.run_batch`, the very function of the local engine, on the very same
 batches. Results come back as bytes (numpy arrays and JSON, no pickle) and the driver writes each
 shard as soon as all its batches are in.
 

@@ -3,11 +3,11 @@
 A corpus says how heads behave on text; an induction head shows itself on a sequence of random
 tokens repeated once (Olsson et al., 2022, "In-context Learning and Induction Heads"): in the
 repeated half, it attends to the token right after the current token's earlier occurrence. For a
-decoder-only model the atlas adds, per head of its decoder, measured on :data:`PROBES` such
-sequences of :data:`PERIOD` tokens drawn from the vocabulary (no special or unknown token), with the BOS the
+decoder-only model the atlas adds, per head of its decoder, measured on `PROBES` such
+sequences of `PERIOD` tokens drawn from the vocabulary (no special or unknown token), with the BOS the
 tokenizer adds before a text:
 
-- ``induction``: the weight on that token (:func:`attnviz.analysis.repeat_scores`);
+- ``induction``: the weight on that token (`attnviz.analysis.repeat_scores`);
 - ``bos``: the weight on the first position (an attention sink, when a head parks its weight there).
 
 Both are means over the repeated half's queries and the probes; the corpus's ``previous`` stays the
@@ -54,7 +54,7 @@ def probe_ids(bundle: Bundle, n: int = PROBES, period: int = PERIOD, seed: int =
 
 @torch.no_grad()
 def mean_repeat_scores(model, probes: list[tuple[int, ...]], start: int, period: int) -> dict[str, np.ndarray]:
-    """:func:`attnviz.analysis.repeat_scores` of a language model, averaged over ``probes`` (token ids, each
+    """`attnviz.analysis.repeat_scores` of a language model, averaged over ``probes`` (token ids, each
     its first ``start`` ids then ``period`` ids repeated once): {induction, previous, bos: (L, H)}."""
     totals = None
     for ids in probes:

@@ -16,7 +16,7 @@ Every statistic is a mean over the sentence's real query rows i (those where it 
 - ``diagonal``, ``previous``, ``next``: the weight on key d(i), d(i) - 1 and d(i) + 1, over the rows
   where that key exists. d(i) = i for self-attention; for cross-attention the query's position is
   scaled onto the source, d(i) = round(i (S - 1) / (T - 1)), rounding halves up, as the explorer's
-  table (:func:`attnviz.analysis.head_statistics`) does. ``next`` is NaN for decoder
+  table (`attnviz.analysis.head_statistics`) does. ``next`` is NaN for decoder
   self-attention: the causal mask gives the next key no weight, ever;
 - ``first``, ``last``: the weight on the first and on the last real key (``last`` NaN for decoder
   self-attention, where only the last query may see the last key; the explorer calls it ``end``);
@@ -26,7 +26,7 @@ Every statistic is a mean over the sentence's real query rows i (those where it 
 - ``argmax_previous``, ``argmax_next``: the share of rows whose largest weight is on key i - 1
   (i + 1), over the rows that have such a key; self-attention only, and no ``argmax_next`` for the
   decoder. Voita et al. call a head *positional* when at least 90% of the time its largest weight
-  is at one relative position, -1 or +1 (:data:`POSITIONAL_SHARE`).
+  is at one relative position, -1 or +1 (`POSITIONAL_SHARE`).
 
 Shape letters: B sentences, L layers, H heads, N = L * H heads of one kind, Q queries, K keys.
 """
@@ -143,7 +143,7 @@ def sentence_statistics(
 
     ``maps``: L tensors (B, H, Q, K); ``query_valid`` (B, Q) and ``key_valid`` (B, K): real tokens
     (a prefix of each row); ``key_special``, ``key_punctuation`` (B, K): which keys are special
-    tokens and punctuation. Statistics a kind does not have (:func:`defined`) are NaN.
+    tokens and punctuation. Statistics a kind does not have (`defined`) are NaN.
     ``stacked``: ``stack_heads(maps)`` when the caller has it already (it is not modified).
     """
     check_kind(kind)
@@ -218,12 +218,12 @@ def js_divergences(
     n) = H((P + Q) / 2) - (H(P) + H(Q)) / 2, in nats (0 to ln 2), with heads numbered layer-major.
     This is Clark et al.'s (2019) distance between heads, averaged over rows where they sum it over
     tokens. ``causal``: the maps are causally masked (decoder self-attention), so that keys after a
-    query hold no weight; they are then left out of the work (:func:`_passes`).
+    query hold no weight; they are then left out of the work (`_passes`).
 
     H(M) = ln 2 (mass P + mass Q) / 2 - (sum s ln s) / 2 with s = P + Q: the one term that needs
     every pair is sum s ln s, one add, one log, one multiply and a matrix-vector product for the row
     sums per pair of heads and key, and everything else is per head. The work runs in blocks of
-    about TILE weights (:func:`_passes`) that stay in the processor's cache (GPU_TILE on a GPU),
+    about TILE weights (`_passes`) that stay in the processor's cache (GPU_TILE on a GPU),
     with padded query rows set to 0 (they then add nothing), and pairs by shifts: the block's heads
     are stored twice over, x = [heads 0..N-1, heads 0..N-1], so that one add of x[0:N] and x[d:d+N]
     forms the pairs (m, m + d mod N) of every head m, and the shifts d = 1..N/2 make every pair once

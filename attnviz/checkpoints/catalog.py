@@ -2,10 +2,10 @@
 
 A path given to the CLI or the Python API is opened wherever it is (the user owns that machine),
 and a Hugging Face hub id (``Helsinki-NLP/opus-mt-en-de``) is downloaded into the hub's cache, or
-read from it offline (:mod:`attnviz.checkpoints.hub`). A path a visitor of the app types is opened
-only under the folders the operator lists in ``ATTNVIZ_MODEL_ROOTS`` (:func:`visitor_path`), and a
-hub id only from the cache under them, unless the operator allows downloads (:func:`visitor_model`);
-then the visitor counts as the machine's own user (:func:`local_user`) and is told why a model
+read from it offline (`attnviz.checkpoints.hub`). A path a visitor of the app types is opened
+only under the folders the operator lists in ``ATTNVIZ_MODEL_ROOTS`` (`visitor_path`), and a
+hub id only from the cache under them, unless the operator allows downloads (`visitor_model`);
+then the visitor counts as the machine's own user (`local_user`) and is told why a model
 cannot be had.
 """
 
@@ -51,7 +51,7 @@ def model_roots() -> list[Path]:
 def local_user() -> bool:
     """Whether the app may tell its user about this machine: why the hub failed, which typed folders exist.
 
-    True where the operator allows downloads (``ATTNVIZ_ALLOW_DOWNLOADS=1``, :func:`downloads_allowed`):
+    True where the operator allows downloads (``ATTNVIZ_ALLOW_DOWNLOADS=1``, `downloads_allowed`):
     that is the setting of a person running ``streamlit run`` on their own machine, who is both the
     operator and the only visitor. Whether a browser is on the server's machine cannot be told
     reliably from the server (behind a proxy every visitor comes from loopback), so the operator's
@@ -88,7 +88,7 @@ def visitor_path(typed: str) -> Path:
     one is looked up under each root in turn, then under the working folder, and a hub id
     (``owner/name``) also as the hub cache's folder for it, ``models--owner--name``, in each root;
     whichever it is, what it resolves to must lie under a root. The error names only what the
-    visitor typed: never a root, never what a folder holds; a :func:`local_user` is also told when
+    visitor typed: never a root, never what a folder holds; a `local_user` is also told when
     the path names a folder outside the roots.
     """
     text = typed.strip()
@@ -120,7 +120,7 @@ def visitor_path(typed: str) -> Path:
 
 
 def visitor_model(typed: str) -> Path:
-    """The model a visitor of the app named: a folder under a model root (:func:`visitor_path`), or,
+    """The model a visitor of the app named: a folder under a model root (`visitor_path`), or,
     only when the operator sets ``ATTNVIZ_ALLOW_DOWNLOADS=1``, a hub id downloaded into the hub's cache.
 
     A folder wins over a hub id of the same spelling (``pretrained/en-de``). Without that setting a
@@ -161,7 +161,7 @@ def resolve_model(name_or_dir: str | Path) -> Path:
     A bare name is a shipped model's first (a local folder of the same name does not shadow it:
     write ``./en-de`` for that), then a folder of that name here. ``owner/name`` is a folder at that
     relative path when there is one, else a hub id: downloaded into the hub's cache, or read from
-    it when ``HF_HUB_OFFLINE=1`` (:func:`attnviz.checkpoints.hub.hub_snapshot`).
+    it when ``HF_HUB_OFFLINE=1`` (`attnviz.checkpoints.hub.hub_snapshot`).
     """
     text = str(name_or_dir).strip()
     if not text:

@@ -3,7 +3,7 @@
 The map's coordinates come from classical MDS of the Jensen-Shannon distances between heads
 (``mds.parquet``): heads close together attend alike over the corpus. The axes have no units of
 their own; only distances on the map mean something. A head's own map for one sentence is drawn
-with :func:`attnviz.figures.attention.attention_heatmap`.
+with `attnviz.figures.attention.attention_heatmap`.
 
 Heads that attend alike sit close together, so their names would print over each other: a name
 goes above or below its point where it clears every name already placed and every other point,

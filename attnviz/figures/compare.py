@@ -28,7 +28,7 @@ from attnviz.figures.images import colour_indices, map_image
 def pair_labels(tokens_a: Sequence[str], tokens_b: Sequence[str]) -> list[str]:
     """Position labels for two token lists of one length: "3 cat" where they agree, "3 cat | dog" where not.
 
-    Escaped for plotly, like :func:`attnviz.figures.common.plotly_labels`.
+    Escaped for plotly, like `attnviz.figures.common.plotly_labels`.
     """
     if len(tokens_a) != len(tokens_b):
         raise ValueError(f"the two sides have {len(tokens_a)} and {len(tokens_b)} tokens; pair labels need one length")

@@ -1,4 +1,4 @@
-"""The Q-K embedding of one head as a scatter plot: queries and keys in one plane (:mod:`attnviz.qk`)."""
+"""The Q-K embedding of one head as a scatter plot: queries and keys in one plane (`attnviz.qk`)."""
 
 from __future__ import annotations
 

@@ -79,7 +79,7 @@ def encoding_matrix(
 ) -> np.ndarray:
     """The (N, D) sinusoid table of section 3.5 for positions start..start+N-1, any base, in ``dtype``.
 
-    The model's own table (:func:`attnviz.model.sinusoidal_table`, the one formula in attnviz) with
+    The model's own table (`attnviz.model.sinusoidal_table`, the one formula in attnviz) with
     the inputs checked for the page. The model computes the angles pos * omega_i in float64 and
     rounds the table to float32; ``angle_dtype`` float32 computes the angles themselves in float32,
     as many implementations do: at large positions they lose digits (about pos * 6e-8 radians),
@@ -156,7 +156,7 @@ def rotation_matrix(k: float, d_model: int, base: float = PAPER_BASE, layout: st
     By angle addition each pair (sin(pos w), cos(pos w)) moves to (sin((pos+k) w), cos((pos+k) w))
     by the rotation [[cos kw, sin kw], [-sin kw, cos kw]], which involves k and w but not pos.
     Interleaved: these 2x2 blocks on the diagonal. Concat: the same matrix with rows and columns
-    permuted by :func:`layout_permutation` (sine i in column i, cosine i in column P + i).
+    permuted by `layout_permutation` (sine i in column i, cosine i in column P + i).
     """
     _check(None, d_model, base, layout)
     phi = k * frequencies(d_model, base)  # (P,)
@@ -345,7 +345,7 @@ class ModelPositions(NamedTuple):
 def model_positions(model) -> ModelPositions:
     """The position table a model adds to its embeddings (sinusoidal or learned) and its kind; None for 'none'.
 
-    Works for any :class:`attnviz.model.Transformer`; the table is copied to the CPU as float64 and
+    Works for any [`attnviz.model.Transformer`][]; the table is copied to the CPU as float64 and
     the model is not touched. The model adds it after scaling the embeddings by sqrt(d_model) (3.4).
     """
     pos = getattr(model, "pos", None)

@@ -5,7 +5,7 @@ Section 3.5 argues that PE(pos + k) is a linear function (a rotation) of PE(pos)
 key at position j are each rotated by their own position's angles, and since rotations compose,
 q_i^T R(i)^T R(j) k_j = q_i^T R(j - i) k_j. The score of a pair depends on j - i alone. Here that
 is measured on the loaded model's own vectors, taken before the rotation (the points
-``q_unrotated`` and ``k_unrotated`` of :mod:`attnviz.hooks`), and rotated again with both positions
+``q_unrotated`` and ``k_unrotated`` of `attnviz.hooks`), and rotated again with both positions
 moved by c: every score changes by float32 rounding only.
 """
 

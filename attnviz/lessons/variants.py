@@ -37,7 +37,7 @@ MAX_PATTERN_N = 4096
 
 
 def pattern(name: str, n: int, k: int = 1, causal: bool = False) -> np.ndarray:
-    """The (n, n) boolean mask of a named pattern (see :data:`PATTERNS`); ``k`` is the window or stride."""
+    """The (n, n) boolean mask of a named pattern (see `PATTERNS`); ``k`` is the window or stride."""
     if name not in PATTERNS:
         raise InputError(f"pattern must be one of {', '.join(PATTERNS)}; got {name!r}")
     if not 1 <= n <= MAX_PATTERN_N:
@@ -201,7 +201,7 @@ def time_self_attention_vs_gru(ns=(16, 64, 256, 1024), d: int = 64, repeats: int
     """Median milliseconds of one self-attention layer and one torch.nn.GRU layer on one sequence of n.
 
     Both have width ``d`` and run on the CPU, in inference mode. Self-attention is the fused kernel
-    of :class:`~attnviz.model.MultiHeadAttention`; the GRU must walk the n positions one after
+    of `MultiHeadAttention`; the GRU must walk the n positions one after
     another. Each timing is after one warm-up call. Long form: n, layer, median ms.
     """
     if repeats < 1 or d < 2 or d % n_heads or min(ns) < 1:
@@ -245,7 +245,7 @@ class PatternRun:
 def encode_with_pattern(model: Transformer, src_ids, mask: np.ndarray | None, max_len: int | None = None) -> PatternRun:
     """Encoder maps and greedy translation of one sentence with ``mask`` (S, S) ANDed into encoder
     self-attention (None: the model as trained). The model is only read, never changed: the mask is
-    applied by an :class:`~attnviz.hooks.Edit` of each encoder layer's mask point."""
+    applied by an `Edit` of each encoder layer's mask point."""
     ids = torch.as_tensor(src_ids, dtype=torch.long).reshape(1, -1).to(model.device)  # (1, S)
     S = ids.shape[1]
     edits = {}

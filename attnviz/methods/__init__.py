@@ -1,15 +1,15 @@
 """Beyond the weights: what each head contributes, and what the output does without it.
 
 The research methods' wing. Each contribution method is one module and one entry of
-:data:`METHODS`, keyed by its command-line name; the CLI (``attnviz attribute --method``), the
-Python API (:func:`attnviz.attribute`) and the app's page read this registry and nothing else.
-Ablation (:mod:`~attnviz.methods.ablation`) and head importance (:mod:`~attnviz.methods.importance`)
+`METHODS`, keyed by its command-line name; the CLI (``attnviz attribute --method``), the
+Python API ([`attnviz.attribute`][attnviz.api.attribute]) and the app's page read this registry and nothing else.
+Ablation (`ablation`) and head importance (`importance`)
 change the model's output rather than explain it, and have their own entry points.
 
-Methods use the core (the model, its named points in :mod:`attnviz.hooks`, decoding, analysis),
+Methods use the core (the model, its named points in `attnviz.hooks`, decoding, analysis),
 never the app, the API or the checkpoint importers: they take a model and token ids, ``src`` (1, S)
 and ``tgt`` (1, T) (the decoder input, or None for an encoder-only model), and return a
-:class:`~attnviz.methods.common.Contributions`.
+`Contributions`.
 """
 
 from __future__ import annotations

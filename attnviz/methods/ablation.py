@@ -1,6 +1,6 @@
 """Switching heads off: the model's output with some attention heads ablated, the shared model untouched.
 
-A head is ablated at its ``heads`` point (:mod:`attnviz.hooks`), its weighted sum of values before
+A head is ablated at its ``heads`` point (`attnviz.hooks`), its weighted sum of values before
 the concatenation and W_O, in one of two modes:
 
 - ``zero``: the head's output is 0 at every query position (so W_O adds only its bias for it), as
@@ -11,8 +11,8 @@ the concatenation and W_O, in one of two modes:
   loses what depends on the token. The means come from the intact model, so that decoding step by
   step (where one position is computed at a time) uses the same vectors as a teacher-forced pass.
 
-An :class:`Ablation` is a set of heads and a mode; :func:`ablation_scope` turns it into an
-:class:`~attnviz.hooks.Edit` active inside a ``with`` block, for this thread only: decoding,
+An [`Ablation`][attnviz.methods.ablation.Ablation] is a set of heads and a mode; `ablation_scope` turns it into an
+`Edit` active inside a ``with`` block, for this thread only: decoding,
 forward passes and the maps inside the block see the ablated model.
 """
 
@@ -46,8 +46,8 @@ SYNTAX = "KIND:LAYER.HEAD[,KIND:LAYER.HEAD...] with KIND encoder, decoder or cro
 class Ablation:
     """Heads to switch off, as (kind, layer, head) with layer and head from 0, and how (``zero`` or ``mean``).
 
-    Text form (:meth:`parse`, ``str``): ``cross:1.2,encoder:3.1``, layers and heads from 1 as the
-    app shows them. An empty ablation changes nothing.
+    Text form ([`parse`][attnviz.methods.ablation.Ablation.parse], ``str``): ``cross:1.2,encoder:3.1``,
+    layers and heads from 1 as the app shows them. An empty ablation changes nothing.
     """
 
     heads: frozenset[tuple[str, int, int]] = frozenset()
@@ -81,7 +81,8 @@ class Ablation:
 
     @classmethod
     def of(cls, ablate: str | Ablation | Iterable[tuple[str, int, int]] | None, mode: str = "zero") -> Ablation:
-        """An Ablation from None, text (:meth:`parse`), an Ablation, or (kind, layer, head) tuples from 0."""
+        """An Ablation from None, text ([`parse`][attnviz.methods.ablation.Ablation.parse]), an Ablation, or
+        (kind, layer, head) tuples from 0."""
         if ablate is None:
             return cls(frozenset(), mode)
         if isinstance(ablate, Ablation):

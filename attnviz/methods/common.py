@@ -3,7 +3,7 @@
 A method takes the model and one sentence pair as token ids, ``src`` (1, S) and ``tgt`` (1, T) (the
 decoder input, starting with the start token; None for an encoder-only model; a language model
 reads no ``src``, None, and its prompt as ``tgt``), and returns a
-:class:`Contributions`: per kind of attention a float32 array shaped like the maps, (L, H, Q, K)
+`Contributions`: per kind of attention a float32 array shaped like the maps, (L, H, Q, K)
 per head or (L, Q, K) per layer, rows queries and columns keys, plus any further named arrays.
 """
 

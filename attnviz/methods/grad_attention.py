@@ -5,15 +5,19 @@ arXiv:2103.15679, section 3).
 What is explained: the logit y of the token the model predicts at decoder position t (the argmax of
 that position's logits). For every attention map A (per layer and kind, heads h), equation 5:
 
-    Abar = mean_h max(0, dy/dA_h * A_h)                      (elementwise; (Q, K) per layer)
+```text
+Abar = mean_h max(0, dy/dA_h * A_h)                      (elementwise; (Q, K) per layer)
+```
 
 The relevance maps start as R_ss = I (source x source), R_tt = I (target x target) and R_ts = 0
 (target x source), and take every layer in the model's order (equations 6, 7 and 10, as in the
 paper's encoder-decoder code):
 
-    encoder self-attention:   R_ss += Abar R_ss
-    decoder self-attention:   R_tt += Abar R_tt,   R_ts += Abar R_ts
-    cross-attention:          R_ts += norm(R_tt)^T Abar norm(R_ss)
+```text
+encoder self-attention:   R_ss += Abar R_ss
+decoder self-attention:   R_tt += Abar R_tt,   R_ts += Abar R_ts
+cross-attention:          R_ts += norm(R_tt)^T Abar norm(R_ss)
+```
 
 where norm(R) = rownorm(R - I) + I (equations 8 and 9: the identity set aside, each row's remaining
 relevance scaled to sum to 1). Row t of R_ts is the relevance of each source token for the
@@ -24,7 +28,7 @@ zeroes the NaNs of the product, which would blank the whole row t whenever t is 
 position.
 
 The gradient comes from one backward pass. The shared model is not modified: its parameters do not
-require grad; the embeddings' outputs are replaced (:class:`~attnviz.hooks.Edit`) by copies that do,
+require grad; the embeddings' outputs are replaced (`Edit`) by copies that do,
 and the weights are recorded attached to the graph (``Recorder(keep_graph=True)``).
 """
 

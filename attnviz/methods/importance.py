@@ -5,10 +5,12 @@ arXiv:1905.10650) ablate heads one at a time (section 3) and define an importanc
 expected sensitivity of the loss to a head's mask (section 4.1, a first-order estimate of that same
 change). Here the change itself is measured: for each head h of each kind and layer,
 
-    importance(h) = ( sum_n log p(y_n | x_n) - log p_{-h}(y_n | x_n) ) / (number of target tokens)
+```text
+importance(h) = ( sum_n log p(y_n | x_n) - log p_{-h}(y_n | x_n) ) / (number of target tokens)
+```
 
 in nats per target token, with p_{-h} the model with head h's output set to zero before W_O
-(:mod:`attnviz.methods.ablation`, ``zero`` mode), over sentence pairs (x_n, y_n): references, or the
+(`attnviz.methods.ablation`, ``zero`` mode), over sentence pairs (x_n, y_n): references, or the
 model's own output. Positive: the head helps produce y; negative: the output is more likely
 without it. A head can matter only together with another (heads can back each other up), which a
 one-at-a-time ablation does not show.

@@ -8,7 +8,7 @@ large weight on a value vector that W_O shrinks to almost nothing counts for lit
 
 x_j is what W_V multiplies: the layer input (post-LN) or its normalised copy (pre-LN) for
 self-attention, the encoder output for cross-attention. It is read at the model's own ``v`` point
-(:mod:`attnviz.hooks`), so whichever of these the model uses is the one scored. W_O's bias b_O
+(`attnviz.hooks`), so whichever of these the model uses is the one scored. W_O's bias b_O
 belongs to no key and is left out, as in the paper.
 """
 

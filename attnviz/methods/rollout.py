@@ -1,7 +1,7 @@
 """Attention rollout through the encoder and the decoder: how the input tokens flow into each position.
 
 The encoder follows Abnar & Zuidema (2020, "Quantifying Attention Flow in Transformers",
-arXiv:2005.00928), as :func:`attnviz.analysis.attention_rollout`: per layer the heads' mean map W,
+arXiv:2005.00928), as `attnviz.analysis.attention_rollout`: per layer the heads' mean map W,
 the residual connection as 0.5 I, and the layers multiplied, R_enc = A_L ... A_1 with A = 0.5 W + 0.5 I.
 
 The decoder follows the structure of ALTI+ (Ferrando et al., 2022, "Towards Opening the Black Box of
@@ -10,9 +10,11 @@ section 3), with the same attention-weight contributions instead of ALTI's: each
 holds a mixture of the T target tokens and the S source tokens, a row of P = [P_src | P_tgt]
 (T x (S + T)), starting from P = [0 | I] (position t is its own embedding). Per decoder layer:
 
-    self-attention:   P <- (0.5 W_self + 0.5 I) P                      (mixes target positions)
-    cross-attention:  P <- 0.5 P + 0.5 [W_cross R_enc | 0]             (the residual keeps half;
-                                                                        the other half is source)
+```text
+self-attention:   P <- (0.5 W_self + 0.5 I) P                      (mixes target positions)
+cross-attention:  P <- 0.5 P + 0.5 [W_cross R_enc | 0]             (the residual keeps half;
+                                                                    the other half is source)
+```
 
 with W_self and W_cross that layer's mean maps over heads and R_enc the encoder's whole rollout
 (the memory every decoder layer reads). After layer l, ``cross[l]`` is P_src (T x S) and

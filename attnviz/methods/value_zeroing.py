@@ -5,7 +5,9 @@ For layer l and key j: the value vectors of token j are set to zero in every hea
 attention of one kind, the whole layer is recomputed from its original input (attention, residual
 connections, LayerNorms, feed-forward network), and query i scores
 
-    C_ij = 1 - cos(y_i, y_i^{-j})
+```text
+C_ij = 1 - cos(y_i, y_i^{-j})
+```
 
 with y_i the layer's output at position i, intact, and y_i^{-j} the same output without token j's
 values. Each row is then divided by its sum (a row whose sum is 0 stays 0), so it reads as shares.
@@ -15,7 +17,7 @@ The zeroing of token j changes only the attention of its own kind: decoder self-
 of target token j, cross-attention values of source token j (keys and queries are untouched). The
 layer is recomputed by calling the model's own ``EncoderLayer`` / ``DecoderLayer`` on the input it
 received (recorded at its ``input`` point), on a batch where row b zeroes token b through an
-:class:`~attnviz.hooks.Edit` of the ``v`` point, plus one row that zeroes nothing, whose output is
+`Edit` of the ``v`` point, plus one row that zeroes nothing, whose output is
 the intact y: one batched pass per layer and kind, not one per token, and the shared model is never
 modified. A decoder layer reads the cross-attention's keys and values of the intact pass from its
 key/value cache, as in decoding: the encoder output is the same in every row.

@@ -1,9 +1,9 @@
 """Snapshot tests of attention: compare two exports (or atlases) and report how they differ.
 
-- :mod:`attnviz.testing.compare`: :func:`compare_exports`, the :class:`Report` (text and JSON),
-  the invariants of attention weights;
-- :mod:`attnviz.testing.atlas`: the same for two atlas folders;
-- :mod:`attnviz.testing.plugin`: the pytest plugin, with the ``attention_snapshot`` fixture and
+- `attnviz.testing.compare`: [`compare_exports`][attnviz.testing.compare_exports], the
+  [`Report`][attnviz.testing.Report] (text and JSON), the invariants of attention weights;
+- `attnviz.testing.atlas`: the same for two atlas folders;
+- `attnviz.testing.plugin`: the pytest plugin, with the ``attention_snapshot`` fixture and
   the ``--attnviz-update`` flag (docs/snapshots.md).
 
 The names below load on first use: pytest imports the plugin in every run where attnviz is

@@ -121,7 +121,8 @@ def _compare_sentences(a: pd.DataFrame | None, b: pd.DataFrame | None, atol: flo
 def compare_atlases(
     a: str | Path, b: str | Path, atol: float, rtol: float = 0.0, labels: tuple[str, str] | None = None
 ) -> Report:
-    """Every difference between atlas folder ``a`` (expected) and ``b`` (actual), as a :class:`Report`.
+    """Every difference between atlas folder ``a`` (expected) and ``b`` (actual), as a
+    [`Report`][attnviz.testing.report.Report].
 
     ``labels`` name A and B in the report (default: the paths).
     """

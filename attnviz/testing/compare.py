@@ -1,10 +1,10 @@
 """Compare two attention exports and say, for people and for machines, where and how they differ.
 
-:func:`compare_exports` gives a :class:`Report` with every difference between an expected export
-A (a golden file) and an actual one B: inputs that changed (tokens, ids, and why: another text,
-another tokenizer, another greedy output), arrays missing or reshaped, cells whose values differ by
-more than the tolerance (grouped by kind, layer and head, with the worst query and key and their
-tokens), and broken invariants of attention weights (a row that does not sum to 1, a weight
+[`compare_exports`][attnviz.testing.compare.compare_exports] gives a [`Report`][attnviz.testing.report.Report] with
+every difference between an expected export A (a golden file) and an actual one B: inputs that changed (tokens, ids, and
+why: another text, another tokenizer, another greedy output), arrays missing or reshaped, cells whose values differ by
+more than the tolerance (grouped by kind, layer and head, with the worst query and key and their tokens), and broken
+invariants of attention weights (a row that does not sum to 1, a weight
 outside [0, 1], a causal cell that is not 0). Differences in the manifests' versions, device and
 kernels are listed as context: they do not make two exports differ, but they say why they might.
 
@@ -303,7 +303,8 @@ def compare_exports(
     rtol: float = 0.0,
     labels: tuple[str, str] = ("A", "B"),
 ) -> Report:
-    """Every difference between export ``a`` (expected) and ``b`` (actual), as a :class:`Report`.
+    """Every difference between export ``a`` (expected) and ``b`` (actual), as a
+    [`Report`][attnviz.testing.report.Report].
 
     When the inputs differ (other ids on either side), the maps are not compared cell by cell: their
     rows and columns are other tokens, and one finding says why instead of a million numbers.

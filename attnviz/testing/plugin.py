@@ -4,11 +4,11 @@ pytest loads it in every run of every project where attnviz is installed (entry 
 ``pytest11``), so it only registers a flag, two ini settings and a fixture: numpy, torch and the
 comparison are imported when a test first takes a snapshot. ``-p no:attnviz`` switches it off.
 
-::
-
-    def test_cross_attention(attention_snapshot):
-        bundle = attnviz.load("path/to/checkpoint", device="cpu")
-        attention_snapshot(attnviz.attention(bundle, "twenty-one", "einundzwanzig"))
+```python
+def test_cross_attention(attention_snapshot):
+    bundle = attnviz.load("path/to/checkpoint", device="cpu")
+    attention_snapshot(attnviz.attention(bundle, "twenty-one", "einundzwanzig"))
+```
 
 The golden file is ``__snapshots__/<test module>/<test name>.npz`` next to the test module (a
 folder for an atlas). A missing golden file fails the test and names the flag; ``pytest
@@ -54,7 +54,7 @@ def _file_name(nodeid: str) -> str:
 
 
 class AttentionSnapshot:
-    """Compares what a test computed with its golden file; see :meth:`__call__`."""
+    """Compares what a test computed with its golden file; see `__call__`."""
 
     def __init__(self, request: pytest.FixtureRequest):
         self._request = request
@@ -76,7 +76,7 @@ class AttentionSnapshot:
     ):
         """Compare ``actual`` with its golden file; fail the test with the readable report when they differ.
 
-        ``actual``: an :class:`~attnviz.export.AttentionExport`, or the path of an .npz export or of
+        ``actual``: an [`AttentionExport`][attnviz.export.AttentionExport], or the path of an .npz export or of
         an atlas folder. ``name`` tells apart several snapshots of one test (by default the second
         is ``<test>-2``); ``path`` puts the golden file elsewhere. ``atol`` and ``rtol`` default to
         the ini settings ``attnviz_atol`` / ``attnviz_rtol``, else 1e-5 and 0. Returns the report.

@@ -1,7 +1,7 @@
 """What a comparison found, for people and for machines: findings, the report, and the manifests' context.
 
-Shared by the comparison of exports (:mod:`attnviz.testing.compare`) and of atlas folders
-(:mod:`attnviz.testing.atlas`); neither imports the other for it. Only numpy is needed.
+Shared by the comparison of exports (`attnviz.testing.compare`) and of atlas folders
+(`attnviz.testing.atlas`); neither imports the other for it. Only numpy is needed.
 """
 
 from __future__ import annotations
@@ -79,7 +79,8 @@ class Report:
         return "\n".join(lines)
 
     def to_json(self) -> dict:
-        """The report for machines: the same facts as :meth:`to_text`, as a JSON-able dict.
+        """The report for machines: the same facts as [`to_text`][attnviz.testing.report.Report.to_text], as a
+        JSON-able dict.
 
         Strict JSON: a value that is not finite (NaN against a number) is the string "nan" or "inf".
         """
