@@ -1,12 +1,16 @@
 """Training and evaluation data, generated at run time from real locale data: no download.
 
-Two tasks ship with attnviz:
+Two translation tasks ship with attnviz:
 
 * ``en-de``: English phrases to German where the word order changes: dates in the four CLDR
   formats (Babel's ``format_date``), clock times, money amounts (``format_currency``) and numbers
   written as words (``num2words``: "twenty-one" -> "einundzwanzig", ones before tens).
 * ``reverse``: a sequence of letters to the same letters backwards; its cross-attention is the
   anti-diagonal of the textbook.
+
+and two for language models, where each pair is one text: ``induction`` (random letters, then
+the same again) and ``induction-long`` (the same with 3,600 made-up words, and texts of up to
+4,095 tokens for a model with a long context).
 
 Every task splits the space of source strings in two by a hash of the source: training only ever
 draws from the ``train`` part and evaluation only from the ``heldout`` part, so the evaluation
@@ -136,6 +140,44 @@ def _induction_text(rng: random.Random) -> tuple[str, str]:
     return text, text
 
 
+# Made-up two-syllable words ("bako", "lemi"): 3,600 of them, one piece each, so that a random text
+# of 2,047 distinct words, repeated once, fills 4,095 positions with `<s>` and never repeats a
+# word by chance: every repeat is one an induction head can use.
+LONG_CONSONANTS, LONG_VOWELS = "bdfgklmnprst", "aeiou"
+LONG_SYLLABLES = tuple(c + v for c in LONG_CONSONANTS for v in LONG_VOWELS)
+LONG_WORDS = tuple(a + b for a in LONG_SYLLABLES for b in LONG_SYLLABLES)
+LONG_INDUCTION_LENGTHS = (8, 64)  # distinct words in the first half of a training text
+LONG_INDUCTION_LONGEST = (65, 2047)  # ... and of a text of the last steps: up to 4,095 tokens with `<s>`
+LONG_PROBE_WORDS = 2047  # words in each half of the probe: with `<s>`, 4,095 positions
+
+
+def repeated_words(rng: random.Random, n: int) -> str:
+    """``n`` distinct random words of `LONG_WORDS`, then the same ``n`` again."""
+    words = rng.sample(LONG_WORDS, n)
+    return " ".join(words + words)
+
+
+def _long_induction_text(rng: random.Random) -> tuple[str, str]:
+    """Distinct random words, then the same words again: the induction task with a large vocabulary."""
+    text = repeated_words(rng, rng.randint(*LONG_INDUCTION_LENGTHS))
+    return text, text
+
+
+def _longest_induction_text(rng: random.Random) -> tuple[str, str]:
+    """The same, of up to 4,095 tokens: the texts of the last steps (``Task.make_long_pair``)."""
+    text = repeated_words(rng, rng.randint(*LONG_INDUCTION_LONGEST))
+    return text, text
+
+
+def long_probe(seed: int = 0, words: int = LONG_PROBE_WORDS) -> str:
+    """A long text for ``induction-long``'s heads: ``words`` distinct random words, then the same again.
+
+    The model card's scores are measured on ``long_probe(0)``, 4,095 tokens with `<s>`, which the
+    shipped folder also holds as ``probe.txt``.
+    """
+    return repeated_words(random.Random(f"induction-long/probe/{seed}"), words)
+
+
 # ---------------------------------------------------------------------------------------------
 # Tasks
 
@@ -152,15 +194,22 @@ class Task:
     spm_model_type: str = "bpe"
     symbols: tuple[str, ...] = ()  # pieces the tokenizer always keeps whole
     decoder_only: bool = False  # a language model's task: each pair is one text, read and predicted
+    # Longer pairs for a recipe's last steps (``Recipe.long_steps``): heads form fast on short texts,
+    # where a head's weight is shared among few keys, and then learn to keep their roles among thousands.
+    make_long_pair: Callable[[random.Random], tuple[str, str]] | None = None
 
-    def stream(self, seed: int, split: str = "train") -> Iterator[tuple[str, str]]:
-        """An endless stream of pairs drawn with ``seed`` from one split ("train" or "heldout")."""
+    def stream(self, seed: int, split: str = "train", long: bool = False) -> Iterator[tuple[str, str]]:
+        """An endless stream of pairs drawn with ``seed`` from one split ("train" or "heldout"); with
+        ``long``, of the task's long pairs."""
         if split not in ("train", "heldout"):
             raise ValueError(f"split must be 'train' or 'heldout', got {split!r}")
-        rng = random.Random(f"{self.name}/{split}/{seed}")
+        if long and self.make_long_pair is None:
+            raise ValueError(f"the task {self.name!r} has no long pairs")
+        rng = random.Random(f"{self.name}/{split}/{seed}" + ("/long" if long else ""))
+        make = self.make_long_pair if long else self.make_pair
         want_heldout = split == "heldout"
         while True:
-            src, tgt = self.make_pair(rng)
+            src, tgt = make(rng)
             if is_heldout(src) == want_heldout:
                 yield src, tgt
 
@@ -205,6 +254,23 @@ TASKS: dict[str, Task] = {
         make_pair=_induction_text,
         examples=("q w e r t y q w e r t y", "a t t e n t i o n a t t e n t i o n", "h e a d s h e a d s"),
         vocab_size=4 + len(REVERSE_ALPHABET),
+        spm_model_type="word",
+        decoder_only=True,
+    ),
+    "induction-long": Task(
+        name="induction-long",
+        description=(
+            f"continue {LONG_INDUCTION_LENGTHS[0]} to {LONG_INDUCTION_LENGTHS[1]} distinct random made-up words "
+            f"(from {len(LONG_WORDS):,}) followed by the same words again: the induction task with a vocabulary "
+            "large enough for a text of thousands of tokens that repeats no word by chance"
+        ),
+        make_pair=_long_induction_text,
+        make_long_pair=_longest_induction_text,
+        examples=(
+            "bako lemi tuda rosi pefa bako lemi tuda rosi pefa",
+            "kanu dibo sele mato gupi rena kanu dibo sele mato gupi rena",
+        ),
+        vocab_size=4 + len(LONG_WORDS),
         spm_model_type="word",
         decoder_only=True,
     ),
