@@ -2,10 +2,12 @@
 
 Results go to standard output. `attnviz diff` exits 0 when two exports are equal within the
 tolerance and 1 when they differ. Any bad input (an argument out of range, text that is not Unicode,
-an output file in a missing folder, a model that cannot be loaded) ends with exit status 2 and one
-line on standard error, ``attnviz: error: ...``, never a traceback. Arguments are checked as they
-are parsed, before any work starts. An error attnviz did not foresee (a bug) also gets one line,
-and exit status 1; ``ATTNVIZ_DEBUG=1`` shows its traceback.
+an output file in a missing folder, a model that cannot be loaded, an output larger than
+``ATTNVIZ_MAX_EXPORT_MB``) ends with exit status 2 and one line on standard error,
+``attnviz: error: ...``, never a traceback. Arguments are checked as they are parsed, and an
+output's size before it is computed. An error attnviz did not foresee (a bug, memory running out)
+also gets one line, and exit status 3, which no command uses for an answer; ``ATTNVIZ_DEBUG=1``
+shows its traceback.
 """
 
 from __future__ import annotations
@@ -31,6 +33,8 @@ MAX_PATH = 4096  # Linux's PATH_MAX: a longer --model or --out cannot name a fil
 MAX_BEAM = 64  # what attnviz.decoding.step_through accepts
 MAX_NEW_TOKENS = 256  # what attnviz.api.generate accepts
 MAX_POSITION = 1 << 20  # beyond any model's positions; the sentence's own length is checked once it is known
+# Exit statuses: 0 done (diff: equal), 1 diff: different, 2 bad input, 3 an error attnviz did not foresee.
+EXIT_BAD_INPUT, EXIT_UNFORESEEN = 2, 3
 
 
 class UsageError(AttnvizError):
@@ -211,11 +215,13 @@ def _inputs_line(export, unit: str) -> str:
     return f"source {len(export.src_tokens)} {unit}{decoder}"
 
 
-def _attention(args) -> None:
-    from attnviz.api import attention, load, maps_size
+def _check_maps_size(bundle, args) -> None:
+    """Refuse, before any map is made, a text whose maps would be larger than an export may hold:
+    the bound `attention` writes under, and the memory `attribute`'s methods work in (each reads every
+    head's map)."""
+    from attnviz.api import maps_size
     from attnviz.export import max_export_bytes
 
-    bundle = load(args.model, args.device)
     n, size = maps_size(bundle, args.src, args.tgt, args.generate)
     if size > max_export_bytes():  # a file attnviz's own diff and snapshot plugin would refuse to read
         raise InputError(
@@ -223,6 +229,13 @@ def _attention(args) -> None:
             f"{max_export_bytes() / 2**20:,.0f} MB an export may hold (ATTNVIZ_MAX_EXPORT_MB raises it); "
             "attnviz.tiled_attention in Python computes any head of it tile by tile"
         )
+
+
+def _attention(args) -> None:
+    from attnviz.api import attention, load
+
+    bundle = load(args.model, args.device)
+    _check_maps_size(bundle, args)
     export = attention(bundle, args.src, args.tgt, words=args.words, generate=args.generate)
     path = export.save(args.out)
     L, H = (export.encoder if export.encoder is not None else export.decoder).shape[:2]
@@ -249,6 +262,7 @@ def _attribute(args) -> None:
     from attnviz.api import attribute, load
 
     bundle = load(args.model, args.device)
+    _check_maps_size(bundle, args)
     export = attribute(
         bundle, args.src, args.tgt, method=args.method, position=args.position, words=args.words, generate=args.generate
     )
@@ -502,22 +516,23 @@ def _run(argv: list[str] | None) -> int:
         status = args.run(args) or 0
     except AttnvizError as e:
         print(f"attnviz: error: {_one_line(str(e))}", file=sys.stderr)
-        return 2
+        return EXIT_BAD_INPUT
     except OSError as e:  # a file that could not be read or written
         print(f"attnviz: error: {_one_line(str(e))}", file=sys.stderr)
-        return 2
+        return EXIT_BAD_INPUT
     except KeyboardInterrupt:
         print("attnviz: interrupted", file=sys.stderr)
         return 130
-    except Exception as e:  # a bug: one line, and the traceback on request
+    except Exception as e:  # a bug, or memory running out: one line, and the traceback on request
         if os.environ.get("ATTNVIZ_DEBUG"):
             raise
+        detail = _one_line(str(e))[:500]  # a message quoting something huge stays one readable line
         print(
-            f"attnviz: error: unexpected {type(e).__name__}: {_one_line(str(e))} (a bug in attnviz; "
-            "ATTNVIZ_DEBUG=1 shows the traceback)",
+            f"attnviz: error: unexpected {type(e).__name__}: {detail} (exit status {EXIT_UNFORESEEN}: not an "
+            "answer but an error attnviz did not foresee; ATTNVIZ_DEBUG=1 shows the traceback)",
             file=sys.stderr,
         )
-        return 1
+        return EXIT_UNFORESEEN
     return status
 
 

@@ -3,16 +3,17 @@
 The defaults are the paper's base model. Options beyond the paper (pre-LN, GELU/swish, learned or
 concatenated positions, an output bias, BERT's token types and embedding LayerNorm) exist so that
 real checkpoints (Marian, BERT) run in the same model, and the fields after ``unk_id`` describe the
-decoder-only language models that came later (GPT-2, the Llama family: :mod:`attnviz.later`); each
+decoder-only language models that came later (GPT-2, the Llama family: `attnviz.later`); each
 field says where it comes from. A decoder-only model is ``n_enc_layers=0``: its decoder layers have
 no cross-attention and read the prompt directly.
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import asdict, dataclass, fields
 
-from attnviz.errors import ConfigError
+from attnviz.errors import ConfigError, describe
 from attnviz.linear import ACTIVATIONS as LINEAR_ACTIVATIONS
 
 ACTIVATIONS = tuple(name for name in LINEAR_ACTIVATIONS if name)  # ("relu", "gelu", "swish")
@@ -69,34 +70,40 @@ class TransformerConfig:
             value = getattr(self, f.name)
             kind = {"int": int, "float": (int, float), "bool": bool, "str": str}[f.type]
             if not isinstance(value, kind) or (f.type != "bool" and isinstance(value, bool)):
-                problems.append(f"{f.name} must be of type {f.type}, got {value!r}")
+                problems.append(f"{f.name} must be of type {f.type}, got {describe(value)}")
+            elif f.type == "int" and not -(2**63) < value < 2**63:  # no real size comes near; keeps messages short
+                problems.append(f"{f.name} must be below 2^63 in size, got {describe(value)}")
+            elif f.type == "float" and not math.isfinite(value):
+                problems.append(f"{f.name} must be finite, got {value!r}")
         if problems:  # the checks below compare values, which needs the right types
             raise ConfigError("invalid model config: " + "; ".join(problems))
         for name in ("src_vocab_size", "tgt_vocab_size", "d_model", "n_heads", "d_ff", "max_len"):
             if getattr(self, name) < 1:
-                problems.append(f"{name} must be a positive integer, got {getattr(self, name)!r}")
+                problems.append(f"{name} must be a positive integer, got {describe(getattr(self, name))}")
         for name in ("n_enc_layers", "n_dec_layers", "type_vocab_size"):
             if getattr(self, name) < 0:
-                problems.append(f"{name} must be a non-negative integer, got {getattr(self, name)!r}")
+                problems.append(f"{name} must be a non-negative integer, got {describe(getattr(self, name))}")
         if not problems and self.d_model % self.n_heads:
             problems.append(f"d_model ({self.d_model}) must be divisible by n_heads ({self.n_heads})")
         if self.n_kv_heads < 0 or (self.n_kv_heads and self.n_heads % self.n_kv_heads):
             problems.append(f"n_kv_heads ({self.n_kv_heads}) must divide n_heads ({self.n_heads}), or be 0")
         for name, allowed in (("norm", NORMS), ("ffn", FFNS), ("rope_scaling", ROPE_SCALINGS)):
             if getattr(self, name) not in allowed:
-                problems.append(f"{name} must be one of {allowed}, got {getattr(self, name)!r}")
+                problems.append(f"{name} must be one of {allowed}, got {describe(getattr(self, name))}")
         if self.pos_encoding == "rotary" and self.n_heads > 0 and self.d_head % 2:
             problems.append("rotary positions need an even head size (d_model / n_heads)")
         if not self.rope_theta > 0 or not self.rope_factor > 0 or self.rope_original_max_len < 1:
             problems.append("rope_theta, rope_factor and rope_original_max_len must be positive")
         if self.rope_scaling and not self.rope_high_freq_factor > self.rope_low_freq_factor > 0:
             problems.append("llama3 rope scaling needs rope_high_freq_factor > rope_low_freq_factor > 0")
+        if self.rope_scaling and not self.rope_factor >= 1:  # it divides the low frequencies: below 1 they would grow
+            problems.append(f"llama3 rope scaling needs rope_factor >= 1, got {self.rope_factor!r}")
         if self.n_enc_layers == 0 and self.n_dec_layers == 0:
             problems.append("a model needs an encoder, a decoder or both")
         if self.activation not in ACTIVATIONS:
-            problems.append(f"activation must be one of {ACTIVATIONS}, got {self.activation!r}")
+            problems.append(f"activation must be one of {ACTIVATIONS}, got {describe(self.activation)}")
         if self.pos_encoding not in POS_ENCODINGS:
-            problems.append(f"pos_encoding must be one of {POS_ENCODINGS}, got {self.pos_encoding!r}")
+            problems.append(f"pos_encoding must be one of {POS_ENCODINGS}, got {describe(self.pos_encoding)}")
         if self.pos_encoding.startswith("sinusoidal") and self.d_model % 2:
             problems.append("sinusoidal positions need an even d_model")
         if not 0.0 <= self.dropout < 1.0:
@@ -108,7 +115,7 @@ class TransformerConfig:
         for name in ("pad_id", "bos_id", "eos_id", "unk_id"):
             value = getattr(self, name)
             if not 0 <= value < min(self.src_vocab_size, self.tgt_vocab_size):
-                problems.append(f"{name} must be a token id inside both vocabularies, got {value!r}")
+                problems.append(f"{name} must be a token id inside both vocabularies, got {describe(value)}")
         if problems:
             raise ConfigError("invalid model config: " + "; ".join(problems))
 
@@ -154,5 +161,8 @@ class TransformerConfig:
         known = {f.name for f in fields(cls)}
         unknown = sorted(set(data) - known)
         if unknown:
-            raise ConfigError(f"unknown config keys {unknown}; expected a subset of {sorted(known)}")
+            shown = ", ".join(describe(key) for key in unknown[:5]) + (
+                f" and {len(unknown) - 5:,} more" if len(unknown) > 5 else ""
+            )
+            raise ConfigError(f"unknown config keys {shown}; expected a subset of {sorted(known)}")
         return cls(**data)

@@ -8,6 +8,31 @@ sees: it never names a server path, lists a folder or echoes a value read from a
 from __future__ import annotations
 
 
+def describe(value: object) -> str:
+    """``value`` as a message may show it: a number or a short string as it is, anything else by its kind and size.
+
+    A value read from a file is described before it is checked, so the description never grows with
+    it: a string of a million characters is "a string of 1,000,000 characters", never the string.
+    """
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, int):
+        return (
+            str(value) if value.bit_length() <= 64 else f"an integer of about {value.bit_length() * 3 // 10:,} digits"
+        )
+    if isinstance(value, float):
+        return repr(value)
+    if isinstance(value, str):
+        return repr(value) if len(value) <= 40 else f"a string of {len(value):,} characters"
+    if isinstance(value, (list, tuple)):
+        return f"a list of {len(value):,} item{'s' if len(value) != 1 else ''}"
+    if isinstance(value, dict):
+        return f"an object of {len(value):,} key{'s' if len(value) != 1 else ''}"
+    return f"a value of type {type(value).__name__}"
+
+
 class AttnvizError(Exception):
     """Base class: every error attnviz raises on purpose is one of these."""
 

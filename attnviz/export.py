@@ -3,9 +3,9 @@
 The export holds only numbers, unicode strings and a JSON manifest, so ``numpy.load(path,
 allow_pickle=False)`` reads it and nothing in it is ever unpickled.
 
-The manifest's ``format_version`` says which layout a file has (:data:`FORMAT_VERSIONS`). A file
-without one is version 1. :func:`load_export` reads every version attnviz has written and refuses
-a newer one, so an old attnviz never misreads a file it does not know.
+The manifest's ``format_version`` says which layout a file has (`FORMAT_VERSIONS`). A file
+without one is version 1. [`load_export`][attnviz.export.load_export] reads every version attnviz has
+written and refuses a newer one, so an old attnviz never misreads a file it does not know.
 """
 
 from __future__ import annotations
@@ -20,11 +20,12 @@ import zlib
 from dataclasses import dataclass, field
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
+from typing import BinaryIO
 
 import numpy as np
 
 from attnviz.errors import ExportError
-from attnviz.kinds import KINDS, axis_names, check_kind
+from attnviz.kinds import KINDS, axis_names, check_kind, writing_labels
 
 STANDARD_ARRAYS = ("encoder", "decoder", "cross", "src_ids", "tgt_ids", "src_tokens", "tgt_tokens", "manifest")
 # Every layout of the .npz file attnviz has written; load_export reads them all.
@@ -64,6 +65,24 @@ def max_export_bytes() -> int:
         return int(float(os.environ.get("ATTNVIZ_MAX_EXPORT_MB", MAX_EXPORT_MB)) * 2**20)
     except ValueError:
         return MAX_EXPORT_MB * 2**20
+
+
+def maps_bytes(cfg, src_len: int, tgt_len: int | None = None) -> int:
+    """About how many bytes every attention map of one text takes in float32, before any is made.
+
+    ``src_len`` tokens are read (a language model's prompt and what it generates); ``tgt_len`` is
+    the decoder input's length, None for a model writing its own output, taken to write as many
+    tokens as it reads, plus its start token. ``cfg`` is the model's TransformerConfig.
+    """
+    S = src_len
+    if cfg.decoder_only:
+        cells = cfg.n_dec_layers * S * S
+    elif cfg.encoder_only:
+        cells = cfg.n_enc_layers * S * S
+    else:
+        T = S + 1 if tgt_len is None else tgt_len
+        cells = cfg.n_enc_layers * S * S + cfg.n_dec_layers * (T * T + T * S)
+    return 4 * cfg.n_heads * cells
 
 
 def check_regular_file(path: Path, what: str = "export") -> None:
@@ -173,6 +192,17 @@ def written(
     return (*tgt_tokens[1:], "…" if truncated or language_model else end_token)
 
 
+def row_labels(maps, kind: str) -> list[str]:
+    """The query labels of ``kind``'s maps: source tokens, or decoder positions as "input → the token it writes".
+
+    ``maps`` is anything that names its rows and columns as an export does (``tokens(kind)`` and
+    ``writes()``): an [`AttentionExport`][attnviz.export.AttentionExport] or a
+    [`TiledAttention`][attnviz.tiles.TiledAttention]. The app's pages and the notebook views label rows with it.
+    """
+    queries, _ = maps.tokens(kind)
+    return list(queries) if kind == "encoder" else writing_labels(queries, maps.writes())
+
+
 @dataclass(frozen=True)
 class AttentionExport:
     """Every attention map for one sentence pair, as numpy arrays, with token labels.
@@ -204,7 +234,7 @@ class AttentionExport:
         return kind_tokens(kind, self.src_tokens, self.tgt_tokens)
 
     def writes(self, end_token: str = "</s>") -> tuple[str, ...] | None:
-        """Per decoder position, the token it writes; None for an encoder-only model (:func:`written`)."""
+        """Per decoder position, the token it writes; None for an encoder-only model (`written`)."""
         return written(self.tgt_tokens, bool(self.manifest.get("tgt_truncated")), self.encoder is None, end_token)
 
     def arrays(self) -> dict[str, np.ndarray]:
@@ -237,14 +267,20 @@ class AttentionExport:
     def to_bytes(self) -> bytes:
         """The .npz file's content (what `attnviz attention --out` writes)."""
         buf = io.BytesIO()
-        np.savez_compressed(buf, **self.arrays())
+        self.write(buf)
         return buf.getvalue()
+
+    def write(self, out: BinaryIO) -> None:
+        """Write the .npz file's content to the binary file ``out``, an array at a time (an open file on
+        disk holds none of it in memory)."""
+        np.savez_compressed(out, **self.arrays())
 
 
 def load_export(path: str | Path) -> AttentionExport:
-    """Read a file written by :meth:`AttentionExport.save`, in any format version (never unpickles).
+    """Read a file written by [`AttentionExport.save`][attnviz.export.AttentionExport.save], in any format
+    version (never unpickles).
 
-    Raises :class:`~attnviz.errors.ExportError` for a file that is not an attnviz export (corrupt,
+    Raises [`ExportError`][attnviz.errors.ExportError] for a file that is not an attnviz export (corrupt,
     truncated, another program's .npz, pickled data) or that a newer attnviz wrote.
     """
     path = Path(path)
@@ -308,7 +344,7 @@ def _check_format_version(path: Path, manifest: dict) -> None:
 class ForwardPass:
     """Every intermediate tensor of one teacher-forced forward pass, as recorded by the model.
 
-    ``tensors`` maps point names (:mod:`attnviz.hooks`), such as ``encoder.0.attn.weights``, to
+    ``tensors`` maps point names (`attnviz.hooks`), such as ``encoder.0.attn.weights``, to
     float32 arrays without the batch axis; ``tgt_ids`` and ``tgt_tokens`` are None for an
     encoder-only model. The forward-pass walkthrough shows it stage by stage.
     """

@@ -1,15 +1,17 @@
 """What the model needs from a tokenizer, and attnviz's own sentencepiece tokenizer.
 
-:class:`Tokenizer` is the interface every tokenizer implements: attnviz's
-:class:`SentencePieceTokenizer`, Marian's (:mod:`attnviz.checkpoints.marian`) and BERT's WordPiece
-(:mod:`attnviz.checkpoints.bert`). Each keeps every piece as a display label, since the pieces are
+`Tokenizer` is the interface every tokenizer implements: attnviz's
+`SentencePieceTokenizer`, Marian's (`attnviz.checkpoints.marian`) and BERT's WordPiece
+(`attnviz.checkpoints.bert`). Each keeps every piece as a display label, since the pieces are
 the rows and columns of every attention map, and says which pieces make up each word
-(:class:`Word`), so that maps can also be read word by word (:mod:`attnviz.words`).
+(`Word`), so that maps can also be read word by word (`attnviz.words`).
 """
 
 from __future__ import annotations
 
 import io
+import json
+import math
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Protocol
@@ -17,7 +19,7 @@ from typing import Protocol
 import sentencepiece as spm
 import torch
 
-from attnviz.errors import InputError
+from attnviz.errors import CheckpointError, InputError, describe
 
 # Special ids, the same in every tokenizer attnviz trains (and in TransformerConfig's defaults).
 PAD_ID, BOS_ID, EOS_ID, UNK_ID = 0, 1, 2, 3
@@ -48,16 +50,29 @@ def train_sentencepiece(
     return buf.getvalue()
 
 
-def check_text(text: str, side: str, max_tokens: int) -> None:
-    """Raise InputError for text no tokenizer should take: not a string, empty, or far too long."""
+def check_text(text: str, side: str, max_tokens: int, count: Callable[[str], int] | None = None) -> None:
+    """Raise InputError for text no tokenizer should take: not a string, empty, or far too long.
+
+    A text of over 20 characters per token the model takes is refused before it is tokenised whole
+    (a token is rarely longer than 20 characters); the message counts tokens, as the limit does:
+    with ``count`` (the tokens of a text), those of the text's first 20 x ``max_tokens`` characters,
+    when they are already too many.
+    """
     if not isinstance(text, str):
         raise InputError(f"the {side} text must be a string, got {type(text).__name__}")
     if not text.strip():
         raise InputError(f"the {side} text is empty: type a sentence")
-    # A cheap guard before tokenising: tokens are rarely shorter than a character on average.
-    if len(text) > 20 * max_tokens:
+    most = 20 * max_tokens
+    if len(text) > most:
+        n = count(text[:most]) if count is not None else 0
+        if n > max_tokens:
+            raise InputError(
+                f"the {side} text is over {n:,} tokens long (its first {most:,} characters alone are {n:,} tokens); "
+                f"this model takes at most {max_tokens:,} tokens: shorten it"
+            )
         raise InputError(
-            f"the {side} text has {len(text):,} characters; this model takes at most {max_tokens} tokens: shorten it"
+            f"the {side} text is too long: {len(text):,} characters, over 20 for each of the {max_tokens:,} "
+            "tokens this model takes; shorten it"
         )
 
 
@@ -174,15 +189,178 @@ class Tokenizer(Protocol):
     def tgt_vocab_size(self) -> int: ...
 
 
+# How much a tokenizer.json may lengthen a text before its model reads it. The ``tokenizers`` library
+# aborts the whole process (signal 6, no Python exception) when an allocation fails, and a normalizer
+# such as six Replace("a", "aaaaaaaaaa") in sequence multiplies a text's length by a million before
+# any count of tokens could refuse it. So each step's worst case is bounded from tokenizer.json alone
+# (`growth`), a tokenizer that could lengthen a text more than MAX_GROWTH times is refused when it is
+# read, and a text is encoded (or ids decoded) only when that worst case stays under
+# MAX_NORMALIZED_CHARS: about 300 MB of the library's working memory at most (here a byte-level BPE
+# took 190 MB to encode a million characters of words, 341 MB for one word of two million). Qwen2's
+# NFC and byte-level steps (15 times at most) still read 100,000 characters, about 20,000 tokens.
+MAX_GROWTH = 1000
+MAX_NORMALIZED_CHARS = 1_500_000
+# The longest a text becomes, per character, under each Unicode normal form: UAX #15, section 9
+# ("Detecting Normalization Forms": the maximum expansion factors in code points; NFKC's is U+FDFA's
+# 18), checked here over every code point with Python's unicodedata.
+NORMAL_FORMS = {"NFC": 3, "NFD": 4, "NFKC": 18, "NFKD": 18}
+# Steps that never lengthen a text (they drop, keep or replace characters one for one, or only split).
+SAME_LENGTH = {
+    "normalizer": {"Strip", "StripAccents", "Nmt"},
+    "pre_tokenizer": {
+        "BertPreTokenizer", "Whitespace", "WhitespaceSplit", "Punctuation", "Digits", "Split",
+        "CharDelimiterSplit", "UnicodeScripts", "FixedLength",
+    },
+    "decoder": {"ByteLevel", "Metaspace", "CTC", "ByteFallback", "Fuse", "Strip"},
+}  # fmt: skip
+
+
+class AmplifyingTokenizer(CheckpointError):
+    """A tokenizer.json that can lengthen a text more than attnviz lets the ``tokenizers`` library try."""
+
+
+def _times(n: float) -> str:
+    return f"{n:,.0f}" if n < 1e15 else f"{n:.1e}"
+
+
+def _replace_growth(step: dict) -> float:
+    """The most a Replace step lengthens a text: its content per character of a literal pattern, or, for a
+    regular expression (which may match the empty string between any two characters), 1 + 2 x content."""
+    pattern, content = step.get("pattern"), step.get("content")
+    if not isinstance(pattern, dict) or not isinstance(content, str):
+        raise AmplifyingTokenizer("its Replace step has no pattern or content attnviz can read")
+    literal = pattern.get("String")
+    if isinstance(literal, str) and literal:
+        return max(1.0, len(content) / len(literal))
+    return 1.0 + 2 * len(content)
+
+
+def _precompiled_growth(step: dict) -> float:
+    """The most a Precompiled (sentencepiece) normalizer lengthens a text: its longest replacement.
+
+    The charsmap is a 4-byte trie size, the trie, then the replacements, each ended by a NUL byte; a
+    replacement stands for at least one character. A charsmap that does not parse counts as one
+    replacement as long as all of it.
+    """
+    import base64
+    import binascii
+
+    try:
+        data = base64.b64decode(step.get("precompiled_charsmap") or b"", validate=True)
+    except (binascii.Error, TypeError, ValueError):
+        raise AmplifyingTokenizer("its Precompiled normalizer's charsmap is not base64") from None
+    trie = int.from_bytes(data[:4], "little") if len(data) >= 4 else len(data)
+    strings = data[4 + trie :] if 4 + trie <= len(data) else data
+    return float(max([1, *(len(part) for part in strings.split(b"\0"))]))
+
+
+def growth(spec: object, part: str, depth: int = 0) -> float:
+    """How many times at most the ``part`` ("normalizer", "pre_tokenizer" or "decoder") of a tokenizer.json,
+    given as its JSON ``spec``, lengthens a text (for a decoder: the joined pieces it reads).
+
+    An AmplifyingTokenizer for a step attnviz cannot bound (an unknown type, a custom step).
+    """
+    if spec is None:
+        return 2.0 if part == "decoder" else 1.0  # without a decoder the pieces are joined with spaces
+    kind = spec.get("type") if isinstance(spec, dict) else None
+    if not isinstance(kind, str) or depth > 16:
+        raise AmplifyingTokenizer(f"its {part} is not one attnviz can read")
+    steps = {"normalizer": "normalizers", "pre_tokenizer": "pretokenizers", "decoder": "decoders"}[part]
+    if kind == "Sequence":
+        inner = spec.get(steps)
+        if not isinstance(inner, list):
+            raise AmplifyingTokenizer(f"its {part} sequence lists no steps")
+        return math.prod(growth(step, part, depth + 1) for step in inner)
+    if kind in SAME_LENGTH[part]:
+        return 1.0
+    if kind == "Replace" and part in ("normalizer", "decoder"):
+        return _replace_growth(spec)
+    if part == "normalizer":
+        prepend = spec.get("prepend")
+        if kind == "Prepend" and isinstance(prepend, str):
+            return 1.0 + len(prepend)  # once per stretch of text between added tokens: at most once a character
+        if kind in NORMAL_FORMS:
+            return float(NORMAL_FORMS[kind])
+        if kind == "Lowercase":
+            return 3.0  # a character lowercases to at most 2 (U+0130); 3 leaves room for other Unicode versions
+        if kind == "ByteLevel":
+            return 4.0  # a character of n UTF-8 bytes becomes n characters
+        if kind == "BertNormalizer":
+            return 3.0 * NORMAL_FORMS["NFD"] * 3.0  # CJK characters spaced, accents split off (NFD), lowercased
+        if kind == "Precompiled":
+            return _precompiled_growth(spec)
+    if part == "pre_tokenizer":
+        if kind == "Metaspace":
+            return 2.0  # a space becomes "▁", and each word may gain one in front
+        if kind == "ByteLevel":
+            return 5.0  # a character of n UTF-8 bytes becomes n characters; a space may be added in front
+    if part == "decoder" and kind in ("WordPiece", "BPEDecoder"):
+        return 2.0  # pieces joined with a space between them
+    raise AmplifyingTokenizer(
+        f"its {part} step {describe(kind)} is not one attnviz knows how far it lengthens a text, so it is not run"
+    )
+
+
 class TokenizersFile:
     """What every tokenizer read from a ``tokenizer.json`` (the ``tokenizers`` library, as ``self.tok``)
-    shares: decoding and the vocabulary's size. BERT's and the language models' derive from it."""
+    shares: reading it with its growth bounded, encoding and decoding within that bound, and the
+    vocabulary's size. BERT's and the language models' derive from it."""
 
     tok: object  # a tokenizers.Tokenizer
+    text_growth: float = 1.0  # how many times the normalizer and the pre-tokenizer can lengthen a text
+    decode_growth: float = 2.0  # how many times the decoder can lengthen the pieces it joins
+
+    def _read(self, tokenizer_json: str) -> dict:
+        """tokenizer.json's JSON, once its growth is known to be bounded; sets ``self.tok``, with no padding
+        or truncation. An AmplifyingTokenizer, before the library reads it, for one that is not."""
+        from tokenizers import Tokenizer as HFTokenizer
+
+        spec = json.loads(tokenizer_json)
+        if not isinstance(spec, dict):
+            raise AmplifyingTokenizer("it is not a JSON object")
+        normalizer, pre = (
+            growth(spec.get("normalizer"), "normalizer"),
+            growth(spec.get("pre_tokenizer"), "pre_tokenizer"),
+        )
+        self.text_growth, self.decode_growth = normalizer * pre, growth(spec.get("decoder"), "decoder")
+        for what, times in (("normalizer and pre-tokenizer", self.text_growth), ("decoder", self.decode_growth)):
+            if times > MAX_GROWTH:
+                raise AmplifyingTokenizer(
+                    f"its {what} can make a text up to {_times(times)} times longer before the model reads it; "
+                    f"attnviz reads tokenizers that lengthen a text at most {MAX_GROWTH:,} times (the tokenizers "
+                    "library ends the whole process when memory runs out)"
+                )
+        self.tok = HFTokenizer.from_str(tokenizer_json)  # after the check: added tokens go through the normalizer
+        self.tok.no_padding()
+        self.tok.no_truncation()
+        return spec
+
+    def _encode(self, text: str, side: str):
+        """The library's encoding of ``text``, once its worst-case normalised length is within bounds."""
+        worst = len(text) * self.text_growth
+        if worst > MAX_NORMALIZED_CHARS:
+            raise InputError(
+                f"the {side} text has {len(text):,} characters, and this model's tokenizer can lengthen a text "
+                f"{_times(self.text_growth)} times before reading it: attnviz lets it read at most "
+                f"{MAX_NORMALIZED_CHARS:,} characters that way; shorten the text to "
+                f"{int(MAX_NORMALIZED_CHARS // self.text_growth):,} characters"
+            )
+        return self.tok.encode(text)
+
+    def _decode(self, ids: Sequence[int], skip_special_tokens: bool) -> str:
+        """The library's decoding of ``ids``, once its worst-case length is within bounds."""
+        ids = [int(i) for i in ids]
+        pieces = sum(len(self.tok.id_to_token(i) or "") for i in ids)
+        if pieces * self.decode_growth > MAX_NORMALIZED_CHARS:
+            raise InputError(
+                f"these {len(ids):,} tokens spell {pieces:,} characters, which this model's decoder can lengthen "
+                f"{_times(self.decode_growth)} times: over the {MAX_NORMALIZED_CHARS:,} attnviz decodes"
+            )
+        return self.tok.decode(ids, skip_special_tokens=skip_special_tokens)
 
     def decode(self, ids: Iterable[int]) -> str:
         """Ids to text, special tokens dropped."""
-        return self.tok.decode([int(i) for i in ids], skip_special_tokens=True)
+        return self._decode(list(ids), skip_special_tokens=True)
 
     @property
     def src_vocab_size(self) -> int:
@@ -197,7 +375,7 @@ class SentencePieceTokenizer:
     """Source and target sentencepiece models (often the same one) and the special ids.
 
     With ``decoder_only`` (attnviz's own language models) there is one text, the prompt:
-    :meth:`encode_source` gives the decoder's input, ``<s>`` and the pieces, and there is no target.
+    `encode_source` gives the decoder's input, ``<s>`` and the pieces, and there is no target.
     """
 
     def __init__(
@@ -215,7 +393,7 @@ class SentencePieceTokenizer:
 
     def _pieces(self, sp: spm.SentencePieceProcessor, text: str, side: str, first: int) -> Encoded:
         """The pieces of ``text`` and their words, the first piece at position ``first`` of the sequence."""
-        check_text(text, side, self.max_tokens)
+        check_text(text, side, self.max_tokens, lambda part: len(sp.encode(part)))
         ids, tokens = [], []
         pieces = sp.encode(text, return_type="proto").pieces
         for piece in pieces:
@@ -228,7 +406,7 @@ class SentencePieceTokenizer:
 
     def _check_length(self, n: int, side: str) -> None:
         if n > self.max_tokens:
-            raise InputError(f"the {side} text is {n} tokens long; this model takes at most {self.max_tokens}")
+            raise InputError(f"the {side} text is {n:,} tokens long; this model takes at most {self.max_tokens:,}")
 
     def encode_source(self, text: str) -> Encoded:
         """Encoder input: the pieces, then the end token; a language model's prompt: ``<s>`` and the pieces."""

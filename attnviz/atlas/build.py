@@ -1,7 +1,7 @@
 """Build an atlas: into a folder, shard by shard and resumable (the CLI), or in memory (the app).
 
 Both read the same statistics from the same engine function; the folder adds shards, a manifest
-and resuming (:mod:`attnviz.atlas.store`).
+and resuming (`attnviz.atlas.store`).
 """
 
 from __future__ import annotations
@@ -16,11 +16,11 @@ from attnviz.atlas.corpus import Corpus, file_sha256, read_lines, shards, tokeni
 from attnviz.atlas.engine import check_precision, run_local
 from attnviz.atlas.roles import PERIOD, PROBES, ROLES, SEED, role_table
 from attnviz.atlas.stats import STATISTICS
-from attnviz.atlas.store import FORMAT, AtlasFolder, load_atlas, summarise
+from attnviz.atlas.store import FORMAT, AtlasFolder, load_atlas, max_atlas_rows, summarise
 from attnviz.atlas.summary import Atlas, add_sums, divergence_sums, inputs_frame, stats_frame
 from attnviz.checkpoints import Bundle
 from attnviz.errors import InputError
-from attnviz.export import package_version
+from attnviz.export import maps_bytes, max_export_bytes, package_version
 
 ENGINES = ("local", "ray")
 SHARD_SIZE = 512  # sentences per shard: what a killed run loses at most, and how often a shard is written
@@ -60,6 +60,29 @@ def _check_usable(corpus: Corpus, bundle: Bundle, has_targets: bool) -> None:
     if not corpus.sentences:
         reasons = ", ".join(f"{n} {why}" for why, n in corpus.skipped.items() if n) or "it is empty"
         raise InputError(f"no usable sentence in the corpus ({corpus.lines} lines: {reasons})")
+
+
+def _check_size(corpus: Corpus, bundle: Bundle, has_targets: bool) -> None:
+    """Refuse, before anything is computed, an atlas whose table would hold more rows than its reader
+    takes (``ATTNVIZ_MAX_ATLAS_ROWS``), or a sentence whose maps, which a batch holds at once, would
+    take more than an export may hold (``ATTNVIZ_MAX_EXPORT_MB``)."""
+    cfg = bundle.config
+    per_sentence = cfg.n_heads * sum(cfg.n_layers_of(kind) for kind in ("encoder", "decoder", "cross"))
+    rows = len(corpus.sentences) * per_sentence
+    if rows > max_atlas_rows():
+        raise InputError(
+            f"the corpus has {len(corpus.sentences):,} usable sentences: with {per_sentence:,} heads each, the atlas "
+            f"would hold {rows:,} rows, over the {max_atlas_rows():,} an atlas may hold (ATTNVIZ_MAX_ATLAS_ROWS raises "
+            "it); use --limit to read fewer lines"
+        )
+    sizes = ((maps_bytes(cfg, len(s.src_ids), len(s.tgt_ids) if has_targets else None), s) for s in corpus.sentences)
+    size, longest = max(sizes, key=lambda pair: pair[0])
+    if size > max_export_bytes():
+        raise InputError(
+            f"line {longest.line} of the corpus is {len(longest.src_ids):,} tokens: its maps would take about "
+            f"{size / 2**20:,.0f} MB, over the {max_export_bytes() / 2**20:,.0f} MB an export may hold "
+            "(ATTNVIZ_MAX_EXPORT_MB raises it); shorten that line or leave it out"
+        )
 
 
 def compute_atlas(
@@ -145,6 +168,7 @@ def build_atlas(
         None if targets is None else read_lines(targets, limit),
     )
     _check_usable(parsed, bundle, targets is not None)
+    _check_size(parsed, bundle, targets is not None)
     plan = {
         "checkpoint_sha256": bundle.sha256,
         "corpus_sha256": file_sha256(corpus),

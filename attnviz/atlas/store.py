@@ -182,7 +182,7 @@ def summarise(
     roles: pd.DataFrame | None = None,
 ) -> Atlas:
     """The whole atlas from the per-sentence rows and the divergence sums; ``roles`` (a language model's
-    :func:`attnviz.atlas.roles.role_table`) adds its columns to the heads' table."""
+    `attnviz.atlas.roles.role_table`) adds its columns to the heads' table."""
     means = mean_divergences(sums)
     heads = head_table(sentences)
     if roles is not None:
@@ -214,6 +214,11 @@ def _limit(name: str, default: int) -> int:
         return int(float(os.environ.get(name, default)))
     except ValueError:
         return default
+
+
+def max_atlas_rows() -> int:
+    """The most rows a table of an atlas may hold: ``ATTNVIZ_MAX_ATLAS_ROWS``, else `MAX_ATLAS_ROWS`."""
+    return _limit("ATTNVIZ_MAX_ATLAS_ROWS", MAX_ATLAS_ROWS)
 
 
 def _checked_file(folder: Path, name: str, max_bytes: int) -> Path:
@@ -274,7 +279,7 @@ def _read_table(folder: Path, name: str) -> pd.DataFrame:
     import pyarrow.parquet as pq
 
     path = _checked_file(folder, f"{name}.parquet", _limit("ATTNVIZ_MAX_ATLAS_MB", MAX_ATLAS_MB) * 2**20)
-    max_rows = _limit("ATTNVIZ_MAX_ATLAS_ROWS", MAX_ATLAS_ROWS)
+    max_rows = max_atlas_rows()
     try:
         meta = pq.ParquetFile(path)
         rows, columns = meta.metadata.num_rows, set(meta.schema_arrow.names)

@@ -1,7 +1,7 @@
 """Hugging Face BERT checkpoints (encoder only), loaded into attnviz's own Transformer.
 
 BERT is the paper's encoder with choices of its own, all representable in
-:class:`~attnviz.model.TransformerConfig` with ``n_dec_layers=0``: learned positions (counted from
+[`TransformerConfig`][attnviz.config.TransformerConfig] with ``n_dec_layers=0``: learned positions (counted from
 0) plus a token-type embedding (always type 0 here: one sentence), a LayerNorm after the embedding
 sum, post-LN layers with epsilon 1e-12, GELU (the exact erf form), biases on every projection and
 no embedding scaling. The pooler and any task head are not read: attnviz shows attention only.
@@ -17,6 +17,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from attnviz.checkpoints.bundle import Bundle, checked_shapes, make_bundle
+from attnviz.checkpoints.fields import MAX_CLAIMED_POSITIONS, Fields
 from attnviz.checkpoints.files import (
     CONFIG_FILE,
     SAFETENSORS_FILE,
@@ -101,40 +102,40 @@ def bert_config(hf: dict, special_ids: dict[str, int] | None = None, source: str
     """
 
     fail = hf_config_check(hf, "bert", FIXED_FLAGS, source, "BERT")
-    position = hf.get("position_embedding_type", "absolute")
-    if position != "absolute":
-        raise fail(f'"position_embedding_type" is {position!r}; attnviz implements only "absolute" (learned) positions')
-    activation = hf.get("hidden_act", "gelu")
-    if activation not in ACTIVATIONS:
-        raise fail(f'"hidden_act" {activation!r} is not one of {sorted(ACTIVATIONS)}')
-    ids = {"[PAD]": hf.get("pad_token_id", 0), "[UNK]": 100, "[CLS]": 101, "[SEP]": 102, **(special_ids or {})}
+    f = Fields(hf, fail)
+    f.choice("position_embedding_type", "absolute", ("absolute",))
+    activation = f.choice("hidden_act", "gelu", ACTIVATIONS)
+    ids = {"[PAD]": f.token_id("pad_token_id", 0), "[UNK]": 100, "[CLS]": 101, "[SEP]": 102, **(special_ids or {})}
+    vocab = f.int("vocab_size", 30522)
+    fields = {
+        "n_enc_layers": f.int("num_hidden_layers", 12),
+        "d_model": f.int("hidden_size", 768),
+        "n_heads": f.int("num_attention_heads", 12),
+        "d_ff": f.int("intermediate_size", 3072),
+        "dropout": f.number("hidden_dropout_prob", 0.1, 0.0, 1.0),
+        "max_len": f.int("max_position_embeddings", 512, high=MAX_CLAIMED_POSITIONS),
+        "ln_eps": f.number("layer_norm_eps", 1e-12, 0.0, 1.0, low_open=True),
+        "type_vocab_size": f.int("type_vocab_size", 2, low=0),
+    }
     try:
-        vocab = hf.get("vocab_size", 30522)
         return TransformerConfig(
             src_vocab_size=vocab,
             tgt_vocab_size=vocab,
-            n_enc_layers=hf.get("num_hidden_layers", 12),
             n_dec_layers=0,
-            d_model=hf.get("hidden_size", 768),
-            n_heads=hf.get("num_attention_heads", 12),
-            d_ff=hf.get("intermediate_size", 3072),
-            dropout=float(hf.get("hidden_dropout_prob", 0.1)),
             norm_first=False,
             activation=ACTIVATIONS[activation],
             pos_encoding="learned",
-            max_len=hf.get("max_position_embeddings", 512),
             share_embeddings=True,
             tie_output=True,
             output_bias=False,
             attn_bias=True,
             scale_embedding=False,
-            ln_eps=float(hf.get("layer_norm_eps", 1e-12)),
-            type_vocab_size=hf.get("type_vocab_size", 2),
             embed_norm=True,
             pad_id=ids["[PAD]"],
             bos_id=ids["[CLS]"],
             eos_id=ids["[SEP]"],
             unk_id=ids["[UNK]"],
+            **fields,
         )
     except ConfigError as e:
         raise fail(str(e)) from None
@@ -145,19 +146,15 @@ def bert_config(hf: dict, special_ids: dict[str, int] | None = None, source: str
 
 
 class BertWordPieceTokenizer(TokenizersFile):
-    """BERT's WordPiece tokenisation implementing :class:`attnviz.tokenizer.Tokenizer`.
+    """BERT's WordPiece tokenisation implementing `attnviz.tokenizer.Tokenizer`.
 
     ``tokenizer.json`` (the ``tokenizers`` library) normalises, splits and maps to ids; its
     built-in padding and truncation are turned off, so a sentence gives exactly its own tokens:
-    ``[CLS] pieces [SEP]``. BERT has no decoder: :meth:`encode_target` refuses.
+    ``[CLS] pieces [SEP]``. BERT has no decoder: `encode_target` refuses.
     """
 
     def __init__(self, tokenizer_json: str, max_tokens: int = 512):
-        from tokenizers import Tokenizer as HFTokenizer
-
-        self.tok = HFTokenizer.from_str(tokenizer_json)
-        self.tok.no_padding()
-        self.tok.no_truncation()
+        self._read(tokenizer_json)
         ids = {name: self.tok.token_to_id(name) for name in SPECIALS}
         missing = [name for name, i in ids.items() if i is None]
         if missing:
@@ -169,8 +166,8 @@ class BertWordPieceTokenizer(TokenizersFile):
 
     def encode_source(self, text: str) -> Encoded:
         """Encoder input: ``[CLS]``, the WordPiece pieces (``##`` marks a word's continuation), ``[SEP]``."""
-        check_text(text, "source", self.max_tokens)
-        enc = self.tok.encode(text)
+        check_text(text, "source", self.max_tokens, lambda part: len(self._encode(part, "source").ids))
+        enc = self._encode(text, "source")
         tokens = []
         groups: list[list[int]] = []  # the positions of each word's pieces
         for position, (i, piece, (start, end), special) in enumerate(
@@ -186,7 +183,7 @@ class BertWordPieceTokenizer(TokenizersFile):
                 groups.append([position])
         if len(enc.ids) > self.max_tokens:
             raise InputError(
-                f"the source text is {len(enc.ids)} tokens long; this model takes at most {self.max_tokens}"
+                f"the source text is {len(enc.ids):,} tokens long; this model takes at most {self.max_tokens:,}"
             )
         return Encoded(tuple(enc.ids), tuple(tokens), tuple(self._word(enc, text, group) for group in groups))
 
@@ -263,7 +260,8 @@ def probe(path: Path) -> TransformerConfig:
 
 
 def load(path: Path, device: str = "auto") -> Bundle:
-    """A :class:`Bundle` holding a Hugging Face BERT encoder run by our Transformer, in eval mode."""
+    """A [`Bundle`][attnviz.checkpoints.bundle.Bundle] holding a Hugging Face BERT encoder run by our
+    Transformer, in eval mode."""
     path = model_folder(path)
     config_file = path / CONFIG_FILE
     hf = read_hf_config(path, "bert", DESCRIPTION)

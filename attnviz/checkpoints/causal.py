@@ -1,8 +1,8 @@
 """What the decoder-only importers share: their tokenizer, sharded weights, and the loading recipe.
 
-GPT-2 (:mod:`~attnviz.checkpoints.gpt2`), the Llama family (:mod:`~attnviz.checkpoints.llama`) and
-Qwen2 (:mod:`~attnviz.checkpoints.qwen2`) are each a :class:`Family`: how to read its config.json
-into a :class:`~attnviz.config.TransformerConfig`, which tensors its weights hold, and how they
+GPT-2 (`gpt2`), the Llama family (`llama`) and
+Qwen2 (`qwen2`) are each a `Family`: how to read its config.json
+into a [`TransformerConfig`][attnviz.config.TransformerConfig], which tensors its weights hold, and how they
 become attnviz's parameters. The rest is here, the same for every family:
 
 - the config is read and checked first, and a model over the limits, or with a feature attnviz
@@ -10,7 +10,7 @@ become attnviz's parameters. The rest is here, the same for every family:
 - the tokenizer is ``tokenizer.json``, read with the ``tokenizers`` library: the ids are exactly
   the library's, with the BOS a Llama-family post-processor adds;
 - the weights are ``model.safetensors``, or the shards a ``model.safetensors.index.json`` lists
-  (``pytorch_model.bin`` only as :class:`~attnviz.checkpoints.files.WeightsFile` allows it).
+  (``pytorch_model.bin`` only as `WeightsFile` allows it).
 
 ``transformers`` is never imported here; it is the independent implementation the tests compare with.
 """
@@ -44,7 +44,7 @@ from attnviz.checkpoints.files import (
 )
 from attnviz.checkpoints.limits import current_limits
 from attnviz.config import TransformerConfig
-from attnviz.errors import CheckpointError, ConfigError, InputError
+from attnviz.errors import CheckpointError, ConfigError, InputError, describe
 from attnviz.tokenizer import Encoded, TokenizersFile, Word, check_text
 
 log = logging.getLogger(__name__)
@@ -88,10 +88,10 @@ def _is_byte_level(spec: object) -> bool:
 
 
 class CausalLMTokenizer(TokenizersFile):
-    """A language model's ``tokenizer.json``, implementing :class:`attnviz.tokenizer.Tokenizer`.
+    """A language model's ``tokenizer.json``, implementing `attnviz.tokenizer.Tokenizer`.
 
-    The prompt is the model's only input, so :meth:`encode_source` encodes it (with the BOS the
-    tokenizer's post-processor adds, if any) and :meth:`encode_target` refuses. Labels are the
+    The prompt is the model's only input, so `encode_source` encodes it (with the BOS the
+    tokenizer's post-processor adds, if any) and `encode_target` refuses. Labels are the
     pieces as text: byte-level pieces (``Ġworld``) are turned back into their characters, and a
     space that starts a piece is shown as "▁", the mark the app draws for a word's start, as it is
     for sentencepiece models (whose pieces, ``▁world`` and ``<0x0A>``, are shown as they are).
@@ -99,12 +99,7 @@ class CausalLMTokenizer(TokenizersFile):
     """
 
     def __init__(self, tokenizer_json: str, max_tokens: int, bos_id: int | None, eos_id: int | None):
-        from tokenizers import Tokenizer as HFTokenizer
-
-        spec = json.loads(tokenizer_json)
-        self.tok = HFTokenizer.from_str(tokenizer_json)
-        self.tok.no_padding()
-        self.tok.no_truncation()
+        spec = self._read(tokenizer_json)
         self.byte_level = _is_byte_level(spec.get("decoder")) or _is_byte_level(spec.get("pre_tokenizer"))
         self.special = {i for i, t in self.tok.get_added_tokens_decoder().items() if t.special}
         size = self.src_vocab_size
@@ -136,10 +131,10 @@ class CausalLMTokenizer(TokenizersFile):
 
     def encode_source(self, text: str) -> Encoded:
         """The prompt: ids exactly as ``tokenizers`` gives them (a BOS where the post-processor adds one)."""
-        check_text(text, "prompt", self.max_tokens)
-        ids = tuple(self.tok.encode(text).ids)
+        check_text(text, "prompt", self.max_tokens, lambda part: len(self._encode(part, "prompt").ids))
+        ids = tuple(self._encode(text, "prompt").ids)
         if len(ids) > self.max_tokens:
-            raise InputError(f"the prompt is {len(ids)} tokens long; this model takes at most {self.max_tokens}")
+            raise InputError(f"the prompt is {len(ids):,} tokens long; this model takes at most {self.max_tokens:,}")
         return Encoded(ids, tuple(self.label(i) for i in ids), self.target_words(ids))
 
     def encode_target(self, text: str) -> tuple[Encoded, Encoded]:
@@ -168,7 +163,7 @@ class CausalLMTokenizer(TokenizersFile):
             if first in self.special:
                 words.append(Word(group[0], group[0] + 1, self.label(first), special=True))
                 continue
-            text = self.tok.decode([int(ids[p]) for p in group], skip_special_tokens=False).strip()
+            text = self._decode([ids[p] for p in group], skip_special_tokens=False).strip()
             words.append(Word(group[0], group[-1] + 1, text or "".join(self.label(ids[p]) for p in group)))
         return tuple(words)
 
@@ -188,34 +183,44 @@ class ShardedWeights(WeightsFile):
     """The tensors of the shards ``model.safetensors.index.json`` lists, read as one file is.
 
     The index's ``weight_map`` names each tensor's shard; every shard must be a plain file in the
-    folder (no path elsewhere), and each tensor is read from the shard the index names.
+    folder (no path elsewhere). A shard is opened when a tensor the model needs is first asked of
+    it, so shards holding nothing the model reads are never opened or hashed (`opened`).
     """
 
     def __init__(self, index_file: Path, max_bytes: int, rename: Callable[[str], str] = lambda name: name):
         self.file = index_file
         self._tensors = None
         self._handle = None
+        self._max_bytes, self._rename = max_bytes, rename
         index = read_json(index_file)
         weight_map = index.get("weight_map") if isinstance(index, dict) else None
         if not isinstance(weight_map, dict) or not all(isinstance(v, str) for v in weight_map.values()):
             raise CheckpointError(f"{index_file} has no weight_map of tensor names to shard files", BAD_WEIGHTS)
-        self.shards: dict[str, WeightsFile] = {}
-        for shard in sorted(set(weight_map.values())):
+        for shard in set(weight_map.values()):
             if Path(shard).name != shard or not shard.endswith(".safetensors"):
-                raise CheckpointError(f"{index_file} names a shard {shard!r} outside its folder", BAD_WEIGHTS)
-            self.shards[shard] = WeightsFile(index_file.parent / shard, max_bytes, rename)
-        self.where = {}  # the plan's name -> its shard
-        for shard, weights in self.shards.items():
-            for ours, stored in weights.names.items():
-                if weight_map.get(stored) == shard:
-                    self.where[ours] = weights
-        self.names = {ours: weights.names[ours] for ours, weights in self.where.items()}
+                raise CheckpointError(f"{index_file} names a shard ({describe(shard)}) outside its folder", BAD_WEIGHTS)
+        self.names = {rename(stored): stored for stored in weight_map}  # the plan's name -> the stored name
+        self._shard_of = weight_map  # the stored name -> its shard's file name
+        self.opened: dict[str, WeightsFile] = {}  # the shards read so far, by file name
+
+    def _shard(self, name: str) -> WeightsFile:
+        """The shard holding ``name`` (as the plan names it), opened on first use and checked to hold it."""
+        stored = self.names[name]
+        shard = self._shard_of[stored]
+        if shard not in self.opened:
+            self.opened[shard] = WeightsFile(self.file.parent / shard, self._max_bytes, self._rename)
+        weights = self.opened[shard]
+        if name not in weights:
+            raise CheckpointError(
+                f"{self.file} places tensor '{stored}' in {shard}, which does not hold it", BAD_WEIGHTS
+            )
+        return weights
 
     def shape(self, name: str) -> tuple[int, ...]:
-        return self.where[name].shape(name)
+        return self._shard(name).shape(name)
 
     def get(self, name: str) -> torch.Tensor:
-        return self.where[name].get(name)
+        return self._shard(name).get(name)
 
 
 def open_weights(path: Path, max_bytes: int, rename: Callable[[str], str]) -> WeightsFile:
@@ -301,19 +306,25 @@ class Family:
             raise CheckpointError(f"{weights.file}: lm_head.weight differs from the embedding, which {source} ties")
         info = {
             "family": self.name,
-            "architecture": (hf.get("architectures") or [f"{self.name} (decoder-only)"])[0],
+            "architecture": _architecture(hf.get("architectures"), self.name),
             "source": self.source,
             "name": hub_name(path),
             "weights_file": weights.file.name,
             "examples": list(EXAMPLES),
             "decoder_only": True,
         }
-        if isinstance(weights, ShardedWeights):  # one digest for every shard: a change in any is seen
-            parts = "".join(sha256_file(shard.file) for shard in weights.shards.values())
-            digest = hashlib.sha256(parts.encode()).hexdigest()
-            first = next(iter(weights.shards.values())).file
-            return make_bundle(cfg, tensors, tokenizer, first, info, device, sha256=digest)
+        if isinstance(weights, ShardedWeights):  # one digest for the shards read: a change in any is seen
+            shards = [weights.opened[name] for name in sorted(weights.opened)]
+            digest = hashlib.sha256("".join(sha256_file(shard.file) for shard in shards).encode()).hexdigest()
+            return make_bundle(cfg, tensors, tokenizer, shards[0].file, info, device, sha256=digest)
         return make_bundle(cfg, tensors, tokenizer, weights.file, info, device)
+
+
+def _architecture(names: object, family: str) -> str:
+    """The first class config.json's ``architectures`` names, if it is a short text, else the family's."""
+    if isinstance(names, list) and names and isinstance(names[0], str) and 0 < len(names[0]) <= 100:
+        return names[0]
+    return f"{family} (decoder-only)"
 
 
 def first_id(value: object) -> int | None:
@@ -329,14 +340,11 @@ def checked(fail: Callable[[str], CheckpointError], build: Callable[[], Transfor
         return build()
     except ConfigError as e:
         raise fail(str(e)) from None
-    except (TypeError, ValueError) as e:  # a field of the wrong type in config.json
-        raise fail(f"a field has the wrong type ({e})") from None
 
 
-def positions(hf_len: object, rotary: bool) -> int:
-    """The longest input: config.json's positions, and for rotary models (no table to allocate) at
-    most the server's ``ATTNVIZ_MAX_POSITIONS``, so that Llama 3's 131072 loads and is read up to it."""
-    n = hf_len if isinstance(hf_len, int) and not isinstance(hf_len, bool) else 2048
+def positions(n: int, rotary: bool) -> int:
+    """The longest input: config.json's positions (checked), and for rotary models (no table to allocate)
+    at most the server's ``ATTNVIZ_MAX_POSITIONS``, so that Llama 3's 131072 loads and is read up to it."""
     return min(n, current_limits().max_positions) if rotary else n
 
 
@@ -346,4 +354,4 @@ def refuse_unsupported(hf: dict, fail: Callable[[str], CheckpointError], checks:
         if key in hf:
             problem = check(hf[key])
             if problem:
-                raise fail(f'"{key}": {json.dumps(hf[key])} asks for {problem}, which attnviz does not implement')
+                raise fail(f'"{key}": {describe(hf[key])} asks for {problem}, which attnviz does not implement')

@@ -3,7 +3,7 @@
 Every file is checked before it is read: it must be a regular file (not a device, a pipe or a
 folder), a symbolic link must stay inside the checkpoint folder (a Hugging Face hub cache folder
 counts as one: its snapshots link to its blobs), and its size must be under a limit
-(:mod:`attnviz.checkpoints.limits`). Weights are read with safetensors (memory-mapped, one tensor at
+(`attnviz.checkpoints.limits`). Weights are read with safetensors (memory-mapped, one tensor at
 a time) after every name and shape is checked against the model the config describes, and refused
 when any value is NaN or infinite; the one exception to safetensors is an importer that allows an
 old pickled state dict, read with ``torch.load(weights_only=True)`` only on a torch without known
@@ -17,7 +17,9 @@ import json
 import logging
 import pickle
 import stat
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from contextvars import ContextVar
 from pathlib import Path
 from typing import TypeVar
 
@@ -25,7 +27,7 @@ import torch
 from safetensors import SafetensorError, safe_open
 
 from attnviz.checkpoints.limits import current_limits
-from attnviz.errors import CheckpointError
+from attnviz.errors import CheckpointError, describe
 
 log = logging.getLogger(__name__)
 
@@ -54,8 +56,9 @@ def checkpoint_root(folder: Path) -> Path:
     return folder
 
 
-def regular_file(file: Path, max_bytes: int | None = None) -> Path:
-    """``file``'s real path, checked: a regular file inside its checkpoint folder, at most ``max_bytes``."""
+def regular_file(file: Path, max_bytes: int | None = None, setting: str = "ATTNVIZ_MAX_FILE_MB") -> Path:
+    """``file``'s real path, checked: a regular file inside its checkpoint folder, at most ``max_bytes``
+    (``setting`` names what raises that limit)."""
     max_bytes = current_limits().max_file_bytes if max_bytes is None else max_bytes
     try:
         real = file.resolve(strict=True)
@@ -72,15 +75,15 @@ def regular_file(file: Path, max_bytes: int | None = None) -> Path:
     if info.st_size > max_bytes:
         raise CheckpointError(
             f"{file} is {info.st_size:,} bytes, above attnviz's limit of {max_bytes:,} for this file "
-            "(ATTNVIZ_MAX_FILE_MB raises it for configs and tokenizers)",
+            f"({setting} raises it)",
             BAD_FILE,
         )
     return real
 
 
-def read_bytes(file: Path, max_bytes: int | None = None) -> bytes:
-    """The content of a checked file (:func:`regular_file`)."""
-    real = regular_file(file, max_bytes)
+def read_bytes(file: Path, max_bytes: int | None = None, setting: str = "ATTNVIZ_MAX_FILE_MB") -> bytes:
+    """The content of a checked file (`regular_file`)."""
+    real = regular_file(file, max_bytes, setting)
     try:
         return real.read_bytes()
     except OSError as e:
@@ -135,22 +138,55 @@ def hub_name(path: Path) -> str:
     return path.name
 
 
-def read_json(file: Path) -> object:
+def read_json(file: Path, max_bytes: int | None = None, setting: str = "ATTNVIZ_MAX_FILE_MB") -> object:
     """The JSON value in a checked file, or a CheckpointError naming the file."""
-    data = read_bytes(file)
+    data = read_bytes(file, max_bytes, setting)
     try:
         return json.loads(data.decode("utf-8"))
     except (UnicodeDecodeError, json.JSONDecodeError) as e:
         raise CheckpointError(f"{file} is not valid JSON ({e})", BAD_JSON) from None
     except RecursionError:
         raise CheckpointError(f"{file} nests its JSON too deeply to be a config", BAD_JSON) from None
+    except ValueError:  # an integer of more than 4,300 digits: Python refuses to convert it
+        raise CheckpointError(f"{file} holds a number too long to be a config's", BAD_JSON) from None
+
+
+# The config.json files parsed inside `one_read`, by real path: what each read gave (a dict or the error).
+_PARSED: ContextVar[dict[str, dict | CheckpointError] | None] = ContextVar("attnviz_parsed_configs", default=None)
+
+
+@contextmanager
+def one_read() -> Iterator[None]:
+    """Inside the block, each config.json is read and parsed once: every importer's ``detect``, ``probe``
+    and ``load`` share that parse. Its dict must be treated as read-only."""
+    token = _PARSED.set({}) if _PARSED.get() is None else None
+    try:
+        yield
+    finally:
+        if token is not None:
+            _PARSED.reset(token)
 
 
 def read_config(path: Path) -> dict:
-    """The JSON object in ``path/config.json``."""
-    config = read_json(path / CONFIG_FILE)
-    if not isinstance(config, dict):
-        raise CheckpointError(f"{path / CONFIG_FILE} must hold a JSON object", BAD_JSON)
+    """The JSON object in ``path/config.json``, at most ``ATTNVIZ_MAX_CONFIG_MB`` (1 MB) of it; inside
+    `one_read`, parsed once."""
+    file = path / CONFIG_FILE
+    parsed = _PARSED.get()
+    key = str(file.resolve()) if parsed is not None else ""
+    if parsed is not None and key in parsed:
+        if isinstance(parsed[key], CheckpointError):
+            raise parsed[key]
+        return parsed[key]
+    try:
+        config = read_json(file, current_limits().max_config_bytes, "ATTNVIZ_MAX_CONFIG_MB")
+        if not isinstance(config, dict):
+            raise CheckpointError(f"{file} must hold a JSON object", BAD_JSON)
+    except CheckpointError as e:
+        if parsed is not None:
+            parsed[key] = e
+        raise
+    if parsed is not None:
+        parsed[key] = config
     return config
 
 
@@ -179,9 +215,11 @@ def hf_config_check(
     if not isinstance(hf, dict):
         raise CheckpointError(f"{source} must hold a JSON object")
     if hf.get("model_type") != model_type:
-        raise fail(f'"model_type" is {hf.get("model_type")!r}, expected "{model_type}"')
+        raise fail(f'"model_type" is {describe(hf.get("model_type"))}, expected "{model_type}"')
     for key, (value, meaning) in fixed_flags.items():
-        if key in hf and bool(hf[key]) != value:
+        if key in hf and hf[key] is not None and hf[key] is not value:
+            if not isinstance(hf[key], bool):
+                raise fail(f'"{key}" must be true or false, got {describe(hf[key])}')
             raise fail(
                 f'"{key}": {json.dumps(hf[key])} asks for {meaning}, which attnviz does not implement for {family}'
             )
@@ -200,7 +238,7 @@ def read_hf_config(path: Path, model_type: str, expected: str) -> dict:
     hf = read_config(path)
     if hf.get("model_type") != model_type:
         raise CheckpointError(
-            f'{config_file} has "model_type": {hf.get("model_type")!r}; expected "{model_type}" ({expected}) '
+            f'{config_file} has "model_type": {describe(hf.get("model_type"))}; expected "{model_type}" ({expected}) '
             "or an attnviz checkpoint"
         )
     return hf
@@ -240,7 +278,7 @@ def unrecognised(path: Path, expected: Sequence[str]) -> CheckpointError:
         found = folder_listing(path) or "nothing"
         return CheckpointError(f"{config_file} is missing: found {found}; expected {kinds}", NO_CONFIG)
     config = read_config(path)
-    hint = f" (it looks like a Hugging Face '{config['model_type']}' config)" if "model_type" in config else ""
+    hint = f" (it looks like a Hugging Face {describe(config['model_type'])} config)" if "model_type" in config else ""
     return CheckpointError(
         f"{config_file} is not a config attnviz can read{hint}: expected {kinds}",
         "its config.json is not one attnviz can read: attnviz loads its own checkpoints, Marian, BERT, GPT-2, Llama "

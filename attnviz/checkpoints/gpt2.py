@@ -14,6 +14,7 @@ from collections.abc import Mapping
 import torch
 
 from attnviz.checkpoints.causal import Family, checked, positions, refuse_unsupported
+from attnviz.checkpoints.fields import MAX_CLAIMED_POSITIONS, Fields
 from attnviz.checkpoints.files import CONFIG_FILE, SAFETENSORS_FILE
 from attnviz.errors import CheckpointError
 from attnviz.model import TransformerConfig
@@ -24,6 +25,7 @@ DESCRIPTION = (
     "tokenizer.json)"
 )
 ACTIVATIONS = {"gelu_new": "gelu_tanh", "gelu_pytorch_tanh": "gelu_tanh", "gelu": "gelu", "relu": "relu"}
+FLAGS = {"add_cross_attention": False, "scale_attn_weights": True, "scale_attn_by_inverse_layer_idx": False}
 UNSUPPORTED = {
     "add_cross_attention": lambda v: "cross-attention layers" if v else None,
     "scale_attn_weights": lambda v: None if v else "unscaled attention scores",
@@ -32,40 +34,49 @@ UNSUPPORTED = {
 
 
 def gpt2_config(hf: dict, source: str = CONFIG_FILE) -> TransformerConfig:
-    """Our config for a GPT-2 ``config.json`` (as a dict), refusing what we cannot run."""
+    """Our config for a GPT-2 ``config.json`` (as a dict), refusing what we cannot run.
+
+    Every field is checked (`attnviz.checkpoints.fields`) before any is used.
+    """
 
     def fail(what: str) -> CheckpointError:
         return CheckpointError(f"{source}: {what}; attnviz cannot load this GPT-2 model faithfully")
 
+    f = Fields(hf, fail)
+    for key, default in FLAGS.items():
+        f.flag(key, default)
     refuse_unsupported(hf, fail, UNSUPPORTED)
-    activation = hf.get("activation_function", "gelu_new")
-    if activation not in ACTIVATIONS:
-        raise fail(f'"activation_function" {activation!r} is not one of {sorted(ACTIVATIONS)}')
-    d_model, vocab = hf.get("n_embd", 768), hf.get("vocab_size", 50257)
-    eos = hf.get("eos_token_id", 50256)
+    activation = f.choice("activation_function", "gelu_new", ACTIVATIONS)
+    d_model, vocab = f.int("n_embd", 768), f.int("vocab_size", 50257)
+    eos = f.token_id("eos_token_id", 50256)
+    bos = f.token_id("bos_token_id", eos)
+    n_inner = f.int("n_inner", None, nullable=True)
+    fields = {
+        "n_dec_layers": f.int("n_layer", 12),
+        "n_heads": f.int("n_head", 12),
+        "max_len": positions(f.int("n_positions", 1024, high=MAX_CLAIMED_POSITIONS), rotary=False),
+        "tie_output": f.flag("tie_word_embeddings", True),
+        "ln_eps": f.number("layer_norm_epsilon", 1e-5, 0.0, 1.0, low_open=True),
+    }
     return checked(
         fail,
         lambda: TransformerConfig(
             src_vocab_size=vocab,
             tgt_vocab_size=vocab,
             n_enc_layers=0,
-            n_dec_layers=hf.get("n_layer", 12),
             d_model=d_model,
-            n_heads=hf.get("n_head", 12),
-            d_ff=hf.get("n_inner") or 4 * d_model,
+            d_ff=n_inner or 4 * d_model,
             dropout=0.0,
             norm_first=True,
             activation=ACTIVATIONS[activation],
             pos_encoding="learned",
-            max_len=positions(hf.get("n_positions", 1024), rotary=False),
             share_embeddings=True,
-            tie_output=hf.get("tie_word_embeddings", True),
             scale_embedding=False,
-            ln_eps=float(hf.get("layer_norm_epsilon", 1e-5)),
             pad_id=eos,
-            bos_id=hf.get("bos_token_id", eos),
+            bos_id=bos,
             eos_id=eos,
             unk_id=eos,
+            **fields,
         ),
     )
 

@@ -3,13 +3,13 @@
 An id resolves to a folder of the hub's own cache (``models--org--name/snapshots/<sha>/``, with
 ``refs/main`` naming the snapshot): downloaded into it when the hub can be reached, read from it
 when not, and only read from it with ``HF_HUB_OFFLINE=1``. The cache is ``HF_HUB_CACHE``, else
-``HF_HOME/hub``, else ``~/.cache/huggingface/hub`` (:func:`attnviz.checkpoints.catalog.hf_cache_dir`,
+``HF_HOME/hub``, else ``~/.cache/huggingface/hub`` (`attnviz.checkpoints.catalog.hf_cache_dir`,
 read at each call, so that a setting made after import counts).
 
 Only the files an importer reads are fetched, and the config first: a model of a family attnviz
-cannot load, or over the size limits (:mod:`attnviz.checkpoints.limits`), is refused before any
+cannot load, or over the size limits (`attnviz.checkpoints.limits`), is refused before any
 weights are downloaded. A visitor of the app reaches this only when the operator sets
-``ATTNVIZ_ALLOW_DOWNLOADS=1`` (:func:`downloads_allowed`).
+``ATTNVIZ_ALLOW_DOWNLOADS=1`` (`downloads_allowed`).
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ import re
 from pathlib import Path
 
 from attnviz.checkpoints import IMPORTERS
-from attnviz.checkpoints.files import CONFIG_FILE, SAFETENSORS_FILE
+from attnviz.checkpoints.files import CONFIG_FILE, SAFETENSORS_FILE, one_read
 from attnviz.errors import CheckpointError
 
 # An id as the hub allows it: an owner and a name of letters, digits, ".", "_" and "-", neither
@@ -72,7 +72,7 @@ def _fetch(repo_id: str, cache: Path, patterns: list[str], offline: bool) -> Pat
     Both messages name the real reason, as far as huggingface_hub's exceptions tell it: offline
     mode, a hub that cannot be reached, an id it does not have, a gated model. The public one names
     no path (the full one names the cache, for the log); a visitor reaches it only where the
-    operator allows downloads (:func:`attnviz.checkpoints.catalog.visitor_model`).
+    operator allows downloads (`attnviz.checkpoints.catalog.visitor_model`).
     """
     from huggingface_hub import snapshot_download
     from huggingface_hub.errors import GatedRepoError, LocalEntryNotFoundError, RepositoryNotFoundError
@@ -115,10 +115,11 @@ def _fetch(repo_id: str, cache: Path, patterns: list[str], offline: bool) -> Pat
 
 def _probe(folder: Path, repo_id: str) -> None:
     """Refuse a model that no importer can load, or that is over the limits, before its weights are fetched."""
-    for importer in IMPORTERS:
-        if importer.detect(folder):
-            importer.probe(folder)
-            return
+    with one_read():
+        for importer in IMPORTERS:
+            if importer.detect(folder):
+                importer.probe(folder)
+                return
     raise CheckpointError(
         f"{repo_id} is not a model attnviz can load: attnviz reads Marian (opus-mt), BERT, GPT-2, Llama-family "
         "and Qwen2 models and its own checkpoints from the hub",
@@ -131,7 +132,7 @@ def hub_snapshot(repo_id: str, cache: Path, download: bool = True) -> Path:
 
     With ``download`` False, or ``HF_HUB_OFFLINE`` set, only the cache is read, and a model that is
     not in it is a CheckpointError that says so. Online, the config comes first and is checked
-    (:func:`_probe`); then the tokenizer files and ``model.safetensors`` (``pytorch_model.bin`` only
+    (`_probe`); then the tokenizer files and ``model.safetensors`` (``pytorch_model.bin`` only
     when the model has neither model.safetensors nor its shards).
     """
     if not is_hub_id(repo_id):

@@ -27,11 +27,16 @@ class Limits:
     max_d_ff: int = 65536  # ATTNVIZ_MAX_D_FF
     max_vocab: int = 1_000_000  # ATTNVIZ_MAX_VOCAB
     max_positions: int = 16384  # ATTNVIZ_MAX_POSITIONS: the config's max_len
-    max_file_mb: int = 64  # ATTNVIZ_MAX_FILE_MB: any file but the weights (configs, tokenizers, vocabularies)
+    max_file_mb: int = 64  # ATTNVIZ_MAX_FILE_MB: any file but the weights and config.json (tokenizers, vocabularies)
+    max_config_mb: int = 1  # ATTNVIZ_MAX_CONFIG_MB: config.json (real ones are a few kB)
 
     @property
     def max_file_bytes(self) -> int:
         return self.max_file_mb << 20
+
+    @property
+    def max_config_bytes(self) -> int:
+        return self.max_config_mb << 20
 
     def weights_bytes(self, n_parameters: int) -> int:
         """The largest weights file for ``n_parameters``: 8 bytes each (float64) and room for the header."""

@@ -1,6 +1,6 @@
 """Hugging Face Llama-family checkpoints (decoder-only): Llama, SmolLM, Mistral without a sliding window.
 
-These are the paper's decoder without cross-attention, with the later parts of :mod:`attnviz.later`:
+These are the paper's decoder without cross-attention, with the later parts of `attnviz.later`:
 pre-norm RMSNorm layers and a final RMSNorm, rotary positions (RoPE, half-split, with the config's
 theta, and Llama 3.1's ``llama3`` frequency scaling), a SwiGLU feed-forward network, grouped-query
 attention (``num_key_value_heads``), no biases unless ``attention_bias`` / ``mlp_bias`` say so,
@@ -18,13 +18,14 @@ a warning says so.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 
 import torch
 
-from attnviz.checkpoints.causal import Family, checked, first_id, positions, refuse_unsupported
+from attnviz.checkpoints.causal import Family, checked, positions, refuse_unsupported
+from attnviz.checkpoints.fields import MAX_CLAIMED_POSITIONS, Fields
 from attnviz.checkpoints.files import CONFIG_FILE, SAFETENSORS_FILE
-from attnviz.errors import CheckpointError
+from attnviz.errors import CheckpointError, describe
 from attnviz.model import TransformerConfig
 
 log = logging.getLogger(__name__)
@@ -35,6 +36,8 @@ DESCRIPTION = (
     f"({CONFIG_FILE}, {SAFETENSORS_FILE} or its shards, tokenizer.json)"
 )
 ROPE_TYPES = ("default", "llama3")
+MAX_ROPE_THETA = 1e12  # real bases are 1e4 to 1e6; beyond this every frequency but the first is nearly 0
+MAX_ROPE_FACTOR = 1e6  # llama3's factors are 8, 1 and 4 in Llama 3.1; far beyond any real scaling
 UNSUPPORTED = {
     "attn_logit_softcapping": lambda v: None if v is None else "soft-capped attention scores",
     "final_logit_softcapping": lambda v: None if v is None else "soft-capped logits",
@@ -45,96 +48,123 @@ UNSUPPORTED = {
 }
 
 
-def rope_settings(hf: dict, fail: Callable[[str], CheckpointError]) -> dict:
-    """The rotary fields of our config from config.json.
+def rope_settings(f: Fields) -> dict:
+    """The rotary fields of our config from config.json, each checked before use.
 
     transformers 5 keeps them in ``rope_parameters`` (``rope_type``, ``rope_theta`` and the scaling's
     values); older files say ``rope_theta`` and ``rope_scaling`` (with ``type`` or ``rope_type``).
+    llama3's values are checked as transformers' ``_validate_llama3_parameters`` states them (a factor
+    of at least 1, low_freq_factor below high_freq_factor), but refused rather than warned about; each
+    is finite and at most `MAX_ROPE_FACTOR`.
     """
-    params = hf.get("rope_parameters")
-    if not isinstance(params, dict):
-        params = dict(hf.get("rope_scaling") or {})
-        params.setdefault("rope_theta", hf.get("rope_theta", 10000.0))
-    kind = params.get("rope_type", params.get("type", "default")) or "default"
+    params = f.object("rope_parameters")
+    theta_from = params
+    if params is None:
+        params = f.object("rope_scaling") or Fields({}, f.fail, "rope_scaling.")
+        theta_from = params if "rope_theta" in params.hf else f
+    kind_key = "rope_type" if "rope_type" in params.hf else "type"
+    kind = params.hf.get(kind_key) or "default"
     if kind not in ROPE_TYPES:
-        raise fail(f"the RoPE scaling type {kind!r} is not implemented (attnviz implements {', '.join(ROPE_TYPES)})")
-    settings = {"rope_theta": float(params.get("rope_theta", 10000.0))}
+        raise f.fail(
+            f"the RoPE scaling type {describe(kind)} is not implemented (attnviz implements {', '.join(ROPE_TYPES)})"
+        )
+    settings = {"rope_theta": theta_from.number("rope_theta", 10000.0, 1.0, MAX_ROPE_THETA, low_open=True)}
     if kind == "llama3":
+        low = params.number("low_freq_factor", 1.0, 0.0, MAX_ROPE_FACTOR, low_open=True)
+        high = params.number("high_freq_factor", 4.0, 0.0, MAX_ROPE_FACTOR, low_open=True)
+        if not low < high:
+            raise f.fail(
+                f'"{params.where}low_freq_factor" ({low:g}) must be below "{params.where}high_freq_factor" ({high:g}): '
+                "llama3 scaling interpolates between them"
+            )
         settings |= {
             "rope_scaling": "llama3",
-            "rope_factor": float(params.get("factor", 8.0)),
-            "rope_low_freq_factor": float(params.get("low_freq_factor", 1.0)),
-            "rope_high_freq_factor": float(params.get("high_freq_factor", 4.0)),
-            "rope_original_max_len": int(params.get("original_max_position_embeddings", 8192)),
+            "rope_factor": params.number("factor", 8.0, 1.0, MAX_ROPE_FACTOR),
+            "rope_low_freq_factor": low,
+            "rope_high_freq_factor": high,
+            "rope_original_max_len": params.int("original_max_position_embeddings", 8192, high=MAX_CLAIMED_POSITIONS),
         }
     return settings
 
 
 def llama_style_config(hf: dict, source: str, family: str, attn_bias: bool, attn_out_bias: bool) -> TransformerConfig:
-    """Our config for a Llama-style ``config.json``: Llama, Mistral, SmolLM, and Qwen2 with its biases."""
+    """Our config for a Llama-style ``config.json``: Llama, Mistral, SmolLM, and Qwen2 with its biases.
+
+    Every field is checked (`attnviz.checkpoints.fields`) before any is used.
+    """
 
     def fail(what: str) -> CheckpointError:
         return CheckpointError(f"{source}: {what}; attnviz cannot load this {family} model faithfully")
 
+    f = Fields(hf, fail)
     refuse_unsupported(hf, fail, UNSUPPORTED)
-    if hf.get("partial_rotary_factor") not in (None, 1, 1.0):
+    partial = f.number("partial_rotary_factor", 1.0, 0.0, 1.0, low_open=True, nullable=True)
+    if partial != 1.0:
         log.warning(
-            "%s: partial_rotary_factor %r is ignored, as transformers ignores it for %s: every dimension is rotated",
+            "%s: partial_rotary_factor %g is ignored, as transformers ignores it for %s: every dimension is rotated",
             source,
-            hf["partial_rotary_factor"],
+            partial,
             family,
         )
-    if hf.get("hidden_act", "silu") not in ("silu", "swish"):
-        raise fail(f'"hidden_act" {hf.get("hidden_act")!r} is not silu')
-    d_model, n_heads = hf.get("hidden_size", 4096), hf.get("num_attention_heads", 32)
-    head_dim = hf.get("head_dim")
-    if head_dim is not None and isinstance(n_heads, int) and n_heads and head_dim * n_heads != d_model:
+    f.choice("hidden_act", "silu", ("silu", "swish"))
+    d_model, n_heads = f.int("hidden_size", 4096), f.int("num_attention_heads", 32)
+    head_dim = f.int("head_dim", None, nullable=True)
+    if head_dim is not None and head_dim * n_heads != d_model:
         raise fail(f'"head_dim" {head_dim} x {n_heads} heads is not hidden_size {d_model}: a separate head size')
-    vocab, eos = hf.get("vocab_size", 32000), first_id(hf.get("eos_token_id"))
-    eos = 0 if eos is None else eos
-    bos = first_id(hf.get("bos_token_id"))
+    vocab = f.int("vocab_size", 32000)
+    eos = f.token_id("eos_token_id", 0)
+    bos = f.token_id("bos_token_id", eos)
+    fields = {
+        "n_dec_layers": f.int("num_hidden_layers", 32),
+        "n_kv_heads": f.int("num_key_value_heads", n_heads, nullable=True),
+        "d_ff": f.int("intermediate_size", 11008),
+        "ffn_bias": f.flag("mlp_bias", False),
+        "max_len": positions(f.int("max_position_embeddings", 2048, high=MAX_CLAIMED_POSITIONS), rotary=True),
+        "tie_output": f.flag("tie_word_embeddings", False),
+        "ln_eps": f.number("rms_norm_eps", 1e-6, 0.0, 1.0, low_open=True),
+        **rope_settings(f),
+    }
     return checked(
         fail,
         lambda: TransformerConfig(
             src_vocab_size=vocab,
             tgt_vocab_size=vocab,
             n_enc_layers=0,
-            n_dec_layers=hf.get("num_hidden_layers", 32),
             d_model=d_model,
             n_heads=n_heads,
-            n_kv_heads=hf.get("num_key_value_heads") or n_heads,
-            d_ff=hf.get("intermediate_size", 11008),
             dropout=0.0,
             norm_first=True,
             norm="rmsnorm",
             activation="swish",
             ffn="gated",
-            ffn_bias=bool(hf.get("mlp_bias", False)),
             pos_encoding="rotary",
-            max_len=positions(hf.get("max_position_embeddings", 2048), rotary=True),
             share_embeddings=True,
-            tie_output=bool(hf.get("tie_word_embeddings", False)),
             attn_bias=attn_bias,
             attn_out_bias=attn_out_bias,
             scale_embedding=False,
-            ln_eps=float(hf.get("rms_norm_eps", 1e-6)),
             pad_id=eos,
-            bos_id=eos if bos is None else bos,
+            bos_id=bos,
             eos_id=eos,
             unk_id=eos,
-            **rope_settings(hf, fail),
+            **fields,
         ),
     )
 
 
 def llama_config(hf: dict, source: str = CONFIG_FILE) -> TransformerConfig:
     """Llama, SmolLM and Mistral: biases on every attention projection or none (``attention_bias``)."""
-    if hf.get("model_type") == "mistral" and hf.get("sliding_window") is not None:
-        raise CheckpointError(
-            f'{source}: "sliding_window": {hf["sliding_window"]} asks for a sliding attention window, which attnviz '
-            "does not implement; attnviz cannot load this Mistral model faithfully"
-        )
-    bias = bool(hf.get("attention_bias", False))
+
+    def fail(what: str) -> CheckpointError:
+        return CheckpointError(f"{source}: {what}; attnviz cannot load this Llama-family model faithfully")
+
+    f = Fields(hf, fail)
+    if hf.get("model_type") == "mistral":
+        window = f.int("sliding_window", None, nullable=True)
+        if window is not None:
+            raise fail(
+                f'"sliding_window": {window} asks for a sliding attention window, which attnviz does not implement'
+            )
+    bias = f.flag("attention_bias", False)
     return llama_style_config(hf, source, "Llama-family", bias, bias)
 
 

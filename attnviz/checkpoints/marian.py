@@ -1,7 +1,7 @@
 """Hugging Face Marian (Helsinki-NLP opus-mt) checkpoints, loaded into attnviz's own Transformer.
 
 Marian is the paper's base architecture with a few choices of its own, all representable in
-:class:`~attnviz.model.TransformerConfig`: post-LN with epsilon 1e-5 and no LayerNorm after the
+[`TransformerConfig`][attnviz.config.TransformerConfig]: post-LN with epsilon 1e-5 and no LayerNorm after the
 embeddings or at the stack ends, swish (SiLU) in classic opus-mt models and ReLU in tc-big ones,
 embeddings scaled by sqrt(d_model), biases on every attention projection, a bias on the logits
 (``final_logits_bias``), sinusoids with every sine before every cosine (not interleaved), and the
@@ -21,6 +21,7 @@ import sentencepiece as spm
 import torch
 
 from attnviz.checkpoints.bundle import Bundle, checked_shapes, make_bundle
+from attnviz.checkpoints.fields import MAX_CLAIMED_POSITIONS, Fields
 from attnviz.checkpoints.files import (
     CONFIG_FILE,
     SAFETENSORS_FILE,
@@ -88,45 +89,51 @@ def marian_config(hf: dict, unk_id: int = 1, source: str = CONFIG_FILE) -> Trans
     """
 
     fail = hf_config_check(hf, "marian", FIXED_FLAGS, source, "Marian")
-    for enc, dec in (("encoder_attention_heads", "decoder_attention_heads"), ("encoder_ffn_dim", "decoder_ffn_dim")):
-        if hf.get(enc) != hf.get(dec):
-            raise fail(f'"{enc}" ({hf.get(enc)!r}) differs from "{dec}" ({hf.get(dec)!r})')
-    activation = hf.get("activation_function", "gelu")
-    if activation not in ACTIVATIONS:
-        raise fail(f'"activation_function" {activation!r} is not one of {sorted(ACTIVATIONS)}')
-    eos = hf.get("eos_token_id", 0)
-    if isinstance(eos, list):
-        if len(eos) != 1:
-            raise fail(f'"eos_token_id" lists several end tokens {eos}; attnviz stops on one')
-        eos = eos[0]
-    pad = hf.get("pad_token_id", 58100)
-    shared = hf.get("share_encoder_decoder_embeddings", True)
-    src_vocab = hf.get("vocab_size", 58101)
-    tgt_vocab = src_vocab if shared else (hf.get("decoder_vocab_size") or src_vocab)
+    f = Fields(hf, fail)
+    sizes = {}
+    for enc, dec, default in (
+        ("encoder_attention_heads", "decoder_attention_heads", 16),
+        ("encoder_ffn_dim", "decoder_ffn_dim", 4096),
+    ):
+        sizes[enc], sizes[dec] = f.int(enc, default), f.int(dec, default)
+        if sizes[enc] != sizes[dec]:
+            raise fail(f'"{enc}" ({sizes[enc]}) differs from "{dec}" ({sizes[dec]})')
+    activation = f.choice("activation_function", "gelu", ACTIVATIONS)
+    eos = hf.get("eos_token_id")
+    if isinstance(eos, list) and len(eos) > 1:
+        raise fail(f'"eos_token_id" lists {len(eos):,} end tokens; attnviz stops on one')
+    eos = f.token_id("eos_token_id", 0)
+    pad = f.token_id("pad_token_id", 58100)
+    shared = f.flag("share_encoder_decoder_embeddings", True)
+    src_vocab = f.int("vocab_size", 58101)
+    tgt_vocab = src_vocab if shared else (f.int("decoder_vocab_size", None, nullable=True) or src_vocab)
+    fields = {
+        "n_enc_layers": f.int("encoder_layers", 12),
+        "n_dec_layers": f.int("decoder_layers", 12),
+        "d_model": f.int("d_model", 1024),
+        "dropout": f.number("dropout", 0.1, 0.0, 1.0),
+        "max_len": f.int("max_position_embeddings", 1024, high=MAX_CLAIMED_POSITIONS),
+        "tie_output": f.flag("tie_word_embeddings", True),
+        "scale_embedding": f.flag("scale_embedding", False),
+        "bos_id": f.token_id("decoder_start_token_id", pad),
+    }
     try:
         return TransformerConfig(
             src_vocab_size=src_vocab,
             tgt_vocab_size=tgt_vocab,
-            n_enc_layers=hf.get("encoder_layers", 12),
-            n_dec_layers=hf.get("decoder_layers", 12),
-            d_model=hf.get("d_model", 1024),
-            n_heads=hf.get("encoder_attention_heads", 16),
-            d_ff=hf.get("encoder_ffn_dim", 4096),
-            dropout=float(hf.get("dropout", 0.1)),
+            n_heads=sizes["encoder_attention_heads"],
+            d_ff=sizes["encoder_ffn_dim"],
             norm_first=False,
             activation=ACTIVATIONS[activation],
             pos_encoding="sinusoidal_concat",
-            max_len=hf.get("max_position_embeddings", 1024),
-            share_embeddings=bool(shared),
-            tie_output=bool(hf.get("tie_word_embeddings", True)),
+            share_embeddings=shared,
             output_bias=True,
             attn_bias=True,
-            scale_embedding=bool(hf.get("scale_embedding", False)),
             ln_eps=1e-5,
             pad_id=pad,
-            bos_id=hf.get("decoder_start_token_id", pad),
             eos_id=eos,
             unk_id=unk_id,
+            **fields,
         )
     except ConfigError as e:
         raise fail(str(e)) from None
@@ -137,7 +144,7 @@ def marian_config(hf: dict, unk_id: int = 1, source: str = CONFIG_FILE) -> Trans
 
 
 class MarianTokenizer:
-    """Marian's tokenisation implementing :class:`attnviz.tokenizer.Tokenizer`.
+    """Marian's tokenisation implementing `attnviz.tokenizer.Tokenizer`.
 
     sentencepiece cuts text into pieces; vocab.json (target_vocab.json for a separate target
     vocabulary) maps pieces to ids, and pieces it lacks become ``<unk>``. ``</s>`` ends every
@@ -170,7 +177,7 @@ class MarianTokenizer:
         self, sp: spm.SentencePieceProcessor, vocab: dict[str, int], text: str, side: str, first: int
     ) -> Encoded:
         """The pieces of ``text`` and their words, the first piece at position ``first`` of the sequence."""
-        check_text(text, side, self.max_tokens)
+        check_text(text, side, self.max_tokens, lambda part: len(sp.encode(part)))
         ids, tokens, words = [], [], []
         code = LANGUAGE_CODE.match(text)  # as Hugging Face's MarianTokenizer: the tag is one token
         if code:
@@ -189,7 +196,7 @@ class MarianTokenizer:
 
     def _check_length(self, n: int, side: str) -> None:
         if n > self.max_tokens:
-            raise InputError(f"the {side} text is {n} tokens long; this model takes at most {self.max_tokens}")
+            raise InputError(f"the {side} text is {n:,} tokens long; this model takes at most {self.max_tokens:,}")
 
     def encode_source(self, text: str) -> Encoded:
         """Encoder input: the pieces, then ``</s>``."""
@@ -247,7 +254,9 @@ def _read_vocab(file: Path, vocab_size: int) -> dict[str, int]:
     return vocab
 
 
-def _read_tokenizer(path: Path, hf: dict, cfg_vocab: tuple[int, int], max_tokens: int) -> MarianTokenizer:
+def _read_tokenizer(path: Path, cfg: TransformerConfig) -> MarianTokenizer:
+    """vocab.json (and target_vocab.json) and the two sentencepiece models, with ``cfg``'s checked special ids."""
+    cfg_vocab = (cfg.src_vocab_size, cfg.tgt_vocab_size)
     src_vocab = _read_vocab(path / VOCAB_FILE, cfg_vocab[0])
     tgt_vocab = None
     if (path / TARGET_VOCAB_FILE).exists():
@@ -269,17 +278,16 @@ def _read_tokenizer(path: Path, hf: dict, cfg_vocab: tuple[int, int], max_tokens
             raise CheckpointError(f"{file} is not a readable sentencepiece model ({e})") from None
     if "<unk>" not in src_vocab:
         raise CheckpointError(f"{path / VOCAB_FILE} has no '<unk>' entry: Marian vocabularies always do")
-    eos = hf.get("eos_token_id", 0)
     return MarianTokenizer(
         models[SOURCE_SPM],
         models[TARGET_SPM],
         src_vocab,
         tgt_vocab,
-        pad_id=hf.get("pad_token_id", 58100),
-        eos_id=eos[0] if isinstance(eos, list) else eos,
+        pad_id=cfg.pad_id,
+        eos_id=cfg.eos_id,
         unk_id=src_vocab["<unk>"],
-        bos_id=hf.get("decoder_start_token_id"),
-        max_tokens=max_tokens,
+        bos_id=cfg.bos_id,
+        max_tokens=cfg.max_len,
     )
 
 
@@ -389,15 +397,14 @@ def probe(path: Path) -> TransformerConfig:
 
 
 def load(path: Path, device: str = "auto") -> Bundle:
-    """A :class:`Bundle` holding a Hugging Face Marian checkpoint run by our Transformer, in eval mode."""
+    """A [`Bundle`][attnviz.checkpoints.bundle.Bundle] holding a Hugging Face Marian checkpoint run by our
+    Transformer, in eval mode."""
     path = model_folder(path)
     config_file = path / CONFIG_FILE
     hf = read_hf_config(path, "marian", DESCRIPTION)
     vocab_probe = marian_config(hf, unk_id=0, source=str(config_file))  # vocabulary sizes, before vocab.json
     expected, max_bytes = checked_shapes(vocab_probe, str(config_file))  # unk_id changes no shape
-    tokenizer = _read_tokenizer(
-        path, hf, (vocab_probe.src_vocab_size, vocab_probe.tgt_vocab_size), max_tokens=vocab_probe.max_len
-    )
+    tokenizer = _read_tokenizer(path, vocab_probe)
     cfg = marian_config(hf, unk_id=tokenizer.unk_id, source=str(config_file))
     weights_file = _weights_file(path)
     tensors = _load_tensors(WeightsFile(weights_file, max_bytes, rename=_with_prefix), cfg, expected)

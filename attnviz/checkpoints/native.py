@@ -2,7 +2,7 @@
 
 Loading never unpickles: weights are read with safetensors only, and every problem (a missing
 file, a truncated or foreign weights file, a shape that does not fit the config) raises a
-:class:`CheckpointError` that names the file and says what is wrong.
+[`CheckpointError`][attnviz.errors.CheckpointError] that names the file and says what is wrong.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from safetensors.torch import save_file
 
 from attnviz.checkpoints.bundle import Bundle, checked_shapes, make_bundle
 from attnviz.checkpoints.files import CONFIG_FILE, SAFETENSORS_FILE, WeightsFile, read_bytes, read_config
-from attnviz.errors import CheckpointError, ConfigError
+from attnviz.errors import CheckpointError, ConfigError, describe
 from attnviz.model import Transformer, TransformerConfig
 from attnviz.tokenizer import SentencePieceTokenizer
 
@@ -61,13 +61,13 @@ def _read_tokenizer(path: Path, data: dict, cfg: TransformerConfig) -> SentenceP
     if not isinstance(names, dict):
         raise CheckpointError(
             f'{path / CONFIG_FILE}: "tokenizer" must be an object like {{"source": "{SPM_FILE}", '
-            f'"target": "{SPM_FILE}"}}, got {names!r}'
+            f'"target": "{SPM_FILE}"}}, got {describe(names)}'
         )
     models, files = {}, {}
     for side in ("source", "target"):
         name = names.get(side, SPM_FILE)
         if not isinstance(name, str) or not name:
-            raise CheckpointError(f'{path / CONFIG_FILE}: tokenizer "{side}" must be a file name, got {name!r}')
+            raise CheckpointError(f'{path / CONFIG_FILE}: tokenizer "{side}" must be a file name, got {describe(name)}')
         file = path / Path(name).name  # a bare file name: never read outside the directory
         if not file.exists():
             raise CheckpointError(f"{file} is missing: the {side} sentencepiece model of this checkpoint")
@@ -97,6 +97,39 @@ def _config(path: Path, data: dict) -> TransformerConfig:
         raise CheckpointError(f"{path / CONFIG_FILE}: {e}") from None
 
 
+# What a checkpoint says about itself that attnviz shows: the longest each may be.
+INFO_TEXTS = {"name": 200, "task": 200, "description": 2000}
+MAX_EXAMPLES, MAX_EXAMPLE_CHARS = 100, 2000
+
+
+def _info(path: Path, data: dict) -> dict:
+    """What config.json says about the model besides its config and tokenizer, the fields attnviz shows checked."""
+    source = path / CONFIG_FILE
+    version = data.get("version", FORMAT_VERSION)
+    if not isinstance(version, int) or isinstance(version, bool) or not 1 <= version <= FORMAT_VERSION:
+        raise CheckpointError(
+            f'{source}: "version" must be a whole number from 1 to {FORMAT_VERSION}, got {describe(version)} '
+            "(a newer attnviz may have written it)"
+        )
+    info = {k: v for k, v in data.items() if k not in ("model", "tokenizer")}
+    for key, longest in INFO_TEXTS.items():
+        if key in info and not (isinstance(info[key], str) and len(info[key]) <= longest):
+            raise CheckpointError(
+                f'{source}: "{key}" must be a text of at most {longest:,} characters, got {describe(info[key])}'
+            )
+    examples = info.get("examples", [])
+    if not (
+        isinstance(examples, list)
+        and len(examples) <= MAX_EXAMPLES
+        and all(isinstance(e, str) and len(e) <= MAX_EXAMPLE_CHARS for e in examples)
+    ):
+        raise CheckpointError(
+            f'{source}: "examples" must be a list of at most {MAX_EXAMPLES} texts of at most {MAX_EXAMPLE_CHARS:,} '
+            f"characters, got {describe(examples)}"
+        )
+    return info
+
+
 def probe(path: Path) -> TransformerConfig:
     """The model ``path/config.json`` describes, refused when it is over the limits; reads no other file."""
     cfg = _config(path, read_config(path))
@@ -108,9 +141,9 @@ def load(path: Path, device: str = "auto") -> Bundle:
     """An attnviz checkpoint directory, loaded onto ``device`` in eval mode."""
     data = read_config(path)
     cfg = _config(path, data)
+    info = _info(path, data)
     expected, max_bytes = checked_shapes(cfg, str(path / CONFIG_FILE))
     tokenizer = _read_tokenizer(path, data, cfg)
     weights_file = path / WEIGHTS_FILE
     tensors = WeightsFile(weights_file, max_bytes).read({k: [k] for k in expected}, expected, strict=True)
-    info = {k: v for k, v in data.items() if k not in ("model", "tokenizer")}
     return make_bundle(cfg, tensors, tokenizer, weights_file, info, device)

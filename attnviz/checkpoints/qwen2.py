@@ -1,6 +1,6 @@
 """Hugging Face Qwen2 checkpoints (Qwen2, Qwen2.5): the Llama recipe with biases on Q, K and V.
 
-Qwen2 is :mod:`~attnviz.checkpoints.llama`'s decoder with biases on the query, key and value
+Qwen2 is `llama`'s decoder with biases on the query, key and value
 projections and none on W^O, usually a tied output layer, and a sliding window that its configs
 may name but switch off (``use_sliding_window: false``: no window is used, as transformers reads
 it). A window that is switched on is refused, as is anything the Llama importer refuses.
@@ -9,6 +9,7 @@ it). A window that is switched on is refused, as is anything the Llama importer 
 from __future__ import annotations
 
 from attnviz.checkpoints.causal import Family
+from attnviz.checkpoints.fields import Fields
 from attnviz.checkpoints.files import CONFIG_FILE, SAFETENSORS_FILE
 from attnviz.checkpoints.llama import convert, llama_style_config, tensors
 from attnviz.errors import CheckpointError
@@ -22,7 +23,11 @@ DESCRIPTION = (
 
 def qwen2_config(hf: dict, source: str = CONFIG_FILE) -> TransformerConfig:
     """Our config for a Qwen2 ``config.json``: biases on Q, K, V and not on W^O."""
-    if hf.get("use_sliding_window"):
+
+    def fail(what: str) -> CheckpointError:
+        return CheckpointError(f"{source}: {what}; attnviz cannot load this Qwen2 model faithfully")
+
+    if Fields(hf, fail).flag("use_sliding_window", False):
         raise CheckpointError(
             f'{source}: "use_sliding_window": true asks for a sliding attention window, which attnviz does not '
             "implement; attnviz cannot load this Qwen2 model faithfully"
