@@ -4,15 +4,18 @@ One head of a language model at 8192 tokens is 67 million weights (256 MB of flo
 of SmolLM2-135M there is 69 GB. What fixes them is much smaller: each head's queries and keys,
 (T, d_head) each, 2 MB at d_head 64. A weight is
 
-    A[i, j] = exp(q_i . k_j / sqrt(d_k) - lse_i),   lse_i = log sum_j' exp(q_i . k_j' / sqrt(d_k))
+```text
+A[i, j] = exp(q_i . k_j / sqrt(d_k) - lse_i),
+lse_i = log sum_j' exp(q_i . k_j' / sqrt(d_k))
+```
 
 (equation 1, with the softmax's normaliser as a log-sum-exp), so one pass over blocks of query
 rows gives every row's ``lse`` and, from then on, any tile of the map costs only its own cells.
-:func:`scan` makes that pass and, on the way, everything a whole map is needed for: the head's
-statistics (:func:`attnviz.analysis.head_statistics`, the same definitions) and its maxima over
-blocks of columns, from which a max-pooled picture of any size follows (:func:`pooled_from_scan`).
-:func:`region` pools any rectangle of the map to a given size, and :func:`tile` gives its exact
-weights. Nothing holds more than one block of rows of the map at a time.
+[`scan`][attnviz.tiles.scan] makes that pass and, on the way, everything a whole map is needed for: the head's
+statistics (`attnviz.analysis.head_statistics`, the same definitions) and its maxima over blocks of columns, from which
+a max-pooled picture of any size follows ([`pooled_from_scan`][attnviz.tiles.pooled_from_scan]).
+[`region`][attnviz.tiles.region] pools any rectangle of the map to a given size, and [`tile`][attnviz.tiles.tile] gives
+its exact weights. Nothing holds more than one block of rows of the map at a time.
 
 The arithmetic is float32 torch, as the model's own: weights agree with the model's maps to about
 1e-7 (``tests/test_tiles.py`` checks every function against the maps the model returns). Masks are
@@ -103,7 +106,7 @@ class Scan:
 
     lse: np.ndarray  # (Q,) float32: log sum_j exp(score[i, j])
     row_max: np.ndarray  # (Q,) float32: the largest weight of each row
-    rows: dict[str, np.ndarray]  # per query row: entropy, distance, and the weight on chosen keys (float64)
+    rows: dict[str, np.ndarray]  # per query row: entropy, distance, the weight on chosen keys (float64); {} without
     column_maxima: np.ndarray | None  # (Q, ceil(K / column_block)) float32: each row's largest weight per block
 
 
@@ -114,13 +117,20 @@ def _weights_at(head: HeadQK, lse: np.ndarray, rows: np.ndarray, keys: np.ndarra
     return np.where(head.causal & (keys > rows), 0.0, weights)
 
 
-def scan(head: HeadQK, kind: str, column_block: int | None = None, tokens: Sequence[str] | None = None) -> Scan:
+def scan(
+    head: HeadQK,
+    kind: str,
+    column_block: int | None = None,
+    tokens: Sequence[str] | None = None,
+    statistics: bool = True,
+) -> Scan:
     """Every row's normaliser, largest weight and statistics in one pass over blocks of rows.
 
     With ``column_block``, also each row's largest weight in each block of that many columns: the
-    makings of max-pooled pictures (:func:`pooled_from_scan`). The statistics per row are those
-    :func:`attnviz.analysis.head_statistics` averages, with the same definitions; ``induction``
-    needs the query ``tokens`` (without them it is NaN).
+    makings of max-pooled pictures ([`pooled_from_scan`][attnviz.tiles.pooled_from_scan]). The statistics per row are
+    those `attnviz.analysis.head_statistics` averages, with the same definitions; ``induction``
+    needs the query ``tokens`` (without them it is NaN). ``statistics=False`` leaves them out
+    (``rows`` is empty): about half the work, for a picture that needs only the normalisers.
     """
     check_kind(kind)
     if head.causal != (kind == "decoder"):
@@ -130,7 +140,7 @@ def scan(head: HeadQK, kind: str, column_block: int | None = None, tokens: Seque
     lse, row_max = torch.empty(Q), torch.empty(Q)
     entropy, distance = torch.empty(Q, dtype=torch.float64), torch.empty(Q, dtype=torch.float64)
     n_blocks = math.ceil(K / column_block) if column_block else 0
-    maxima = torch.full((Q, n_blocks), float("-inf")) if column_block else None
+    maxima = torch.zeros(Q, n_blocks) if column_block else None  # blocks past a causal row's reach: weight 0
     aligned = torch.from_numpy(aligned_keys(Q, K, kind).astype(np.float32))
     key_at = torch.arange(K, dtype=torch.float32)
     starts, size = _row_blocks(head)
@@ -140,27 +150,42 @@ def scan(head: HeadQK, kind: str, column_block: int | None = None, tokens: Seque
         scores = _scores(head, q, k, (r0, r1), (0, hi))  # (R, hi)
         block_lse = torch.logsumexp(scores, dim=-1)  # (R,)
         lse[r0:r1] = block_lse
-        row_max[r0:r1] = torch.exp(scores.amax(dim=-1) - block_lse)
-        weights = torch.exp(scores - block_lse[:, None])  # 0 where masked (exp(-inf))
-        finite = torch.where(torch.isfinite(scores), scores, 0.0)
-        # -sum p log p = lse - sum p s, since log p = s - lse
-        entropy[r0:r1] = (block_lse - (weights * finite).sum(-1)).double()
-        distance[r0:r1] = (weights * (aligned[r0:r1, None] - key_at[None, :hi]).abs_()).sum(-1).double()
-        if maxima is not None:
-            padded = torch.full((r1 - r0, n_blocks * column_block), float("-inf"))
-            padded[:, :hi] = scores
-            block_max = padded.view(r1 - r0, n_blocks, column_block).amax(-1)
-            maxima[r0:r1] = torch.exp(block_max - block_lse[:, None])
+        if maxima is None:
+            top = scores.amax(dim=-1)
+        else:  # the blocks' maxima first, and the row's from them: one pass over the scores, not two
+            block_max = _column_block_max(scores, column_block)  # (R, ceil(hi / column_block))
+            top = block_max.amax(dim=-1)
+            maxima[r0:r1, : block_max.shape[1]] = torch.exp(block_max - block_lse[:, None])
+        row_max[r0:r1] = torch.exp(top - block_lse)
+        if statistics:
+            weights = torch.exp(scores - block_lse[:, None])  # 0 where masked (exp(-inf))
+            finite = torch.where(torch.isfinite(scores), scores, 0.0)
+            # -sum p log p = lse - sum p s, since log p = s - lse
+            entropy[r0:r1] = (block_lse - (weights * finite).sum(-1)).double()
+            distance[r0:r1] = (weights * (aligned[r0:r1, None] - key_at[None, :hi]).abs_()).sum(-1).double()
     lse_np = lse.numpy()
-    rows = _row_statistics(head, kind, lse_np, entropy.numpy(), distance.numpy(), tokens)
+    rows = _row_statistics(head, kind, lse_np, entropy.numpy(), distance.numpy(), tokens) if statistics else {}
     maxima_np = None if maxima is None else maxima.numpy()
     return Scan(lse_np, row_max.numpy(), rows, maxima_np)
+
+
+def _column_block_max(scores: Tensor, column_block: int) -> Tensor:
+    """(R, ceil(C / column_block)): the largest of each block of ``column_block`` columns of (R, C) ``scores``
+    (the last block may be short)."""
+    R, C = scores.shape
+    whole = C // column_block * column_block
+    out = torch.empty(R, math.ceil(C / column_block))
+    if whole:
+        out[:, : whole // column_block] = scores[:, :whole].unflatten(1, (-1, column_block)).amax(-1)
+    if whole < C:
+        out[:, -1] = scores[:, whole:].amax(-1)
+    return out
 
 
 def _row_statistics(
     head: HeadQK, kind: str, lse: np.ndarray, entropy: np.ndarray, distance: np.ndarray, tokens: Sequence[str] | None
 ) -> dict:
-    """The per-row quantities of :func:`attnviz.analysis.head_statistics`, from a scan's sums."""
+    """The per-row quantities of `attnviz.analysis.head_statistics`, from a scan's sums."""
     Q, K = head.shape
     at = np.arange(Q)
     allowed = (at + 1) if kind == "decoder" else np.full(Q, K)
@@ -223,7 +248,8 @@ def pooled_from_scan(scanned: Scan, row_block: int, per_row_max: bool = False) -
     """The map max-pooled over blocks of ``row_block`` rows and the scan's column blocks, float32.
 
     Each cell is the largest weight of its block (of weight / its row's largest weight, with
-    ``per_row_max``); a block whose every cell is masked is 0 (:func:`allowed_blocks` tells them).
+    ``per_row_max``); a block whose every cell is masked is 0 ([`allowed_blocks`][attnviz.tiles.allowed_blocks] tells
+    them).
     """
     if scanned.column_maxima is None:
         raise ValueError("this scan kept no column-block maxima: scan(..., column_block=n)")
@@ -295,7 +321,7 @@ def allowed_blocks(causal: bool, rows: tuple[int, int], cols: tuple[int, int], b
 
 @dataclass(frozen=True)
 class LayerTiles:
-    """One layer of one kind: each head's queries, keys and :class:`Scan` (normalisers and statistics),
+    """One layer of one kind: each head's queries, keys and [`Scan`][attnviz.tiles.Scan] (normalisers and statistics),
     and each head's thumbnail. What the app fetches per layer."""
 
     kind: str
@@ -307,22 +333,25 @@ class LayerTiles:
     labels: tuple[tuple[str, ...], tuple[str, ...], tuple[str, ...] | None]  # query and key tokens, what rows write
 
     def tokens(self, kind: str | None = None) -> tuple[tuple[str, ...], tuple[str, ...]]:
-        """(query tokens, key tokens), as :meth:`TiledAttention.tokens` (this layer's kind only)."""
+        """(query tokens, key tokens), as [`TiledAttention.tokens`][attnviz.tiles.TiledAttention.tokens] (this layer's
+        kind only)."""
         if kind not in (None, self.kind):
             raise ValueError(f"this layer holds {self.kind} attention, not {kind}")
         return self.labels[0], self.labels[1]
 
     def writes(self) -> tuple[str, ...] | None:
-        """Per decoder position, the token it writes, as :meth:`TiledAttention.writes`."""
+        """Per decoder position, the token it writes, as
+        [`TiledAttention.writes`][attnviz.tiles.TiledAttention.writes]."""
         return self.labels[2]
 
     def statistics(self) -> list[dict]:
-        """One row per head: layer, head (from 1) and :data:`STATISTICS`."""
+        """One row per head: layer, head (from 1) and `STATISTICS`."""
         return [{"layer": self.layer, "head": h, **statistics_row(s)} for h, s in enumerate(self.scans, 1)]
 
 
 def statistics_frame(rows: list[dict], kind: str) -> pd.DataFrame:
-    """Rows of :meth:`LayerTiles.statistics` as :func:`attnviz.analysis.head_statistics` returns them."""
+    """Rows of [`LayerTiles.statistics`][attnviz.tiles.LayerTiles.statistics] as `attnviz.analysis.head_statistics`
+    returns them."""
     frame = pd.DataFrame(rows, columns=["layer", "head", *STATISTICS])
     frame.attrs["distance_note"] = DISTANCE_NOTES[kind]
     return frame
@@ -334,9 +363,9 @@ class TiledAttention:
 
     ``queries[kind]`` is (L, H, Q, D) and ``keys[kind]`` (L, H_kv, K, D), float32, as the scores use
     them (rotated, for rotary positions); with grouped-query attention query head h uses key head
-    h // (H / H_kv). The tokens and the manifest are an export's (:class:`attnviz.export.AttentionExport`):
-    :meth:`tokens` and :meth:`writes` name rows and columns the same way. Made by
-    :func:`attnviz.api.tiled_attention`.
+    h // (H / H_kv). The tokens and the manifest are an export's ([`attnviz.export.AttentionExport`][]):
+    [`tokens`][attnviz.tiles.TiledAttention.tokens] and [`writes`][attnviz.tiles.TiledAttention.writes] name rows and
+    columns the same way. Made by [`attnviz.api.tiled_attention`][].
     """
 
     queries: dict[str, np.ndarray]
@@ -397,7 +426,7 @@ class TiledAttention:
         return LayerTiles(kind, layer, heads, tuple(scans), np.array(thumbnails, dtype=np.float32), blocks, labels)
 
     def statistics(self, kind: str) -> pd.DataFrame:
-        """:func:`attnviz.analysis.head_statistics` of ``kind``, every head, computed tile by tile."""
+        """`attnviz.analysis.head_statistics` of ``kind``, every head, computed tile by tile."""
         L, H, _, _ = self.shape(kind)
         queries = self.tokens(kind)[0]
         rows = [

@@ -1,6 +1,6 @@
 """Maps tile by tile from queries and keys (attnviz.tiles) against the maps the model itself returns.
 
-The reference is :func:`attnviz.attention`: the model's explicit softmax path, every map at once.
+The reference is [`attnviz.attention`][attnviz.api.attention]: the model's explicit softmax path, every map at once.
 The tiled path never sees those maps: it records the queries and keys (fused kernel, no map) and
 recomputes weights from them block by block. Shapes are chosen so that blocks are partial (rows and
 columns not multiples of any block) and several blocks of rows are needed.
@@ -108,6 +108,22 @@ def test_a_scans_column_maxima_pool_the_whole_map(per_row_max):
     region, _, blocks = tiles.region(head, scanned, (0, 89), (0, 89), 10, per_row_max)
     assert blocks == (9, 9)
     np.testing.assert_allclose(pooled, region, atol=ATOL, rtol=1e-5)
+
+
+@pytest.mark.parametrize("causal, column_block", [(True, 7), (False, 10), (True, 1)])
+def test_a_scan_without_statistics_keeps_the_same_normalisers_and_maxima(causal, column_block):
+    head = _random_head(53, 53 if causal else 61, causal, seed=4)
+    kind = "decoder" if causal else "cross"
+    full = tiles.scan(head, kind, column_block=column_block)
+    lean = tiles.scan(head, kind, column_block=column_block, statistics=False)
+    assert lean.rows == {} and full.rows
+    for name in ("lse", "row_max", "column_maxima"):
+        np.testing.assert_array_equal(getattr(lean, name), getattr(full, name))
+    reference = _numpy_map(head)
+    np.testing.assert_allclose(lean.row_max, reference.max(-1), atol=ATOL, rtol=1e-5)
+    np.testing.assert_allclose(
+        tiles.pooled_from_scan(lean, 1), _max_pool(reference, 1, column_block), atol=ATOL, rtol=1e-5
+    )
 
 
 @pytest.mark.parametrize(("kind", "Q", "K"), [("decoder", 97, 97), ("encoder", 64, 64), ("cross", 37, 90)])

@@ -7,9 +7,9 @@ and drawn by a plotly ``Image`` trace: a few hundred kilobytes, one ``<image>`` 
 cells when zoomed (plotly renders images pixelated). ``benchmarks/bench_render.py`` measures it
 in a browser. What an image cannot carry is each cell's exact number on hover: the one-head image
 says which query and key the pointer is on, and the explorer shows any region of it as an exact
-heatmap (:func:`attnviz.figures.attention.attention_heatmap`), whose hover gives every weight.
+heatmap (`attnviz.figures.attention.attention_heatmap`), whose hover gives every weight.
 
-**Contrast** (:data:`CONTRASTS`): on a linear 0..1 scale a row spread over 1000 keys is near
+**Contrast** (`CONTRASTS`): on a linear 0..1 scale a row spread over 1000 keys is near
 white everywhere; the log scale and each row scaled to its maximum show where it looks. The colour
 bar says which scale is on. Every weight view takes one.
 
@@ -51,6 +51,11 @@ LEVELS = 254  # colour levels: palette indices 0..253, then the grey of masked c
 MASKED_INDEX = LEVELS
 BACKGROUND_INDEX = LEVELS + 1
 THUMBNAIL = 96  # the all-heads grid keeps at most this many pixels per axis of each head, by max-pooling
+# A long map (attnviz.tiles), in the app and in the notebook views: its overview, max-pooled to at most
+# OVERVIEW pixels a side; a zoomed region exact up to ZOOM_MAX positions a side, else pooled to DETAIL.
+OVERVIEW = 1024
+DETAIL = 1024
+ZOOM_MAX = 128
 GAP = 0.12  # the space between thumbnails, as a share of a thumbnail
 FRAME_GREY = "#d9d9d9"
 
@@ -65,7 +70,7 @@ def contrast_values(weights: np.ndarray, contrast: str, row_max: np.ndarray | No
     """Weights (..., Q, K) mapped to 0..1 for colouring (float64), as ``contrast`` says.
 
     - ``linear``: the weight itself, clipped to 0..1.
-    - ``log``: (log10 w - log10 floor) / -log10 floor, with w raised to :data:`LOG_FLOOR`:
+    - ``log``: (log10 w - log10 floor) / -log10 floor, with w raised to `LOG_FLOOR`:
       1 is a weight of 1, 0 a weight of 1e-5 or less, and each decade is a fifth of the scale.
     - ``row``: w / the largest weight of its row (``row_max`` (..., Q) when ``weights`` is a region
       of a larger map whose rows go on); a row of zeros stays 0.
@@ -113,7 +118,7 @@ def palette(colorscale: str) -> np.ndarray:
 
 
 def colour_indices(values: np.ndarray, masked: np.ndarray | None = None) -> np.ndarray:
-    """Values in 0..1 as palette indices: round(v * (LEVELS - 1)), and :data:`MASKED_INDEX` where masked."""
+    """Values in 0..1 as palette indices: round(v * (LEVELS - 1)), and `MASKED_INDEX` where masked."""
     indices = np.rint(np.clip(np.asarray(values, dtype=np.float64), 0.0, 1.0) * (LEVELS - 1)).astype(np.uint8)
     if masked is not None:
         indices[np.asarray(masked, dtype=bool)] = MASKED_INDEX
@@ -130,7 +135,7 @@ def png_data_uri(indices: np.ndarray, colorscale: str) -> str:
 
 
 def decode_png(uri: str) -> tuple[np.ndarray, np.ndarray]:
-    """(indices (rows, columns) uint8, palette (n, 3) uint8) of a PNG data URI made by :func:`png_data_uri`."""
+    """(indices (rows, columns) uint8, palette (n, 3) uint8) of a PNG data URI made by `png_data_uri`."""
     image = Image.open(io.BytesIO(base64.b64decode(uri.split(",", 1)[1])))
     return np.array(image), np.array(image.getpalette(), dtype=np.uint8).reshape(-1, 3)
 
@@ -254,7 +259,7 @@ def pooled_attention_image(
     contrast: str = "linear",
     title: str | None = None,
 ) -> go.Figure:
-    """A region of one head's map, max-pooled (:func:`attnviz.tiles.region`), as an image under ``contrast``.
+    """A region of one head's map, max-pooled ([`attnviz.tiles.region`][]), as an image under ``contrast``.
 
     ``values`` (h, w) is the largest weight of each block of ``blocks`` (rows, columns) positions,
     or, for the ``row`` contrast, the largest weight / its row's largest weight (rows run on beyond
@@ -313,7 +318,7 @@ def head_grid(
 ) -> go.Figure:
     """Every layer (rows) and head (columns) of ``maps`` (L, H, Q, K) as one image of thumbnails.
 
-    A map longer than ``thumbnail`` on an axis is **max-pooled** (:func:`attnviz.analysis.downsample`
+    A map longer than ``thumbnail`` on an axis is **max-pooled** (`attnviz.analysis.downsample`
     with ``how="max"``): each pixel is the strongest weight of its block, after the contrast, so a
     sharp head (previous token, a delimiter) keeps its line at any length instead of fading into an
     average. A block whose every cell is masked is grey. One invisible point per head, at the
@@ -328,18 +333,37 @@ def head_grid(
     if thumbnail < 1:
         raise ValueError(f"thumbnail must be at least 1 pixel, got {thumbnail}")
     check_contrast(contrast)
-    allowed_blocks = None
     mask = check_mask(mask, Q, K)
-    if mask is not None:
-        allowed_blocks = downsample(mask.astype(np.float64), thumbnail, how="max")[0] > 0
+    allowed_blocks = None if mask is None else thumbnail_allowed(mask, thumbnail)
     rows, cols = min(Q, thumbnail), min(K, thumbnail)
 
     def tile(layer: int, head: int) -> np.ndarray:  # one head at a time: every head at once is L*H*Q*K float64s
-        pooled = downsample(contrast_values(maps[layer, head], contrast), thumbnail, how="max")[0]
-        return colour_indices(pooled, None if allowed_blocks is None else ~allowed_blocks)
+        return thumbnail_indices(maps[layer, head], contrast, allowed_blocks, thumbnail)
 
     pooled = (math.ceil(Q / rows), math.ceil(K / cols))
     return _grid_figure(tile, (L, H), (rows, cols), pooled, kind, contrast, selected)
+
+
+def thumbnail_allowed(mask: np.ndarray, thumbnail: int = THUMBNAIL) -> np.ndarray:
+    """(h, w) bool: whether any cell of each block of a `head_grid` thumbnail may be non-zero (``mask`` (Q, K))."""
+    return downsample(np.asarray(mask, dtype=np.float64), thumbnail, how="max")[0] > 0
+
+
+def thumbnail_indices(
+    weights: np.ndarray, contrast: str, allowed_blocks: np.ndarray | None = None, thumbnail: int = THUMBNAIL
+) -> np.ndarray:
+    """One head's (Q, K) map as a `head_grid` thumbnail: palette indices, max-pooled after the contrast.
+
+    ``allowed_blocks`` (`thumbnail_allowed`) greys the blocks whose every cell is masked.
+    """
+    pooled = downsample(contrast_values(weights, contrast), thumbnail, how="max")[0]
+    return colour_indices(pooled, None if allowed_blocks is None else ~allowed_blocks)
+
+
+def pooled_thumbnail_indices(thumbnails: np.ndarray, allowed: np.ndarray, contrast: str) -> np.ndarray:
+    """One head's tiled thumbnail ((2, h, w): block maxima, and of weight / row max) as palette indices."""
+    which, shown = (1, "linear") if check_contrast(contrast) == "row" else (0, contrast)
+    return colour_indices(contrast_values(thumbnails[which], shown), ~np.asarray(allowed, dtype=bool))
 
 
 def pooled_head_grid(
@@ -350,21 +374,20 @@ def pooled_head_grid(
     contrast: str = "linear",
     selected: tuple[int, int] | None = None,
 ) -> go.Figure:
-    """:func:`head_grid` of thumbnails already max-pooled from queries and keys (:mod:`attnviz.tiles`).
+    """`head_grid` of thumbnails already max-pooled from queries and keys ([`attnviz.tiles`][]).
 
     ``thumbnails`` (L, H, 2, h, w): each head's largest weight per block of ``blocks`` positions, and
-    the largest weight / its row's largest weight (:attr:`attnviz.tiles.LayerTiles.thumbnails`);
+    the largest weight / its row's largest weight (`attnviz.tiles.LayerTiles.thumbnails`);
     ``allowed`` (h, w) is False where every cell of a block is masked.
     """
     thumbnails = np.asarray(thumbnails, dtype=np.float32)
     if thumbnails.ndim != 5 or thumbnails.shape[2] != 2:
         raise ValueError(f"thumbnails must be (layers, heads, 2, h, w), got {thumbnails.shape}")
     L, H, _, h, w = thumbnails.shape
-    masked = ~np.asarray(allowed, dtype=bool)
-    which, shown = (1, "linear") if check_contrast(contrast) == "row" else (0, contrast)
+    check_contrast(contrast)
 
     def tile(layer: int, head: int) -> np.ndarray:
-        return colour_indices(contrast_values(thumbnails[layer, head, which], shown), masked)
+        return pooled_thumbnail_indices(thumbnails[layer, head], allowed, contrast)
 
     return _grid_figure(tile, (L, H), (h, w), blocks, kind, contrast, selected)
 
@@ -378,7 +401,7 @@ def _grid_figure(
     contrast: str,
     selected: tuple[int, int] | None,
 ) -> go.Figure:
-    """The mosaic of :func:`head_grid`: ``tile(layer, head)`` (from 0) gives each head's palette indices."""
+    """The mosaic of `head_grid`: ``tile(layer, head)`` (from 0) gives each head's palette indices."""
     kind_title, y_title, x_title = kind_titles(kind)
     (L, H), (rows, cols), (pooled_rows, pooled_cols) = heads_shape, size, pooled
     if selected is not None and not (1 <= selected[0] <= L and 1 <= selected[1] <= H):

@@ -1,0 +1,347 @@
+"""What each notebook view shows, as plain numbers: the host (widget, HTML page, saved file) only draws it.
+
+A frame is a dict of JSON values and byte buffers: palette indices (uint8, one per pixel, the colours
+of `attnviz.figures.images` under a contrast), the weights behind them (float16 or float32, for the
+numbers on hover) and labels. Contrast, pooling, masks and labels are attnviz's own definitions
+(`attnviz.figures.images`, `attnviz.tiles`, `attnviz.words`, `attnviz.export.row_labels`); nothing
+here colours or pools a map any other way.
+
+Shape letters: L layers, H heads, Q queries, K keys, h x w pixels.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import OrderedDict
+from dataclasses import dataclass, replace
+
+import numpy as np
+
+from attnviz import tiles
+from attnviz.errors import InputError
+from attnviz.export import row_labels
+from attnviz.figures.common import WEIGHT_COLORSCALE, kind_titles
+from attnviz.figures.images import (
+    CONTRASTS,
+    DETAIL,
+    LEVELS,
+    MASKED_INDEX,
+    OVERVIEW,
+    THUMBNAIL,
+    ZOOM_MAX,
+    check_contrast,
+    colour_bar,
+    colour_indices,
+    contrast_values,
+    palette,
+    pooled_thumbnail_indices,
+    thumbnail_allowed,
+    thumbnail_indices,
+)
+from attnviz.kinds import TITLES, allowed, causal_mask, shown_token
+from attnviz.notebook.data import Source
+
+DTYPES = ("float16", "float32")  # how weights travel to the browser: half the bytes, or every digit
+SCANS_KEPT = 8  # heads of a long text whose overviews (one pass over the map each, 8 MB) are kept for the next choice
+
+
+def palette_bytes() -> bytes:
+    """The weight palette (LEVELS colours, the masked grey, white) as RGB bytes, 3 per index."""
+    return palette(WEIGHT_COLORSCALE).tobytes()
+
+
+def check_pick(source: Source, kind: str, layer: int, head: int) -> tuple[int, int, int, int]:
+    """(L, H, Q, K) of ``kind``, after checking that ``kind``, ``layer`` and ``head`` (from 1) exist."""
+    if kind not in source.kinds:
+        raise InputError(f"these maps have no {kind} attention; they have {', '.join(source.kinds)}")
+    L, H, Q, K = source.shape(kind)
+    if not (1 <= layer <= L and 1 <= head <= H):
+        raise InputError(f"{kind} has {L} layers of {H} heads, counted from 1; got layer {layer}, head {head}")
+    return L, H, Q, K
+
+
+def _pool_max(values: np.ndarray, blocks: tuple[int, int]) -> np.ndarray:
+    """Max over blocks of ``blocks`` (rows, columns) cells from the top left, as `attnviz.tiles.region` pools."""
+    fr, fc = blocks
+    R, C = values.shape
+    h, w = math.ceil(R / fr), math.ceil(C / fc)
+    padded = np.full((h * fr, w * fc), -np.inf)
+    padded[:R, :C] = values
+    return padded.reshape(h, fr, w, fc).max(axis=(1, 3))
+
+
+def _region(zoom, Q: int, K: int) -> tuple[int, int, int, int]:
+    """(r0, r1, c0, c1), half-open, of a zoom (None or [] is the whole map), clipped to the map."""
+    if not zoom:
+        return 0, Q, 0, K
+    r0, r1, c0, c1 = (int(v) for v in zoom)
+    r0, c0 = min(max(r0, 0), Q - 1), min(max(c0, 0), K - 1)
+    return r0, min(max(r1, r0 + 1), Q), c0, min(max(c1, c0 + 1), K)
+
+
+class HeadFrames:
+    """The head view's frames of one source: any kind, layer, head, contrast, words and zoom."""
+
+    def __init__(self, source: Source, dtype: str = "float32"):
+        if dtype not in DTYPES:
+            raise InputError(f"dtype must be one of {', '.join(DTYPES)}; got {dtype!r}")
+        self.source, self.dtype = source, dtype
+        self._scans: OrderedDict = OrderedDict()
+
+    def _scan(self, kind: str, layer: int, head: int) -> Overview:
+        key = (kind, layer, head)
+        if key not in self._scans:
+            self._scans[key] = overview(self.source.pieces.head(kind, layer, head), kind)
+            while len(self._scans) > SCANS_KEPT:
+                self._scans.popitem(last=False)
+        self._scans.move_to_end(key)
+        return self._scans[key]
+
+    def labels(self, kind: str, words: bool) -> tuple[list[str], list[str]]:
+        """(row labels, column labels) of ``kind``: queries as the app names them, keys as tokens."""
+        maps = self.source.words if words else self.source.pieces
+        return [shown_token(t) for t in row_labels(maps, kind)], [shown_token(t) for t in maps.tokens(kind)[1]]
+
+    def frame(self, kind: str, layer: int, head: int, contrast: str, words: bool = False, zoom=None) -> dict:
+        """What the head view draws for this choice: see the module's docstring."""
+        check_contrast(contrast)
+        check_pick(self.source, kind, layer, head)
+        if words and self.source.words is None:
+            raise InputError("these maps come without words (the tokenizer's word boundaries): words=False")
+        maps = self.source.words if words else self.source.pieces
+        if self.source.tiled:
+            Q, K = self.source.shape(kind)[2:]
+            r0, r1, c0, c1 = _region(zoom, Q, K)
+            frame = self._tiled(kind, layer, head, contrast, (r0, r1, c0, c1))
+        else:
+            weights = getattr(maps, kind)[layer - 1, head - 1]  # (Q, K)
+            Q, K = weights.shape
+            r0, r1, c0, c1 = _region(zoom, Q, K)
+            frame = self._whole(weights, kind, contrast, (r0, r1, c0, c1))
+        rows, cols = self.labels(kind, words)
+        title, row_title, col_title = kind_titles(kind)
+        pooled = frame["blocks"] != [1, 1]
+        note = f"queries {r0}-{r1 - 1}, keys {c0}-{c1 - 1}; contrast: {CONTRASTS[contrast]}"
+        if pooled:
+            fr, fc = frame["blocks"]
+            note = f"each pixel the largest of {fr} x {fc} weights (max-pooled; drag a box to zoom); " + note
+        else:
+            note = "one pixel per weight; " + note
+        return {
+            **frame,
+            "kind": kind,
+            "layer": layer,
+            "head": head,
+            "contrast": contrast,
+            "words": bool(words),
+            "title": f"{title}: layer {layer}, head {head}" + (" (words)" if words else ""),
+            "row_title": row_title,
+            "col_title": col_title,
+            "rows": rows,
+            "cols": cols,
+            "full": [Q, K],
+            "region": [r0, r1, c0, c1],
+            "bar": colour_bar(contrast),
+            "note": note,
+            "levels": LEVELS,
+            "masked_index": MASKED_INDEX,
+        }
+
+    def _pack(self, indices: np.ndarray, weights: np.ndarray, blocks, values: str) -> dict:
+        return {
+            "shape": list(indices.shape),
+            "blocks": [int(blocks[0]), int(blocks[1])],
+            "indices": np.ascontiguousarray(indices, dtype=np.uint8).tobytes(),
+            "weights": np.ascontiguousarray(weights, dtype=self.dtype).tobytes(),
+            "dtype": self.dtype,
+            "values": values,  # what a pixel's number is
+        }
+
+    def _whole(self, weights: np.ndarray, kind: str, contrast: str, region) -> dict:
+        """A region of a whole map: one pixel per weight up to OVERVIEW a side, else max-pooled."""
+        r0, r1, c0, c1 = region
+        Q, K = weights.shape
+        part = weights[r0:r1, c0:c1]
+        mask = allowed(kind, Q, K)
+        masked = None if mask is None else ~mask[r0:r1, c0:c1]
+        coloured = contrast_values(part, contrast, weights[r0:r1].max(axis=-1))  # row maxima of whole rows
+        blocks = (tiles.block_size(r1 - r0, OVERVIEW), tiles.block_size(c1 - c0, OVERVIEW))
+        if blocks == (1, 1):
+            return self._pack(colour_indices(coloured, masked), part, blocks, _pooled_values(blocks, False))
+        indices = colour_indices(
+            _pool_max(coloured, blocks), None if masked is None else _pool_max(~masked, blocks) == 0
+        )
+        return self._pack(indices, _pool_max(part, blocks), blocks, _pooled_values(blocks, False))
+
+    def _tiled(self, kind: str, layer: int, head: int, contrast: str, region) -> dict:
+        """A region of a long map from its queries and keys: exact up to ZOOM_MAX a side, else pooled."""
+        r0, r1, c0, c1 = region
+        seen = self._scan(kind, layer, head)
+        one, scanned = seen.head, seen.scan
+        if (r0, r1, c0, c1) == (0, one.shape[0], 0, one.shape[1]) and (r1 > ZOOM_MAX or c1 > ZOOM_MAX):
+            per_row = contrast == "row"
+            values = seen.per_row if per_row else seen.linear
+            indices = colour_indices(contrast_values(values, "linear" if per_row else contrast), ~seen.allowed)
+            if seen.blocks == (1, 1):  # one pixel per weight: hover tells the weight itself
+                return self._pack(indices, seen.linear, seen.blocks, _pooled_values(seen.blocks, False))
+            return self._pack(indices, values, seen.blocks, _pooled_values(seen.blocks, per_row))
+        if r1 - r0 <= ZOOM_MAX and c1 - c0 <= ZOOM_MAX:
+            weights = tiles.tile(one, scanned, (r0, r1), (c0, c1))
+            mask = causal_mask(r1 - r0, c1 - c0, r0 - c0) if one.causal else None  # key <= query
+            coloured = contrast_values(weights, contrast, scanned.row_max[r0:r1])
+            return self._pack(colour_indices(coloured, None if mask is None else ~mask), weights, (1, 1), "weight")
+        per_row = contrast == "row"
+        values, ok, blocks = tiles.region(one, scanned, (r0, r1), (c0, c1), DETAIL, per_row)  # as the app's zoom
+        indices = colour_indices(contrast_values(values, "linear" if per_row else contrast), ~ok)
+        return self._pack(indices, values, blocks, _pooled_values(blocks, per_row))
+
+
+def _pooled_values(blocks: tuple[int, int], per_row: bool) -> str:
+    """What a pixel's number is, for a map pooled over ``blocks``."""
+    what = "weight ÷ its row's max" if per_row else "weight"
+    return what if tuple(blocks) == (1, 1) else f"largest {what}, of the block"
+
+
+@dataclass(frozen=True)
+class Overview:
+    """One head of a long text as the head view opens it: its scan (the rows' normalisers, for zooms) and its
+    whole map max-pooled to at most `OVERVIEW` pixels a side, as `attnviz.tiles.region` pools it."""
+
+    head: tiles.HeadQK
+    scan: tiles.Scan  # without statistics or column maxima
+    linear: np.ndarray  # (h, w) float32: the largest weight of each block
+    per_row: np.ndarray  # (h, w) float32: the largest weight ÷ its row's largest, of each block
+    allowed: np.ndarray  # (h, w) bool: whether any cell of the block may be non-zero
+    blocks: tuple[int, int]  # positions per pixel: (rows, columns)
+
+
+def overview(head: tiles.HeadQK, kind: str) -> Overview:
+    """``head``'s `Overview`, in one pass over its map: the scan keeps each row's maxima over blocks of columns
+    (`attnviz.tiles.scan`), and the pixels are their maxima over blocks of rows
+    (`attnviz.tiles.pooled_from_scan`), under both the weights and the weights ÷ their row's largest.
+    No statistics: the view does not show them, and they would double the pass."""
+    Q, K = head.shape
+    blocks = (tiles.block_size(Q, OVERVIEW), tiles.block_size(K, OVERVIEW))
+    scanned = tiles.scan(head, kind, column_block=blocks[1], statistics=False)
+    linear, per_row = (tiles.pooled_from_scan(scanned, blocks[0], p) for p in (False, True))
+    allowed = tiles.allowed_blocks(head.causal, (0, Q), (0, K), blocks)
+    return Overview(head, replace(scanned, column_maxima=None), linear, per_row, allowed, blocks)
+
+
+def grid_frame(source: Source, kind: str, contrast: str, thumbnail: int = THUMBNAIL) -> dict:
+    """The model view's thumbnails of ``kind``: every layer and head max-pooled to ``thumbnail`` pixels a side,
+    as `attnviz.figures.images.head_grid` draws them."""
+    check_contrast(contrast)
+    L, H, Q, K = check_pick(source, kind, 1, 1)
+    if source.tiled:
+        thumbs = [source.pieces.layer_tiles(kind, layer, thumbnail) for layer in range(1, L + 1)]
+        blocks = thumbs[0].blocks
+        ok = tiles.allowed_blocks(kind == "decoder", (0, Q), (0, K), blocks)
+        indices = np.stack(
+            [np.stack([pooled_thumbnail_indices(t.thumbnails[h], ok, contrast) for h in range(H)]) for t in thumbs]
+        )
+    else:
+        maps = getattr(source.pieces, kind)
+        mask = allowed(kind, Q, K)
+        ok = None if mask is None else thumbnail_allowed(mask, thumbnail)
+        indices = np.stack(
+            [np.stack([thumbnail_indices(maps[la, h], contrast, ok, thumbnail) for h in range(H)]) for la in range(L)]
+        )
+        blocks = (math.ceil(Q / min(Q, thumbnail)), math.ceil(K / min(K, thumbnail)))
+    _, h, w = indices.shape[1:]
+    return {
+        "grid_kind": kind,
+        "grid_shape": [int(L), int(H), int(h), int(w)],
+        "grid_blocks": [int(blocks[0]), int(blocks[1])],
+        "grid": np.ascontiguousarray(indices, dtype=np.uint8).tobytes(),
+        "grid_title": f"{TITLES[kind]}: {L} layers x {H} heads"
+        + (
+            f" (max-pooled: each pixel the largest of up to {blocks[0]}x{blocks[1]} weights)"
+            if blocks != (1, 1)
+            else ""
+        ),
+    }
+
+
+def step_data(decoding, src_tokens, tgt_tokens, id_to_token) -> dict:
+    """The step view's numbers for a decoding (`attnviz.decoding.Decoding`): per step, the token written,
+    its probability, the top candidates, and each layer's and head's rows over the source and the prefix.
+
+    Returns JSON values and two float32 buffers: ``self_rows`` (steps, L, H, P) with P the longest
+    prefix (zero-padded past each step's own), ``cross_rows`` (steps, L, H, S) or empty for a
+    language model. ``tgt_tokens`` is the decoder input (the start token or the prompt, then the output).
+    """
+    steps = decoding.steps
+    if not steps:
+        raise InputError("this decoding has no steps")
+    first = steps[0].self_attn.detach().float().cpu().numpy()
+    L, H = first.shape[:2]
+    lengths = [int(s.self_attn.shape[-1]) for s in steps]
+    P = max(lengths)
+    self_rows = np.zeros((len(steps), L, H, P), dtype=np.float32)
+    for i, s in enumerate(steps):
+        self_rows[i, :, :, : lengths[i]] = s.self_attn.detach().float().cpu().numpy()
+    has_cross = steps[0].cross_attn is not None
+    cross_rows = (
+        np.stack([s.cross_attn.detach().float().cpu().numpy() for s in steps]).astype(np.float32)
+        if has_cross
+        else np.zeros((0,), dtype=np.float32)
+    )
+    prefix = list(tgt_tokens)
+    if len(prefix) < P:
+        raise InputError(f"the decoder input has {len(prefix)} tokens but the last step reads {P}")
+    return {
+        "n_steps": len(steps),
+        "n_layers": int(L),
+        "n_heads": int(H),
+        "prefix_len": int(P),
+        "step_lengths": lengths,
+        "src": [shown_token(t) for t in (src_tokens or [])],
+        "prefix": [shown_token(t) for t in prefix[:P]],
+        "written": [shown_token(id_to_token(s.token_id)) for s in steps],
+        "prob": [float(s.prob) for s in steps],
+        "top": [[[shown_token(id_to_token(c.token_id)), float(c.prob)] for c in s.top] for s in steps],
+        "self_rows": self_rows.tobytes(),
+        "cross_rows": cross_rows.tobytes(),
+        "truncated": bool(decoding.truncated),
+    }
+
+
+def atlas_data(atlas) -> dict:
+    """The atlas view's numbers: per kind, each head's place on the map (MDS) and its statistics."""
+    from plotly.colors import sample_colorscale
+
+    from attnviz.figures.atlas import MAP_COLORSCALE, STATISTIC_LABELS
+
+    points = atlas.heads.merge(atlas.mds, on=["kind", "layer", "head"])
+    statistics = [s for s in STATISTIC_LABELS if s in points.columns]
+    kinds = {}
+    for kind in atlas.kinds:
+        rows = points[points["kind"] == kind].sort_values(["layer", "head"])
+        colours = {}
+        for stat in statistics:
+            values = rows[stat].to_numpy(dtype=np.float64)
+            known = np.isfinite(values)
+            lo, hi = (values[known].min(), values[known].max()) if known.any() else (0.0, 1.0)
+            scaled = np.where(known, (values - lo) / (hi - lo if hi > lo else 1.0), 0.0)
+            sampled = sample_colorscale(MAP_COLORSCALE, list(scaled), colortype="rgb")
+            colours[stat] = {
+                "values": [float(v) if np.isfinite(v) else None for v in values],
+                "colours": [c if k else "#bdbdbd" for c, k in zip(sampled, known, strict=True)],
+                "range": [float(lo), float(hi)],
+            }
+        kinds[kind] = {
+            "layer": rows["layer"].astype(int).tolist(),
+            "head": rows["head"].astype(int).tolist(),
+            "x": rows["x"].astype(float).tolist(),
+            "y": rows["y"].astype(float).tolist(),
+            "statistics": colours,
+        }
+    return {
+        "kinds": list(kinds),
+        "statistics": statistics,
+        "labels": {s: STATISTIC_LABELS[s] for s in statistics},
+        "atlas": kinds,
+        "sentences": int(atlas.inputs.shape[0]),
+        "titles": {k: TITLES[k] for k in kinds},
+    }

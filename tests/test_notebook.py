@@ -1,0 +1,382 @@
+"""The notebook views' Python side (attnviz.notebook): inputs, state, binary traits, fallbacks, files.
+
+What a view draws is checked against the app's own figures (the palette PNGs of
+`attnviz.figures.images`, decoded) and against the maps themselves, never against numbers
+written here. The browser side: tests/test_notebook_browser.py.
+"""
+
+from __future__ import annotations
+
+import base64
+import io
+import json
+import os
+import re
+import xml.etree.ElementTree as ET
+
+import numpy as np
+import pytest
+from conftest import TOY_SRC, TOY_TGT, toy_export
+from PIL import Image
+
+pytest.importorskip("anywidget")
+
+from attnviz import tiles  # noqa: E402
+from attnviz.errors import InputError  # noqa: E402
+from attnviz.figures.common import WEIGHT_COLORSCALE  # noqa: E402
+from attnviz.figures.images import (  # noqa: E402
+    attention_image,
+    decode_png,
+    head_grid,
+    palette,
+    pooled_attention_image,
+)
+from attnviz.kinds import causal_mask, writing_labels  # noqa: E402
+from attnviz.notebook import head_view, model_view, plain_export  # noqa: E402
+from attnviz.notebook.standalone import script  # noqa: E402
+from attnviz.tiles import TiledAttention  # noqa: E402
+
+
+def _softmax(scores: np.ndarray) -> np.ndarray:
+    e = np.exp(scores - scores.max(-1, keepdims=True))
+    return (e / e.sum(-1, keepdims=True)).astype(np.float32)
+
+
+def hf_attentions(layers=3, batch=1, heads=2, T=6, causal=True, seed=0):
+    """Hugging Face's outputs.attentions: a tuple of (batch, heads, T, T) arrays, one per layer."""
+    rng = np.random.default_rng(seed)
+    scores = rng.normal(size=(layers, batch, heads, T, T))
+    if causal:
+        scores = np.where(causal_mask(T), scores, -np.inf)
+    return tuple(_softmax(scores[i]) for i in range(layers))
+
+
+def frame_indices(view) -> np.ndarray:
+    return np.frombuffer(view.indices, dtype=np.uint8).reshape(view.frame["shape"])
+
+
+def frame_weights(view) -> np.ndarray:
+    return np.frombuffer(view.weights, dtype=view.frame["dtype"]).reshape(view.frame["shape"])
+
+
+# ---------------------------------------------------------------------------------------------
+# Plain data from other libraries
+
+
+def test_hugging_face_attentions_of_a_decoder_become_a_language_models_export():
+    attentions = hf_attentions()
+    tokens = [f"t{i}" for i in range(6)]
+    export = plain_export(attentions, tokens)
+    assert export.encoder is None and export.cross is None
+    np.testing.assert_array_equal(export.decoder, np.stack([a[0] for a in attentions]))
+    view = head_view(attentions, tokens=tokens, layer=3, head=2, mode="widget")
+    assert view.frame["kind"] == "decoder"
+    assert view.frame["rows"] == writing_labels(tokens, [*tokens[1:], "…"])  # the app's row labels
+    np.testing.assert_array_equal(frame_weights(view), attentions[2][0, 1])
+
+
+def test_a_bert_like_map_is_an_encoders_and_kind_can_say_so():
+    attentions = hf_attentions(causal=False)
+    tokens = [f"t{i}" for i in range(6)]
+    assert head_view(attentions, tokens, mode="widget").frame["kind"] == "encoder"
+    causal = hf_attentions()
+    assert head_view(causal, tokens, kind="encoder", mode="widget").frame["kind"] == "encoder"
+    with pytest.raises(InputError, match="not causal"):
+        plain_export(attentions, tokens, kind="decoder")
+
+
+def test_a_batch_of_several_texts_is_refused_or_indexed():
+    attentions = hf_attentions(batch=3)
+    tokens = [f"t{i}" for i in range(6)]
+    with pytest.raises(InputError, match=r"batch of 3 texts.*batch=i \(from 0 to 2\)"):
+        head_view(attentions, tokens=tokens)
+    view = head_view(attentions, tokens=tokens, batch=2, layer=2, head=1, mode="widget")
+    np.testing.assert_array_equal(frame_weights(view), attentions[1][2, 0])
+    with pytest.raises(InputError, match="from 0 to 2"):
+        head_view(attentions, tokens=tokens, batch=3)
+
+
+def test_mismatched_tokens_scores_and_empty_tuples_are_clear_errors():
+    attentions = hf_attentions()
+    with pytest.raises(InputError, match="6 query and key positions but 5 tokens"):
+        head_view(attentions, tokens=["a"] * 5)
+    with pytest.raises(InputError, match="give the tokens"):
+        head_view(attentions)
+    with pytest.raises(InputError, match="not the scores"):
+        head_view(tuple(a * 3 - 1 for a in attentions), tokens=["a"] * 6)
+    with pytest.raises(InputError, match="output_attentions=True"):
+        head_view((), tokens=[])
+    with pytest.raises(InputError, match="list of strings"):
+        head_view(attentions, tokens="a b c d e f")
+
+
+def test_a_transformer_lens_stack_and_per_layer_patterns_give_the_same_maps():
+    attentions = hf_attentions(batch=2)
+    stacked = np.stack(attentions)  # cache.stack_activation("pattern"): (layer, batch, head, q, k)
+    tokens = [f"t{i}" for i in range(6)]
+    a = plain_export(stacked, tokens, batch=1)
+    b = plain_export(list(attentions), tokens, batch=1)
+    np.testing.assert_array_equal(a.decoder, b.decoder)
+    np.testing.assert_array_equal(a.decoder[1], attentions[1][1])
+
+
+def test_an_encoder_decoders_plain_maps_and_their_checks():
+    export = toy_export()
+    view = head_view(
+        encoder=[m[None] for m in export.encoder],
+        decoder=[m[None] for m in export.decoder],
+        cross=[m[None] for m in export.cross],
+        src_tokens=TOY_SRC,
+        tgt_tokens=TOY_TGT,
+        mode="widget",
+    )
+    assert view.spec["kinds"] == ["encoder", "decoder", "cross"] and view.frame["kind"] == "cross"
+    np.testing.assert_array_equal(frame_weights(view), export.cross[0, 0])
+    with pytest.raises(InputError, match="cross-attention is 4 x 5 but the encoder has 3"):
+        plain_export(
+            encoder=export.encoder[:, :, :3, :3], cross=export.cross, src_tokens=TOY_SRC[:3], tgt_tokens=TOY_TGT
+        )
+    with pytest.raises(InputError, match="4 tokens were given"):
+        plain_export(cross=export.cross, src_tokens=TOY_SRC[:4], tgt_tokens=TOY_TGT)
+
+
+# ---------------------------------------------------------------------------------------------
+# State and binary traits: what the widget sends is the app's picture
+
+
+@pytest.mark.parametrize("contrast", ["linear", "log", "row"])
+def test_the_head_frame_is_the_apps_image_under_each_contrast(contrast):
+    export = toy_export()
+    view = head_view(export, kind="decoder", layer=2, head=3, contrast=contrast, mode="widget")
+    weights = export.decoder[1, 2]
+    fig = attention_image(weights, TOY_TGT, TOY_TGT, "decoder", contrast, causal_mask(len(TOY_TGT)))
+    np.testing.assert_array_equal(frame_indices(view), decode_png(fig.data[0].source)[0])
+    assert np.frombuffer(view.palette, dtype=np.uint8).reshape(-1, 3).tolist() == palette(WEIGHT_COLORSCALE).tolist()
+
+
+def test_choices_change_the_frame_and_the_buffers_are_bytes_not_lists():
+    export = toy_export()
+    view = head_view(export, mode="widget")
+    first = bytes(view.weights)
+    view.kind, view.layer, view.head = "encoder", 2, 4
+    assert isinstance(view.weights, bytes) and isinstance(view.indices, bytes)
+    assert view.frame["title"].endswith("layer 2, head 4") and bytes(view.weights) != first
+    np.testing.assert_array_equal(frame_weights(view), export.encoder[1, 3])
+    assert "weights" not in view.frame and "indices" not in view.frame  # JSON holds no numbers of the map
+    view.head = 9
+    assert "layer 2 of" not in view.error and "counted from 1" in view.error  # a message, never a traceback
+    half = head_view(export, dtype="float16", mode="widget")
+    assert len(half.weights) * 2 == len(head_view(export, mode="widget").weights)
+    np.testing.assert_allclose(frame_weights(half), export.cross[0, 0], atol=1e-3)
+
+
+def test_words_come_from_the_export_over_words():
+    from attnviz.notebook.data import Source
+    from attnviz.tokenizer import Word
+
+    export = toy_export()
+    src_words = (Word(0, 2, "the cat"), Word(2, 3, "sat"), Word(3, 4, "down"), Word(4, 5, "</s>", True))
+    tgt_words = (Word(0, 1, "<s>", True), Word(1, 3, "die Katze"), Word(3, 4, "saß"))
+    from attnviz.words import merge_export
+
+    merged = merge_export(export, src_words, tgt_words)
+    view = head_view(Source(export, merged), words=True, mode="widget")
+    np.testing.assert_allclose(frame_weights(view), merged.cross[0, 0])
+    assert view.frame["cols"] == ["the cat", "sat", "down", "</s>"]
+    assert not head_view(export, mode="widget").spec["has_words"]
+    with pytest.raises(InputError, match="without words"):
+        head_view(export, words=True)
+
+
+def long_tiled(T=8192, D=16, layers=1, heads=2, seed=0) -> TiledAttention:
+    """A language model's queries and keys for T tokens, made up: the maps tiles computes from them."""
+    rng = np.random.default_rng(seed)
+    q = rng.normal(size=(layers, heads, T, D)).astype(np.float32) * 2
+    k = rng.normal(size=(layers, heads, T, D)).astype(np.float32)
+    tokens = tuple(f"w{i % 97}" for i in range(T))
+    return TiledAttention({"decoder": q}, {"decoder": k}, None, tokens, {"model": "made up"})
+
+
+@pytest.mark.parametrize("T", [1000, 2000])
+def test_a_long_texts_overview_is_the_apps_under_each_contrast(T):
+    """The overview comes from one pass (column maxima of the scan); the app pools with tiles.region."""
+    tiled = long_tiled(T=T)
+    view = head_view(tiled, head=2, contrast="log", mode="widget")
+    one = tiled.head("decoder", 1, 2)
+    scanned = tiles.scan(one, "decoder")
+    for contrast in ("log", "linear", "row"):
+        view.contrast = contrast
+        values, ok, blocks = tiles.region(one, scanned, (0, T), (0, T), 1024, contrast == "row")
+        assert view.frame["blocks"] == list(blocks) == ([1, 1] if T <= 1024 else [2, 2])
+        fig = pooled_attention_image(
+            values, ok, blocks, ((0, T), (0, T)), tiled.tgt_tokens, tiled.tgt_tokens, "decoder", contrast
+        )
+        np.testing.assert_array_equal(frame_indices(view), decode_png(fig.data[0].source)[0])
+        if blocks == (1, 1):  # hover tells the weight itself, under any contrast
+            values = tiles.region(one, scanned, (0, T), (0, T), 1024, False)[0]
+        np.testing.assert_allclose(frame_weights(view), values, rtol=1e-6, atol=1e-9)
+
+
+def test_a_long_text_opens_pooled_and_a_zoom_gives_exact_weights():
+    tiled = long_tiled(T=2000)
+    view = head_view(tiled, head=2, contrast="log", mode="widget")
+    one = tiled.head("decoder", 1, 2)
+    assert view.frame["blocks"] == [2, 2]
+    view.zoom = [1500, 1540, 1480, 1530]
+    assert view.frame["blocks"] == [1, 1] and view.frame["region"] == [1500, 1540, 1480, 1530]
+    full_rows = np.exp(np.float64(one.queries[1500:1540]) @ np.float64(one.keys).T * one.scale)
+    full_rows = np.where(causal_mask(40, 2000, 1500), full_rows, 0.0)
+    exact = (full_rows / full_rows.sum(-1, keepdims=True))[:, 1480:1530]  # numpy softmax: independent of tiles
+    np.testing.assert_allclose(frame_weights(view), exact, atol=1e-6)
+    view.layer = 1
+    view.head = 1
+    assert view.zoom == [] and view.frame["blocks"] == [2, 2]
+
+
+def test_the_model_views_thumbnails_are_the_apps_grid():
+    export = toy_export()
+    view = model_view(export, kind="encoder", contrast="row", mode="widget")
+    L, H, h, w = view.grid_info["grid_shape"]
+    grid = np.frombuffer(view.grid, dtype=np.uint8).reshape(L, H, h, w)
+    fig = head_grid(export.encoder, TOY_SRC, TOY_SRC, "encoder", "row")
+    picture = decode_png(fig.data[0].source)[0]
+    from attnviz.figures.images import grid_layout
+
+    _, _, xs, ys = grid_layout(L, H, h, w)
+    for layer in range(L):
+        for head in range(H):
+            np.testing.assert_array_equal(
+                grid[layer, head], picture[ys[layer] : ys[layer] + h, xs[head] : xs[head] + w]
+            )
+    view.kind = "decoder"
+    assert view.grid_info["grid_kind"] == "decoder"
+
+
+# ---------------------------------------------------------------------------------------------
+# Fallbacks and files
+
+
+def test_the_mime_bundle_keeps_a_picture_and_the_numbers():
+    export = toy_export()
+    view = head_view(export, kind="encoder", layer=2, head=1, mode="widget")
+    data, _ = view._repr_mimebundle_()
+    assert "application/vnd.jupyter.widget-view+json" in data
+    image = Image.open(io.BytesIO(base64.b64decode(data["image/png"])))
+    assert min(image.size) >= 320
+    picture = np.array(image)  # palette indices, each cell a square of whole pixels
+    scale = image.size[0] // len(TOY_SRC)
+    np.testing.assert_array_equal(picture[::scale, ::scale], frame_indices(view))
+    weights = export.encoder[1, 0]
+    i, j = np.unravel_index(weights.argmax(), weights.shape)
+    assert f"<td>{weights[i, j]:.4f}</td>" in data["text/html"].split("<tr>")[2]  # the strongest weight first
+    assert "<script" not in data["text/html"]
+
+
+def test_html_mode_is_one_self_contained_document_in_an_iframe():
+    view = head_view(toy_export(), mode="html")
+    data = view._repr_mimebundle_()
+    assert "application/vnd.jupyter.widget-view+json" not in data
+    assert data["text/html"].startswith("<iframe srcdoc=")
+    doc = view.html()
+    assert "export default" not in doc and "attnvizStandalone(" in doc
+    assert not re.search(r"""(src|href)=["']?(https?:)?//""", doc), "the page loads nothing from any host"
+    assert "require(" not in doc and "import(" not in doc
+    frames = json.loads(re.search(r"const ATTNVIZ_FRAMES = (.*);\n", doc).group(1))
+    assert len(frames["head"]) == 3 * 2 * 4 * 3  # every kind, layer, head and contrast fit in the budget
+
+
+def test_save_writes_svg_and_html(tmp_path):
+    export = toy_export()
+    view = head_view(export, kind="cross", mode="widget")
+    svg = view.save(tmp_path / "head.svg")
+    root = ET.parse(svg).getroot()
+    rects = root.findall("{http://www.w3.org/2000/svg}rect")
+    cells = [r for r in rects if r.get("width") == r.get("height") and r.get("width") != "14"]
+    assert len(cells) == len(TOY_TGT) * len(TOY_SRC)
+    texts = [t.text for t in root.iter("{http://www.w3.org/2000/svg}text")]
+    assert "▁Katze → ▁saß" in texts and "▁down" in texts
+    html = view.save(tmp_path / "head.html").read_text()
+    assert html.startswith("<!DOCTYPE html>")
+    with pytest.raises(InputError, match=".html or .svg"):
+        view.save(tmp_path / "head.pdf")
+
+
+def test_the_script_ships_in_the_package_and_imports_nothing():
+    from importlib.resources import files
+
+    source = (files("attnviz.notebook") / "static" / "views.js").read_text()
+    assert not re.search(r"^\s*import\s", source, re.M) and "http" not in source.replace("http://www.w3.org", "")
+    assert source.rstrip().endswith("export default { render };")
+    assert "export default" not in script()
+
+
+def test_the_step_view_holds_each_steps_rows_and_tokens(tiny_model):
+    import torch
+
+    from attnviz.decoding import step_through
+    from attnviz.notebook import step_view
+
+    src = torch.tensor([[5, 9, 7, 11, 2]])
+    decoding = step_through(tiny_model, src, max_len=6)
+    n = len(decoding.steps)
+    prefix = ["<s>", *(f"t{i}" for i in decoding.ids), "</s>"]
+    view = step_view(
+        decoding,
+        src_tokens=[f"s{i}" for i in range(5)],
+        tgt_tokens=prefix,
+        id_to_token=lambda i: f"t{i}",
+        mode="widget",
+    )
+    spec = view.spec
+    L, H = spec["n_layers"], spec["n_heads"]
+    assert (spec["n_steps"], L, H) == (n, 2, 4)
+    assert spec["written"] == [f"t{s.token_id}" for s in decoding.steps]
+    cross = np.frombuffer(view.cross_rows, dtype=np.float32).reshape(n, L, H, 5)
+    rows = np.frombuffer(view.self_rows, dtype=np.float32).reshape(n, L, H, spec["prefix_len"])
+    for i, step in enumerate(decoding.steps):
+        np.testing.assert_array_equal(cross[i], step.cross_attn.numpy())
+        t = step.self_attn.shape[-1]
+        np.testing.assert_array_equal(rows[i, :, :, :t], step.self_attn.numpy())
+        assert not rows[i, :, :, t:].any()  # past this step's prefix: nothing
+    assert "<img" in view.fallback_html()
+    with pytest.raises(InputError, match="needs tgt_tokens"):
+        step_view(decoding, src_tokens=["s"] * 5)
+
+
+@pytest.mark.slow
+def test_a_built_wheel_ships_the_script_and_style_and_a_view_runs_from_it(tmp_path):
+    """A non-editable install: the wheel built from the package holds static/views.js and views.css, and a
+    view made from the installed copy reads them from there."""
+    import shutil
+    import subprocess
+    import sys
+    import zipfile
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parent.parent
+    source = tmp_path / "src"
+    shutil.copytree(root / "attnviz", source / "attnviz", ignore=shutil.ignore_patterns("__pycache__"))
+    for name in ("pyproject.toml", "README.md"):
+        shutil.copy(root / name, source / name)
+    wheels = tmp_path / "wheels"
+    pip = [sys.executable, "-m", "pip", "--disable-pip-version-check", "-q"]
+    subprocess.run([*pip, "wheel", str(source), "--no-deps", "--no-build-isolation", "-w", str(wheels)], check=True)
+    (wheel,) = wheels.glob("attnviz-*.whl")
+    names = set(zipfile.ZipFile(wheel).namelist())
+    assert {"attnviz/notebook/static/views.js", "attnviz/notebook/static/views.css"} <= names
+    target = tmp_path / "installed"
+    subprocess.run([*pip, "install", "--no-deps", "--target", str(target), str(wheel)], check=True)
+    check = (
+        "import numpy as np, attnviz.notebook.widgets as w; from attnviz.notebook import head_view; "
+        "v = head_view((np.full((1, 1, 3, 3), 1 / 3, np.float32),), tokens=list('abc'), kind='encoder'); "
+        "print(w.__file__); print(v._esm.rstrip().endswith('export default { render };'), '.attnviz-view' in v._css)"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", check],
+        cwd=tmp_path,
+        env={**os.environ, "PYTHONPATH": str(target)},
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.split("\n")
+    assert out[0].startswith(str(target)) and out[1] == "True True"
