@@ -1,7 +1,7 @@
 """Summaries of attention maps: head averages, attention rollout, per-head statistics, exports.
 
 Everything here takes plain numpy arrays and token lists (the data of
-:class:`attnviz.api.AttentionExport`) and returns numpy arrays or pandas DataFrames; nothing needs
+[`attnviz.api.AttentionExport`][]) and returns numpy arrays or pandas DataFrames; nothing needs
 torch, a model or Streamlit. Maps are per head and post-softmax, rows are queries and columns are
 keys, as in the export: ``encoder`` (L, H, S, S), ``decoder`` (L, H, T, T), ``cross`` (L, H, T, S).
 
@@ -56,7 +56,7 @@ def head_mean(maps: np.ndarray) -> np.ndarray:
     the layer would attend with if its heads' outputs were weighted equally, which they are not: the
     output projection mixes heads with learned weights, and the values differ per head. The mean also
     hides disagreement: a head looking left and one looking right average to a blur that no head
-    shows. Look at single heads, or at :func:`head_max`, before reading much into a mean.
+    shows. Look at single heads, or at `head_max`, before reading much into a mean.
     """
     return _check_head_axis(maps).mean(axis=-3)
 
@@ -66,7 +66,7 @@ def head_max(maps: np.ndarray) -> np.ndarray:
 
     Use it to find where some head attends strongly, whichever head that is. It is not attention:
     rows do not sum to 1 (anything from 1 to the number of heads), so it cannot be used as weights,
-    rolled out or fed to :func:`head_statistics`, and it cannot tell one sharp head from several.
+    rolled out or fed to `head_statistics`, and it cannot tell one sharp head from several.
     """
     return _check_head_axis(maps).max(axis=-3)
 
@@ -77,8 +77,10 @@ def attention_rollout(encoder_maps: np.ndarray, add_residual: bool = True) -> np
     Attention rollout (Abnar & Zuidema 2020, "Quantifying Attention Flow in Transformers",
     arXiv:2005.00928, section 3). Per layer l, with W_l the mean of its heads' maps:
 
-        A_l = normalise_rows(0.5 * W_l + 0.5 * I)     (I only with ``add_residual``)
-        rollout_1 = A_1,    rollout_l = A_l @ rollout_{l-1}
+    ```text
+    A_l = normalise_rows(0.5 * W_l + 0.5 * I)     (I only with add_residual)
+    rollout_1 = A_1,    rollout_l = A_l @ rollout_{l-1}
+    ```
 
     Row q of ``result[l - 1]`` says how much of the representation at source position q after layer
     l comes from each input token (rows: queries of layer l; columns: input tokens, the embeddings
@@ -177,13 +179,13 @@ def head_statistics(
       parks its weight where it changes the output least. Equal to ``first`` for the decoder,
       named for what it is there.
     - ``induction``: decoder self-attention only, over the queries whose token occurred before
-      (:func:`induction_targets`), the weight on the token right after its latest earlier occurrence:
+      (`induction_targets`), the weight on the token right after its latest earlier occurrence:
       what an induction head attends to, to copy it (Olsson et al., 2022). On a text that repeats no
       token, and for the other kinds, NaN. The atlas measures it on repeated random tokens instead
-      (:func:`repeat_scores`); here it is measured on the text itself.
+      (`repeat_scores`); here it is measured on the text itself.
 
     Raises ValueError when the shape, the tokens or the kind do not fit, when rows are not
-    distributions (sum 1, or 0 when fully masked: not a :func:`head_max` map), or when a decoder
+    distributions (sum 1, or 0 when fully masked: not a `head_max` map), or when a decoder
     map puts weight on future keys.
     """
     if kind not in KINDS:
@@ -295,9 +297,9 @@ CLEAREST_RULE = (
 
 
 def clearest_head(tables: Sequence[pd.DataFrame]) -> tuple[int, int]:
-    """(layer, head), from 1, of the sharpest head that is not a sink: :data:`CLEAREST_RULE`.
+    """(layer, head), from 1, of the sharpest head that is not a sink: `CLEAREST_RULE`.
 
-    ``tables`` are :func:`head_statistics` of one kind, one per sentence; each sentence counts
+    ``tables`` are `head_statistics` of one kind, one per sentence; each sentence counts
     equally. A head that rests on the first or the last token (``<s>``, ``</s>``, ``[CLS]``,
     ``[SEP]``) is sharp but shows nothing of the sentence, so it is passed over, unless every head
     does. Ties go to the earlier layer and head.
@@ -356,6 +358,104 @@ def long_form(
             "weight": chosen.ravel(),
         }
     )
+
+
+# The CSV that `long_form_csv` writes: `long_form`'s columns, a value to nine significant digits (a
+# float32 read back exactly), at most CSV_VALUE_CHARS characters ("-1.23456789e-308"), and rows built a
+# block at a time: a pandas long form of every head of a 2,000-token text took 5.5 GB to write.
+CSV_VALUE_CHARS = 16
+CSV_BLOCK_ROWS = 1 << 18
+
+
+def csv_field(text: str) -> str:
+    """``text`` as one CSV field: quoted, its quotes doubled, when it holds a comma, a quote or a line break."""
+    return '"' + text.replace('"', '""') + '"' if any(c in text for c in ',"\n\r') else text
+
+
+def _long_form_labels(
+    shape: tuple[int, ...], layers: Iterable[int] | None, heads: Iterable[int] | None, names: tuple | None
+) -> tuple[np.ndarray, np.ndarray, list[str], list[str]]:
+    """(layer indices, head indices, their labels in the file): 1-based numbers, or ``names``."""
+    layer_at, head_at = _select(layers, shape[0], "layer"), _select(heads, shape[1], "head")
+    layer_names, head_names = names or (layer_at + 1, head_at + 1)
+    if len(layer_names) != len(layer_at) or len(head_names) != len(head_at):
+        raise ValueError("names must give one label per chosen layer and one per chosen head")
+    return layer_at, head_at, [csv_field(str(n)) for n in layer_names], [csv_field(str(n)) for n in head_names]
+
+
+def long_form_csv_size(
+    shape: tuple[int, ...],
+    query_tokens: Sequence[str],
+    key_tokens: Sequence[str],
+    layers: Iterable[int] | None = None,
+    heads: Iterable[int] | None = None,
+    value_name: str = "weight",
+    names: tuple | None = None,
+) -> int:
+    """The most bytes `long_form_csv` writes for maps of ``shape`` (L, H, Q, K), known before any is made.
+
+    Exact but for the values, each counted at its widest (`CSV_VALUE_CHARS`).
+    """
+    layer_at, head_at, layer_names, head_names = _long_form_labels(shape, layers, heads, names)
+    Q, K = shape[-2:]
+    if (Q, K) != (len(query_tokens), len(key_tokens)):
+        raise ValueError(f"maps of {Q} x {K} tokens, but {len(query_tokens)} x {len(key_tokens)} tokens given")
+
+    def digits(n: int) -> int:  # characters of the numbers 0 .. n-1
+        return sum(d * (min(n, 10**d) - (10 ** (d - 1) if d > 1 else 0)) for d in range(1, len(str(max(n - 1, 0))) + 1))
+
+    def chars(tokens: Sequence[str]) -> int:
+        return sum(len(csv_field(t).encode("utf-8")) for t in tokens)
+
+    per_head = (
+        Q * K * (7 + CSV_VALUE_CHARS) + K * (digits(Q) + chars(query_tokens)) + Q * (digits(K) + chars(key_tokens))
+    )
+    labels = (
+        K
+        * Q
+        * (
+            len(head_at) * sum(len(n.encode()) for n in layer_names)
+            + len(layer_at) * sum(len(n.encode()) for n in head_names)
+        )
+    )
+    header = len(f"layer,head,query_index,query_token,key_index,key_token,{csv_field(value_name)}\n".encode())
+    return header + per_head * len(layer_at) * len(head_at) + labels
+
+
+def long_form_csv(
+    out,
+    maps: np.ndarray,
+    query_tokens: Sequence[str],
+    key_tokens: Sequence[str],
+    layers: Iterable[int] | None = None,
+    heads: Iterable[int] | None = None,
+    value_name: str = "weight",
+    names: tuple | None = None,
+) -> int:
+    """Write `long_form`'s table of (L, H, Q, K) ``maps`` as CSV to the binary file ``out``; the bytes written.
+
+    The same rows and columns as `long_form` (the value column named ``value_name``), written
+    `CSV_BLOCK_ROWS` rows at a time: what it holds beyond the maps is one block, whatever their size.
+    ``names`` = (layer labels, head labels) replaces the 1-based numbers of the chosen layers and heads
+    in the file (an aggregate's ``head`` is "mean"). At most `long_form_csv_size` bytes.
+    """
+    maps = _check_maps(maps, query_tokens, key_tokens)
+    layer_at, head_at, layer_names, head_names = _long_form_labels(maps.shape, layers, heads, names)
+    Q, K = maps.shape[-2:]
+    written = out.write(f"layer,head,query_index,query_token,key_index,key_token,{csv_field(value_name)}\n".encode())
+    query_fields = [csv_field(t) for t in query_tokens]
+    key_parts = [f"{k},{csv_field(t)},{{:.9g}}\n" for k, t in enumerate(key_tokens)]
+    step = max(1, CSV_BLOCK_ROWS // max(K, 1))
+    for li, layer in zip(layer_at, layer_names, strict=True):
+        for hi, head in zip(head_at, head_names, strict=True):
+            for start in range(0, Q, step):
+                rows = maps[li, hi, start : start + step].tolist()  # (rows, K) Python floats
+                lines = []
+                for q, row in enumerate(rows, start):
+                    prefix = f"{layer},{head},{q},{query_fields[q]},"
+                    lines.append(prefix + prefix.join([part.format(v) for part, v in zip(key_parts, row, strict=True)]))
+                written += out.write("".join(lines).encode("utf-8"))
+    return written
 
 
 def _block_edges(length: int, n_blocks: int) -> np.ndarray:

@@ -2,11 +2,11 @@
 
 A Streamlit server runs every session's script in threads of one process, under one GIL. A few
 atlases, beam searches or head-importance runs at once held it for tens of seconds: every other
-visitor's page, and the health check, waited. :mod:`attnviz.app.heavy` admits such work in order
+visitor's page, and the health check, waited. `attnviz.app.heavy` admits such work in order
 and hands it to worker processes, ``python -m attnviz.jobs``, each reading jobs on its standard
 input and writing results on its standard output.
 
-A job is a name in :data:`JOBS` with its arguments (strings, numbers, tuples): a worker runs
+A job is a name in `JOBS` with its arguments (strings, numbers, tuples): a worker runs
 nothing else, and loads models itself, by the name or folder the server already accepted. The
 pipe carries pickles between a server and the workers it started from this very code; it is
 never opened to anything else.
@@ -14,6 +14,7 @@ never opened to anything else.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import pickle
 import struct
@@ -25,10 +26,36 @@ from typing import IO, Any
 
 from attnviz import api
 from attnviz.atlas.engine import head_map
+from attnviz.errors import AttnvizError
 from attnviz.lessons import mechanics, rotary, variants
 
 HEADER = struct.Struct("<Q")  # each message: its length, then its pickle
 MODELS_KEPT = 2  # models a worker keeps loaded (a class mostly uses one)
+
+
+@dataclasses.dataclass(frozen=True)
+class TextFacts:
+    """What a page needs to know of a visitor's text before it computes anything from it."""
+
+    source_tokens: int  # the source's (or prompt's) tokens
+    tokens: int  # the longest side's tokens: the source's, or the target's when longer
+    maps_bytes: int  # every attention map of it, in float32 ([`attnviz.api.maps_size`][])
+    out_of_domain: str | None  # why it looks outside what the model knows ([`attnviz.api.out_of_domain`][])
+    refused: str | None = None  # the model's own refusal (empty, too long for it): the page that runs it says so
+
+
+def text_facts(bundle, src: str, tgt: str | None) -> TextFacts:
+    """The `TextFacts` of ``src`` (and ``tgt``): reading it means tokenizing it, which a long text makes slow."""
+    cfg = bundle.config
+    try:
+        source, size = api.maps_size(bundle, src, tgt)
+        target = 0
+        if tgt is not None and not (cfg.decoder_only or cfg.encoder_only):
+            target = len(bundle.tokenizer.encode_target(tgt)[0].ids)
+        notice = api.out_of_domain(bundle, src)
+    except AttnvizError as e:
+        return TextFacts(0, 0, 0, None, refused=str(e))
+    return TextFacts(source, max(source, target), size, notice)
 
 
 def _decoding(bundle, src: str, beam: int, tgt: str | None, top_k: int = 8):
@@ -85,7 +112,7 @@ _TILED_LOCK = threading.Lock()  # jobs run in threads too (ATTNVIZ_HEAVY_IN=thre
 
 
 def _tiled_layer(bundle, src: str, tgt: str | None, kind: str, layer: int, thumbnail: int = 96):
-    """One layer of a long text's maps, tile by tile (:meth:`attnviz.tiles.TiledAttention.layer_tiles`).
+    """One layer of a long text's maps, tile by tile ([`attnviz.tiles.TiledAttention.layer_tiles`][]).
 
     The text's queries and keys are kept for the next layer a page asks for: reading them is one
     forward pass over the whole text, and a page asks for one layer at a time.
@@ -122,6 +149,7 @@ JOBS: dict[str, Callable[..., Any]] = {
     "rotary": _rotary,
     "position_kinds": lambda b, src, tgt: rotary.kinds_table(b, torch_ids(b, src) if b.config.decoder_only else None),
     "tiled_layer": _tiled_layer,
+    "text_facts": text_facts,
     "warm": lambda b: None,  # load the model before the first visitor needs it
 }
 REPORTS_PROGRESS = {"atlas"}
@@ -223,5 +251,9 @@ def main() -> None:
     serve(sys.stdin.buffer.read, out)
 
 
-if __name__ == "__main__":
-    main()
+if (
+    __name__ == "__main__"
+):  # run as attnviz.jobs, not __main__: what its jobs return (TextFacts) unpickles in the server
+    from attnviz.jobs import main as serve_jobs
+
+    serve_jobs()

@@ -2,9 +2,12 @@
 
 Run it from the repository root (it starts its own servers on 127.0.0.1 and stops them):
 
-    python benchmarks/bench_class.py                       # every measure of issue 11, about 6 minutes
-    python benchmarks/bench_class.py --only class,replicas # some of them
-    python benchmarks/bench_class.py --quick               # a smoke run (what the test suite does)
+```bash
+python benchmarks/bench_class.py                       # every measure of issue 11, about 6 minutes
+python benchmarks/bench_class.py --only class,replicas # some of them
+python benchmarks/bench_class.py --quick               # a smoke run (what the test suite does)
+python benchmarks/bench_class.py --burst 80            # 80 prompts of 8,192 tokens at once: health p50/p95
+```
 
 The simulated browsers speak Streamlit's own websocket protocol (``/_stcore/stream``, the
 BackMsg/ForwardMsg protobufs that ship with Streamlit): a session sends ``rerun_script`` and the
@@ -12,17 +15,19 @@ latency of a rerun is the time until the server's ``script_finished``. Everythin
 loopback; every loop is bounded in count and time, and every server started is stopped by its
 process id, also on errors.
 
-  class     N sessions (30) that each rerun a page R times (10) with about 1 s of thinking in
-            between (uniform 0.5-1.5 s): p50, p95 and max latency per page, for the settings
-            attnviz ships (.streamlit/config.toml) and for Streamlit's default postScriptGC,
-            side by side. Targets on the home page and the explorer: p50 <= 300 ms, p95 <= 1 s.
-  b2b       the same sessions with no thinking at all for T seconds: reruns per second.
-  widgets   per page, the server time of a rerun after one widget change with every result
-            already cached (AppTest, median of several alternations). Target: <= 50 ms.
-  memory    the server's resident memory after 100 sessions, each with its own sentence.
-            Target: <= 1 GB.
-  replicas  back to back through deploy/serve.sh (nginx in front) with 1 and with 2 replicas:
-            reruns per second and their ratio. Target: 2 replicas >= 1.6x one on 2 cores.
+```text
+class     N sessions (30) that each rerun a page R times (10) with about 1 s of thinking in
+          between (uniform 0.5-1.5 s): p50, p95 and max latency per page, for the settings
+          attnviz ships (.streamlit/config.toml) and for Streamlit's default postScriptGC,
+          side by side. Targets on the home page and the explorer: p50 <= 300 ms, p95 <= 1 s.
+b2b       the same sessions with no thinking at all for T seconds: reruns per second.
+widgets   per page, the server time of a rerun after one widget change with every result
+          already cached (AppTest, median of several alternations). Target: <= 50 ms.
+memory    the server's resident memory after 100 sessions, each with its own sentence.
+          Target: <= 1 GB.
+replicas  back to back through deploy/serve.sh (nginx in front) with 1 and with 2 replicas:
+          reruns per second and their ratio. Target: 2 replicas >= 1.6x one on 2 cores.
+```
 """
 
 from __future__ import annotations
@@ -354,18 +359,18 @@ async def opening(port: int, sessions: int, reruns: int, seed: int = 0) -> tuple
 
 
 @contextlib.contextmanager
-def long_model() -> Iterator[tuple[str, dict[str, str]]]:
-    """The shipped en-de model with room for 1024 tokens (its positions are sinusoids, computed on load),
-    in a temporary model folder: (its path, the server's environment)."""
+def long_model(max_len: int = 1024) -> Iterator[tuple[str, dict[str, str]]]:
+    """The shipped en-de model with room for ``max_len`` tokens (its positions are sinusoids, computed on
+    load), in a temporary model folder: (its path, the server's environment)."""
     import json
     import shutil
     import tempfile
 
     with tempfile.TemporaryDirectory() as root:
-        folder = Path(root) / "en-de-1024"
+        folder = Path(root) / f"en-de-{max_len}"
         shutil.copytree(ROOT / "pretrained" / "en-de", folder)
         config = json.loads((folder / "config.json").read_text())
-        config["model"]["max_len"] = 1024
+        config["model"]["max_len"] = max_len
         (folder / "config.json").write_text(json.dumps(config))
         yield str(folder), {"ATTNVIZ_MODEL_ROOTS": root}
 
@@ -384,6 +389,165 @@ async def long_inputs(port: int, model: str, n: int, tokens: int) -> None:
             _, errors, exceptions = await s.rerun_and_read(timeout=300)
             if errors or exceptions:
                 raise RuntimeError(f"the long input was not shown: {(errors + exceptions)[0]}")
+
+
+# ---------------------------------------------------------------------------------------------
+# A burst of long prompts (issue 31)
+
+BURST_TIMEOUT = 300  # seconds a burst's page may take to answer
+
+
+def burst_texts(model: str, n: int, tokens: int, seed: int = 2) -> list[str]:
+    """``n`` distinct texts, each of as many whole sentences as fit in ``tokens`` of ``model``'s tokens."""
+    from attnviz import api
+    from attnviz.errors import InputError
+
+    tok = api.load(model, "cpu").tokenizer
+
+    def fits(text: str) -> bool:
+        try:
+            return len(tok.encode_source(text).ids) <= tokens
+        except InputError:  # over the model's own limit
+            return False
+
+    rng = random.Random(seed)
+    texts = []
+    for i in range(n):
+        sentences = [f"{i}.", *(rng.choice(SENTENCES) for _ in range(tokens // 2))]  # a sentence is 3+ tokens
+        low, high = 1, len(sentences)
+        while low < high:  # the most sentences that fit: a few encodings, not one per sentence
+            mid = (low + high + 1) // 2
+            low, high = (mid, high) if fits(" ".join(sentences[:mid])) else (low, mid - 1)
+        texts.append(" ".join(sentences[:low]))
+    return texts
+
+
+async def burst(port: int, page: str, queries: list[str], timeout: float = BURST_TIMEOUT) -> dict:
+    """One session per query string, all opening ``page`` within one second, the health endpoint polled
+    until each has answered: the health latencies (s), and each session's (seconds, outcome, refusal)."""
+    rng = random.Random(0)
+    done = asyncio.Event()
+
+    async def student(query: str) -> tuple[float, str, str]:
+        await asyncio.sleep(rng.uniform(0, 1))
+        try:
+            async with Session(port, page, query) as s:
+                seconds, errors, exceptions = await s.rerun_and_read(timeout)
+        except TimeoutError:
+            return timeout, "no answer", ""
+        if exceptions:
+            return seconds, f"exception: {exceptions[0]}", ""
+        unforeseen = [e for e in errors if not any(r in e for r in REFUSED)]
+        if unforeseen:
+            return seconds, f"error: {unforeseen[0]}", ""
+        return seconds, "refused" if errors else "finished", errors[0] if errors else ""
+
+    async def all_then_done() -> list[tuple[float, str, str]]:
+        try:
+            return await asyncio.gather(*(student(q) for q in queries))
+        finally:
+            done.set()
+
+    health = asyncio.create_task(health_poll(port, done))
+    outcomes = await all_then_done()
+    return {"health": await health, "sessions": outcomes}
+
+
+def burst_measure(n: int, tokens: int, page: str) -> int:
+    """``--burst N``: N visitors open ``page`` at once, each with its own ``tokens``-token text; the last line
+    is ``burst=<n> health_p50_ms=<x> health_p95_ms=<y> errors=<e>``. Returns the errors."""
+    from urllib.parse import urlencode
+
+    from attnviz.app.session import CUSTOM_PATH
+
+    print(
+        f"\nburst: {n} sessions open the {page} page within 1 s, each with its own {tokens:,}-token text "
+        f"(en-de with room for {tokens:,} positions); /_stcore/health polled every 0.25 s until all have answered, ms"
+    )
+    with long_model(tokens) as (model, env):
+        texts = burst_texts(model, n, tokens)
+        queries = [urlencode({"model": CUSTOM_PATH, "model_path": model, "src": t}) for t in texts]
+        with app_server(env=env) as (port, _):
+            asyncio.run(warm(port))
+            result = asyncio.run(burst(port, PAGES[page], queries))
+    health, sessions = result["health"], result["sessions"]
+    counts = {o: sum(1 for _, x, _ in sessions if x == o) for o in ("finished", "refused")}
+    problems = [x for _, x, _ in sessions if x not in counts]
+    refusals = [why for _, x, why in sessions if x == "refused"]
+    p50, p95 = percentile(health, 0.5), percentile(health, 0.95)
+    slowest = max(t for t, _, _ in sessions)
+    print(f"  {'health p50':>10} {'p95':>7} {'max':>7} {'page max':>9}  finished refused errors")
+    print(
+        f"  {p50 * 1000:10.0f} {p95 * 1000:7.0f} {max(health) * 1000:7.0f} {slowest * 1000:9.0f}  "
+        f"{counts['finished']:8} {counts['refused']:7} {len(problems):6}  {verdict(p95, TARGETS['p95'])} (p95 <= 1000)"
+    )
+    for problem in problems[:5] + refusals[:1]:
+        print(f"    {problem[:160]}")
+    print(f"  {cpu_name()}, {os.cpu_count()} cores")
+    print(f"burst={n} health_p50_ms={p50 * 1000:.0f} health_p95_ms={p95 * 1000:.0f} errors={len(problems)}")
+    return len(problems)
+
+
+# ---------------------------------------------------------------------------------------------
+# Closed tabs (issue 31): what a visitor leaves behind
+
+TAB_VIEWS = ("one", "grid", "stats")  # the explorer's views the tabs open in turn: each has its downloads
+
+
+async def closed_tabs(port: int, queries: list[str]) -> list[str]:
+    """One tab per query string, one after another: the explorer opened, drawn to the end, and the tab
+    closed (its websocket). The problems seen (error messages, exceptions)."""
+    problems = []
+    for query in queries:
+        async with Session(port, "explorer", query) as s:
+            _, errors, exceptions = await s.rerun_and_read(timeout=300)
+        problems += errors + exceptions
+    return problems
+
+
+def tabs_measure(n: int, tokens: int, cache_mb: float | None) -> list[str]:
+    """``--tabs N``: N explorer tabs opened and closed one after another, each on its own ``tokens``-token
+    text; the last line is ``tabs=<n> rss_before_mb=<x> rss_after_mb=<y>``. Returns the problems seen.
+
+    Streamlit keeps a closed tab's session (its ``st.session_state`` and its deferred downloads) for
+    ``server.disconnectedSessionTTL`` (120 s), up to 128 of them: the RSS is read as soon as the last
+    tab has closed, with those sessions still kept.
+    """
+    from urllib.parse import urlencode
+
+    from attnviz.app.budget import DEFAULT_MB
+    from attnviz.app.session import CUSTOM_PATH
+
+    cache = cache_mb if cache_mb is not None else DEFAULT_MB
+    print(
+        f"\ntabs: {n} explorer tabs opened and closed one after another, each on its own {tokens:,}-token text "
+        f"(en-de with room for {tokens:,} positions; views {', '.join(TAB_VIEWS)} in turn); ATTNVIZ_CACHE_MB={cache:g}"
+    )
+    with long_model(tokens) as (model, env):
+        if cache_mb is not None:
+            env = {**env, "ATTNVIZ_CACHE_MB": f"{cache_mb:g}"}
+        texts = burst_texts(model, n, tokens, seed=3)
+        queries = [
+            urlencode({"model": CUSTOM_PATH, "model_path": model, "src": t, "view": TAB_VIEWS[i % len(TAB_VIEWS)]})
+            for i, t in enumerate(texts)
+        ]
+        with app_server(env=env) as (port, pid):
+            problems = asyncio.run(warm(port))
+            asyncio.run(closed_tabs(port, [urlencode({"model": CUSTOM_PATH, "model_path": model, "view": "one"})]))
+            before = rss_mb(pid)
+            start = time.perf_counter()
+            problems += asyncio.run(closed_tabs(port, queries))
+            seconds = time.perf_counter() - start
+            after = rss_mb(pid)
+    rise = after - before
+    print(
+        f"  server RSS {before:.0f} MB before, {after:.0f} MB after ({rise:+.0f} MB; {seconds:.0f} s)  "
+        f"{verdict(rise, cache + 100)} (rise <= ATTNVIZ_CACHE_MB + 100 = {cache + 100:g} MB) | {cpu_name()}"
+    )
+    for problem in problems[:5]:
+        print(f"    {problem[:160]}")
+    print(f"tabs={n} rss_before_mb={before:.0f} rss_after_mb={after:.0f}")
+    return problems
 
 
 # ---------------------------------------------------------------------------------------------
@@ -454,12 +618,22 @@ def main(argv: list[str] | None = None) -> int:
     heavy.add_argument("--heavy-timeout", type=float, default=900, help="seconds a heavy page may take to answer")
     heavy.add_argument("--long-inputs", type=int, default=100)
     heavy.add_argument("--long-tokens", type=int, default=1000)
+    burst = parser.add_argument_group("--burst: long prompts at once (issue 31)")
+    burst.add_argument("--burst", type=int, default=0, metavar="N", help="N sessions, each its own long text")
+    burst.add_argument("--burst-tokens", type=int, default=8192)
+    burst.add_argument("--burst-page", choices=list(PAGES), default="home")
+    tabs = parser.add_argument_group("--tabs: closed tabs (issue 31)")
+    tabs.add_argument("--tabs", type=int, default=0, metavar="N", help="N explorer tabs opened and closed")
+    tabs.add_argument("--tab-tokens", type=int, default=1000)
+    tabs.add_argument("--cache-mb", type=float, default=None, help="the server's ATTNVIZ_CACHE_MB (default: its own)")
     args = parser.parse_args(argv)
     if args.quick:
         args.sessions, args.reruns, args.think, args.b2b_seconds, args.b2b_sessions = 2, 2, 0.1, 1.0, 2
         args.memory_sessions, args.alternations = 4, 1
         args.heavy_sessions, args.light_sessions, args.long_inputs = 4, 2, 3
     default = "opening,heavy,longmem" if args.heavy else "class,b2b,widgets,memory,replicas"
+    default = "burst" if args.burst else default
+    default = "tabs" if args.tabs else default
     only = set((args.only or default).split(","))
     print(f"attnviz class benchmark | {cpu_name()}, {os.cpu_count()} cores | python {platform.python_version()}")
 
@@ -583,6 +757,11 @@ def main(argv: list[str] | None = None) -> int:
         print(
             f"heavy_light_p95_ms={light_p95 * 1000:.0f} health_max_ms={max(health) * 1000:.0f} errors={len(problems)}"
         )
+    if "burst" in only:
+        burst_measure(args.burst or 80, args.burst_tokens, args.burst_page)
+    if "tabs" in only:
+        problems = tabs_measure(args.tabs or 50, args.tab_tokens, args.cache_mb)
+        return 1 if problems else 0
     return 0
 
 

@@ -110,6 +110,21 @@ def test_the_heavy_class_benchmark_runs_end_to_end_and_ends_with_its_summary_lin
     assert match[3] == "0", out  # every heavy page finished or was refused with a message
 
 
+@pytest.mark.slow
+def test_the_burst_benchmark_runs_end_to_end_and_ends_with_its_summary_line(capsys):
+    """bench_class.py --burst: a few long prompts at once, the health endpoint polled meanwhile."""
+    import re
+
+    import bench_class
+
+    assert bench_class.main(["--burst", "4", "--burst-tokens", "2048"]) == 0
+    out = capsys.readouterr().out
+    row = next(line for line in out.splitlines() if line.rstrip().endswith("(p95 <= 1000)"))
+    assert row.split()[4:7] == ["4", "0", "0"], out  # every page finished: none refused, no error
+    last = out.strip().splitlines()[-1]
+    assert re.fullmatch(r"burst=4 health_p50_ms=\d+ health_p95_ms=\d+ errors=0", last), last
+
+
 def test_the_widget_rerun_measure_covers_every_page():
     import bench_class
 

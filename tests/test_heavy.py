@@ -355,3 +355,122 @@ def test_two_messages_written_at_once_are_both_read():
     finally:
         os.close(write_end)
         Proc.stdout.close()
+
+
+# ---------------------------------------------------------------------------------------------
+# A bounded wait, and a lane of its own for reading a visitor's text (issue 31)
+
+
+def test_the_wait_bound_comes_from_the_environment_and_bad_values_fall_back(monkeypatch):
+    monkeypatch.setenv("ATTNVIZ_QUEUE_WAIT_SECONDS", "7.5")
+    assert heavy.Limits.from_environment().wait == 7.5
+    monkeypatch.setenv("ATTNVIZ_QUEUE_WAIT_SECONDS", "forever")
+    assert heavy.Limits.from_environment().wait == 300
+
+
+def _occupy(gate: heavy.Gate) -> object:
+    """A ticket let in and never leaving: a computation that does not end."""
+    ticket = gate.join()
+    assert gate.wait(ticket, 0.01) == 0
+    return ticket
+
+
+def test_a_queued_job_waits_at_most_the_operator_s_time_then_the_visitor_is_told(pool, bundle):
+    pool.setenv("ATTNVIZ_HEAVY_IN", "threads")
+    pool.setenv("ATTNVIZ_HEAVY_AT_ONCE", "1")
+    pool.setenv("ATTNVIZ_QUEUE_WAIT_SECONDS", "0.3")
+    gate = heavy.pool().gate
+    running = _occupy(gate)
+    outcome = []
+
+    def visitor() -> None:
+        start = time.monotonic()
+        try:
+            heavy.run("attention", "en-de", "cpu", ("twenty-one", None, False), lambda: bundle, "Running the model")
+            outcome.append(("it ran: it waited until the other computation ended", 0))
+        except heavy.BusyError as e:
+            outcome.append((str(e), time.monotonic() - start))
+
+    thread = threading.Thread(target=visitor, daemon=True)
+    thread.start()
+    thread.join(10)
+    gate.leave(running, admitted=True)
+    thread.join(10)
+    message, waited = outcome[0]
+    assert message.startswith("The server is busy: this computation (running the model) waited 0.3 s"), message
+    assert "ATTNVIZ_QUEUE_WAIT_SECONDS" in message and "1 still ahead" in message
+    assert 0.3 <= waited < 3
+    assert gate.load == (0, 0), "the visitor who gave up left the queue"
+
+
+def test_reading_a_text_never_waits_behind_heavy_work(pool, bundle):
+    pool.setenv("ATTNVIZ_HEAVY_IN", "threads")
+    pool.setenv("ATTNVIZ_HEAVY_AT_ONCE", "1")
+    pool.setenv("ATTNVIZ_QUEUE_WAIT_SECONDS", "2")
+    gate = heavy.pool().gate
+    running = _occupy(gate)  # a beam search that takes minutes
+    text = " ".join(["Thursday, July 2, 1998"] * 20)
+    try:
+        facts = heavy.run("text_facts", "en-de", "cpu", (text, None), lambda: bundle, lane=heavy.TEXT)
+    finally:
+        gate.leave(running, admitted=True)
+    assert facts.source_tokens == facts.tokens == len(bundle.tokenizer.encode_source(text).ids)
+    assert (facts.source_tokens, facts.maps_bytes) == api.maps_size(bundle, text)
+    assert facts.out_of_domain == api.out_of_domain(bundle, text) and facts.refused is None
+    assert jobs.text_facts(bundle, "   ", None).refused.endswith("empty: type a sentence")
+    target = "Donnerstag, 2. Juli 1998"
+    with_target = jobs.text_facts(bundle, "twenty-one", target)
+    assert with_target.tokens == len(bundle.tokenizer.encode_target(target)[0].ids) > with_target.source_tokens
+
+
+@pytest.mark.slow
+def test_a_long_text_is_read_in_its_lane_and_a_short_one_in_place(pool, fresh_streamlit_caches, monkeypatch):
+    """The app reads a long text away from the server's thread (in processes: in a worker), a short one at once."""
+    import inspect
+
+    from attnviz.app import cache
+
+    pool.setenv("ATTNVIZ_HEAVY_IN", "threads")
+    lanes = []
+    real = heavy.run
+
+    def recorded(*args, **kwargs):
+        call = inspect.signature(real).bind(*args, **kwargs)
+        call.apply_defaults()
+        lanes.append((call.arguments["name"], call.arguments["lane"]))
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(heavy, "run", recorded)
+    monkeypatch.setattr(cache, "LIGHT_CHARS", 100)  # en-de reads 512 tokens, about 1,000 characters
+    assert cache.text_facts("en-de", "cpu", "twenty-one").tokens == 4
+    assert lanes == []
+    long = " ".join(["Thursday, July 2, 1998"] * 20)  # 459 characters
+    assert cache.text_facts("en-de", "cpu", long).tokens > 200
+    assert lanes == [("text_facts", heavy.TEXT)]
+    cache.is_long("en-de", "cpu", long), cache.is_light("en-de", "cpu", long), cache.maps_bytes("en-de", "cpu", long)
+    assert lanes == [("text_facts", heavy.TEXT)], "read once for every question asked of it"
+
+
+@pytest.mark.slow
+def test_a_text_read_in_a_worker_process_comes_back_whole(pool, bundle):
+    """What the job returns is a class of attnviz.jobs, which the worker runs as its __main__: it must unpickle here."""
+    pool.setenv("ATTNVIZ_HEAVY_IN", "processes")
+    text = " ".join(["3:45 PM"] * 30)
+    facts = heavy.run("text_facts", "en-de", "cpu", (text, None), no_bundle, lane=heavy.TEXT)
+    assert facts == jobs.text_facts(bundle, text, None)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("read_in_place", [True, False])
+def test_the_out_of_domain_notice_comes_with_the_text_s_facts(pool, fresh_streamlit_caches, monkeypatch, read_in_place):
+    from attnviz.app import cache
+
+    pool.setenv("ATTNVIZ_HEAVY_IN", "threads")
+    if not read_in_place:
+        monkeypatch.setattr(cache, "LIGHT_CHARS", 5)  # read in the text lane
+    at = open_app("app.py")
+    at.sidebar.text_area(key="src").set_value("Grüße aus Köln").run()
+    assert not at.exception and not at.error
+    assert any("cannot read" in w.value and "looks outside" in w.value for w in at.warning), at.warning
+    at.sidebar.text_area(key="src").set_value("Thursday, July 2, 1998").run()
+    assert not at.warning

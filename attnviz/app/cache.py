@@ -1,14 +1,13 @@
 """What the pages compute from a model, cached per process: a widget change never reruns the model.
 
 ``st.cache_resource`` hands every session the same model, which is therefore read-only. What is
-computed from it (maps, decodings, figures) is kept in one :class:`~attnviz.app.budget.ByteBudget`
+computed from it (maps, decodings, figures) is kept in one `ByteBudget`
 under ``ATTNVIZ_CACHE_MB``, keyed on strings and numbers only (models and tensors cannot be hashed),
 and shared by every session as it is: read-only.
 """
 
 from __future__ import annotations
 
-import functools
 import inspect
 import os
 import threading
@@ -22,7 +21,7 @@ from attnviz.app import heavy
 from attnviz.app.budget import ByteBudget
 from attnviz.checkpoints import Bundle
 from attnviz.checkpoints.catalog import visitor_path
-from attnviz.errors import AtlasError, AttnvizError, CheckpointError, InputError
+from attnviz.errors import AtlasError, CheckpointError, InputError
 
 ATLAS_MEMORY = 8  # atlases computed in the app, kept for every session (the oldest goes first)
 
@@ -42,12 +41,13 @@ def load_bundle(model: str, device: str) -> Bundle:
 
 
 @st.cache_resource(show_spinner="Finding the clearest head…", max_entries=8)
-def clearest_head(model: str, device: str) -> tuple[str, int, int]:
-    """(kind, layer, head) the pages open on for ``model`` (:func:`attnviz.api.clearest_head`), once per process."""
+def clearest_head(model: str, device: str) -> api.HeadChoice:
+    """(kind, layer, head) the pages open on for ``model`` ([`attnviz.api.clearest_head`][]), once per process."""
     return api.clearest_head(load_bundle(model, device))
 
 
 LIGHT_TOKENS = 64  # ATTNVIZ_LIGHT_TOKENS: one forward pass over at most this many tokens runs at once, in place
+LIGHT_CHARS = 2000  # a text of at most this many characters is read in place (well under a millisecond)
 MAX_TOKENS = 8192  # ATTNVIZ_MAX_TOKENS: the longest text this server takes (the model's own limit may be lower)
 FULL_MAPS_MB = 256  # ATTNVIZ_FULL_MAPS_MB: a text whose maps take more is shown tile by tile (attnviz.tiles)
 
@@ -60,37 +60,59 @@ def _int_setting(name: str, default: int) -> int:
         return default
 
 
+def text_facts(model: str, device: str, src: str, tgt: str | None = None) -> jobs.TextFacts:
+    """Its tokens, the size of its maps and its out-of-domain notice ([`attnviz.jobs.TextFacts`][]): read
+    once per text for every session (`RESULTS`).
+
+    A text of over `LIGHT_CHARS` characters is read in a worker process, in the queue's lane for texts
+    (`attnviz.app.heavy.TEXT`): tokenizing a burst of long prompts in the server's own threads held
+    its event loop (the health check) for seconds, and a tokenizer that aborts takes only a worker down.
+    """
+
+    def make() -> jobs.TextFacts:
+        light = len(src) + len(tgt or "") <= LIGHT_CHARS
+        return compute("text_facts", "Reading the text", model, device, (src, tgt), light, lane=heavy.TEXT)
+
+    return RESULTS.get(("text", model, device, src, tgt), make)
+
+
+def within_limit(model: str, device: str, src: str, tgt: str | None = None) -> jobs.TextFacts:
+    """The text's `text_facts`; an InputError when it is over ``ATTNVIZ_MAX_TOKENS``, on every path."""
+    facts = text_facts(model, device, src, tgt)
+    most = _int_setting("ATTNVIZ_MAX_TOKENS", MAX_TOKENS)
+    if facts.tokens > most:
+        raise InputError(
+            f"the text is {facts.tokens:,} tokens long; this server takes at most {most:,} (ATTNVIZ_MAX_TOKENS): "
+            "shorten it"
+        )
+    return facts
+
+
 def is_light(model: str, device: str, src: str, tgt: str | None = None) -> bool:
     """Whether one forward pass over ``src`` (and ``tgt``) is quick enough to run in the visitor's thread.
 
     A text over ``ATTNVIZ_MAX_TOKENS`` is refused here, before any work is queued.
     """
-    tok = load_bundle(model, device).tokenizer
-    try:
-        n = len(tok.encode_source(src).ids)
-        if tgt is not None:
-            n = max(n, len(tok.encode_target(tgt)[0].ids))
-    except AttnvizError:
+    facts = within_limit(model, device, src, tgt)
+    if facts.refused:
         return True  # the model refuses it at once, with its own message
-    most = _int_setting("ATTNVIZ_MAX_TOKENS", MAX_TOKENS)
-    if n > most:
-        raise InputError(f"the text is {n:,} tokens long; this server takes at most {most:,} (ATTNVIZ_MAX_TOKENS)")
-    return n <= _int_setting("ATTNVIZ_LIGHT_TOKENS", LIGHT_TOKENS)
+    return facts.tokens <= _int_setting("ATTNVIZ_LIGHT_TOKENS", LIGHT_TOKENS)
 
 
-@functools.lru_cache(maxsize=32)  # every page asks on every rerun; tokenising 8192 tokens takes milliseconds
 def maps_bytes(model: str, device: str, src: str, tgt: str | None = None) -> tuple[int, int]:
-    """(tokens, bytes) of the text's maps (:func:`attnviz.api.maps_size`); (0, 0) for a text the model
+    """(tokens, bytes) of the text's maps ([`attnviz.api.maps_size`][]); (0, 0) for a text the model
     refuses (the page that runs it says why)."""
-    try:
-        return api.maps_size(load_bundle(model, device), src, tgt)
-    except AttnvizError:
-        return 0, 0
+    facts = text_facts(model, device, src, tgt)
+    return facts.source_tokens, facts.maps_bytes
 
 
 def is_long(model: str, device: str, src: str, tgt: str | None = None) -> bool:
-    """Whether the text's maps take more than ``ATTNVIZ_FULL_MAPS_MB``: the explorer then shows it tile by tile."""
-    return maps_bytes(model, device, src, tgt)[1] > _int_setting("ATTNVIZ_FULL_MAPS_MB", FULL_MAPS_MB) * 2**20
+    """Whether the text's maps take more than ``ATTNVIZ_FULL_MAPS_MB``: the explorer then shows it tile by tile.
+
+    A text over ``ATTNVIZ_MAX_TOKENS`` is refused here (an InputError), before either way of showing it.
+    """
+    facts = within_limit(model, device, src, tgt)
+    return facts.maps_bytes > _int_setting("ATTNVIZ_FULL_MAPS_MB", FULL_MAPS_MB) * 2**20
 
 
 def size_text(n_bytes: float) -> str:
@@ -119,20 +141,29 @@ def long_text_error(model: str, device: str, src: str, tgt: str | None = None) -
     )
 
 
-def compute(name: str, what: str, model: str | None, device: str, args: tuple, light: bool = False, progress=None):
-    """Job ``name`` (:data:`attnviz.jobs.JOBS`) on ``model`` (None: a job that takes none).
+def compute(
+    name: str,
+    what: str,
+    model: str | None,
+    device: str,
+    args: tuple,
+    light: bool = False,
+    progress=None,
+    lane: str = heavy.HEAVY,
+):
+    """Job ``name`` (`attnviz.jobs.JOBS`) on ``model`` (None: a job that takes none).
 
-    In place when ``light``; else through :func:`attnviz.app.heavy.run`: queued, bounded and run in
-    a worker process, with ``what`` in the visitor's notice while it waits.
+    In place when ``light``; else through `attnviz.app.heavy.run`: queued in ``lane``, bounded and
+    run in a worker process, with ``what`` in the visitor's notice while it waits.
     """
     bundle = (lambda: None) if model is None else (lambda: load_bundle(model, device))
     if light:
         return jobs.run_job(bundle(), name, args, progress)
-    return heavy.run(name, model, device, args, bundle, what, progress)
+    return heavy.run(name, model, device, args, bundle, what, progress, lane)
 
 
 def _queued(model: str, device: str, src: str, tgt: str | None = None) -> bool:
-    """Always queued, but a text over ATTNVIZ_MAX_TOKENS is refused first (:func:`is_light`)."""
+    """Always queued, but a text over ATTNVIZ_MAX_TOKENS is refused first (`is_light`)."""
     is_light(model, device, src, tgt)
     return False
 
@@ -174,6 +205,8 @@ MAP_JOBS: dict[str, Callable[[tuple], tuple[str, str | None]]] = {
     "rotary": lambda a: (a[0], a[1]),
     "position_kinds": lambda a: (a[0], a[1]),
 }
+# Every job on the sidebar's text: each is refused over ATTNVIZ_MAX_TOKENS, the tiled ones included.
+TEXT_JOBS = {**MAP_JOBS, "tiled_layer": lambda a: (a[0], a[1])}
 
 
 def _canonical(name: str, args: tuple) -> tuple:
@@ -184,17 +217,19 @@ def _canonical(name: str, args: tuple) -> tuple:
 
 
 def computed(name: str, model: str | None, device: str, *args) -> Any:
-    """Job ``name`` of :data:`attnviz.jobs.JOBS` on ``model`` with ``args``: what every page computes.
+    """Job ``name`` of `attnviz.jobs.JOBS` on ``model`` with ``args``: what every page computes.
 
-    Kept for every session under the byte budget (:data:`RESULTS`), keyed on the strings and
+    Kept for every session under the byte budget (`RESULTS`), keyed on the strings and
     numbers given, so a widget change never reruns the model. A short input runs in place; the
-    rest is queued, bounded and run in a worker process (:func:`compute`). The result is shared
+    rest is queued, bounded and run in a worker process (`compute`). The result is shared
     and read-only. ``model`` is None for a job that takes none (``timing``).
     """
     args = _canonical(name, args)
     what, rule = JOB_RULES[name]
-    if name in MAP_JOBS and model is not None and is_long(model, device, *MAP_JOBS[name](args)):
-        raise long_text_error(model, device, *MAP_JOBS[name](args))
+    if name in TEXT_JOBS and model is not None:
+        text = TEXT_JOBS[name](args)
+        if is_long(model, device, *text) and name in MAP_JOBS:
+            raise long_text_error(model, device, *text)
 
     def make() -> Any:
         with st.spinner(f"{what}…"):
@@ -215,7 +250,7 @@ def shared(kind: str, key: tuple, build: Callable[[], T]) -> T:
     For what a page draws from its choices (a figure, a formatted table): ``key`` must hold every
     choice the result depends on, as strings, numbers and tuples of them. Nothing is copied on a
     hit, which is what makes a rerun cheap; so the result is read-only (st.plotly_chart and st.table
-    only read it). Bounded with the computed results, by bytes (:data:`RESULTS`).
+    only read it). Bounded with the computed results, by bytes (`RESULTS`).
     """
     return RESULTS.get(("shared", kind, key), build)
 

@@ -3,16 +3,21 @@
 Eight atlases or beam searches at once made every visitor's page wait for all of them (the health
 check took 15-39 s), because Python work from many script threads shares one GIL and two cores.
 Every computation that can take seconds (a long input, beam search, an atlas, attributions,
-ablations, head importance) goes through :func:`run`:
+ablations, head importance) goes through `run`:
 
 - it waits in one first-come queue (its place is shown to the visitor), and at most
   ``ATTNVIZ_HEAVY_AT_ONCE`` run at once; a full queue (``ATTNVIZ_HEAVY_QUEUE`` waiting) is a
   clear "busy" message, not a longer wait;
-- it runs in a worker process (:mod:`attnviz.jobs`), at a lower CPU priority than the server, so
+- it runs in a worker process (`attnviz.jobs`), at a lower CPU priority than the server, so
   a cached page or the health check never waits for it; ``ATTNVIZ_HEAVY_IN=threads`` runs it in
   the visitor's own thread instead (same queue, no time bound), which the class benchmark compares;
 - it is stopped after ``ATTNVIZ_HEAVY_SECONDS``, its worker killed and replaced, with a message
-  that says so.
+  that says so; and it waits in the queue at most ``ATTNVIZ_QUEUE_WAIT_SECONDS``, after which the
+  visitor is told to come back.
+
+Reading a long text (its tokens, the size of its maps, whether it looks outside the model's domain)
+goes through a lane of its own (`TEXT`): one at a time in a worker process, never behind a heavy
+job, so that a burst of long prompts neither holds the server's thread nor waits for a beam search.
 
 ``benchmarks/bench_class.py --heavy`` measures the server under 16 heavy sessions and 30 light ones.
 """
@@ -37,6 +42,9 @@ from attnviz.errors import AttnvizError
 log = logging.getLogger(__name__)
 
 POLL_S = 0.25  # how often a waiting visitor's notice and the time bound are looked at
+HEAVY, TEXT = "heavy", "text"  # the lanes: heavy work, and reading a visitor's text (its own gate)
+TEXT_AT_ONCE = 1  # texts read at once (tokenizing takes milliseconds: one worker keeps up with a class)
+TEXT_QUEUE = 4  # the text lane lets four times ATTNVIZ_HEAVY_QUEUE wait: a burst of 80 prompts is not refused
 SHOW_AFTER_S = 0.5  # a computation shorter than this shows no notice at all
 
 
@@ -66,6 +74,7 @@ class Limits:
     queue: int  # ATTNVIZ_HEAVY_QUEUE: computations waiting, beyond which a visitor is told to come back
     seconds: float  # ATTNVIZ_HEAVY_SECONDS: a computation is stopped after this long
     in_processes: bool  # ATTNVIZ_HEAVY_IN: "processes" (default) or "threads"
+    wait: float = 300  # ATTNVIZ_QUEUE_WAIT_SECONDS: a computation waits this long at most, then the visitor is told
 
     @classmethod
     def from_environment(cls) -> Limits:
@@ -74,6 +83,7 @@ class Limits:
             queue=int(_setting("ATTNVIZ_HEAVY_QUEUE", 64)),
             seconds=_setting("ATTNVIZ_HEAVY_SECONDS", 120),
             in_processes=os.environ.get("ATTNVIZ_HEAVY_IN", "processes").strip().lower() != "threads",
+            wait=_setting("ATTNVIZ_QUEUE_WAIT_SECONDS", 300),
         )
 
 
@@ -87,7 +97,7 @@ class Gate:
         self._cond = threading.Condition()
 
     def join(self) -> object:
-        """A ticket in the queue; :class:`BusyError` when the queue is full."""
+        """A ticket in the queue; `BusyError` when the queue is full."""
         with self._cond:
             if len(self._waiting) >= self.queue:
                 raise BusyError(
@@ -196,11 +206,12 @@ class Worker:
 
 
 class Pool:
-    """The gate and the idle workers (the gate keeps at most ``at_once`` busy)."""
+    """The lanes' gates and the idle workers (the gates keep at most ``at_once`` + `TEXT_AT_ONCE` busy)."""
 
     def __init__(self, limits: Limits):
         self.limits = limits
         self.gate = Gate(limits.at_once, limits.queue)
+        self.gates = {HEAVY: self.gate, TEXT: Gate(TEXT_AT_ONCE, TEXT_QUEUE * limits.queue)}
         self._idle: list[Worker] = []
         self._lock = threading.Lock()
 
@@ -210,7 +221,7 @@ class Pool:
 
     def give_back(self, worker: Worker) -> None:
         with self._lock:
-            if len(self._idle) < self.limits.at_once:
+            if len(self._idle) < self.limits.at_once + TEXT_AT_ONCE:
                 self._idle.append(worker)
                 return
         worker.kill()
@@ -308,19 +319,26 @@ def run(
     bundle: Callable[[], Any],
     what: str = "Computing",
     progress: Callable[[int, int], None] | None = None,
+    lane: str = HEAVY,
 ) -> Any:
-    """Job ``name`` (:data:`attnviz.jobs.JOBS`) on ``model`` with ``args``: queued, bounded, shown waiting.
+    """Job ``name`` (`attnviz.jobs.JOBS`) on ``model`` with ``args``: queued in ``lane``, bounded, shown waiting.
 
     ``bundle()`` gives the server's own loaded model, used when the work runs in threads. Raises
-    :class:`BusyError` when the queue is full or the time bound is passed.
+    `BusyError` when the queue is full, the wait or the time bound is passed.
     """
     current = pool()
-    limits, gate = current.limits, current.gate
-    notice = Notice(what, limits)
+    limits, gate = current.limits, current.gates[lane]
+    notice = Notice(what, dataclasses.replace(limits, at_once=gate.at_once))
     ticket = gate.join()
     admitted = False
     try:
-        while ahead := gate.wait(ticket, POLL_S):
+        while ahead := gate.wait(ticket, min(POLL_S, max(0.0, notice.start + limits.wait - time.monotonic()))):
+            if time.monotonic() - notice.start >= limits.wait:
+                raise BusyError(
+                    f"The server is busy: this computation ({what[:1].lower()}{what[1:]}) waited {limits.wait:g} s "
+                    "in the queue, the longest this server lets one wait (ATTNVIZ_QUEUE_WAIT_SECONDS), with "
+                    f"{ahead} still ahead of it. Try again in a few minutes."
+                )
             notice.waiting(ahead)
         admitted = True
         if not limits.in_processes:

@@ -1,7 +1,7 @@
 """The shared sidebar every page draws first, and the session state kept across pages.
 
 Widget state lives under fixed keys in ``st.session_state``. Streamlit drops the state of widgets
-that a run does not draw, so on every page :func:`keep_state` re-assigns each key to itself, which
+that a run does not draw, so on every page `keep_state` re-assigns each key to itself, which
 keeps the choices of the other pages too. Keys starting with "_" are left alone: they belong to
 widgets whose value Streamlit refuses to have set (buttons, downloads, data editors, tables).
 """
@@ -14,7 +14,7 @@ import streamlit as st
 
 from attnviz import api
 from attnviz.app import links, present, registry
-from attnviz.app.cache import load_bundle, shared
+from attnviz.app.cache import load_bundle, text_facts
 from attnviz.app.text import escape_markdown
 from attnviz.app.widgets import show_error
 from attnviz.checkpoints.catalog import visitor_model
@@ -31,12 +31,20 @@ class Choices:
     src: str
     tgt: str | None
     device: str  # a concrete device: cpu, cuda or mps
-    out_of_domain: str | None = None  # why the sentence looks outside what the model knows (api.out_of_domain)
+
+    @property
+    def out_of_domain(self) -> str | None:
+        """Why the sentence looks outside what the model knows ([`attnviz.api.out_of_domain`][]), or None.
+
+        Read with the text's other facts (`attnviz.app.cache.text_facts`), away from the server's thread
+        when the text is long: the sidebar does not wait for it, the page that shows it does.
+        """
+        return text_facts(self.model, self.device, self.src, self.tgt).out_of_domain
 
 
 # The pickers that open on the model's clearest head (attnviz.app.views.layer_and_head): a model
 # chosen in the sidebar opens there too, not on the head the model before happened to show.
-PER_MODEL_VIEW = ("kind", "layer", "head", "bw_kind", "bw_layer", "bw_head", "cmp_layer", "cmp_head")
+PER_MODEL_VIEW = ("kind", "layer", "head", "bw_kind", "bw_layer", "bw_head", "cmp_layer", "cmp_head", "wt_step")
 EXAMPLE_PILLS = "_example"  # "_": a pill is a one-off action, cleared once its example is in the text box
 
 
@@ -87,11 +95,7 @@ def sidebar() -> Choices | None:
     no_target = bundle.config.encoder_only or bundle.config.decoder_only
     tgt = None if no_target else st.session_state.get("tgt", "").strip() or None
     src = st.session_state.get("src", "")
-    try:  # made once per text: a long one takes tens of milliseconds to read, on every rerun
-        notice = shared("out-of-domain", (model, device, src), lambda: api.out_of_domain(bundle, src))
-    except AttnvizError:  # a sentence the model cannot read at all: the page says why
-        notice = None
-    return Choices(model=model, src=src, tgt=tgt, device=device, out_of_domain=notice)
+    return Choices(model=model, src=src, tgt=tgt, device=device)
 
 
 def model_choice() -> str | None:

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import tempfile
 from collections.abc import Callable
+from dataclasses import dataclass
+from typing import BinaryIO
 
 import pandas as pd
 import streamlit as st
@@ -11,7 +14,7 @@ from attnviz.app.guard import guarded, show_error  # noqa: F401 - pages and test
 from attnviz.app.links import bound
 from attnviz.app.text import escape_markdown
 from attnviz.errors import InputError
-from attnviz.export import AttentionExport
+from attnviz.export import AttentionExport, max_export_bytes
 from attnviz.lessons import positional as pe
 
 
@@ -85,35 +88,83 @@ def sinusoid_inputs(columns, prefix: str, base_help: str, layout_help: str | Non
     return d_model, float(base), layout
 
 
-def download_buttons(
-    make_table: Callable[[], pd.DataFrame],
-    make_export: Callable[[], AttentionExport] | None,
-    image_format: str | None,
-    name: str,
-) -> None:
+@dataclass(frozen=True)
+class Download:
+    """A file a download button builds on a click: ``write(out)`` writes it to the binary file ``out``,
+    and ``size`` is the most bytes it can take, known before anything is built.
+
+    Streamlit keeps a button's callable with the session, and a closed tab's session for a while in
+    case it reconnects (up to 128 of them, 120 s): ``write`` must hold keys (strings, numbers), not
+    arrays, and get the arrays from the cache when called. Closures holding each tab's 1000-token
+    maps kept about 30 MB per closed tab alive, beyond ATTNVIZ_CACHE_MB.
+    """
+
+    size: int
+    write: Callable[[BinaryIO], object]
+
+
+def _built(write: Callable[[BinaryIO], object]) -> bytes:
+    """The file ``write`` makes, through a temporary file on disk: the process holds it once, as the
+    bytes Streamlit serves, never twice (a buffer and its copy)."""
+    with tempfile.TemporaryFile() as out:
+        write(out)
+        out.seek(0)
+        return out.read()
+
+
+def megabytes(n_bytes: float) -> str:
+    """'1,116 MB', '2.5 MB', '0.01 MB': a size for a message, never rounded to 0."""
+    mb = n_bytes / 2**20
+    return f"{mb:,.0f} MB" if mb >= 10 else f"{mb:.2g} MB"
+
+
+def download(column, label: str, file: Download, file_name: str, mime: str, hint: str = "", **kwargs) -> None:
+    """A download button in ``column`` that builds ``file`` on a click; instead, when the file could
+    take more than an export may hold (ATTNVIZ_MAX_EXPORT_MB, as for `attnviz attention`), a line
+    that says so, then ``hint`` (what to do instead), and nothing is built."""
+    limit = max_export_bytes()
+    if file.size > limit:
+        column.info(
+            f"**{label}**: this file could take {megabytes(file.size)}, more than a download may hold on this "
+            f"server ({megabytes(limit)}, ATTNVIZ_MAX_EXPORT_MB). {hint}".rstrip(),
+            icon=":material/block:",
+        )
+        return
+    write = file.write
+    column.download_button(label, lambda: _built(write), file_name, mime, **kwargs)
+
+
+def export_download(make_export: Callable[[], AttentionExport], shown: AttentionExport) -> Download:
+    """The .npz of the export that ``make_export()`` gives from the cache, ``shown`` in this run: its size
+    is that of ``shown``'s arrays (compressed, the file is no larger, but for the zip's headers)."""
+    size = sum(a.nbytes for a in shown.arrays().values()) + 2**20
+    return Download(size, lambda out: make_export().write(out))
+
+
+def download_buttons(table: Download, npz: Download | None, image_format: str | None, name: str) -> None:
     """CSV of the matrix shown, NPZ of every tensor, and the image format of the figure's camera button.
 
-    The files are built only when a button is clicked (a callable ``data``): a long form of every
-    head of a 500-token sentence has millions of rows, too many to build on every rerun. Streamlit
-    keeps those callables with the session, and keeps a closed tab's session for a while in case it
-    reconnects: ``make_table`` and ``make_export`` must hold keys (strings, numbers), not arrays,
-    and get the arrays from the cache when called. A closure holding each tab's 1000-token maps
-    kept about 25 MB per closed tab alive, beyond ATTNVIZ_CACHE_MB.
+    The files are built only when a button is clicked, each bounded (`download`): a long form of
+    every head of a 500-token sentence has millions of rows, too many to build on every rerun.
     """
     cols = st.columns(3)
-    cols[0].download_button(
+    download(
+        cols[0],
         "CSV of what is shown",
-        lambda: make_table().to_csv(index=False).encode("utf-8"),
+        table,
         f"{name}.csv",
         "text/csv",
+        hint="One head (the view One head) or a shorter text makes a smaller file.",
         help="Long form: layer, head, query index and token, key index and token, value.",
     )
-    if make_export is not None:
-        cols[1].download_button(
+    if npz is not None:
+        download(
+            cols[1],
             "NPZ of every map",
-            lambda: make_export().to_bytes(),
+            npz,
             f"{name.split('-')[0]}-attention.npz",
             "application/octet-stream",
+            hint="`attnviz attention --out` writes it from the command line, where its user sets the bound.",
             help="The same file as `attnviz attention`: encoder, decoder, cross, ids, tokens and a manifest.",
         )
     if image_format is not None:
