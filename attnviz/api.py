@@ -1,19 +1,34 @@
 """The public Python API; the CLI is a thin layer over it.
 
->>> import attnviz
->>> bundle = attnviz.load("en-de")                       # a name under pretrained/, or a directory
->>> attnviz.translate(bundle, "twenty-one")
-'einundzwanzig'
->>> maps = attnviz.attention(bundle, "twenty-one")       # the same data as `attnviz attention`
->>> maps.cross.shape                                     # (layers, heads, target, source)
->>> attnviz.attribute(bundle, "twenty-one", method="value-zeroing").cross.shape   # (layers, target, source)
->>> attnviz.translate(bundle, "twenty-one", ablate="cross:3.2")   # that head switched off
->>> atlas = attnviz.api.compute_atlas(bundle, ["twenty-one", "seven"])  # every head over many sentences
->>> atlas.heads[["kind", "layer", "head", "entropy"]]      # build_atlas writes a corpus's to a folder
->>> attnviz.attention(bundle, "Thursday, July 2, 1998", words=True).src_tokens   # words, not pieces
->>> lm = attnviz.load("openai-community/gpt2")          # a language model: GPT-2, Llama, Qwen2
->>> attnviz.generate(lm, "The capital of France is", max_new=5)
->>> attnviz.attention(lm, "The capital of France is", generate=5).decoder.shape   # (layers, heads, T, T)
+```python
+import attnviz
+
+bundle = attnviz.load("en-de")  # a name under pretrained/, or a directory
+attnviz.translate(bundle, "twenty-one")  # 'einundzwanzig'
+
+# the same data as `attnviz attention`
+maps = attnviz.attention(bundle, "twenty-one")
+maps.cross.shape  # (layers, heads, target, source)
+
+# value zeroing: (layers, target, source)
+attnviz.attribute(bundle, "twenty-one", method="value-zeroing").cross.shape
+
+# the output with that head switched off
+attnviz.translate(bundle, "twenty-one", ablate="cross:3.2")
+
+# every head over many sentences (build_atlas writes a corpus's to a folder)
+atlas = attnviz.api.compute_atlas(bundle, ["twenty-one", "seven"])
+atlas.heads[["kind", "layer", "head", "entropy"]]
+
+# words, not pieces
+attnviz.attention(bundle, "Thursday, July 2, 1998", words=True).src_tokens
+
+# a language model: GPT-2, Llama, Qwen2
+lm = attnviz.load("openai-community/gpt2")
+attnviz.generate(lm, "The capital of France is", max_new=5)
+attnviz.attention(lm, "The capital of France is", generate=5).decoder.shape
+# (layers, heads, T, T)
+```
 """
 
 from __future__ import annotations
@@ -36,7 +51,7 @@ from attnviz.decoding import Decoding, greedy_decode, output_limit
 from attnviz.decoding import step_through as _step_through
 from attnviz.devices import device_name
 from attnviz.errors import InputError, NonFiniteError
-from attnviz.export import AXES, FORMAT_VERSION, AttentionExport, ForwardPass, load_export, package_version  # noqa: F401 - public (attnviz.public)
+from attnviz.export import AXES, FORMAT_VERSION, AttentionExport, ForwardPass, load_export, maps_bytes, package_version  # noqa: F401 - public (attnviz.public)
 from attnviz.hooks import Recorder, act_name, attention_site
 from attnviz.kinds import KINDS, axis_names
 from attnviz.linear import onednn_enabled
@@ -114,10 +129,10 @@ def translate(bundle: Bundle, text: str, beam: int = 1, ablate: str | Ablation |
     """The model's output for ``text``: greedy with ``beam`` 1, else beam search.
 
     ``ablate`` switches heads off while decoding: text such as ``"cross:1.2,encoder:3.1"`` (kind,
-    layer and head from 1; their outputs zeroed) or an :class:`~attnviz.methods.ablation.Ablation`
+    layer and head from 1; their outputs zeroed) or an [`Ablation`][attnviz.methods.ablation.Ablation]
     (which may replace them by their means instead). The model itself is not modified. An output
-    cut at the length limit (:data:`attnviz.decoding.MAX_OUTPUT_TOKENS`, or the model's positions) is logged as a
-    warning; :func:`step_through` and :func:`attention` also record it.
+    cut at the length limit (`attnviz.decoding.MAX_OUTPUT_TOKENS`, or the model's positions) is logged as a
+    warning; [`step_through`][attnviz.api.step_through] and [`attention`][attnviz.api.attention] also record it.
     """
     if bundle.config.decoder_only:
         raise InputError(LM_TRANSLATES)
@@ -164,8 +179,8 @@ def generate(
     bundle: Bundle, prompt: str, max_new: int = 20, beam: int = 1, ablate: str | Ablation | None = None
 ) -> str:
     """A language model's continuation of ``prompt``: ``max_new`` tokens at most, greedy (``beam`` 1) or
-    by beam search, stopping at the end token. ``ablate``: heads switched off, as in :func:`translate`.
-    The text returned is the continuation alone, without the prompt."""
+    by beam search, stopping at the end token. ``ablate``: heads switched off, as in
+    [`translate`][attnviz.api.translate]. The text returned is the continuation alone, without the prompt."""
     if not bundle.config.decoder_only:
         raise InputError("generate continues a language model's prompt; this model translates: use translate")
     if not isinstance(beam, int) or isinstance(beam, bool) or not 1 <= beam <= 64:
@@ -187,9 +202,9 @@ def step_through(
 ) -> Decoding:
     """Decode ``text`` step by step (greedy, beam search, or teacher-forced on ``target``).
 
-    Every :class:`~attnviz.decoding.DecodeStep` holds the chosen token, the top-k candidates, and
+    Every `DecodeStep` holds the chosen token, the top-k candidates, and
     that step's decoder self-attention and cross-attention rows for every layer and head.
-    ``ablate``: heads switched off, as in :func:`translate`.
+    ``ablate``: heads switched off, as in [`translate`][attnviz.api.translate].
     """
     src = _source_tensor(bundle, text)
     ablation = _ablation(bundle, ablate)
@@ -306,7 +321,7 @@ def _stacked(recorded: dict[str, np.ndarray], names: list[str]) -> np.ndarray:
 def attention_scores(bundle: Bundle, src: str, tgt: str | None = None) -> dict[str, np.ndarray]:
     """The scaled scores Q K^T / sqrt(d_k) before the softmax, per kind, (L, H, Q, K) float32.
 
-    The same inputs as :func:`attention`; masked entries are ``-inf``.
+    The same inputs as [`attention`][attnviz.api.attention]; masked entries are ``-inf``.
     """
     names = _per_layer(bundle, "scores")
     recorded = _recorded(bundle, _inputs(bundle, src, tgt), _all(names))
@@ -393,10 +408,10 @@ def attention(
     (L, H, T, T), causal, over the prompt and those tokens, in ``tgt_ids`` and ``tgt_tokens``, and
     no ``encoder``, ``cross`` or ``src_*``.
 
-    ``ablate``: heads switched off, as in :func:`translate`; without ``tgt`` the decoder input is
+    ``ablate``: heads switched off, as in [`translate`][attnviz.api.translate]; without ``tgt`` the decoder input is
     then the ablated model's own greedy output, and the manifest names the ablation.
 
-    With ``words``, the maps are over words instead of sub-word pieces (:mod:`attnviz.words`:
+    With ``words``, the maps are over words instead of sub-word pieces (`attnviz.words`:
     attention to a word summed over its pieces, from a word averaged), the tokens are the words
     as typed, and the manifest says so (``units``, ``words``).
     """
@@ -432,7 +447,7 @@ def out_of_domain(bundle: Bundle, src: str) -> str | None:
 
     Two signs, each measured on the source's pieces: characters the tokenizer does not know, and
     words spelled out letter by letter (a share of single-letter pieces more than
-    :data:`LETTER_SHARE_MARGIN` above the model's own examples, so that a model of letters, such as
+    `LETTER_SHARE_MARGIN` above the model's own examples, so that a model of letters, such as
     ``reverse``, is not flagged for reading letters). The domain named is the card's description.
     """
     tok = bundle.tokenizer
@@ -464,16 +479,54 @@ def out_of_domain(bundle: Bundle, src: str) -> str | None:
 CLEAREST_SENTENCES = 8  # the model's first examples that choose the head a page opens on
 
 
-def clearest_head(bundle: Bundle, kind: str | None = None) -> tuple[str, int, int]:
+class HeadChoice(tuple):
+    """(kind, layer, head), layer and head from 1, as a plain tuple; ``named`` is the role under which the
+    model's card names that head ("induction"), or None when the head was chosen by the clearest-head rule."""
+
+    named: str | None
+
+    def __new__(cls, kind: str, layer: int, head: int, named: str | None = None):
+        choice = super().__new__(cls, (kind, layer, head))
+        choice.named = named
+        return choice
+
+    def __getnewargs__(self):
+        return (*self, self.named)
+
+
+def named_heads(bundle: Bundle) -> dict[str, tuple[int, int]]:
+    """The heads the model's card names, by role, as (layer, head) from 1, in the card's order.
+
+    A checkpoint trained by ``attnviz train`` on the induction task stores them in its config as
+    ``"heads": {"previous-token": "layer 1 head 1", "induction": "layer 2 head 2"}``
+    (`attnviz.train_lm`); entries that do not read so, or name a head the model lacks, are left out.
+    """
+    cfg, named = bundle.config, {}
+    for role, text in (bundle.info.get("heads") or {}).items():
+        words = str(text).split()
+        if len(words) == 4 and words[0] == "layer" and words[2] == "head" and words[1].isdigit() and words[3].isdigit():
+            layer, head = int(words[1]), int(words[3])
+            if 1 <= layer <= cfg.n_dec_layers and 1 <= head <= cfg.n_heads:
+                named[str(role)] = (layer, head)
+    return named
+
+
+def clearest_head(bundle: Bundle, kind: str | None = None) -> HeadChoice:
     """(kind, layer, head), layer and head from 1: the head the app opens on for ``bundle``.
 
     ``kind`` defaults to cross-attention (where the decoder looks), or the encoder's self-attention
-    for an encoder-only model. The head is :func:`attnviz.analysis.clearest_head` over the model's
+    for an encoder-only model. The head is `attnviz.analysis.clearest_head` over the model's
     example sentences (its card's), so that it depends on the model only, and a link that leaves
     the layer and head out always opens the same head. A model without examples opens on layer 1,
-    head 1.
+    head 1. A language model whose card names heads (`named_heads`) opens on the last one named
+    instead: the card lists a circuit's heads in the order they act (the previous-token head, then
+    the induction head that reads its output), and says what to look for in that head's map.
     """
     kind = kind or ("encoder" if bundle.config.encoder_only else "decoder" if bundle.config.decoder_only else "cross")
+    named = named_heads(bundle) if bundle.config.decoder_only and kind == "decoder" else {}
+    if named:
+        role, (layer, head) = list(named.items())[-1]
+        return HeadChoice(kind, layer, head, named=role)
     tables = []
     for sentence in (bundle.info.get("examples") or [])[:CLEAREST_SENTENCES]:
         try:
@@ -481,7 +534,7 @@ def clearest_head(bundle: Bundle, kind: str | None = None) -> tuple[str, int, in
         except InputError:  # an example this tokenizer cannot read: the others decide
             continue
         tables.append(analysis.head_statistics(getattr(export, kind), *export.tokens(kind), kind))
-    return (kind, *analysis.clearest_head(tables)) if tables else (kind, 1, 1)
+    return HeadChoice(kind, *analysis.clearest_head(tables)) if tables else HeadChoice(kind, 1, 1)
 
 
 def _maps(bundle: Bundle, src: str, tgt: str | None, inputs: _Inputs, ablation: Ablation) -> AttentionExport:
@@ -518,7 +571,7 @@ class AblationComparison:
 
     ``intact`` and ``ablated`` hold the maps for the same decoder input (``tgt``, or the intact
     model's output; a language model's prompt), so that their rows line up; ``steps`` reads that same input step by step
-    (:func:`~attnviz.methods.ablation.step_comparison`: each token's probability under both models and
+    (`step_comparison`: each token's probability under both models and
     each model's top candidates). ``intact_output`` and ``ablated_output`` are the greedy translations.
     For an encoder-only model only the maps are there (the outputs and steps are None).
     """
@@ -543,7 +596,7 @@ def compare_ablation(
 ) -> AblationComparison:
     """What switching heads off changes for ``src``: translations, step probabilities and maps, side by side.
 
-    With ``words`` the two exports' maps are over words, as :func:`attention` gives them; the steps
+    With ``words`` the two exports' maps are over words, as [`attention`][attnviz.api.attention] gives them; the steps
     stay pieces, as the decoder writes them.
     """
     ablation = _ablation(bundle, ablate)
@@ -608,17 +661,17 @@ def attribute(
 ) -> AttentionExport:
     """A contribution method's numbers for ``src`` and ``tgt`` (or the greedy output), as an export.
 
-    ``method`` is a key of :data:`attnviz.methods.METHODS`: ``norm`` (per head, (L, H, Q, K)),
+    ``method`` is a key of `attnviz.methods.METHODS`: ``norm`` (per head, (L, H, Q, K)),
     ``value-zeroing``, ``rollout`` or ``grad-attention`` (per layer, (L, Q, K)), under ``encoder``,
     ``decoder`` and ``cross`` as the maps are. ``position`` (grad-attention only) is the decoder
     position, from 0, whose predicted token is explained (default: the last); the propagated
     relevance is in ``extras`` (``source_relevance`` (S,), ``target_relevance`` (T,)). The manifest
     names the method, its paper and its normalisation.
 
-    ``words``: the maps merged into words as :func:`attention` merges the weights (to a word summed,
+    ``words``: the maps merged into words as [`attention`][attnviz.api.attention] merges the weights (to a word summed,
     from a word averaged) and each word's relevance the sum of its pieces'; ``position`` still
     counts the decoder's pieces, as the model predicts them. ``generate``: a language model's greedy
-    tokens appended to the prompt, as in :func:`attention`.
+    tokens appended to the prompt, as in [`attention`][attnviz.api.attention].
     """
     spec = METHODS.get(method)
     if spec is None:
@@ -666,7 +719,7 @@ def head_importance(
 
     Over ``sentences`` (default: the model's example sentences), with ``references`` (one per
     sentence) as the outputs whose log-probability is measured, or without them the intact model's
-    own greedy outputs. See :mod:`attnviz.methods.importance`.
+    own greedy outputs. See `attnviz.methods.importance`.
     """
     tok = bundle.tokenizer
     sentences = list(bundle.info.get("examples") or []) if sentences is None else list(sentences)
@@ -696,7 +749,7 @@ def queries_keys(
 ) -> dict[str, tuple[np.ndarray, np.ndarray]]:
     """Every head's query and key vectors, per kind: (queries (L, H, Q, d_k), keys (L, H, K, d_k)) float32.
 
-    The same inputs as :func:`attention`; the vectors are the projections W^Q x and W^K x split into
+    The same inputs as [`attention`][attnviz.api.attention]; the vectors are the projections W^Q x and W^K x split into
     heads (section 3.2.2), before the scaling by 1/sqrt(d_k). An encoder-only model has only
     "encoder"; cross-attention's keys are the source's. For a model with rotary positions they are
     the rotated vectors, whose products are the scores; with ``rotated=False`` the vectors before the
@@ -722,14 +775,8 @@ def maps_size(bundle: Bundle, src: str, tgt: str | None = None, generate: int = 
     many tokens as it reads; a language model's ``generate`` tokens are counted."""
     cfg, tok = bundle.config, bundle.tokenizer
     S = len(tok.encode_source(src).ids)
-    T = len(tok.encode_target(tgt)[0].ids) if tgt and not (cfg.decoder_only or cfg.encoder_only) else S + 1
-    if cfg.decoder_only:
-        cells = cfg.n_dec_layers * (S + generate) ** 2
-    elif cfg.encoder_only:
-        cells = cfg.n_enc_layers * S * S
-    else:
-        cells = cfg.n_enc_layers * S * S + cfg.n_dec_layers * (T * T + T * S)
-    return S, 4 * cfg.n_heads * cells
+    T = len(tok.encode_target(tgt)[0].ids) if tgt and not (cfg.decoder_only or cfg.encoder_only) else None
+    return S, maps_bytes(cfg, S + generate if cfg.decoder_only else S, T)
 
 
 @torch.no_grad()
@@ -738,15 +785,22 @@ def tiled_attention(bundle: Bundle, src: str, tgt: str | None = None, *, generat
 
     For texts whose maps do not fit in memory (one head of a language model at 8192 tokens is
     256 MB; all of SmolLM2-135M's, 69 GB): the model runs once with the fused kernel, no map is
-    made, and :class:`attnviz.tiles.TiledAttention` gives any head's whole map, a tile of it, a
+    made, and [`attnviz.tiles.TiledAttention`][] gives any head's whole map, a tile of it, a
     max-pooled picture of any region, or every head's statistics, one block of rows at a time
-    (:mod:`attnviz.tiles`). The same inputs as :func:`attention`; the weights agree with its maps
+    ([`attnviz.tiles`][]). The same inputs as [`attention`][attnviz.api.attention]; the weights agree with its maps
     to about 1e-7.
 
-    >>> tiled = attnviz.tiled_attention(lm, long_text)
-    >>> head = tiled.head("decoder", 3, 2)                         # layer 3, head 2: its queries and keys
-    >>> tiles.tile(head, tiles.scan(head, "decoder"), (4000, 4128), (3900, 4028))   # 128 x 128 exact weights
-    >>> tiled.statistics("decoder")                                # analysis.head_statistics, every head
+    ```python
+    from attnviz import tiles
+
+    tiled = attnviz.tiled_attention(lm, long_text)
+    head = tiled.head("decoder", 3, 2)  # layer 3, head 2: its queries and keys
+
+    # 128 x 128 exact weights
+    tiles.tile(head, tiles.scan(head, "decoder"), (4000, 4128), (3900, 4028))
+
+    tiled.statistics("decoder")  # analysis.head_statistics, every head
+    ```
     """
     inputs = _inputs(bundle, src, tgt, generate=generate)
     queries, keys = _per_layer(bundle, "q"), _per_layer(bundle, "k")

@@ -9,7 +9,7 @@ import streamlit as st
 
 from attnviz.app import bound, clamp_state, computed_atlas, open_atlas, shared, views
 from attnviz.app.frame import Context, frame
-from attnviz.app.present import room
+from attnviz.app.present import folded, picture_area, room
 from attnviz.app.widgets import escape_markdown
 from attnviz.atlas import STATISTICS, Atlas, typical_sentences
 from attnviz.figures.atlas import STATISTIC_LABELS, head_map
@@ -180,8 +180,8 @@ def choose(atlas: Atlas) -> Chosen:
     return Chosen(atlas, identity(atlas), heads, kind, layer, head, statistic)
 
 
-def show_map(c: Chosen) -> None:
-    """The heads on a map, placed by how alike they attend; a click chooses a head."""
+def show_map(c: Chosen, area) -> None:
+    """The heads on a map in ``area``, placed by how alike they attend; a click chooses a head."""
 
     def build_map():
         points = c.heads.merge(c.atlas.mds, on=["kind", "layer", "head"])
@@ -198,7 +198,7 @@ def show_map(c: Chosen) -> None:
         )
 
     fig = shared("atlas-map", (*c.shown, c.layer, c.head), build_map)
-    st.plotly_chart(
+    area.plotly_chart(
         room(fig),
         width="stretch",
         key="_at_map",
@@ -206,7 +206,7 @@ def show_map(c: Chosen) -> None:
         selection_mode="points",
         config=export_config(f"atlas-{c.kind}-map-{c.statistic}", "png"),
     )
-    st.caption(
+    area.caption(
         "Each point is a head; heads close together attend alike (mean Jensen-Shannon divergence between their rows, "
         "placed by MDS). Diamonds are positional heads (Voita et al.: the largest weight on the previous or next "
         "token in at least 90% of rows). Click a point or a table row to choose a head."
@@ -227,7 +227,7 @@ def show_table(c: Chosen) -> None:
         ),
     )
     st.session_state["at_rows"] = list(zip(table["layer"], table["head"], strict=True))
-    st.dataframe(
+    folded("Every head's statistics: sort by a column, click a row to choose its head").dataframe(
         table,
         key="_at_table",
         on_select=select_head_from_table,
@@ -283,12 +283,13 @@ def open_source(ctx: Context, source: str) -> Atlas | None:
 
 
 def body(ctx: Context) -> None:
+    picture = picture_area()  # the head map: under the title in presenter mode, the atlas's controls below
     source = bound(st.radio, "Atlas of", list(SOURCES), format_func=SOURCES.get, horizontal=True, key="at_source")
     atlas = open_source(ctx, source)
     if atlas is None:
         return
     chosen = choose(atlas)
-    show_map(chosen)
+    show_map(chosen, picture)
     show_table(chosen)
     show_head(ctx, chosen)
 

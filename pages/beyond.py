@@ -8,8 +8,8 @@ import streamlit as st
 from attnviz import analysis
 from attnviz.app import bound, clamp_state, domain_notice, sentence_pairs, shared, truncation_notice, views
 from attnviz.app.frame import Context, frame
-from attnviz.app.present import picture_area, room
-from attnviz.app.widgets import escape_markdown, guarded
+from attnviz.app.present import data_table, picture_area, room
+from attnviz.app.widgets import Download, download, escape_markdown, export_download, guarded
 from attnviz.export import AttentionExport
 from attnviz.figures.common import export_config
 from attnviz.figures.contributions import contribution_heatmap, importance_grid, relevance_bars
@@ -62,7 +62,7 @@ class Asked:
         return METHODS[self.method]
 
     def result(self):
-        """The method's maps (an :class:`attnviz.methods.Attribution`), from the cache or computed."""
+        """The method's maps (an [`AttentionExport`][attnviz.export.AttentionExport]), from the cache or computed."""
         return self.ctx.on_text("attribution", self.method, self.position, self.words)
 
     @property
@@ -100,12 +100,14 @@ def method_controls(
     if spec.uses_position:
         positions = list(range(len(pieces.tgt_tokens)))
         clamp_state("bw_position", positions)
+        # the tokens, not `pieces`: a bound widget's format_func stays in the session (its maps would too)
+        tgt_tokens = pieces.tgt_tokens
         position = bound(
             columns[2].selectbox,
             "Explain the prediction at decoder position",
             positions,
             index=len(positions) - 1,  # the last: what the whole decoder input leads to
-            format_func=lambda t: f"{t}: input {pieces.tgt_tokens[t]}, predicting the next token",
+            format_func=lambda t: f"{t}: input {tgt_tokens[t]}, predicting the next token",
             key="bw_position",
         )
     return Asked(ctx, method, position, words, kind, layer, head)
@@ -113,7 +115,7 @@ def method_controls(
 
 def method_section(picture, asked: Asked, export: AttentionExport, contrast: str) -> None:
     """The weights and the method's map side by side (in ``picture``, see
-    :func:`~attnviz.app.present.picture_area`), the relevance of a prediction, and the downloads."""
+    `picture_area`), the relevance of a prediction, and the downloads."""
     result = asked.result()
     spec, kind, layer, head, method = asked.spec, asked.kind, asked.layer, asked.head, asked.method
     q_tokens, k_tokens = export.tokens(kind)  # the table's; the figures name decoder rows by what they write
@@ -148,7 +150,7 @@ def method_section(picture, asked: Asked, export: AttentionExport, contrast: str
             st.caption("This method gives one map per layer: the heads together, not the head chosen on the left.")
     if "position" in result.manifest:
         relevance(asked, export, result)
-    method_downloads(asked, q_tokens, k_tokens)
+    method_downloads(asked, values.shape, q_tokens, k_tokens, result)
 
 
 def relevance(asked: Asked, export: AttentionExport, result) -> None:
@@ -168,34 +170,46 @@ def relevance(asked: Asked, export: AttentionExport, result) -> None:
     st.plotly_chart(room(fig), width="stretch")
 
 
-def method_downloads(asked: Asked, q_tokens, k_tokens) -> None:
-    """The CSV of the map shown and the NPZ of every map of the method, both built on a click."""
-    spec, layer, head, method = asked.spec, asked.layer, asked.head, asked.method
+def method_downloads(asked: Asked, shape: tuple[int, ...], q_tokens, k_tokens, result: AttentionExport) -> None:
+    """The CSV of the map shown and the NPZ of every map of the method, both bounded and built on a click.
 
-    def table():
+    ``shape`` is that of the method's ``kind`` array ((L, H, Q, K), or (L, Q, K) for a method per layer),
+    ``result`` the method's maps in this run: the closures hold `Asked` (keys), never them.
+    """
+    spec, layer, method = asked.spec, asked.layer, asked.method
+    heads = [asked.head] if spec.per_head else None
+    shape = shape if spec.per_head else (shape[0], 1, *shape[1:])
+    size = analysis.long_form_csv_size(shape, q_tokens, k_tokens, [layer], heads, spec.value_name)
+
+    def write(out) -> None:
         values = getattr(asked.result(), asked.kind)
-        return values[:, None] if not spec.per_head else values
+        values = values if spec.per_head else values[:, None]
+        tokens = (asked.ctx.export(True) if asked.words else asked.ctx.export(False)).tokens(asked.kind)
+        analysis.long_form_csv(out, values, *tokens, [layer], heads, spec.value_name)
 
     cols = st.columns(2)
-    cols[0].download_button(
-        "CSV of what is shown",
-        lambda: (
-            analysis.long_form(table(), q_tokens, k_tokens, layers=[layer], heads=[head] if spec.per_head else None)
-            .rename(columns={"weight": spec.value_name})
-            .to_csv(index=False)
-            .encode("utf-8")
-        ),
-        f"{asked.stem}-{method}.csv",
-        "text/csv",
-        key="_bw_csv",
+    download(
+        cols[0], "CSV of what is shown", Download(size, write), f"{asked.stem}-{method}.csv", "text/csv", key="_bw_csv"
     )
-    cols[1].download_button(
+    download(
+        cols[1],
         f"NPZ of every {spec.title.lower()} array",
-        lambda: asked.result().to_bytes(),
+        export_download(asked.result, result),
         f"{asked.ctx.model.replace('/', '_')}-{method}.npz",
         "application/octet-stream",
+        hint=f"`attnviz attribute --method {method} --out` writes it from the command line.",
         help=f"The same file as `attnviz attribute --method {method}`: its arrays, ids, tokens and a manifest.",
         key="_bw_npz",
+    )
+
+
+def ablation_hint(cfg, kinds: list[str]) -> str:
+    """The empty ablation box's hint: a whole layer and a head of a kind this model has (cross if it has it)."""
+    kind = "cross" if "cross" in kinds else kinds[-1]
+    heads = all_heads(cfg, [kind])
+    return (
+        f"a whole layer ({whole_layers(cfg, [kind])[-1]}), a head ({heads[min(1, len(heads) - 1)]}), "
+        "or click a cell of the importance grid below"
     )
 
 
@@ -213,7 +227,7 @@ def ablation_controls(bundle, kinds: list[str]) -> tuple[list[str], str]:
         options,
         key="bw_ablate",
         format_func=lambda o: o if "." in o else f"{o} (the whole layer: its {n_heads} heads)",
-        placeholder="a whole layer (cross:3), a head (cross:1.2), or click a cell of the importance grid below",
+        placeholder=ablation_hint(bundle.config, kinds),
     )
     mode = bound(right.radio, "Replace their output by", list(MODES), format_func=MODE_NAMES.get, key="bw_ablate_mode")
     st.caption(
@@ -266,7 +280,7 @@ def ablation_outputs(ctx: Context, comparison, heads: str) -> None:
         + ("target sentence" if ctx.choices.tgt else "intact model's output")
         + ": the probability of each token in both models, and each model's most likely tokens."
     )
-    st.dataframe(
+    data_table(
         comparison.steps.style.format({"p intact": "{:.4f}", "p ablated": "{:.4f}", "change": "{:+.4f}"}),
         hide_index=True,
         width="stretch",

@@ -9,9 +9,9 @@ import numpy as np
 import pandas as pd
 import streamlit as st
 
-from attnviz.app import bound, clamp_state, shared, views
+from attnviz.app import bound, clamp_state, shared, viewport, views
 from attnviz.app.frame import Context, frame
-from attnviz.app.present import picture_area, room
+from attnviz.app.present import data_table, picture_area, room
 from attnviz.app.widgets import escape_markdown
 from attnviz.decoding import DecodeStep, Decoding
 from attnviz.figures.attention import attention_heatmap
@@ -53,6 +53,9 @@ def play_step(n: int) -> None:
         move(+1)
 
 
+TO_COME = "#6b6b6b"  # the output's pieces after the step shown: 5.3:1 on white, readable from the back
+
+
 def step_buttons(n: int) -> tuple:
     """(key, label, icon, keyboard shortcut, move's arguments) of the step buttons, for ``n`` steps."""
     return (
@@ -67,7 +70,8 @@ def output_text(pieces: list[str], t: int) -> str:
     """The output as text (the word marker "▁" as a space), step ``t``'s piece highlighted; each piece on hover."""
     spans = []
     for i, piece in enumerate(pieces):
-        style = "background:#ffd54f;padding:0 2px" if i == t else f"opacity:{1 if i < t else 0.35}"
+        # pieces still to come in grey, not faded: a projector shows faded text too faint to read
+        style = "background:#ffd54f;padding:0 2px" if i == t else ("" if i < t else f"color:{TO_COME}")
         title = html.escape(f"step {i + 1}: piece {piece!r}")
         spans.append(f"<span title='{title}' style='{style}'>{html.escape(piece.replace('▁', ' '))}</span>")
     return "".join(spans)
@@ -215,9 +219,10 @@ def draw_alignment(s: Shown) -> None:
     if s.lm:
         draw_lm_alignment(s)
         return
+    narrow = viewport.narrow()  # a phone's layout
     fig = shared(
         "decoding-alignment",
-        (*s.key, layer, head, s.contrast),
+        (*s.key, layer, head, s.contrast, narrow),
         lambda: attention_heatmap(
             np.stack([step.cross_attn[layer - 1, head - 1].numpy() for step in dec.steps[: t + 1]]),  # (t + 1, S)
             s.rows[: t + 1],
@@ -225,6 +230,7 @@ def draw_alignment(s: Shown) -> None:
             "cross",
             title=f"Cross-attention so far (one row per step), layer {layer}, head {head}",
             contrast=s.contrast,
+            narrow=narrow,
         ),
     )
     st.plotly_chart(room(fig), width="stretch")
@@ -238,6 +244,7 @@ def draw_lm_alignment(s: Shown) -> None:
     """A language model's rows of every step so far, over the prompt and its output; grey: not yet written."""
     t, layer, head = s.t, s.layer, s.head
     keys = s.keys(t)
+    narrow = viewport.narrow()  # a phone's layout
 
     def figure():
         rows = np.zeros((t + 1, len(keys)), dtype=np.float32)  # row i: step i's keys 0..offset + i
@@ -245,11 +252,11 @@ def draw_lm_alignment(s: Shown) -> None:
             rows[i, : s.offset + i + 1] = step.self_attn[layer - 1, head - 1].numpy()
         return attention_heatmap(
             rows, s.rows[: t + 1], keys, "decoder", mask=causal_mask(t + 1, len(keys), s.offset),
-            query_start=s.offset, contrast=s.contrast,
+            query_start=s.offset, contrast=s.contrast, narrow=narrow,
             title=f"Self-attention so far (one row per step), layer {layer}, head {head}",
         )  # fmt: skip
 
-    fig = shared("decoding-lm-rows", (*s.key, layer, head, s.contrast), figure)
+    fig = shared("decoding-lm-rows", (*s.key, layer, head, s.contrast, narrow), figure)
     st.plotly_chart(room(fig), width="stretch")
     st.caption(
         'One row per step: the row "a → b" is where the model looked while reading a and writing b, over the '
@@ -286,7 +293,7 @@ def draw_candidates(s: Shown) -> None:
             for i, bm in enumerate(step.beams)
         ]
         st.markdown("**Beams before this step** (the arrow marks the one the final output extends):")
-        st.dataframe(pd.DataFrame(table), hide_index=True, width="stretch")
+        data_table(pd.DataFrame(table), hide_index=True, width="stretch")
 
 
 def draw_step_rows(s: Shown) -> None:

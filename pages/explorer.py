@@ -22,6 +22,7 @@ from attnviz.app.views import (
     words_and_contrast,
     zoom,
 )
+from attnviz.app.widgets import Download, export_download
 from attnviz.export import AttentionExport
 from attnviz.figures.attention import lines_view
 from attnviz.figures.common import export_config
@@ -30,12 +31,27 @@ from attnviz.figures.images import head_grid, pooled_head_grid
 from attnviz.kinds import KINDS, TITLES, allowed
 
 T = TypeVar("T")
-INTRO = (
+ROWS_AND_COLUMNS = (
     "Rows are queries, columns are keys: row i shows how the token at position i mixes the values "
-    "of the tokens it attends to, and sums to 1. Cross-attention has target rows and source columns. A decoder "
+    "of the tokens it attends to, and sums to 1. "
+)
+INTRO = ROWS_AND_COLUMNS + (
+    "Cross-attention has target rows and source columns. A decoder "
     'row is named by its input and the token it writes: "a → b" reads a and writes b, and it is b\'s '
     "counterpart that it looks for in the source."
 )
+LM_INTRO = ROWS_AND_COLUMNS + (
+    "A language model's rows never see a later token (its mask is causal). A row is named by its input "
+    'and the token it writes: "a → b" reads a and writes b.'
+)
+ENCODER_INTRO = ROWS_AND_COLUMNS + "An encoder's rows see every token of the text, before and after."
+
+
+def intro(ctx: Context) -> str:
+    """The page's introduction for the model in front of the visitor: translation, language model or encoder."""
+    config = ctx.bundle.config
+    return LM_INTRO if config.decoder_only else ENCODER_INTRO if config.encoder_only else INTRO
+
 
 LONG_LINES = 1000  # beyond EXACT_MAX tokens, the lines view draws at most this many (one trace each: slow to draw)
 VIEWS = {
@@ -117,21 +133,27 @@ class Picked:
     def mask(self) -> np.ndarray:
         return allowed(self.kind, *self.maps.shape[-2:])
 
-    def long_form(self, **which):
-        """The table of what is shown, built on a download's click from the cache: a download's closure
-        holds these keys, not the maps, so that a closed tab, which Streamlit keeps for reconnection,
-        holds no megabytes."""
-        maps = getattr(self.ctx.export(self.words), self.kind)
-        return analysis.long_form(maps, *self.export.tokens(self.kind), **which)
+    def csv(self, layers: list[int] | None = None, heads: list[int] | None = None) -> Download:
+        """The CSV of the chosen ``layers`` and ``heads`` (None: all), bounded before it is built, and built
+        on a download's click from the cache: its closure holds keys, not the maps, so that a closed tab,
+        which Streamlit keeps for reconnection, holds no megabytes."""
+        ctx, words, kind = self.ctx, self.words, self.kind
+        size = analysis.long_form_csv_size(self.maps.shape, *self.export.tokens(kind), layers, heads)
+
+        def write(out) -> None:
+            export = ctx.export(words)
+            analysis.long_form_csv(out, getattr(export, kind), *export.tokens(kind), layers, heads)
+
+        return Download(size, write)
 
 
 @dataclass(frozen=True)
 class Drawn:
-    """A view's figure, its file name, the table its CSV holds, and the map the zoom shows exactly."""
+    """A view's figure, its file name, the CSV of what it shows, and the map the zoom shows exactly."""
 
     fig: object
     name: str
-    table: Callable[[], object]
+    table: Download
     zoom: tuple | None = None  # (key, map, title, row labels, column tokens, scores?) of a long map
 
 
@@ -167,7 +189,7 @@ def body(ctx: Context) -> None:
         key, matrix, title, rows, columns, scores = drawn.zoom
         mask = None if scores else picked.mask()
         zoom("", key, matrix, rows, columns, kind, contrast, mask, title, scores=scores)
-    download_buttons(drawn.table, lambda: ctx.export(words), fmt, drawn.name)
+    download_buttons(drawn.table, export_download(lambda: ctx.export(words), export), fmt, drawn.name)
 
 
 def choose(ctx: Context, kinds: list[str], layers_heads: Callable[[str], tuple[int, int]]) -> tuple[str, str, int, int]:
@@ -194,24 +216,25 @@ def draw_one(p: Picked) -> Drawn:
         rows, columns = p.labels()
         fig = one_head(key, matrix, rows, columns, p.kind, p.contrast, p.mask(), p.title)
         long = max(matrix.shape) > EXACT_MAX
-        table = lambda: p.long_form(layers=[p.layer], heads=[p.head])  # noqa: E731
+        table = p.csv(layers=[p.layer], heads=[p.head])
         return Drawn(fig, name, table, (key, matrix, p.title, rows, columns, False) if long else None)
     pieces = p.ctx.export() if p.words else p.export
     if p.words:
         st.info("Scores are per piece (a word has no single score): the words toggle merges weights only.")
-    matrix = p.ctx.on_text("scores")[p.kind][p.layer - 1, p.head - 1]
+    scores = p.ctx.on_text("scores")[p.kind]
+    matrix = scores[p.layer - 1, p.head - 1]
     rows, columns = p.labels(pieces)
     title = f"{p.title} (scores)"
     fig = one_head_scores(key, matrix, rows, columns, p.kind, title)
     long = max(matrix.shape) > EXACT_MAX
     kind, layer, head, ctx = p.kind, p.layer, p.head, p.ctx
+    size = analysis.long_form_csv_size(scores.shape, *pieces.tokens(kind), [layer], [head], "score")
 
-    def table():
-        scores = ctx.on_text("scores")[kind]
-        return analysis.long_form(scores, *pieces.tokens(kind), layers=[layer], heads=[head]).rename(
-            columns={"weight": "score"}
-        )
+    def write(out) -> None:  # keys only: see Picked.csv
+        tokens = ctx.export().tokens(kind)
+        analysis.long_form_csv(out, ctx.on_text("scores")[kind], *tokens, [layer], [head], "score")
 
+    table = Download(size, write)
     return Drawn(fig, name, table, ((*key, "scores"), matrix, title, rows, columns, True) if long else None)
 
 
@@ -228,7 +251,7 @@ def draw_grid(p: Picked) -> Drawn:
         "Click a map to open it at full resolution."
     )
     st.button(f"Open layer {p.layer}, head {p.head} large", on_click=open_one_head, key="_open_large")
-    return Drawn(fig, f"{p.stem}-all-heads", p.long_form)
+    return Drawn(fig, f"{p.stem}-all-heads", p.csv())
 
 
 def draw_lines(p: Picked) -> Drawn | None:
@@ -254,8 +277,7 @@ def draw_lines(p: Picked) -> Drawn | None:
         ),
     )
     st.caption("Queries on the left, keys on the right; a line's opacity is the weight (under 0.01 not drawn).")
-    table = lambda: p.long_form(layers=[p.layer], heads=heads)  # noqa: E731
-    return Drawn(fig, f"{p.stem}-L{p.layer}-lines", table)
+    return Drawn(fig, f"{p.stem}-L{p.layer}-lines", p.csv(layers=[p.layer], heads=heads))
 
 
 AGGREGATES = {
@@ -282,14 +304,16 @@ def draw_aggregate(p: Picked) -> Drawn:
     key = (*p.key, p.layer, how)
     fig = one_head(key, combined, rows, columns, p.kind, p.contrast, p.mask(), title)
     long = max(combined.shape) > EXACT_MAX
-    kind, layer, ctx, words, export = p.kind, p.layer, p.ctx, p.words, p.export
+    kind, layer, ctx, words = p.kind, p.layer, p.ctx, p.words
+    names = ([layer], [how])  # the file's layer and "head": this layer, the aggregate's name
+    size = analysis.long_form_csv_size((1, 1, *combined.shape), *p.export.tokens(kind), names=names)
 
-    def table():
-        maps = getattr(ctx.export(words), kind)
-        return analysis.long_form(aggregate(maps, how, layer)[None, None], *export.tokens(kind)).assign(
-            layer=layer, head=how
-        )
+    def write(out) -> None:  # keys only: see Picked.csv
+        export = ctx.export(words)
+        combined = aggregate(getattr(export, kind), how, layer)[None, None]
+        analysis.long_form_csv(out, combined, *export.tokens(kind), names=names)
 
+    table = Download(size, write)
     return Drawn(
         fig, f"{p.stem}-L{p.layer}-{how}", table, (key, combined, title, rows, columns, False) if long else None
     )
@@ -299,10 +323,10 @@ def draw_stats(p: Picked) -> None:
     """One row per head: entropy, distance and where the weight goes; a click on a row opens that head."""
     q_tokens, k_tokens = p.export.tokens(p.kind)
     table = shared("explorer-stats", p.key, lambda: analysis.head_statistics(p.maps, q_tokens, k_tokens, p.kind))
-    stats_table(table, p.stem)
+    stats_table(table, p.stem, p.key)
 
 
-def stats_table(table, stem: str) -> None:
+def stats_table(table, stem: str, key: tuple) -> None:
     """The head statistics as a table whose row click opens that head, with its caption and download."""
     st.session_state["stats_rows"] = list(zip(table["layer"], table["head"], strict=True))
     st.caption(
@@ -323,7 +347,9 @@ def stats_table(table, stem: str) -> None:
         hide_index=True,
         width="stretch",
     )
-    download_buttons(lambda: table, None, None, f"{stem}-head-statistics")
+    # one row per head: its CSV is small, made once and kept with the results
+    data = shared("explorer-stats-csv", key, lambda: table.to_csv(index=False).encode("utf-8"))
+    download_buttons(Download(len(data), lambda out: out.write(data)), None, None, f"{stem}-head-statistics")
 
 
 def draw_qk(p: Picked) -> None:
@@ -405,7 +431,7 @@ class LongPicked:
         return (*self.ctx.key, self.kind, "tiled")
 
     def layers(self, name: str, part: Callable[[tiles.LayerTiles], T]) -> list[T]:
-        """``part`` of every layer's :class:`attnviz.tiles.LayerTiles`, with a progress bar while layers are
+        """``part`` of every layer's [`attnviz.tiles.LayerTiles`][], with a progress bar while layers are
         fetched. Each part is kept for every session under ``name``: it is small, where a layer's queries
         and keys need not stay for it (the budget may let them go)."""
         L = self.ctx.bundle.config.n_layers_of(self.kind)
@@ -483,7 +509,7 @@ def long_stats(p: LongPicked) -> None:
             [row for rows in p.layers("long-statistics", tiles.LayerTiles.statistics) for row in rows], p.kind
         ),
     )
-    stats_table(table, f"{p.ctx.model.replace('/', '_')}-{p.kind}")
+    stats_table(table, f"{p.ctx.model.replace('/', '_')}-{p.kind}", p.key)
 
 
 LONG_DRAW: dict[str, Callable[[LongPicked], None]] = {"one": long_one, "grid": long_grid, "stats": long_stats}
@@ -498,4 +524,4 @@ DRAW: dict[str, Callable[[Picked], Drawn | None]] = {
     "qk": draw_qk,
 }
 
-frame(body, intro=INTRO)
+frame(body, intro=intro)

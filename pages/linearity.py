@@ -7,7 +7,7 @@ import streamlit as st
 
 from attnviz.app import bound, clamp_state, keep_in_range, load_bundle, shared, sinusoid_inputs
 from attnviz.app.frame import Context, frame
-from attnviz.app.present import room
+from attnviz.app.present import data_table, first, room
 from attnviz.app.widgets import guarded
 from attnviz.errors import InputError
 from attnviz.figures import positional as pp
@@ -95,7 +95,7 @@ def controls() -> Controls:
 def rotation_section(c: Controls, M: np.ndarray, table: np.ndarray) -> None:
     st.header("M_k: one rotation per frequency")
     d_model, k = c.d_model, c.k
-    left, right = st.columns([2, 3])
+    left, right = first("lin_rotation").columns([2, 3])  # M_k and one dimension, first in presenter mode
     rotation = shared("lin-rotation", (d_model, c.base, c.layout, k), lambda: pp.rotation_heatmap(M, k))
     left.plotly_chart(room(rotation), width="stretch")
     left.caption(
@@ -257,8 +257,8 @@ def rotary_section(ctx: Context) -> None:
     )
     if not ctx.ready or ctx.bundle.config.pos_encoding != "rotary":
         st.info(
-            "This part needs a model with rotary positions: open a Llama-family or Qwen2 folder or hub id "
-            "(for example HuggingFaceTB/SmolLM2-135M) in the sidebar."
+            "This part needs a model with rotary positions: choose the shipped `induction-long` in the sidebar, "
+            "or open a Llama-family or Qwen2 folder or hub id (for example HuggingFaceTB/SmolLM2-135M)."
         )
         return
     cfg = ctx.bundle.config
@@ -268,7 +268,7 @@ def rotary_section(ctx: Context) -> None:
     max_offset = bound(c[1].slider, "Largest offset", 8, 256, 64, key="lin_rope_offset")
     shifts, offsets = ctx.on_text("rotary", layer - 1, max_offset)
     worst = shifts.groupby("shift")[["largest_change", "relative"]].max().reset_index()
-    st.dataframe(worst.style.format({"largest_change": "{:.2e}", "relative": "{:.2e}"}), hide_index=True)
+    data_table(worst.style.format({"largest_change": "{:.2e}", "relative": "{:.2e}"}), hide_index=True)
     st.caption(
         f"The loaded model's own queries and keys of layer {layer}, before the rotation, rotated again with both "
         "positions moved by c: the largest change of any pair's score, over every head (and relative to the "
@@ -298,14 +298,14 @@ def kinds_section(ctx: Context) -> None:
         }
     )
     numbers = {column: "{:.2e}" for column in shown.columns if column != "kind"}
-    st.dataframe(shown.style.format(numbers, na_rep="—"), hide_index=True, width="stretch")
+    data_table(shown.style.format(numbers, na_rep="—"), hide_index=True, width="stretch")
     st.caption(
         "The sinusoids (the paper's table) and RoPE's angles are exactly a rotation of themselves: the fit leaves "
         "rounding. A learned table (the loaded model's, when it has one) is as linear as training made it. The "
         "second column runs the loaded model only, for its own kind: with positions added to the embeddings "
         "(sinusoidal or learned), moving every position changes the scores, since content and position mix; "
-        "with rotary positions it changes nothing but rounding. Loading GPT-2, the induction model and a Llama "
-        "model in turn fills every row."
+        "with rotary positions it changes nothing but rounding. Loading GPT-2, `induction` and `induction-long` "
+        "(or a Llama model) in turn fills every row."
     )
 
 

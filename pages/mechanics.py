@@ -6,7 +6,7 @@ import streamlit as st
 
 from attnviz.app import bound, clamp_state, keep_in_range, lazy_tabs, number_table, shared
 from attnviz.app.frame import Context, frame
-from attnviz.app.present import room
+from attnviz.app.present import data_table, first, folded, presenting, room
 from attnviz.figures import teaching as tp
 from attnviz.lessons import mechanics
 
@@ -24,6 +24,7 @@ MATRICES = {  # key suffix: (title, default, row label, column label, rows can b
     "WK": ("W_K", mechanics.DEFAULT_W_K, "dim", "k", False),
     "WV": ("W_V", mechanics.DEFAULT_W_V, "dim", "v", False),
 }
+PAPER_D_K = 64  # d_k = d_model / h = 512 / 8 in the paper's base model (section 3.2.2)
 
 
 @st.cache_data(show_spinner="Sampling queries and keys…", max_entries=32)
@@ -53,9 +54,9 @@ def matrix_editor(name: str, container) -> np.ndarray:
     return edited.apply(pd.to_numeric, errors="coerce").to_numpy(dtype=float)
 
 
-def show_table(title: str, matrix: np.ndarray, rows: str, cols: str, container=st) -> None:
+def show_table(title: str, matrix: np.ndarray, rows: str, cols: str, container=st, fmt: str = "{:.4f}") -> None:
     container.markdown(f"**{title}**")
-    container.table(number_table(mechanics.labelled(matrix, rows, cols)))
+    container.table(number_table(mechanics.labelled(matrix, rows, cols), fmt))
 
 
 def worked_example_tab() -> None:
@@ -65,9 +66,15 @@ def worked_example_tab() -> None:
         "below is recomputed: **scores = Q Kᵀ / √d_k**, **weights = softmax of each row**, "
         "**output = weights V**."
     )
-    cols = st.columns([5, 4, 4, 4])
-    inputs = {name: matrix_editor(name, col) for name, col in zip(MATRICES, cols, strict=True)}
-    st.button("Reset to the example's matrices", on_click=reset_example, key="_mech_reset")
+    shown_inputs = st.container()  # presenter mode: the matrices as the room reads them, the editors folded below
+    with folded("Edit the matrices"):
+        cols = st.columns([5, 4, 4, 4])
+        inputs = {name: matrix_editor(name, col) for name, col in zip(MATRICES, cols, strict=True)}
+        st.button("Reset to the example's matrices", on_click=reset_example, key="_mech_reset")
+    if presenting():
+        for name, col in zip(MATRICES, shown_inputs.columns([5, 4, 4, 4]), strict=True):
+            title, _, rows, columns, _ = MATRICES[name]
+            show_table(title, inputs[name], rows, columns, col, fmt="{:g}")  # as typed: 1, not 1.0000
     scale = bound(st.toggle, "Divide the scores by √d_k (the paper)", value=True, key="mech_scale")
     shown = mechanics.worked_example(inputs["X"], inputs["WQ"], inputs["WK"], inputs["WV"], scale=scale)
     scaled = mechanics.worked_example(inputs["X"], inputs["WQ"], inputs["WK"], inputs["WV"], scale=True)
@@ -115,13 +122,16 @@ def scaling_tab() -> None:
     d_ks = tuple(d for d in (1, 4, 16, 64, 256, 1024) if d <= d_max)
     df = scaling(d_ks, n_keys, int(seed))
     fig = shared("mech-scaling", (d_ks, n_keys, int(seed)), lambda: tp.scaling_figure(df))
-    st.plotly_chart(room(fig), width="stretch", key="mech_scaling_chart")
+    first("mech_scaling").plotly_chart(room(fig), width="stretch", key="mech_scaling_chart")
     st.caption(
         f"Means over 1000 random queries, each against {n_keys} random keys. Blue: scores divided by √d_k; red: "
         "raw dot products. Without scaling the entropy falls towards 0 and the largest weight towards 1 as d_k "
         "grows, and the softmax gradient vanishes; with scaling all three stay nearly constant."
     )
-    st.dataframe(df.round(4), hide_index=True)
+    scale = bound(st.toggle, "Divide the scores by √d_k (the paper)", value=True, key="mech_dk_scale")
+    weights = mechanics.one_query_weights(PAPER_D_K, n_keys, int(seed), scale=scale)
+    st.plotly_chart(room(tp.query_weights_bars(weights, PAPER_D_K, scale)), width="stretch", key="mech_dk_query")
+    data_table(df.round(4), hide_index=True)
 
 
 def masks_tab() -> None:
@@ -143,7 +153,7 @@ def masks_tab() -> None:
     masks = {"padding": padding, "subsequent": subsequent, "both": padding & subsequent}
     titles = {"padding": "padding mask", "subsequent": "subsequent mask", "both": "both: padding and subsequent"}
     grid = shared("mech-masks", (n, length), lambda: tp.mask_grid({titles[name]: m for name, m in masks.items()}))
-    st.plotly_chart(room(grid), width="stretch", key="mech_mask_chart")
+    first("mech_mask").plotly_chart(room(grid), width="stretch", key="mech_mask_chart")
     st.caption(
         f"Rows are queries, columns keys, for a sentence of {length} tokens padded to {n}. Padding is masked "
         "as a key only: a padding query still attends to the real tokens, and its output is never used. "
@@ -173,7 +183,9 @@ def multihead_tab() -> None:
     h = bound(c[2].select_slider, "Heads h", [1, 2, 4, 8, 16], value=8, key="mech_h")
     steps = mechanics.multihead_shapes(n, d_model, h)
     cost = mechanics.narrow_vs_wide_cost(n, d_model, h)
-    st.table(pd.DataFrame([(s, str(shape), what) for s, shape, what in steps], columns=["step", "shape", "what"]))
+    first("mech_shapes").table(
+        pd.DataFrame([(s, str(shape), what) for s, shape, what in steps], columns=["step", "shape", "what"])
+    )
     st.caption(f"Shapes for one sentence: d_k = d_v = {d_model} / {h} = {d_model // h}.")
     c = st.columns(2)
     c[0].plotly_chart(
@@ -233,8 +245,9 @@ def permutation_tab(ctx: Context) -> None:
                 f"Positional encoding {'on' if use_positions else 'off'}: encoder layer {layer}, head {head}",
             ),
         )
-        st.plotly_chart(room(fig), width="stretch", key=f"mech_perm_chart_{use_positions}")
-        st.caption(
+        picture = first(f"mech_perm_{'on' if use_positions else 'off'}")
+        picture.plotly_chart(room(fig), width="stretch", key=f"mech_perm_chart_{use_positions}")
+        picture.caption(
             "Left: the map for the shuffled sentence. Middle: the original sentence's map with rows and columns "
             "shuffled. Right: their difference, "
             + ("blank when order does not matter." if not use_positions else "far from 0: the positions changed.")
@@ -271,7 +284,7 @@ def learning_rate_tab() -> None:
     steps = bound(c[2].slider, "Steps shown", 1000, 100_000, 20_000, step=1000, key="mech_lr_steps")
     df = mechanics.lr_schedule(d_model, warmup, steps)
     peak = df["learning rate"].max()
-    st.plotly_chart(
+    first("mech_lr").plotly_chart(
         room(shared("mech-lr", (d_model, warmup, steps), lambda: tp.lr_curve(df, warmup))),
         width="stretch",
         key="mech_lr_chart",

@@ -5,7 +5,7 @@ import streamlit as st
 
 from attnviz.app import bound, shared, sinusoid_inputs
 from attnviz.app.frame import Context, frame
-from attnviz.app.present import room
+from attnviz.app.present import first, room
 from attnviz.app.widgets import guarded
 from attnviz.figures import positional as pp
 from attnviz.lessons import positional as pe
@@ -32,7 +32,7 @@ def encoding_section(table: np.ndarray, d_model: int, base: float, layout: str) 
     st.header("The encoding matrix")
     title = f"PE for d_model = {d_model}, base {base:g}"
     fig = shared("pe-matrix", (d_model, table.shape[0], base, layout), lambda: pp.encoding_heatmap(table, title=title))
-    st.plotly_chart(room(fig), width="stretch")
+    first("pe_matrix").plotly_chart(room(fig), width="stretch")
     st.caption(
         "Row p is the vector added to the embedding of the token at position p. Left columns oscillate "
         "fast (wavelength 2π), right columns slowly: together they give every position a distinct code, "

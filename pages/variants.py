@@ -6,7 +6,7 @@ import streamlit as st
 from attnviz.app import bound, clamp_state, keep_in_range, lazy_tabs, number_table, shared
 from attnviz.app.cache import computed, forget
 from attnviz.app.frame import Context, frame
-from attnviz.app.present import room
+from attnviz.app.present import data_table, first, room
 from attnviz.figures import teaching as tp
 from attnviz.figures.attention import attention_heatmap
 from attnviz.lessons import variants
@@ -36,7 +36,7 @@ def patterns_tab() -> None:
     grid = shared(
         "var-patterns", (n, k, causal), lambda: tp.mask_grid({f"{p}: {counts[p]} pairs": m for p, m in masks.items()})
     )
-    st.plotly_chart(room(grid), width="stretch", key="var_pattern_chart")
+    first("var_pattern").plotly_chart(room(grid), width="stretch", key="var_pattern_chart")
     st.caption(f"Rows are queries, columns keys; n = {n}, k = {k}. The title gives the pairs each pattern computes.")
     st.table(
         pd.DataFrame(
@@ -92,7 +92,7 @@ def model_tab(ctx: Context) -> None:
             f"**With the {name} pattern{'' if name == 'causal' else f', k = {k}'}:** {text or '(empty)'}  \n"
             f"{kept}" + (" The translation is unchanged." if text == base_text else " The translation changed.")
         )
-    c = st.columns(2)
+    c = first("var_model").columns(2)
     for col, maps, title, m in ((c[0], base.maps, "as trained", None), (c[1], run.maps, f"{name} pattern", mask)):
         fig = shared(
             "var-map",
@@ -130,7 +130,7 @@ def synthesizer_tab() -> None:
     token = bound(c[3].slider, "Token to change", 0, n - 1, key="var_syn_token")
     demo = variants.synthesizer_demo(n, d, int(seed))
     weights = shared("var-syn-weights", (n, d, int(seed)), lambda: tp.heatmap_row(demo.weights))
-    st.plotly_chart(room(weights), width="stretch", key="var_syn_weights")
+    first("var_syn").plotly_chart(room(weights), width="stretch", key="var_syn_weights")
     st.caption("Attention weights of the three methods for the same input: rows are queries, columns keys.")
     changed = variants.token_dependence(demo, token)
     grid = shared(
@@ -162,7 +162,7 @@ def complexity_tab() -> None:
     k = bound(c[2].number_input, "Kernel width k", 2, 64, 3, key="var_cx_k")
     r = bound(c[3].number_input, "Neighbourhood r", 1, 1024, 4, key="var_cx_r")
     table = variants.complexity_table(int(n), int(d), int(k), int(r))
-    st.table(number_table(table, "{:,}", table.columns[4:]))
+    first("var_complexity").table(number_table(table, "{:,}", table.columns[4:]))
     st.caption(
         "The symbolic columns are the paper's Table 1; the evaluated columns drop the constants as it does. "
         "Path length of the convolutional layer: dilated convolutions, ⌈log_k(n)⌉ layers."
@@ -178,7 +178,7 @@ def complexity_tab() -> None:
         f"({df.attrs.get('threads', '?')} threads). The GRU steps through the n positions one after another; "
         "self-attention does all of them at once, so its time grows more slowly until n² work dominates."
     )
-    c[0].dataframe(df.round(3), hide_index=True)
+    data_table(df.round(3), c[0], hide_index=True)
 
 
 def body(ctx: Context) -> None:

@@ -4,11 +4,11 @@ import streamlit as st
 
 from attnviz.app import bound, clamp_state, computed, load_bundle, shared
 from attnviz.app.frame import Context, frame
-from attnviz.app.present import room
-from attnviz.app.widgets import escape_markdown
+from attnviz.app.present import first, presenting, room
+from attnviz.app.widgets import Download, download, escape_markdown
 from attnviz.config import TransformerConfig
 from attnviz.figures.decoding import topk_bar
-from attnviz.figures.walkthrough import feed_arrow, matrix_figure
+from attnviz.figures.walkthrough import feed_arrow, matrix_figure, table_figure
 from attnviz.lessons import walkthrough as wk
 
 INTRO = (
@@ -53,16 +53,24 @@ def show_matrix(m: wk.Matrix, k: int, i: int, shown_stage: tuple) -> None:
     fig = shared("walkthrough-matrix", (*shown_stage, k, i), lambda: matrix_figure(m, k))
     st.plotly_chart(room(fig), width="stretch", key=f"wt_fig_{i}")
     shown = "" if m.style != "matrix" or m.values.shape[1] <= k else f"; the first {k} of {m.values.shape[1]} columns"
+    # the recorded name counts layers from 0 (the code's index); say which layer that is in the app's count
+    layer = f" ({m.recorded_layer}; the recorded name counts from 0)" if m.recorded_layer else ""
     st.caption(
-        f"`{m.source}`: full tensor {m.shape_text}; shown: {m.row_axis} {m.values.shape[0]} x "
-        f"{m.col_axis} {m.values.shape[1]}{shown}. Hover a cell for its value."
+        f"`{m.source}`{layer}: full tensor {m.shape_text}; shown: {m.row_axis} x {m.col_axis} = "
+        f"{m.values.shape[0]} x {m.values.shape[1]}{shown}. Hover a cell for its value."
     )
-    st.download_button(
+    size = wk.tensor_csv_size(
+        m.full.shape, m.full_axes, wk.matrix_labels(m, computed("forward_pass", *shown_stage[:4]))
+    )
+
+    def write(out) -> None:  # keys, not tensors: Streamlit keeps a closed tab's download callables for a while
+        matrix, wt = stage_of(shown_stage).matrices[i], computed("forward_pass", *shown_stage[:4])
+        wk.write_tensor_csv(out, matrix.full, matrix.full_axes, wk.matrix_labels(matrix, wt))
+
+    download(
+        st,
         f"CSV of the full {m.source}",
-        # keys, not tensors: Streamlit keeps a closed tab's download callables for a while
-        lambda: wk.matrix_csv(stage_of(shown_stage).matrices[i], computed("forward_pass", *shown_stage[:4])).encode(
-            "utf-8"
-        ),
+        Download(size, write),
         f"{m.source.replace('[', '_').replace(']', '')}.csv",
         "text/csv",
         key=f"_wt_csv_{i}",
@@ -133,6 +141,7 @@ def stage_controls(cfg: TransformerConfig, key: str, T: int) -> tuple[int, int, 
         c[2].selectbox,
         "Output step",
         range(1, T + 1),
+        index=T - 1 if cfg.decoder_only else 0,  # a prompt's last position reads all of it: step 1 reads one token
         key="wt_step",
         disabled=key not in wk.USES_STEP,
         help="Step t: the decoder has read positions 0..t-1 and predicts the token after them.",
@@ -147,8 +156,12 @@ def show_stage(stage: wk.Stage, k: int, shown_stage: tuple) -> None:
     st.markdown(stage.text)
     for note in stage.notes:
         st.markdown(f"- {escape_markdown(note)}")
-    if stage.table is not None:
-        st.dataframe(stage.table, hide_index=True, width="stretch")
+    if stage.table is not None:  # the stage's picture: first in presenter mode, its heading and text below
+        if presenting():  # the room reads a figure's text at its size; a data frame's canvas stays at 14 px
+            picture = room(shared("walkthrough-table", shown_stage, lambda: table_figure(stage.table, stage.title)))
+            first("wt_table").plotly_chart(picture, width="stretch", key="wt_table")
+        else:
+            st.dataframe(stage.table, hide_index=True, width="stretch")
     if stage.arrow is not None:
         st.plotly_chart(
             room(shared("walkthrough-arrow", shown_stage, lambda: feed_arrow(*stage.arrow))),
@@ -158,9 +171,9 @@ def show_stage(stage: wk.Stage, k: int, shown_stage: tuple) -> None:
     if stage.candidates:
         labels, probs = zip(*stage.candidates, strict=True)
         top = shared("walkthrough-top", shown_stage, lambda: topk_bar(list(labels), list(probs), chosen=stage.chosen))
-        st.plotly_chart(room(top), width="stretch", key="wt_top")
+        first("wt_top").plotly_chart(room(top), width="stretch", key="wt_top")
         st.caption("Probabilities: the softmax of the model's logits at this step, computed for display.")
-    cols = st.columns(2)
+    cols = first("wt_matrices").columns(2)
     for i, m in enumerate(stage.matrices):
         with cols[i % 2]:
             show_matrix(m, int(k), i, shown_stage)

@@ -108,6 +108,78 @@ def test_the_walkthrough_takes_a_language_model_through_every_stage(family, rota
         assert at.subheader[0].value == title
 
 
+def test_home_speaks_of_the_model_in_front_of_it(visitor_roots):
+    """A translation model's home speaks of encoder, decoder and source; a language model's of its prompt."""
+
+    def prose(at) -> str:
+        return " ".join(m.value for m in at.markdown)
+
+    at = open_app("app.py")
+    assert "encoder-decoder Transformer" in prose(at) and "target rows by source columns" in prose(at)
+    at.sidebar.selectbox(key="model").set_value("induction").run()
+    assert not _errors(at), _errors(at)
+    text = prose(at)
+    assert "a language model" in text and "prompt rows by prompt columns" in text
+    for wrong in ("encoder-decoder", "source columns", "the decoder, about to write"):
+        assert wrong not in text, wrong
+
+
+def test_the_explorers_introduction_speaks_of_the_model_in_front_of_it(visitor_roots):
+    """en-de's introduction speaks of cross-attention and the source; a language model's of its causal rows."""
+
+    def intro(at) -> str:
+        return " ".join(c.value for c in at.caption)
+
+    at = open_app("pages/explorer.py")
+    assert "Cross-attention has target rows and source columns" in intro(at)
+    at.sidebar.selectbox(key="model").set_value("induction").run()
+    assert not _errors(at), _errors(at)
+    text = intro(at)
+    assert "never see a later token" in text, text
+    for wrong in ("Cross-attention", "in the source"):
+        assert wrong not in text, wrong
+
+
+@pytest.mark.parametrize("page", ["pages/explorer.py", "app.py"])
+def test_the_induction_model_opens_on_the_head_its_card_names(page, visitor_roots):
+    from attnviz import api
+
+    named = api.named_heads(api.load("induction"))["induction"]  # (layer, head) from the model's card
+    at = open_app(page, "induction")
+    assert not _errors(at), _errors(at)
+    said = " ".join(c.value for c in at.caption)
+    assert f"Layer {named[0]}, head {named[1]}: the induction head that this model's card names" in said, said
+    if page == "pages/explorer.py":
+        assert (at.selectbox(key="layer").value, at.selectbox(key="head").value) == named
+
+
+@pytest.mark.parametrize(("model", "kind"), [("induction", "decoder"), ("en-de", "cross")])
+def test_beyond_the_weights_hints_heads_the_model_has(model, kind, visitor_roots):
+    """The empty ablation box names a layer and a head that are options of it: no cross:3 for a language model."""
+    import re
+
+    at = open_app("pages/beyond.py", model)
+    assert not _errors(at), _errors(at)
+    box = at.multiselect(key="bw_ablate")
+    hinted = re.findall(r"\((\w+:[\d.]+)\)", box.proto.placeholder)
+    assert len(hinted) == 2 and all(h.startswith(f"{kind}:") for h in hinted), box.proto.placeholder
+    assert set(hinted) <= {shown.split()[0] for shown in box.options}, (hinted, box.options)  # "cross:3 (the whole…"
+
+
+def test_the_walkthrough_opens_a_language_model_on_its_last_position(visitor_roots):
+    """Step 1 of a prompt reads one token (1x1 maps); the last position reads the whole prompt."""
+    at = open_app("pages/walkthrough.py")  # en-de first: a model chosen later opens on its own step
+    at.selectbox(key="wt_stage").set_value("dec_self").run()
+    assert at.selectbox(key="wt_step").value == 1, "a translation opens on its first output step"
+    at.sidebar.selectbox(key="model").set_value("induction").run()
+    assert not _errors(at), _errors(at)
+    step = at.selectbox(key="wt_step")
+    n = len(step.options)
+    assert n > 1 and step.value == n, (step.value, n)
+    captions = " ".join(c.value for c in at.caption)
+    assert f"shown: query: decoder input position x key: decoder input position = {n} x {n}" in captions, captions
+
+
 @pytest.mark.parametrize(
     ("page", "key", "tab", "why"),
     [

@@ -16,6 +16,7 @@ import time
 import urllib.request
 from pathlib import Path
 
+import presenter_checks
 import pytest
 from browser_wait import settled
 
@@ -309,59 +310,67 @@ def test_a_click_on_the_grid_opens_that_head(server):
             browser.close()
 
 
-# What a projector needs from a page in presenter mode, read off the drawn page.
+# In presenter mode the page fits the screen's width and the sidebar is folded away.
 _ROOM = """() => {
-    const px = el => el ? parseFloat(getComputedStyle(el).fontSize) : null;
     const sidebar = document.querySelector("[data-testid='stSidebar']");
-    const content = document.querySelector(
-        "[data-testid='stMain'] .js-plotly-plot, [data-testid='stMain'] [data-testid='stDataFrame'], "
-        + "[data-testid='stMain'] [data-testid='stTable']");
-    const ticks = [...document.querySelectorAll(".js-plotly-plot .xtick text, .js-plotly-plot .ytick text")];
-    const prose = [...document.querySelectorAll("[data-testid='stMain'] [data-testid='stMarkdownContainer'] p")];
-    const captions = [...document.querySelectorAll("[data-testid='stMain'] [data-testid='stCaptionContainer']")];
     return {
         sideways: document.documentElement.scrollWidth - window.innerWidth,
         sidebar: sidebar ? sidebar.getBoundingClientRect().right : 0,
-        top: content ? content.getBoundingClientRect().top : null,
-        tick: ticks.length ? Math.min(...ticks.map(px)) : null,
-        prose: prose.length ? Math.min(...prose.map(px)) : null,
-        caption: captions.length ? Math.min(...captions.map(px)) : null,
     };
 }"""
 
 
 @pytest.mark.parametrize("size", [(1920, 1080), (1280, 720)], ids=["1920x1080", "1280x720"])
 def test_presenter_mode_puts_each_pages_picture_on_a_readable_first_screen(server, size):
+    """Every page, every tab and every walkthrough stage in presenter mode (presenter_checks): the main
+    picture whole on the first screen, no empty band under a chart's title, colour bars' labels apart,
+    axis titles whole, slider values clear of their sliders, and no text under 18 px, faded or cut short."""
     from playwright.sync_api import sync_playwright
 
+    from attnviz.lessons.walkthrough import stage_list
+
     width, height = size
+    stages = [title for _, title in stage_list(encoder_only=False)]  # the default model has both halves
+    failures = []
     with sync_playwright() as p:
         browser = p.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_ARGS)
         page = browser.new_page(viewport={"width": width, "height": height})
         try:
             for name, path in PAGES.items():
-                page.goto(f"{server}/{path}?present=1")
-                _wait_for_run(page)
-                page.wait_for_selector(
-                    "[data-testid='stMain'] .js-plotly-plot, [data-testid='stMain'] [data-testid='stDataFrame']"
-                )
-                _no_exception(page, f"{name} in presenter mode")
-                assert page.locator("[data-testid='stToast']").count() == 0, name
-                room = page.evaluate(_ROOM)
-                page.screenshot(path=str(ARTIFACTS / f"present-{name}-{width}.png"))
-                assert room["sideways"] <= 0, f"{name} scrolls sideways at {width}x{height}: {room}"
-                assert room["sidebar"] <= 0, f"{name}: the sidebar is not folded away: {room}"
-                assert room["top"] is not None and room["top"] < height - 200, f"{name}: no picture on screen: {room}"
-                assert room["tick"] is None or room["tick"] >= 18, f"{name}: tick labels under 18 px: {room}"
-                assert room["prose"] is None or room["prose"] >= 20, f"{name}: text under 20 px: {room}"
-                assert room["caption"] is None or room["caption"] >= 20, f"{name}: captions under 20 px: {room}"
+                for view in presenter_checks.views(page, f"{server}/{path}", name, settled, stages):
+                    _no_exception(page, f"{view} in presenter mode")
+                    assert page.locator("[data-testid='stToast']").count() == 0, view
+                    room = page.evaluate(_ROOM)
+                    assert room["sideways"] <= 0, f"{view} scrolls sideways at {width}x{height}: {room}"
+                    assert room["sidebar"] <= 0, f"{view}: the sidebar is not folded away: {room}"
+                    shot = re.sub(r"[^a-z0-9]+", "-", view.lower()).strip("-")
+                    page.screenshot(path=str(ARTIFACTS / f"present-{shot}-{width}.png"))
+                    limits = [presenter_checks.MIN_TEXT_PX, presenter_checks.MAX_TITLE_GAP_PX]
+                    seen = page.evaluate(presenter_checks.MEASURE, [*limits, presenter_checks.PICTURE_TITLES.get(view)])
+                    picture = seen["picture"]
+                    if picture is None:
+                        failures.append(f"{view}: no main picture")
+                    elif picture["bottom"] > height:
+                        failures.append(
+                            f"{view}: {picture['name']!r} ends at {picture['bottom']:.0f} px, below the fold"
+                        )
+                    failures += [f"{view}: {problem}" for problem in dict.fromkeys(seen["problems"])]
         finally:
             browser.close()
+    assert not failures, f"{len(failures)} problems at {width}x{height}:\n" + "\n".join(failures)
+
+
+def _from_this_server(url: str) -> bool:
+    """Whether a request stays on 127.0.0.1: an address there, or a blob made by a page from there
+    (``blob:http://127.0.0.1:PORT/...``: Streamlit's components load their script that way)."""
+    from urllib.parse import urlparse
+
+    return urlparse(url.removeprefix("blob:")).hostname == "127.0.0.1"
 
 
 def test_a_crafted_link_draws_no_link_and_no_image_on_any_page(server):
     """Markdown, HTML and bare addresses in every parameter stay text: nothing points off this server."""
-    from urllib.parse import urlencode, urlparse
+    from urllib.parse import urlencode
 
     from playwright.sync_api import sync_playwright
 
@@ -373,7 +382,7 @@ def test_a_crafted_link_draws_no_link_and_no_image_on_any_page(server):
         browser = p.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_ARGS)
         page = browser.new_page(viewport={"width": 1400, "height": 1000})
         requests = []
-        page.on("request", lambda r: requests.append(r.url) if urlparse(r.url).hostname != "127.0.0.1" else None)
+        page.on("request", lambda r: requests.append(r.url) if not _from_this_server(r.url) else None)
         try:
             for name, path in PAGES.items():
                 page.goto(f"{server}/{path}?" + urlencode(params))
@@ -477,6 +486,19 @@ def test_a_long_prompt_is_drawn_tile_by_tile_and_a_dragged_box_zooms_exactly(ser
             assert 950 <= k0 <= 1050 and 60 <= k1 - k0 < 128, title
             assert "zoom_q" in page.url, "the zoom is in the link"
             page.screenshot(path=str(ARTIFACTS / "long-prompt-zoom.png"))
+            # The link opens that region: the address bar's own, and a range written by hand as one value.
+            here = urlencode({**params, "view": "One head"})
+            for link in (page.url, f"{server}/explorer?{here}&zoom_q=2000-2090&zoom_k=1000,1090"):
+                shared = browser.new_page(viewport={"width": 1400, "height": 1000})
+                shared.goto(link)
+                _wait_for_run(shared)
+                _no_exception(shared, "a zoom link")
+                opened = shared.evaluate(ZOOM_TITLE, zoom) or ""
+                want = title if link == page.url else "queries 2000-2090, keys 1000-1090"
+                assert opened.endswith(want[want.index("queries") :]), (link[-80:], opened)
+                shared.locator(".js-plotly-plot").filter(has_text=opened).first.scroll_into_view_if_needed()
+                shared.screenshot(path=str(ARTIFACTS / "long-prompt-zoom-link.png"))
+                shared.close()
             for view in ("All heads (model view)", "Head statistics"):
                 page.goto(f"{server}/explorer?" + urlencode({**params, "view": view}))
                 _wait_for_run(page)

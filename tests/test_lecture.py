@@ -75,6 +75,28 @@ def test_shipped_models_open_on_a_head_that_shows_their_task():
     assert kind == "cross" and looks_at.tolist() == [n - t for t in range(n)]
 
 
+def test_the_induction_model_opens_on_the_induction_head_its_card_names():
+    """The card (README) names the induction head in prose; the app opens there, not on the clearest by rule."""
+    import re
+    import types
+
+    from attnviz.checkpoints.catalog import pretrained_dir
+
+    card = (pretrained_dir() / "induction" / "README.md").read_text()
+    said = re.search(r"induction head is \*\*layer (\d+) head (\d+)\*\*", card)
+    assert said, "the card names its induction head"
+    bundle = api.load("induction")
+    chosen = api.clearest_head(bundle)
+    assert chosen == ("decoder", int(said[1]), int(said[2])) and chosen.named == "induction"
+    kind, layer, head = chosen  # still a plain (kind, layer, head) to every caller
+    assert api.clearest_head(api.load("en-de")).named is None, "a card without heads: the rule decides"
+    # entries that do not read "layer L head H", or name a head the model lacks, are left out
+    fake = types.SimpleNamespace(
+        config=bundle.config, info={"heads": {"a": "layer 9 head 1", "b": "layer two head 1", "c": "layer 1 head 4"}}
+    )
+    assert api.named_heads(fake) == {"c": (1, 4)}
+
+
 @pytest.mark.parametrize(
     ("model", "sentence", "flagged"),
     [

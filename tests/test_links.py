@@ -17,16 +17,19 @@ from conftest import open_from_link
 
 GOLDEN = Path(__file__).parent / "golden" / "links.json"
 
-# Values as the widgets show them (a link writes a choice's label, not its key).
+# Links written before choices had short names give the label the widget shows ("All heads (model
+# view)"); the app now writes the option's key ("grid"). Both must keep opening the same view.
 LINKS: list[tuple[str, dict[str, str | list[str]]]] = [
     ("app.py", {}),
     ("app.py", {"src": "twenty-one", "words": "true"}),
     ("pages/explorer.py", {"kind": "cross", "layer": "3", "head": "1"}),
     ("pages/explorer.py", {"kind": "encoder", "view": "All heads (model view)", "contrast": "each row to its maximum"}),
+    ("pages/explorer.py", {"kind": "encoder", "view": "grid", "contrast": "row"}),
     ("pages/explorer.py", {"view": "Head statistics", "kind": "decoder"}),
     ("pages/explorer.py", {"view": "Aggregate", "aggregate": "max", "layer": "2"}),
     ("pages/explorer.py", {"model": "reverse", "src": "h e l l o", "view": "Lines", "lines_heads": ["1", "3"]}),
     ("pages/compare.py", {"cmp_what": "another model", "cmp_model": "reverse"}),
+    ("pages/compare.py", {"cmp_what": "model", "cmp_model": "reverse"}),
     ("pages/compare.py", {"cmp_src": "Thursday, July 3, 1998", "cmp_view": "All heads"}),
     ("pages/decoding.py", {"beam": "4", "step": "3"}),
     ("pages/beyond.py", {"bw_method": "rollout", "bw_kind": "encoder"}),
@@ -80,3 +83,27 @@ def test_every_page_has_a_saved_link():
     from attnviz.app.registry import PAGES
 
     assert {page.path for page in PAGES} | {"app.py"} <= {page for page, _ in LINKS}
+
+
+@pytest.mark.slow
+def test_the_address_bar_holds_short_values_whatever_the_link_gave(fresh_streamlit_caches):
+    """A label from an older link is rewritten to the option's key; a choice made on the page is written
+    by its key, and the default leaves the parameter out."""
+    at = open_from_link("pages/explorer.py", {"view": "All heads (model view)", "contrast": "each row to its maximum"})
+    assert not at.exception, [e.value for e in at.exception]
+    assert (at.session_state["view"], at.session_state["contrast"]) == ("grid", "row")
+    assert (at.query_params.get("view"), at.query_params.get("contrast")) == ("grid", "row")
+    at.selectbox(key="view").set_value("lines").run()
+    assert at.query_params.get("view") == "lines"
+    at.selectbox(key="view").set_value("one").run()  # the default: no parameter, as Streamlit's own binding
+    assert "view" not in at.query_params
+    assert at.query_params.get("contrast") == "row"
+
+
+@pytest.mark.slow
+def test_a_link_value_that_is_neither_key_nor_label_is_set_aside(fresh_streamlit_caches):
+    at = open_from_link("pages/explorer.py", {"view": "gird"})
+    assert not at.exception, [e.value for e in at.exception]
+    assert at.session_state["view"] == "one"
+    assert any("view='gird'" in t.proto.body for t in at.get("toast"))
+    assert "view" not in at.query_params

@@ -318,3 +318,22 @@ def test_permutation_figure_shows_both_maps_and_their_difference(tiny_model):
     assert list(fig.data[0].y) == ["0 ▁the", "1 ▁the"], "repeated tokens keep their own rows"
     with pytest.raises(ValueError, match="labels"):
         tp.heatmap_row({"a": np.eye(2)}, labels=["only one"])
+
+
+@pytest.mark.parametrize(("d_k", "n_keys", "seed"), [(1, 2, 0), (64, 10, 0), (64, 20, 3), (1024, 5, 7)])
+def test_one_query_weights_is_torch_softmax_of_the_same_draw(d_k, n_keys, seed):
+    """Against torch's softmax of the same standard-normal draw, with and without 1/√d_k."""
+    rng = np.random.default_rng(seed)
+    q, keys = torch.from_numpy(rng.standard_normal(d_k)), torch.from_numpy(rng.standard_normal((n_keys, d_k)))
+    for scale in (True, False):
+        expected = torch.softmax((keys @ q) / (d_k**0.5 if scale else 1.0), dim=0).numpy()
+        np.testing.assert_allclose(mechanics.one_query_weights(d_k, n_keys, seed, scale=scale), expected, rtol=1e-12)
+
+
+def test_one_query_weights_saturate_without_scaling_and_refuse_bad_sizes():
+    scaled, raw = (mechanics.one_query_weights(64, 10, 0, scale=s) for s in (True, False))
+    assert raw.max() > scaled.max() and raw.max() > 0.9  # the paper's footnote 4 on one draw
+    fig = tp.query_weights_bars(raw, 64, scale=False)
+    assert "no scaling" in fig.layout.title.text and f"{raw.max():.3f}" in fig.layout.title.text
+    with pytest.raises(InputError):
+        mechanics.one_query_weights(64, 1)

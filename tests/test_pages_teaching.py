@@ -6,6 +6,8 @@ without a rerun per widget. The loaded model's parts use the shipped "en-de" and
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import pandas as pd
 import pytest
@@ -84,9 +86,38 @@ def test_mechanics_on_defaults_shows_the_worked_example_and_every_part():
     body = texts(at)
     assert "exact up to float64 rounding" in body, "the permutation property holds on the shipped model"
     assert "order matters" in body
-    # scaling, masks, row, head cost, 2 permutation maps, learning rate
-    assert charts_in_every_tab(at, "mech_tab", MECHANICS_TABS) == 7
+    # scaling and one query's weights, masks, row, head cost, 2 permutation maps, learning rate
+    assert charts_in_every_tab(at, "mech_tab", MECHANICS_TABS) == 8
     assert at.caption and all(c.value for c in at.caption)
+
+
+def _query_bars(at: AppTest) -> np.ndarray:
+    """The weights drawn by the Why √d_k tab's one-query chart (plotly's base64 arrays decoded)."""
+    import base64
+    import json
+
+    spec = next(json.loads(c.proto.spec) for c in at.get("plotly_chart") if "One query" in c.proto.spec)
+    y = spec["data"][0]["y"]
+    return np.frombuffer(base64.b64decode(y["bdata"]), dtype=y["dtype"]) if isinstance(y, dict) else np.array(y)
+
+
+def assert_scaling_toggle_on_its_own_tab(at: AppTest) -> None:
+    """The lecture plan's step: on the Why √d_k tab, toggling the scaling off saturates one query's softmax."""
+    from attnviz.lessons import mechanics
+
+    label = "Divide the scores by √d_k (the paper)"
+    lecture = (Path(__file__).resolve().parent.parent / "docs" / "lecture.md").read_text()
+    assert label in " ".join(lecture.split()), "the plan names the toggle as the page shows it"
+    toggle = at.toggle(key="mech_dk_scale")
+    assert toggle.label == label and toggle.value
+    scaled = _query_bars(at)
+    toggle.set_value(False).run()
+    assert_ok(at)
+    unscaled = _query_bars(at)
+    n_keys, seed = at.slider(key="mech_n_keys").value, int(at.number_input(key="mech_seed").value)
+    np.testing.assert_allclose(unscaled, mechanics.one_query_weights(64, n_keys, seed, scale=False), rtol=1e-6)
+    assert unscaled.max() > 0.9 > scaled.max(), (scaled.max(), unscaled.max())
+    at.toggle(key="mech_dk_scale").set_value(True).run()
 
 
 @pytest.mark.slow
@@ -119,6 +150,7 @@ def test_mechanics_every_control():
     at.number_input(key="mech_seed").set_value(3).run()
     assert_ok(at)
     assert list(frame(at, "d_k")["d_k"]) == [1, 4, 16, 64]
+    assert_scaling_toggle_on_its_own_tab(at)
     # Masks: shrinking n clamps the padded length and the row.
     open_tab(at, "mech_tab", "Masks")
     at.slider(key="mech_mask_n").set_value(3).run()
@@ -217,7 +249,7 @@ def test_pages_with_the_reverse_model(page):
     at.sidebar.selectbox(key="model").set_value("reverse").run()
     assert_ok(at)
     key, labels = ("mech_tab", MECHANICS_TABS) if page == MECHANICS else ("var_tab", VARIANTS_TABS)
-    assert charts_in_every_tab(at, key, labels) == 7
+    assert charts_in_every_tab(at, key, labels) == (8 if page == MECHANICS else 7)  # as on en-de (above)
 
 
 @pytest.mark.slow

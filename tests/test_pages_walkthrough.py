@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import pytest
 from conftest import open_app
 from streamlit.testing.v1 import AppTest
@@ -66,3 +68,24 @@ def test_next_through_every_stage_then_jump_and_change_controls(model):
         at.number_input(key="wt_k").set_value(5).run()
         assert_ok(at)
     assert at.selectbox(key="wt_stage").value == "tokens"
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(("stage", "stack"), [("enc_qkv", "encoder"), ("dec_cross", "decoder")])
+def test_captions_count_layers_and_heads_from_1_like_every_other_label(stage, stack):
+    """A tensor recorded as encoder.1.… is layer 2 in the app's count, and its shape never reads as "head 4"."""
+    import re
+
+    at = open_page("en-de")
+    at.selectbox(key="wt_stage").set_value(stage).run()
+    at.selectbox(key="wt_layer").set_value(2).run()
+    at.selectbox(key="wt_head").set_value(3).run()
+    assert_ok(at)
+    named = [c.value for c in at.caption if c.value.startswith(f"`{stack}.")]
+    assert named, [c.value for c in at.caption]
+    for caption in named:
+        index = int(re.match(rf"`{stack}\.(\d+)\.", caption)[1])
+        assert index == 1 and f"({stack} layer {index + 1};" in caption, caption
+        assert not re.search(r"\bhead \d", caption), f"a size that reads as a head's number: {caption}"
+    titles = [(json.loads(c.proto.spec)["layout"].get("title") or {}).get("text") or "" for c in at.get("plotly_chart")]
+    assert any("head 3" in t for t in titles) and not any(re.search(r"head [0-24-9]\b", t) for t in titles), titles

@@ -22,6 +22,13 @@ def test_contribution_heatmap_has_its_own_scale_name_and_grey_masks():
     assert contribution_heatmap(np.zeros((2, 2)), ["a", "b"], ["x", "y"], "cross", "share").data[0].zmax == 1.0
 
 
+def test_a_contribution_colour_bar_is_ticked_along_its_own_scale():
+    """The weights' ticks (0, 0.25, ..., 1) piled up at the bottom of a norm's 0..5 bar: plotly's own ticks."""
+    values = np.array([[2.0, 5.0], [1.0, 4.0]], dtype=np.float32)
+    bar = contribution_heatmap(values, ["a", "b"], ["x", "y"], "cross", "norm").data[0].colorbar
+    assert bar.tickvals is None and bar.ticktext is None
+
+
 def test_importance_grid_is_symmetric_and_every_cell_can_be_clicked():
     scores = np.array([[0.2, -0.05, 0.0], [0.01, 0.0, -0.3]])
     fig = importance_grid(scores, "cross", selected=(2, 3))

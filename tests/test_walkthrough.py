@@ -21,7 +21,7 @@ from conftest import EAGER_ACTIVATIONS, seeded_model, tiny_config
 import attnviz
 from attnviz import api
 from attnviz.export import ForwardPass
-from attnviz.figures.walkthrough import feed_arrow, matrix_figure, matrix_heatmap
+from attnviz.figures.walkthrough import TABLE_ROW_PX, feed_arrow, matrix_figure, matrix_heatmap, table_figure
 from attnviz.hooks import Recorder
 from attnviz.lessons import walkthrough as wk
 
@@ -299,3 +299,19 @@ def test_figures_label_axes_and_hover_values(case):
     with pytest.raises(ValueError):
         matrix_heatmap(np.zeros((2, 3)), ["x"], "rows", "cols", "t")
     assert len(feed_arrow("memory", "K, V").layout.annotations) == 3
+
+
+def test_the_tokens_table_for_a_room_shows_every_cell_as_it_is():
+    """Presenter mode's tokens table: plotly reads tags in text, so pieces such as </s> are escaped, and come back
+    exactly; every row is there, and the height holds them all (presenter mode caps it, and the rest scrolls)."""
+    import html
+
+    table = pd.DataFrame({"side": ["source"] * 3, "position": [0, 1, 2], "piece": ["<s>", "a & b", "</s>"]})
+    fig = table_figure(table, "1. Tokens")
+    (trace,) = fig.data
+    assert [html.unescape(v) for v in trace.header.values] == ["side", "position", "piece"]
+    shown = [[html.unescape(v) for v in column] for column in trace.cells.values]
+    assert shown == [["source"] * 3, ["0", "1", "2"], ["<s>", "a & b", "</s>"]]
+    assert "&lt;/s&gt;" in trace.cells.values[2], "escaped for plotly: a bare </s> would be read as a tag"
+    assert fig.layout.height >= TABLE_ROW_PX * (len(table) + 1)
+    assert fig.layout.title.text == "1. Tokens"

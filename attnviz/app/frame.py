@@ -1,16 +1,18 @@
 """The frame every page is drawn in, and the context a page's body receives.
 
 A page is a file in ``pages/`` (the home page is ``app.py``), one line in
-:mod:`attnviz.app.registry`, and a body::
+`attnviz.app.registry`, and a body:
 
-    from attnviz.app.frame import Context, frame
+```python
+from attnviz.app.frame import Context, frame
 
-    def body(ctx: Context) -> None:
-        st.markdown(f"{ctx.bundle.name} reads {ctx.choices.src}")
+def body(ctx: Context) -> None:
+    st.markdown(f"{ctx.bundle.name} reads {ctx.choices.src}")
 
-    frame(body)
+frame(body)
+```
 
-:func:`frame` does everything else, the same way on every page: the page's configuration (its
+`frame` does everything else, the same way on every page: the page's configuration (its
 title and icon from the registry, presenter mode), the shared sidebar, the page's title and
 introduction, one guard that turns any error into a clear message (never a traceback), and the
 footer. It is a call each page file makes, not ``st.navigation`` over the registry: with the
@@ -29,7 +31,8 @@ from typing import Any
 
 import streamlit as st
 
-from attnviz.app import present, registry
+from attnviz.api import HeadChoice
+from attnviz.app import present, registry, viewport
 from attnviz.app.cache import clearest_head, computed, is_long, load_bundle
 from attnviz.app.links import footer
 from attnviz.app.session import Choices, sidebar
@@ -68,16 +71,16 @@ class Context:
 
     @property
     def bundle(self):
-        """The loaded model (an :class:`attnviz.api.Bundle`), shared by every session: never change it."""
+        """The loaded model (an [`attnviz.api.Bundle`][]), shared by every session: never change it."""
         return load_bundle(self.model, self.device)
 
     def export(self, words: bool = False):
-        """The attention maps of the sidebar's sentence (an :class:`attnviz.export.AttentionExport`);
+        """The attention maps of the sidebar's sentence (an [`attnviz.export.AttentionExport`][]);
         ``export(...).tokens(kind)`` names the rows and columns of ``kind``'s maps."""
         return computed("attention", *self.key, words)
 
     def on_text(self, job: str, *args: Any) -> Any:
-        """Job ``job`` (:data:`attnviz.jobs.JOBS`) on the sidebar's sentence: ``job(model, src, tgt, *args)``."""
+        """Job ``job`` (`attnviz.jobs.JOBS`) on the sidebar's sentence: ``job(model, src, tgt, *args)``."""
         return computed(job, *self.key, *args)
 
     def on_model(self, job: str, *args: Any) -> Any:
@@ -90,12 +93,12 @@ class Context:
         return is_long(*self.key)
 
     def layer_tiles(self, kind: str, layer: int):
-        """One layer of a long text's maps (:class:`attnviz.tiles.LayerTiles`): each head's queries and keys,
+        """One layer of a long text's maps ([`attnviz.tiles.LayerTiles`][]): each head's queries and keys,
         normalisers, statistics and thumbnail, from which any region of any head is computed."""
         return computed("tiled_layer", *self.key, kind, layer)
 
-    def clearest_head(self) -> tuple[str, int, int]:
-        """(kind, layer, head) of the model's clearest head, where pickers open."""
+    def clearest_head(self) -> HeadChoice:
+        """(kind, layer, head) of the head pickers open on: the model's clearest, or the one its card names."""
         return clearest_head(self.model, self.device)
 
     def _chosen(self) -> Choices:
@@ -114,20 +117,41 @@ def page_of(body: Callable) -> registry.Page:
     raise LookupError(f"{'/'.join(parts[-2:])} is not in attnviz.app.registry.PAGES: add its line there")
 
 
-def frame(body: Callable[[Context], None], intro: str = "", prose: bool = False, needs_model: bool = True) -> None:
+def _intro_for(intro: Callable[[Context], str], choices) -> str:
+    """A callable introduction's text; none without a usable model (the body then says what is wrong)."""
+    if choices is None:
+        return ""
+    try:
+        return intro(Context(choices))
+    except Exception:  # noqa: BLE001 - a model that fails to load is the body's message, shown in its guard
+        return ""
+
+
+def frame(
+    body: Callable[[Context], None],
+    intro: str | Callable[[Context], str] = "",
+    prose: bool = False,
+    needs_model: bool = True,
+) -> None:
     """Draw one page: configuration, sidebar, title, ``intro``, ``body(context)`` in the guard, footer.
 
-    ``intro`` is shown under the title except in presenter mode (:func:`attnviz.app.present.intro`),
-    as a paragraph with ``prose``, else as a caption. With ``needs_model`` (the default) the body
+    ``intro`` is shown under the title except in presenter mode (`attnviz.app.present.intro`),
+    as a paragraph with ``prose``, else as a caption. A callable ``intro`` is given the page's
+    context, so that the text can speak of the model in front of it (it is called only when the
+    sidebar's choices are usable). With ``needs_model`` (the default) the body
     runs only when the sidebar's choices are usable; otherwise it runs always and checks
-    :attr:`Context.ready` where it needs the model.
+    `Context.ready` where it needs the model.
     """
     page = page_of(body)
     present.page_config(page.title if page.url_path else "", page.favicon)
     choices = sidebar()
     st.title(page.heading or page.title)
+    viewport.picture_slot()  # on a phone the page's picture comes first, before the introduction
+    if callable(intro):
+        intro = _intro_for(intro, choices)
     if intro:
         present.intro(intro, prose=prose)
     if choices is not None or not needs_model:
         guarded(lambda: body(Context(choices)))
     footer()
+    viewport.watch()

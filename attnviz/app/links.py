@@ -1,16 +1,25 @@
 """Links that reopen a view: every choice that shapes a view is a URL parameter named by its widget key.
 
-A page creates such a widget through :func:`bound`, which passes ``bind="query-params"`` to
+A page creates such a widget through `bound`, which passes ``bind="query-params"`` to
 Streamlit (1.55+): the widget then writes its value into the address bar and, when a page is
 opened from a link, takes its value from there. Streamlit silently drops a value its widget cannot
-take (a layer the model does not have, a word that is no option); :func:`footer`, called at the
+take (a layer the model does not have, a word that is no option); `footer`, called at the
 end of every page, says which values of the link were set aside, and tells the teacher that the
 address bar is the link to share.
+
+A choice shown through a ``format_func`` (``view``: "All heads (model view)" for ``grid``) is the
+exception. Streamlit's binding writes and reads such a widget's *shown label* (streamlit 1.67:
+``SelectboxSerde.serialize`` gives the formatted option, and ``SessionState._seed_widget_from_url``
+drops any value that is not one of the formatted options), so ``?view=grid`` would be set aside.
+`bound` manages these parameters itself (`_keyed`): when a page opens it reads the
+link's value once, as the option's key or, for older links, its label; after the widget it writes
+the key back, and leaves the parameter out at the default, as Streamlit does.
 """
 
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Callable, Mapping
 
 import streamlit as st
@@ -27,6 +36,9 @@ LINK_STATE = "_link"  # session key: the link's parameters at the start of this 
 # change, not a link's value to set aside.
 SEEN_STATE = "_link_seen"
 PAGE_STATE = "_link_page"  # session key: the page the last run drew
+KEYED_STATE = "_link_keyed"  # session key: the parameters `_keyed` writes (taken out where not drawn)
+# Widgets whose options a link may name by key when a format_func shows them otherwise.
+KEYED_WIDGETS = ("selectbox", "radio", "select_slider", "multiselect")
 
 
 def start() -> None:
@@ -52,11 +64,78 @@ def bound(widget: Callable, label: str, *args, key: str, format_func: Callable |
     """
     shown = format_func or str
     st.session_state.setdefault(LINK_STATE, {"raw": {}, "shown": {}})["shown"][key] = shown
-    if getattr(widget, "__name__", "") in NUMERIC_WIDGETS and not _usable_number(st.query_params.get(key)):
+    name = getattr(widget, "__name__", "")
+    if format_func is not None and name in KEYED_WIDGETS:
+        return _keyed(widget, label, *args, key=key, format_func=format_func, **kwargs)
+    if name in NUMERIC_WIDGETS and not _usable_number(st.query_params.get(key)):
         _drop_link_value(key)
     if format_func is not None:
         kwargs["format_func"] = format_func
     return widget(label, *args, key=key, bind="query-params", **kwargs)
+
+
+def _keyed(widget: Callable, label: str, *args, key: str, format_func: Callable, **kwargs):
+    """``widget`` with its URL parameter ``key`` holding the options' keys (``str(option)``), not their labels.
+
+    A page that opens reads the link's value once (a key, or a label as older links wrote it); a
+    value that is neither is left to `footer` to set aside. The widget itself is not bound:
+    after it, the address bar gets the key, or loses the parameter when the choice is the default.
+    """
+    name = getattr(widget, "__name__", "")
+    options = list(args[0] if args else kwargs["options"])
+    many = name == "multiselect"
+    link = st.session_state[LINK_STATE]
+    if key in link["raw"]:  # a page opened from a link that names this choice
+        wanted = st.query_params.get_all(key) if many else [st.query_params.get(key, "")]
+        chosen = [option for raw in wanted if (option := _option_named(raw, options, format_func)) is not _NONE]
+        if len(chosen) == len(wanted):
+            st.session_state[key] = chosen if many else chosen[0]
+    value = widget(label, *args, key=key, format_func=format_func, **kwargs)
+    st.session_state.setdefault(KEYED_STATE, set()).add(key)
+    if many:
+        written = [str(option) for option in value] if list(value) != list(kwargs.get("default") or []) else []
+    else:
+        written = [] if value == _default_option(name, options, kwargs) or value is None else [str(value)]
+    if st.query_params.get_all(key) != written:
+        if written:
+            st.query_params[key] = written if many else written[0]
+        else:
+            st.query_params.pop(key, None)
+    return value
+
+
+_NONE = object()  # no option has that name
+
+
+def _option_named(raw: str, options: list, format_func: Callable):
+    """The option whose key (``str(option)``) or shown label is ``raw``; `_NONE` if none."""
+    for option in options:
+        if str(option) == raw:
+            return option
+    for option in options:
+        if str(format_func(option)) == raw:
+            return option
+    return _NONE
+
+
+def _default_option(name: str, options: list, kwargs: dict):
+    """The option a single-choice widget opens on when nothing chose another (Streamlit's own default)."""
+    if name == "select_slider":
+        return kwargs.get("value", options[0] if options else None)
+    index = kwargs.get("index", 0)
+    return options[index] if index is not None and options else None
+
+
+def _drop_unshown_keyed() -> None:
+    """Take out of the address bar the parameters of `_keyed` widgets that this run did not draw.
+
+    (Streamlit does the same for its bound widgets: another page's or a hidden widget's value is no
+    part of this view's link.)
+    """
+    drawn = (st.session_state.get(LINK_STATE) or {}).get("shown", {})
+    for key in st.session_state.get(KEYED_STATE) or ():
+        if key not in drawn and key in st.query_params:
+            st.query_params.pop(key, None)
 
 
 def _next_tab(key: str, names: list[str], delta: int) -> None:
@@ -80,6 +159,26 @@ def _drop_link_value(key: str) -> None:
     st.query_params.pop(key, None)
     with get_session_state().query_params() as params:
         params.set_initial_query_params_from_current()
+
+
+def range_from_link(key: str) -> None:
+    """Let a link give a range slider's ``key`` as one value, ``2000-2090`` or ``2000,2090``, as people write a
+    range, besides Streamlit's own ``key=2000&key=2090``: rewritten in Streamlit's form before the slider reads it.
+
+    Streamlit reads one value as no range and drops it, so a hand-written zoom link opened on the first
+    positions instead of its region.
+    """
+    values = st.query_params.get_all(key)
+    found = re.fullmatch(r"\s*(\d+)\s*[-,:]\s*(\d+)\s*", values[0]) if len(values) == 1 else None
+    if found is None:
+        return
+    low, high = sorted(int(v) for v in found.groups())
+    st.query_params[key] = [str(low), str(high)]
+    with get_session_state().query_params() as params:
+        params.set_initial_query_params_from_current()
+    link = st.session_state.get(LINK_STATE) or {}
+    if key in link.get("raw", {}):  # the footer compares the link's value with the slider's, written as it writes
+        link["raw"][key] = f"{low},{high}"
 
 
 def _usable_number(raw: str | None) -> bool:
@@ -106,12 +205,12 @@ def lazy_tabs(key: str, tabs: Mapping[str, Callable[[], None]]) -> None:
     Two buttons step through them, also from the keyboard: Shift+Left and Shift+Right.
     """
     names = list(tabs)
-    back, on, _ = st.columns([1, 1, 4])
-    for column, label, shortcut, delta in (
-        (back, "Previous tab", "Shift+Left", -1),
-        (on, "Next tab", "Shift+Right", 1),
+    buttons = st.container(horizontal=True)  # each button as wide as its label: none is cut on a projector
+    for label, shortcut, delta in (
+        ("Previous tab", "Shift+Left", -1),
+        ("Next tab", "Shift+Right", 1),
     ):
-        column.button(
+        buttons.button(
             label,
             key=f"_{key}_{'next' if delta > 0 else 'previous'}",
             on_click=_next_tab,
@@ -138,7 +237,7 @@ def set_aside() -> list[tuple[str, str]]:
     """(parameter, value) of the link that this page's widgets could not take.
 
     Only values that came from outside count: a value this session's page had itself put in the
-    address bar by the end of the last run (:data:`SEEN_STATE`) is never reported.
+    address bar by the end of the last run (`SEEN_STATE`) is never reported.
     """
     link = st.session_state.get(LINK_STATE) or {"raw": {}, "shown": {}}
     seen = st.session_state.get(SEEN_STATE) or {}
@@ -155,7 +254,7 @@ def set_aside() -> list[tuple[str, str]]:
 
 
 def remember_own_values() -> None:
-    """Note, at the end of a run, which URL values this page itself holds (see :data:`SEEN_STATE`)."""
+    """Note, at the end of a run, which URL values this page itself holds (see `SEEN_STATE`)."""
     link = st.session_state.get(LINK_STATE) or {"raw": {}, "shown": {}}
     seen = {}
     for key, shown in link["shown"].items():
@@ -170,6 +269,7 @@ def footer() -> None:
     """The end of every page: which link values were set aside, and how to share this view."""
     aside = set_aside()
     remember_own_values()
+    _drop_unshown_keyed()
     if aside:  # the link's values are a visitor's text: shown as typed, never as markdown
         values = ", ".join(f"{key}={escape_markdown(repr(raw))}" for key, raw in aside)
         st.toast(

@@ -1,9 +1,9 @@
 """The weight views pages share: the words and contrast controls, one head (exact or an image), its zoom.
 
-A map of at most :data:`EXACT_MAX` positions on both axes is an exact heatmap (every weight on
-hover); a longer one is an image at full resolution (:mod:`attnviz.figures.images`), with a zoom
-below it that shows any region of up to :data:`ZOOM_MAX` x :data:`ZOOM_MAX` cells as an exact
-heatmap. Every figure goes through :func:`attnviz.app.cache.shared`, keyed on what it shows.
+A map of at most `EXACT_MAX` positions on both axes is an exact heatmap (every weight on
+hover); a longer one is an image at full resolution (`attnviz.figures.images`), with a zoom
+below it that shows any region of up to `ZOOM_MAX` x `ZOOM_MAX` cells as an exact
+heatmap. Every figure goes through `attnviz.app.cache.shared`, keyed on what it shows.
 """
 
 from __future__ import annotations
@@ -17,27 +17,29 @@ import streamlit as st
 
 from attnviz import tiles
 from attnviz.analysis import CLEAREST_RULE
+from attnviz.app import viewport
 from attnviz.app.cache import shared
-from attnviz.app.links import bound
+from attnviz.app.links import bound, range_from_link
 from attnviz.app.present import room
 from attnviz.app.widgets import clamp_state
-from attnviz.export import AttentionExport
+from attnviz.export import row_labels  # noqa: F401 - the pages' name for it (defined with the export: one labelling)
 from attnviz.figures.attention import attention_heatmap
-from attnviz.figures.images import CONTRASTS, attention_image, pooled_attention_image, scores_image
-from attnviz.kinds import TITLES, causal_mask, writing_labels
+from attnviz.figures.images import (  # the long map's sizes: shared with the notebook views
+    CONTRASTS,
+    DETAIL,
+    OVERVIEW,
+    ZOOM_MAX,
+    attention_image,
+    pooled_attention_image,
+    scores_image,
+)
+from attnviz.kinds import TITLES, causal_mask
 from attnviz.tiles import HeadQK, Scan
 
 KIND_NAMES = {"encoder": "encoder self-attention", "decoder": "decoder self-attention", "cross": "cross-attention"}
 
 EXACT_MAX = 128  # up to this many positions on both axes a map is an exact heatmap; beyond, an image
-ZOOM_MAX = 128  # the largest region the zoom shows exactly, per axis
 ZOOM_START = 48  # the zoom's first region: this many positions from the start
-
-
-def row_labels(export: AttentionExport, kind: str) -> list[str]:
-    """The query labels of ``kind``'s maps: source tokens, or decoder positions as "input → the token it writes"."""
-    queries, _ = export.tokens(kind)
-    return list(queries) if kind == "encoder" else writing_labels(queries, export.writes())
 
 
 def _step_head(keys: tuple[str, str], n_layers: int, n_heads: int, delta: int, whole_layer: bool) -> None:
@@ -62,7 +64,7 @@ def layer_and_head(
     keyboard: bool = True,
 ) -> tuple[int, int]:
     """The layer and head pickers (in two containers), opening on the model's ``clearest`` head
-    (kind, layer, head: :func:`attnviz.app.cache.clearest_head`), the maps shown being ``kind``'s.
+    (kind, layer, head: `attnviz.app.cache.clearest_head`), the maps shown being ``kind``'s.
 
     With ``keyboard``, four small buttons below step through the heads: Shift+Left and Shift+Right
     the previous and next head (on into the next layer), Shift+Up and Shift+Down the layer. When the
@@ -73,9 +75,9 @@ def layer_and_head(
     clamp_state(head_key, range(1, n_heads + 1))
     default_layer, default_head = min(clearest[1], n_layers), min(clearest[2], n_heads)
     first_kind, first_layer, first_head = clearest
-    rule = (
-        f"Opens on layer {first_layer}, head {first_head}, the clearest {KIND_NAMES[first_kind]} head: {CLEAREST_RULE}."
-    )
+    named = getattr(clearest, "named", None)  # a head the model's card names (attnviz.api.HeadChoice)
+    which = f"the {named} head that this model's card names" if named else f"the clearest {KIND_NAMES[first_kind]} head"
+    rule = f"Opens on layer {first_layer}, head {first_head}, {which}" + ("." if named else f": {CLEAREST_RULE}.")
     layer = bound(
         columns[0].selectbox, "Layer", range(1, n_layers + 1), index=default_layer - 1, key=layer_key, help=rule
     )
@@ -94,9 +96,8 @@ def layer_and_head(
                 width="stretch",
             )
     if (kind, layer, head) == clearest:
-        st.caption(
-            f"Layer {layer}, head {head}: this model's clearest {KIND_NAMES[kind]} head (the ? by Layer says why)."
-        )
+        said = which if named else f"this model's clearest {KIND_NAMES[kind]} head (the ? by Layer says why)"
+        st.caption(f"Layer {layer}, head {head}: {said}.")
     return layer, head
 
 
@@ -153,12 +154,16 @@ def one_head(
     mask: np.ndarray | None,
     title: str,
 ) -> go.Figure:
-    """One (Q, K) weight map as an exact heatmap or, beyond :data:`EXACT_MAX` positions, an image; shared."""
+    """One (Q, K) weight map as an exact heatmap (laid out for a phone on a narrow screen) or, beyond
+    `EXACT_MAX` positions, an image; shared."""
     if max(weights.shape) <= EXACT_MAX:
+        narrow = viewport.narrow()
         return shared(
             "one-head-exact",
-            (*key, contrast, title),  # the title too: two sides of a comparison can hold the same map
-            lambda: attention_heatmap(weights, query_tokens, key_tokens, kind, title, mask, contrast=contrast),
+            (*key, contrast, title, narrow),  # the title too: two sides of a comparison can hold the same map
+            lambda: attention_heatmap(
+                weights, query_tokens, key_tokens, kind, title, mask, contrast=contrast, narrow=narrow
+            ),
         )
     return shared(
         "one-head-image",
@@ -170,12 +175,14 @@ def one_head(
 def one_head_scores(
     key: tuple, scores: np.ndarray, query_tokens: Sequence[str], key_tokens: Sequence[str], kind: str, title: str
 ) -> go.Figure:
-    """One (Q, K) map of scaled scores (-inf where masked), exact or, when long, an image; shared."""
+    """One (Q, K) map of scaled scores (-inf where masked), exact (laid out for a phone on a narrow
+    screen) or, when long, an image; shared."""
     if max(scores.shape) <= EXACT_MAX:
+        narrow = viewport.narrow()
         return shared(
             "one-head-scores",
-            (*key, title),
-            lambda: attention_heatmap(scores, query_tokens, key_tokens, kind, title, scores=True),
+            (*key, title, narrow),
+            lambda: attention_heatmap(scores, query_tokens, key_tokens, kind, title, scores=True, narrow=narrow),
         )
     return shared(
         "one-head-scores-image", (*key, title), lambda: scores_image(scores, query_tokens, key_tokens, kind, title)
@@ -213,9 +220,10 @@ def zoom(
         st.info(f"The zoom shows at most {ZOOM_MAX} positions per axis: the first {ZOOM_MAX} of the range chosen.")
         q1, k1 = min(q1, q0 + ZOOM_MAX - 1), min(k1, k0 + ZOOM_MAX - 1)
     rows, cols = slice(q0, q1 + 1), slice(k0, k1 + 1)
+    narrow = viewport.narrow()
     fig = shared(
         "zoom",
-        (*key, "scores" if scores else contrast, q0, q1, k0, k1, title),
+        (*key, "scores" if scores else contrast, q0, q1, k0, k1, title, narrow),
         lambda: exact_region(
             weights[rows, cols],
             (q0, k0),
@@ -226,6 +234,7 @@ def zoom(
             None if mask is None else mask[rows, cols],
             None if scores else contrast,
             None if scores else weights[rows].max(axis=-1),
+            narrow,
         ),
     )
     st.plotly_chart(room(fig), width="stretch", key=f"_{prefix}zoom_chart")
@@ -236,6 +245,7 @@ def zoom_region(prefix: str, n_queries: int, n_keys: int) -> tuple[int, int, int
     (first query, last query, first key, last key), inclusive."""
     left, right = st.columns(2)
     q_key, k_key = f"{prefix}zoom_q", f"{prefix}zoom_k"
+    range_from_link(q_key), range_from_link(k_key)
     keep_span(q_key, (0, min(n_queries, ZOOM_START) - 1), 0, n_queries - 1)
     keep_span(k_key, (0, min(n_keys, ZOOM_START) - 1), 0, n_keys - 1)
     q0, q1 = bound(left.slider, "Query positions", 0, n_queries - 1, key=q_key)
@@ -253,9 +263,11 @@ def exact_region(
     mask: np.ndarray | None,
     contrast: str | None,
     row_max: np.ndarray | None,
+    narrow: bool = False,
 ) -> go.Figure:
     """A region of a map whose first cell is at ``start`` (query, key), as an exact heatmap: its
-    weights under ``contrast`` with whole rows' ``row_max``, or (``contrast`` None) scaled scores."""
+    weights under ``contrast`` with whole rows' ``row_max``, or (``contrast`` None) scaled scores;
+    with ``narrow`` laid out for a phone."""
     (q0, k0), (n_q, n_k) = start, weights.shape
     return attention_heatmap(
         weights,
@@ -267,16 +279,13 @@ def exact_region(
         scores=contrast is None,
         query_start=q0,
         key_start=k0,
+        narrow=narrow,
         **({} if contrast is None else {"contrast": contrast, "row_max": row_max}),
     )
 
 
 # ---------------------------------------------------------------------------------------------
 # A long map, tile by tile (attnviz.tiles): an overview, and any region of it
-
-
-OVERVIEW = 1024  # a long map's overview: at most this many pixels per axis, max-pooled
-DETAIL = 1024  # a zoomed region over ZOOM_MAX positions: at most this many pixels per axis
 
 
 def _zoom_to_box(chart: str, prefix: str, n_queries: int, n_keys: int) -> None:
@@ -325,9 +334,9 @@ def long_one_head(
     title: str,
     where=st,
 ) -> None:
-    """One head of a long text, tile by tile: the whole map max-pooled to at most :data:`OVERVIEW` pixels,
-    and the zoom's region below it, exact up to :data:`ZOOM_MAX` positions a side, else pooled to at most
-    :data:`DETAIL` pixels. A box dragged on either picture becomes the zoom's region. The overview goes
+    """One head of a long text, tile by tile: the whole map max-pooled to at most `OVERVIEW` pixels,
+    and the zoom's region below it, exact up to `ZOOM_MAX` positions a side, else pooled to at most
+    `DETAIL` pixels. A box dragged on either picture becomes the zoom's region. The overview goes
     into ``where`` (presenter mode's picture area), the rest below."""
     Q, K = head.shape
     per_row = contrast == "row"
@@ -349,9 +358,10 @@ def long_one_head(
     q0, q1, k0, k1 = zoom_region(prefix, Q, K)
     rows, cols = (q0, q1 + 1), (k0, k1 + 1)
     if q1 - q0 < ZOOM_MAX and k1 - k0 < ZOOM_MAX:
+        narrow = viewport.narrow()
         fig = shared(
             "long-zoom",
-            (*key, contrast, rows, cols, title),
+            (*key, contrast, rows, cols, title, narrow),
             lambda: exact_region(
                 tiles.tile(head, scanned, rows, cols),
                 (q0, k0),
@@ -362,6 +372,7 @@ def long_one_head(
                 causal_mask(q1 - q0 + 1, k1 - k0 + 1, q0 - k0) if head.causal else None,  # key <= query
                 contrast,
                 scanned.row_max[q0 : q1 + 1],
+                narrow,
             ),
         )
         st.plotly_chart(room(fig), width="stretch", key=f"_{prefix}zoom_chart")

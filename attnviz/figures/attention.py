@@ -1,9 +1,9 @@
 """Figures of attention maps: one head as an exact heatmap, and BertViz-style lines.
 
-Long maps, and the grid of every layer and head, are images: :mod:`attnviz.figures.images`.
+Long maps, and the grid of every layer and head, are images: `attnviz.figures.images`.
 
 Shape letters: L layers, H heads, Q queries, K keys. Rows are queries and columns are keys, as in
-:class:`attnviz.export.AttentionExport`; layers and heads are numbered from 1, positions from 0.
+[`attnviz.export.AttentionExport`][]; layers and heads are numbered from 1, positions from 0.
 """
 
 from __future__ import annotations
@@ -17,6 +17,11 @@ from attnviz.figures.common import (
     HEAD_COLORS,
     KEY_ANGLES,
     MASKED_GREY,
+    MAX_TICK_LABELS,
+    NARROW_KEY_CHARS,
+    NARROW_KEY_LABELS,
+    NARROW_ROW_CHARS,
+    NARROW_TICK_FONT,
     SCORE_COLORSCALE,
     WEIGHT_COLORSCALE,
     above_top_labels,
@@ -25,6 +30,7 @@ from attnviz.figures.common import (
     check_tokens,
     kind_titles,
     plotly_labels,
+    rows_that_fit,
     ticks,
 )
 from attnviz.figures.images import CONTRASTS, check_contrast, colour_bar, contrast_values
@@ -42,13 +48,14 @@ def attention_heatmap(
     key_start: int = 0,
     contrast: str = "linear",
     row_max: np.ndarray | None = None,
+    narrow: bool = False,
 ) -> go.Figure:
     """A heatmap of one head's map (Q, K): rows are queries, columns are keys.
 
     ``query_start`` and ``key_start`` are the positions of the first row and column, for a region
     of a larger map (the queries of one decoding step, a zoomed region of a long input).
 
-    Weights use a fixed 0..1 colour scale under ``contrast`` (:data:`attnviz.figures.images.CONTRASTS`:
+    Weights use a fixed 0..1 colour scale under ``contrast`` (`attnviz.figures.images.CONTRASTS`:
     linear, log, or each row scaled to its maximum, ``row_max`` (Q,) when the region's rows go on
     beyond it); the colour bar says which, and hover gives the exact weight whatever the contrast.
     With ``scores`` the map holds pre-softmax scaled scores
@@ -56,7 +63,13 @@ def attention_heatmap(
     masked positions. ``mask`` (Q, K, True = may attend) marks more masked cells. Masked cells are
     NaN in the data trace and drawn grey by a second trace whose hover says "masked", so a masked
     cell never looks like a learned zero. The data are exact (no downsampling); beyond
-    ``MAX_TICK_LABELS`` tokens only every n-th tick is labelled.
+    ``MAX_TICK_LABELS`` tokens, or more rows than their labels have height for
+    (`attnviz.figures.common.rows_that_fit`), only every n-th tick is labelled.
+
+    With ``narrow`` the figure is laid out for a phone (`attnviz.figures.common.NARROW_KEY_LABELS`
+    and its neighbours): short upright key labels, short row labels, the colour bar under the map
+    and the title wrapped below plotly's toolbar, so that the map keeps most of the width. The
+    data and the hover text are the same.
     """
     kind_title, y_title, x_title = kind_titles(kind)
     values = as_array(weights, "weights", 2)
@@ -111,13 +124,38 @@ def attention_heatmap(
                 hovertemplate="query %{y}<br>key %{x}<br>masked<extra></extra>",
             )
         )
-    fig.update_layout(
-        plot_bgcolor=MASKED_GREY,
-        height=max(320, min(900, 24 * Q + 250)),
-        **above_top_labels(title or kind_title, x),
-    )
+    if narrow:
+        return _narrow_layout(fig, title or kind_title, x, y, x_title, y_title)
+    layout = above_top_labels(title or kind_title, x)
+    margins = layout["margin"]["t"] + layout["margin"]["b"]
+    # 24 px a row up to 900 px in all; long key labels on top never leave the rows less than that, up to 400 px
+    height = max(320, min(900, 24 * Q + 250), margins + min(24 * Q, 400))
+    fig.update_layout(plot_bgcolor=MASKED_GREY, height=height, **layout)
     fig.update_xaxes(title=x_title, side="top", autotickangles=KEY_ANGLES, **ticks(x, tokens=True))
-    fig.update_yaxes(title=y_title, autorange="reversed", **ticks(y, tokens=True))
+    rows_px = height - margins  # the map's own height
+    fig.update_yaxes(
+        title=y_title, autorange="reversed", **ticks(y, tokens=True, most=min(MAX_TICK_LABELS, rows_that_fit(rows_px)))
+    )
+    return fig
+
+
+COLOUR_BAR_PX = 80  # a phone's colour bar under the map: its 12 px bar, tick labels and title
+
+
+def _narrow_layout(fig: go.Figure, title: str, x: list[str], y: list[str], x_title: str, y_title: str) -> go.Figure:
+    """``fig``, a heatmap of position labels ``x`` by ``y``, laid out for a phone (see `attention_heatmap`)."""
+    layout = above_top_labels(title, x, angle=90, narrow=True)
+    layout["margin"]["b"] = COLOUR_BAR_PX
+    height = max(320, min(900, 24 * len(y) + 250)) + COLOUR_BAR_PX
+    fig.update_layout(plot_bgcolor=MASKED_GREY, height=height, **layout)
+    fig.data[0].colorbar.update(  # the data's trace; the masked cells' has none
+        orientation="h", thickness=12, x=0.5, y=-0.02, yanchor="top", ypad=0, title_side="top"
+    )
+    key_ticks = ticks(x, tokens=True, most=NARROW_KEY_LABELS, chars=NARROW_KEY_CHARS)
+    fig.update_xaxes(title=x_title, side="top", tickangle=-90, **key_ticks)
+    rows = rows_that_fit(height - layout["margin"]["t"] - COLOUR_BAR_PX, NARROW_TICK_FONT["size"])
+    row_ticks = ticks(y, tokens=True, most=min(MAX_TICK_LABELS, rows), chars=NARROW_ROW_CHARS)
+    fig.update_yaxes(title=y_title, autorange="reversed", **row_ticks)
     return fig
 
 

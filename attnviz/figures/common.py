@@ -31,6 +31,18 @@ TICK_FONT = {"size": 14, "color": "#1a1a1a"}  # token labels: dark, and larger t
 KEY_ANGLES = [0, -60]
 TITLE_PX, SUBTITLE_PX, AXIS_TITLE_PX = 44, 22, 28  # the bands a title, its subtitle and an axis title take
 
+# A phone's layout (``narrow``: a window under about 640 px, about 330 to 400 px for the figure).
+# Token labels are cut to a few characters (the whole label stays on hover) so that the map keeps
+# most of the width; key labels stand upright, one in every n beyond NARROW_KEY_LABELS, so that
+# each has the width of its column; a title wraps, and starts below plotly's toolbar, which
+# floats over the figure's top right corner.
+NARROW_TICK_FONT = {**TICK_FONT, "size": 12}
+NARROW_CHAR_PX = 7.5  # about that many px a character at NARROW_TICK_FONT's 12 px
+NARROW_ROW_CHARS, NARROW_KEY_CHARS = 8, 6
+NARROW_KEY_LABELS = 12  # a map about 220 px wide: 18 px a label, about one line of 12 px text
+NARROW_TITLE_CHARS = 34  # a title of 17 px breaks into lines of at most this many characters
+MODEBAR_PX = 36  # plotly's toolbar: 24 px buttons 2 px from the figure's top, and a gap
+
 
 def position_labels(tokens: Sequence[str], start: int = 0) -> list[str]:
     """'3 ▁the': unique tick labels even when a token repeats; positions count from ``start``."""
@@ -81,34 +93,76 @@ def check_mask(mask, Q: int, K: int) -> np.ndarray | None:
     return mask
 
 
-def ticks(labels: list[str], tokens: bool = False) -> dict:
-    """Axis settings that label every position, or every n-th one beyond ``MAX_TICK_LABELS``.
+def ticks(labels: list[str], tokens: bool = False, most: int = MAX_TICK_LABELS, chars: int | None = None) -> dict:
+    """Axis settings that label every position, or every n-th one beyond ``most`` labels.
 
-    With ``tokens`` the labels are position labels (:func:`plotly_labels`): the categories keep the
+    With ``tokens`` the labels are position labels (`plotly_labels`): the categories keep the
     position, so that repeated tokens stay apart and hover names the position, but when every
-    position is labelled the tick shows the token alone ("4 2" read as two numbers).
+    position is labelled the tick shows the token alone ("4 2" read as two numbers). With ``chars``
+    (a phone's layout) a tick shows at most that many characters, in `NARROW_TICK_FONT`.
     """
-    step = max(1, math.ceil(len(labels) / MAX_TICK_LABELS))
+    step = max(1, math.ceil(len(labels) / most))
     shown = labels[::step]
     text = [label_text(label) for label in shown] if tokens and step == 1 else shown
+    if chars is not None:
+        text = [shortened(label, chars) for label in text]
     settings = {"type": "category", "tickmode": "array", "tickvals": shown, "ticktext": text}
-    return {**settings, "tickfont": TICK_FONT} if tokens else settings
+    font = TICK_FONT if chars is None else NARROW_TICK_FONT
+    return {**settings, "tickfont": font} if tokens else settings
+
+
+ROW_LABEL_PITCH = 1.4  # a row label needs about 1.4 times its font size of height to stand clear of the next
+
+
+def rows_that_fit(plot_px: float, font_px: float = TICK_FONT["size"]) -> int:
+    """How many row labels of ``font_px`` fit one above the other in ``plot_px`` without touching (at least 2).
+
+    A map's rows get the figure's height less its margins; beyond this many, `ticks` labels every
+    n-th row, so that the labels of a long map never pile on top of each other.
+    """
+    return max(2, int(plot_px // (font_px * ROW_LABEL_PITCH)))
+
+
+def shortened(label: str, chars: int) -> str:
+    """``label`` (escaped for plotly) cut to at most ``chars`` characters as shown, "…" marking the cut."""
+    text = html.unescape(label)
+    return label if len(text) <= chars else html.escape(text[: chars - 1] + "…", quote=False)
+
+
+def wrapped(title: str, chars: int = NARROW_TITLE_CHARS) -> str:
+    """``title`` broken at spaces into lines of at most ``chars`` characters where it can ("<br>" between)."""
+    lines: list[str] = []
+    for word in title.split(" "):
+        if lines and len(lines[-1]) + 1 + len(word) <= chars:
+            lines[-1] += " " + word
+        else:
+            lines.append(word)
+    return "<br>".join(lines)
 
 
 def above_top_labels(
-    title: str | None, labels: Sequence[str], angle: float = 60.0, subtitle: str | None = None
+    title: str | None, labels: Sequence[str], angle: float = 60.0, subtitle: str | None = None, narrow: bool = False
 ) -> dict:
     """Layout for a figure whose key labels sit on top, rotated by ``angle``: its title and top margin.
 
     The title (and ``subtitle``) go to the top of the figure, and the margin below them is sized for
     the longest label (rotated) and the axis title, so that a long first token never runs into the
     title. (Plotly sizes the margin for the labels or for the title, whichever needs more, not both.)
+    With ``narrow`` (a phone) the labels are at most `NARROW_KEY_CHARS` characters of 12 px, and the
+    title wraps and starts below plotly's toolbar.
     """
     longest = max((len(html.unescape(label)) for label in labels), default=0)
-    # about 8.5 px a character at TICK_FONT's 14 px; a flat label needs one line
-    label_px = max(min(longest, 48) * 8.5 * math.sin(math.radians(angle)), 8) + 14
+    if narrow:
+        label_px = max(min(longest, NARROW_KEY_CHARS) * NARROW_CHAR_PX * math.sin(math.radians(angle)), 8) + 14
+        title = wrapped(title) if title else title
+    else:  # about 8.5 px a character at TICK_FONT's 14 px; a flat label needs one line
+        label_px = max(min(longest, 48) * 8.5 * math.sin(math.radians(angle)), 8) + 14
     title_px = TITLE_PX + (SUBTITLE_PX if subtitle else 0)
-    heading = {"text": title, "y": 1.0, "yref": "container", "yanchor": "top", "pad": {"t": 12}}
+    top = 0
+    if narrow:  # each line the title wrapped into, and the toolbar's band above it
+        top = MODEBAR_PX
+        title_px += SUBTITLE_PX * (title or "").count("<br>") + top
+    heading = {"text": title, "y": 1.0, "yref": "container", "yanchor": "top", "pad": {"t": 12 + top}}
     if subtitle:
         heading["subtitle"] = {"text": subtitle}
     return {

@@ -45,7 +45,8 @@ def contribution_heatmap(
         zmin=0.0,
         zmax=top if top > 0 else 1.0,
         colorscale=CONTRIBUTION_COLORSCALE,
-        colorbar={"title": value_name},
+        # the weights' ticks (0 to 1) out: plotly places its own along 0..zmax
+        colorbar={"title": {"text": value_name}, "tickvals": None, "ticktext": None},
         name=value_name,
         hovertemplate=f"query %{{y}}<br>key %{{x}}<br>{value_name} %{{z:.6f}}<extra></extra>",
     )

@@ -60,7 +60,7 @@ def step_rows_grid(rows: np.ndarray, key_tokens: Sequence[str], title: str, kind
     """One decoding step's attention rows (L, H, K) as one heatmap of L * H rows, on a 0..1 scale.
 
     Row "layer l head h" is what the step's query (the newest decoder position) attends to with that
-    head, e.g. :attr:`attnviz.decoding.DecodeStep.cross_attn` (``kind`` "cross": keys are source
+    head, e.g. `attnviz.decoding.DecodeStep.cross_attn` (``kind`` "cross": keys are source
     tokens) or ``self_attn`` (``kind`` "decoder": keys are the decoder input so far).
     """
     _, _, x_title = kind_titles(kind)
@@ -81,7 +81,8 @@ def step_rows_grid(rows: np.ndarray, key_tokens: Sequence[str], title: str, kind
             hovertemplate="%{y}<br>key %{x}<br>weight %{z:.6f}<extra></extra>",
         )
     )
-    fig.update_layout(height=max(300, 14 * L * H + 250), **above_top_labels(title, x))
+    # 18 px a row: each row's label apart from the next, up to the 18 px labels of presenter mode
+    fig.update_layout(height=max(300, 18 * L * H + 250), **above_top_labels(title, x))
     fig.update_xaxes(title=x_title, side="top", autotickangles=KEY_ANGLES, **ticks(x, tokens=True))
-    fig.update_yaxes(title="query: this step's position, per layer and head", autorange="reversed", **ticks(y))
+    fig.update_yaxes(title="query of this step, per layer and head", autorange="reversed", **ticks(y))
     return fig

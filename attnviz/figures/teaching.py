@@ -1,7 +1,7 @@
 """Figure builders for the teaching pages (mechanics and attention variants): data in, plotly out.
 
 Like every figure they never call Streamlit, every axis has a title, and token labels are prefixed
-with their position (:func:`attnviz.figures.common.plotly_labels`) so repeated tokens never merge.
+with their position (`attnviz.figures.common.plotly_labels`) so repeated tokens never merge.
 Matrices are drawn with rows as queries and columns as keys, row 0 at the top.
 """
 
@@ -82,7 +82,7 @@ def mask_grid(
 
 
 def masked_row_bars(table: pd.DataFrame, query: int) -> go.Figure:
-    """One query's weights without and with a mask (from :func:`attnviz.mechanics.apply_mask_to_row`)."""
+    """One query's weights without and with a mask (from `attnviz.lessons.mechanics.apply_mask_to_row`)."""
     keys = [f"{k}{'' if ok else ' (masked)'}" for k, ok in zip(table["key"], table["may attend"], strict=True)]
     fig = go.Figure(
         [
@@ -130,6 +130,22 @@ def scaling_figure(df: pd.DataFrame) -> go.Figure:
             y=df.attrs["uniform_entropy"], line_dash="dot", annotation_text="uniform (log n_keys)", row=1, col=2
         )
     fig.update_layout(height=640, margin=MARGIN)
+    return fig
+
+
+def query_weights_bars(weights: np.ndarray, d_k: int, scale: bool) -> go.Figure:
+    """One query's softmax weights over its keys as bars, titled by d_k, the scaling and the largest weight."""
+    how = "scores / √d_k" if scale else "raw scores q·k (no scaling)"
+    fig = go.Figure(
+        go.Bar(x=[f"key {j}" for j in range(len(weights))], y=weights, marker_color=SCALED if scale else UNSCALED)
+    )
+    fig.update_layout(
+        title=f"One query, d_k = {d_k}, softmax of {how}: largest weight {float(np.max(weights)):.3f}",
+        margin=MARGIN,
+        height=320,
+    )
+    fig.update_xaxes(title="key")
+    fig.update_yaxes(title="weight", range=[0, 1])
     return fig
 
 

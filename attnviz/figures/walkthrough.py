@@ -2,7 +2,7 @@
 
 Matrices are drawn with one row per token (position-prefixed labels, so repeated tokens never
 merge) and one column per dimension; hovering a cell gives its exact value. Attention maps reuse
-:func:`attnviz.figures.attention.attention_heatmap`.
+`attnviz.figures.attention.attention_heatmap`.
 """
 
 from __future__ import annotations
@@ -12,13 +12,14 @@ import textwrap
 from collections.abc import Sequence
 
 import numpy as np
+import pandas as pd
 import plotly.graph_objects as go
 
 from attnviz.figures.attention import attention_heatmap
 from attnviz.figures.common import SCORE_COLORSCALE, above_top_labels, plotly_labels, ticks
 from attnviz.lessons.walkthrough import Matrix
 
-# The boxes of :func:`feed_arrow`. Plotly clips an annotation's text at its box's width and never
+# The boxes of `feed_arrow`. Plotly clips an annotation's text at its box's width and never
 # wraps it, so the text is wrapped here to what the box holds.
 BOX_FONT = {"size": 16, "color": "#1a1a1a"}
 BOX_PX, BOX_PAD, ARROW_PX = 320, 8, 90  # a box's width, its padding and the arrow's length, in pixels
@@ -63,6 +64,33 @@ def matrix_heatmap(
     fig.update_layout(height=max(260, min(900, 22 * R + 180)), **above_top_labels(title, x))
     fig.update_xaxes(title=col_axis, side="top", tickangle=-60, **ticks(x))
     fig.update_yaxes(title=row_axis, autorange="reversed", **ticks(y))
+    return fig
+
+
+TABLE_ROW_PX = 32  # a cell's height: one line of text up to presenter mode's 18 px, with room around it
+
+
+def table_figure(table: pd.DataFrame, title: str) -> go.Figure:
+    """``table`` (a stage's tokens and ids) as a plotly table under ``title``, every cell's text as it is.
+
+    For a projector: its fonts grow with the figure's (a data frame draws its text on a canvas at a
+    fixed 14 px), and rows past a height given later (presenter mode's) scroll inside the figure.
+    """
+    escaped = [[html.escape(str(value), quote=False) for value in table[column]] for column in table.columns]
+    fig = go.Figure(
+        go.Table(
+            header={
+                "values": [html.escape(str(c), quote=False) for c in table.columns],
+                "align": "left",
+                "font": {"color": "#111111"},
+                "height": TABLE_ROW_PX,
+            },
+            cells={"values": escaped, "align": "left", "height": TABLE_ROW_PX},
+        )
+    )
+    fig.update_layout(
+        title=title, height=TABLE_ROW_PX * (len(table) + 1) + 80, margin={"l": 10, "r": 10, "t": 60, "b": 10}
+    )
     return fig
 
 

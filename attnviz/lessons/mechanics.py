@@ -1,7 +1,7 @@
 """The mechanics of attention, step by step: the numbers behind the teaching page on section 3.2.
 
 Everything here is plain numpy (float64, so a hand calculation matches to the last digit) except
-:func:`permutation_check`, which runs a :class:`~attnviz.model.Transformer` without changing it.
+`permutation_check`, which runs a [`Transformer`][attnviz.model.Transformer] without changing it.
 
 Shape letters: n tokens, D d_model, Dk d_k (queries and keys), Dv d_v (values), H heads, S source
 length, L layers.
@@ -33,7 +33,7 @@ DEFAULT_W_V = ((0, 2, 0), (0, 3, 0), (1, 0, 3), (1, 1, 0))
 def softmax(scores: np.ndarray) -> np.ndarray:
     """Row-wise softmax over the last axis; -inf entries get weight 0, an all -inf row all zeros.
 
-    The all-masked rule is the model's (:func:`attnviz.model.attention`): zeros, not NaN.
+    The all-masked rule is the model's (`attnviz.model.attention`): zeros, not NaN.
     """
     scores = np.asarray(scores, dtype=np.float64)
     top = np.max(scores, axis=-1, keepdims=True)
@@ -44,7 +44,7 @@ def softmax(scores: np.ndarray) -> np.ndarray:
 
 
 def _matrix(data, name: str) -> np.ndarray:
-    """``data`` as a finite 2-D float64 array, or an :class:`InputError` naming the matrix."""
+    """``data`` as a finite 2-D float64 array, or an [`InputError`][attnviz.errors.InputError] naming the matrix."""
     try:
         m = np.asarray(data, dtype=np.float64)
     except (TypeError, ValueError) as e:
@@ -174,6 +174,22 @@ def scaling_experiment(d_ks=(1, 4, 16, 64, 256, 1024), n_keys: int = 10, n_sampl
     return df
 
 
+def one_query_weights(d_k: int, n_keys: int = 10, seed: int = 0, scale: bool = True) -> np.ndarray:
+    """One random query's softmax weights (n_keys,) over ``n_keys`` random keys, scores divided by √d_k or not.
+
+    The same draw as one sample of `scaling_experiment` would make (standard-normal components), so
+    the toggle on the Why √d_k tab shows, for one query, what that tab's means say: at the paper's
+    d_k = 64 the unscaled softmax puts nearly all its weight on one key.
+    """
+    if d_k < 1 or n_keys < 2:
+        raise InputError(f"need d_k >= 1 and at least 2 keys, got d_k={d_k} and {n_keys} keys")
+    rng = np.random.default_rng(seed)
+    q = rng.standard_normal(d_k)
+    keys = rng.standard_normal((n_keys, d_k))
+    scores = keys @ q
+    return softmax(scores / math.sqrt(d_k) if scale else scores)
+
+
 def softmax_jacobian_norm(p: np.ndarray) -> np.ndarray:
     """The Frobenius norm of diag(p) - p p^T for each row p of ``p`` (..., K).
 
@@ -192,7 +208,7 @@ def padding_mask(lengths, n: int) -> np.ndarray:
     """(B, n, n) masks for a right-padded batch: query i may attend to key j when j < length.
 
     Padding is masked as a key only: a padded query row still attends to the real tokens, as in
-    :func:`attnviz.model.attention_masks`; its output is simply never used.
+    `attnviz.model.attention_masks`; its output is simply never used.
     """
     lengths = np.asarray(lengths, dtype=np.int64).reshape(-1)
     if n < 1 or lengths.size == 0 or lengths.min() < 1 or lengths.max() > n:

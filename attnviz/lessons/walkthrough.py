@@ -1,7 +1,7 @@
 """The forward-pass walkthrough: the stages of one sentence's pass, and the matrices each one shows.
 
-Every matrix is SELECTED (indexed or sliced) from a :class:`Walkthrough`, the tensors the model
-itself recorded during the forward pass (named by :func:`attnviz.hooks.act_name`), or from the
+Every matrix is SELECTED (indexed or sliced) from a `Walkthrough`, the tensors the model
+itself recorded during the forward pass (named by `attnviz.hooks.act_name`), or from the
 model's own embedding/output weights; nothing is recomputed here, so what the page shows is what
 the model computed. The one exception is the output stage's probabilities: the softmax of the
 model's real logits, a display of them.
@@ -13,6 +13,7 @@ and heads.
 
 from __future__ import annotations
 
+import io
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -20,6 +21,7 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
+from attnviz.analysis import CSV_BLOCK_ROWS, CSV_VALUE_CHARS, csv_field
 from attnviz.export import ForwardPass
 from attnviz.hooks import act_name, attention_site
 from attnviz.kinds import SIDES, axis_names, writing_labels
@@ -80,8 +82,19 @@ class Matrix:
 
     @property
     def shape_text(self) -> str:
-        """'(heads 4, source position 12, d_k 32)': the full tensor's shape with its axis names."""
-        return "(" + ", ".join(f"{a} {n}" for a, n in zip(self.full_axes, self.full.shape, strict=True)) + ")"
+        """'head x source position x d_k = 4 x 12 x 32': the full tensor's axes, then their sizes.
+
+        (Not "head 4": that would read as the fourth head.)
+        """
+        return " x ".join(self.full_axes) + " = " + " x ".join(str(n) for n in self.full.shape)
+
+    @property
+    def recorded_layer(self) -> str | None:
+        """'decoder layer 1' for a tensor recorded as ``decoder.0.…``: its stack and layer counted from 1,
+        as every label of the app counts them; None for a tensor of no layer (``memory``, ``logits``)."""
+        stack, _, rest = self.source.partition(".")
+        index = rest.split(".", 1)[0]
+        return f"{stack} layer {int(index) + 1}" if index.isdigit() else None
 
 
 @dataclass(frozen=True)
@@ -131,17 +144,58 @@ def tensor_csv(tensor: np.ndarray, axes: Sequence[str], row_labels: Sequence[str
     """Long form of a whole tensor: one line per entry, an index column per axis, then the value.
 
     With ``row_labels`` (one per entry of the second-to-last axis, the token positions) a ``token``
-    column names each row's token.
+    column names each row's token. What `write_tensor_csv` writes, as text.
     """
+    out = io.BytesIO()
+    write_tensor_csv(out, tensor, axes, row_labels)
+    return out.getvalue().decode("utf-8")
+
+
+def _tensor_columns(ndim: int, axes: Sequence[str], row_labels: Sequence[str] | None) -> list[str]:
+    if len(axes) != ndim or ndim < 1:
+        raise ValueError(f"{len(axes)} axis names for a tensor of {ndim} axes")
+    columns = [name.replace(" ", "_") for name in axes]
+    if row_labels is not None and ndim >= 2:
+        columns.insert(ndim - 1, "token")
+    return [*columns, "value"]
+
+
+def tensor_csv_size(shape: tuple[int, ...], axes: Sequence[str], row_labels: Sequence[str] | None = None) -> int:
+    """The most bytes `write_tensor_csv` writes for a tensor of ``shape``, known before it is made: exact
+    but for the values, each counted at its widest (`attnviz.analysis.CSV_VALUE_CHARS`)."""
+    columns = _tensor_columns(len(shape), axes, row_labels)
+    n = math.prod(shape)
+    size = len((",".join(csv_field(c) for c in columns) + "\n").encode()) + n * (len(columns) + CSV_VALUE_CHARS)
+    for length in shape:  # each index value appears n / length times
+        digits = sum(len(str(i)) for i in range(length)) if length < 10**6 else len(str(length)) * length
+        size += digits * (n // max(length, 1))
+    if "token" in columns:
+        size += sum(len(csv_field(str(t)).encode()) for t in row_labels) * (n // max(shape[-2], 1))
+    return size
+
+
+def write_tensor_csv(out, tensor: np.ndarray, axes: Sequence[str], row_labels: Sequence[str] | None = None) -> None:
+    """`tensor_csv` written to the binary file ``out`` a block of rows at a time: what it holds beyond the
+    tensor is one block, whatever the tensor's size. Values to nine significant digits."""
     tensor = np.asarray(tensor)
-    if len(axes) != tensor.ndim:
-        raise ValueError(f"{len(axes)} axis names for a tensor of {tensor.ndim} axes")
-    index = np.indices(tensor.shape).reshape(tensor.ndim, -1)
-    frame = pd.DataFrame({name.replace(" ", "_"): index[i] for i, name in enumerate(axes)})
-    if row_labels is not None and tensor.ndim >= 2:
-        frame.insert(tensor.ndim - 1, "token", np.asarray(row_labels, dtype=object)[index[tensor.ndim - 2]])
-    frame["value"] = tensor.reshape(-1)
-    return frame.to_csv(index=False)
+    columns = _tensor_columns(tensor.ndim, axes, row_labels)
+    out.write((",".join(csv_field(c) for c in columns) + "\n").encode())
+    rows = tensor.reshape(-1, tensor.shape[-1])  # (entries of the leading axes, last axis)
+    leading = tensor.shape[:-1]
+    labels = None
+    if "token" in columns:
+        labels = [csv_field(str(t)) for t in row_labels]
+        if len(labels) != tensor.shape[-2]:
+            raise ValueError(f"{len(labels)} row labels for {tensor.shape[-2]} rows")
+    parts = [f"{j},{{:.9g}}\n" for j in range(tensor.shape[-1])]
+    step = max(1, CSV_BLOCK_ROWS // max(tensor.shape[-1], 1))
+    for start in range(0, rows.shape[0], step):
+        lines = []
+        for r, row in enumerate(rows[start : start + step].tolist(), start):
+            index = np.unravel_index(r, leading) if leading else ()
+            prefix = "".join(f"{int(i)}," for i in index) + (f"{labels[int(index[-1])]}," if labels else "")
+            lines.append(prefix + prefix.join([part.format(v) for part, v in zip(parts, row, strict=True)]))
+        out.write("".join(lines).encode("utf-8"))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -637,6 +691,11 @@ _BUILDERS = {
 
 def matrix_csv(matrix: Matrix, wt: ForwardPass) -> str:
     """Long-form CSV of the whole tensor ``matrix`` was selected from, rows named by their tokens."""
+    return tensor_csv(matrix.full, matrix.full_axes, matrix_labels(matrix, wt))
+
+
+def matrix_labels(matrix: Matrix, wt: ForwardPass) -> Sequence[str] | None:
+    """The token of each row of the whole tensor ``matrix`` was selected from, None when rows are not tokens."""
     n_rows = matrix.full.shape[-2] if matrix.full.ndim >= 2 else 0
     labels = None
     for axis_part, tokens in (("source", wt.src_tokens), ("decoder input", wt.tgt_tokens)):
@@ -644,4 +703,4 @@ def matrix_csv(matrix: Matrix, wt: ForwardPass) -> str:
             labels = tokens
     if labels is None and len(matrix.row_labels) == n_rows:
         labels = matrix.row_labels
-    return tensor_csv(matrix.full, matrix.full_axes, labels)
+    return labels

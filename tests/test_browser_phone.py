@@ -1,0 +1,131 @@
+"""A phone (390x844) in a real browser: the map right under the title, most of the width, labels apart.
+
+Home and the explorer, as a visitor opens them on a phone: the first chart is the block right after
+the page's title; the heatmap's plot area keeps at least 60% of the chart's width; no two key
+labels and no two query labels overlap; plotly's toolbar, shown as a finger or a mouse over the
+chart shows it, covers no part of the title; nothing scrolls sideways; a presenter's link
+(``present=1``) opens the same way. The same pages on a 1280x720 screen keep their wide layout.
+The server and the browser set-up are test_browser.py's; screenshots land in test-artifacts/.
+"""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+from browser_wait import settled
+from test_browser import ARTIFACTS, CHROMIUM, CHROMIUM_ARGS, _need_browser, running_app
+
+from attnviz.app.viewport import NARROW_PX
+
+pytestmark = pytest.mark.slow  # a server and a browser
+
+PHONE = {"width": 390, "height": 844}
+PAGES = {"home": "", "explorer": "explorer"}
+# A teacher's presenter link opened on a phone: a phone is no projector, it gets the phone's layout.
+PHONE_PAGES = {**PAGES, "home-presenter-link": "?present=1"}
+
+# What the test measures on the drawn page. Boxes are [left, top, right, bottom] in CSS pixels.
+MEASURE = """() => {
+    const box = el => { const r = el.getBoundingClientRect(); return [r.left, r.top, r.right, r.bottom]; };
+    const main = document.querySelector("[data-testid='stMain'] [data-testid='stVerticalBlock']");
+    const shown = [...main.children].filter(c => c.getBoundingClientRect().height > 0);
+    const at = shown.findIndex(c => c.querySelector('h1'));
+    const chart = document.querySelector("[data-testid='stMain'] .js-plotly-plot");
+    const next = shown[at + 1];
+    const labels = axis => [...chart.querySelectorAll(`.${axis}tick text`)]
+        .filter(t => t.textContent.trim()).map(t => [t.textContent, box(t)]);
+    const modebar = chart.querySelector('.modebar');
+    return {
+        after_title: next ? (next.contains(chart) ? 'the chart' : next.innerText.slice(0, 80)) : null,
+        title: box(shown[at].querySelector('h1')),
+        chart: box(chart),
+        plot: box(chart.querySelector('.nsewdrag')),
+        chart_title: box(chart.querySelector('.gtitle')),
+        modebar: modebar ? box(modebar) : null,
+        x: labels('x'),
+        y: labels('y'),
+        sideways: document.documentElement.scrollWidth - window.innerWidth,
+        angle: chart.layout.xaxis.tickangle ?? null,
+    };
+}"""
+
+
+def overlaps(a: list[float], b: list[float]) -> bool:
+    """Whether two boxes [left, top, right, bottom] share more than a sliver (half a pixel)."""
+    return min(a[2], b[2]) - max(a[0], b[0]) > 0.5 and min(a[3], b[3]) - max(a[1], b[1]) > 0.5
+
+
+def clashes(labels: list) -> list[str]:
+    return [
+        f"{a} / {b}" for i, (a, box_a) in enumerate(labels) for b, box_b in labels[i + 1 :] if overlaps(box_a, box_b)
+    ]
+
+
+@pytest.fixture(scope="module")
+def server():
+    _need_browser()
+    with running_app(dict(os.environ)) as url:
+        yield url
+
+
+def open_page(browser, url: str, viewport: dict, drawn: str):
+    """A fresh visit to ``url`` at ``viewport``, once the server has drawn it for that width and it has settled."""
+    page = browser.new_page(viewport=viewport)
+    page.goto(url)
+    # The first run is drawn wide; the browser then says how wide it is, and a narrow one gets a second run.
+    page.wait_for_selector(f"html[data-attnviz-drawn='{drawn}']", state="attached", timeout=120_000)
+    settled(page, url)
+    assert page.locator("[data-testid='stException']").count() == 0, f"exception on {url}"
+    return page
+
+
+@pytest.mark.parametrize("name", list(PHONE_PAGES))
+def test_on_a_phone_the_map_comes_first_and_keeps_most_of_the_width(server, name):
+    from playwright.sync_api import sync_playwright
+
+    assert PHONE["width"] < NARROW_PX
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_ARGS)
+        try:
+            page = open_page(browser, f"{server}/{PHONE_PAGES[name]}", PHONE, "narrow")
+            chart = page.locator("[data-testid='stMain'] .js-plotly-plot").first
+            chart.scroll_into_view_if_needed()
+            chart.hover()  # plotly shows its toolbar while a pointer is over the chart
+            page.wait_for_function(
+                "() => { const m = document.querySelector(\"[data-testid='stMain'] .modebar\");"
+                " return m && getComputedStyle(m.closest('.modebar-container') || m).opacity !== '0'"
+                " && m.getBoundingClientRect().width > 0; }",
+                timeout=30_000,
+            )
+            seen = page.evaluate(MEASURE)
+            page.screenshot(path=str(ARTIFACTS / f"phone-{name}.png"))
+        finally:
+            browser.close()
+    assert seen["after_title"] == "the chart", f"{name}: after the title comes {seen['after_title']!r}"
+    chart_width = seen["chart"][2] - seen["chart"][0]
+    plot_width = seen["plot"][2] - seen["plot"][0]
+    assert plot_width >= 0.6 * chart_width, f"{name}: the map is {plot_width:.0f} of {chart_width:.0f} px"
+    assert len(seen["x"]) >= 2 and len(seen["y"]) >= 2, f"{name}: no labels found: {seen}"
+    assert not clashes(seen["x"]), f"{name}: key labels overlap: {clashes(seen['x'])}"
+    assert not clashes(seen["y"]), f"{name}: query labels overlap: {clashes(seen['y'])}"
+    assert seen["modebar"] is not None, f"{name}: no toolbar shown"
+    toolbar, title = seen["modebar"], seen["chart_title"]
+    assert not overlaps(toolbar, title), f"{name}: the toolbar {toolbar} covers the title {title}"
+    assert seen["sideways"] <= 0, f"{name} scrolls sideways by {seen['sideways']} px"
+
+
+@pytest.mark.parametrize("name", list(PAGES))
+def test_a_wide_screen_keeps_the_wide_layout(server, name):
+    """At 1280x720 the browser says it is wide: no second run, the controls and text before the map as before."""
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_ARGS)
+        try:
+            page = open_page(browser, f"{server}/{PAGES[name]}", {"width": 1280, "height": 720}, "wide")
+            seen = page.evaluate(MEASURE)
+        finally:
+            browser.close()
+    assert seen["after_title"] != "the chart", f"{name}: the wide page lost what comes before its map"
+    assert seen["angle"] != -90, f"{name}: the wide map has the phone's upright key labels"
