@@ -216,7 +216,8 @@ SAME_LENGTH = {
 
 
 class AmplifyingTokenizer(CheckpointError):
-    """A tokenizer.json that can lengthen a text more than attnviz lets the ``tokenizers`` library try."""
+    """A tokenizer (a tokenizer.json, or a sentencepiece model's charsmap) that can lengthen a text more than
+    attnviz lets a native library try."""
 
 
 def _times(n: float) -> str:
@@ -249,6 +250,14 @@ def _precompiled_growth(step: dict) -> float:
         data = base64.b64decode(step.get("precompiled_charsmap") or b"", validate=True)
     except (binascii.Error, TypeError, ValueError):
         raise AmplifyingTokenizer("its Precompiled normalizer's charsmap is not base64") from None
+    return charsmap_growth(data)
+
+
+def charsmap_growth(data: bytes) -> float:
+    """The most a sentencepiece charsmap (a Precompiled step's, or a .model's own) lengthens a text.
+
+    See `_precompiled_growth` for the layout; an empty charsmap (the identity) lengthens nothing.
+    """
     trie = int.from_bytes(data[:4], "little") if len(data) >= 4 else len(data)
     strings = data[4 + trie :] if 4 + trie <= len(data) else data
     return float(max([1, *(len(part) for part in strings.split(b"\0"))]))
@@ -337,14 +346,7 @@ class TokenizersFile:
 
     def _encode(self, text: str, side: str):
         """The library's encoding of ``text``, once its worst-case normalised length is within bounds."""
-        worst = len(text) * self.text_growth
-        if worst > MAX_NORMALIZED_CHARS:
-            raise InputError(
-                f"the {side} text has {len(text):,} characters, and this model's tokenizer can lengthen a text "
-                f"{_times(self.text_growth)} times before reading it: attnviz lets it read at most "
-                f"{MAX_NORMALIZED_CHARS:,} characters that way; shorten the text to "
-                f"{int(MAX_NORMALIZED_CHARS // self.text_growth):,} characters"
-            )
+        check_growth(text, self.text_growth, side)
         return self.tok.encode(text)
 
     def _decode(self, ids: Sequence[int], skip_special_tokens: bool) -> str:
@@ -371,6 +373,32 @@ class TokenizersFile:
         return self.src_vocab_size
 
 
+def sentencepiece_growth(model: bytes) -> float:
+    """How many times at most a sentencepiece model's normalizer lengthens a text: the longest
+    replacement of its charsmap (`charsmap_growth`), read from the model's bytes before the library
+    loads them. sentencepiece, too, is native code that a text grown past memory takes down."""
+    from sentencepiece import sentencepiece_model_pb2
+
+    proto = sentencepiece_model_pb2.ModelProto()
+    try:
+        proto.ParseFromString(model)
+    except Exception:  # noqa: BLE001 - protobuf's DecodeError and its kin: a file that is no model at all,
+        return 1.0  # which the library refuses in turn when it loads it, and the importer names the file
+    return charsmap_growth(proto.normalizer_spec.precompiled_charsmap)
+
+
+def check_growth(text: str, growth: float, side: str) -> None:
+    """Refuse ``text`` when its worst-case normalised length (``growth`` times its own) passes
+    `MAX_NORMALIZED_CHARS`, before any native library reads it."""
+    if len(text) * growth > MAX_NORMALIZED_CHARS:
+        raise InputError(
+            f"the {side} text has {len(text):,} characters, and this model's tokenizer can lengthen a text "
+            f"{_times(growth)} times before reading it: attnviz lets it read at most "
+            f"{MAX_NORMALIZED_CHARS:,} characters that way; shorten the text to "
+            f"{int(MAX_NORMALIZED_CHARS // growth):,} characters"
+        )
+
+
 class SentencePieceTokenizer:
     """Source and target sentencepiece models (often the same one) and the special ids.
 
@@ -382,6 +410,14 @@ class SentencePieceTokenizer:
         self, src_model: bytes, tgt_model: bytes | None = None, max_tokens: int = 1024, decoder_only: bool = False
     ):
         self.decoder_only = decoder_only
+        # Read before the library loads the models: a charsmap that multiplies a text is refused here.
+        self.growth = max(sentencepiece_growth(m) for m in (src_model, tgt_model) if m is not None)
+        if self.growth > MAX_GROWTH:
+            raise AmplifyingTokenizer(
+                f"its sentencepiece normalizer can lengthen a text {_times(self.growth)} times; attnviz reads "
+                f"tokenizers that lengthen a text at most {MAX_GROWTH:,} times (a native library ends the "
+                "whole process when memory runs out)"
+            )
         self.src = spm.SentencePieceProcessor(model_proto=src_model)
         self.tgt = (
             self.src
@@ -393,6 +429,7 @@ class SentencePieceTokenizer:
 
     def _pieces(self, sp: spm.SentencePieceProcessor, text: str, side: str, first: int) -> Encoded:
         """The pieces of ``text`` and their words, the first piece at position ``first`` of the sequence."""
+        check_growth(text, self.growth, side)
         check_text(text, side, self.max_tokens, lambda part: len(sp.encode(part)))
         ids, tokens = [], []
         pieces = sp.encode(text, return_type="proto").pieces

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import platform
 import tempfile
 import time
 from pathlib import Path
@@ -23,21 +22,12 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from attnviz.devices import device_name
 from attnviz.notebook import head_view, standalone
 from attnviz.tiles import TiledAttention
 
 CHROMIUM = "/usr/bin/chromium"
 ARGS = ["--no-sandbox", "--disable-gpu", "--no-first-run", "--disable-background-networking"]
-
-
-def cpu_name() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
 
 
 def made_up(tokens: int, d_head: int = 64, seed: int = 0) -> TiledAttention:
@@ -61,7 +51,7 @@ def main() -> None:
     args = parser.parse_args()
     from playwright.sync_api import sync_playwright
 
-    print(f"CPU: {cpu_name()}, {os.cpu_count()} cores, {torch.get_num_threads()} torch threads")
+    print(f"CPU: {device_name(torch.device('cpu'))}, {os.cpu_count()} cores, {torch.get_num_threads()} torch threads")
     print("load average before: {:.1f} {:.1f} {:.1f}".format(*os.getloadavg()))
     with sync_playwright() as p, tempfile.TemporaryDirectory() as folder:
         browser = p.chromium.launch(executable_path=CHROMIUM, args=ARGS)

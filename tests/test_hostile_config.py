@@ -511,6 +511,56 @@ def test_a_tokenizer_within_the_bound_refuses_a_text_it_could_lengthen_too_far(f
     assert err.count("\n") == 1 and "shorten the text" in err
 
 
+def _sentencepiece_with_replacement(chars: int) -> bytes:
+    """A real sentencepiece model (NFKC rules) whose charsmap also holds a replacement of ``chars`` bytes."""
+    import io
+
+    import sentencepiece as spm
+    from sentencepiece import sentencepiece_model_pb2
+
+    out = io.BytesIO()
+    texts = ["the cat sat on the mat", "a b c d e f g"] * 50
+    spm.SentencePieceTrainer.train(
+        sentence_iterator=iter(texts), model_writer=out, vocab_size=30, normalization_rule_name="nmt_nfkc",
+        hard_vocab_limit=False, num_threads=1, minloglevel=2,
+    )  # fmt: skip
+    proto = sentencepiece_model_pb2.ModelProto()
+    proto.ParseFromString(out.getvalue())
+    proto.normalizer_spec.precompiled_charsmap += b"x" * chars + b"\0"  # the trie is unchanged: it still loads
+    return proto.SerializeToString()
+
+
+def test_a_sentencepiece_model_that_could_multiply_a_text_is_refused_before_the_library_reads_it(tmp_path, capsys):
+    import shutil as sh
+
+    from attnviz.checkpoints.catalog import pretrained_dir
+    from attnviz.checkpoints.marian import MarianTokenizer
+    from attnviz.tokenizer import AmplifyingTokenizer, SentencePieceTokenizer, sentencepiece_growth
+
+    amplifying = _sentencepiece_with_replacement(5000)
+    assert sentencepiece_growth(amplifying) == 5000 > MAX_GROWTH
+    with pytest.raises(AmplifyingTokenizer, match="5,000 times"):
+        SentencePieceTokenizer(amplifying)
+    with pytest.raises(AmplifyingTokenizer, match="5,000 times"):
+        MarianTokenizer(amplifying, amplifying, {"<unk>": 0}, pad_id=0, eos_id=0, unk_id=0)
+    folder = tmp_path / "induction"  # attnviz's own checkpoint, its spm.model replaced: one line, exit 2
+    sh.copytree(pretrained_dir() / "induction", folder)
+    (folder / "spm.model").write_bytes(amplifying)
+    assert main(["generate", "--model", str(folder), "--device", "cpu", "abc"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "5,000 times" in err, err
+
+
+def test_a_sentencepiece_model_within_the_bound_refuses_a_text_it_could_lengthen_too_far():
+    from attnviz.tokenizer import MAX_NORMALIZED_CHARS, SentencePieceTokenizer
+
+    tok = SentencePieceTokenizer(_sentencepiece_with_replacement(100), max_tokens=10**6)
+    assert tok.growth == 100
+    assert tok.encode_source("a cat").ids  # a short text is read as before
+    with pytest.raises(InputError, match="lengthen a text 100 times"):
+        tok.encode_source("a" * (MAX_NORMALIZED_CHARS // 100 + 1))
+
+
 @pytest.mark.slow
 def test_the_amplifying_tokenizer_of_the_issue_never_aborts_and_stays_small(folders, tmp_path):
     refused = _with_tokenizer(folders["llama"], tmp_path / "six", "normalizer", SIX_REPLACES)

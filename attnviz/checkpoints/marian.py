@@ -37,7 +37,17 @@ from attnviz.checkpoints.files import (
 )
 from attnviz.errors import CheckpointError, ConfigError, InputError
 from attnviz.model import TransformerConfig, sinusoidal_table
-from attnviz.tokenizer import Encoded, Word, check_text, model_words, sentencepiece_words
+from attnviz.tokenizer import (
+    MAX_GROWTH,
+    AmplifyingTokenizer,
+    Encoded,
+    Word,
+    check_growth,
+    check_text,
+    model_words,
+    sentencepiece_growth,
+    sentencepiece_words,
+)
 
 log = logging.getLogger(__name__)
 
@@ -164,6 +174,12 @@ class MarianTokenizer:
         bos_id: int | None = None,
         max_tokens: int = 512,
     ):
+        self.growth = max(sentencepiece_growth(src_model), sentencepiece_growth(tgt_model))
+        if self.growth > MAX_GROWTH:  # read before the library loads them: sentencepiece is native code
+            raise AmplifyingTokenizer(
+                f"its sentencepiece normalizer can lengthen a text {self.growth:,.0f} times; attnviz reads "
+                f"tokenizers that lengthen a text at most {MAX_GROWTH:,} times"
+            )
         self.src = spm.SentencePieceProcessor(model_proto=src_model)
         self.tgt = self.src if tgt_model == src_model else spm.SentencePieceProcessor(model_proto=tgt_model)
         self.src_vocab = dict(src_vocab)
@@ -177,6 +193,7 @@ class MarianTokenizer:
         self, sp: spm.SentencePieceProcessor, vocab: dict[str, int], text: str, side: str, first: int
     ) -> Encoded:
         """The pieces of ``text`` and their words, the first piece at position ``first`` of the sequence."""
+        check_growth(text, self.growth, side)
         check_text(text, side, self.max_tokens, lambda part: len(sp.encode(part)))
         ids, tokens, words = [], [], []
         code = LANGUAGE_CODE.match(text)  # as Hugging Face's MarianTokenizer: the tag is one token
@@ -272,6 +289,8 @@ def _read_tokenizer(path: Path, cfg: TransformerConfig) -> MarianTokenizer:
         if not file.exists():
             raise CheckpointError(f"{file} is missing: one of Marian's two sentencepiece models")
         models[name] = read_bytes(file)
+        if sentencepiece_growth(models[name]) > MAX_GROWTH:
+            continue  # MarianTokenizer refuses it, with the reason, before the library reads it
         try:
             spm.SentencePieceProcessor(model_proto=models[name])
         except RuntimeError as e:
