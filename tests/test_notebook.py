@@ -13,6 +13,7 @@ import json
 import os
 import re
 import xml.etree.ElementTree as ET
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -380,3 +381,25 @@ def test_a_built_wheel_ships_the_script_and_style_and_a_view_runs_from_it(tmp_pa
         check=True,
     ).stdout.split("\n")
     assert out[0].startswith(str(target)) and out[1] == "True True"
+
+
+def quickstart_page(notebook: dict) -> str:
+    """docs/notebooks/quickstart.md as the notebook's cells make it: prose as it is, code fenced, in order."""
+    parts = [
+        "<!-- The quickstart notebook as a page: its cells, in order (tests/test_notebook.py keeps them equal). -->"
+    ]
+    for cell in notebook["cells"]:
+        text = "".join(cell["source"]).strip("\n")
+        parts.append(text if cell["cell_type"] == "markdown" else f"```python\n{text}\n```")
+    parts.append("[Download the notebook](quickstart.ipynb) to run it, with every view drawn.")
+    return "\n\n".join(parts) + "\n"
+
+
+def test_the_docs_page_of_the_quickstart_is_the_notebook():
+    """The manual shows the notebook nbclient runs (tests/test_notebook_browser.py), cell for cell."""
+    docs = Path(__file__).resolve().parent.parent / "docs" / "notebooks"
+    want = quickstart_page(json.loads((docs / "quickstart.ipynb").read_text(encoding="utf-8")))
+    assert (docs / "quickstart.md").read_text(encoding="utf-8") == want, (
+        "docs/notebooks/quickstart.md is not the notebook's cells: write tests.test_notebook.quickstart_page's "
+        "output into it"
+    )
