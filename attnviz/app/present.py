@@ -235,9 +235,10 @@ def _rows_apart(fig: go.Figure) -> None:
     if "yaxis2" in fig.layout or axis.type != "category" or axis.tickmode != "array" or axis.tickvals is None:
         return
     values, texts = list(axis.tickvals), list(axis.ticktext or axis.tickvals)
-    top = (fig.layout.margin.t or 0) * TICK_PX / NORMAL_TICK_PX  # the key labels above grow with the font
-    rows_px = min(max(fig.layout.height or PICTURE_MAX_PX, MIN_HEIGHT_PX), PICTURE_MAX_PX) - top
-    rows_px -= fig.layout.margin.b or 0
+    # The rows keep what the figure's margins leave them; the title's automargin (`_title_on_the_plot`)
+    # gives the room's larger key labels their height back from the title's own band.
+    margins = (fig.layout.margin.t or 0) + (fig.layout.margin.b or 0)
+    rows_px = min(max(fig.layout.height or PICTURE_MAX_PX, MIN_HEIGHT_PX), PICTURE_MAX_PX) - margins
     fit = rows_that_fit(rows_px, TICK_PX)
     if len(values) <= fit:
         return
