@@ -29,6 +29,7 @@ MIN_HEIGHT_PX = 400  # a one-row map (a decoding step) still shows its colour ba
 PICTURE_MAX_PX = 470
 LONG_AXIS_TITLE = 18  # characters: a longer y-axis title goes on two lines
 LINE = 1.3  # a line of text takes its font size times this
+ROOM_ROW_PITCH = 1.2  # a row label's height in the room, in font sizes (see _rows_apart)
 TITLE_PAD_PX = 10
 
 ROOM_TABLE_ROWS = 40  # a longer table stays a scrolling data frame: as a page of HTML it would fill screens
@@ -235,11 +236,13 @@ def _rows_apart(fig: go.Figure) -> None:
     if "yaxis2" in fig.layout or axis.type != "category" or axis.tickmode != "array" or axis.tickvals is None:
         return
     values, texts = list(axis.tickvals), list(axis.ticktext or axis.tickvals)
-    # The rows keep what the figure's margins leave them; the title's automargin (`_title_on_the_plot`)
-    # gives the room's larger key labels their height back from the title's own band.
+    # The rows keep at least what the figure's margins leave them (the title's automargin,
+    # `_title_on_the_plot`, gives the room's larger key labels their height back from the title's own
+    # band): an estimate on the short side, so each label is given one line of text, not the figure's
+    # more generous pitch (tests/test_row_labels.py measures the drawn labels).
     margins = (fig.layout.margin.t or 0) + (fig.layout.margin.b or 0)
     rows_px = min(max(fig.layout.height or PICTURE_MAX_PX, MIN_HEIGHT_PX), PICTURE_MAX_PX) - margins
-    fit = rows_that_fit(rows_px, TICK_PX)
+    fit = rows_that_fit(rows_px, TICK_PX, pitch=ROOM_ROW_PITCH)
     if len(values) <= fit:
         return
     step = math.ceil(len(values) / fit)

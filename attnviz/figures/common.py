@@ -114,13 +114,14 @@ def ticks(labels: list[str], tokens: bool = False, most: int = MAX_TICK_LABELS, 
 ROW_LABEL_PITCH = 1.4  # a row label needs about 1.4 times its font size of height to stand clear of the next
 
 
-def rows_that_fit(plot_px: float, font_px: float = TICK_FONT["size"]) -> int:
-    """How many row labels of ``font_px`` fit one above the other in ``plot_px`` without touching (at least 2).
+def rows_that_fit(plot_px: float, font_px: float = TICK_FONT["size"], pitch: float = ROW_LABEL_PITCH) -> int:
+    """How many row labels of ``font_px`` fit one above the other in ``plot_px`` without touching (at least 2),
+    each taking ``pitch`` times its font size.
 
     A map's rows get the figure's height less its margins; beyond this many, `ticks` labels every
     n-th row, so that the labels of a long map never pile on top of each other.
     """
-    return max(2, int(plot_px // (font_px * ROW_LABEL_PITCH)))
+    return max(2, int(plot_px // (font_px * pitch)))
 
 
 def shortened(label: str, chars: int) -> str:
