@@ -46,22 +46,8 @@ def server():
         yield url
 
 
-def _drag(page, plot_text: str, n: int, rows: tuple[int, int], cols: tuple[int, int]) -> None:
-    """Drag a box on the n x n map whose plot holds ``plot_text``, cell (rows[0], cols[0]) to (rows[1], cols[1])."""
-    plot = next(p for p in page.locator(".js-plotly-plot").all() if plot_text in p.text_content())
-    plot.scroll_into_view_if_needed()
-    area = plot.locator(".nsewdrag").first.bounding_box()
-
-    def at(row: float, col: float) -> tuple[float, float]:
-        return area["x"] + (col + 0.5) / n * area["width"], area["y"] + (row + 0.5) / n * area["height"]
-
-    page.mouse.move(*at(rows[0], cols[0]))
-    page.mouse.down()
-    page.mouse.move(*at(rows[1], cols[1]), steps=5)
-    page.mouse.up()
-
-
 def test_the_probe_is_drawn_tile_by_tile_and_a_box_on_the_induction_stripe_zooms_to_it(server):
+    from bench_render import drag_box  # on the path once test_browser is imported
     from playwright.sync_api import sync_playwright
 
     info = json.loads((FOLDER / "config.json").read_text())
@@ -86,7 +72,8 @@ def test_the_probe_is_drawn_tile_by_tile_and_a_box_on_the_induction_stripe_zooms
             whole.first.screenshot(path=str(ARTIFACTS / "long-model-overview.png"))
             # In the repeated half, query i attends to key i - 2046: a stripe under the diagonal.
             rows = (3000, 3080)
-            _drag(page, overview, T, rows, (rows[0] - PERIOD + 1, rows[1] - PERIOD + 1))
+            drag_box(page, [overview], T, rows, (rows[0] - PERIOD + 1, rows[1] - PERIOD + 1))
+            page.mouse.up()  # releasing the box is the request
             moved = f"(text) => {{ const t = ({TITLE_WITH})(text); return !!t && !t.includes('queries 0-47'); }}"
             page.wait_for_function(moved, arg=f"head {head}: queries", timeout=120_000)
             settled(page, "the zoom")
