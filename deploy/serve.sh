@@ -16,7 +16,9 @@
 # Why one cookie secret: every replica must accept the cookies (XSRF) that another one signed.
 #
 # Environment: ATTNVIZ_COOKIE_SECRET (default: a random one per start), and every setting the app
-# reads (ATTNVIZ_MODEL_ROOTS, ATTNVIZ_MAX_*). Requires nginx (Debian: apt-get install -y nginx).
+# reads (ATTNVIZ_MODEL_ROOTS, ATTNVIZ_MAX_*, ATTNVIZ_ROOM*). A class's rooms live in one SQLite file
+# every replica opens, ATTNVIZ_ROOMS_DIR (default ~/.cache/attnviz/rooms: the same for all of them),
+# or in Redis (ATTNVIZ_ROOMS_URL). Requires nginx (Debian: apt-get install -y nginx).
 set -euo pipefail
 
 replicas=2
@@ -27,7 +29,7 @@ while [ $# -gt 0 ]; do
     --replicas) replicas="${2:-}"; shift 2 ;;
     --port) port="${2:-}"; shift 2 ;;
     --bind) bind="${2:-}"; shift 2 ;;
-    -h|--help) sed -n '2,20p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,21p' "$0"; exit 0 ;;
     *) echo "serve.sh: unknown argument '$1' (see --help)" >&2; exit 2 ;;
   esac
 done

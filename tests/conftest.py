@@ -70,6 +70,17 @@ def random_padded_batch(
     return ids, valid
 
 
+@pytest.fixture(scope="session", autouse=True)
+def rooms_in_a_test_folder(tmp_path_factory):
+    """Rooms that tests (and the servers they start) open live in a test folder, not the user's cache."""
+    if "ATTNVIZ_ROOMS_DIR" not in os.environ:
+        os.environ["ATTNVIZ_ROOMS_DIR"] = str(tmp_path_factory.mktemp("rooms"))
+        yield
+        del os.environ["ATTNVIZ_ROOMS_DIR"]
+    else:
+        yield
+
+
 @pytest.fixture(scope="session")
 def tiny_cfg() -> TransformerConfig:
     return tiny_config()

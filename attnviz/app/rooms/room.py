@@ -1,0 +1,395 @@
+"""Rooms: a presenter's view, shared through a store, that any number of screens follow.
+
+A presenter opens a room and gets a `Room`: a short code to project, and a secret that only the
+presenter's session holds. Whoever has the secret can `publish` the view; whoever has the code can
+`read` it and `follow` (a heartbeat, so the presenter sees how many screens follow). The store
+keeps the secret's SHA-256 only: a copy of the store does not give the right to drive. The secret
+is 192 random bits, so a fast hash is enough (nobody can try 2**192 guesses).
+
+Every bound (see `attnviz.app.rooms.settings.Limits`) is checked here, in the store, so it holds
+across replicas: rooms open at once, rooms opened per minute, followers per room, writes per second
+per room (a faster presenter is coalesced: the latest view is written when the interval has passed)
+and the size and shape of the shared view (`check_state`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import hashlib
+import hmac
+import json
+import logging
+import math
+import re
+import secrets
+import threading
+from collections.abc import Callable
+
+from attnviz.app.rooms.settings import ENDED_KEPT_S, FOLLOW_WINDOW_S, Limits
+from attnviz.app.rooms.store import Store, StoreError
+from attnviz.errors import InputError, describe
+
+log = logging.getLogger(__name__)
+
+ALPHABET = "23456789ABCDEFGHJKLMNPQRSTUVWXYZ"  # no 0/O, no 1/I: a code read off a projector is typed right
+CODE_LENGTH = 6  # 32**6, about a billion codes
+CODE = re.compile(f"[{ALPHABET}]{{{CODE_LENGTH}}}")
+EXAMPLE_CODE = "K7QX2M"
+STATE_KEYS = 64  # keys in a room's state
+STATE_KEY = re.compile(r"[a-z][a-z0-9_]{0,31}")  # a key: like a URL parameter of the app
+LIST_ITEMS = 256  # items in one list value (words chosen, a pointed cell)
+LARGEST_INT = 2**53  # JSON numbers beyond lose digits in a browser
+FOLLOWER_CHARS = 128  # a follower's session id
+OPEN_TRIES = 8  # fresh codes tried when one is taken (with a billion codes, twice is already rare)
+WRITE_TRIES = 8  # compare-and-set attempts when other writers keep getting in first
+_ANYONE = object()  # `Rooms._live` without a secret: a follower's read
+UNAVAILABLE = "Rooms are not available right now: the server's room store does not answer. Try again in a moment."
+
+
+class RoomError(InputError):
+    """A room that cannot be opened, read, followed or driven; its message is one line for the visitor.
+
+    ``reason`` says which, for a page that acts on it: "code" (malformed), "unknown", "ended"
+    (closed by its presenter), "expired" (its time limit), "secret" (not the presenter's), "full"
+    (followers), "limit" (rooms open, or opened per minute), "state" (a view that cannot be
+    shared), "unavailable" (the store does not answer: try again) or "other".
+    """
+
+    def __init__(self, message: str, public: str | None = None, reason: str = "other"):
+        super().__init__(message, public)
+        self.reason = reason
+
+    def __reduce__(self):
+        return type(self), (str(self), self.public, self.reason)
+
+
+@dataclasses.dataclass(frozen=True)
+class Room:
+    """What the presenter gets on opening a room: the code to show, the secret to keep (never to show)."""
+
+    code: str
+    secret: str = dataclasses.field(repr=False)  # repr leaves it out: a log line never holds it
+
+
+@dataclasses.dataclass(frozen=True)
+class RoomView:
+    """A room as a follower sees it: the presenter's latest view and how many screens follow."""
+
+    code: str
+    version: int  # counts up on every change the presenter publishes: a follower redraws when it moves
+    state: dict  # the presenter's view: link-style values (`check_state`)
+    followers: int  # screens that sent a heartbeat in the last FOLLOW_WINDOW_S seconds
+    ended: bool  # always False from `read` (an ended room raises); True only where a caller builds one
+    updated: float  # when the view last changed (seconds since the epoch)
+
+
+def normal_code(code: object) -> str:
+    """``code`` as the store knows it (upper case, spaces and dashes left out); `RoomError` when it is no code."""
+    if isinstance(code, str):
+        shown = code.strip().upper().replace(" ", "").replace("-", "")
+        if CODE.fullmatch(shown):
+            return shown
+    return _refuse(
+        f"{describe(code)} is not a room code: a code is {CODE_LENGTH} letters and digits such as {EXAMPLE_CODE} "
+        "(it never holds 0, O, 1 or I).",
+        "code",
+    )
+
+
+def check_state(state: object, most_bytes: int) -> str:
+    """``state`` as compact JSON (keys sorted); `RoomError` when it is not a view a room can share.
+
+    A state is an object of at most `STATE_KEYS` keys, each like a URL parameter (`STATE_KEY`);
+    each value a string, a whole number of at most 2**53, a finite number, true, false, null, or a
+    list of at most `LIST_ITEMS` of those; the whole JSON at most ``most_bytes`` bytes (UTF-8).
+    """
+    if not isinstance(state, dict):
+        _refuse(f"A room's view must be an object of named values, not {describe(state)}.", "state")
+    if len(state) > STATE_KEYS:
+        _refuse(f"A room's view holds at most {STATE_KEYS} values; this one has {len(state):,}.", "state")
+    for key, value in state.items():
+        if not isinstance(key, str) or not STATE_KEY.fullmatch(key):
+            _refuse(
+                f"{describe(key)} cannot name a value of a room's view (lower-case letters, digits and _).", "state"
+            )
+        items = value if isinstance(value, list) else [value]
+        if isinstance(value, list) and len(value) > LIST_ITEMS:
+            _refuse(
+                f"The room's value {key!r} is a list of {len(value):,} items; at most {LIST_ITEMS} are shared.", "state"
+            )
+        for item in items:
+            if not _plain(item):
+                _refuse(f"The room's value {key!r} cannot be shared: {describe(item)} is not a plain value.", "state")
+    try:
+        text = json.dumps(state, sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
+        size = len(text.encode("utf-8"))
+    except (ValueError, UnicodeEncodeError):
+        _refuse("The room's view holds text that is not valid Unicode.", "state")
+    if size > most_bytes:
+        _refuse(
+            f"The room's view is {size / 1024:,.1f} KB; this server shares at most {most_bytes / 1024:,.0f} KB "
+            "(ATTNVIZ_ROOM_STATE_KB): use a shorter text.",
+            "state",
+        )
+    return text
+
+
+def _plain(value: object) -> bool:
+    if value is None or isinstance(value, (bool, str)):
+        return True
+    if isinstance(value, int):
+        return abs(value) <= LARGEST_INT
+    return isinstance(value, float) and math.isfinite(value)
+
+
+def _refuse(message: str, reason: str):
+    raise RoomError(message, reason=reason)
+
+
+def _hash(secret: str) -> str:
+    return hashlib.sha256(secret.encode("utf-8", "surrogatepass")).hexdigest()
+
+
+class Rooms:
+    """The room logic over a store: `open_room`, `publish`, `read`, `follow`, `end`, `store_status`.
+
+    ``store`` and ``limits`` are called on every operation, so the operator's configuration is
+    read where it is used; the store's clock is the rooms' clock.
+    """
+
+    def __init__(self, store: Callable[[], Store], limits: Callable[[], Limits] = Limits.from_environment):
+        self._store = store
+        self._limits = limits
+        self._pending: dict[str, tuple[str, dict]] = {}  # code -> (secret, state) coalesced, not yet written
+        self._timers: dict[str, threading.Timer] = {}
+        self._locks: dict[str, threading.Lock] = {}  # one writer at a time per room in this process
+        self._lock = threading.Lock()
+
+    def open_room(self, state: dict) -> Room:
+        """A new room showing ``state``; `RoomError` when a bound of the operator's is reached."""
+        limits = self._limits()
+        text = check_state(state, limits.state_bytes)
+        store = self._open_store()
+        lifetime = limits.hours * 3600
+        with _unavailable_as_room_error():
+            if not store.join("opened", secrets.token_hex(8), 60.0, most=limits.per_minute):
+                _refuse(
+                    f"{limits.per_minute} rooms were opened on this server in the last minute, the most it allows "
+                    "(ATTNVIZ_ROOMS_PER_MINUTE): try again in a minute.",
+                    "limit",
+                )
+            for _ in range(OPEN_TRIES):
+                code = "".join(secrets.choice(ALPHABET) for _ in range(CODE_LENGTH))
+                if not store.join("open", code, lifetime, most=limits.rooms_open):
+                    _refuse(
+                        f"This server already has {limits.rooms_open} rooms open, the most it allows "
+                        "(ATTNVIZ_ROOMS_OPEN): end a room that is over, or try again later.",
+                        "limit",
+                    )
+                secret = secrets.token_urlsafe(24)
+                now = store.clock()
+                record = {
+                    "secret": _hash(secret),
+                    "state": json.loads(text),
+                    "created": now,
+                    "updated": now,
+                    "expires": now + lifetime,
+                    "ended": False,
+                }
+                if store.put(_key(code), json.dumps(record), lifetime + ENDED_KEPT_S, expect=0) is not None:
+                    log.info("room %s opened, for %.1f hours", code, limits.hours)
+                    return Room(code, secret)
+                store.leave("open", code)  # the code is taken (a live or recently ended room): draw another
+        raise RoomError("No free room code was found; try again.")
+
+    def read(self, code: str) -> RoomView:
+        """The room's latest view; `RoomError` for a malformed, unknown, ended or expired code."""
+        code = normal_code(code)
+        store = self._open_store()
+        with _unavailable_as_room_error():
+            version, record = self._live(store, code)
+            followers = store.count(_followers(code))
+        return RoomView(code, version, record["state"], followers, False, float(record["updated"]))
+
+    def follow(self, code: str, follower: str) -> None:
+        """Count ``follower`` (an opaque session id) as following the room for the next seconds."""
+        code = normal_code(code)
+        if not isinstance(follower, str) or not 0 < len(follower) <= FOLLOWER_CHARS:
+            _refuse(
+                f"A follower is named by a session id of 1 to {FOLLOWER_CHARS} characters, not {describe(follower)}.",
+                "other",
+            )
+        limits = self._limits()
+        store = self._open_store()
+        with _unavailable_as_room_error():
+            self._live(store, code)
+            member = hashlib.sha256(follower.encode("utf-8", "surrogatepass")).hexdigest()[:32]
+            if not store.join(_followers(code), member, FOLLOW_WINDOW_S, most=limits.followers):
+                _refuse(
+                    f"Room {code} is full: {limits.followers} screens follow it, the most this server allows "
+                    "(ATTNVIZ_ROOM_FOLLOWERS).",
+                    "full",
+                )
+
+    def publish(self, code: str, secret: str, state: dict) -> int:
+        """The room's version once ``state`` is its view; `RoomError` on a wrong secret, an ended or unknown room.
+
+        A change that comes sooner than 1 / ``ATTNVIZ_ROOM_PUBLISHES_PER_S`` seconds after the last
+        one is coalesced: the version returned is the one stored now, and the latest state
+        is written (a new version) once the interval has passed.
+        """
+        code = normal_code(code)
+        text = check_state(state, self._limits().state_bytes)
+        with self._room_lock(code), _unavailable_as_room_error():
+            return self._write(code, secret, json.loads(text))
+
+    def end(self, code: str, secret: str) -> None:
+        """End the room: its followers are told it has ended; `RoomError` on a wrong secret or unknown room."""
+        code = normal_code(code)
+        store = self._open_store()
+        with self._room_lock(code), _unavailable_as_room_error():
+            for _ in range(WRITE_TRIES):
+                version, record = self._fetch(store, code)
+                _check_secret(code, record, secret)
+                if record["ended"]:
+                    return
+                record.update(ended=True, state={}, updated=store.clock())
+                if store.put(_key(code), json.dumps(record), ENDED_KEPT_S, expect=version) is not None:
+                    break
+            else:
+                raise RoomError(f"Room {code} is changing too fast to end; try again.")
+            store.leave("open", code)
+        with self._lock:
+            self._pending.pop(code, None)
+            timer = self._timers.pop(code, None)
+            self._locks.pop(code, None)
+        if timer is not None:
+            timer.cancel()
+        log.info("room %s ended by its presenter", code)
+
+    def store_status(self) -> str | None:
+        """None when the rooms' store answers; else one line saying rooms are unavailable (the cause is logged)."""
+        try:
+            self._store().check()
+        except StoreError as e:
+            log.warning("the rooms' store does not answer: %s", e)
+            return UNAVAILABLE
+        return None
+
+    def _open_store(self) -> Store:
+        with _unavailable_as_room_error():
+            return self._store()
+
+    def _fetch(self, store: Store, code: str) -> tuple[int, dict]:
+        found = store.get(_key(code))
+        if found is None:
+            raise _unknown(code, self._limits())
+        return found[0], _record(code, found[1])
+
+    def _live(self, store: Store, code: str, secret: object = _ANYONE) -> tuple[int, dict]:
+        """The room's version and record while it is live; with ``secret``, only for its presenter."""
+        version, record = self._fetch(store, code)
+        if secret is not _ANYONE:
+            _check_secret(code, record, secret)  # first: a wrong secret learns nothing more of the room
+        if record["ended"]:
+            _refuse(f"Room {code} has ended: the presenter closed it.", "ended")
+        if store.clock() >= record["expires"]:
+            _refuse(f"Room {code} has ended: it reached the time limit this server sets for rooms.", "expired")
+        return version, record
+
+    def _write(self, code: str, secret: str, state: dict) -> int:
+        store = self._store()  # inside the caller's _unavailable_as_room_error
+        for _ in range(WRITE_TRIES):
+            version, record = self._live(store, code, secret)
+            if record["state"] == state:
+                self._forget_pending(code)
+                return version
+            now = store.clock()
+            wait = float(record["updated"]) + 1 / self._limits().publishes_per_s - now
+            if wait > 0:
+                self._coalesce(code, secret, state, wait)
+                return version
+            record.update(state=state, updated=now)
+            ttl = float(record["expires"]) + ENDED_KEPT_S - now
+            written = store.put(_key(code), json.dumps(record), ttl, expect=version)
+            if written is not None:
+                self._forget_pending(code)
+                return written
+        raise RoomError(f"Room {code} is changing too fast to publish to; try again.")
+
+    def _coalesce(self, code: str, secret: str, state: dict, wait: float) -> None:
+        with self._lock:
+            self._pending[code] = (secret, state)
+            if code in self._timers:
+                return
+            timer = threading.Timer(wait, self._flush, args=(code,))
+            timer.daemon = True
+            self._timers[code] = timer
+        timer.start()
+
+    def _flush(self, code: str) -> None:
+        with self._room_lock(code):
+            with self._lock:
+                self._timers.pop(code, None)
+                pending = self._pending.pop(code, None)
+            if pending is None:
+                return
+            try:
+                with _unavailable_as_room_error():
+                    self._write(code, *pending)
+            except RoomError as e:
+                log.warning("room %s: a coalesced change was not written: %s", code, e)
+
+    def _forget_pending(self, code: str) -> None:
+        with self._lock:
+            self._pending.pop(code, None)
+
+    def _room_lock(self, code: str) -> threading.Lock:
+        with self._lock:
+            return self._locks.setdefault(code, threading.Lock())
+
+
+def _key(code: str) -> str:
+    return "room:" + code
+
+
+def _followers(code: str) -> str:
+    return "followers:" + code
+
+
+def _record(code: str, text: str) -> dict:
+    try:
+        record = json.loads(text)
+        if isinstance(record, dict) and isinstance(record.get("state"), dict):
+            float(record["updated"]), float(record["expires"])  # noqa: B018  (they must be numbers)
+            if isinstance(record.get("secret"), str) and isinstance(record.get("ended"), bool):
+                return record
+    except (ValueError, KeyError, TypeError):
+        pass
+    log.error("room %s: the store holds a record that is not a room's", code)
+    raise RoomError(f"Room {code} cannot be read on this server; the presenter can open a new one.", reason="other")
+
+
+def _check_secret(code: str, record: dict, secret: object) -> None:
+    given = _hash(secret) if isinstance(secret, str) else ""
+    if not hmac.compare_digest(given, record["secret"]):
+        _refuse(f"Only the presenter who opened room {code} can change it.", "secret")
+
+
+def _unknown(code: str, limits: Limits) -> RoomError:
+    return RoomError(
+        f"There is no room {code} on this server: check the code with the presenter "
+        f"(a room ends when its presenter closes it, or after {limits.hours:g} hours).",
+        reason="unknown",
+    )
+
+
+@contextlib.contextmanager
+def _unavailable_as_room_error():
+    """A `StoreError` inside the block becomes a `RoomError` with one line for the visitor (the cause is logged)."""
+    try:
+        yield
+    except StoreError as e:
+        log.warning("the rooms' store does not answer: %s", e)
+        raise RoomError(UNAVAILABLE, reason="unavailable") from e

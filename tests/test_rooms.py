@@ -1,0 +1,481 @@
+"""Rooms: the store contract and the room logic, run against every store (memory, SQLite, a real Redis).
+
+Each store gets the same tests. Time is a clock the test moves (the stores and the room logic
+read it), so a room's three hours or a follower's ten seconds pass at once; only the Redis
+record's own expiry is real time, and its test waits a fraction of a second for it.
+"""
+
+from __future__ import annotations
+
+import json
+import signal
+import threading
+import time
+
+import pytest
+from rooms_servers import RedisServer
+
+from attnviz.app import rooms
+from attnviz.app.rooms import FOLLOW_WINDOW_S, Limits, RoomError, Rooms
+from attnviz.app.rooms.redis_store import RedisStore
+from attnviz.app.rooms.room import ALPHABET, CODE_LENGTH, LIST_ITEMS, STATE_KEYS, UNAVAILABLE
+from attnviz.app.rooms.settings import ENDED_KEPT_S
+from attnviz.app.rooms.sqlite_store import SQLiteStore
+from attnviz.app.rooms.store import MemoryStore, StoreError
+
+STATE = {"page": "walkthrough", "model": "tiny", "text": "The cat sat.", "layer": 1, "head": 2, "cell": [3, 1]}
+
+
+class Clock:
+    """A clock the test moves: ``clock()`` is now, ``advance(s)`` moves it on."""
+
+    def __init__(self):
+        self.now = time.time()
+
+    def __call__(self) -> float:
+        return self.now
+
+    def advance(self, seconds: float) -> None:
+        self.now += seconds
+
+
+@pytest.fixture(scope="module")
+def redis_server(tmp_path_factory):
+    server = RedisServer(tmp_path_factory.mktemp("redis"))
+    yield server
+    server.stop()
+
+
+@pytest.fixture(params=["memory", "sqlite", "redis"])
+def store(request, tmp_path):
+    clock = Clock()
+    if request.param == "memory":
+        return MemoryStore(clock)
+    if request.param == "sqlite":
+        return SQLiteStore(tmp_path / "rooms", clock)
+    server = request.getfixturevalue("redis_server")
+    made = RedisStore(server.url, clock)
+    made._redis.flushdb()  # each test starts from an empty store
+    return made
+
+
+def make_rooms(store, **limits) -> Rooms:
+    """Rooms over ``store`` with the default limits, some replaced."""
+    return Rooms(lambda: store, lambda: Limits(**limits))
+
+
+def raises(reason: str, call, *args) -> RoomError:
+    """The RoomError ``call(*args)`` raises; the test fails unless its reason is ``reason`` and it is one line."""
+    with pytest.raises(RoomError) as caught:
+        call(*args)
+    error = caught.value
+    assert error.reason == reason, str(error)
+    assert "\n" not in str(error) and len(str(error)) < 300 and str(error) == error.public
+    return error
+
+
+# The store contract
+
+
+def test_a_record_is_written_on_condition(store):
+    assert store.get("k") is None
+    assert store.put("k", "one", 60, expect=0) == 1
+    assert store.put("k", "taken", 60, expect=0) is None  # only where there is none
+    assert store.put("k", "two", 60, expect=1) == 2
+    assert store.put("k", "stale", 60, expect=1) is None  # another writer got in first
+    assert store.get("k") == (2, "two")
+    assert store.put("k", "three", 60) == 3  # no condition
+    assert store.get("k") == (3, "three")
+
+
+def test_a_record_expires(store):
+    store.put("short", "v", 0.2)
+    store.put("long", "v", 60)
+    store.clock.advance(0.3)
+    time.sleep(0.3)  # Redis expires a key by its own clock
+    assert store.get("short") is None
+    assert store.get("long") == (1, "v")
+    assert store.put("short", "again", 60, expect=0) == 1  # an expired record is no record
+
+
+def test_a_group_counts_live_members_and_stops_at_its_bound(store):
+    assert store.count("g") == 0
+    assert store.join("g", "a", 10) and store.join("g", "b", 10)
+    assert store.join("g", "a", 10)  # a heartbeat of a member is no new member
+    assert store.count("g") == 2
+    assert not store.join("g", "c", 10, most=2)
+    assert store.count("g") == 2
+    assert store.join("g", "a", 10, most=2)  # a member already in renews, full or not
+    store.leave("g", "a")
+    assert store.count("g") == 1
+    assert store.join("g", "c", 10, most=2)
+    assert store.count("other") == 0
+
+
+def test_group_members_expire(store):
+    store.join("g", "old", 5)
+    store.clock.advance(3)
+    store.join("g", "new", 5)
+    store.clock.advance(3)
+    assert store.count("g") == 1  # "old" went after 5 s, "new" has 2 s left
+    assert store.join("g", "third", 5, most=2)
+
+
+def test_a_store_that_answers_checks_out(store):
+    assert store.check() is None
+
+
+# The room logic, on every store
+
+
+def test_a_follower_reads_what_the_presenter_publishes(store):
+    rooms_ = make_rooms(store)
+    room = rooms_.open_room(STATE)
+    assert len(room.code) == CODE_LENGTH and set(room.code) <= set(ALPHABET)
+    assert room.secret not in repr(room)
+    first = rooms_.read(room.code)
+    assert first.state == STATE and first.code == room.code and first.followers == 0 and not first.ended
+    store.clock.advance(1)
+    changed = {**STATE, "layer": 2, "cell": [4, 0]}
+    version = rooms_.publish(room.code, room.secret, changed)
+    assert version > first.version
+    view = rooms_.read(room.code)
+    assert (view.version, view.state, view.updated) == (version, changed, store.clock())
+    store.clock.advance(1)
+    assert rooms_.publish(room.code, room.secret, changed) == version  # the same view is no change
+
+
+def test_a_code_is_read_however_it_is_typed(store):
+    rooms_ = make_rooms(store)
+    code = rooms_.open_room(STATE).code
+    for typed in (code.lower(), f" {code[:3]}-{code[3:]} ", f"{code[:3]} {code[3:].lower()}"):
+        assert rooms_.read(typed).code == code
+
+
+def test_followers_are_counted_by_their_heartbeats(store):
+    rooms_ = make_rooms(store)
+    code = rooms_.open_room(STATE).code
+    rooms_.follow(code, "session-a")
+    rooms_.follow(code, "session-b")
+    rooms_.follow(code, "session-a")
+    assert rooms_.read(code).followers == 2
+    store.clock.advance(FOLLOW_WINDOW_S - 1)
+    rooms_.follow(code, "session-b")
+    store.clock.advance(2)
+    assert rooms_.read(code).followers == 1  # a has gone quiet, b's heartbeat is recent
+
+
+def test_a_wrong_secret_changes_nothing(store):
+    rooms_ = make_rooms(store)
+    room = rooms_.open_room(STATE)
+    other = rooms_.open_room({"page": "home"})
+    store.clock.advance(1)
+    before = rooms_.read(room.code)
+    for secret in ("", "guess", other.secret, room.secret[:-1], room.secret + "x", None, 42, room.code):
+        raises("secret", rooms_.publish, room.code, secret, {"page": "forged"})
+        raises("secret", rooms_.end, room.code, secret)
+    assert rooms_.read(room.code) == before
+    raises("secret", rooms_.publish, room.code, "guess", {"page": "forged"})  # not coalesced: refused at once
+    store.clock.advance(1)
+    assert rooms_.read(room.code) == before
+
+
+def test_the_store_keeps_no_secret(store):
+    rooms_ = make_rooms(store)
+    room = rooms_.open_room(STATE)
+    version, value = store.get("room:" + room.code)
+    assert room.secret not in value and json.loads(value)["state"] == STATE
+    if isinstance(store, SQLiteStore):
+        for path in store.path.parent.iterdir():  # the file and its write-ahead log
+            assert room.secret.encode() not in path.read_bytes()
+
+
+@pytest.mark.parametrize("code", ["", "abc", "K7QX2", "K7QX2MM", "K7QX0M", "OOOOOO", "1IIIII", "K7Q;2M", 123, None])
+def test_a_malformed_code_gets_one_line(store, code):
+    rooms_ = make_rooms(store)
+    error = raises("code", rooms_.read, code)
+    assert "is not a room code" in str(error)
+    raises("code", rooms_.follow, code, "session")
+    raises("code", rooms_.publish, code, "secret", STATE)
+
+
+def test_a_long_malformed_code_is_not_echoed(store):
+    error = raises("code", make_rooms(store).read, "K" * 100_000)
+    assert "a string of 100,000 characters" in str(error)
+
+
+def test_an_unknown_code_gets_one_line(store):
+    rooms_ = make_rooms(store)
+    opened = rooms_.open_room(STATE).code
+    code = "K7QX2M" if opened != "K7QX2M" else "K7QX2N"
+    assert "There is no room" in str(raises("unknown", rooms_.read, code))
+    raises("unknown", rooms_.follow, code, "session")
+    raises("unknown", rooms_.publish, code, "secret", STATE)
+    raises("unknown", rooms_.end, code, "secret")
+
+
+def test_an_ended_room_says_so_to_everyone(store):
+    rooms_ = make_rooms(store)
+    room = rooms_.open_room(STATE)
+    rooms_.follow(room.code, "session")
+    rooms_.end(room.code, room.secret)
+    rooms_.end(room.code, room.secret)  # twice: nothing more happens
+    assert "the presenter closed it" in str(raises("ended", rooms_.read, room.code))
+    raises("ended", rooms_.follow, room.code, "session")
+    raises("ended", rooms_.publish, room.code, room.secret, STATE)
+    store.clock.advance(ENDED_KEPT_S + 1)
+    time.sleep(0.01)
+    if not isinstance(store, RedisStore):  # Redis keeps the record for the real hour; the others by the clock
+        raises("unknown", rooms_.read, room.code)
+
+
+def test_a_room_expires_after_the_operators_hours(store):
+    rooms_ = make_rooms(store, hours=0.5)
+    room = rooms_.open_room(STATE)
+    store.clock.advance(0.5 * 3600 - 1)
+    rooms_.read(room.code)
+    store.clock.advance(2)
+    assert "time limit" in str(raises("expired", rooms_.read, room.code))
+    raises("expired", rooms_.follow, room.code, "session")
+    raises("expired", rooms_.publish, room.code, room.secret, {"page": "later"})
+
+
+def test_rooms_open_at_once_are_bounded(store):
+    rooms_ = make_rooms(store, rooms_open=2)
+    first = rooms_.open_room(STATE)
+    rooms_.open_room(STATE)
+    assert "ATTNVIZ_ROOMS_OPEN" in str(raises("limit", rooms_.open_room, STATE))
+    rooms_.end(first.code, first.secret)
+    rooms_.open_room(STATE)
+    raises("limit", rooms_.open_room, STATE)
+    store.clock.advance(3 * 3600 + 1)  # rooms that expired are not open
+    rooms_.open_room(STATE)
+
+
+def test_room_creations_per_minute_are_bounded(store):
+    rooms_ = make_rooms(store, per_minute=3)
+    for _ in range(3):
+        rooms_.open_room(STATE)
+    assert "ATTNVIZ_ROOMS_PER_MINUTE" in str(raises("limit", rooms_.open_room, STATE))
+    store.clock.advance(61)
+    rooms_.open_room(STATE)
+
+
+def test_followers_per_room_are_bounded(store):
+    rooms_ = make_rooms(store, followers=2)
+    code = rooms_.open_room(STATE).code
+    other = rooms_.open_room(STATE).code
+    rooms_.follow(code, "a")
+    rooms_.follow(code, "b")
+    assert "is full" in str(raises("full", rooms_.follow, code, "c"))
+    rooms_.follow(code, "a")  # those already following keep following
+    rooms_.follow(other, "c")  # the bound is per room
+    store.clock.advance(FOLLOW_WINDOW_S + 1)
+    rooms_.follow(code, "c")  # a screen that went quiet leaves its place
+
+
+def test_a_follower_is_an_opaque_bounded_id(store):
+    rooms_ = make_rooms(store)
+    code = rooms_.open_room(STATE).code
+    for follower in ("", "x" * 129, None, 7):
+        raises("other", rooms_.follow, code, follower)
+    rooms_.follow(code, "x" * 128)
+
+
+@pytest.mark.parametrize(
+    "state, says",
+    [
+        ([1, 2], "must be an object"),
+        ({f"k{i}": 1 for i in range(STATE_KEYS + 1)}, f"at most {STATE_KEYS} values"),
+        ({"Page": "x"}, "cannot name a value"),
+        ({"a-b": "x"}, "cannot name a value"),
+        ({"x" * 33: 1}, "cannot name a value"),
+        ({1: "x"}, "cannot name a value"),
+        ({"cell": {"row": 1}}, "not a plain value"),
+        ({"cell": [[1, 2]]}, "not a plain value"),
+        ({"zoom": float("nan")}, "not a plain value"),
+        ({"zoom": float("inf")}, "not a plain value"),
+        ({"step": 2**60}, "not a plain value"),
+        ({"words": list(range(LIST_ITEMS + 1))}, f"at most {LIST_ITEMS}"),
+        ({"text": "\ud800"}, "not valid Unicode"),
+        ({"text": "é" * 40_000}, "ATTNVIZ_ROOM_STATE_KB"),
+    ],
+)
+def test_a_view_that_cannot_be_shared_gets_one_line(store, state, says):
+    rooms_ = make_rooms(store)
+    assert says in str(raises("state", rooms_.open_room, state))
+    room = rooms_.open_room(STATE)
+    store.clock.advance(1)
+    assert says in str(raises("state", rooms_.publish, room.code, room.secret, state))
+    assert rooms_.read(room.code).state == STATE
+
+
+def test_the_view_size_is_the_operators(store):
+    text = {"text": "x" * 10_000}
+    raises("state", make_rooms(store, state_bytes=8 * 1024).open_room, text)
+    make_rooms(store, state_bytes=16 * 1024).open_room(text)
+
+
+def test_a_fast_presenter_is_coalesced_to_the_latest_view(store):
+    rooms_ = make_rooms(store, publishes_per_s=10)
+    room = rooms_.open_room(STATE)
+    store.clock.advance(1)
+    written = rooms_.publish(room.code, room.secret, {"page": "a"})
+    # Within the same tenth of a second: nothing is written now, the version stays...
+    assert rooms_.publish(room.code, room.secret, {"page": "b"}) == written
+    assert rooms_.publish(room.code, room.secret, {"page": "c"}) == written
+    assert rooms_.read(room.code).state == {"page": "a"}
+    store.clock.advance(0.2)
+    # ...and once the interval has passed, the latest view lands, in one write.
+    deadline = time.monotonic() + 5
+    while rooms_.read(room.code).state != {"page": "c"} and time.monotonic() < deadline:
+        time.sleep(0.02)
+    view = rooms_.read(room.code)
+    assert (view.state, view.version) == ({"page": "c"}, written + 1)
+    time.sleep(0.3)
+    assert rooms_.read(room.code).version == written + 1  # "b" is never written after "c"
+
+
+def test_a_direct_change_replaces_a_coalesced_one(store):
+    rooms_ = make_rooms(store, publishes_per_s=10)
+    room = rooms_.open_room(STATE)
+    store.clock.advance(1)
+    rooms_.publish(room.code, room.secret, {"page": "a"})
+    rooms_.publish(room.code, room.secret, {"page": "stale"})  # coalesced, pending
+    store.clock.advance(0.2)
+    rooms_.publish(room.code, room.secret, {"page": "new"})  # written now
+    store.clock.advance(0.2)
+    time.sleep(0.4)  # the pending change's timer has fired by now (0.1 s), and its interval has passed
+    assert rooms_.read(room.code).state == {"page": "new"}
+
+
+# Configuration, and a store that goes away
+
+
+@pytest.fixture
+def environment(monkeypatch, tmp_path):
+    for name in ("ATTNVIZ_ROOMS_URL", "ATTNVIZ_ROOMS_DIR", "ATTNVIZ_ROOM_HOURS", "ATTNVIZ_ROOMS_OPEN"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    return monkeypatch
+
+
+def test_the_default_store_is_sqlite_in_the_users_cache(environment, tmp_path):
+    room = rooms.open_room(STATE)
+    assert (tmp_path / "cache" / "attnviz" / "rooms" / "rooms.sqlite3").is_file()
+    assert rooms.read(room.code).state == STATE and rooms.store_status() is None
+    environment.setenv("ATTNVIZ_ROOMS_DIR", str(tmp_path / "named"))
+    raises("unknown", rooms.read, room.code)  # another folder, another store
+    named = rooms.open_room(STATE)
+    assert (tmp_path / "named" / "rooms.sqlite3").is_file()
+    rooms.publish(named.code, named.secret, STATE)
+    rooms.end(named.code, named.secret)
+
+
+def test_redis_is_chosen_by_its_url(environment, redis_server):
+    environment.setenv("ATTNVIZ_ROOMS_URL", redis_server.url)
+    assert isinstance(rooms.store(), RedisStore)
+    room = rooms.open_room(STATE)
+    rooms.follow(room.code, "session")
+    assert rooms.read(room.code).followers == 1
+
+
+def test_the_operators_limits_come_from_the_environment(environment):
+    environment.setenv("ATTNVIZ_ROOM_HOURS", "0.5")
+    environment.setenv("ATTNVIZ_ROOMS_OPEN", "1")
+    environment.setenv("ATTNVIZ_ROOM_STATE_KB", "not a number")  # unreadable: its default
+    limits = Limits.from_environment()
+    assert (limits.hours, limits.rooms_open, limits.state_bytes) == (0.5, 1, Limits().state_bytes)
+    rooms.open_room(STATE)
+    raises("limit", rooms.open_room, STATE)
+
+
+@pytest.mark.parametrize("setting", [("ATTNVIZ_ROOMS_URL", "ftp://example.org"), ("ATTNVIZ_ROOMS_DIR", "FILE")])
+def test_a_store_that_cannot_be_used_gives_one_line(environment, tmp_path, setting):
+    name, value = setting
+    if value == "FILE":
+        (tmp_path / "a-file").write_text("")
+        value = str(tmp_path / "a-file" / "rooms")  # a folder cannot be made inside a file
+    environment.setenv(name, value)
+    assert rooms.store_status() == UNAVAILABLE
+    error = raises("unavailable", rooms.open_room, STATE)
+    assert value not in str(error)  # the visitor learns nothing of the server's folders or addresses
+    raises("unavailable", rooms.read, "K7QX2M")
+    raises("unavailable", rooms.follow, "K7QX2M", "session")
+
+
+def test_store_errors_are_store_errors(tmp_path):
+    (tmp_path / "a-file").write_text("")
+    with pytest.raises(StoreError):
+        SQLiteStore(tmp_path / "a-file" / "rooms").check()
+
+
+def within(seconds: float, call, *args):
+    """What ``call(*args)`` returns or raises, failing the test if it takes longer than ``seconds``."""
+    outcome: list = []
+
+    def run():
+        try:
+            outcome.append(("value", call(*args)))
+        except BaseException as e:  # noqa: BLE001  (handed back to the test)
+            outcome.append(("error", e))
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    thread.join(seconds)
+    assert outcome, f"{getattr(call, '__name__', call)} did not answer within {seconds} s"
+    kind, value = outcome[0]
+    if kind == "error":
+        raise value
+    return value
+
+
+def presenter_and_follower_calls(rooms_: Rooms, room) -> list:
+    return [
+        (rooms_.read, (room.code,)),
+        (rooms_.follow, (room.code, "session")),
+        (rooms_.publish, (room.code, room.secret, {"page": "next"})),  # the presenter's page shows a warning
+        (rooms_.open_room, (STATE,)),
+    ]
+
+
+def assert_unavailable_within(seconds: float, rooms_: Rooms, room) -> None:
+    assert within(seconds, rooms_.store_status) == UNAVAILABLE
+    for call, args in presenter_and_follower_calls(rooms_, room):
+        with pytest.raises(RoomError) as caught:
+            within(seconds, call, *args)
+        assert caught.value.reason == "unavailable" and str(caught.value) == UNAVAILABLE
+
+
+# redis-py's own retries make each failed call take about 2.6 s (4.5 s without socket timeouts); ours, 0.5 s at most.
+QUICKLY_S = 1.5
+
+
+def test_a_redis_that_goes_away_gives_one_line_quickly(tmp_path):
+    server = RedisServer(tmp_path / "redis")
+    try:
+        made = RedisStore(server.url)
+        rooms_ = Rooms(lambda: made, Limits)
+        room = rooms_.open_room(STATE)
+        rooms_.follow(room.code, "session")
+        assert rooms_.store_status() is None
+        server.stop()
+        assert_unavailable_within(QUICKLY_S, rooms_, room)
+    finally:
+        server.stop()
+
+
+def test_a_redis_that_hangs_gives_one_line_quickly_and_comes_back(tmp_path):
+    server = RedisServer(tmp_path / "redis")
+    try:
+        made = RedisStore(server.url)
+        rooms_ = Rooms(lambda: made, Limits)
+        room = rooms_.open_room(STATE)
+        server.proc.send_signal(signal.SIGSTOP)  # the machine stops answering; its connections stay open
+        assert_unavailable_within(QUICKLY_S, rooms_, room)
+        server.proc.send_signal(signal.SIGCONT)
+        assert rooms_.store_status() is None
+        assert rooms_.read(room.code).state == STATE
+    finally:
+        server.proc.send_signal(signal.SIGCONT)
+        server.stop()
