@@ -499,7 +499,7 @@ def named_heads(bundle: Bundle) -> dict[str, tuple[int, int]]:
 
     A checkpoint trained by ``attnviz train`` on the induction task stores them in its config as
     ``"heads": {"previous-token": "layer 1 head 1", "induction": "layer 2 head 2"}``
-    (`attnviz.train_lm`); entries that do not read so, or name a head the model lacks, are left out.
+    (`attnviz.training.lm`); entries that do not read so, or name a head the model lacks, are left out.
     """
     cfg, named = bundle.config, {}
     for role, text in (bundle.info.get("heads") or {}).items():

@@ -1,4 +1,5 @@
-"""The `attnviz` command: translate, attention, attribute, atlas, diff, evaluate, train. A stable contract for scripts.
+"""The `attnviz` command: translate, attention, attribute, atlas, diff, evaluate, train, history. A stable contract
+for scripts.
 
 Results go to standard output. `attnviz diff` exits 0 when two exports are equal within the
 tolerance and 1 when they differ. Any bad input (an argument out of range, text that is not Unicode,
@@ -22,12 +23,12 @@ from pathlib import Path
 from typing import NoReturn
 
 from attnviz.atlas import ENGINES, PRECISIONS
-from attnviz.data import TASKS
 from attnviz.devices import DEVICE_CHOICES
 from attnviz.errors import AttnvizError, InputError
 from attnviz.export import DEFAULT_ATOL
 from attnviz.methods import METHODS
 from attnviz.methods.ablation import MODES, Ablation
+from attnviz.training.data import TASKS
 
 MAX_PATH = 4096  # Linux's PATH_MAX: a longer --model or --out cannot name a file
 MAX_BEAM = 64  # what attnviz.decoding.step_through accepts
@@ -309,8 +310,8 @@ def _atlas(args) -> None:
 
 def _evaluate(args) -> None:
     from attnviz.api import load
-    from attnviz.data import get_task
-    from attnviz.train import exact_match
+    from attnviz.training.data import get_task
+    from attnviz.training.seq2seq import exact_match
 
     bundle = load(args.model, args.device)
     task_name = bundle.info.get("task")
@@ -325,7 +326,7 @@ def _evaluate(args) -> None:
 
 
 def _train(args) -> None:
-    from attnviz.train import train
+    from attnviz.training.loop import train
 
     train(
         args.task,
@@ -336,7 +337,65 @@ def _train(args) -> None:
         steps=args.steps,
         batch_size=args.batch_size,
         lr_scale=args.lr_scale,
+        history_every=args.history_every,
+        resume=args.resume,
     )
+
+
+def history_csv(history) -> str:
+    """The history's tables as one CSV in long form: a row per step and loss (train_loss, heldout_loss, lr;
+    kind, layer and head empty), then a row per step, head and statistic."""
+    import pandas as pd
+
+    losses = pd.DataFrame(
+        {"step": history.step, "train_loss": history.train_loss, "heldout_loss": history.heldout_loss, "lr": history.lr}
+    ).melt(id_vars="step", var_name="statistic", value_name="value")
+    heads = history.heads.melt(
+        id_vars=["step", "kind", "layer", "head"],
+        value_vars=history.statistics,
+        var_name="statistic",
+        value_name="value",
+    )
+    table = pd.concat([losses, heads], ignore_index=True)[["step", "kind", "layer", "head", "statistic", "value"]]
+    table["layer"], table["head"] = table["layer"].astype("Int64"), table["head"].astype("Int64")
+    return table.to_csv(index=False)
+
+
+def _history(args) -> None:
+    import io
+
+    import numpy as np
+
+    from attnviz.export import max_export_bytes, write_atomically
+    from attnviz.training.history import load_history
+
+    history = load_history(args.folder)
+    out = Path(args.out)
+    if out.suffix.lower() not in (".npz", ".csv"):
+        raise InputError(f"--out must end in .npz (the arrays) or .csv (the tables); got {out.name!r}")
+    if out.suffix.lower() == ".csv":
+        data = history_csv(history).encode("utf-8")
+        what = f"{len(history.heads):,} head rows"
+    else:
+        arrays = history.arrays()
+        size = sum(a.nbytes for a in arrays.values())
+        if size > max_export_bytes():
+            raise InputError(
+                f"the history's arrays take {size / 2**20:,.0f} MB, over the {max_export_bytes() / 2**20:,.0f} MB an "
+                "export may hold (ATTNVIZ_MAX_EXPORT_MB raises it)"
+            )
+        buf = io.BytesIO()
+        np.savez_compressed(buf, **arrays)
+        data = buf.getvalue()
+        what = f"{len(history.probes)} probes' maps"
+    if len(data) > max_export_bytes():
+        raise InputError(
+            f"the file would be {len(data) / 2**20:,.0f} MB, over the {max_export_bytes() / 2**20:,.0f} MB an export "
+            "may hold (ATTNVIZ_MAX_EXPORT_MB raises it)"
+        )
+    write_atomically(out, data)
+    steps = history.step
+    print(f"wrote {out}: {len(steps)} records (steps {steps[0]} to {steps[-1]}), {what}")
 
 
 def model_args(p: argparse.ArgumentParser, default_model: str | None = "en-de") -> None:
@@ -490,7 +549,32 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--batch-size", type=int_in(1, 1_000_000))
     p.add_argument("--lr-scale", type=float_in(1e-6, 1e3), help="multiplies the learning rate of equation 3")
     p.add_argument("--eval-n", type=int_in(1, 1_000_000), default=1000)
+    p.add_argument(
+        "--resume",
+        action="store_true",
+        help="continue the training stopped in OUT from its last saved state (saved at each history record), "
+        "keeping its history",
+    )
+    p.add_argument(
+        "--history-every",
+        type=int_in(0, 10_000_000),
+        default=0,
+        metavar="N",
+        help="record the training's history into OUT/history every N steps and at the last (docs/history.md); "
+        "0: none (default)",
+    )
     p.set_defaults(run=_train)
+
+    p = sub.add_parser("history", help="write a training's history (attnviz train --history-every) as .npz or .csv")
+    p.add_argument("folder", type=existing_path, help="the training's --out folder, or its history/ folder")
+    p.add_argument(
+        "--out",
+        required=True,
+        type=out_file,
+        help="F.npz: step, the losses, each probe's tokens and maps, a manifest; F.csv: the losses and every head's "
+        "statistics in long form (step, kind, layer, head, statistic, value)",
+    )
+    p.set_defaults(run=_history)
     return parser
 
 

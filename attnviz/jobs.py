@@ -129,6 +129,66 @@ def _tiled_layer(bundle, src: str, tgt: str | None, kind: str, layer: int, thumb
     return tiled.layer_tiles(kind, layer, thumbnail)
 
 
+class CpuSpent(BaseException):
+    """A live training's CPU seconds are spent. A BaseException, as KeyboardInterrupt: no ``except Exception``
+    in the training loop can swallow it."""
+
+
+def live_training(_, task: str, out: str, cpu_seconds: float, history_every: int, recipe: tuple) -> dict:
+    """Train ``task`` from scratch into ``out`` (its history every ``history_every`` steps) until this process
+    has spent ``cpu_seconds`` of CPU time on it: {"stopped_by": "cpu" or "steps", "cpu_seconds": spent}.
+
+    The bound is the process's own CPU time (user and system, every thread: ``ITIMER_PROF``), not wall
+    time, so a busy server makes it slower but no longer: the timer's signal stops the loop where it is,
+    and the history keeps every record written before (each is renamed into place whole). ``recipe``:
+    (field, value) pairs that override the task's recipe (`attnviz.training.RECIPES`). Runs in a worker's
+    main thread only (Python runs signal handlers there).
+
+    A server that ends (stopped, or killed) while its training runs leaves nobody to read it or delete
+    ``out``: the worker notices that its parent has changed, stops the training, deletes ``out`` and exits.
+    """
+    import contextlib
+    import shutil
+    import signal
+    import time
+
+    from attnviz.training.loop import train
+
+    armed = True
+    server, orphaned, finished = os.getppid(), threading.Event(), threading.Event()
+
+    def spent(signum, frame) -> None:
+        if armed:
+            raise CpuSpent
+
+    def watch_server() -> None:
+        while not finished.wait(1.0):
+            if os.getppid() != server:
+                orphaned.set()
+                signal.setitimer(signal.ITIMER_PROF, 1e-6)  # the main thread stops as at its bound
+                return
+
+    start = time.process_time()
+    previous = signal.signal(signal.SIGPROF, spent)
+    signal.setitimer(signal.ITIMER_PROF, cpu_seconds)
+    threading.Thread(target=watch_server, name="attnviz-live-watch", daemon=True).start()
+    stopped_by = "steps"
+    try:
+        with open(os.devnull, "w") as quiet, contextlib.redirect_stderr(quiet):  # its progress bar: not the log
+            train(task, out, device="cpu", eval_n=100, history_every=history_every, **dict(recipe))
+    except CpuSpent:
+        stopped_by = "cpu"
+    finally:
+        armed = False
+        finished.set()
+        signal.setitimer(signal.ITIMER_PROF, 0)
+        signal.signal(signal.SIGPROF, previous)
+    if orphaned.is_set():
+        shutil.rmtree(out, ignore_errors=True)
+        os._exit(0)
+    return {"stopped_by": stopped_by, "cpu_seconds": time.process_time() - start}
+
+
 # name -> function(bundle, *args[, progress]); only ``atlas`` reports progress; ``timing`` takes no model
 JOBS: dict[str, Callable[..., Any]] = {
     "attention": lambda b, src, tgt, words=False: api.attention(b, src, tgt, words=words),
@@ -151,6 +211,7 @@ JOBS: dict[str, Callable[..., Any]] = {
     "tiled_layer": _tiled_layer,
     "text_facts": text_facts,
     "warm": lambda b: None,  # load the model before the first visitor needs it
+    "live_training": live_training,  # takes no model: it trains one (attnviz.app.live_runs)
 }
 REPORTS_PROGRESS = {"atlas"}
 

@@ -48,6 +48,7 @@ PUBLIC: dict[str, tuple[str, ...]] = {
     "attnviz.checkpoints": ("Bundle",),
     "attnviz.errors": ("AttnvizError", "CheckpointError", "ConfigError", "DeviceError", "ExportError", "InputError"),
     "attnviz.model": ("Attention", "Transformer", "TransformerConfig"),
+    "attnviz.training.history": ("History", "load_history"),
 }
 
 # name -> the module it lives in

@@ -43,10 +43,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_forward import cpu_model, paired_ratio, time_ms  # noqa: E402
 
 import attnviz  # noqa: E402
-from attnviz.data import get_task  # noqa: E402
 from attnviz.methods import METHODS  # noqa: E402
 from attnviz.methods.importance import head_importance  # noqa: E402
 from attnviz.model import Transformer, TransformerConfig  # noqa: E402
+from attnviz.training.data import get_task  # noqa: E402
 
 MAX_NORM_RATIO = 1.3
 MAX_VALUE_ZEROING_S = 1.0

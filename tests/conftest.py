@@ -9,11 +9,11 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from attnviz.data import get_task
 from attnviz.export import AXES, AttentionExport
 from attnviz.kinds import causal_mask
 from attnviz.model import Transformer, TransformerConfig
 from attnviz.tokenizer import train_sentencepiece
+from attnviz.training.data import get_task
 
 # Tests never reach the network: a hub id resolves from a cache a test builds, or fails (the servers
 # that the browser test and the benchmarks start inherit this).

@@ -7,11 +7,11 @@ import torch
 import torch.nn.functional as F
 from conftest import seeded_model
 
-from attnviz.data import get_task
 from attnviz.decoding import greedy_decode, length_penalty, step_through
 from attnviz.model import Transformer
 from attnviz.tokenizer import SentencePieceTokenizer
-from attnviz.train import make_batch
+from attnviz.training.data import get_task
+from attnviz.training.seq2seq import make_batch
 
 ATOL = 1e-5
 MAX_LEN = 30  # longer than any output of the briefly trained model that stops

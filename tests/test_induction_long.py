@@ -20,11 +20,11 @@ import torch
 
 import attnviz
 from attnviz.checkpoints.catalog import pretrained_dir
-from attnviz.data import LONG_WORDS, get_task, long_probe
 from attnviz.lessons import rotary
 from attnviz.tiles import scan
-from attnviz.train import RECIPES
-from attnviz.train_lm import LONG_SCORES, repeat_accuracy
+from attnviz.training.data import LONG_WORDS, get_task, long_probe
+from attnviz.training.lm import LONG_SCORES, repeat_accuracy
+from attnviz.training.recipes import RECIPES
 
 NAME = "induction-long"
 FOLDER = pretrained_dir() / NAME
@@ -225,7 +225,7 @@ def test_the_walkthrough_shows_the_rotation_on_the_shipped_model(fresh_streamlit
 
 
 def test_batches_are_cut_where_their_padding_would_pass_the_token_budget():
-    from attnviz.train_lm import text_batches
+    from attnviz.training.lm import text_batches
 
     texts = [" ".join(["w"] * n) for n in (3, 3, 10, 3, 3, 3, 50, 3)]
     sizes = [[len(t.split()) for t in batch] for batch in text_batches(iter(texts), 4, 30)]
@@ -235,7 +235,7 @@ def test_batches_are_cut_where_their_padding_would_pass_the_token_budget():
 
 
 def test_the_long_stream_draws_long_repeats_from_its_own_split():
-    from attnviz.data import LONG_INDUCTION_LENGTHS, LONG_INDUCTION_LONGEST, is_heldout
+    from attnviz.training.data import LONG_INDUCTION_LENGTHS, LONG_INDUCTION_LONGEST, is_heldout
 
     task = get_task(NAME)
     for long, (lo, hi) in ((False, LONG_INDUCTION_LENGTHS), (True, LONG_INDUCTION_LONGEST)):

@@ -13,7 +13,7 @@ from attnviz.errors import InputError
 from attnviz.figures import teaching as tp
 from attnviz.lessons import mechanics
 from attnviz.model import MultiHeadAttention, attention
-from attnviz.optim import learning_rate
+from attnviz.training.optim import learning_rate
 
 X, W_Q, W_K, W_V = mechanics.DEFAULT_X, mechanics.DEFAULT_W_Q, mechanics.DEFAULT_W_K, mechanics.DEFAULT_W_V
 # The default example worked on paper: row i of X picks and adds rows of each W.

@@ -10,10 +10,11 @@ import pytest
 import torch
 
 import attnviz
-from attnviz.data import get_task
 from attnviz.decoding import greedy_decode
 from attnviz.tokenizer import pad_batch
-from attnviz.train import RECIPES, exact_match
+from attnviz.training.data import get_task
+from attnviz.training.recipes import RECIPES
+from attnviz.training.seq2seq import exact_match
 
 sys.path.insert(0, str(Path(__file__).parent / "golden"))
 from regenerate import INPUTS, golden_path  # noqa: E402

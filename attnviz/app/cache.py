@@ -12,6 +12,7 @@ import inspect
 import os
 import threading
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any, TypeVar
 
 import streamlit as st
@@ -22,6 +23,7 @@ from attnviz.app.budget import ByteBudget
 from attnviz.checkpoints import Bundle
 from attnviz.checkpoints.catalog import visitor_path
 from attnviz.errors import AtlasError, CheckpointError, InputError
+from attnviz.training.history import HISTORY, History, load_history
 
 ATLAS_MEMORY = 8  # atlases computed in the app, kept for every session (the oldest goes first)
 
@@ -285,6 +287,25 @@ def computed_atlas(
 @st.cache_resource(show_spinner="Reading the atlas…", max_entries=4)
 def _read_atlas(folder: str, written: float) -> api.Atlas:
     return api.load_atlas(folder)
+
+
+@st.cache_resource(show_spinner="Reading the training history…", max_entries=4)
+def _read_history(folder: str, written: tuple) -> History:
+    return load_history(folder)
+
+
+def model_history(model_dir: str | Path) -> History | None:
+    """The training history recorded in a model's folder (``history/``), or None when it has none.
+
+    Read once per folder and version (its manifest and the names of its records: a training that is
+    still recording adds records); shared by every session, read-only.
+    """
+    folder = Path(model_dir) / HISTORY
+    manifest, records = folder / "manifest.json", folder / "records"
+    if not manifest.is_file() or not records.is_dir():
+        return None
+    written = (manifest.stat().st_mtime, tuple(sorted(p.name for p in records.iterdir())))
+    return _read_history(str(folder), written)
 
 
 def open_atlas(typed: str) -> api.Atlas:

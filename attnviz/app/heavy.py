@@ -320,15 +320,30 @@ def run(
     what: str = "Computing",
     progress: Callable[[int, int], None] | None = None,
     lane: str = HEAVY,
+    *,
+    seconds: float | None = None,
+    tick: Callable[[], None] | None = None,
+    in_worker: bool = False,
 ) -> Any:
     """Job ``name`` (`attnviz.jobs.JOBS`) on ``model`` with ``args``: queued in ``lane``, bounded, shown waiting.
 
     ``bundle()`` gives the server's own loaded model, used when the work runs in threads. Raises
-    `BusyError` when the queue is full, the wait or the time bound is passed.
+    `BusyError` when the queue is full, the wait or the time bound is passed. ``seconds`` replaces
+    ``ATTNVIZ_HEAVY_SECONDS`` for this job; ``tick()`` is called every `POLL_S` while it waits and runs
+    (what it raises stops the job and kills its worker); ``in_worker`` runs it in a worker process even
+    with ``ATTNVIZ_HEAVY_IN=threads`` (a live training is bounded by its process's CPU time).
     """
     current = pool()
     limits, gate = current.limits, current.gates[lane]
+    if seconds is not None:
+        limits = dataclasses.replace(limits, seconds=seconds)
     notice = Notice(what, dataclasses.replace(limits, at_once=gate.at_once))
+
+    def running() -> None:
+        notice.running()
+        if tick is not None:
+            tick()
+
     ticket = gate.join()
     admitted = False
     try:
@@ -340,13 +355,15 @@ def run(
                     f"{ahead} still ahead of it. Try again in a few minutes."
                 )
             notice.waiting(ahead)
+            if tick is not None:
+                tick()
         admitted = True
-        if not limits.in_processes:
+        if not (limits.in_processes or in_worker):
             notice.running()
             return jobs.run_job(bundle(), name, args, progress)
         worker = current.take()
         try:
-            result = worker.call(name, model, device, args, limits.seconds, progress, notice.running)
+            result = worker.call(name, model, device, args, limits.seconds, progress, running)
         except TimeoutError:
             raise BusyError(
                 f"{what} was stopped after {limits.seconds:g} s, the longest this server lets one computation run "

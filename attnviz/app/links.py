@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import math
 import re
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 
 import streamlit as st
 from streamlit.runtime.scriptrunner import get_script_run_ctx
@@ -179,6 +179,29 @@ def range_from_link(key: str) -> None:
     link = st.session_state.get(LINK_STATE) or {}
     if key in link.get("raw", {}):  # the footer compares the link's value with the slider's, written as it writes
         link["raw"][key] = f"{low},{high}"
+
+
+def nearest_from_link(key: str, options: Sequence[int]) -> None:
+    """Let a link name any number for a select slider ``key`` over the whole numbers ``options`` (a history's
+    recorded steps): a finite number that is not one of them is rewritten to the nearest (the smaller on a
+    tie) before the slider reads it. Anything else is left to the slider, which sets it aside.
+    """
+    raw = st.query_params.get(key)
+    try:
+        wanted = float(raw) if raw is not None else math.nan
+    except ValueError:
+        return
+    if not math.isfinite(wanted) or abs(wanted) > LARGEST_NUMBER or not options:
+        return
+    nearest = min(options, key=lambda option: (abs(option - wanted), option))
+    if str(nearest) == raw:
+        return
+    st.query_params[key] = str(nearest)
+    with get_session_state().query_params() as params:
+        params.set_initial_query_params_from_current()
+    link = st.session_state.get(LINK_STATE) or {}
+    if key in link.get("raw", {}):  # the link's step, moved onto a record: shown, not set aside
+        link["raw"][key] = str(nearest)
 
 
 def _usable_number(raw: str | None) -> bool:

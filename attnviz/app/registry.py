@@ -79,6 +79,15 @@ PAGES = (
         favicon="🗺️",
     ),
     Page(
+        "pages/formation.py",
+        "How attention forms",
+        ":material/timeline:",
+        "every head's story across training, replayed from the history recorded while the model trained: the losses, "
+        "every head's statistic over the steps, a head's map at any step beside the final one, every head at that "
+        "step, and a language model's induction head forming at the loss's sudden drop (the phase change).",
+        favicon="🌱",
+    ),
+    Page(
         "pages/walkthrough.py",
         "Forward-pass walkthrough",
         ":material/route:",

@@ -21,7 +21,7 @@ from attnviz.errors import InputError
 from attnviz.hooks import Edit, act_name
 from attnviz.kinds import causal_mask
 from attnviz.model import Transformer
-from attnviz.optim import learning_rate
+from attnviz.training.optim import learning_rate
 
 # The worked example of the teaching page: three tokens of four dimensions, d_k = d_v = 3.
 DEFAULT_X = ((1, 0, 1, 0), (0, 2, 0, 2), (1, 1, 1, 1))

@@ -1,0 +1,186 @@
+"""How attention forms: a training history's curves over the steps, with the step shown marked.
+
+Three line charts over the records of a history (`attnviz.lessons.formation`): the losses; every
+head's chosen statistic, one line per head, the chosen head drawn over the others; and a language
+model's phase change (Olsson et al., 2022), the loss beside the previous-token and induction scores,
+the loss's drop shaded. Every point of a head's line carries the head's name (``customdata``), so a
+click on a line can pick that head (``st.plotly_chart(on_select=...)``). The maps at a record are
+drawn by `attnviz.figures.attention` and `attnviz.figures.images`, as on every page.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+import plotly.graph_objects as go
+from plotly.subplots import make_subplots
+
+from attnviz.figures.common import HIGHLIGHT, TICK_FONT
+from attnviz.kinds import TITLES
+
+STEP_AXIS = "training step"
+MARK = {"color": "#333333", "width": 2, "dash": "dash"}  # the step shown
+DROP_FILL = "rgba(255, 193, 7, 0.25)"  # the loss's drop: amber, under the lines
+# A head's line takes its site's colour; the chosen head is drawn last, thick and red.
+SITE_COLORS = {"encoder": "#1f77b4", "decoder": "#2ca02c", "cross": "#9467bd"}
+LINE_OPACITY = 0.55
+CHART_HEIGHT = 380
+MARGIN = {"l": 60, "r": 20, "t": 60, "b": 50}
+
+
+def _check_steps(steps: Sequence[int], *series: tuple[str, Sequence[float]]) -> np.ndarray:
+    steps = np.asarray(steps)
+    if steps.ndim != 1 or steps.size == 0:
+        raise ValueError(f"steps must be a non-empty 1-D sequence, got shape {steps.shape}")
+    for name, values in series:
+        if np.shape(values)[-1] != steps.size:
+            raise ValueError(f"{name} has {np.shape(values)[-1]} values for {steps.size} steps")
+    return steps
+
+
+def _mark(fig: go.Figure, step: int | None, **where) -> None:
+    """A dashed vertical line at ``step`` (the step shown), labelled with it."""
+    if step is None:
+        return
+    fig.add_vline(x=step, line=MARK, annotation_text=f"step {step}", annotation_position="top right", **where)
+
+
+def _layout(fig: go.Figure, title: str, y_title: str) -> go.Figure:
+    fig.update_layout(
+        title={"text": title},
+        height=CHART_HEIGHT,
+        margin=MARGIN,
+        plot_bgcolor="white",
+        hovermode="closest",
+        legend={"orientation": "h", "yanchor": "bottom", "y": 1.0, "xanchor": "right", "x": 1.0},
+    )
+    fig.update_xaxes(title_text=STEP_AXIS, tickfont=TICK_FONT, gridcolor="#e6e6e6", zeroline=False)
+    fig.update_yaxes(title_text=y_title, tickfont=TICK_FONT, gridcolor="#e6e6e6", zeroline=False)
+    return fig
+
+
+def loss_curves(
+    steps: Sequence[int],
+    train_loss: Sequence[float],
+    heldout_loss: Sequence[float] | None,
+    step: int | None = None,
+    drop: tuple[int, int] | None = None,
+) -> go.Figure:
+    """The train and held-out loss over the records, the step shown marked and, when given, the loss's drop shaded."""
+    series = [("train loss", train_loss)] + ([] if heldout_loss is None else [("held-out loss", heldout_loss)])
+    steps = _check_steps(steps, *series)
+    fig = go.Figure()
+    if drop is not None:
+        fig.add_vrect(x0=drop[0], x1=drop[1], fillcolor=DROP_FILL, line_width=0, layer="below")
+    for (name, values), colour in zip(series, ("#1f77b4", "#ff7f0e"), strict=False):
+        values = np.asarray(values, dtype=np.float64)
+        if np.all(np.isnan(values)):
+            continue
+        fig.add_trace(
+            go.Scatter(
+                x=steps,
+                y=values,
+                name=name,
+                mode="lines+markers",
+                marker={"size": 5},
+                line={"color": colour, "width": 2},
+                hovertemplate=f"step %{{x}}<br>{name} %{{y:.4f}}<extra></extra>",
+            )
+        )
+    _mark(fig, step)
+    return _layout(fig, "Loss over training", "loss (nats per token)")
+
+
+def statistic_lines(
+    steps: Sequence[int],
+    values: np.ndarray,
+    heads: Sequence[tuple[str, int, int]],
+    ids: Sequence[str],
+    statistic: str,
+    step: int | None = None,
+    selected: str | None = None,
+) -> go.Figure:
+    """One line per head: ``values`` (n_heads, N) of ``statistic`` over the records; the head ``selected`` (its id)
+    red and on top, the step shown marked. Each point's ``customdata`` is its head's id: a click picks the head."""
+    values = np.asarray(values, dtype=np.float64)
+    if values.ndim != 2 or values.shape[0] != len(heads) or len(ids) != len(heads):
+        raise ValueError(f"values must be (heads, steps) for {len(heads)} heads, got {values.shape}")
+    steps = _check_steps(steps, ("values", values))
+    fig = go.Figure()
+    shown_sites = set()
+    order = sorted(range(len(heads)), key=lambda i: ids[i] == selected)  # the chosen head last: drawn on top
+    for i in order:
+        kind, layer, head = heads[i]
+        chosen = ids[i] == selected
+        name = f"{TITLES[kind]}, layer {layer}, head {head}"
+        fig.add_trace(
+            go.Scatter(
+                x=steps,
+                y=values[i],
+                name=name if chosen else TITLES[kind],
+                legendgroup="chosen" if chosen else kind,
+                showlegend=chosen or kind not in shown_sites,
+                mode="lines+markers",
+                line={
+                    "color": HIGHLIGHT if chosen else SITE_COLORS.get(kind, "#7f7f7f"),
+                    "width": 4 if chosen else 1.5,
+                },
+                marker={"size": 7 if chosen else 4},
+                opacity=1.0 if chosen else LINE_OPACITY,
+                customdata=[ids[i]] * steps.size,
+                hovertemplate=f"{name}<br>step %{{x}}: {statistic} %{{y:.3f}}<br>click to pick it<extra></extra>",
+            )
+        )
+        shown_sites.add(kind)
+    _mark(fig, step)
+    fig = _layout(fig, f"Every head's {statistic} over training", statistic)
+    fig.update_layout(dragmode=False, clickmode="event+select")
+    return fig
+
+
+def phase_change_figure(
+    steps: Sequence[int],
+    loss: Sequence[float],
+    previous: Sequence[float],
+    induction: Sequence[float],
+    drop: tuple[int, int],
+    previous_head: tuple[int, int],
+    induction_head: tuple[int, int],
+    loss_name: str = "held-out loss",
+    step: int | None = None,
+) -> go.Figure:
+    """The phase change on one step axis: the loss (left axis), the previous-token score of the previous-token head
+    and the induction score of the induction head (right axis, 0 to 1), the loss's drop shaded."""
+    steps = _check_steps(steps, ("loss", loss), ("previous", previous), ("induction", induction))
+    fig = make_subplots(specs=[[{"secondary_y": True}]])
+    fig.add_trace(
+        go.Scatter(
+            x=steps, y=np.asarray(loss, dtype=np.float64), name=loss_name, mode="lines+markers",
+            line={"color": "#333333", "width": 2}, marker={"size": 5},
+            hovertemplate=f"step %{{x}}<br>{loss_name} %{{y:.4f}}<extra></extra>",
+        ),
+        secondary_y=False,
+    )  # fmt: skip
+    for values, (layer, head), what, colour in (
+        (previous, previous_head, "previous-token score", "#1f77b4"),
+        (induction, induction_head, "induction score", HIGHLIGHT),
+    ):
+        name = f"{what}, layer {layer} head {head}"
+        fig.add_trace(
+            go.Scatter(
+                x=steps, y=np.asarray(values, dtype=np.float64), name=name, mode="lines+markers",
+                line={"color": colour, "width": 3}, marker={"size": 6},
+                hovertemplate=f"step %{{x}}<br>{name} %{{y:.3f}}<extra></extra>",
+            ),
+            secondary_y=True,
+        )  # fmt: skip
+    # after the traces: make_subplots leaves a shape out of a subplot that holds no data yet
+    fig.add_vrect(x0=drop[0], x1=drop[1], fillcolor=DROP_FILL, line_width=0, layer="below")
+    _mark(fig, step)
+    fig = _layout(fig, f"The phase change: the loss drops (shaded, steps {drop[0]}-{drop[1]})", "")
+    fig.update_yaxes(title_text=loss_name, secondary_y=False)
+    fig.update_yaxes(title_text="score", range=[0, 1.02], secondary_y=True, showgrid=False)
+    fig.update_layout(margin={**MARGIN, "r": 60}, legend={"y": -0.25, "yanchor": "top", "x": 0, "xanchor": "left"})
+    fig.update_layout(height=CHART_HEIGHT + 60)
+    return fig

@@ -1,0 +1,262 @@
+"""The one training loop of attnviz's own models, with the paper's recipe (section 5), for both kinds of model.
+
+Adam with beta1 = 0.9, beta2 = 0.98, eps = 1e-9; the learning rate of equation 3,
+lrate = d_model^-0.5 * min(step^-0.5, step * warmup^-1.5); label smoothing 0.1; dropout on
+sub-layer outputs and embedding sums. Data is generated at train time (`attnviz.training.data`),
+seeds are fixed, and the tokenizer is trained on generated text first, so one command reproduces a
+model. What differs between an encoder-decoder model and a language model (the batches, the
+evaluation, the card) lives in `attnviz.training.seq2seq` and `attnviz.training.lm`.
+
+With ``history_every`` the loop records the training's history (`attnviz.training.recording`)
+and saves its state (`STATE_FILE`) at each record; ``resume`` continues from that state, with the
+same weights, optimiser, learning rate, random generator and data position, and keeps the records.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+import math
+import os
+import platform
+import sys
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+from attnviz.checkpoints.native import WEIGHTS_FILE, save_checkpoint
+from attnviz.devices import resolve_device
+from attnviz.errors import InputError
+from attnviz.model import Transformer
+from attnviz.training import lm, seq2seq
+from attnviz.training.data import Task, get_task
+from attnviz.training.formation import lm_section, seq2seq_section
+from attnviz.training.history import load_history
+from attnviz.training.optim import paper_optimizer
+from attnviz.training.recipes import RECIPES, Recipe
+from attnviz.training.recording import TrainingRecorder
+
+STATE_FILE = "train_state.pt"  # the state a resumed training continues from; not part of the checkpoint
+STATE_EVERY = 500  # steps between saved states when no history is recorded
+CURVE_EVERY = lm.CURVE_EVERY
+
+
+@dataclass
+class Kind:
+    """What one kind of model brings to the loop: its data per step, its batches and its forward pass."""
+
+    texts: Iterator[list]  # one step's training data per item
+    batch: Callable[[list], tuple]  # a step's data -> tensors
+    heldout: Callable[[list[tuple[str, str]]], tuple]  # held-out pairs -> the same tensors
+    forward: Callable[[Transformer, tuple], tuple[torch.Tensor, torch.Tensor]]  # -> (logits, labels)
+    keep: float  # the running mean of the loss keeps this much of the old value per step
+
+
+def loss_of(logits: torch.Tensor, labels: torch.Tensor, label_smoothing: float) -> torch.Tensor:
+    """Cross-entropy of (B, T, V) logits against (B, T) labels, padding (-100) ignored."""
+    return F.cross_entropy(logits.flatten(0, 1), labels.flatten(), ignore_index=-100, label_smoothing=label_smoothing)
+
+
+def optimise(optimizer, schedule, logits, labels, label_smoothing: float) -> float:
+    """One step of the paper's training: cross-entropy (padding labels -100 ignored), backward, Adam
+    step, the learning-rate schedule; the loss, as a float."""
+    loss = loss_of(logits, labels, label_smoothing)
+    optimizer.zero_grad(set_to_none=True)
+    loss.backward()
+    optimizer.step()
+    schedule.step()
+    return float(loss.detach())
+
+
+def running_mean(mean: float | None, value: float, step: int, keep: float) -> float:
+    """The loss's exponential running mean (``keep`` of the old per step), refusing a diverged run."""
+    mean = value if mean is None else keep * mean + (1 - keep) * value
+    if not math.isfinite(mean):
+        raise RuntimeError(f"training diverged at step {step} (loss {mean}); lower --lr-scale")
+    return mean
+
+
+def _progress(step: int, total: int, loss: float, lr: float, start: float, extra: str = "") -> None:
+    done = step / total
+    elapsed = time.time() - start
+    eta = elapsed / done - elapsed if done else 0.0
+    bar = "#" * int(30 * done) + "-" * (30 - int(30 * done))
+    print(
+        f"\r[{bar}] {step}/{total} loss {loss:.3f} lr {lr:.2e} {elapsed / 60:.1f} min, eta {eta / 60:.1f} min{extra}",
+        end="",
+        file=sys.stderr,
+        flush=True,
+    )
+
+
+def _kind(task: Task, recipe: Recipe, tok, seed: int, dev) -> Kind:
+    if task.decoder_only:
+        return Kind(
+            texts=lm.step_texts(task, recipe, seed),
+            batch=lambda texts: lm.lm_batch(texts, tok, dev),
+            heldout=lambda pairs: lm.lm_batch([text for text, _ in pairs], tok, dev),
+            forward=lm.forward,
+            keep=0.95,
+        )
+    return Kind(
+        texts=seq2seq.step_texts(task, recipe, seed),
+        batch=lambda pairs: seq2seq.make_batch(pairs, tok, dev),
+        heldout=lambda pairs: seq2seq.make_batch(pairs, tok, dev),
+        forward=seq2seq.forward,
+        keep=0.98,
+    )
+
+
+def save_state(path: Path, state: dict) -> None:
+    """``state`` (tensors, numbers, strings, lists and dicts only) to ``path``, through a temporary file."""
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    torch.save(state, tmp)
+    os.replace(tmp, path)
+
+
+def load_state(path: Path, recipe: Recipe, seed: int) -> dict:
+    """A saved state (read with ``weights_only``: nothing in it is unpickled as code), checked to be this
+    training's: the same recipe but for its number of steps, and the same seed."""
+    if not path.is_file():
+        raise InputError(f"nothing to resume in {path.parent}: no {STATE_FILE} (a training saves it as it records)")
+    try:
+        state = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as e:  # noqa: BLE001 - torch raises many kinds for a damaged file
+        raise InputError(f"{STATE_FILE} cannot be read ({type(e).__name__}): it is corrupt; train again") from None
+    saved = dict(state.get("recipe", {}))
+    wanted = dataclasses.asdict(recipe)
+    saved.pop("steps", None), wanted.pop("steps")
+    if saved != wanted or state.get("seed") != seed:
+        raise InputError(f"{STATE_FILE} is the state of another recipe or seed: resume with the same flags")
+    return state
+
+
+def train(
+    task_name: str,
+    out_dir: str | Path,
+    *,
+    seed: int = 0,
+    device: str = "auto",
+    eval_n: int = 1000,
+    eval_seed: int = 1,
+    history_every: int = 0,
+    resume: bool = False,
+    **overrides,
+) -> dict:
+    """Train a model for ``task_name`` and write its checkpoint directory; returns its info.
+
+    ``history_every`` > 0 records the training's history into ``out_dir/history`` every that many
+    steps and at the last (docs/history.md). ``resume`` continues a training stopped in ``out_dir``
+    from its last saved state (``--steps`` may be raised), keeping its history's records.
+    """
+    task = get_task(task_name)
+    recipe = dataclasses.replace(RECIPES[task_name], **{k: v for k, v in overrides.items() if v is not None})
+    dev = resolve_device(device)
+    out = Path(out_dir)
+    torch.manual_seed(seed)
+    start = time.time()
+    side = lm if task.decoder_only else seq2seq
+    spm_bytes, tok = side.tokenizer(task, recipe, seed)
+    model = Transformer(side.config(tok, recipe)).to(dev).train()
+    optimizer, schedule = paper_optimizer(model.parameters(), recipe.d_model, recipe.warmup, recipe.lr_scale)
+    kind = _kind(task, recipe, tok, seed, dev)
+    monitor = None if task.decoder_only else seq2seq.Monitor(task, tok, seed, recipe.steps)
+    loss_avg, curve, done, elapsed = None, [], 0, 0.0
+    if resume:
+        state = load_state(out / STATE_FILE, recipe, seed)
+        model.load_state_dict(state["model"])
+        optimizer.load_state_dict(state["optimizer"])
+        schedule.load_state_dict(state["schedule"])
+        torch.set_rng_state(state["rng"])
+        done, loss_avg, curve, elapsed = (
+            state["step"],
+            state["loss_avg"],
+            [tuple(p) for p in state["curve"]],
+            state["seconds"],
+        )
+        start -= elapsed
+        if done >= recipe.steps:
+            raise InputError(f"the training in {out} stopped at step {done}: raise --steps to train on")
+        kind.texts = itertools.islice(kind.texts, done, None)  # the data of the steps done, drawn and left
+    recorder = None
+    if history_every:
+
+        def heldout_loss(model, pairs) -> float:
+            return float(loss_of(*kind.forward(model, kind.heldout(pairs)), recipe.label_smoothing))
+
+        manifest = {"model_config": model.cfg.to_dict(), "recipe": dataclasses.asdict(recipe), "seed": seed}
+        recorder = TrainingRecorder(out, task, tok, history_every, recipe.steps, heldout_loss, manifest)
+
+    def state() -> dict:
+        return {
+            "step": step,
+            "model": model.state_dict(),
+            "optimizer": optimizer.state_dict(),
+            "schedule": schedule.state_dict(),
+            "rng": torch.get_rng_state(),
+            "loss_avg": loss_avg,
+            "curve": [list(point) for point in curve],
+            "seconds": time.time() - start,
+            "recipe": dataclasses.asdict(recipe),
+            "seed": seed,
+        }
+
+    extra = ""
+    for step, texts in zip(range(done + 1, recipe.steps + 1), kind.texts, strict=False):
+        logits, labels = kind.forward(model, kind.batch(texts))
+        lr = schedule.get_last_lr()[0]
+        value = optimise(optimizer, schedule, logits, labels, recipe.label_smoothing)
+        loss_avg = running_mean(loss_avg, value, step, kind.keep)
+        if step % CURVE_EVERY == 0:
+            curve.append((step, round(loss_avg, 4)))
+        if monitor is not None:
+            extra = monitor(step, model)
+        if recorder is not None and recorder.due(step):
+            recorder.record(step, model, loss_avg, lr)
+        if (recorder is not None and recorder.due(step)) or step % STATE_EVERY == 0:
+            out.mkdir(parents=True, exist_ok=True)
+            save_state(out / STATE_FILE, state())
+        if step % 10 == 0 or step == recipe.steps:
+            _progress(step, recipe.steps, loss_avg, schedule.get_last_lr()[0], start, extra)
+    print(file=sys.stderr)
+    model.eval()
+    info = {
+        "name": task.name,
+        "task": task.name,
+        "description": task.description,
+        "examples": list(task.examples),
+        "seed": seed,
+        "recipe": dataclasses.asdict(recipe),
+        "n_parameters": sum(p.numel() for p in model.parameters()),
+        "train_minutes": round((time.time() - start) / 60, 2),
+        "hardware": f"{platform.machine()} {dev.type}, {torch.get_num_threads()} threads, torch {torch.__version__}",
+    }
+    flags = "".join(f" --{k.replace('_', '-')} {v}" for k, v in overrides.items() if v is not None)
+    recording = f" --history-every {history_every}" if history_every else ""
+    command = f"attnviz train {task.name} --out {out.as_posix()} --seed {seed}{flags}{recording}"
+    history = load_history(out) if history_every else None
+    if task.decoder_only:
+        result = lm.evaluate(model, tok, task, eval_n, eval_seed, curve)
+        info.update(result["info"])
+        save_checkpoint(model, out, spm_bytes, info, card="")
+        info["weights_bytes"] = (out / WEIGHTS_FILE).stat().st_size
+        if "long_text" in info:
+            (out / lm.PROBE_FILE).write_text(lm.long_probe() + "\n")
+        formation = "" if history is None else lm_section(history, result["heads"])
+        card = lm.card(task, recipe, model.cfg, info, result["roles"], result["heads"], command, formation)
+        (out / "README.md").write_text(card)
+        m = info["metrics"]
+        print(f"repeat_accuracy={m['repeat_accuracy']:.4f} on {eval_n} held-out texts; wrote {out}", file=sys.stderr)
+        return info
+    result = seq2seq.evaluate(model, tok, task, eval_n, eval_seed, loss_avg)
+    info["metrics"] = result["metrics"]
+    save_checkpoint(model, out, spm_bytes, info, card="")
+    info["weights_bytes"] = (out / WEIGHTS_FILE).stat().st_size
+    formation = "" if history is None else seq2seq_section(history)
+    seq2seq.write_card(out, task, recipe, model.cfg, info, result["misses"], command, formation)
+    print(f"exact_match={info['metrics']['exact_match']:.4f} on {eval_n} held-out pairs; wrote {out}", file=sys.stderr)
+    return info

@@ -1,0 +1,157 @@
+""" "How attention forms" in a real browser, as a person uses it: Play advances the step, a click on a head's line
+picks that head, Shift+Right steps (headless Debian chromium via playwright).
+
+Each shipped history is opened when the model ships one; the reverse and induction models are also opened with
+the small histories of tests/formation_histories.py, whose steps the test knows. The server and the browser set-up
+are test_browser.py's.
+"""
+
+from __future__ import annotations
+
+import os
+from urllib.parse import urlencode
+
+import pytest
+from browser_wait import settled
+from formation_histories import STEPS, write_history
+from test_browser import ARTIFACTS, CHROMIUM, CHROMIUM_ARGS, _need_browser, running_app
+
+from attnviz.app import CUSTOM_PATH
+from attnviz.checkpoints.catalog import pretrained_dir
+from attnviz.lessons import formation
+
+pytestmark = pytest.mark.slow  # a server and a browser
+
+SHIPPED = ("reverse", "en-de", "induction")
+COPIES = {"reverse": "reverse-history", "induction": "induction-history"}  # the test's own histories
+
+# The first map's title ("…, step 300"): the step the page shows.
+SHOWN_STEP = """() => {
+    const title = [...document.querySelectorAll("[data-testid='stMain'] .js-plotly-plot .gtitle")]
+        .map(t => t.textContent).find(t => / step \\d+$/.test(t));
+    return title ? Number(title.split(' step ').pop()) : null;
+}"""
+FIRST_TITLE = """() => {
+    const t = document.querySelector("[data-testid='stMain'] .js-plotly-plot .gtitle");
+    return t ? t.textContent : null;
+}"""
+# Of the chart of every head's statistic: the line (not the chosen head's, drawn last) whose last point is drawn
+# farthest from every other line's, as the head its points name, where that point is and how far the next one is.
+A_LINE = """() => {
+    const plot = [...document.querySelectorAll('.js-plotly-plot')]
+        .find(p => (p.querySelector('.gtitle') || {}).textContent?.startsWith("Every head's"));
+    plot.scrollIntoView({block: 'center'});  // a click lands only on what the window shows
+    const traces = [...plot.querySelectorAll('.scatterlayer .trace')];  // in the order of the data
+    const ends = traces.map(t => {
+        const dots = t.querySelectorAll('.points path'), b = dots[dots.length - 1].getBoundingClientRect();
+        return [b.left + b.width / 2, b.top + b.height / 2];
+    });
+    let best = null;
+    for (let i = 0; i < ends.length - 1; i++) {
+        const others = ends.filter((_, j) => j !== i);
+        const apart = Math.min(...others.map(e => Math.hypot(e[0] - ends[i][0], e[1] - ends[i][1])));
+        if (!best || apart > best.apart)
+            best = {head: plot._fullData[i].customdata[0], x: ends[i][0], y: ends[i][1], apart};
+    }
+    return best;
+}"""
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    _need_browser()
+    models = tmp_path_factory.mktemp("formation-models")
+    for model, name in COPIES.items():
+        write_history(model, models, name=name)
+    env = {**os.environ, "ATTNVIZ_MODEL_ROOTS": os.pathsep.join([str(pretrained_dir()), str(models)])}
+    with running_app(env) as url:
+        yield url
+
+
+CASES = [("copy", m) for m in COPIES] + [("shipped", m) for m in SHIPPED]
+
+
+def _link(where: str, model: str, **params) -> str:
+    if where == "shipped":
+        if not (pretrained_dir() / model / "history").is_dir():
+            pytest.skip(f"{model} ships no history")
+        return urlencode({"model": model, **params})
+    return urlencode({"model": CUSTOM_PATH, "model_path": COPIES[model], **params})
+
+
+@pytest.fixture(scope="module")
+def browser(server):
+    from playwright.sync_api import sync_playwright
+
+    ARTIFACTS.mkdir(exist_ok=True)
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_ARGS)
+        yield browser
+        browser.close()
+
+
+def _open(browser, url: str):
+    page = browser.new_context(viewport={"width": 1400, "height": 1000}).new_page()
+    page.goto(url)
+    settled(page, url)
+    assert page.locator("[data-testid='stException']").count() == 0, f"an exception at {url}"
+    assert page.locator("[data-testid='stAlert']:has-text('went wrong')").count() == 0, f"an error at {url}"
+    return page
+
+
+def _steps(page) -> list[int]:
+    """The recorded steps: the x values of the loss chart, one per record."""
+    return [int(s) for s in page.evaluate(SHOWN_STEP_LIST)]
+
+
+SHOWN_STEP_LIST = """() => {
+    const plot = [...document.querySelectorAll('.js-plotly-plot')]
+        .find(p => (p.querySelector('.gtitle') || {}).textContent === 'Loss over training');
+    return Array.from(plot._fullData[0].x);  // decoded: the figure's own data are base64
+}"""
+
+
+@pytest.mark.parametrize(("where", "model"), CASES, ids=[f"{w}-{m}" for w, m in CASES])
+def test_play_shift_right_and_a_click_on_a_heads_line(server, browser, where, model):
+    page = _open(browser, f"{server}/formation?" + _link(where, model))
+    try:
+        steps = _steps(page)
+        if where == "copy":
+            assert steps == list(STEPS)
+        assert page.evaluate(SHOWN_STEP) == steps[0]
+
+        # Shift+Right: the next record, with no field focused (a field keeps the arrow for its own cursor)
+        page.evaluate("() => document.activeElement && document.activeElement.blur()")
+        page.keyboard.press("Shift+ArrowRight")
+        page.wait_for_function(f"() => ({SHOWN_STEP})() === {steps[1]}", timeout=60_000)
+        settled(page, "Shift+Right")
+        assert f"step={steps[1]}" in page.url, "the step is in the link"
+
+        # Play: the step advances by itself, record by record, until Play is switched off
+        page.locator("[data-testid='stMain'] label:has-text('Play')").click()
+        page.wait_for_function(f"() => ({SHOWN_STEP})() >= {steps[3]}", timeout=60_000)
+        page.locator("[data-testid='stMain'] label:has-text('Play')").click()
+        settled(page, "Play switched off")
+        stopped = page.evaluate(SHOWN_STEP)
+        assert stopped in steps[3:]
+        page.wait_for_timeout(2500)  # longer than a record is shown while playing
+        settled(page, "after Play")
+        assert page.evaluate(SHOWN_STEP) == stopped, "Play switched off stops the steps"
+
+        # a click on a head's line picks that head: the maps show it
+        line = page.evaluate(A_LINE)
+        assert line["apart"] >= 6, f"every line's last point is within {line['apart']:.0f} px of another's"
+        kind, layer, head = formation.parse_head(line["head"])
+        page.mouse.move(line["x"], line["y"])
+        page.mouse.click(line["x"], line["y"])
+        wanted = f"{formation.head_name(kind, layer, head)}, step {stopped}"
+        page.wait_for_function(f"() => ({FIRST_TITLE})() === {wanted!r}", timeout=60_000)
+        settled(page, "a click on a head's line")
+        assert f"formation_head={line['head']}" in page.url or line["head"] in page.url
+        assert page.locator("[data-testid='stException']").count() == 0
+        page.screenshot(path=str(ARTIFACTS / f"formation-{where}-{model}.png"))
+    except BaseException:
+        page.screenshot(path=str(ARTIFACTS / f"formation-{where}-{model}-failed.png"))
+        raise
+    finally:
+        page.context.close()

@@ -1,0 +1,177 @@
+"""How attention forms, without Streamlit: the lesson's reading of a history and the figures drawn from it."""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+import plotly.graph_objects as go
+import pytest
+
+from attnviz.figures.common import HIGHLIGHT
+from attnviz.figures.formation import loss_curves, phase_change_figure, statistic_lines
+from attnviz.lessons import formation
+
+STEPS = np.array([0, 100, 250, 400])
+
+
+def heads_table(seed: int = 0) -> pd.DataFrame:
+    """A heads table of an encoder-decoder model (2 layers, 2 heads per site) with random statistics; the cross
+    heads have no mean distance (NaN), as in the atlas. Rows are shuffled: nothing may rely on their order."""
+    rng = np.random.default_rng(seed)
+    rows = [
+        {"step": step, "kind": kind, "layer": layer, "head": head}
+        for step in STEPS
+        for kind in ("cross", "encoder", "decoder")
+        for layer in (1, 2)
+        for head in (1, 2)
+    ]
+    table = pd.DataFrame(rows)
+    table["entropy"] = rng.random(len(table))
+    table["previous"] = rng.random(len(table))
+    table["induction"] = rng.random(len(table))
+    table["anti_diagonal"] = np.where(table["kind"] == "cross", rng.random(len(table)), np.nan)
+    table["mean_distance"] = np.where(table["kind"] == "cross", np.nan, rng.random(len(table)))
+    return table.sample(frac=1.0, random_state=seed).reset_index(drop=True)
+
+
+def test_nearest_record_matches_a_search_by_hand():
+    rng = np.random.default_rng(1)
+    for wanted in rng.uniform(-100, 600, size=200).tolist() + [175.0, 325.0, 0, 400]:
+        distances = [abs(s - wanted) for s in STEPS]
+        expected = distances.index(min(distances))  # the first of the nearest: the earlier record on a tie
+        assert formation.nearest_record(STEPS, wanted) == expected, wanted
+    with pytest.raises(ValueError, match="no record"):
+        formation.nearest_record([], 3)
+
+
+def test_head_lines_hold_each_heads_statistic_step_by_step():
+    table = heads_table()
+    lines = formation.head_lines(table, "entropy", STEPS)
+    assert lines.heads[0] == ("encoder", 1, 1) and lines.heads[-1] == ("cross", 2, 2), "encoder, decoder, cross order"
+    assert len(lines.heads) == 12 and lines.values.shape == (12, len(STEPS))
+    for (kind, layer, head), row in zip(lines.heads, lines.values, strict=True):
+        for step, value in zip(STEPS, row, strict=True):
+            (expected,) = [
+                r["entropy"]
+                for _, r in table.iterrows()
+                if (r["kind"], r["layer"], r["head"], r["step"]) == (kind, layer, head, step)
+            ]
+            assert value == expected
+    assert lines.ids[0] == "encoder-L1-H1"
+
+
+def test_head_lines_leave_out_heads_where_the_statistic_is_undefined():
+    lines = formation.head_lines(heads_table(), "mean_distance", STEPS)
+    assert {kind for kind, _, _ in lines.heads} == {"encoder", "decoder"}
+    lines = formation.head_lines(heads_table(), "anti_diagonal", STEPS)
+    assert {kind for kind, _, _ in lines.heads} == {"cross"}
+    with pytest.raises(ValueError, match="no statistic 'bos'"):
+        formation.head_lines(heads_table(), "bos", STEPS)
+
+
+def test_the_statistics_come_in_the_atlas_order_then_the_others():
+    assert formation.statistics_of(heads_table()) == [
+        "entropy",
+        "mean_distance",
+        "previous",
+        "anti_diagonal",
+        "induction",
+    ]
+
+
+def test_the_opening_statistic_and_head():
+    table = heads_table()
+    assert formation.opening_statistic(table, "encoder-decoder", "reverse") == "anti_diagonal"
+    assert formation.opening_statistic(table, "language model", "induction") == "induction"
+    assert formation.opening_statistic(table, "encoder-decoder", "en-de") == "entropy", "no confidence: the first"
+    assert formation.opening_statistic(table.assign(confidence=0.5), "encoder-decoder", "en-de") == "confidence"
+    last = table[(table["step"] == STEPS[-1]) & (table["kind"] == "cross")]
+    best = last.loc[last["previous"].idxmax()]
+    assert formation.opening_head(table, "previous") == formation.head_id("cross", best["layer"], best["head"])
+    assert formation.opening_head(table, "previous", ("decoder", 2, 1)) == "decoder-L2-H1", "the card's head first"
+    assert formation.opening_head(table, "previous", ("decoder", 9, 1)) != "decoder-L9-H1", "one the model lacks"
+
+
+def test_head_ids_read_back_and_bad_ones_are_refused():
+    for head in [("encoder", 1, 1), ("cross", 12, 16), ("decoder", 3, 2)]:
+        assert formation.parse_head(formation.head_id(*head)) == head
+    for bad in ["cross-2-3", "self-L1-H1", "cross-L2", "cross-Lx-H1", "cross-L1-H-1"]:
+        with pytest.raises(ValueError, match="names no head"):
+            formation.parse_head(bad)
+
+
+def test_probe_labels_name_rows_by_what_they_read_and_write():
+    src, tgt = ["▁a", "▁b", "</s>"], ["<s>", "▁b", "▁a"]
+    rows, columns = formation.probe_labels(src, tgt, "cross")
+    assert rows == ["<s> → ▁b", "▁b → ▁a", "▁a → </s>"] and columns == src, "target rows by source columns"
+    assert formation.probe_labels(src, tgt, "encoder") == (src, src)
+    rows, columns = formation.probe_labels(None, tgt, "decoder")
+    assert rows[-1] == "▁a → …" and columns == tgt, "a language model's last row writes what follows"
+    with pytest.raises(ValueError, match="no encoder"):
+        formation.probe_labels(None, tgt, "encoder")
+
+
+def test_probe_maps_are_one_records_maps_as_float32():
+    maps = {"decoder": np.random.default_rng(0).random((4, 2, 3, 5, 5)).astype(np.float16)}
+    one = formation.probe_maps(maps, "decoder", 2)
+    assert one.dtype == np.float32 and one.shape == (2, 3, 5, 5)
+    np.testing.assert_array_equal(one, maps["decoder"][2].astype(np.float32))
+    with pytest.raises(ValueError, match="no cross maps"):
+        formation.probe_maps(maps, "cross", 0)
+
+
+def test_the_phase_change_reads_the_named_heads_or_the_strongest():
+    table = heads_table()
+    train, heldout = np.array([3.3, 3.1, 2.0, 1.8]), np.array([3.4, 3.2, 2.1, 1.9])
+    change = formation.phase_change(STEPS, train, heldout, table, (100, 250), (1, 2), (2, 1))
+    for values, statistic, (layer, head) in (
+        (change.previous, "previous", (1, 2)),
+        (change.induction, "induction", (2, 1)),
+    ):
+        for step, value in zip(STEPS, values, strict=True):
+            row = table[(table["kind"] == "decoder") & (table["layer"] == layer) & (table["head"] == head)]
+            assert value == row[row["step"] == step][statistic].item()
+    np.testing.assert_array_equal(change.loss, heldout)
+    assert change.loss_name == "held-out loss" and change.drop == (100, 250)
+    found = formation.phase_change(STEPS, train, np.full(4, np.nan), table, (100, 250))
+    last = table[(table["step"] == STEPS[-1]) & (table["kind"] == "decoder")]
+    strongest = last.loc[last["induction"].idxmax()]
+    assert found.induction_head == (strongest["layer"], strongest["head"])
+    assert found.loss_name == "train loss", "no held-out loss recorded: the train loss"
+    with pytest.raises(ValueError, match="no 'induction' score"):
+        formation.phase_change(STEPS, train, heldout, table.drop(columns="induction"), (100, 250))
+
+
+def test_the_statistic_lines_draw_one_line_per_head_the_chosen_one_red_and_on_top():
+    lines = formation.head_lines(heads_table(), "entropy", STEPS)
+    chosen = "decoder-L2-H1"
+    fig = statistic_lines(STEPS, lines.values, lines.heads, lines.ids, "entropy", step=250, selected=chosen)
+    assert len(fig.data) == len(lines.heads)
+    last = fig.data[-1]
+    assert set(last.customdata) == {chosen} and last.line.color == HIGHLIGHT, "the chosen head is drawn last, red"
+    for trace in fig.data:
+        (head,) = set(trace.customdata)  # every point of a line names its head: a click picks it
+        np.testing.assert_array_equal(trace.y, lines.values[lines.ids.index(head)])
+    assert [s.x0 for s in fig.layout.shapes if s.type == "line"] == [250], "the step shown is marked"
+    with pytest.raises(ValueError, match="values must be"):
+        statistic_lines(STEPS, lines.values[:3], lines.heads, lines.ids, "entropy")
+
+
+def test_the_loss_curves_mark_the_step_and_shade_the_drop():
+    fig = loss_curves(STEPS, [3, 2.5, 2, 1.9], [3.1, 2.6, 2.1, 2.0], step=100, drop=(100, 250))
+    assert [t.name for t in fig.data] == ["train loss", "held-out loss"]
+    assert [(s.type, s.x0, s.x1) for s in fig.layout.shapes] == [("rect", 100, 250), ("line", 100, 100)]
+    assert len(loss_curves(STEPS, [3, 2, 1, 1], None).data) == 1
+    with pytest.raises(ValueError, match="3 values for 4 steps"):
+        loss_curves(STEPS, [3, 2, 1], None)
+
+
+def test_the_phase_change_figure_puts_loss_and_scores_on_one_step_axis():
+    fig = phase_change_figure(
+        STEPS, [3, 2.5, 2, 1.9], [0, 0.5, 0.9, 0.9], [0, 0.1, 0.8, 0.9], (100, 250), (1, 1), (2, 2)
+    )
+    assert isinstance(fig, go.Figure) and len(fig.data) == 3
+    assert fig.data[0].yaxis == "y" and {t.yaxis for t in fig.data[1:]} == {"y2"}, "scores on their own 0..1 axis"
+    assert {t.xaxis for t in fig.data} == {"x"}, "one step axis"
+    assert "layer 1 head 1" in fig.data[1].name and "layer 2 head 2" in fig.data[2].name
+    assert [(s.x0, s.x1) for s in fig.layout.shapes if s.type == "rect"] == [(100, 250)]

@@ -1,0 +1,341 @@
+"""A training's history (attnviz.training.history): recorded maps and statistics equal a checkpoint's at that
+step, recording leaves the training unchanged, resuming keeps records, torn and hostile folders, the CLI."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import zipfile
+
+import numpy as np
+import pandas as pd
+import pytest
+import torch
+
+import attnviz
+from attnviz.atlas import compute_atlas
+from attnviz.atlas.stats import STATISTICS
+from attnviz.cli import main
+from attnviz.errors import InputError
+from attnviz.training import History, HistoryWriter, formation_step, load_history, loss_drop
+from attnviz.training.data import get_task
+from attnviz.training.formation import rise
+from attnviz.training.history import FORMAT_VERSION, HISTORY, MANIFEST, MAPS, RECORDS
+from attnviz.training.loop import STATE_FILE, train
+from attnviz.training.recording import STATISTICS_PROBES, STATISTICS_SEED, anti_diagonal_share
+
+TINY = dict(d_model=16, n_layers=1, n_heads=2, d_ff=32, batch_size=8, warmup=10, eval_n=10)
+SEQ2SEQ = dict(TINY, spm_sentences=200)
+
+
+def _train(out, task="reverse", steps=6, every=2, **kw):
+    recipe = SEQ2SEQ if task != "induction" else TINY
+    torch.set_num_threads(1)
+    return train(task, out, steps=steps, history_every=every, **{**recipe, **kw})
+
+
+@pytest.fixture(scope="module")
+def reverse_runs(tmp_path_factory):
+    """Six steps recorded every two; the same four steps (a checkpoint at step 4); six steps unrecorded."""
+    root = tmp_path_factory.mktemp("reverse")
+    _train(root / "recorded")
+    _train(root / "four", steps=4, every=0)
+    _train(root / "plain", every=0)
+    return root
+
+
+@pytest.fixture(scope="module")
+def lm_run(tmp_path_factory):
+    out = tmp_path_factory.mktemp("lm") / "run"
+    _train(out, task="induction", steps=4, every=2)
+    return out
+
+
+def _maps(bundle, src: str, tgt: str | None) -> dict[str, np.ndarray]:
+    tok = bundle.tokenizer
+    with torch.no_grad():
+        if bundle.config.decoder_only:
+            ids = torch.tensor([tok.encode_source(src).ids])
+            attn = bundle.model(None, ids, return_attention=True, return_logits=False).attention
+            return {"decoder": attn.stacked("decoder")[:, 0].numpy()}
+        s = torch.tensor([tok.encode_source(src).ids])
+        t = torch.tensor([tok.encode_target(tgt)[0].ids])
+        attn = bundle.model(s, t, return_attention=True, return_logits=False).attention
+        return {kind: attn.stacked(kind)[:, 0].numpy() for kind in ("encoder", "decoder", "cross")}
+
+
+@pytest.mark.slow
+def test_recorded_maps_equal_a_checkpoint_saved_at_that_step(reverse_runs):
+    history = load_history(reverse_runs / "recorded")
+    assert history.step.tolist() == [2, 4, 6]
+    for folder, step in ((reverse_runs / "four", 4), (reverse_runs / "recorded", 6)):
+        bundle = attnviz.load(str(folder), device="cpu")
+        index = history.step.tolist().index(step)
+        for probe in history.probes:
+            for site, maps in _maps(bundle, probe.text, probe.target).items():
+                recorded = probe.maps[site][index]
+                assert recorded.dtype == np.float16 and recorded.shape == maps.shape
+                np.testing.assert_allclose(recorded.astype(np.float32), maps, atol=1e-3, rtol=0)
+        # another step's maps differ from this checkpoint's: the comparison can fail
+        probe = history.probes[0]
+        earlier = probe.maps["cross"][history.step.tolist().index(2)].astype(np.float32)
+        assert not np.allclose(earlier, _maps(bundle, probe.text, probe.target)["cross"], atol=1e-3)
+
+
+@pytest.mark.slow
+def test_recorded_statistics_equal_the_atlas_on_the_same_model(reverse_runs):
+    history = load_history(reverse_runs / "recorded")
+    bundle = attnviz.load(str(reverse_runs / "four"), device="cpu")
+    pairs = get_task("reverse").pairs(STATISTICS_PROBES, STATISTICS_SEED, "heldout")
+    atlas = compute_atlas(bundle, [s for s, _ in pairs], [t for _, t in pairs]).heads
+    recorded = history.heads[history.heads["step"] == 4].reset_index(drop=True)
+    assert list(recorded[["kind", "layer", "head"]].itertuples(index=False)) == list(
+        atlas[["kind", "layer", "head"]].itertuples(index=False)
+    )
+    np.testing.assert_allclose(
+        recorded[list(STATISTICS)].to_numpy(float), atlas[list(STATISTICS)].to_numpy(float), atol=1e-6, equal_nan=True
+    )
+    assert recorded["anti_diagonal"].notna().sum() == (recorded["kind"] == "cross").sum() > 0
+
+
+@pytest.mark.slow
+def test_recording_does_not_change_the_training(reverse_runs):
+    recorded = (reverse_runs / "recorded" / "model.safetensors").read_bytes()
+    assert recorded == (reverse_runs / "plain" / "model.safetensors").read_bytes()
+
+
+@pytest.mark.slow
+def test_resuming_keeps_the_records_and_writes_none_twice(tmp_path, reverse_runs):
+    out = tmp_path / "run"
+    _train(out, steps=4)
+    records = out / HISTORY / RECORDS
+    before = {p.name: p.stat().st_mtime_ns for p in records.iterdir()}
+    assert sorted(before) == ["00000002", "00000004"] and (out / STATE_FILE).is_file()
+    _train(out, steps=6, resume=True)
+    after = {p.name: p.stat().st_mtime_ns for p in records.iterdir()}
+    assert sorted(after) == ["00000002", "00000004", "00000006"]
+    assert all(after[name] == time for name, time in before.items()), "an earlier record was written again"
+    # the resumed training is the uninterrupted one: same weights, same records
+    assert (out / "model.safetensors").read_bytes() == (reverse_runs / "recorded" / "model.safetensors").read_bytes()
+    resumed, whole = load_history(out), load_history(reverse_runs / "recorded")
+    np.testing.assert_array_equal(resumed.heldout_loss, whole.heldout_loss)
+    np.testing.assert_array_equal(resumed.probes[1].maps["cross"], whole.probes[1].maps["cross"])
+
+
+@pytest.mark.slow
+def test_resume_refuses_another_recipe(tmp_path):
+    out = tmp_path / "run"
+    _train(out, steps=2)
+    with pytest.raises(InputError, match="another recipe"):
+        _train(out, steps=4, resume=True, d_ff=64)
+
+
+# ---------------------------------------------------------------------------------------------
+# The writer and reader on synthetic records (fast)
+
+
+def _write(folder, steps=(10, 20, 30), kind="language model", values=None):
+    writer = HistoryWriter(
+        folder, kind, "induction", [("a b a b", None)], {"every": 10}, tokens=[(None, ["<s>", "a", "b", "a", "b"])]
+    )
+    rng = np.random.default_rng(0)
+    for i, step in enumerate(steps):
+        heads = pd.DataFrame(
+            {"kind": "decoder", "layer": [1, 1, 2, 2], "head": [1, 2, 1, 2], "induction": [0.1, 0.2, 0.3, 0.4]}
+        )
+        if values is not None:
+            heads["induction"] = values[i]
+        loss = 3.0 - i
+        writer.record(step, loss + 0.1, loss, 1e-3 * (i + 1), [{"decoder": rng.random((2, 2, 5, 5))}], heads)
+    return writer
+
+
+def test_a_history_round_trips(tmp_path):
+    _write(tmp_path)
+    history = load_history(tmp_path)  # the --out folder; its history/ folder reads the same
+    assert isinstance(history, History) and load_history(tmp_path / HISTORY).step.tolist() == [10, 20, 30]
+    assert history.step.dtype == np.int64 and history.heldout_loss.tolist() == [3.0, 2.0, 1.0]
+    assert history.probes[0].maps["decoder"].shape == (3, 2, 2, 5, 5)
+    assert history.probes[0].maps["decoder"].dtype == np.float16
+    assert history.heads.columns.tolist()[:4] == ["step", "kind", "layer", "head"] and len(history.heads) == 12
+    assert sorted(history.arrays()) == sorted(
+        ["step", "train_loss", "heldout_loss", "p0_tgt_tokens", "p0_decoder", "manifest"]
+    )
+
+
+def test_a_step_is_never_written_twice(tmp_path):
+    writer = _write(tmp_path)
+    maps = tmp_path / HISTORY / RECORDS / "00000020" / MAPS
+    before = maps.read_bytes()
+    heads = pd.DataFrame({"kind": "decoder", "layer": [1], "head": [1], "induction": [0.9]})
+    assert writer.record(20, 0.0, 0.0, 0.0, [{"decoder": np.zeros((2, 2, 5, 5))}], heads) is False
+    assert maps.read_bytes() == before
+    resumed = _write(tmp_path, steps=(20, 30, 40))  # a resumed training's writer adds step 40 only
+    assert sorted(resumed.steps) == [10, 20, 30, 40] and maps.read_bytes() == before
+
+
+def test_a_torn_record_is_ignored_and_cleaned(tmp_path):
+    _write(tmp_path)
+    torn = tmp_path / HISTORY / RECORDS / ".tmp-00000040-999"
+    torn.mkdir()
+    (torn / "losses.parquet").write_bytes(b"PAR1 half")
+    assert load_history(tmp_path).step.tolist() == [10, 20, 30]
+    _write(tmp_path, steps=(40,))
+    assert not torn.exists() and load_history(tmp_path).step.tolist() == [10, 20, 30, 40]
+
+
+def test_a_history_of_another_training_is_refused(tmp_path):
+    _write(tmp_path)
+    with pytest.raises(InputError, match="another training"):
+        HistoryWriter(tmp_path, "language model", "induction", [("x y", None)], {})
+
+
+@pytest.mark.parametrize(
+    "damage, message",
+    [
+        ("no_history", "no training history"),
+        ("truncated_maps", "corrupt"),
+        ("missing_heads", "incomplete"),
+        ("newer_version", "newer attnviz"),
+        ("pickled_maps", "not float16"),
+        ("wrong_shape", "not float16"),
+        ("huge_declared", "over the limit|once decompressed"),
+        ("manifest_not_json", "cannot be read"),
+        ("manifest_tokens_mismatch", "does not match its tokens"),
+        ("linked_maps", "link"),
+        ("wrong_step", "one row, of step"),
+    ],
+)
+def test_hostile_or_damaged_histories_are_refused_with_a_clear_message(tmp_path, damage, message, monkeypatch):
+    _write(tmp_path)
+    folder = tmp_path / HISTORY
+    record = folder / RECORDS / "00000020"
+    manifest = json.loads((folder / MANIFEST).read_text())
+    if damage == "no_history":
+        shutil.rmtree(folder)
+    elif damage == "truncated_maps":
+        data = (record / MAPS).read_bytes()
+        (record / MAPS).write_bytes(data[: len(data) // 2])
+    elif damage == "missing_heads":
+        (record / "heads.parquet").unlink()
+    elif damage == "newer_version":
+        (folder / MANIFEST).write_text(json.dumps({**manifest, "format_version": FORMAT_VERSION + 1}))
+    elif damage == "pickled_maps":
+        np.savez(record / MAPS, p0_decoder=np.array([{"a": 1}], dtype=object))
+    elif damage == "wrong_shape":
+        np.savez(record / MAPS, p0_decoder=np.zeros((2, 2, 5, 6), dtype=np.float16))
+    elif damage == "huge_declared":
+        monkeypatch.setenv("ATTNVIZ_MAX_EXPORT_MB", "0.0001")
+    elif damage == "manifest_not_json":
+        (folder / MANIFEST).write_text("{not json")
+    elif damage == "manifest_tokens_mismatch":
+        manifest["probes"][0]["tgt_tokens"] = ["<s>", "a"]
+        (folder / MANIFEST).write_text(json.dumps(manifest))
+    elif damage == "linked_maps":
+        (record / MAPS).unlink()
+        os.symlink(folder / RECORDS / "00000010" / MAPS, record / MAPS)
+    elif damage == "wrong_step":
+        frame = pd.read_parquet(record / "losses.parquet")
+        frame["step"] = 99
+        frame.to_parquet(record / "losses.parquet", index=False)
+    with pytest.raises(InputError, match=message):
+        load_history(tmp_path)
+
+
+def test_the_reader_never_unpickles(tmp_path, monkeypatch):
+    _write(tmp_path)
+    calls = []
+    real = np.load
+    monkeypatch.setattr(np, "load", lambda *a, **k: calls.append(k.get("allow_pickle")) or real(*a, **k))
+    load_history(tmp_path)
+    assert calls and all(flag is False for flag in calls)
+
+
+def test_members_are_checked_before_decompression(tmp_path):
+    """A maps.npz whose member declares a huge array is refused from its header alone."""
+    _write(tmp_path)
+    path = tmp_path / HISTORY / RECORDS / "00000020" / MAPS
+    header = np.lib.format.header_data_from_array_1_0(np.zeros((2, 2, 5, 5), dtype=np.float16))
+    header["shape"] = (2, 2, 5, 5)
+    with zipfile.ZipFile(path, "w") as archive, archive.open("p0_decoder.npy", "w") as member:
+        np.lib.format.write_array_header_1_0(member, {**header, "descr": "<f8"})
+    with pytest.raises(InputError, match="not float16"):
+        load_history(tmp_path)
+
+
+# ---------------------------------------------------------------------------------------------
+# Formation criteria (fast, on synthetic histories)
+
+
+def test_formation_step_and_the_windows(tmp_path):
+    values = [[0.1, 0.2, 0.3, 0.1], [0.1, 0.2, 0.3, 0.55], [0.1, 0.2, 0.3, 0.9]]
+    _write(tmp_path, values=values)
+    history = load_history(tmp_path)
+    assert formation_step(history, "induction", "decoder", 2, 2) == 20
+    assert formation_step(history, "induction", "decoder", 2, 2, threshold=0.6) == 30
+    assert formation_step(history, "induction", "decoder", 1, 1) is None
+    # the held-out loss 3, 2, 1: 10% of its drop is reached at step 20, 90% at step 30
+    assert loss_drop(history) == (20, 30)
+    # the head's rise 0.1 -> 0.9: 10% (0.18) at step 20, 90% (0.82) at step 30
+    assert rise(history, "induction", "decoder", 2, 2) == (20, 30)
+    with pytest.raises(ValueError, match="no statistic"):
+        formation_step(history, "nonsense", "decoder", 1, 1)
+
+
+def test_anti_diagonal_share_against_a_loop():
+    rng = np.random.default_rng(1)
+    cross = rng.random((2, 3, 6, 7))
+    cross /= cross.sum(-1, keepdims=True)
+    n_src, n_tgt = 6, 6  # six letters and </s>; <s> and six letters
+    expected = np.zeros((2, 3))
+    for layer in range(2):
+        for head in range(3):
+            expected[layer, head] = np.mean([cross[layer, head, i, n_src - 1 - i] for i in range(min(n_tgt, n_src))])
+    np.testing.assert_allclose(anti_diagonal_share(cross, n_src, n_tgt), expected)
+    mirror = np.zeros((1, 1, 6, 7))
+    for i in range(6):
+        mirror[0, 0, i, 5 - i] = 1
+    assert anti_diagonal_share(mirror, 6, 6)[0, 0] == 1
+
+
+# ---------------------------------------------------------------------------------------------
+# attnviz history
+
+
+@pytest.mark.slow
+def test_cli_history_writes_the_issue_arrays(tmp_path, lm_run, reverse_runs, capsys):
+    out = tmp_path / "lm.npz"
+    assert main(["history", str(lm_run), "--out", str(out)]) == 0
+    with np.load(out, allow_pickle=False) as z:
+        names = set(z.files)
+        assert names == {"step", "train_loss", "heldout_loss", "manifest"} | {
+            f"p{p}_{part}" for p in range(3) for part in ("tgt_tokens", "decoder")
+        }
+        N = len(z["step"])
+        assert z["step"].tolist() == [2, 4] and z["train_loss"].shape == z["heldout_loss"].shape == (N,)
+        T = len(z["p0_tgt_tokens"])
+        assert z["p0_decoder"].shape == (N, 1, 2, T, T)
+        assert json.loads(str(z["manifest"]))["kind"] == "language model"
+    out = tmp_path / "reverse.npz"
+    assert main(["history", str(reverse_runs / "recorded"), "--out", str(out)]) == 0
+    with np.load(out, allow_pickle=False) as z:
+        S, T = len(z["p1_src_tokens"]), len(z["p1_tgt_tokens"])
+        assert z["p1_encoder"].shape == (3, 1, 2, S, S)
+        assert z["p1_decoder"].shape == (3, 1, 2, T, T)
+        assert z["p1_cross"].shape == (3, 1, 2, T, S)
+    csv = tmp_path / "reverse.csv"
+    assert main(["history", str(reverse_runs / "recorded"), "--out", str(csv)]) == 0
+    table = pd.read_csv(csv)
+    assert table.columns.tolist() == ["step", "kind", "layer", "head", "statistic", "value"]
+    assert set(table["statistic"]) >= {"train_loss", "heldout_loss", "lr", "anti_diagonal", "previous", "entropy"}
+    assert "wrote" in capsys.readouterr().out
+
+
+def test_cli_history_bad_input_is_one_line_and_exit_2(tmp_path, capsys):
+    assert main(["history", str(tmp_path), "--out", str(tmp_path / "f.npz")]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("attnviz: error: no training history") and err.count("\n") == 1
+    _write(tmp_path)
+    assert main(["history", str(tmp_path), "--out", str(tmp_path / "f.txt")]) == 2
+    assert ".npz" in capsys.readouterr().err
