@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import functools
 import os
+import sys
 
 import numpy as np
 import pytest
@@ -82,6 +84,20 @@ def rooms_in_a_test_folder(tmp_path_factory):
 
 
 @pytest.fixture(scope="session")
+def browser_app(tmp_path_factory):
+    """The address of one app server that the browser modules share (test_browser.serving_test_models).
+
+    A fresh server imports torch and loads each model on its first visit: the modules whose server has
+    no setting of its own (test_browser, test_browser_clicks, test_browser_phone, test_browser_long_model,
+    test_doc_links) start it once per session, not once each.
+    """
+    from test_browser import serving_test_models
+
+    with serving_test_models(tmp_path_factory) as url:
+        yield url
+
+
+@pytest.fixture(scope="session")
 def tiny_cfg() -> TransformerConfig:
     return tiny_config()
 
@@ -148,6 +164,23 @@ def toy_export(seed: int = 0, layers: int = 2, heads: int = 4, **manifest) -> At
 
 # ---------------------------------------------------------------------------------------------
 # AppTest: Streamlit's caches are process-global, so app tests start from empty ones.
+
+
+def pytest_runtest_setup(item):
+    """Once Streamlit is imported, every AppTest reuses one scan of the installed component manifests.
+
+    Streamlit 1.67 scans every installed distribution's metadata for component manifests on each new
+    AppTest's first run (about 700 metadata files parsed: most of the time of an AppTest whose page is
+    cached). The installed packages do not change during a test session, so they are scanned once;
+    servers the tests start still scan for themselves.
+    """
+    if "streamlit" not in sys.modules:
+        return
+    from streamlit.components.v2 import manifest_scanner
+
+    scan = manifest_scanner.scan_component_manifests
+    if not hasattr(scan, "cache_info"):
+        manifest_scanner.scan_component_manifests = functools.cache(scan)
 
 
 @pytest.fixture

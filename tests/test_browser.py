@@ -119,8 +119,10 @@ def _need_browser() -> None:
         pytest.skip(reason)
 
 
-@pytest.fixture(scope="module")
-def server(tmp_path_factory):
+@contextlib.contextmanager
+def serving_test_models(tmp_path_factory):
+    """An app server on the shipped models and this module's random ones (long, long-lm, one folder per
+    language-model family): its address while it runs."""
     _need_browser()
     models = tmp_path_factory.mktemp("models")
     build_random_model(models / "long", max_len=LONG + 100)
@@ -135,6 +137,27 @@ def server(tmp_path_factory):
     env = {**os.environ, "ATTNVIZ_MODEL_ROOTS": os.pathsep.join([str(pretrained_dir()), str(models)])}
     with running_app(env) as url:
         yield url
+
+
+@pytest.fixture(scope="module")
+def server(browser_app):
+    """The session's app server (conftest.browser_app): the browser modules share one start and its warm models."""
+    return browser_app
+
+
+@pytest.fixture(scope="module")
+def browser():
+    """One chromium for the module; each test opens its own page (a fresh context: no cookies or storage shared)."""
+    from playwright.sync_api import sync_playwright
+
+    _need_browser()
+    ARTIFACTS.mkdir(exist_ok=True)
+    with sync_playwright() as p:
+        chromium = p.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_ARGS)
+        try:
+            yield chromium
+        finally:
+            chromium.close()
 
 
 def _wait_for_run(page) -> None:
@@ -159,155 +182,135 @@ _TITLE_CLASHES = """() => {
 }"""
 
 
-def test_every_page_renders_without_exception(server):
-    from playwright.sync_api import sync_playwright
-
+def test_every_page_renders_without_exception(server, browser):
     ARTIFACTS.mkdir(exist_ok=True)
-    with sync_playwright() as p:
-        browser = p.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_ARGS)
-        page = browser.new_page(viewport={"width": 1400, "height": 1000})
-        try:
-            for name, path in PAGES.items():
-                page.goto(f"{server}/{path}")
-                _wait_for_run(page)
-                page.screenshot(path=str(ARTIFACTS / f"{name}.png"))
-                assert page.locator("[data-testid='stException']").count() == 0, f"exception on {name}"
-                content = ".js-plotly-plot, [data-testid='stTable'], [data-testid='stDataFrame']"
-                assert page.locator(content).count() >= 1, f"nothing drawn on {name}"
-                assert not page.evaluate(_TITLE_CLASHES), f"a title runs into its key labels on {name}"
-        finally:
-            browser.close()
+    page = browser.new_page(viewport={"width": 1400, "height": 1000})
+    try:
+        for name, path in PAGES.items():
+            page.goto(f"{server}/{path}")
+            _wait_for_run(page)
+            page.screenshot(path=str(ARTIFACTS / f"{name}.png"))
+            assert page.locator("[data-testid='stException']").count() == 0, f"exception on {name}"
+            content = ".js-plotly-plot, [data-testid='stTable'], [data-testid='stDataFrame']"
+            assert page.locator(content).count() >= 1, f"nothing drawn on {name}"
+            assert not page.evaluate(_TITLE_CLASHES), f"a title runs into its key labels on {name}"
+    finally:
+        page.close()
 
 
 def _plot_titles(page) -> list[str]:
     return page.locator(".js-plotly-plot .gtitle").evaluate_all("titles => titles.map(t => t.textContent.trim())")
 
 
-def test_a_link_opens_the_exact_view_and_bad_values_fall_back_with_a_notice(server):
-    from playwright.sync_api import sync_playwright
+def test_a_link_opens_the_exact_view_and_bad_values_fall_back_with_a_notice(server, browser):
+    page = browser.new_page(viewport={"width": 1400, "height": 1000})
+    try:
+        page.goto(f"{server}/explorer?model=reverse&src=h+e+l+l+o&kind=encoder&layer=2&head=3")
+        _wait_for_run(page)
+        assert page.locator("[data-testid='stException']").count() == 0
+        assert "Encoder self-attention, layer 2, head 3" in _plot_titles(page)
+        assert page.locator("textarea").first.input_value() == "h e l l o"
+        assert "layer=2" in page.url and "head=3" in page.url, "the address bar keeps the view"
 
-    with sync_playwright() as p:
-        browser = p.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_ARGS)
-        page = browser.new_page(viewport={"width": 1400, "height": 1000})
-        try:
-            page.goto(f"{server}/explorer?model=reverse&src=h+e+l+l+o&kind=encoder&layer=2&head=3")
-            _wait_for_run(page)
-            assert page.locator("[data-testid='stException']").count() == 0
-            assert "Encoder self-attention, layer 2, head 3" in _plot_titles(page)
-            assert page.locator("textarea").first.input_value() == "h e l l o"
-            assert "layer=2" in page.url and "head=3" in page.url, "the address bar keeps the view"
-
-            page.goto(f"{server}/explorer?layer=99&kind=bogus")
-            _wait_for_run(page)
-            assert page.locator("[data-testid='stException']").count() == 0
-            toast = page.locator("[data-testid='stToast']").all_inner_texts()
-            assert any("layer='99'" in t and "kind='bogus'" in t for t in toast), toast
-            assert "Cross-attention (encoder-decoder), layer 3, head 1" in _plot_titles(page)  # en-de's clearest
-            page.screenshot(path=str(ARTIFACTS / "link-fallback.png"))
-        finally:
-            browser.close()
+        page.goto(f"{server}/explorer?layer=99&kind=bogus")
+        _wait_for_run(page)
+        assert page.locator("[data-testid='stException']").count() == 0
+        toast = page.locator("[data-testid='stToast']").all_inner_texts()
+        assert any("layer='99'" in t and "kind='bogus'" in t for t in toast), toast
+        assert "Cross-attention (encoder-decoder), layer 3, head 1" in _plot_titles(page)  # en-de's clearest
+        page.screenshot(path=str(ARTIFACTS / "link-fallback.png"))
+    finally:
+        page.close()
 
 
-def test_clicking_an_importance_cell_switches_that_head_off(server):
+def test_clicking_an_importance_cell_switches_that_head_off(server, browser):
     """A real click on the importance grid of "Beyond the weights" fills the ablation panel."""
-    from playwright.sync_api import sync_playwright
-
-    with sync_playwright() as p:
-        browser = p.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_ARGS)
-        page = browser.new_page(viewport={"width": 1400, "height": 1000})
-        try:
-            page.goto(f"{server}/beyond")
-            _wait_for_run(page)
-            grid = page.locator(".js-plotly-plot", has_text="Decoder self-attention (masked)").last
-            grid.scroll_into_view_if_needed()
-            cell = grid.locator(".scatterlayer path.point").first  # layer 1, head 1: the first cell
-            cell.wait_for(state="visible", timeout=60_000)
-            box = cell.bounding_box()
-            assert box is not None, "the grid's cells are drawn"
-            page.mouse.click(box["x"] + box["width"] / 2, box["y"] + box["height"] / 2)
-            _wait_for_run(page)
-            chosen = page.locator("[data-testid='stMultiSelect']").first.inner_text()
-            assert "decoder:1.1" in chosen, chosen
-            assert page.get_by_text("19998 (changed)").count() >= 1, "the panel shows that head switched off"
-            assert page.locator("[data-testid='stException']").count() == 0
-        finally:
-            browser.close()
+    page = browser.new_page(viewport={"width": 1400, "height": 1000})
+    try:
+        page.goto(f"{server}/beyond")
+        _wait_for_run(page)
+        grid = page.locator(".js-plotly-plot", has_text="Decoder self-attention (masked)").last
+        grid.scroll_into_view_if_needed()
+        cell = grid.locator(".scatterlayer path.point").first  # layer 1, head 1: the first cell
+        cell.wait_for(state="visible", timeout=60_000)
+        box = cell.bounding_box()
+        assert box is not None, "the grid's cells are drawn"
+        page.mouse.click(box["x"] + box["width"] / 2, box["y"] + box["height"] / 2)
+        _wait_for_run(page)
+        chosen = page.locator("[data-testid='stMultiSelect']").first.inner_text()
+        assert "decoder:1.1" in chosen, chosen
+        assert page.get_by_text("19998 (changed)").count() >= 1, "the panel shows that head switched off"
+        assert page.locator("[data-testid='stException']").count() == 0
+    finally:
+        page.close()
 
 
 def _no_exception(page, what: str) -> None:
     assert page.locator("[data-testid='stException']").count() == 0, f"exception on {what}"
 
 
-def test_a_1000_token_input_opens_every_view(server):
+def test_a_1000_token_input_opens_every_view(server, browser):
     """A random model whose positions allow 1000 tokens: every view of the explorer, and Compare, draw."""
     from urllib.parse import urlencode
 
-    from playwright.sync_api import sync_playwright
-
     views = ["One head", "All heads (model view)", "Lines", "Aggregate", "Head statistics", "Q-K embedding"]
     base = {"model": CUSTOM_PATH, "model_path": "long", "src": letters(LONG - 1), "kind": "encoder"}
-    with sync_playwright() as p:
-        browser = p.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_ARGS)
-        page = browser.new_page(viewport={"width": 1400, "height": 1000})
-        try:
-            for view in views:
-                contrast = "logarithmic" if view == "Lines" else "each row to its maximum"  # as the radio shows it
-                extra = {"contrast": contrast, "words": "true" if view == "Lines" else "false"}
-                page.goto(f"{server}/explorer?" + urlencode({**base, "view": view, **extra}))
-                _wait_for_run(page)
-                _no_exception(page, view)
-                assert page.locator("[data-testid='stToast']").count() == 0, f"a link value was set aside on {view}"
-                assert page.locator(".js-plotly-plot, [data-testid='stDataFrame']").count() >= 1, f"nothing on {view}"
-                if view == "One head":
-                    assert page.locator(".js-plotly-plot .im image").count() == 1, "the long map is an image"
-                    assert "1000 x 1000, one pixel per weight" in " ".join(_plot_subtitles(page))
-                    page.screenshot(path=str(ARTIFACTS / "long-one-head.png"))
-                if view == "All heads (model view)":
-                    page.screenshot(path=str(ARTIFACTS / "long-grid.png"))
-            link = {**base, "cmp_src": letters(LONG - 1)[:-2] + " q", "cmp_kind": "encoder"}  # same shape
-            page.goto(f"{server}/compare?" + urlencode(link))
+    page = browser.new_page(viewport={"width": 1400, "height": 1000})
+    try:
+        for view in views:
+            contrast = "logarithmic" if view == "Lines" else "each row to its maximum"  # as the radio shows it
+            extra = {"contrast": contrast, "words": "true" if view == "Lines" else "false"}
+            page.goto(f"{server}/explorer?" + urlencode({**base, "view": view, **extra}))
             _wait_for_run(page)
-            _no_exception(page, "compare")
-            assert page.locator(".js-plotly-plot").count() == 3, "A, B and their difference"
-            page.screenshot(path=str(ARTIFACTS / "long-compare.png"))
-        finally:
-            browser.close()
+            _no_exception(page, view)
+            assert page.locator("[data-testid='stToast']").count() == 0, f"a link value was set aside on {view}"
+            assert page.locator(".js-plotly-plot, [data-testid='stDataFrame']").count() >= 1, f"nothing on {view}"
+            if view == "One head":
+                assert page.locator(".js-plotly-plot .im image").count() == 1, "the long map is an image"
+                assert "1000 x 1000, one pixel per weight" in " ".join(_plot_subtitles(page))
+                page.screenshot(path=str(ARTIFACTS / "long-one-head.png"))
+            if view == "All heads (model view)":
+                page.screenshot(path=str(ARTIFACTS / "long-grid.png"))
+        link = {**base, "cmp_src": letters(LONG - 1)[:-2] + " q", "cmp_kind": "encoder"}  # same shape
+        page.goto(f"{server}/compare?" + urlencode(link))
+        _wait_for_run(page)
+        _no_exception(page, "compare")
+        assert page.locator(".js-plotly-plot").count() == 3, "A, B and their difference"
+        page.screenshot(path=str(ARTIFACTS / "long-compare.png"))
+    finally:
+        page.close()
 
 
 def _plot_subtitles(page) -> list[str]:
     return page.locator(".js-plotly-plot").evaluate_all("plots => plots.map(p => p.textContent)")
 
 
-def test_a_click_on_the_grid_opens_that_head(server):
-    from playwright.sync_api import sync_playwright
-
-    with sync_playwright() as p:
-        browser = p.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_ARGS)
-        page = browser.new_page(viewport={"width": 1400, "height": 1000})
-        try:
-            page.goto(f"{server}/explorer?model=en-de&kind=encoder&view=All+heads+%28model+view%29")
-            _wait_for_run(page)
-            # The script has finished; plotly draws the grid after that, in the browser: wait for its
-            # points, never count them at once (0 were found on a loaded machine).
-            selector = ".js-plotly-plot .scatterlayer .trace .points path"
-            page.wait_for_function(f"() => document.querySelectorAll({selector!r}).length >= 12", timeout=60_000)
-            points = page.locator(selector)
-            assert points.count() == 3 * 4, "one point per layer and head of en-de"
-            box = points.nth((2 - 1) * 4 + (3 - 1)).bounding_box()  # layer 2, head 3
-            page.mouse.move(box["x"] + box["width"] / 2, box["y"] + box["height"] / 2)
-            page.mouse.click(box["x"] + box["width"] / 2, box["y"] + box["height"] / 2)
-            page.wait_for_function(
-                "() => [...document.querySelectorAll('.js-plotly-plot .gtitle')]"
-                ".some(t => t.textContent.includes('layer 2, head 3'))",
-                timeout=60_000,
-            )
-            _wait_for_run(page)
-            _no_exception(page, "the grid's click")
-            assert "Encoder self-attention, layer 2, head 3" in _plot_titles(page)
-            assert "view=one" in page.url or "view=" not in page.url, page.url
-            page.screenshot(path=str(ARTIFACTS / "grid-click.png"))
-        finally:
-            browser.close()
+def test_a_click_on_the_grid_opens_that_head(server, browser):
+    page = browser.new_page(viewport={"width": 1400, "height": 1000})
+    try:
+        page.goto(f"{server}/explorer?model=en-de&kind=encoder&view=All+heads+%28model+view%29")
+        _wait_for_run(page)
+        # The script has finished; plotly draws the grid after that, in the browser: wait for its
+        # points, never count them at once (0 were found on a loaded machine).
+        selector = ".js-plotly-plot .scatterlayer .trace .points path"
+        page.wait_for_function(f"() => document.querySelectorAll({selector!r}).length >= 12", timeout=60_000)
+        points = page.locator(selector)
+        assert points.count() == 3 * 4, "one point per layer and head of en-de"
+        box = points.nth((2 - 1) * 4 + (3 - 1)).bounding_box()  # layer 2, head 3
+        page.mouse.move(box["x"] + box["width"] / 2, box["y"] + box["height"] / 2)
+        page.mouse.click(box["x"] + box["width"] / 2, box["y"] + box["height"] / 2)
+        page.wait_for_function(
+            "() => [...document.querySelectorAll('.js-plotly-plot .gtitle')]"
+            ".some(t => t.textContent.includes('layer 2, head 3'))",
+            timeout=60_000,
+        )
+        _wait_for_run(page)
+        _no_exception(page, "the grid's click")
+        assert "Encoder self-attention, layer 2, head 3" in _plot_titles(page)
+        assert "view=one" in page.url or "view=" not in page.url, page.url
+        page.screenshot(path=str(ARTIFACTS / "grid-click.png"))
+    finally:
+        page.close()
 
 
 # In presenter mode the page fits the screen's width and the sidebar is folded away.
@@ -321,42 +324,36 @@ _ROOM = """() => {
 
 
 @pytest.mark.parametrize("size", [(1920, 1080), (1280, 720)], ids=["1920x1080", "1280x720"])
-def test_presenter_mode_puts_each_pages_picture_on_a_readable_first_screen(server, size):
+def test_presenter_mode_puts_each_pages_picture_on_a_readable_first_screen(server, browser, size):
     """Every page, every tab and every walkthrough stage in presenter mode (presenter_checks): the main
     picture whole on the first screen, no empty band under a chart's title, colour bars' labels apart,
     axis titles whole, slider values clear of their sliders, and no text under 18 px, faded or cut short."""
-    from playwright.sync_api import sync_playwright
-
     from attnviz.lessons.walkthrough import stage_list
 
     width, height = size
     stages = [title for _, title in stage_list(encoder_only=False)]  # the default model has both halves
     failures = []
-    with sync_playwright() as p:
-        browser = p.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_ARGS)
-        page = browser.new_page(viewport={"width": width, "height": height})
-        try:
-            for name, path in PAGES.items():
-                for view in presenter_checks.views(page, f"{server}/{path}", name, settled, stages):
-                    _no_exception(page, f"{view} in presenter mode")
-                    assert page.locator("[data-testid='stToast']").count() == 0, view
-                    room = page.evaluate(_ROOM)
-                    assert room["sideways"] <= 0, f"{view} scrolls sideways at {width}x{height}: {room}"
-                    assert room["sidebar"] <= 0, f"{view}: the sidebar is not folded away: {room}"
-                    shot = re.sub(r"[^a-z0-9]+", "-", view.lower()).strip("-")
-                    page.screenshot(path=str(ARTIFACTS / f"present-{shot}-{width}.png"))
-                    limits = [presenter_checks.MIN_TEXT_PX, presenter_checks.MAX_TITLE_GAP_PX]
-                    seen = page.evaluate(presenter_checks.MEASURE, [*limits, presenter_checks.PICTURE_TITLES.get(view)])
-                    picture = seen["picture"]
-                    if picture is None:
-                        failures.append(f"{view}: no main picture")
-                    elif picture["bottom"] > height:
-                        failures.append(
-                            f"{view}: {picture['name']!r} ends at {picture['bottom']:.0f} px, below the fold"
-                        )
-                    failures += [f"{view}: {problem}" for problem in dict.fromkeys(seen["problems"])]
-        finally:
-            browser.close()
+    page = browser.new_page(viewport={"width": width, "height": height})
+    try:
+        for name, path in PAGES.items():
+            for view in presenter_checks.views(page, f"{server}/{path}", name, settled, stages):
+                _no_exception(page, f"{view} in presenter mode")
+                assert page.locator("[data-testid='stToast']").count() == 0, view
+                room = page.evaluate(_ROOM)
+                assert room["sideways"] <= 0, f"{view} scrolls sideways at {width}x{height}: {room}"
+                assert room["sidebar"] <= 0, f"{view}: the sidebar is not folded away: {room}"
+                shot = re.sub(r"[^a-z0-9]+", "-", view.lower()).strip("-")
+                page.screenshot(path=str(ARTIFACTS / f"present-{shot}-{width}.png"))
+                limits = [presenter_checks.MIN_TEXT_PX, presenter_checks.MAX_TITLE_GAP_PX]
+                seen = page.evaluate(presenter_checks.MEASURE, [*limits, presenter_checks.PICTURE_TITLES.get(view)])
+                picture = seen["picture"]
+                if picture is None:
+                    failures.append(f"{view}: no main picture")
+                elif picture["bottom"] > height:
+                    failures.append(f"{view}: {picture['name']!r} ends at {picture['bottom']:.0f} px, below the fold")
+                failures += [f"{view}: {problem}" for problem in dict.fromkeys(seen["problems"])]
+    finally:
+        page.close()
     assert not failures, f"{len(failures)} problems at {width}x{height}:\n" + "\n".join(failures)
 
 
@@ -368,30 +365,26 @@ def _from_this_server(url: str) -> bool:
     return urlparse(url.removeprefix("blob:")).hostname == "127.0.0.1"
 
 
-def test_a_crafted_link_draws_no_link_and_no_image_on_any_page(server):
+def test_a_crafted_link_draws_no_link_and_no_image_on_any_page(server, browser):
     """Markdown, HTML and bare addresses in every parameter stay text: nothing points off this server."""
     from urllib.parse import urlencode
-
-    from playwright.sync_api import sync_playwright
 
     link, image = "[Session expired: log in again](https://evil.example/login)", "![t](http://evil.example/t.png)"
     params = {key: link for key in ("src", "tgt", "cmp_src", "at_folder", "model_path")}
     params.update({"head": image, "layer": "<img src=http://evil.example/x.png>", "kind": "www.evil.example"})
     outside = "a[href*='evil.example'], img[src*='evil.example'], [style*='evil.example']"
-    with sync_playwright() as p:
-        browser = p.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_ARGS)
-        page = browser.new_page(viewport={"width": 1400, "height": 1000})
-        requests = []
-        page.on("request", lambda r: requests.append(r.url) if not _from_this_server(r.url) else None)
-        try:
-            for name, path in PAGES.items():
-                page.goto(f"{server}/{path}?" + urlencode(params))
-                _wait_for_run(page)
-                _no_exception(page, f"{name} opened from a crafted link")
-                assert page.locator(outside).count() == 0, f"{name} draws a link or an image the app did not put there"
-            assert not requests, f"the browser asked another host for {requests}"
-        finally:
-            browser.close()
+    page = browser.new_page(viewport={"width": 1400, "height": 1000})
+    requests = []
+    page.on("request", lambda r: requests.append(r.url) if not _from_this_server(r.url) else None)
+    try:
+        for name, path in PAGES.items():
+            page.goto(f"{server}/{path}?" + urlencode(params))
+            _wait_for_run(page)
+            _no_exception(page, f"{name} opened from a crafted link")
+            assert page.locator(outside).count() == 0, f"{name} draws a link or an image the app did not put there"
+        assert not requests, f"the browser asked another host for {requests}"
+    finally:
+        page.close()
 
 
 @pytest.mark.parametrize(
@@ -401,14 +394,11 @@ def test_a_crafted_link_draws_no_link_and_no_image_on_any_page(server):
         ("explorer?model=reverse&src=h+e+l+l+o&kind=encoder&layer=2&head=3", "Attention explorer", "layer 2, head 3"),
     ],
 )
-def test_a_deep_link_opened_first_after_a_restart_gets_the_whole_frame(link, heading, title):
+def test_a_deep_link_opened_first_after_a_restart_gets_the_whole_frame(browser, link, heading, title):
     """A server's first run goes through Streamlit's old pages/ mode and runs the page file alone: the
     frame, called by the page itself, must still draw the sidebar, the title, the view and the footer."""
-    from playwright.sync_api import sync_playwright
-
     _need_browser()
-    with running_app(dict(os.environ)) as url, sync_playwright() as p:
-        browser = p.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_ARGS)
+    with running_app(dict(os.environ)) as url:
         page = browser.new_page(viewport={"width": 1400, "height": 1000})
         try:
             page.goto(f"{url}/{link}")  # the first request this server ever serves
@@ -420,7 +410,7 @@ def test_a_deep_link_opened_first_after_a_restart_gets_the_whole_frame(link, hea
             assert any(title in t for t in page.locator("body").all_inner_texts()), "the linked view"
             assert page.get_by_text("Every choice on this page is in the address bar").count() == 1, "the footer"
         finally:
-            browser.close()
+            page.close()
 
 
 @pytest.mark.parametrize(
@@ -428,83 +418,75 @@ def test_a_deep_link_opened_first_after_a_restart_gets_the_whole_frame(link, hea
     [{"model": "induction"}] + [{"model": CUSTOM_PATH, "model_path": family} for family in LM_FAMILIES],
     ids=["induction", *LM_FAMILIES],
 )
-def test_every_page_draws_a_language_model(server, model):
+def test_every_page_draws_a_language_model(server, browser, model):
     """The shipped induction model and random GPT-2, Llama and Qwen2 folders, opened from a link on every
     page: each page draws with no exception and no error message, and the sidebar asks for a prompt."""
     from urllib.parse import urlencode
 
-    from playwright.sync_api import sync_playwright
-
     if model.get("model_path") in LM_FAMILIES:
         pytest.importorskip("transformers")
     params = {**model, "src": "q w e r t y q w e r t y" if model["model"] == "induction" else "the cat sat on"}
-    with sync_playwright() as p:
-        browser = p.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_ARGS)
-        page = browser.new_page(viewport={"width": 1400, "height": 1000})
-        try:
-            for name, path in PAGES.items():
-                page.goto(f"{server}/{path}?" + urlencode(params))
-                _wait_for_run(page)
-                _no_exception(page, f"{name} on a language model")
-                errors = page.locator("[data-testid='stAlertContentError']").all_inner_texts()
-                assert not errors, f"{name}: {errors}"
-                assert page.get_by_text("Prompt", exact=True).count() >= 1, f"{name}: the sidebar asks for a prompt"
-            name = params.get("model_path", params["model"])
-            page.screenshot(path=str(ARTIFACTS / f"lm-{name}-last-page.png"))
-        finally:
-            browser.close()
+    page = browser.new_page(viewport={"width": 1400, "height": 1000})
+    try:
+        for name, path in PAGES.items():
+            page.goto(f"{server}/{path}?" + urlencode(params))
+            _wait_for_run(page)
+            _no_exception(page, f"{name} on a language model")
+            errors = page.locator("[data-testid='stAlertContentError']").all_inner_texts()
+            assert not errors, f"{name}: {errors}"
+            assert page.get_by_text("Prompt", exact=True).count() >= 1, f"{name}: the sidebar asks for a prompt"
+        name = params.get("model_path", params["model"])
+        page.screenshot(path=str(ARTIFACTS / f"lm-{name}-last-page.png"))
+    finally:
+        page.close()
 
 
-def test_a_long_prompt_is_drawn_tile_by_tile_and_a_dragged_box_zooms_exactly(server):
+def test_a_long_prompt_is_drawn_tile_by_tile_and_a_dragged_box_zooms_exactly(server, browser):
     """A 3000-token prompt, over what the server makes at once: one head's overview, a box dragged on it
     opens that region exactly (its weights on hover), and every head and the statistics draw too."""
     from urllib.parse import urlencode
 
-    from playwright.sync_api import sync_playwright
-
     params = {"model": CUSTOM_PATH, "model_path": "long-lm", "src": letters(LONG_LM - 1), "layer": "2", "head": "1"}
     overview = f"queries 0-{LONG_LM - 1}, keys 0-{LONG_LM - 1}"
-    with sync_playwright() as p:
-        browser = p.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_ARGS)
-        page = browser.new_page(viewport={"width": 1400, "height": 1000})
-        try:
-            page.goto(f"{server}/explorer?" + urlencode({**params, "view": "One head"}))
+    page = browser.new_page(viewport={"width": 1400, "height": 1000})
+    try:
+        page.goto(f"{server}/explorer?" + urlencode({**params, "view": "One head"}))
+        _wait_for_run(page)
+        _no_exception(page, "a long prompt's one head")
+        assert page.get_by_text("tile by tile", exact=False).count() >= 1
+        assert page.locator(".js-plotly-plot").filter(has_text=overview).count() == 1, "the overview"
+        zoom = "head 1: queries"
+        assert "queries 0-47, keys 0-47" in page.evaluate(ZOOM_TITLE, zoom), "the zoom opens on the first positions"
+        drag_box(page, ["head 1", overview], LONG_LM, (2000, 2090), (1000, 1090))
+        page.mouse.up()
+        moved = f"(text) => {{ const t = ({ZOOM_TITLE})(text); return !!t && !t.includes('queries 0-47'); }}"
+        page.wait_for_function(moved, arg=zoom, timeout=60_000)  # the box's heatmap replaced the first
+        _wait_for_run(page)
+        title = page.evaluate(ZOOM_TITLE, zoom)
+        q0, q1, k0, k1 = (int(v) for v in re.search(r"queries (\d+)-(\d+), keys (\d+)-(\d+)", title).groups())
+        assert 1950 <= q0 <= 2050 and 60 <= q1 - q0 < 128, title  # about the box, every cell in it
+        assert 950 <= k0 <= 1050 and 60 <= k1 - k0 < 128, title
+        assert "zoom_q" in page.url, "the zoom is in the link"
+        page.screenshot(path=str(ARTIFACTS / "long-prompt-zoom.png"))
+        # The link opens that region: the address bar's own, and a range written by hand as one value.
+        here = urlencode({**params, "view": "One head"})
+        for link in (page.url, f"{server}/explorer?{here}&zoom_q=2000-2090&zoom_k=1000,1090"):
+            shared = browser.new_page(viewport={"width": 1400, "height": 1000})
+            shared.goto(link)
+            _wait_for_run(shared)
+            _no_exception(shared, "a zoom link")
+            opened = shared.evaluate(ZOOM_TITLE, zoom) or ""
+            want = title if link == page.url else "queries 2000-2090, keys 1000-1090"
+            assert opened.endswith(want[want.index("queries") :]), (link[-80:], opened)
+            shared.locator(".js-plotly-plot").filter(has_text=opened).first.scroll_into_view_if_needed()
+            shared.screenshot(path=str(ARTIFACTS / "long-prompt-zoom-link.png"))
+            shared.close()
+        for view in ("All heads (model view)", "Head statistics"):
+            page.goto(f"{server}/explorer?" + urlencode({**params, "view": view}))
             _wait_for_run(page)
-            _no_exception(page, "a long prompt's one head")
-            assert page.get_by_text("tile by tile", exact=False).count() >= 1
-            assert page.locator(".js-plotly-plot").filter(has_text=overview).count() == 1, "the overview"
-            zoom = "head 1: queries"
-            assert "queries 0-47, keys 0-47" in page.evaluate(ZOOM_TITLE, zoom), "the zoom opens on the first positions"
-            drag_box(page, ["head 1", overview], LONG_LM, (2000, 2090), (1000, 1090))
-            page.mouse.up()
-            moved = f"(text) => {{ const t = ({ZOOM_TITLE})(text); return !!t && !t.includes('queries 0-47'); }}"
-            page.wait_for_function(moved, arg=zoom, timeout=60_000)  # the box's heatmap replaced the first
-            _wait_for_run(page)
-            title = page.evaluate(ZOOM_TITLE, zoom)
-            q0, q1, k0, k1 = (int(v) for v in re.search(r"queries (\d+)-(\d+), keys (\d+)-(\d+)", title).groups())
-            assert 1950 <= q0 <= 2050 and 60 <= q1 - q0 < 128, title  # about the box, every cell in it
-            assert 950 <= k0 <= 1050 and 60 <= k1 - k0 < 128, title
-            assert "zoom_q" in page.url, "the zoom is in the link"
-            page.screenshot(path=str(ARTIFACTS / "long-prompt-zoom.png"))
-            # The link opens that region: the address bar's own, and a range written by hand as one value.
-            here = urlencode({**params, "view": "One head"})
-            for link in (page.url, f"{server}/explorer?{here}&zoom_q=2000-2090&zoom_k=1000,1090"):
-                shared = browser.new_page(viewport={"width": 1400, "height": 1000})
-                shared.goto(link)
-                _wait_for_run(shared)
-                _no_exception(shared, "a zoom link")
-                opened = shared.evaluate(ZOOM_TITLE, zoom) or ""
-                want = title if link == page.url else "queries 2000-2090, keys 1000-1090"
-                assert opened.endswith(want[want.index("queries") :]), (link[-80:], opened)
-                shared.locator(".js-plotly-plot").filter(has_text=opened).first.scroll_into_view_if_needed()
-                shared.screenshot(path=str(ARTIFACTS / "long-prompt-zoom-link.png"))
-                shared.close()
-            for view in ("All heads (model view)", "Head statistics"):
-                page.goto(f"{server}/explorer?" + urlencode({**params, "view": view}))
-                _wait_for_run(page)
-                _no_exception(page, f"a long prompt's {view}")
-                errors = page.locator("[data-testid='stAlertContentError']").all_inner_texts()
-                assert not errors, f"{view}: {errors}"
-            assert page.locator("[data-testid='stDataFrame']").count() == 1, "the statistics table"
-        finally:
-            browser.close()
+            _no_exception(page, f"a long prompt's {view}")
+            errors = page.locator("[data-testid='stAlertContentError']").all_inner_texts()
+            assert not errors, f"{view}: {errors}"
+        assert page.locator("[data-testid='stDataFrame']").count() == 1, "the statistics table"
+    finally:
+        page.close()

@@ -16,7 +16,7 @@ from urllib.parse import urlencode
 import numpy as np
 import pytest
 from browser_wait import settled
-from test_browser import ARTIFACTS, CHROMIUM, CHROMIUM_ARGS, _need_browser, _no_exception, running_app
+from test_browser import ARTIFACTS, CHROMIUM, CHROMIUM_ARGS, _no_exception
 
 from attnviz.checkpoints.catalog import pretrained_dir
 
@@ -38,12 +38,9 @@ TITLE_WITH = """(text) => [...document.querySelectorAll('.js-plotly-plot .gtitle
 
 
 @pytest.fixture(scope="module")
-def server():
-    import os
-
-    _need_browser()
-    with running_app({**os.environ, "ATTNVIZ_MODEL_ROOTS": str(pretrained_dir())}) as url:
-        yield url
+def server(browser_app):
+    """The session's app server (conftest.browser_app), whose roots hold the shipped models."""
+    return browser_app
 
 
 def test_the_probe_is_drawn_tile_by_tile_and_a_box_on_the_induction_stripe_zooms_to_it(server):

@@ -10,11 +10,9 @@ The server and the browser set-up are test_browser.py's; screenshots land in tes
 
 from __future__ import annotations
 
-import os
-
 import pytest
 from browser_wait import settled
-from test_browser import ARTIFACTS, CHROMIUM, CHROMIUM_ARGS, _need_browser, running_app
+from test_browser import ARTIFACTS, browser, server  # noqa: F401 - the fixtures: the session's server, one chromium
 
 from attnviz.app.viewport import NARROW_PX
 
@@ -62,16 +60,9 @@ def clashes(labels: list) -> list[str]:
     ]
 
 
-@pytest.fixture(scope="module")
-def server():
-    _need_browser()
-    with running_app(dict(os.environ)) as url:
-        yield url
-
-
-def open_page(browser, url: str, viewport: dict, drawn: str):
+def open_page(chromium, url: str, viewport: dict, drawn: str):
     """A fresh visit to ``url`` at ``viewport``, once the server has drawn it for that width and it has settled."""
-    page = browser.new_page(viewport=viewport)
+    page = chromium.new_page(viewport=viewport)
     page.goto(url)
     # The first run is drawn wide; the browser then says how wide it is, and a narrow one gets a second run.
     page.wait_for_selector(f"html[data-attnviz-drawn='{drawn}']", state="attached", timeout=120_000)
@@ -81,27 +72,23 @@ def open_page(browser, url: str, viewport: dict, drawn: str):
 
 
 @pytest.mark.parametrize("name", list(PHONE_PAGES))
-def test_on_a_phone_the_map_comes_first_and_keeps_most_of_the_width(server, name):
-    from playwright.sync_api import sync_playwright
-
+def test_on_a_phone_the_map_comes_first_and_keeps_most_of_the_width(server, browser, name):  # noqa: F811 - the fixtures
     assert PHONE["width"] < NARROW_PX
-    with sync_playwright() as p:
-        browser = p.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_ARGS)
-        try:
-            page = open_page(browser, f"{server}/{PHONE_PAGES[name]}", PHONE, "narrow")
-            chart = page.locator("[data-testid='stMain'] .js-plotly-plot").first
-            chart.scroll_into_view_if_needed()
-            chart.hover()  # plotly shows its toolbar while a pointer is over the chart
-            page.wait_for_function(
-                "() => { const m = document.querySelector(\"[data-testid='stMain'] .modebar\");"
-                " return m && getComputedStyle(m.closest('.modebar-container') || m).opacity !== '0'"
-                " && m.getBoundingClientRect().width > 0; }",
-                timeout=30_000,
-            )
-            seen = page.evaluate(MEASURE)
-            page.screenshot(path=str(ARTIFACTS / f"phone-{name}.png"))
-        finally:
-            browser.close()
+    page = open_page(browser, f"{server}/{PHONE_PAGES[name]}", PHONE, "narrow")
+    try:
+        chart = page.locator("[data-testid='stMain'] .js-plotly-plot").first
+        chart.scroll_into_view_if_needed()
+        chart.hover()  # plotly shows its toolbar while a pointer is over the chart
+        page.wait_for_function(
+            "() => { const m = document.querySelector(\"[data-testid='stMain'] .modebar\");"
+            " return m && getComputedStyle(m.closest('.modebar-container') || m).opacity !== '0'"
+            " && m.getBoundingClientRect().width > 0; }",
+            timeout=30_000,
+        )
+        seen = page.evaluate(MEASURE)
+        page.screenshot(path=str(ARTIFACTS / f"phone-{name}.png"))
+    finally:
+        page.close()
     assert seen["after_title"] == "the chart", f"{name}: after the title comes {seen['after_title']!r}"
     chart_width = seen["chart"][2] - seen["chart"][0]
     plot_width = seen["plot"][2] - seen["plot"][0]
@@ -116,16 +103,12 @@ def test_on_a_phone_the_map_comes_first_and_keeps_most_of_the_width(server, name
 
 
 @pytest.mark.parametrize("name", list(PAGES))
-def test_a_wide_screen_keeps_the_wide_layout(server, name):
+def test_a_wide_screen_keeps_the_wide_layout(server, browser, name):  # noqa: F811 - the fixtures
     """At 1280x720 the browser says it is wide: no second run, the controls and text before the map as before."""
-    from playwright.sync_api import sync_playwright
-
-    with sync_playwright() as p:
-        browser = p.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_ARGS)
-        try:
-            page = open_page(browser, f"{server}/{PAGES[name]}", {"width": 1280, "height": 720}, "wide")
-            seen = page.evaluate(MEASURE)
-        finally:
-            browser.close()
+    page = open_page(browser, f"{server}/{PAGES[name]}", {"width": 1280, "height": 720}, "wide")
+    try:
+        seen = page.evaluate(MEASURE)
+    finally:
+        page.close()
     assert seen["after_title"] != "the chart", f"{name}: the wide page lost what comes before its map"
     assert seen["angle"] != -90, f"{name}: the wide map has the phone's upright key labels"

@@ -11,17 +11,15 @@ from the address bar.
 
 from __future__ import annotations
 
-import os
 import re
 from pathlib import Path
 from urllib.parse import parse_qs, urlsplit
 
 import pytest
 from browser_wait import settled
-from test_browser import ARTIFACTS, CHROMIUM, CHROMIUM_ARGS, _need_browser, running_app
+from test_browser import ARTIFACTS, CHROMIUM, CHROMIUM_ARGS
 
 from attnviz.app import registry
-from attnviz.checkpoints.catalog import pretrained_dir
 
 pytestmark = pytest.mark.slow  # a server and a browser
 
@@ -89,11 +87,9 @@ def _set_aside(line: str) -> bool:
 
 
 @pytest.fixture(scope="module")
-def server():
-    _need_browser()
-    env = {**os.environ, "ATTNVIZ_MODEL_ROOTS": str(pretrained_dir())}
-    with running_app(env) as url:
-        yield url
+def server(browser_app):
+    """The session's app server (conftest.browser_app), whose roots hold the shipped models."""
+    return browser_app
 
 
 @pytest.fixture(scope="module")

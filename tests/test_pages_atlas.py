@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import shutil
+
 import pytest
 from conftest import open_app
 
@@ -63,15 +65,24 @@ def test_pasted_sentences_are_bounded_and_give_an_atlas():
     assert at.dataframe and charts(at)
 
 
+@pytest.fixture(scope="module")
+def built_atlases(tmp_path_factory):
+    """The two atlas folders the tests open (en-de's, reverse's), built once for the module."""
+    folder = tmp_path_factory.mktemp("atlases")
+    corpus = folder / "corpus.txt"
+    corpus.write_text("twenty-one\nseven\nThursday, July 2, 1998\n\n")
+    build_atlas(attnviz.load("en-de", device="cpu"), corpus, folder / "demo")
+    build_atlas(attnviz.load("reverse", device="cpu"), _reverse_corpus(folder), folder / "reverse-demo")
+    return folder
+
+
 @pytest.fixture
-def atlas_root(tmp_path, monkeypatch):
-    """An atlas folder under the only folder visitors may open."""
+def atlas_root(built_atlases, tmp_path, monkeypatch):
+    """An atlas folder under the only folder visitors may open: the test's own copy, which it may break."""
     root = tmp_path / "roots"
     root.mkdir()
-    corpus = tmp_path / "corpus.txt"
-    corpus.write_text("twenty-one\nseven\nThursday, July 2, 1998\n\n")
-    build_atlas(attnviz.load("en-de", device="cpu"), corpus, root / "demo")
-    build_atlas(attnviz.load("reverse", device="cpu"), _reverse_corpus(tmp_path), root / "reverse-demo")
+    for name in ("demo", "reverse-demo"):
+        shutil.copytree(built_atlases / name, root / name)
     monkeypatch.setenv("ATTNVIZ_MODEL_ROOTS", str(root))
     return root
 
@@ -195,7 +206,7 @@ HOSTILE = [
 
 @pytest.mark.slow
 @pytest.mark.parametrize("case", HOSTILE)
-def test_a_hostile_atlas_folder_gives_a_message_that_names_no_path(atlas_root, tmp_path, case):
+def test_a_hostile_atlas_folder_gives_a_message_that_names_no_path(atlas_root, built_atlases, tmp_path, case):
     """Atlas folders get the checks checkpoint files get: no hang, no GB read, no link out, no traceback."""
     import resource
     import time
@@ -214,5 +225,5 @@ def test_a_hostile_atlas_folder_gives_a_message_that_names_no_path(atlas_root, t
     assert not at.exception, [e.value for e in at.exception]
     shown = " ".join(e.value for e in at.error)
     assert shown, f"{case}: no message"
-    for path in (str(atlas_root), str(tmp_path), "/dev/zero"):
+    for path in (str(atlas_root), str(tmp_path), str(built_atlases), "/dev/zero"):
         assert path not in shown, (case, shown)
