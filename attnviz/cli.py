@@ -280,12 +280,14 @@ def _attribute(args) -> None:
 
 
 def _atlas(args) -> None:
-    from attnviz.api import build_atlas, load
+    from attnviz.api import load
+    from attnviz.atlas import heads_per_sentence, write_atlas
+    from attnviz.kinds import KINDS
 
     bundle = load(args.model, args.device)
     bar = ProgressBar("atlas")
-    try:
-        atlas = build_atlas(
+    try:  # written, not read back: a corpus of any size, in bounded memory
+        manifest = write_atlas(
             bundle,
             args.corpus,
             args.out,
@@ -299,12 +301,12 @@ def _atlas(args) -> None:
         )
     finally:
         bar.close()
-    counts = atlas.manifest["counts"]
+    counts = manifest["counts"]
     skipped = ", ".join(f"{n} {why.replace('_', ' ')}" for why, n in counts["skipped"].items() if n) or "none"
-    heads = len(atlas.heads)
+    kinds = [kind for kind in KINDS if bundle.config.n_layers_of(kind)]
     print(
         f"wrote {args.out}: {counts['sentences']} sentences of {counts['lines']} lines (skipped: {skipped}), "
-        f"{heads} heads ({', '.join(atlas.kinds)})"
+        f"{heads_per_sentence(bundle)} heads ({', '.join(kinds)})"
     )
 
 

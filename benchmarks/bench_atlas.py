@@ -5,6 +5,7 @@ Run it from the repository root:
 ```bash
 python benchmarks/bench_atlas.py                      # CPU, 128 sentences, 3 repeats
 python benchmarks/bench_atlas.py --device cuda --sentences 2000
+python benchmarks/bench_atlas.py --cluster                 # local engine vs Ray clusters of 1 and 2 nodes
 ```
 
 What it measures, on one random Marian model of the paper's base size (6 + 6 layers, d_model 512,
@@ -79,7 +80,18 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--heads", type=int, default=8)
     p.add_argument("--ffn", type=int, default=2048)
     p.add_argument("--vocab", type=int, default=8000)
+    p.add_argument(
+        "--cluster",
+        action="store_true",
+        help="instead: sentences/s of the local engine and of Ray clusters of 1 and 2 nodes on this machine "
+        "(benchmarks/atlas_cluster.py)",
+    )
+    p.add_argument("--cluster-lines", type=int, default=2000, help="--cluster: corpus lines (default: 2000)")
+    p.add_argument("--cluster-model", default="reverse", help="--cluster: the model (default: reverse)")
+    p.add_argument("--node-cpus", type=int, default=1, help="--cluster: CPUs of each Ray node (default: 1)")
     args = p.parse_args(argv)
+    if args.cluster and (args.cluster_lines < 1 or args.node_cpus < 1):
+        p.error("--cluster-lines and --node-cpus must be at least 1")
     if args.sentences < 1 or args.repeats < 1 or args.batch < 1 or not 1 <= args.min_words <= args.max_words:
         p.error("--sentences, --repeats and --batch must be at least 1, and 1 <= --min-words <= --max-words")
     try:
@@ -358,6 +370,45 @@ def engine_run(bundle, corpus: Path, targets: Path | None, batch: int, precision
         return build_atlas(bundle, corpus, Path(out) / "atlas", targets=targets, batch_size=batch, precision=precision)
 
 
+def bf16_ceiling(bundle, pairs: list[tuple[str, str]], args: argparse.Namespace) -> tuple[float, float, float]:
+    """What bf16 can give at most here: (fp32 s, bf16 s, fp32 / bf16) of the model's forward pass alone.
+
+    The engine's own forward (every map, no logits) on the engine's own batches (same plan, same
+    padding), once in float32 and once under its bf16 autocast, in turn within each repeat; the
+    statistics, divergences and files, which bf16 does not speed up, are left out. Medians of
+    ``args.repeats`` runs after one warm-up of each; the ratio is the median of the per-repeat ratios.
+    """
+    from attnviz.atlas.corpus import batch_plan, tokenize
+    from attnviz.atlas.engine import precision_context
+    from attnviz.tokenizer import pad_batch
+
+    tok, device = bundle.tokenizer, bundle.device
+    corpus = tokenize(tok, [s for s, _ in pairs], [t for _, t in pairs])
+    inputs = []
+    for batch in batch_plan(corpus.sentences, args.batch):
+        src, src_valid = pad_batch([s.src_ids for s in batch], tok.pad_id, device)
+        tgt, tgt_valid = pad_batch([s.tgt_ids for s in batch], tok.pad_id, device)
+        inputs.append((src, tgt, src_valid, tgt_valid))
+
+    @torch.no_grad()
+    def forward(precision: str) -> None:
+        with precision_context(precision, device):
+            for src, tgt, src_valid, tgt_valid in inputs:
+                bundle.model(src, tgt, src_valid, tgt_valid, return_attention=True, return_logits=False)
+
+    times: dict[str, list[float]] = {"fp32": [], "bf16": []}
+    for repeat in range(args.repeats + 1):  # the first round warms up
+        for name in ("fp32", "bf16") if repeat % 2 == 0 else ("bf16", "fp32"):
+            synchronize(device)
+            start = time.perf_counter()
+            forward(name)
+            synchronize(device)
+            if repeat:
+                times[name].append(time.perf_counter() - start)
+    ratio = statistics.median([f / b for f, b in zip(times["fp32"], times["bf16"], strict=True)])
+    return statistics.median(times["fp32"]), statistics.median(times["bf16"]), ratio
+
+
 def check_agreement(plain: dict, atlas, n_layers: int, n_heads: int) -> tuple[float, str, float]:
     """How far the plain loop is from the engine: (largest relative gap, where, share of argmax values moved).
 
@@ -395,6 +446,10 @@ def check_agreement(plain: dict, atlas, n_layers: int, n_heads: int) -> tuple[fl
 
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
+    if args.cluster:
+        from atlas_cluster import run
+
+        return run(args)
     if args.threads is not None:
         torch.set_num_threads(args.threads)
     device = args.device
@@ -465,6 +520,7 @@ def main(argv: list[str] | None = None) -> None:
                 variants[name]()
                 synchronize(device)
                 times[name].append(time.perf_counter() - start)
+        ceiling = bf16_ceiling(bundle, pairs, args) if bf16_fast else None
 
     spent = plain["seconds"]
     print(
@@ -492,6 +548,13 @@ def main(argv: list[str] | None = None) -> None:
     print(f"target fp32 >= {TARGET_FP32:g}x: {verdict(speedup['fp32'] >= TARGET_FP32)}")
     if bf16_fast:
         print(f"target bf16 >= {TARGET_BF16:g}x: {verdict(speedup['bf16'] >= TARGET_BF16)}")
+        fp32_s, bf16_s, most = ceiling
+        gained = statistics.median([f / b for f, b in zip(times["fp32"], times["bf16"], strict=True)])
+        print(
+            f"bf16 ceiling: the forward alone (the engine's batches, every map) {fp32_s:.2f} s in fp32, {bf16_s:.2f} s "
+            f"in bf16: {most:.2f}x; the whole engine's bf16 run against its fp32 run {gained:.2f}x, "
+            f"{gained / most:.0%} of that ceiling"
+        )
     else:
         print(f"target bf16 >= {TARGET_BF16:g}x: does not apply, this hardware has no fast bfloat16 ({bf16_why})")
     with tempfile.TemporaryDirectory() as tmp:

@@ -195,7 +195,7 @@ def test_a_run_killed_after_some_shards_resumes_to_the_same_atlas(bundle, corpus
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("tamper", ["values", "columns", "rows", "unreadable", "ledger"])
+@pytest.mark.parametrize("tamper", ["values", "columns", "rows", "unreadable", "record", "no record"])
 def test_a_shard_that_does_not_match_its_record_is_computed_again_never_merged(
     bundle, corpus, tmp_path, tamper, caplog
 ):
@@ -210,10 +210,12 @@ def test_a_shard_that_does_not_match_its_record_is_computed_again_never_merged(
         frame = frame.iloc[:3]
     if tamper == "unreadable":
         shard.write_bytes(b"PAR1 garbage")
-    elif tamper == "ledger":  # the manifest's record says the shard holds another number of sentences
-        manifest = json.loads((out / "manifest.json").read_text())
-        manifest["shard_ledger"]["1"]["inputs"]["rows"] = 1
-        (out / "manifest.json").write_text(json.dumps(manifest))
+    elif tamper == "record":  # the shard's record says it holds another number of sentences
+        record = json.loads((out / "shards" / "00001.record.json").read_text())
+        record["inputs"]["rows"] = 1
+        (out / "shards" / "00001.record.json").write_text(json.dumps(record))
+    elif tamper == "no record":  # killed between its files and its record: not done
+        (out / "shards" / "00001.record.json").unlink()
     else:
         frame.to_parquet(shard, index=False)
     seen = []
@@ -431,3 +433,141 @@ def test_a_folder_of_another_run_is_exit_2_and_one_line(corpus, tmp_path):
     result = run_cli("atlas", "--corpus", str(corpus), "--out", str(out), "--limit", "3")
     assert result.returncode == 2
     assert result.stderr.count("\n") == 1 and "differs in: limit" in result.stderr
+
+
+def test_a_folder_of_an_attnviz_that_read_the_corpus_whole_is_one_clear_line(bundle, corpus, tmp_path, capsys):
+    out = tmp_path / "out"
+    build_atlas(bundle, corpus, out, batch_size=4, limit=2)
+    manifest = json.loads((out / "manifest.json").read_text())
+    del manifest["plan"]["chunk_lines"]  # as the plan was before corpora were read in chunks
+    (out / "manifest.json").write_text(json.dumps(manifest))
+    assert main(["atlas", "--corpus", str(corpus), "--out", str(out), "--limit", "2"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith("attnviz: error:") and "written by an older attnviz" in err, err
+
+
+# ---------------------------------------------------------------------------------------------
+# A corpus read in chunks
+
+
+def test_a_corpus_read_in_chunks_gives_the_atlas_of_the_whole_and_resumes(bundle, corpus, tmp_path, monkeypatch):
+    import attnviz.atlas.corpus as corpus_module
+
+    seen = []
+    real = corpus_module.tokenize
+
+    def counting(tokenizer, sources, *args, **kwargs):
+        seen.append(len(sources))
+        return real(tokenizer, sources, *args, **kwargs)
+
+    monkeypatch.setattr(corpus_module, "tokenize", counting)
+    chunked = build_atlas(bundle, corpus, tmp_path / "chunked", batch_size=2, shard_size=2, chunk_lines=4)
+    assert max(seen) == 4, "never more than a chunk of lines tokenised at once"
+    manifest = chunked.manifest
+    assert manifest["plan"]["chunk_lines"] == 4 and manifest["counts"]["sentences"] == USABLE
+    # 11 lines in chunks of 4, 4, 3 lines: 3, 3 and 1 usable sentences, cut into shards of 2 within each chunk
+    assert manifest["shards"] == 5
+    whole = compute_atlas(bundle, [line for line in read_lines(corpus) if line is not None], batch_size=2)
+    for name in ("sentences", "heads", "distances", "mds"):
+        ours, theirs = getattr(whole, name), getattr(chunked, name)
+        numbers = ours.select_dtypes("number").columns.drop("line", errors="ignore")
+        assert list(ours.columns) == list(theirs.columns), name
+        pd.testing.assert_frame_equal(ours.drop(columns=numbers), theirs.drop(columns=numbers), obj=name)
+        got, want = (frame[numbers].astype("float64").to_numpy() for frame in (theirs, ours))
+        np.testing.assert_allclose(got, want, atol=1e-5, rtol=0, err_msg=name)
+    assert list(chunked.sentences["line"].drop_duplicates()) == sorted(set(chunked.inputs["line"]))
+
+    def stop_in_the_second_chunk(done, total):  # in shard 3, once shards 0 and 1 (chunk 0) and 2 are written
+        if done >= 6:
+            raise KeyboardInterrupt
+
+    out = tmp_path / "stopped"
+    with pytest.raises(KeyboardInterrupt):
+        build_atlas(bundle, corpus, out, batch_size=2, shard_size=2, chunk_lines=4, progress=stop_in_the_second_chunk)
+    kept = sorted(p.name for p in (out / "shards").glob("*.sentences.parquet"))
+    assert kept == ["00000.sentences.parquet", "00001.sentences.parquet", "00002.sentences.parquet"]
+    progress = []
+    resumed = build_atlas(
+        bundle, corpus, out, batch_size=2, shard_size=2, chunk_lines=4, progress=lambda d, t: progress.append(d)
+    )
+    assert progress[0] == 5, "the three shards written (5 sentences) are kept"
+    _frames_equal(resumed, chunked)
+
+
+def test_the_final_tables_are_written_a_chunk_at_a_time(bundle, corpus, tmp_path):
+    import pyarrow.parquet as pq
+
+    build_atlas(bundle, corpus, tmp_path / "a", batch_size=4, shard_size=2, chunk_lines=4)
+    for name in ("sentences", "inputs"):
+        assert pq.ParquetFile(tmp_path / "a" / f"{name}.parquet").metadata.num_row_groups == 3, name
+
+
+@pytest.mark.parametrize(
+    ("nodes", "device", "want"),
+    [
+        ([{"CPU": 1}, {"CPU": 1}], "cpu", ({"num_cpus": 1}, 2, 1)),  # the issue's cluster: never 2 CPUs an actor
+        ([{"CPU": 8}], "cpu", ({"num_cpus": 4}, 2, 4)),
+        ([{"CPU": 4}, {"CPU": 2}], "cpu", ({"num_cpus": 2}, 3, 2)),
+        ([{"CPU": 3}, {"CPU": 4}], "cpu", ({"num_cpus": 1}, 7, 1)),  # no CPU idle beats bigger actors
+        ([{"CPU": 8}, {"CPU": 4}], "cpu", ({"num_cpus": 4}, 3, 4)),  # every CPU used by sizes 1, 2, 4: the largest
+        ([{"CPU": 8}, {"CPU": 5}], "cpu", ({"num_cpus": 1}, 13, 1)),
+        ([{"CPU": 4, "GPU": 2}, {"CPU": 4}], "auto", ({"num_gpus": 1, "num_cpus": 1}, 2, 1)),
+        ([{"CPU": 4, "GPU": 2}, {"CPU": 4}], "cpu", ({"num_cpus": 4}, 2, 4)),
+        ([{"CPU": 2}], "auto", ({"num_cpus": 2}, 1, 2)),
+    ],
+)
+def test_ray_actors_are_sized_from_the_nodes_not_the_clusters_total(nodes, device, want):
+    from attnviz.atlas.ray_engine import plan_actors
+
+    plan = plan_actors(nodes, device)
+    assert (plan.resources, plan.actors, plan.threads) == want
+    if "num_gpus" not in plan.resources:  # every actor fits a node: Ray places it only where all it asks for is
+        assert plan.actors <= sum(node["CPU"] // plan.resources["num_cpus"] for node in nodes)
+
+
+@pytest.mark.parametrize(
+    ("nodes", "device", "words"),
+    [
+        ([{"CPU": 0}, {"CPU": 0}], "cpu", "no node of the Ray cluster has a CPU"),
+        ([], "auto", "no node of the Ray cluster has a CPU for an actor (nodes: none)"),
+        ([{"CPU": 2}], "cuda", "no node of the Ray cluster has a GPU"),
+    ],
+)
+def test_a_cluster_no_actor_fits_is_one_clear_error(nodes, device, words):
+    from attnviz.atlas.ray_engine import plan_actors
+
+    with pytest.raises(AtlasError, match=words.replace("(", r"\(").replace(")", r"\)")):
+        plan_actors(nodes, device)
+
+
+@pytest.mark.slow
+def test_the_command_killed_with_sigkill_resumes_and_loses_nothing(tmp_path):
+    """kill -9 of `attnviz atlas` once its first shard is done (its record written, the mark of done); the
+    same command again gives the uninterrupted run's atlas, and keeps the shard (progress starts past it)."""
+    import os
+    import signal
+    import time
+
+    rng = np.random.default_rng(1)
+    letters = np.array(list("abcdefghijklmnopqrstuvwxyz"))
+    corpus = tmp_path / "corpus.txt"
+    corpus.write_text("".join(" ".join(rng.choice(letters, rng.integers(3, 9))) + "\n" for _ in range(1100)))
+    whole = build_atlas(attnviz.load("reverse", device="cpu"), corpus, tmp_path / "whole")
+    out = tmp_path / "killed"
+    command = [sys.executable, "-m", "attnviz.cli", "atlas", "--model", "reverse", "--device", "cpu"]
+    command += ["--corpus", str(corpus), "--out", str(out)]
+    run = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 600
+    while run.poll() is None and not list(out.glob("shards/*.record.json")) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    os.kill(run.pid, signal.SIGKILL)
+    run.communicate(timeout=60)
+    assert run.returncode == -signal.SIGKILL, "killed before it finished"
+    assert not json.loads((out / "manifest.json").read_text())["complete"]
+    again = run_cli(*command[3:])
+    assert again.returncode == 0, again.stderr
+    bars = [line for line in again.stderr.splitlines() if line.startswith("atlas [")]
+    assert bars and not bars[0].split("] ")[1].startswith("0/"), again.stderr[-3000:]
+    assert "1100/1100 sentences" in again.stderr
+    _frames_equal(load_atlas(out), whole)
+    assert len(json.loads((out / "manifest.json").read_text())["runs"]) == 2

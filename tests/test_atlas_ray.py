@@ -2,8 +2,13 @@
 
 from __future__ import annotations
 
+import json
 import logging
 import os
+import signal
+import subprocess
+import sys
+import time
 
 import numpy as np
 import pandas as pd
@@ -65,3 +70,133 @@ def test_the_ray_engine_equals_the_local_engine(local_ray, tmp_path):
         pd.testing.assert_frame_equal(ours.drop(columns=numbers), theirs.drop(columns=numbers), check_like=False)
         got, want = (frame[numbers].astype("float64").to_numpy() for frame in (theirs, ours))  # NA becomes NaN
         np.testing.assert_allclose(got, want, atol=1e-5, rtol=0, err_msg=name)
+
+
+def test_a_failed_ray_run_ends_with_one_line_that_says_what_to_do():
+    from ray.data.exceptions import ExecutionTimeoutError
+
+    from attnviz.atlas.ray_engine import one_line
+    from attnviz.errors import AtlasError
+
+    for lost in (ray.exceptions.ActorDiedError(), ray.exceptions.NodeDiedError("node gone"), ExecutionTimeoutError()):
+        message = str(one_line(lost))
+        assert "\n" not in message and message.endswith("run the same command again to resume"), message
+        assert type(lost).__name__ in message
+    theirs = AtlasError("the model folder m on this node is not the driver's (checkpoint hash differs)")
+    wrapped = ray.exceptions.RayTaskError("AtlasWorker.__init__", "Traceback ...\nlong", theirs)
+    assert str(one_line(wrapped)) == str(theirs), "an actor's own attnviz error keeps its message"
+    try:
+        try:
+            raise theirs
+        except AtlasError as e:
+            raise ray.exceptions.ActorDiedError() from e
+    except ray.exceptions.RayError as died:
+        assert str(one_line(died)) == str(theirs)
+
+
+# ---------------------------------------------------------------------------------------------
+# A real cluster: two nodes of one CPU each on 127.0.0.1, started with `ray start`, driven through the CLI
+
+
+def _reverse_corpus(path, n: int) -> None:
+    """``n`` lines of the `reverse` model's task (3 to 8 letters): every one usable, the model small and quick."""
+    rng = np.random.default_rng(0)
+    letters = np.array(list("abcdefghijklmnopqrstuvwxyz"))
+    path.write_text("".join(" ".join(rng.choice(letters, rng.integers(3, 9))) + "\n" for _ in range(n)))
+
+
+N_LINES = 1100  # shards of 512: 512, 512, 76 (the CLI's shard size)
+
+
+@pytest.fixture(scope="module")
+def two_nodes(tmp_path_factory):
+    """A head and a worker node, one CPU each, in their own Ray folder (short: Ray's socket paths must fit);
+    every Ray process they started is stopped by id at the end, and none may be left."""
+    from ray_cluster import RayCluster
+
+    cluster = RayCluster(tmp_path_factory.mktemp("ray"))
+    try:
+        cluster.add_node(cpus=1)
+        cluster.add_node(cpus=1)
+        yield cluster
+    finally:
+        cluster.stop()
+    assert not cluster.pids()
+
+
+@pytest.fixture(scope="module")
+def reverse_local(tmp_path_factory):
+    """The corpus and the local engine's atlas of it (the reference)."""
+    root = tmp_path_factory.mktemp("atlas")
+    corpus = root / "corpus.txt"
+    _reverse_corpus(corpus, N_LINES)
+    build_atlas(attnviz.load("reverse", device="cpu"), corpus, root / "local")
+    return corpus, root / "local"
+
+
+def _cli(corpus, out, address: str) -> list[str]:
+    from ray_cluster import cluster_env
+
+    command = [sys.executable, "-m", "attnviz.cli", "atlas", "--model", "reverse", "--device", "cpu"]
+    return command + ["--corpus", str(corpus), "--out", str(out), "--engine", "ray"], cluster_env(address)
+
+
+def _same_files(ours, theirs) -> None:
+    """The two atlas folders hold the same files, table by table within the engines' tolerance (1e-5)."""
+    assert sorted(p.name for p in ours.iterdir()) == sorted(p.name for p in theirs.iterdir())
+    for name in ("sentences", "heads", "distances", "mds", "inputs"):
+        want, got = (pd.read_parquet(folder / f"{name}.parquet") for folder in (ours, theirs))
+        numbers = want.select_dtypes("number").columns
+        pd.testing.assert_frame_equal(want.drop(columns=numbers), got.drop(columns=numbers), obj=name)
+        assert list(want.columns) == list(got.columns), name
+        np.testing.assert_allclose(
+            got[numbers].astype("float64").to_numpy(), want[numbers].astype("float64").to_numpy(), atol=1e-5, rtol=0
+        )
+
+
+@pytest.mark.slow
+def test_the_cli_on_a_two_node_cluster_equals_the_local_engine(two_nodes, reverse_local, tmp_path):
+    corpus, local = reverse_local
+    command, env = _cli(corpus, tmp_path / "ray", two_nodes.address)
+    result = subprocess.run(command, env=env, capture_output=True, text=True, timeout=900, check=False)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert f"{N_LINES} sentences of {N_LINES} lines" in result.stdout
+    manifest = json.loads((tmp_path / "ray" / "manifest.json").read_text())
+    assert manifest["engine"] == "ray" and manifest["shards"] == 3 and len(manifest["runs"]) == 1
+    _same_files(local, tmp_path / "ray")
+
+
+@pytest.mark.slow
+def test_a_node_lost_mid_run_loses_no_shard_and_writes_none_twice(two_nodes, reverse_local, tmp_path):
+    """Kill the worker node's raylet once the first shard is written. Runs after the test above, on its cluster."""
+    corpus, local = reverse_local
+    out = tmp_path / "ray"
+    command, env = _cli(corpus, out, two_nodes.address)
+    written: dict[str, set[int]] = {}  # shard file -> the inodes seen: a file written twice has two
+    run = subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    killed = False
+    deadline = time.monotonic() + 900
+    while run.poll() is None and time.monotonic() < deadline:
+        for path in (out / "shards").glob("*.parquet") if (out / "shards").is_dir() else []:
+            try:
+                written.setdefault(path.name, set()).add(path.stat().st_ino)
+            except FileNotFoundError:
+                pass
+        if not killed and any(name.endswith(".sentences.parquet") for name in written):
+            os.kill(two_nodes.raylet(1), signal.SIGKILL)
+            killed = True
+        time.sleep(0.05)
+    stdout, stderr = run.communicate(timeout=60)
+    assert killed, f"the run ended before its first shard was seen: {stderr[-3000:]}"
+    runs = 1
+    if run.returncode != 0:  # stopped: one clear line, then the same command resumes
+        ours = [line for line in stderr.splitlines() if line.startswith("attnviz: error:")]
+        assert len(ours) == 1 and "run the same command again" in ours[0], stderr[-3000:]
+        again = subprocess.run(command, env=env, capture_output=True, text=True, timeout=900, check=False)
+        assert again.returncode == 0, again.stderr[-3000:]
+        runs = 2
+    print(f"node lost mid-run: the atlas finished in {runs} run(s)")  # which of the two outcomes (pytest -s)
+    assert not [name for name, inodes in written.items() if len(inodes) > 1], f"written twice: {written}"
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert manifest["complete"] and len(manifest["runs"]) == runs
+    _same_files(local, out)

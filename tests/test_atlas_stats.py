@@ -277,11 +277,13 @@ def test_divergence_of_identical_heads_is_zero_and_of_disjoint_heads_ln_2():
 @pytest.mark.parametrize("heads", [1, 2, 5, 6])
 @pytest.mark.parametrize("causal", [False, True])
 @pytest.mark.parametrize("tile", [None, 40])
-def test_divergences_of_a_padded_batch_in_any_blocks_equal_numpy(heads, causal, tile, monkeypatch):
+@pytest.mark.parametrize("keys_given", [False, True])
+def test_divergences_of_a_padded_batch_in_any_blocks_equal_numpy(heads, causal, tile, keys_given, monkeypatch):
     """Every pair of heads once (odd and even counts: the shifts pair them), padded rows and keys
-    left out, and the same numbers whether a block holds whole sentences or one row of one: TILE
-    40 cuts these maps (up to 5 heads x 7 x 7 weights a sentence) into blocks of rows. Under a
-    causal mask the keys after a row's query are left out of the work; they hold no weight."""
+    left out, and the same numbers whether a block holds whole sentences or a piece of one: TILE
+    40 makes blocks of one run of CHUNK cells, which cut these sentences (up to 7 x 7 cells) apart.
+    Under a causal mask the keys after a row's query are left out of the work; they hold no weight.
+    Padded query rows hold anything (they must be left out), padded keys of real rows 0."""
     import attnviz.atlas.stats as stats
 
     if tile is not None:
@@ -297,23 +299,52 @@ def test_divergences_of_a_padded_batch_in_any_blocks_equal_numpy(heads, causal, 
         padded[b, :, :n, :n] = np.exp(logits) / np.exp(logits).sum(-1, keepdims=True)
         padded[b, :, n:, :] = g.dirichlet(np.ones(Q), size=(heads, Q - n))  # padded query rows: anything
     query_valid = torch.arange(Q)[None] < torch.tensor(lengths)[:, None]
-    got = js_divergences([torch.from_numpy(padded)], query_valid, causal=causal).numpy()
+    key_valid = query_valid if keys_given else None
+    got = js_divergences([torch.from_numpy(padded)], query_valid, causal=causal, key_valid=key_valid).numpy()
     for b, n in enumerate(lengths):
         want = reference_divergences(padded[b : b + 1, :, :n, :n].transpose(1, 0, 2, 3))
         np.testing.assert_allclose(got[b], want, atol=1e-6, rtol=0, err_msg=f"sentence {b}")
 
 
-def test_the_blocks_cover_every_row_and_the_keys_each_needs():
-    from attnviz.atlas.stats import TILE, _passes
+def test_cross_attention_divergences_read_a_sentences_own_keys():
+    """Queries and keys of different lengths (cross-attention): the real keys of each sentence, from
+    ``key_valid``, and the same numbers as reading every key, whose padded ones hold 0."""
+    g = np.random.default_rng(3)
+    shapes = [(4, 6), (2, 3), (5, 1)]  # (queries, keys) per sentence
+    Q, K, heads = 5, 6, 3
+    padded = np.zeros((len(shapes), heads, Q, K), dtype=np.float32)
+    for b, (nq, nk) in enumerate(shapes):
+        padded[b, :, :nq, :nk] = g.dirichlet(np.ones(nk), size=(heads, nq))
+    query_valid = torch.arange(Q)[None] < torch.tensor([q for q, _ in shapes])[:, None]
+    key_valid = torch.arange(K)[None] < torch.tensor([k for _, k in shapes])[:, None]
+    maps = [torch.from_numpy(padded)]
+    got = js_divergences(maps, query_valid, key_valid=key_valid).numpy()
+    np.testing.assert_allclose(got, js_divergences(maps, query_valid).numpy(), atol=1e-7, rtol=0)
+    for b, (nq, nk) in enumerate(shapes):
+        want = reference_divergences(padded[b : b + 1, :, :nq, :nk].transpose(1, 0, 2, 3))
+        np.testing.assert_allclose(got[b], want, atol=1e-6, rtol=0, err_msg=f"sentence {b}")
 
-    shapes = [(5, 4, 9, 9, True), (3, 3, 700, 700, False), (2, 2, 600, 600, True), (40, 48, 20, 30, False)]
-    for B, N, Q, K, causal in shapes:
-        covered = np.zeros((B, Q), dtype=int)
-        for lo, hi, r0, r1, k in _passes(B, N, Q, K, causal, TILE):
-            covered[lo:hi, r0:r1] += 1
-            assert k == (min(K, r1) if causal else K), "a causal block keeps the keys up to its last row"
-            assert N * (hi - lo) * (r1 - r0) * k <= max(TILE, N * k), "a block is one row of one sentence or fits"
-        assert (covered == 1).all(), "every row of every sentence once"
+
+def test_the_cells_are_every_real_cell_once_in_runs_of_one_sentence():
+    from attnviz.atlas.stats import CHUNK, _cells
+
+    cases = [([5, 0, 9, 1], [5, 0, 9, 1], True), ([3, 7], [9, 2], False), ([40, 33], None, False), ([64], [64], True)]
+    for n_queries, n_keys, causal in cases:
+        B, Q = len(n_queries), max(n_queries)
+        K = Q if n_keys is None else max(n_keys)
+        query_valid = torch.arange(Q)[None] < torch.tensor(n_queries)[:, None]
+        key_valid = None if n_keys is None else torch.arange(K)[None] < torch.tensor(n_keys)[:, None]
+        cells, pads, owners = _cells(query_valid, key_valid, K, causal)
+        assert len(cells) == CHUNK * len(owners), "whole runs"
+        sentence = owners.repeat_interleave(CHUNK)
+        real = torch.ones(len(cells), dtype=torch.bool)
+        real[pads] = False
+        for b in range(B):
+            nq, nk = n_queries[b], K if n_keys is None else n_keys[b]
+            want = {(i, j) for i in range(nq) for j in range(nk) if j <= i or not causal}
+            got = [divmod(int(c), K) for c in cells[real & (sentence == b)]]
+            assert len(got) == len(set(got)) and set(got) == want, (n_queries, b)
+            assert int((~real & (sentence == b)).sum()) < CHUNK, "under one run of padding per sentence"
 
 
 # ---------------------------------------------------------------------------------------------

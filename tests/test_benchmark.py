@@ -179,6 +179,11 @@ def test_the_atlas_benchmark_runs_at_tiny_sizes_and_ends_with_its_line(capsys):
     fast, _ = fast_bfloat16(torch.device("cpu"))
     assert sum(line.split()[0] in ("plain", "fp32", "bf16") for line in out if line.strip()) >= (3 if fast else 2)
     assert fast or "bf16: skipped" in text
+    ceiling = [line for line in out if line.startswith("bf16 ceiling: ")]
+    if fast:  # the bf16 forward alone against the fp32 forward alone, and how close the engine comes
+        assert len(ceiling) == 1 and re.search(r"in bf16: \d+\.\d\dx; .* \d+\.\d\dx, \d+% of that ceiling$", ceiling[0])
+    else:
+        assert not ceiling, "no ceiling where bf16 is not run"
 
 
 def test_the_plain_loops_statistics_are_the_engines():

@@ -11,11 +11,12 @@ Jensen-Shannon divergence between their rows) and a 2-D map of the heads from it
 - `ray_engine`: the same batches as Ray Data batch inference (``pip install "attnviz[ray]"``);
 - `summary`: the tables (per sentence, per head, head to head, the map);
 - `store`: the folder, its shards, resuming, the manifest;
-- `build`: [`build_atlas`][attnviz.atlas.build_atlas] (a corpus file into a folder) and
+- `build`: [`build_atlas`][attnviz.atlas.build_atlas] (a corpus file into a folder, read back),
+  [`write_atlas`][attnviz.atlas.write_atlas] (the same, in bounded memory, not read back) and
   [`compute_atlas`][attnviz.atlas.compute_atlas] (a list of sentences, in memory).
 """
 
-from attnviz.atlas.build import ENGINES, SHARD_SIZE, build_atlas, compute_atlas
+from attnviz.atlas.build import ENGINES, SHARD_SIZE, build_atlas, compute_atlas, heads_per_sentence, write_atlas
 from attnviz.atlas.engine import PRECISIONS
 from attnviz.atlas.stats import STATISTICS
 from attnviz.atlas.store import load_atlas
@@ -29,6 +30,8 @@ __all__ = [
     "Atlas",
     "build_atlas",
     "compute_atlas",
+    "heads_per_sentence",
     "load_atlas",
     "typical_sentences",
+    "write_atlas",
 ]

@@ -7,12 +7,12 @@ and resuming (`attnviz.atlas.store`).
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 
 import pandas as pd
 
-from attnviz.atlas.corpus import Corpus, file_sha256, read_lines, shards, tokenize
+from attnviz.atlas.corpus import Corpus, Survey, file_sha256, read_chunks, shards, survey, tokenize
 from attnviz.atlas.engine import check_precision, run_local
 from attnviz.atlas.roles import PERIOD, PROBES, ROLES, SEED, role_table
 from attnviz.atlas.stats import STATISTICS
@@ -24,6 +24,10 @@ from attnviz.export import maps_bytes, max_export_bytes, package_version
 
 ENGINES = ("local", "ray")
 SHARD_SIZE = 512  # sentences per shard: what a killed run loses at most, and how often a shard is written
+# Rows of sentences.parquet one chunk of the corpus may make (sentences x heads): what the driver holds
+# at once, reading the corpus, sorting it by length and merging the shards. About 200 MB as a table;
+# 7,281 lines of the base model (144 heads), 43,690 of `reverse` (24 heads), never fewer than a shard.
+CHUNK_ROWS = 2**20
 Progress = Callable[[int, int], None]  # (sentences done, sentences in all)
 
 
@@ -49,34 +53,49 @@ def _tgt_from(bundle: Bundle, given: bool) -> str:
     return "given (--targets)" if given else "greedy output of the model"
 
 
-def _counts(corpus: Corpus) -> dict:
-    return {"lines": corpus.lines, "sentences": len(corpus.sentences), "skipped": corpus.skipped}
+def _counts(corpus: Corpus | Survey) -> dict:
+    n = corpus.sentences if isinstance(corpus, Survey) else len(corpus.sentences)
+    return {"lines": corpus.lines, "sentences": n, "skipped": corpus.skipped}
 
 
-def _check_usable(corpus: Corpus, bundle: Bundle, has_targets: bool) -> None:
+def _check_model(bundle: Bundle, has_targets: bool) -> None:
     if has_targets and (bundle.config.encoder_only or bundle.config.decoder_only):
         kind = "encoder-only" if bundle.config.encoder_only else "a language model"
         raise InputError(f"this model is {kind}: it takes no target sentences; leave out --targets")
-    if not corpus.sentences:
+
+
+def _check_usable(corpus: Corpus | Survey, bundle: Bundle, has_targets: bool) -> None:
+    _check_model(bundle, has_targets)
+    if not _counts(corpus)["sentences"]:
         reasons = ", ".join(f"{n} {why}" for why, n in corpus.skipped.items() if n) or "it is empty"
         raise InputError(f"no usable sentence in the corpus ({corpus.lines} lines: {reasons})")
 
 
-def _check_size(corpus: Corpus, bundle: Bundle, has_targets: bool) -> None:
+def heads_per_sentence(bundle: Bundle) -> int:
+    """How many heads (rows of ``sentences.parquet``) one sentence gives: every kind's layers x heads."""
+    cfg = bundle.config
+    return cfg.n_heads * sum(cfg.n_layers_of(kind) for kind in ("encoder", "decoder", "cross"))
+
+
+def _maps_weight(bundle: Bundle, has_targets: bool) -> Callable:
+    """A sentence's maps' size in bytes, as an export (and a batch) holds them."""
+    cfg = bundle.config
+    return lambda s: maps_bytes(cfg, len(s.src_ids), len(s.tgt_ids) if has_targets else None)
+
+
+def _check_size(corpus: Survey, bundle: Bundle) -> None:
     """Refuse, before anything is computed, an atlas whose table would hold more rows than its reader
     takes (``ATTNVIZ_MAX_ATLAS_ROWS``), or a sentence whose maps, which a batch holds at once, would
     take more than an export may hold (``ATTNVIZ_MAX_EXPORT_MB``)."""
-    cfg = bundle.config
-    per_sentence = cfg.n_heads * sum(cfg.n_layers_of(kind) for kind in ("encoder", "decoder", "cross"))
-    rows = len(corpus.sentences) * per_sentence
+    per_sentence = heads_per_sentence(bundle)
+    rows = corpus.sentences * per_sentence
     if rows > max_atlas_rows():
         raise InputError(
-            f"the corpus has {len(corpus.sentences):,} usable sentences: with {per_sentence:,} heads each, the atlas "
+            f"the corpus has {corpus.sentences:,} usable sentences: with {per_sentence:,} heads each, the atlas "
             f"would hold {rows:,} rows, over the {max_atlas_rows():,} an atlas may hold (ATTNVIZ_MAX_ATLAS_ROWS raises "
             "it); use --limit to read fewer lines"
         )
-    sizes = ((maps_bytes(cfg, len(s.src_ids), len(s.tgt_ids) if has_targets else None), s) for s in corpus.sentences)
-    size, longest = max(sizes, key=lambda pair: pair[0])
+    size, longest = corpus.heaviest
     if size > max_export_bytes():
         raise InputError(
             f"line {longest.line} of the corpus is {len(longest.src_ids):,} tokens: its maps would take about "
@@ -150,25 +169,66 @@ def build_atlas(
     shard_size: int = SHARD_SIZE,
     progress: Progress | None = None,
     ray_device: str | None = None,
+    chunk_lines: int | None = None,
 ) -> Atlas:
-    """The atlas of a corpus file (one sentence per line) written to the folder ``out``, resuming what is there.
+    """The atlas of a corpus file (one sentence per line) written to the folder ``out``, resuming what
+    is there, then read back whole (`write_atlas` writes it without reading it back).
 
     ``targets`` (one decoder input per line) replaces the model's greedy output; ``limit`` reads
     the first lines only. Shards already in ``out`` from an interrupted run with the same plan are
     kept; a finished atlas is read back without computing anything. The Ray engine's actors run on
     ``ray_device`` (auto, cpu or cuda: default, the bundle's device), wherever the cluster has it.
     """
+    write_atlas(
+        bundle,
+        corpus,
+        out,
+        targets,
+        batch_size,
+        precision,
+        engine,
+        limit,
+        shard_size,
+        progress,
+        ray_device,
+        chunk_lines,
+    )
+    return load_atlas(out)
+
+
+def write_atlas(
+    bundle: Bundle,
+    corpus: str | Path,
+    out: str | Path,
+    targets: str | Path | None = None,
+    batch_size: int = 32,
+    precision: str = "fp32",
+    engine: str = "local",
+    limit: int | None = None,
+    shard_size: int = SHARD_SIZE,
+    progress: Progress | None = None,
+    ray_device: str | None = None,
+    chunk_lines: int | None = None,
+) -> dict:
+    """The finished manifest of the atlas of a corpus file written to the folder ``out`` (as `build_atlas`),
+    in memory bounded whatever the corpus's size: the corpus is read ``chunk_lines`` lines at a time
+    (default: `CHUNK_ROWS` rows' worth), sorted by length within a chunk and cut into shards there.
+
+    Two passes over the file: the first counts lines, usable sentences and shards and checks sizes
+    before any work; the second computes the shards not yet in ``out``.
+    """
     if engine not in ENGINES:
         raise InputError(f"engine must be one of {', '.join(ENGINES)}; got {engine!r}")
     check_precision(precision, bundle.device)
+    _check_model(bundle, targets is not None)
     corpus, targets = Path(corpus), None if targets is None else Path(targets)
-    parsed = tokenize(
-        bundle.tokenizer,
-        read_lines(corpus, limit),
-        None if targets is None else read_lines(targets, limit),
+    chunk_lines = chunk_lines or max(shard_size, CHUNK_ROWS // heads_per_sentence(bundle))
+    tokenizer = bundle.tokenizer
+    found = survey(
+        tokenizer, corpus, targets, limit, chunk_lines, shard_size, _maps_weight(bundle, targets is not None)
     )
-    _check_usable(parsed, bundle, targets is not None)
-    _check_size(parsed, bundle, targets is not None)
+    _check_usable(found, bundle, targets is not None)
+    _check_size(found, bundle)
     plan = {
         "checkpoint_sha256": bundle.sha256,
         "corpus_sha256": file_sha256(corpus),
@@ -176,18 +236,19 @@ def build_atlas(
         "limit": limit,
         "precision": precision,
         "shard_size": shard_size,
+        "chunk_lines": chunk_lines,
     }
-    work = shards(parsed.sentences, shard_size)
+    sizes = found.shard_sizes
     run = {"engine": engine, "device": str(bundle.device), "batch": batch_size}
     manifest = {
         "model": _model(bundle),
-        "corpus": {"file": corpus.name, "sha256": plan["corpus_sha256"], "lines": parsed.lines},
+        "corpus": {"file": corpus.name, "sha256": plan["corpus_sha256"], "lines": found.lines},
         "targets": None if targets is None else {"file": targets.name, "sha256": plan["targets_sha256"]},
         "tgt_from": _tgt_from(bundle, targets is not None),
-        "counts": _counts(parsed),
+        "counts": _counts(found),
         "limit": limit,
         "precision": precision,
-        "shards": len(work),
+        "shards": len(sizes),
         "statistics": list(STATISTICS),
         "versions": _versions(engine),
         **run,
@@ -195,11 +256,10 @@ def build_atlas(
     }
     folder = AtlasFolder(Path(out), plan, manifest)
     if folder.complete:
-        return load_atlas(out)
-    done_shards = folder.done({i: len(shard) for i, shard in enumerate(work)})
-    todo = {i: shard for i, shard in enumerate(work) if i not in done_shards}
-    total = len(parsed.sentences)
-    done = total - sum(len(shard) for shard in todo.values())
+        return folder.manifest
+    done_shards = folder.done(dict(enumerate(sizes)))
+    total = found.sentences
+    done = sum(sizes[i] for i in done_shards)
     if progress is not None:
         progress(done, total)
 
@@ -209,6 +269,14 @@ def build_atlas(
         if progress is not None:
             progress(done, total)
 
+    def todo() -> Iterator[dict[int, tuple]]:
+        """Per chunk, its shards not yet written (the second pass: only one chunk read at a time)."""
+        first = 0
+        for chunk in read_chunks(tokenizer, corpus, targets, limit, chunk_lines):
+            cut = shards(chunk.sentences, shard_size)
+            yield {first + i: shard for i, shard in enumerate(cut) if first + i not in done_shards}
+            first += len(cut)
+
     def write(index: int, results) -> None:
         sums: dict = {}
         for result in results:
@@ -216,14 +284,20 @@ def build_atlas(
         sentences = [s for result in results for s in result.sentences]
         folder.write_shard(index, pd.concat([stats_frame(r) for r in results]), inputs_frame(sentences), sums)
 
-    if engine == "local":
-        for index, shard in todo.items():
-            write(index, list(run_local(bundle, shard, batch_size, precision, on_batch=step)))
-    elif todo:
-        from attnviz.atlas.ray_engine import run_ray
+    if done < total:
+        if engine == "local":
+            for work in todo():
+                for index, shard in work.items():
+                    write(index, list(run_local(bundle, shard, batch_size, precision, on_batch=step)))
+        else:
+            from attnviz.atlas.ray_engine import run_ray
 
-        device = ray_device or bundle.device.type
-        for index, results in run_ray(bundle.path, bundle.sha256, todo, batch_size, precision, device, on_batch=step):
-            write(index, results)
+            device = ray_device or bundle.device.type
+            for index, results in run_ray(bundle.path, bundle.sha256, todo(), batch_size, precision, device, step):
+                write(index, results)
     roles, how = _roles(bundle)
-    return folder.finish(len(work), bundle.config.n_heads, {"counts": _counts(parsed), "roles": how}, roles)
+    chunks, first = [], 0
+    for chunk in found.chunk_shards:
+        chunks.append(list(range(first, first + len(chunk))))
+        first += len(chunk)
+    return folder.finish(chunks, bundle.config.n_heads, {"counts": _counts(found), "roles": how}, roles)

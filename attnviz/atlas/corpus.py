@@ -4,6 +4,10 @@ A line that cannot be used (empty, too long for the model, not UTF-8, or whose t
 empty or too long) is skipped and counted by reason, never fatal. The usable sentences are sorted
 by length and cut into shards (the unit of work written to disk, and of resuming) and batches
 (sentences of similar length run together, so padding stays small).
+
+A corpus file is read in chunks of a bounded number of lines (`read_chunks`), never whole: the
+sorting happens within a chunk, so memory stays bounded whatever the corpus's size, and a chunk,
+being consecutive lines, is also a run of the final tables in corpus order.
 """
 
 from __future__ import annotations
@@ -11,8 +15,9 @@ from __future__ import annotations
 import hashlib
 import unicodedata
 from collections import Counter
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
+from itertools import islice
 from pathlib import Path
 
 from attnviz.errors import InputError
@@ -68,31 +73,36 @@ def file_sha256(path: Path) -> str:
 MAX_LINE_BYTES = 1 << 20  # a longer line is read this far only: no sentence a model reads is longer
 
 
-def read_lines(path: Path, limit: int | None = None) -> list[str | None]:
+def iter_lines(path: Path, limit: int | None = None) -> Iterator[str | None]:
     """The first ``limit`` lines of the file at ``path`` (all without it), read one at a time, as
     `split_lines` splits them: ``--limit 10`` reads ten lines of a 100 MB corpus, not the file.
 
     A line is read up to `MAX_LINE_BYTES`, its rest skipped unread into memory: such a line is
     too long for any model, and is skipped later for that reason.
     """
-    lines: list[str | None] = []
+    count = 0
     with open(path, "rb") as f:
-        while limit is None or len(lines) < limit:
+        while limit is None or count < limit:
             chunk = f.readline(MAX_LINE_BYTES)
             if not chunk:
                 break
+            count += 1
             if chunk.endswith(b"\n"):
                 chunk = chunk[:-1]
             elif len(chunk) == MAX_LINE_BYTES:  # cut: skip the rest of this line in blocks
                 while (rest := f.readline(MAX_LINE_BYTES)) and not rest.endswith(b"\n"):
                     pass
-                lines.append(chunk.decode("utf-8", errors="ignore"))
+                yield chunk.decode("utf-8", errors="ignore")
                 continue
             try:
-                lines.append(chunk.removesuffix(b"\r").decode("utf-8"))
+                yield chunk.removesuffix(b"\r").decode("utf-8")
             except UnicodeDecodeError:
-                lines.append(None)
-    return lines
+                yield None
+
+
+def read_lines(path: Path, limit: int | None = None) -> list[str | None]:
+    """The lines `iter_lines` gives, as a list."""
+    return list(iter_lines(path, limit))
 
 
 def split_lines(data: bytes, limit: int | None = None) -> list[str | None]:
@@ -114,9 +124,15 @@ def split_lines(data: bytes, limit: int | None = None) -> list[str | None]:
 
 
 def tokenize(
-    tokenizer: Tokenizer, sources: Sequence[str | None], targets: Sequence[str | None] | None = None
+    tokenizer: Tokenizer,
+    sources: Sequence[str | None],
+    targets: Sequence[str | None] | None = None,
+    first_line: int = 1,
 ) -> Corpus:
-    """The usable sentences of ``sources`` (and their ``targets``, line by line), and why the others were skipped."""
+    """The usable sentences of ``sources`` (and their ``targets``, line by line), and why the others were skipped.
+
+    ``first_line`` is the line number of ``sources[0]`` in its file (a chunk of a corpus starts further on).
+    """
     if targets is not None and len(targets) != len(sources):
         raise InputError(
             f"the targets have {len(targets)} lines but the corpus has {len(sources)}; give one target line per "
@@ -148,7 +164,7 @@ def tokenize(
                 skipped["target_too_long"] += 1
                 continue
             tgt_ids, tgt_tokens = dec.ids, dec.tokens
-        sentences.append(Sentence(index + 1, src, enc.ids, enc.tokens, tgt_ids, tgt_tokens))
+        sentences.append(Sentence(first_line + index, src, enc.ids, enc.tokens, tgt_ids, tgt_tokens))
     return Corpus(tuple(sentences), len(sources), dict(skipped))
 
 
@@ -161,6 +177,73 @@ def shards(sentences: Iterable[Sentence], shard_size: int) -> list[tuple[Sentenc
     """The sentences by length, in consecutive groups of ``shard_size``."""
     ordered = by_length(sentences)
     return [tuple(ordered[i : i + shard_size]) for i in range(0, len(ordered), shard_size)]
+
+
+def read_chunks(
+    tokenizer: Tokenizer, corpus: Path, targets: Path | None, limit: int | None, chunk_lines: int
+) -> Iterator[Corpus]:
+    """The corpus file (and its targets, line by line) read and tokenised ``chunk_lines`` lines at a
+    time: one `Corpus` per chunk, its sentences numbered by their line in the file. Only one chunk's
+    lines are ever in memory. Both files must have the same number of lines (`survey` checks it)."""
+    sources = iter_lines(corpus, limit)
+    given = None if targets is None else iter_lines(targets, limit)
+    first = 1
+    while src := list(islice(sources, chunk_lines)):
+        tgt = None if given is None else list(islice(given, chunk_lines))
+        yield tokenize(tokenizer, src, tgt, first_line=first)
+        first += len(src)
+
+
+def count_lines(path: Path, limit: int | None = None) -> int:
+    """How many lines `iter_lines` reads from ``path``."""
+    return sum(1 for _ in iter_lines(path, limit))
+
+
+@dataclass(frozen=True)
+class Survey:
+    """What one pass over a corpus file finds before any work: its counts, its shards, its heaviest line."""
+
+    lines: int  # lines read (at most --limit)
+    sentences: int  # usable lines
+    skipped: dict[str, int]  # reason -> count, every reason of SKIP_REASONS present
+    chunk_shards: tuple[tuple[int, ...], ...]  # per chunk, the sizes of its shards (sentences), in shard order
+    heaviest: tuple[int, Sentence] | None  # the largest weight any sentence has, and that sentence (the first such)
+
+    @property
+    def shard_sizes(self) -> list[int]:
+        """Every shard's size, numbered across the chunks."""
+        return [size for chunk in self.chunk_shards for size in chunk]
+
+
+def survey(
+    tokenizer: Tokenizer,
+    corpus: Path,
+    targets: Path | None,
+    limit: int | None,
+    chunk_lines: int,
+    shard_size: int,
+    weight: Callable[[Sentence], int],
+) -> Survey:
+    """One pass over the corpus in chunks (`read_chunks`): counts, the shards each chunk is cut into
+    (`shards`), and the sentence of the largest ``weight``; the targets' line count checked first."""
+    if targets is not None:
+        n_src, n_tgt = count_lines(corpus, limit), count_lines(targets, limit)
+        if n_src != n_tgt:
+            raise InputError(
+                f"the targets have {n_tgt} lines but the corpus has {n_src}; give one target line per source line"
+            )
+    lines, usable, skipped = 0, 0, Counter(dict.fromkeys(SKIP_REASONS, 0))
+    chunk_shards, heaviest = [], None
+    for chunk in read_chunks(tokenizer, corpus, targets, limit, chunk_lines):
+        lines, usable = lines + chunk.lines, usable + len(chunk.sentences)
+        skipped.update(chunk.skipped)
+        full, rest = divmod(len(chunk.sentences), shard_size)
+        chunk_shards.append((shard_size,) * full + ((rest,) if rest else ()))
+        for sentence in chunk.sentences:
+            w = weight(sentence)
+            if heaviest is None or w > heaviest[0]:
+                heaviest = (w, sentence)
+    return Survey(lines, usable, dict(skipped), tuple(chunk_shards), heaviest)
 
 
 def by_width(sentences: Iterable[Sentence]) -> list[Sentence]:

@@ -146,7 +146,7 @@ def _result(sentences: list[Sentence], attn, sides: dict) -> BatchResult:
         maps = getattr(attn, kind)
         p = stack_heads(maps)  # one float32 copy for both
         stats[kind] = sentence_statistics(maps, kind, query_valid, key_valid, special, punctuation, p).cpu().numpy()
-        divergences[kind] = js_divergences(maps, query_valid, p, causal=kind == "decoder").cpu().numpy()
+        divergences[kind] = js_divergences(maps, query_valid, p, kind == "decoder", key_valid).cpu().numpy()
     return BatchResult(tuple(sentences), stats, divergences)
 
 

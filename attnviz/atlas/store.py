@@ -2,10 +2,17 @@
 
 Layout of a folder (docs/atlas.md): ``manifest.json`` from the start (``complete`` false
 until the end); while running, ``shards/NNNNN.{inputs,pairs,sentences}.parquet`` per finished
-shard, the sentences file written last, so that its presence marks the shard done; at the end
+shard, then ``shards/NNNNN.record.json`` (each file's rows and SHA-256), whose presence marks the
+shard done: one small file per shard, so that writing a shard costs the same whatever the corpus's
+size (a ledger in the manifest would grow with it, and be written again after every shard); at the end
 ``sentences.parquet``, ``heads.parquet``, ``distances.parquet``, ``mds.parquet`` and
 ``inputs.parquet``, and the shards are removed. Every file is written under a temporary name and
 renamed, so a run killed at any moment leaves no half-written file that counts.
+
+The merge holds one chunk of the corpus at a time (`attnviz.atlas.corpus.read_chunks`: consecutive
+lines, so its rows sorted are the next rows of the final tables): ``sentences.parquet`` and
+``inputs.parquet`` are written a chunk at a time with a ``pyarrow.parquet.ParquetWriter``, the heads'
+table from sums that add up over chunks (`attnviz.atlas.summary.add_head_parts`).
 """
 
 from __future__ import annotations
@@ -24,8 +31,11 @@ from attnviz.atlas.corpus import file_sha256
 from attnviz.atlas.stats import STATISTICS
 from attnviz.atlas.summary import (
     Atlas,
+    add_head_parts,
     distance_table,
+    head_parts,
     head_table,
+    heads_from_parts,
     mds_table,
     mean_divergences,
     sort_heads,
@@ -38,7 +48,8 @@ MANIFEST = "manifest.json"
 TABLES = ("sentences", "heads", "distances", "mds", "inputs")
 SHARDS = "shards"
 PARTS = ("inputs", "pairs", "sentences")  # a shard's files, in the order they are written
-LEDGER = "shard_ledger"  # manifest key: per shard written, each file's rows and sha256
+RECORD = "record.json"  # a shard's record, written after its files: each file's rows and sha256
+MAX_RECORD_BYTES = 1 << 16
 
 log = logging.getLogger(__name__)
 
@@ -57,6 +68,29 @@ def write_table(path: Path, frame: pd.DataFrame) -> None:
     _write_atomic(path, lambda p: frame.to_parquet(p, index=False))
 
 
+class _TableWriter:
+    """A Parquet file written a part at a time under a temporary name, renamed by `close`: every part
+    takes the first part's schema (pandas' column types included), so the file reads back as one table."""
+
+    def __init__(self, path: Path):
+        self.path, self.tmp, self.writer = path, path.with_name(path.name + ".tmp"), None
+
+    def write(self, frame: pd.DataFrame) -> None:
+        import pyarrow as pa
+        import pyarrow.parquet as pq
+
+        if self.writer is None:
+            table = pa.Table.from_pandas(frame, preserve_index=False)
+            self.writer = pq.ParquetWriter(self.tmp, table.schema)
+        else:
+            table = pa.Table.from_pandas(frame, schema=self.writer.schema, preserve_index=False)
+        self.writer.write_table(table)
+
+    def close(self) -> None:
+        self.writer.close()
+        os.replace(self.tmp, self.path)
+
+
 class AtlasFolder:
     """A folder an atlas is written into, shard by shard; a second run with the same plan resumes it.
 
@@ -72,6 +106,11 @@ class AtlasFolder:
             before = read_manifest(self.folder)
             if before.get("plan") != plan:
                 changed = sorted(k for k in {*plan, *before.get("plan", {})} if plan.get(k) != before["plan"].get(k))
+                if "chunk_lines" in changed and "chunk_lines" not in before.get("plan", {}):
+                    raise AtlasError(
+                        f"{self.folder} holds an atlas written by an older attnviz, which read the corpus whole: "
+                        "choose another --out folder or remove that one"
+                    )
                 raise AtlasError(
                     f"{self.folder} holds an atlas of another model, corpus or settings (differs in: "
                     f"{', '.join(changed)}); choose another --out folder or remove that one"
@@ -91,11 +130,28 @@ class AtlasFolder:
     def _shard(self, index: int, part: str) -> Path:
         return self.shards / f"{index:05d}.{part}.parquet"
 
+    def _record(self, index: int) -> Path:
+        return self.shards / f"{index:05d}.{RECORD}"
+
+    def _read_record(self, index: int) -> dict | None:
+        """Shard ``index``'s record (its files' rows and hashes), None when there is none or it cannot be read."""
+        path = self._record(index)
+        try:
+            if not path.is_file() or path.stat().st_size > MAX_RECORD_BYTES:
+                return None
+            record = json.loads(path.read_text(encoding="utf-8"))
+        except (OSError, UnicodeDecodeError, json.JSONDecodeError):
+            return None
+        well_formed = isinstance(record, dict) and all(
+            isinstance(record.get(part), dict) and {"rows", "sha256"} <= record[part].keys() for part in PARTS
+        )
+        return record if well_formed else None
+
     def _matches(self, index: int, sentences: int | None) -> str | None:
-        """Why shard ``index`` does not match its ledger entry (None when it does, file by file)."""
-        record = self.manifest.get(LEDGER, {}).get(str(index))
+        """Why shard ``index`` does not match its record (None when it does, file by file)."""
+        record = self._read_record(index)
         if record is None:
-            return "no record of it in the manifest"
+            return "it has no readable record"
         if sentences is not None and record["inputs"]["rows"] != sentences:
             return f"it holds {record['inputs']['rows']} sentences where the plan has {sentences}"
         for part in PARTS:
@@ -110,23 +166,21 @@ class AtlasFolder:
         """The shards already written whose files are exactly as recorded when they were (and, with
         ``sizes``, hold the plan's number of sentences). Any other shard's files are removed, with a
         warning, so that it is computed again: a shard is never merged on trust."""
-        found = {int(p.name.split(".")[0]) for p in self.shards.glob("*.parquet") if p.name[:5].isdigit()}
-        found |= {int(i) for i in self.manifest.get(LEDGER, {})}
+        found = {int(p.name[:5]) for p in self.shards.iterdir() if p.name[:5].isdigit() and p.name[5:6] == "."}
         good = set()
         for index in sorted(found):
             why = self._matches(index, None if sizes is None else sizes.get(index))
             if why is None:
                 good.add(index)
                 continue
-            if str(index) in self.manifest.get(LEDGER, {}) or any(self._shard(index, p).exists() for p in PARTS):
-                log.warning("shard %d of %s is computed again: %s", index, self.folder, why)
+            log.warning("shard %d of %s is computed again: %s", index, self.folder, why)
             for part in PARTS:
                 self._shard(index, part).unlink(missing_ok=True)
-            self.manifest.get(LEDGER, {}).pop(str(index), None)
+            self._record(index).unlink(missing_ok=True)
         return good
 
     def write_shard(self, index: int, sentences: pd.DataFrame, inputs: pd.DataFrame, sums: dict) -> None:
-        """One finished shard: its three files, then their rows and hashes in the manifest (the mark of done)."""
+        """One finished shard: its three files, then their rows and hashes in its record (the mark of done)."""
         pairs = pd.concat(
             [
                 pd.DataFrame({"kind": kind, "pair": np.arange(total.size), "js_sum": total.ravel(), "count": count})
@@ -138,24 +192,34 @@ class AtlasFolder:
         for part, frame in zip(PARTS, (inputs, pairs, sentences), strict=True):
             write_table(self._shard(index, part), frame)
             record[part] = {"rows": len(frame), "sha256": file_sha256(self._shard(index, part))}
-        self.manifest.setdefault(LEDGER, {})[str(index)] = record
-        write_json(self.folder / MANIFEST, self.manifest)
+        write_json(self._record(index), record)
 
-    def finish(self, n_shards: int, n_heads: int, updates: dict, roles: pd.DataFrame | None = None) -> Atlas:
-        """Check every shard against its record, merge them into the final tables, mark the manifest
-        complete, remove the shards. A shard that no longer matches is refused: never merged."""
+    def finish(self, chunks: list[list[int]], n_heads: int, updates: dict, roles: pd.DataFrame | None = None) -> dict:
+        """Check every shard against its record, merge them into the final tables chunk by chunk
+        (``chunks``: the shard numbers of each chunk of the corpus, in corpus order), mark the manifest
+        complete, remove the shards; the finished manifest. A shard that no longer matches is
+        refused: never merged."""
+        n_shards = sum(len(chunk) for chunk in chunks)
         for index in range(n_shards):
             why = self._matches(index, None)
             if why is not None:
                 raise AtlasError(
                     f"shard {index} of {self.folder} cannot be merged: {why}; run the same command again to compute it"
                 )
-        indices = range(n_shards)
-        sentences = sort_sentences(pd.concat([pd.read_parquet(self._shard(i, "sentences")) for i in indices]))
-        inputs = pd.concat([pd.read_parquet(self._shard(i, "inputs")) for i in indices])
-        inputs = inputs.sort_values("line").reset_index(drop=True)
+        tables = {name: _TableWriter(self.folder / f"{name}.parquet") for name in ("sentences", "inputs")}
+        parts = None
+        for chunk in chunks:  # consecutive lines: sorted, the next rows of the final tables
+            if not chunk:
+                continue
+            sentences = sort_sentences(pd.concat([pd.read_parquet(self._shard(i, "sentences")) for i in chunk]))
+            parts = add_head_parts(parts, head_parts(sentences))
+            tables["sentences"].write(sentences)
+            del sentences
+            inputs = pd.concat([pd.read_parquet(self._shard(i, "inputs")) for i in chunk])
+            tables["inputs"].write(inputs.sort_values("line").reset_index(drop=True))
+            del inputs
         sums: dict[str, tuple[np.ndarray, int]] = {}
-        for i in indices:  # in shard order: the same sums, to the last bit, however often the run stopped
+        for i in range(n_shards):  # in shard order: the same sums, to the last bit, however often the run stopped
             pairs = pd.read_parquet(self._shard(i, "pairs"))
             for kind, rows in pairs.groupby("kind", sort=False):
                 total = rows.sort_values("pair")["js_sum"].to_numpy()
@@ -163,14 +227,19 @@ class AtlasFolder:
                 count = int(rows["count"].iloc[0])
                 before, seen = sums.get(kind, (np.zeros((size, size)), 0))
                 sums[kind] = (before + total.reshape(size, size), seen + count)
-        final = {k: v for k, v in self.manifest.items() if k != LEDGER}
-        atlas = summarise(sentences, inputs, sums, n_heads, {**final, **updates, "complete": True}, roles)
-        for name in TABLES:
-            write_table(self.folder / f"{name}.parquet", getattr(atlas, name))
-        write_json(self.folder / MANIFEST, atlas.manifest)
+        heads = heads_from_parts(parts)
+        if roles is not None:
+            heads = heads.merge(roles, on=["kind", "layer", "head"], how="left")
+        means = mean_divergences(sums)
+        small = {"heads": sort_heads(heads), "distances": distance_table(means, n_heads)}
+        for name, frame in {**small, "mds": mds_table(means, n_heads)}.items():
+            write_table(self.folder / f"{name}.parquet", frame)
+        for writer in tables.values():
+            writer.close()
+        self.manifest = {**self.manifest, **updates, "complete": True}
+        write_json(self.folder / MANIFEST, self.manifest)
         shutil.rmtree(self.shards)
-        self.manifest = atlas.manifest
-        return atlas
+        return self.manifest
 
 
 def summarise(

@@ -54,19 +54,16 @@ def stats_frame(result: BatchResult) -> pd.DataFrame:
     for kind, values in result.stats.items():
         B, L, H, _ = values.shape
         q_side, k_side = _kind_sides(kind)
-        frame = pd.DataFrame(
-            {
-                "line": np.repeat(lines, L * H),
-                "kind": kind,
-                "layer": np.tile(np.repeat(np.arange(1, L + 1), H), B),
-                "head": np.tile(np.arange(1, H + 1), B * L),
-                "queries": np.repeat(lengths[:, q_side], L * H),
-                "keys": np.repeat(lengths[:, k_side], L * H),
-            }
-        )
-        for i, name in enumerate(STATISTICS):
-            frame[name] = values[..., i].reshape(-1)
-        frames.append(frame)
+        columns = {
+            "line": np.repeat(lines, L * H),
+            "kind": kind,
+            "layer": np.tile(np.repeat(np.arange(1, L + 1), H), B),
+            "head": np.tile(np.arange(1, H + 1), B * L),
+            "queries": np.repeat(lengths[:, q_side], L * H),
+            "keys": np.repeat(lengths[:, k_side], L * H),
+        }
+        columns |= {name: values[..., i].reshape(-1) for i, name in enumerate(STATISTICS)}
+        frames.append(pd.DataFrame(columns))  # built at once: a column added at a time costs pandas a copy each
     frame = pd.concat(frames, ignore_index=True)
     frame["positional"] = _positional(frame["argmax_previous"], frame["argmax_next"])
     return frame
@@ -128,21 +125,71 @@ def head_table(sentences: pd.DataFrame) -> pd.DataFrame:
     every sentence pooled, is the largest weight at offset -1 (or +1) at least 90% of the time? NA
     for cross-attention. ``positional_offset`` says which offset (-1, +1), 0 when neither.
     """
+    return heads_from_parts(head_parts(sentences))
+
+
+POOLED = ("argmax_previous", "argmax_next")  # pooled over query rows for the positional flag
+
+
+def head_parts(sentences: pd.DataFrame) -> pd.DataFrame:
+    """Per head (index kind, layer, head), what `head_table` needs from these rows, in sums that add up
+    over the parts of a corpus (`add_head_parts`): the rows, and per statistic the count ``<name>_n``,
+    mean and sum of squared deviations ``<name>_m2`` of its defined values; per pooled argmax share,
+    the query rows that have the key (``<name>_rows``) and how many of them put their largest weight there."""
+    keys = [sentences[c] for c in HEAD]
     numbers = sentences[list(STATISTICS)].astype("float64")  # the per-sentence rows are float32
-    grouped = numbers.groupby([sentences[c] for c in HEAD], sort=False, observed=True)
-    table = grouped.size().rename("sentences").to_frame()
-    means = grouped.mean()
-    stds = grouped.std(ddof=0).add_suffix("_std")
-    table = table.join(means).join(stds)
+    grouped = numbers.groupby(keys, sort=False, observed=True)
+    counts = grouped.count()
+    parts = grouped.size().rename("sentences").to_frame()
+    squares = (grouped.var(ddof=0) * counts).add_suffix("_m2")
+    parts = parts.join(counts.add_suffix("_n")).join(grouped.mean()).join(squares)
     # Pooled over query rows: a sentence of n queries has n - 1 rows with a previous (and a next) key.
     rows = (sentences["queries"] - 1).clip(lower=0)
-    pooled = {}
-    for name in ("argmax_previous", "argmax_next"):
+    for name in POOLED:
         value = sentences[name]
-        weight = rows.where(value.notna(), 0)
-        hits = (value.fillna(0) * weight).groupby([sentences[c] for c in HEAD], sort=False, observed=True).sum()
-        total = weight.groupby([sentences[c] for c in HEAD], sort=False, observed=True).sum()
-        pooled[name] = (hits / total.where(total > 0)).reindex(table.index)
+        weight = rows.where(value.notna(), 0).astype("float64")
+        parts[f"{name}_hits"] = (value.fillna(0) * weight).groupby(keys, sort=False, observed=True).sum()
+        parts[f"{name}_rows"] = weight.groupby(keys, sort=False, observed=True).sum()
+    return parts
+
+
+def add_head_parts(a: pd.DataFrame | None, b: pd.DataFrame) -> pd.DataFrame:
+    """The `head_parts` of two sets of rows together: counts and pooled sums added, means and squared
+    deviations merged as Chan, Golub and LeVeque (1979) do, so no pass over the rows is needed again."""
+    if a is None:
+        return b
+    index = a.index.union(b.index, sort=False)
+    a, b = a.reindex(index), b.reindex(index)
+    out = pd.DataFrame(index=index)
+    out["sentences"] = a["sentences"].fillna(0) + b["sentences"].fillna(0)
+    for name in STATISTICS:
+        na, nb = a[f"{name}_n"].fillna(0), b[f"{name}_n"].fillna(0)
+        n = na + nb
+        mean_a, mean_b = a[name].fillna(0), b[name].fillna(0)
+        delta = mean_b - mean_a
+        share = (nb / n.where(n > 0)).fillna(0)
+        out[f"{name}_n"] = n
+        out[name] = (mean_a + delta * share).where(n > 0)
+        out[f"{name}_m2"] = a[f"{name}_m2"].fillna(0) + b[f"{name}_m2"].fillna(0) + delta**2 * na * share
+    for name in POOLED:
+        for part in ("hits", "rows"):
+            out[f"{name}_{part}"] = a[f"{name}_{part}"].fillna(0) + b[f"{name}_{part}"].fillna(0)
+    return out
+
+
+def heads_from_parts(parts: pd.DataFrame) -> pd.DataFrame:
+    """The heads' table (`head_table`) from the `head_parts` of all of a corpus's rows."""
+    table = parts[["sentences"]].astype("int64")
+    means = parts[list(STATISTICS)]
+    n = parts[[f"{name}_n" for name in STATISTICS]].to_numpy()
+    m2 = parts[[f"{name}_m2" for name in STATISTICS]].to_numpy()
+    with np.errstate(invalid="ignore", divide="ignore"):
+        stds = np.sqrt(np.where(n > 0, m2 / np.where(n > 0, n, 1), np.nan))
+    table = table.join(means).join(pd.DataFrame(stds, index=parts.index, columns=[f"{s}_std" for s in STATISTICS]))
+    pooled = {}
+    for name in POOLED:
+        total = parts[f"{name}_rows"]
+        pooled[name] = parts[f"{name}_hits"] / total.where(total > 0)
     prev, nxt = pooled["argmax_previous"], pooled["argmax_next"]
     best = pd.concat([prev, nxt], axis=1).max(axis=1, skipna=True)
     table["positional"] = (best >= POSITIONAL_SHARE).astype("boolean")
