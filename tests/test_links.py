@@ -39,6 +39,7 @@ LINKS: list[tuple[str, dict[str, str | list[str]]]] = [
     ("pages/variants.py", {"var_tab": "Complexity (section 4)"}),
     ("pages/positional.py", {"pe_length": "64"}),
     ("pages/linearity.py", {"lin_k": "5"}),
+    ("pages/formation.py", {"model": "reverse", "step": "600", "formation_statistic": "anti_diagonal"}),
 ]
 
 
