@@ -4,8 +4,9 @@ import streamlit as st
 
 from attnviz.app import domain_notice, truncation_notice, viewport, views
 from attnviz.app.cache import long_text
+from attnviz.app.follow import map_chart
 from attnviz.app.frame import Context, frame
-from attnviz.app.present import presenting, room
+from attnviz.app.present import presenting
 from attnviz.app.registry import PAGES
 from attnviz.app.widgets import escape_markdown, guarded
 from attnviz.kinds import TITLES, allowed
@@ -109,7 +110,7 @@ def show_teaser(ctx: Context) -> None:
     mask = allowed(kind, *matrix.shape)
     rows, columns = views.row_labels(export, kind), export.tokens(kind)[1]
     fig = views.one_head(shown, matrix, rows, columns, kind, contrast, mask, title)
-    picture.plotly_chart(room(fig), width="stretch")
+    map_chart(picture, fig, "_home_map")
 
 
 def model_kind(ctx: Context) -> str:

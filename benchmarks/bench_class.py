@@ -7,6 +7,8 @@ python benchmarks/bench_class.py                       # every measure of issue 
 python benchmarks/bench_class.py --only class,replicas # some of them
 python benchmarks/bench_class.py --quick               # a smoke run (what the test suite does)
 python benchmarks/bench_class.py --burst 80            # 80 prompts of 8,192 tokens at once: health p50/p95
+python benchmarks/bench_class.py --live-training       # a class beside a live training (issue 33)
+python benchmarks/bench_class.py --live-reach          # what a live training reaches in its CPU seconds
 ```
 
 The simulated browsers speak Streamlit's own websocket protocol (``/_stcore/stream``, the
@@ -551,6 +553,239 @@ def tabs_measure(n: int, tokens: int, cache_mb: float | None) -> list[str]:
 
 
 # ---------------------------------------------------------------------------------------------
+# Training live in class (issue 33)
+
+LIVE_PAGE = "formation"  # "How attention forms", where "Train a small model now" is
+LIVE_BUTTON = "Train a small model now"
+LIVE_DONE = "trained to step"  # the finished run's message
+LIVE_STATISTIC = {"reverse": ("cross", "anti_diagonal"), "induction": ("decoder", "induction")}
+
+
+class LiveTab(Session):
+    """A tab that presses "Train a small model now" and then keeps its training alive as a browser does: it
+    reruns the page's fragment whenever the server asks (``auto_rerun``), which is the training's heartbeat."""
+
+    def __init__(self, port: int, query: str):
+        super().__init__(port, LIVE_PAGE, query)
+        self.buttons: dict[str, str] = {}  # label -> widget id
+        self.fragment: tuple[str, float] | None = None  # (id, interval) of the fragment the server reruns
+        self.texts: list[str] = []  # every markdown and alert body seen, in order
+        self.problems: list[str] = []  # error alerts and exceptions
+
+    async def send(self, widget: str | None = None, fragment: str | None = None) -> None:
+        from streamlit.proto.BackMsg_pb2 import BackMsg
+
+        msg = BackMsg()
+        msg.rerun_script.page_name, msg.rerun_script.query_string = self.page, self.query
+        if widget is not None:
+            msg.rerun_script.widget_states.widgets.add(id=widget, trigger_value=True)
+        if fragment is not None:
+            msg.rerun_script.fragment_id, msg.rerun_script.is_auto_rerun = fragment, True
+        await self.ws.send(msg.SerializeToString())
+
+    async def read(self, timeout: float) -> None:
+        """Read what the server sends until a script run finishes (`buttons`: the ones this run drew)."""
+        from streamlit.proto.Alert_pb2 import Alert
+        from streamlit.proto.ForwardMsg_pb2 import ForwardMsg
+
+        self.buttons = {}
+        async with asyncio.timeout(timeout):
+            while True:
+                reply = ForwardMsg()
+                reply.ParseFromString(await self.ws.recv())
+                kind = reply.WhichOneof("type")
+                if kind == "script_finished":
+                    return
+                if kind == "new_session":  # a whole run: the browser forgets its fragments' timers
+                    self.fragment = None
+                elif kind == "auto_rerun":
+                    self.fragment = (reply.auto_rerun.fragment_id, reply.auto_rerun.interval)
+                elif kind == "stop_auto_rerun":
+                    self.fragment = None
+                elif kind == "delta" and reply.delta.WhichOneof("type") == "new_element":
+                    element = reply.delta.new_element
+                    what = element.WhichOneof("type")
+                    if what == "button":
+                        self.buttons[element.button.label] = element.button.id
+                    elif what == "markdown":
+                        self.texts.append(element.markdown.body)
+                    elif what == "alert":
+                        self.texts.append(element.alert.body)
+                        if element.alert.format == Alert.ERROR:
+                            self.problems.append(element.alert.body)
+                    elif what == "exception":
+                        self.problems.append(f"{element.exception.type}: {element.exception.message}")
+
+    async def train(self, started: asyncio.Event, timeout: float) -> str:
+        """Open the page, press the button, keep the fragment rerunning until the run ends: its last message."""
+        await self.send()
+        await self.read(120)
+        if LIVE_BUTTON not in self.buttons:
+            raise RuntimeError(f"no {LIVE_BUTTON!r} button on the page: {self.problems[:1] or self.texts[-1:]}")
+        await self.send(widget=self.buttons[LIVE_BUTTON])
+        await self.read(120)
+        deadline = time.perf_counter() + timeout
+        while time.perf_counter() < deadline:
+            if self.problems:
+                raise RuntimeError(f"the live training's page showed: {self.problems[0][:200]}")
+            if LIVE_BUTTON in self.buttons and self.fragment is None:  # a whole run with the button, no timer: ended
+                ended = [t for t in self.texts if LIVE_DONE in t or "live training" in t.lower()]
+                if not any(LIVE_DONE in t for t in ended):
+                    raise RuntimeError(f"the live training ended without a result: {ended[-1:]}")
+                return next(t for t in reversed(ended) if LIVE_DONE in t)
+            if any("is training" in t for t in self.texts[-4:]):
+                started.set()
+            fragment = self.fragment
+            await asyncio.sleep(fragment[1] if fragment else 1.0)
+            if fragment:
+                await self.send(fragment=fragment[0])
+            else:  # the run ended and the page stopped its timer: read the page once more
+                await self.send()
+            await self.read(120)
+        raise TimeoutError(f"the live training did not finish within {timeout:.0f} s")
+
+
+async def light_reruns(port: int, page: str, think: float, timeout: float, done: asyncio.Event, rng) -> tuple:
+    """One light session rerunning ``page`` every ``think`` s (uniform 0.5-1.5x) until ``done``:
+    (seconds of each rerun, with the time it started; errors)."""
+    times, errors = [], []
+    await asyncio.sleep(rng.uniform(0, think))
+    async with Session(port, page) as s:
+        while not done.is_set():
+            at = time.perf_counter()
+            try:
+                seconds, alerts, exceptions = await s.rerun_and_read(timeout)
+            except TimeoutError:
+                return times, [*errors, "no answer"]
+            times.append((at, seconds))
+            errors.extend(alerts + exceptions)
+            await asyncio.sleep(rng.uniform(0.5 * think, 1.5 * think))
+    return times, errors
+
+
+async def live_class(port: int, light: int, think: float, query: str, baseline_s: float, timeout: float) -> dict:
+    """``light`` sessions rerunning cached pages: for ``baseline_s`` alone, then beside one live training
+    started from the page by a `LiveTab`, until it ends. Each light rerun is counted in the phase it started in."""
+    await warm(port)
+    async with Session(port, LIVE_PAGE, query) as s:  # the page's own work (its history, figures), cached
+        await s.rerun(300)
+    rng = random.Random(0)
+    done, started = asyncio.Event(), asyncio.Event()
+    names = list(PAGES.values())
+    lights = [
+        asyncio.create_task(light_reruns(port, names[i % len(names)], think, 120, done, rng)) for i in range(light)
+    ]
+    await asyncio.sleep(baseline_s)
+    phases = {"alone": (time.perf_counter() - baseline_s, time.perf_counter())}
+    tab = LiveTab(port, query)
+    begin = time.perf_counter()
+    try:
+        async with tab:
+            message = await tab.train(started, timeout)
+            phases["training"] = (begin, time.perf_counter())
+    finally:
+        done.set()
+        results = await asyncio.gather(*lights)
+    times = [t for r in results for t in r[0]]
+    errors = [e for r in results for e in r[1]]
+    by_phase = {name: [sec for at, sec in times if lo <= at < hi] for name, (lo, hi) in phases.items()}
+    return {"light": by_phase, "errors": errors, "message": message, "seconds": phases["training"][1] - begin}
+
+
+def live_measure(light: int, think: float, cpu_seconds: float, task: str, baseline_s: float, model: str) -> list[str]:
+    """``--live-training``: a class beside a live training, started on the page How attention forms of ``model``
+    (a shipped name, or a model folder under ``ATTNVIZ_MODEL_ROOTS``: the page shows the section under a model
+    with a training history); the last line is ``live_light_p95_ms=<x> live_seconds=<s> errors=<n>``.
+    Returns the problems seen."""
+    from urllib.parse import urlencode
+
+    from attnviz.app.session import CUSTOM_PATH
+
+    print(
+        f"\nlive training: {light} light sessions rerunning the home page or the explorer about every {think:g} s, "
+        f"for {baseline_s:g} s alone, then beside one live training of {task} started from the page "
+        f"({cpu_seconds:g} CPU seconds), until it ends; ms"
+    )
+    env = {"ATTNVIZ_LIVE_TRAINING_CPU_SECONDS": f"{cpu_seconds:g}"}
+    shipped = (ROOT / "pretrained" / model).is_dir()
+    shown = {"model": model} if shipped else {"model": CUSTOM_PATH, "model_path": model}
+    query = urlencode({**shown, "live_task": task})
+    with app_server(env=env) as (port, _):
+        result = asyncio.run(live_class(port, light, think, query, baseline_s, timeout=cpu_seconds * 10 + 600))
+    print(f"  {'light reruns':28} {'n':>5} {'p50':>7} {'p95':>7} {'max':>7}")
+    for phase, times in result["light"].items():
+        if times:
+            print(
+                f"  {phase:28} {len(times):5} {percentile(times, 0.5) * 1000:7.0f} "
+                f"{percentile(times, 0.95) * 1000:7.0f} {max(times) * 1000:7.0f}"
+            )
+    during = result["light"].get("training") or [float("inf")]
+    p95 = percentile(during, 0.95)
+    print(f"  the live training: {result['message']} ({result['seconds']:.0f} s of wall time)")
+    print(f"  {verdict(p95, 0.300)} (light p95 <= 300 ms while it trains) | {cpu_name()}, {os.cpu_count()} cores")
+    for problem in result["errors"][:5]:
+        print(f"    {problem[:160]}")
+    print(f"live_light_p95_ms={p95 * 1000:.0f} live_seconds={result['seconds']:.0f} errors={len(result['errors'])}")
+    return result["errors"]
+
+
+def live_reach(cpu_seconds: float, tasks: tuple[str, ...]) -> None:
+    """``--live-reach``: each task's live training in a worker process, as the page starts it, one after
+    another: how far ``cpu_seconds`` of CPU take it, and when its characteristic head passes 0.5."""
+    import tempfile
+
+    from attnviz.app import heavy, live_runs
+    from attnviz.training import load_history
+
+    print(
+        f"\nlive reach: the live recipes (attnviz.app.live_runs.LIVE_RECIPES) trained in a worker process "
+        f"(nice 10, ATTNVIZ_WORKER_THREADS, default 1 thread) for {cpu_seconds:g} CPU seconds each"
+    )
+    print(
+        f"  {'task':10} {'CPU s':>6} {'wall s':>7} {'steps':>6} {'records':>7}  "
+        "best head, score at the end; first step >= 0.5"
+    )
+    for task in tasks:
+        with tempfile.TemporaryDirectory(prefix="attnviz-live-") as folder:
+            worker = heavy.Worker()
+            args = (
+                task,
+                folder,
+                cpu_seconds,
+                live_runs.HISTORY_EVERY[task],
+                tuple(live_runs.LIVE_RECIPES[task].items()),
+            )
+            start = time.perf_counter()
+            try:
+                outcome = worker.call("live_training", None, "cpu", args, cpu_seconds * 20 + 300, None, lambda: None)
+            finally:
+                worker.kill()
+            wall = time.perf_counter() - start
+            history = load_history(folder)
+        site, statistic = LIVE_STATISTIC[task]
+        heads = history.heads[history.heads["kind"] == site]
+        best = heads.groupby("step")[statistic].max()
+        last = heads[heads["step"] == history.step[-1]].sort_values(statistic, ascending=False).iloc[0]
+        passed = best[best >= 0.5]
+        first = f"step {int(passed.index[0])}" if len(passed) else "never"
+        print(
+            f"  {task:10} {outcome['cpu_seconds']:6.1f} {wall:7.0f} {int(history.step[-1]):6} {len(history.step):7}  "
+            f"{site} layer {int(last['layer'])} head {int(last['head'])}: {statistic} {last[statistic]:.3f}; {first}"
+        )
+    print(f"  {cpu_name()}, {os.cpu_count()} cores, flags: {cpu_flags()}")
+
+
+def cpu_flags() -> str:
+    """The CPU's bfloat16 flags (avx512_bf16, amx_bf16), or 'no bf16 flags'."""
+    try:
+        text = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return "unknown"
+    found = sorted({flag for flag in ("avx512_bf16", "amx_bf16") if f" {flag}" in text})
+    return ", ".join(found) or "no bf16 flags"
+
+
+# ---------------------------------------------------------------------------------------------
 # Server time of a rerun after one widget change (AppTest)
 
 # page -> (widget kind, key, two values) changed back and forth
@@ -626,6 +861,18 @@ def main(argv: list[str] | None = None) -> int:
     tabs.add_argument("--tabs", type=int, default=0, metavar="N", help="N explorer tabs opened and closed")
     tabs.add_argument("--tab-tokens", type=int, default=1000)
     tabs.add_argument("--cache-mb", type=float, default=None, help="the server's ATTNVIZ_CACHE_MB (default: its own)")
+    live = parser.add_argument_group("--live-training, --live-reach: training live in class (issue 33)")
+    live.add_argument("--live-training", action="store_true", help="light sessions beside a live training")
+    live.add_argument("--live-reach", action="store_true", help="what each task's live training reaches")
+    live.add_argument("--live-cpu-seconds", type=float, default=120, help="the live training's CPU bound")
+    live.add_argument("--live-task", choices=("reverse", "induction"), default="reverse")
+    live.add_argument("--live-baseline", type=float, default=30, help="seconds of light reruns before it starts")
+    live.add_argument("--live-model", default="reverse", help="the model whose page is opened (it needs a history)")
+    follow = parser.add_argument_group("--follow: a presenter and a class following its room (issue 34)")
+    follow.add_argument("--follow", action="store_true", help="1 presenter, N followers on 2 replicas")
+    follow.add_argument("--followers", type=int, default=30)
+    follow.add_argument("--seconds", type=float, default=120, help="how long the presenter keeps changing the view")
+    follow.add_argument("--every", type=float, default=3.0, help="seconds between the presenter's changes")
     args = parser.parse_args(argv)
     if args.quick:
         args.sessions, args.reruns, args.think, args.b2b_seconds, args.b2b_sessions = 2, 2, 0.1, 1.0, 2
@@ -634,6 +881,8 @@ def main(argv: list[str] | None = None) -> int:
     default = "opening,heavy,longmem" if args.heavy else "class,b2b,widgets,memory,replicas"
     default = "burst" if args.burst else default
     default = "tabs" if args.tabs else default
+    default = ",".join(m for m, on in (("live-reach", args.live_reach), ("live", args.live_training)) if on) or default
+    default = "follow" if args.follow else default
     only = set((args.only or default).split(","))
     print(f"attnviz class benchmark | {cpu_name()}, {os.cpu_count()} cores | python {platform.python_version()}")
 
@@ -757,10 +1006,22 @@ def main(argv: list[str] | None = None) -> int:
         print(
             f"heavy_light_p95_ms={light_p95 * 1000:.0f} health_max_ms={max(health) * 1000:.0f} errors={len(problems)}"
         )
+    if "follow" in only:
+        from follow_class import follow_measure
+
+        return 1 if follow_measure(args.followers, args.seconds, args.every) else 0
     if "burst" in only:
         burst_measure(args.burst or 80, args.burst_tokens, args.burst_page)
     if "tabs" in only:
         problems = tabs_measure(args.tabs or 50, args.tab_tokens, args.cache_mb)
+        return 1 if problems else 0
+    if "live-reach" in only:
+        live_reach(args.live_cpu_seconds, ("reverse", "induction"))
+    if "live" in only:
+        light = args.light_sessions if not args.quick else 2
+        problems = live_measure(
+            light, args.think, args.live_cpu_seconds, args.live_task, args.live_baseline, args.live_model
+        )
         return 1 if problems else 0
     return 0
 

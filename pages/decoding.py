@@ -10,6 +10,7 @@ import pandas as pd
 import streamlit as st
 
 from attnviz.app import bound, clamp_state, shared, viewport, views
+from attnviz.app.follow import map_chart
 from attnviz.app.frame import Context, frame
 from attnviz.app.present import data_table, picture_area, room
 from attnviz.app.widgets import escape_markdown
@@ -233,7 +234,7 @@ def draw_alignment(s: Shown) -> None:
             narrow=narrow,
         ),
     )
-    st.plotly_chart(room(fig), width="stretch")
+    map_chart(st, fig, "_dec_alignment_map")  # a click on a cell points at it, for a room's followers
     st.caption(
         'The alignment grows by one row per step: the row "a → b" is where the decoder looked while reading a '
         "and writing b."
@@ -257,7 +258,7 @@ def draw_lm_alignment(s: Shown) -> None:
         )  # fmt: skip
 
     fig = shared("decoding-lm-rows", (*s.key, layer, head, s.contrast, narrow), figure)
-    st.plotly_chart(room(fig), width="stretch")
+    map_chart(st, fig, "_dec_lm_map")  # a click on a cell points at it, for a room's followers
     st.caption(
         'One row per step: the row "a → b" is where the model looked while reading a and writing b, over the '
         "prompt and what it has written so far (the prompt was read in one pass, then one token per step)."
@@ -313,7 +314,7 @@ def draw_step_rows(s: Shown) -> None:
             contrast=s.contrast,
         ),
     )
-    st.plotly_chart(room(fig), width="stretch")
+    map_chart(st, fig, "_dec_self_row_map")
     if step.cross_attn is None:  # a language model has no source to look at
         return
     cross_row = step.cross_attn[layer - 1, head - 1].numpy()[None]
@@ -330,7 +331,7 @@ def draw_step_rows(s: Shown) -> None:
             contrast=s.contrast,
         ),
     )
-    st.plotly_chart(room(fig), width="stretch")
+    map_chart(st, fig, "_dec_cross_row_map")
 
 
 def draw_step_grid(s: Shown) -> None:

@@ -10,6 +10,7 @@ import streamlit as st
 from attnviz import analysis, qk, tiles
 from attnviz.app import bound, clamp_state, domain_notice, download_buttons, shared, truncation_notice, views
 from attnviz.app.cache import long_text
+from attnviz.app.follow import map_chart
 from attnviz.app.frame import Context, frame
 from attnviz.app.present import picture_area, room
 from attnviz.app.views import (
@@ -183,6 +184,8 @@ def body(ctx: Context) -> None:
             on_select=open_head_from_grid,
             selection_mode="points",
         )
+    elif view in ("one", "aggregate"):  # a click on a cell points at it, for a room's followers
+        map_chart(picture, drawn.fig, f"_{view}_map", config=export_config(drawn.name, fmt))
     else:
         picture.plotly_chart(room(drawn.fig), width="stretch", config=export_config(drawn.name, fmt))
     if drawn.zoom is not None:

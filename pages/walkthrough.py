@@ -3,6 +3,7 @@
 import streamlit as st
 
 from attnviz.app import bound, clamp_state, computed, load_bundle, shared
+from attnviz.app.follow import map_chart
 from attnviz.app.frame import Context, frame
 from attnviz.app.present import first, presenting, room
 from attnviz.app.widgets import Download, download, escape_markdown
@@ -51,7 +52,7 @@ def stage_of(shown_stage: tuple) -> wk.Stage:
 
 def show_matrix(m: wk.Matrix, k: int, i: int, shown_stage: tuple) -> None:
     fig = shared("walkthrough-matrix", (*shown_stage, k, i), lambda: matrix_figure(m, k))
-    st.plotly_chart(room(fig), width="stretch", key=f"wt_fig_{i}")
+    map_chart(st, fig, f"_wt_fig_{i}")  # a click on a cell of a map points at it, for a room's followers
     shown = "" if m.style != "matrix" or m.values.shape[1] <= k else f"; the first {k} of {m.values.shape[1]} columns"
     # the recorded name counts layers from 0 (the code's index); say which layer that is in the app's count
     layer = f" ({m.recorded_layer}; the recorded name counts from 0)" if m.recorded_layer else ""

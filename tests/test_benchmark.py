@@ -220,3 +220,42 @@ def test_the_render_benchmark_runs_end_to_end(capsys):
     for name in ("plotly heatmap", "plotly Image trace", "bare canvas component"):
         row = next(line for line in out.splitlines() if name in line).split()
         assert float(row[-2]) > 0 and float(row[-1]) > 0, "bytes and seconds were measured"
+
+
+@pytest.mark.slow
+def test_the_live_training_benchmark_runs_end_to_end_and_ends_with_its_summary_line(capsys, tmp_path, monkeypatch):
+    """bench_class.py --live-training --quick: a live training started from the page, light sessions beside it."""
+    import os
+
+    import bench_class
+    from formation_histories import write_history
+
+    from attnviz.checkpoints.catalog import pretrained_dir
+
+    write_history("reverse", tmp_path, name="reverse-history")  # the page draws the section under a history
+    monkeypatch.setenv("ATTNVIZ_MODEL_ROOTS", os.pathsep.join([str(pretrained_dir()), str(tmp_path)]))
+    argv = ["--live-training", "--quick", "--live-cpu-seconds", "20", "--live-baseline", "3"]  # 20 s: a record or two
+    assert bench_class.main([*argv, "--live-model", "reverse-history"]) == 0
+    out = capsys.readouterr().out
+    assert "trained to step" in out and "because its CPU time was spent" in out, out
+    last = out.strip().splitlines()[-1]
+    assert re.fullmatch(r"live_light_p95_ms=\d+ live_seconds=\d+ errors=0", last), last
+
+
+@pytest.mark.slow
+def test_the_follow_benchmark_runs_end_to_end_and_ends_with_its_summary_line(capsys):
+    """bench_class.py --follow, tiny: a presenter and 3 followers on 2 replicas for 15 s (issue 34).
+
+    Its figures and its error count are the benchmark's to report (on a loaded machine a change may
+    miss its bounds): the test checks that it ran end to end, that the followers did follow, and the
+    last line's form.
+    """
+    import bench_class
+
+    assert bench_class.main(["--follow", "--followers", "3", "--seconds", "15"]) in (0, 1)  # 1: errors counted
+    out = capsys.readouterr().out
+    assert "RSS of every process" in out and "detached student's rerun" in out and "CPU per follower poll" in out
+    changes, seen = map(int, re.search(r"(\d+) changes x 3 followers: (\d+) updates seen", out).groups())
+    assert changes >= 3 and seen >= changes, out  # each change reached at least one follower's page, on average
+    last = out.strip().splitlines()[-1]
+    assert re.fullmatch(r"follow_p50_ms=\d+ follow_p95_ms=\d+ errors=\d+", last), last

@@ -32,7 +32,7 @@ from typing import Any
 import streamlit as st
 
 from attnviz.api import HeadChoice
-from attnviz.app import present, registry, viewport
+from attnviz.app import follow, present, registry, viewport
 from attnviz.app.cache import clearest_head, computed, is_long, load_bundle
 from attnviz.app.links import footer
 from attnviz.app.session import Choices, sidebar
@@ -144,7 +144,11 @@ def frame(
     """
     page = page_of(body)
     present.page_config(page.title if page.url_path else "", page.favicon)
+    follow.start(page.url_path)  # before the sidebar: a follower's link is read before any widget
     choices = sidebar()
+    with st.sidebar:
+        follow.presenter_panel()
+    follow.follower_bar()
     st.title(page.heading or page.title)
     viewport.picture_slot()  # on a phone the page's picture comes first, before the introduction
     if callable(intro):
@@ -154,4 +158,5 @@ def frame(
     if choices is not None or not needs_model:
         guarded(lambda: body(Context(choices)))
     footer()
+    follow.publish_view()  # after every widget has written its value into the address bar
     viewport.watch()

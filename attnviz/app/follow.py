@@ -1,0 +1,453 @@
+"""Follow the teacher: a presenter's room that other screens follow live (issue 34).
+
+The presenter opens a room in the sidebar and gets a code, a link (``?follow=CODE``) and a QR
+code of that link. From then on every run of the presenter's page publishes what the page shows
+(`view_state`): the page, the link's parameters (the same ones the address bar holds, so every
+choice that shapes a view) and the cell the presenter pointed at on a map. A page opened with
+``?follow=CODE`` polls the room twice a second (`follower_bar`'s fragment, `_poll`: one read of
+the room, and a heartbeat every `BEAT_S`) and, when the room's version changes, applies that state
+exactly as a link is opened (`apply_state`): its values pass the same checks as any link's, and a
+value the page cannot take is set aside. A poll that finds nothing new draws nothing: about 3 ms of
+the server's CPU, nearly all of it Streamlit's own work for a fragment's run.
+
+Only the presenter's session holds the room's secret (`ROOM_STATE`), which `publish` and `end`
+require: it is never in a URL or drawn on a page. A follower holds the code only, so nothing it
+sends (widget values, a forged action) can change the room. The rooms themselves live in
+`attnviz.app.rooms`, behind its functions (one store per configuration); this module never
+touches a store.
+"""
+
+from __future__ import annotations
+
+import io
+import logging
+import math
+import secrets
+import time
+from typing import Any
+
+import numpy as np
+import plotly.graph_objects as go
+import streamlit as st
+from streamlit.runtime.state.query_params import QueryParams
+from streamlit.runtime.state.session_state_proxy import get_session_state
+
+from attnviz.app import links, registry, rooms
+from attnviz.app.present import room
+
+log = logging.getLogger(__name__)
+
+FOLLOW = "follow"  # the URL parameter of a follower's link
+# Parameters that are a screen's own, never a room's: the room's code, and presenter mode (the
+# projector's layout is no student's choice).
+OWN_PARAMS = (FOLLOW, "present")
+# Session keys a follower keeps when the room's state is applied: its device and presenter mode.
+OWN_KEYS = ("device", "present")
+ROOM_STATE = "_room"  # session key: the presenter's Room (code and secret), in this session only
+PUBLISHED_STATE = "_room_published"  # session key: the last state the presenter published
+FOLLOWING = "_following"  # session key: a follower's room: code, version applied, detached, its id
+PAGE_NOW = "_room_page"  # session key: the address of the page being drawn (`start`)
+POINT = "_room_point"  # session key: the cell pointed at, {"chart", "x", "y"}, or absent
+PAGE_KEY, POINT_KEY = "room_page", "room_point"  # a room's view: besides the link's parameters
+POLL_S = 0.5  # how often a follower reads its room: a change shows within 1 s, the poll's wait included
+BEAT_S = 3.0  # how often a follower tells the room it is there (rooms count it for FOLLOW_WINDOW_S, 10 s)
+COUNT_S = 3.0  # how often the presenter's count of followers is refreshed
+MARK_COLOUR = "#ff00aa"  # the pointed cell's frame: a colour no weight map uses
+
+
+# ---------------------------------------------------------------------------------------------
+# What a room holds
+
+
+def page_name() -> str:
+    """The address below the app's root ("" for the home page) of the page this session's last run drew."""
+    return st.session_state.get(PAGE_NOW, "")
+
+
+def view_state() -> dict[str, Any]:
+    """What this page shows, as a room publishes it: the address bar's parameters, `PAGE_KEY` and `POINT_KEY`.
+
+    Each parameter is a string, or a list of strings for a multiple choice; this screen's own
+    (`OWN_PARAMS`) are left out. `PAGE_KEY` is the page's address and `POINT_KEY` the cell pointed
+    at, [chart, column label, row label], or None. (A room's view is flat, link-style values:
+    `attnviz.app.rooms.check_state`.)
+    """
+    state: dict[str, Any] = {}
+    for key in st.query_params:
+        if key not in OWN_PARAMS and key not in (PAGE_KEY, POINT_KEY):
+            values = list(st.query_params.get_all(key))
+            state[key] = values[0] if len(values) == 1 else values
+    point = st.session_state.get(POINT)
+    state[PAGE_KEY] = page_name()
+    state[POINT_KEY] = [point["chart"], point["x"], point["y"]] if point else None
+    return state
+
+
+def page_path(name: str) -> str:
+    """The registry's file for the page whose address is ``name`` (the home page for an unknown one)."""
+    for entry in registry.PAGES:
+        if entry.url_path == name:
+            return entry.path
+    return registry.PAGES[0].path
+
+
+# ---------------------------------------------------------------------------------------------
+# The presenter
+
+
+def presenting_room() -> rooms.Room | None:
+    """This session's room when it presents one (it holds the secret), else None."""
+    return st.session_state.get(ROOM_STATE)
+
+
+def _open() -> None:
+    """Button callback: open a room on this page's view (runs before the rerun)."""
+    try:
+        state = view_state()
+        st.session_state[ROOM_STATE] = rooms.open_room(state)
+        st.session_state[PUBLISHED_STATE] = state
+    except rooms.RoomError as e:  # a bound reached, or a store that does not answer
+        st.session_state["_room_error"] = str(e)
+
+
+def _end() -> None:
+    """Button callback: end this session's room (runs before the rerun)."""
+    mine = st.session_state.pop(ROOM_STATE, None)
+    st.session_state.pop(PUBLISHED_STATE, None)
+    st.session_state.pop(POINT, None)
+    if mine is not None:
+        try:
+            rooms.end(mine.code, mine.secret)
+        except rooms.RoomError as e:  # a store that does not answer: the room ends with its time limit
+            log.warning("could not end room %s: %s", mine.code, e)
+
+
+def follow_link(code: str) -> str:
+    """The link that follows room ``code`` from this server: its address as the browser reached it."""
+    base = ""
+    try:
+        base = st.context.url or ""
+    except Exception:  # noqa: BLE001 - no browser (AppTest): a link relative to the server
+        base = ""
+    base = base.split("?", 1)[0]
+    name = page_name()
+    if name and base.rstrip("/").endswith("/" + name):
+        base = base.rstrip("/")[: -len(name)]
+    return f"{base.rstrip('/')}/?{FOLLOW}={code}"
+
+
+def qr_png(text: str) -> bytes:
+    """A PNG picture of a QR code (error correction M) holding ``text``: black on white, 8 px a module,
+    with its quiet zone of 4 modules, so that a phone reads it off a projector."""
+    import segno
+
+    out = io.BytesIO()
+    segno.make(text, error="m", micro=False, boost_error=False).save(
+        out, kind="png", scale=8, border=4, dark="#000000", light="#ffffff"
+    )
+    return out.getvalue()
+
+
+def presenter_panel() -> None:
+    """The sidebar's room panel: "Open a room", or the open room's code, link, QR code, followers and "End"."""
+    if st.session_state.get(FOLLOWING) is not None:
+        return  # a follower's screen follows; it opens no room of its own
+    st.divider()
+    error = st.session_state.pop("_room_error", None)
+    if error:
+        st.warning(error)
+    mine = presenting_room()
+    if mine is None:
+        st.button(
+            "Open a room",
+            key="_room_open",
+            icon=":material/co_present:",
+            on_click=_open,
+            help="Screens that open the room's link follow this one: its page, text, model and every choice, live.",
+        )
+        return
+    link = follow_link(mine.code)
+    st.markdown(f"**Room {mine.code}**")
+    st.caption("Screens that open this link follow yours:")
+    st.code(link, language=None)
+    st.image(qr_png(link), width=220, caption=f"The link as a QR code, for phones: room {mine.code}")
+    _followers(mine.code)
+    st.button("End the room", key="_room_end", icon=":material/cancel_presentation:", on_click=_end)
+
+
+@st.fragment(run_every=COUNT_S)
+def _followers(code: str) -> None:
+    """How many screens follow room ``code``, refreshed every `COUNT_S` seconds."""
+    try:
+        seen = rooms.read(code)
+    except rooms.RoomError as e:
+        st.warning(str(e))
+        return
+    st.caption(f":material/group: {seen.followers} screen{'s' if seen.followers != 1 else ''} following")
+
+
+def publish_view() -> None:
+    """At the end of a presenter's run: publish the page's view when it changed since the last one.
+
+    A store that does not answer leaves the presenter presenting, with a warning; a room that ended
+    (its time limit) is let go.
+    """
+    mine = presenting_room()
+    if mine is None:
+        return
+    state = view_state()
+    if state == st.session_state.get(PUBLISHED_STATE):
+        return
+    try:
+        rooms.publish(mine.code, mine.secret, state)
+    except rooms.RoomError as e:
+        if getattr(e, "reason", "") in GONE + ("secret",):
+            st.session_state.pop(ROOM_STATE, None)
+            st.warning(str(e))
+        elif getattr(e, "reason", "") == "state":
+            st.warning(f"{e} The class keeps the view before.")
+        else:  # the store: the next change tries again
+            st.warning(f"{e} Your screen keeps presenting; the class sees your view when the store answers.")
+        return
+    st.session_state[PUBLISHED_STATE] = state
+
+
+# ---------------------------------------------------------------------------------------------
+# The pointed cell
+
+
+def point_from_click(chart: str) -> None:
+    """A click on a map's cell (``chart`` is its key): that cell becomes the room's pointed cell."""
+    event = st.session_state.get(chart)
+    points = event.selection.points if event is not None else []
+    if not points or "x" not in points[0] or "y" not in points[0]:
+        st.session_state.pop(POINT, None)
+        return
+    st.session_state[POINT] = {"chart": chart, "x": str(points[0]["x"]), "y": str(points[0]["y"])}
+
+
+def marked(fig: go.Figure, chart: str) -> go.Figure:
+    """``fig`` with the pointed cell framed, when it is on chart ``chart``; ``fig`` itself otherwise.
+
+    The cell is found by its labels among the first trace's (labels are position-prefixed, so unique).
+    """
+    point = st.session_state.get(POINT)
+    if not point or point.get("chart") != chart or not fig.data:
+        return fig
+    xs, ys = list(fig.data[0].x or ()), list(fig.data[0].y or ())
+    if point["x"] not in xs or point["y"] not in ys:
+        return fig
+    col, row = xs.index(point["x"]), ys.index(point["y"])
+    framed = go.Figure(fig)
+    framed.add_shape(
+        type="rect",
+        x0=col - 0.5,
+        x1=col + 0.5,
+        y0=row - 0.5,
+        y1=row + 0.5,
+        line={"color": MARK_COLOUR, "width": 4},
+        name="pointed",
+    )
+    return framed
+
+
+def clickable(fig: go.Figure) -> go.Figure:
+    """``fig`` with an invisible point on each cell of its first trace (a heatmap), so that a click selects a cell.
+
+    Plotly selects points of scatter traces only: a click on a heatmap reaches Streamlit as no
+    selection at all. The points carry the heatmap's own hover text; a map that is an image
+    (a long text) is returned as it is.
+    """
+    if not fig.data or getattr(fig.data[0], "type", "") != "heatmap" or fig.data[0].x is None:
+        return fig
+    heat = fig.data[0]
+    xs, ys = list(heat.x), list(heat.y)
+    values = np.asarray(heat.customdata if heat.customdata is not None else heat.z, dtype=np.float64)
+    name = heat.name or "weight"
+    cells = go.Scatter(
+        x=[x for _ in ys for x in xs],
+        y=[y for y in ys for _ in xs],
+        customdata=values.reshape(-1),
+        mode="markers",
+        marker={"size": 12, "opacity": 0},
+        selected={"marker": {"opacity": 0}},
+        unselected={"marker": {"opacity": 0}},
+        hovertemplate=f"query %{{y}}<br>key %{{x}}<br>{name} %{{customdata:.6f}}<extra></extra>",
+        showlegend=False,
+        name="cells",
+    )
+    return go.Figure(fig).add_trace(cells).update_layout(hoverdistance=-1, clickmode="event+select")
+
+
+def map_chart(where, fig: go.Figure, chart: str, **kwargs) -> None:
+    """A weight map drawn in ``where``, ``chart`` its key; the room's pointed cell is framed on it.
+
+    On a presenter's screen a click on a cell points at it (`point_from_click`). Only there is the
+    map made clickable: the invisible points cost about 10 ms of the server's time per drawing (a
+    12 x 12 map), which every follower would pay on every change and a visitor with no room on
+    every rerun, for clicks that change nothing in a room.
+    """
+    shown = room(marked(fig, chart))
+    if presenting_room() is None:
+        where.plotly_chart(shown, width="stretch", key=chart, **kwargs)
+        return
+    where.plotly_chart(
+        clickable(shown),
+        width="stretch",
+        key=chart,
+        on_select=lambda: point_from_click(chart),
+        selection_mode="points",
+        **kwargs,
+    )
+
+
+# ---------------------------------------------------------------------------------------------
+# The follower
+
+
+def start(page: str) -> None:
+    """Note the page being drawn (its address, ``page``) and the room a page opened with ``?follow=CODE``
+    follows: every page calls it before the sidebar.
+
+    A malformed code is kept too: `follower_bar` says what is wrong with it in one line.
+    """
+    st.session_state[PAGE_NOW] = page
+    code = st.query_params.get(FOLLOW)
+    if code is None:
+        return
+    following = st.session_state.get(FOLLOWING)
+    if following is not None and following["code"] == code:
+        return
+    st.session_state[FOLLOWING] = {
+        "code": code.strip()[:64],
+        "version": None,
+        "detached": False,
+        "id": secrets.token_hex(8),
+    }
+
+
+def apply_state(state: dict[str, Any], code: str) -> None:
+    """Make this page show the room's ``state`` as its link would open it; reruns (on its page).
+
+    Every kept widget value goes, the room's parameters become the address bar's and the page reads
+    them as a link (`attnviz.app.links.start`): the same checks, the same values set aside.
+    """
+    for key in list(st.session_state.keys()):
+        if not key.startswith(("_", "$$")) and key not in OWN_KEYS:
+            del st.session_state[key]
+    st.session_state.pop(links.PAGE_STATE, None)
+    st.session_state.pop(links.SEEN_STATE, None)
+    point = state.get(POINT_KEY)
+    if isinstance(point, list) and len(point) == 3 and all(isinstance(v, str) for v in point):
+        st.session_state[POINT] = {"chart": point[0], "x": point[1], "y": point[2]}
+    else:
+        st.session_state.pop(POINT, None)
+    params = {k: v for k, v in _link_params(state).items() if k not in OWN_PARAMS}
+    params[FOLLOW] = [code]
+    if "present" in st.query_params:
+        params["present"] = st.query_params.get_all("present")
+    open_link(page_path(str(state.get(PAGE_KEY, ""))), params)
+
+
+def open_link(target: str, params: dict[str, list[str]]) -> None:
+    """Open page ``target`` as the link ``?params`` would: its widgets take their values from ``params``.
+
+    Streamlit reads a link's values into widgets that have none yet (the session keys are gone:
+    `apply_state`) from the query string the page is opened with: ``st.switch_page``'s
+    ``query_params`` become the address bar's and the next run's. It refuses to set a parameter
+    that a widget is bound to, so those bindings are let go first (`let_go`); each widget binds
+    again as it is drawn.
+    """
+    with get_session_state().query_params() as qp:
+        let_go(qp, [*params, *st.query_params])
+    st.switch_page(target, query_params=params)
+
+
+def let_go(qp: QueryParams, keys: list[str]) -> None:
+    """Unbind from their widgets the parameters ``keys`` of the session's `QueryParams` ``qp``.
+
+    The one use of Streamlit's internals in this module (streamlit 1.67: no public call unbinds a
+    widget from its parameter); tests/test_follow.py checks that these methods still do this.
+    """
+    for key in keys:
+        binding = qp.get_binding_for_param(key)
+        if binding is not None:
+            qp.unbind_widget(binding.widget_id)
+
+
+def _link_params(state: Any) -> dict[str, list[str]]:
+    """A room's link parameters as {name: [strings]}: its page and point, and anything else, left out."""
+    if not isinstance(state, dict):
+        return {}
+    out = {}
+    for key, value in state.items():
+        values = [value] if isinstance(value, str) else value
+        if key in (PAGE_KEY, POINT_KEY) or not isinstance(key, str) or not isinstance(values, list):
+            continue
+        if values and all(isinstance(v, str) for v in values):
+            out[key] = values
+    return out
+
+
+def _detach() -> None:
+    st.session_state[FOLLOWING]["detached"] = True
+
+
+def _rejoin() -> None:
+    st.session_state[FOLLOWING]["detached"] = False
+    st.session_state[FOLLOWING]["version"] = None  # the presenter's current view, at once
+
+
+GONE = ("code", "unknown", "ended", "expired")  # RoomError reasons after which polling stops: nothing will come
+
+
+def follower_bar() -> None:
+    """A follower's line above the page ("Following room ABC123 · Explore on my own"); it polls the room.
+
+    A code that is malformed, unknown or ended gets one line, and the page is the visitor's own. A
+    detached screen ("Explore on my own") does not poll: "Back to the class" polls again at once.
+    """
+    following = st.session_state.get(FOLLOWING)
+    if following is None:
+        return
+    if following.get("gone"):
+        st.warning(following["gone"])
+        return
+    code = following["code"]
+    line = st.container(horizontal=True, vertical_alignment="center")
+    if following["detached"]:
+        line.markdown(f":material/explore: Exploring on my own: room **{code}** goes on")
+        line.button("Back to the class", key="_follow_rejoin", on_click=_rejoin, icon=":material/group:")
+        return
+    line.markdown(f":material/cast_for_education: Following room **{code}**")
+    line.button("Explore on my own", key="_follow_detach", on_click=_detach, icon=":material/explore:")
+    _poll()
+
+
+@st.fragment(run_every=POLL_S)
+def _poll() -> None:
+    """Read the room and apply the presenter's view when its version moved on; tell the room this screen is
+    there every `BEAT_S` seconds.
+
+    It runs twice a second on every follower's screen, so a poll that finds nothing new draws nothing and
+    costs one read of the room (the line above the page is drawn by the page, once).
+    """
+    following = st.session_state.get(FOLLOWING)
+    if following is None or following.get("gone") or following["detached"]:
+        return
+    code = following["code"]
+    try:
+        now = time.monotonic()
+        if now - following.get("beat", -math.inf) >= BEAT_S:
+            rooms.follow(code, following["id"])
+            following["beat"] = now
+        seen = rooms.read(code)
+    except rooms.RoomError as e:
+        if getattr(e, "reason", "") in GONE:
+            following["gone"] = f"{e} This page is yours to explore."
+            st.rerun()  # the whole page: the line is drawn outside this fragment, which stops polling
+        st.warning(f"{e} This page works on its own meanwhile; it follows again when the room answers.")
+        return
+    if seen.version != following["version"]:
+        following["version"] = seen.version
+        apply_state(seen.state, code)

@@ -1,0 +1,268 @@
+"""Follow the teacher (issue 34), in AppTest: a presenter's room, a follower's link, bad codes, the secret.
+
+Two AppTests are two sessions of one server; the rooms live in a SQLite store in a temporary folder.
+AppTest runs no timer, so a follower's poll is a run (`at.run()`), as the fragment's timer would start it.
+Where the presenter's page is not what a test checks, the test drives the room through
+`attnviz.app.rooms` itself, with a view as the presenter's page publishes it (one AppTest less).
+The browser tests (test_browser_follow.py) check the same in chromium, within the 1 s bound.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+
+import numpy as np
+import plotly.graph_objects as go
+import pytest
+from conftest import open_app, open_from_link
+
+from attnviz.app import follow, rooms
+
+
+@pytest.fixture
+def room_store(monkeypatch, tmp_path):
+    """Rooms in a SQLite file of this test's own; every change written at once (none coalesced)."""
+    monkeypatch.delenv("ATTNVIZ_ROOMS_URL", raising=False)
+    monkeypatch.setenv("ATTNVIZ_ROOMS_DIR", str(tmp_path / "rooms"))
+    monkeypatch.setenv("ATTNVIZ_ROOM_PUBLISHES_PER_S", "1000000")
+
+
+@pytest.fixture
+def reads(monkeypatch) -> list[str]:
+    """The codes of every `rooms.read` the pages make, in order."""
+    seen, read = [], rooms.read
+
+    def counted(code):
+        seen.append(code)
+        return read(code)
+
+    monkeypatch.setattr(rooms, "read", counted)
+    return seen
+
+
+def _view(page: str, **params: str) -> dict:
+    """A room's view as a presenter's page publishes it (`follow.view_state`): the link's parameters, page and point."""
+    return {**params, follow.PAGE_KEY: page, follow.POINT_KEY: None}
+
+
+def _texts(at) -> str:
+    """Everything an AppTest's page shows as text, and its address bar."""
+    parts = [str(e.value) for kind in ("markdown", "caption", "warning", "info", "error", "code") for e in at.get(kind)]
+    return "\n".join(parts) + "\n" + str(dict(at.query_params))
+
+
+def _open_room(at) -> rooms.Room:
+    at.sidebar.button(key="_room_open").click().run()
+    assert not at.exception, at.exception
+    mine = at.session_state[follow.ROOM_STATE]
+    assert isinstance(mine, rooms.Room)
+    return mine
+
+
+def test_the_qr_code_holds_the_link():
+    """The QR code the sidebar shows, read back by an independent decoder (zxing-cpp), holds the follow link."""
+    zxingcpp = pytest.importorskip("zxingcpp")
+    from PIL import Image
+
+    link = "http://192.168.1.20:8501/?follow=K7QX2M"
+    picture = Image.open(io.BytesIO(follow.qr_png(link))).convert("L")
+    found = zxingcpp.read_barcodes(np.asarray(picture))
+    assert [(r.text, r.format.name) for r in found] == [(link, "QRCode")]
+
+
+def test_a_follower_gets_the_presenters_page_and_view_and_never_the_secret(room_store):
+    presenter = open_app("pages/explorer.py")
+    mine = _open_room(presenter)
+    assert any(mine.code in str(c.value) for c in presenter.sidebar.get("markdown"))
+    presenter.sidebar.text_area(key="src").set_value("the secret never shows").run()
+    presenter.selectbox(key="layer").set_value(2).run()
+    presenter.selectbox(key="head").set_value(3).run()
+    assert not presenter.exception, presenter.exception
+    follower = open_from_link("app.py", {"follow": mine.code})  # the link opens on any page: here home
+    assert not follower.exception, follower.exception
+    assert follower.title[0].value == "Attention explorer"
+    assert (follower.session_state["layer"], follower.session_state["head"]) == (2, 3)
+    assert f"Following room **{mine.code}**" in _texts(follower)
+    # the follower's address bar is the view's link (and the room's): copied, it opens the same view
+    shown = dict(follower.query_params)
+    assert (shown["follow"], shown["layer"], shown["head"]) == (mine.code, "2", "3"), shown
+    assert shown["src"] == "the secret never shows"
+    assert rooms.read(mine.code).followers == 1
+    for at in (presenter, follower):  # what the pages show, and their address bars
+        assert mine.secret not in _texts(at)
+    assert follow.ROOM_STATE not in follower.session_state
+    assert mine.secret not in str(rooms.read(mine.code))
+
+    presenter.selectbox(key="head").set_value(1).run()  # a change: the follower's next poll applies it
+    follower.run()
+    assert follower.session_state["head"] == 1
+    shown = dict(follower.query_params)
+    assert shown.pop("follow") == mine.code and shown == dict(presenter.query_params), "the same link, and the room"
+
+
+def test_let_go_unbinds_a_parameter_so_that_a_link_can_set_it():
+    """`follow.let_go` uses Streamlit's own query-parameter bindings: this fails if Streamlit changes them."""
+    from streamlit.errors import StreamlitAPIException
+    from streamlit.runtime.state.query_params import QueryParams
+
+    qp = QueryParams()
+    qp.bind_widget("head", "$$ID-1-head", "string_value", "page")
+    qp.bind_widget("layer", "$$ID-2-layer", "string_value", "page")
+    with pytest.raises(StreamlitAPIException):  # why apply_state lets go: a bound parameter cannot be set
+        qp.update({"head": "3"})
+    follow.let_go(qp, ["head", "not bound"])
+    assert not qp.is_bound("head") and qp.is_bound("layer")
+    qp.update({"head": "3"})
+    assert qp.get_all("head") == ["3"]
+
+
+def test_detach_keeps_the_view_and_rejoin_takes_the_presenters(room_store, reads):
+    mine = rooms.open_room(_view("explorer", head="2"))
+    follower = open_from_link("app.py", {"follow": mine.code})
+    assert follower.session_state["head"] == 2
+    follower.button(key="_follow_detach").click().run()
+    assert "Exploring on my own" in _texts(follower)
+    rooms.publish(mine.code, mine.secret, _view("explorer", head="4"))
+    polled = len(reads)
+    follower.run()
+    follower.run()
+    assert follower.session_state["head"] == 2  # detached: the presenter's change is not applied
+    assert len(reads) == polled, "a detached screen does not poll its room"
+    follower.button(key="_follow_rejoin").click().run()
+    assert not follower.exception, follower.exception
+    assert follower.session_state["head"] == 4
+    assert f"Following room **{mine.code}**" in _texts(follower)
+
+
+@pytest.mark.parametrize(
+    ("code", "says"),
+    [
+        ("not a code!", "is not a room code"),
+        ("K7QX2M", "K7QX2M"),  # well formed, but no room has it
+    ],
+)
+def test_a_bad_code_gets_one_line_the_page_works_and_polling_stops(room_store, reads, code, says):
+    at = open_from_link("app.py", {"follow": code})
+    assert not at.exception, at.exception
+    warnings = [w.value for w in at.warning]
+    assert len(warnings) == 1 and says in warnings[0], warnings
+    assert at.get("plotly_chart"), "the page's own map is still drawn"
+    polled = len(reads)
+    at.run()  # a poll's time: the same one line, and no read of a room that will never answer
+    assert [w.value for w in at.warning] == warnings
+    assert len(reads) == polled
+
+
+def test_an_ended_room_tells_its_followers_and_they_stop_polling(room_store, reads):
+    mine = rooms.open_room(_view(""))
+    follower = open_from_link("app.py", {"follow": mine.code})
+    assert reads, "the follower reads its room"
+    rooms.end(mine.code, mine.secret)
+    follower.run()
+    assert not follower.exception, follower.exception
+    assert any("has ended" in w.value for w in follower.warning), [w.value for w in follower.warning]
+    polled = len(reads)
+    follower.run()
+    assert len(reads) == polled
+
+
+def test_a_presenter_who_ends_the_room_presents_no_more(room_store):
+    presenter = open_app()
+    mine = _open_room(presenter)
+    presenter.sidebar.button(key="_room_end").click().run()
+    assert follow.ROOM_STATE not in presenter.session_state
+    with pytest.raises(rooms.RoomError, match="has ended"):
+        rooms.read(mine.code)
+
+
+def test_a_follower_cannot_drive(room_store):
+    """Whatever a follower's page sends (its widgets, a forged pointed cell), the room's view stays the presenter's."""
+    mine = rooms.open_room(_view("explorer", head="2"))
+    before = rooms.read(mine.code)
+    follower = open_from_link("app.py", {"follow": mine.code})
+    follower.selectbox(key="head").set_value(4).run()  # the follower's own choice: its page only
+    follower.session_state[follow.POINT] = {"chart": "_one_map", "x": "0 x", "y": "0 y"}
+    follower.run()
+    assert all(b.key != "_room_open" for b in follower.sidebar.button), "a follower opens no room"
+    after = rooms.read(mine.code)
+    assert (after.version, after.state) == (before.version, before.state)
+    with pytest.raises(rooms.RoomError):
+        rooms.publish(mine.code, "a guessed secret", {"head": "4"})
+
+
+def test_the_pointed_cell_reaches_the_followers_map(room_store):
+    presenter = open_app()
+    mine = _open_room(presenter)
+    spec = json.loads(presenter.get("plotly_chart")[0].proto.spec)
+    assert [t["type"] for t in spec["data"]] == ["heatmap", "scatter"], "the presenter's map takes a click"
+    assert follow.MARK_COLOUR not in json.dumps(spec)
+    x, y = spec["data"][0]["x"][1], spec["data"][0]["y"][2]  # the map's second column, third row
+    # what a click on that cell leaves (the selection event Streamlit gives the chart's callback)
+    presenter.session_state[follow.POINT] = {"chart": "_home_map", "x": x, "y": y}
+    presenter.run()
+    assert rooms.read(mine.code).state[follow.POINT_KEY] == ["_home_map", x, y]
+    follower = open_from_link("app.py", {"follow": mine.code})
+    spec = json.loads(follower.get("plotly_chart")[0].proto.spec)
+    assert [t["type"] for t in spec["data"]] == ["heatmap"], "a follower's map is not made clickable"
+    shapes = spec["layout"].get("shapes", [])
+    assert [(s["x0"], s["y0"], s["line"]["color"]) for s in shapes] == [(0.5, 1.5, follow.MARK_COLOUR)]
+
+
+def test_the_teaching_tab_follows(room_store):
+    mine = rooms.open_room(_view("mechanics", mech_tab="Masks"))
+    follower = open_from_link("app.py", {"follow": mine.code})
+    assert not follower.exception, follower.exception
+    assert follower.session_state["mech_tab"] == "Masks"
+    rooms.publish(mine.code, mine.secret, _view("mechanics", mech_tab="Permutation"))
+    follower.run()
+    assert not follower.exception, follower.exception
+    assert follower.session_state["mech_tab"] == "Permutation"
+    assert dict(follower.query_params).get("mech_tab") == "Permutation"
+
+
+def test_a_followers_values_pass_a_links_checks(room_store):
+    """A room's value the page cannot take is set aside, as a link's is: the page opens on its default."""
+    mine = rooms.open_room(_view("explorer", head="99", layer="2"))
+    follower = open_from_link("app.py", {"follow": mine.code})
+    assert not follower.exception, follower.exception
+    assert follower.session_state["layer"] == 2
+    assert follower.session_state["head"] != 99
+    assert any("head='99'" in c.value for c in follower.caption), [c.value for c in follower.caption]
+
+
+def test_marked_frames_the_pointed_cell_only_on_its_chart(monkeypatch):
+    fig = go.Figure(go.Heatmap(z=np.eye(3), x=["0 a", "1 b", "2 c"], y=["0 x", "1 y", "2 z"]))
+    state = {follow.POINT: {"chart": "_one_map", "x": "2 c", "y": "1 y"}}
+    monkeypatch.setattr(follow.st, "session_state", state)
+    framed = follow.marked(fig, "_one_map")
+    (shape,) = framed.layout.shapes
+    assert (shape.x0, shape.x1, shape.y0, shape.y1) == (1.5, 2.5, 0.5, 1.5)  # column 2, row 1
+    assert not fig.layout.shapes  # the shared figure is not changed
+    assert follow.marked(fig, "_home_map") is fig
+    state[follow.POINT] = {"chart": "_one_map", "x": "9 q", "y": "1 y"}  # a label the map does not have
+    assert follow.marked(fig, "_one_map") is fig
+
+
+def test_clickable_gives_every_click_inside_a_cell_that_cell():
+    """Plotly selects the point nearest a click (``hoverdistance=-1``: however far): the invisible points sit
+    one on each cell's centre, with the cell's labels and weight, so a click anywhere inside a cell selects it."""
+    rng = np.random.default_rng(0)
+    xs, ys = ["0 a", "1 b", "2 a", "3 c"], ["0 x", "1 y", "2 x"]  # a map's labels: position-prefixed
+    z = rng.random((len(ys), len(xs)))
+    fig = follow.clickable(go.Figure(go.Heatmap(z=z, x=xs, y=ys)))
+    heat, cells = fig.data
+    assert heat.type == "heatmap" and cells.type == "scatter"
+    assert fig.layout.hoverdistance == -1 and fig.layout.clickmode == "event+select"
+    assert cells.marker.opacity == 0 and cells.selected.marker.opacity == 0
+    # the points as plotly places them on categorical axes: a label's position is its index
+    centres = np.array([(xs.index(x), ys.index(y)) for x, y in zip(cells.x, cells.y, strict=True)])
+    for _ in range(500):
+        col, row = rng.integers(len(xs)), rng.integers(len(ys))
+        click = np.array([col, row]) + rng.uniform(-0.499, 0.499, 2)  # anywhere inside the cell
+        nearest = int(np.argmin(((centres - click) ** 2).sum(axis=1)))
+        assert (cells.x[nearest], cells.y[nearest]) == (xs[col], ys[row])
+        assert cells.customdata[nearest] == pytest.approx(z[row, col])
+    assert len(cells.x) == z.size, "one point a cell"
+    image = go.Figure(go.Image(z=np.zeros((2, 2, 3))))
+    assert follow.clickable(image) is image, "a map drawn as an image (a long text) is left as it is"
