@@ -77,6 +77,43 @@ def test_sessions_asking_at_once_make_a_result_once():
     assert len(calls) == 1
 
 
+def test_a_session_arriving_while_a_result_is_measured_neither_makes_it_again_nor_counts_it_twice(monkeypatch):
+    """Measuring a result (a figure's JSON) takes milliseconds after it is made: a session that asked then
+    made it a second time and the budget counted its bytes twice, for good (30 students opening one page
+    at once left half the shared figures counted double)."""
+    from attnviz.app import budget as module
+
+    measuring, second_done = threading.Event(), threading.Event()
+
+    def measured(value, seen=None):
+        if threading.current_thread().name == "first":
+            measuring.set()
+            second_done.wait(1.0)  # the second session's whole visit, if it does not wait for this result
+        return held_bytes(value, seen)
+
+    monkeypatch.setattr(module, "held_bytes", measured)
+    cache, made = ByteBudget(lambda: 64 * MB), []
+
+    def make():
+        made.append(threading.current_thread().name)
+        return np.ones(MB // 8)  # 1 MB
+
+    first = threading.Thread(target=cache.get, args=("k", make), name="first")
+    first.start()
+    assert measuring.wait(10)
+
+    def second_visit():
+        cache.get("k", make)
+        second_done.set()
+
+    second = threading.Thread(target=second_visit, name="second")
+    second.start()
+    first.join(10)
+    second.join(10)
+    assert made == ["first"], "the second session waited for the first one's result"
+    assert len(cache) == 1 and cache.total == MB, "the result's bytes are counted once"
+
+
 def test_distinct_long_inputs_one_after_another_stay_under_the_operators_budget(monkeypatch):
     """The app's own cache, with 12 distinct inputs (about 50 kB of maps each) under a 0.2 MB budget."""
     from attnviz.app import cache

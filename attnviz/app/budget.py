@@ -110,10 +110,12 @@ class ByteBudget:
                 return value
             try:
                 value = make()
+                # Kept before its maker's lock is let go: a session arriving in between (measuring a
+                # figure takes milliseconds) would start a maker of its own and count the result twice.
+                self._keep(key, value, held_bytes(value))
             finally:
                 with self._lock:
                     self._making.pop(key, None)
-            self._keep(key, value, held_bytes(value))
             return value
 
     def _keep(self, key: Hashable, value: Any, size: int) -> None:
@@ -121,6 +123,9 @@ class ByteBudget:
         with self._lock:
             if size > budget:
                 return
+            replaced = self._items.pop(key, None)
+            if replaced is not None:  # counted once, whatever made it again
+                self.total -= replaced[1]
             self._items[key] = (value, size)
             self.total += size
             while self.total > budget and self._items:
