@@ -242,7 +242,8 @@ def test_clicking_an_importance_cell_switches_that_head_off(server, browser):
         _wait_for_run(page)
         chosen = page.locator("[data-testid='stMultiSelect']").first.inner_text()
         assert "decoder:1.1" in chosen, chosen
-        assert page.get_by_text("19998 (changed)").count() >= 1, "the panel shows that head switched off"
+        # the panel's outputs, whatever the retrained model writes with that head off
+        assert page.get_by_text("With 1 head off:").count() >= 1, "the panel shows that head switched off"
         assert page.locator("[data-testid='stException']").count() == 0
     finally:
         page.close()

@@ -185,6 +185,8 @@ def room(fig: go.Figure) -> go.Figure:
         legend_font=font,
         legend_title_font=font,
     )
+    if fig.layout.title.subtitle.text:  # plotly sizes a subtitle from the figure's own title font, not the room's
+        fig.update_layout(title_subtitle_font=font)
     fig.update_xaxes(tickfont=font, title_font={"size": TEXT_PX, "color": DARK})
     fig.update_yaxes(tickfont=font, title_font={"size": TEXT_PX, "color": DARK})
     fig.update_traces(textfont=font, selector=lambda trace: "textfont" in trace)
