@@ -801,6 +801,7 @@ WIDGET_CHANGES = {
     "pages/variants.py": ("slider", "var_k", (2, 3)),
     "pages/positional.py": ("slider", "pe_length", (64, 96)),
     "pages/linearity.py": ("slider", "lin_k", (3, 5)),
+    "pages/formation.py": ("select_slider", "step", (160, 320)),  # en-de's first two records
 }
 
 
