@@ -1,7 +1,9 @@
 """The driver's peak memory of `attnviz atlas` against the corpus's size: streamed, it should not grow.
 
-    python benchmarks/bench_atlas_memory.py --lines 20000 --lines 60000          # the `reverse` model
-    python benchmarks/bench_atlas_memory.py --lines 1000000 --stub               # no model: the driver only
+```bash
+python benchmarks/bench_atlas_memory.py --lines 20000 --lines 60000          # the `reverse` model
+python benchmarks/bench_atlas_memory.py --lines 1000000 --stub               # no model: the driver only
+```
 
 Each size runs `attnviz atlas` (the local engine) in a fresh process on a generated corpus of short
 lines (3 to 8 letters, the `reverse` model's task) and prints that process's peak RSS

@@ -78,7 +78,7 @@ def rooms_in_a_test_folder(tmp_path_factory):
     if "ATTNVIZ_ROOMS_DIR" not in os.environ:
         os.environ["ATTNVIZ_ROOMS_DIR"] = str(tmp_path_factory.mktemp("rooms"))
         yield
-        del os.environ["ATTNVIZ_ROOMS_DIR"]
+        os.environ.pop("ATTNVIZ_ROOMS_DIR", None)  # a test's monkeypatch may have taken it away already
     else:
         yield
 
