@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import base64
+import functools
 import json
 
 import numpy as np
@@ -11,7 +12,9 @@ from conftest import open_app
 from streamlit.proto.WidgetStates_pb2 import WidgetStates
 from streamlit.testing.v1 import AppTest
 
+import attnviz
 from attnviz.app import CUSTOM_PATH, sentence_pairs
+from attnviz.app.text import escape_markdown
 from attnviz.errors import InputError
 from attnviz.methods import METHODS
 
@@ -86,16 +89,39 @@ def test_every_method_kind_layer_head_and_position():
             assert "Relevance for" in spec_json and "decoder position 0" in spec_json
 
 
+DEFAULT_TEXT = "Thursday, July 2, 1998"  # the page's default sentence for en-de (its config's first example)
+
+
+@functools.cache
+def a_head_that_changes_the_output() -> tuple[str, int, int, str, str]:
+    """The first single head whose zeroing changes en-de's output for the page's sentence, found with the API
+    (kind, layer, head, intact output, ablated output): the panel must show what `attnviz.translate` says,
+    whichever head that is in the shipped model."""
+    bundle = attnviz.load("en-de", device="cpu")
+    intact = attnviz.translate(bundle, DEFAULT_TEXT)
+    config = bundle.config
+    for kind, layers in (("decoder", config.n_dec_layers), ("cross", config.n_dec_layers)):
+        for layer in range(1, layers + 1):
+            for head in range(1, config.n_heads + 1):
+                ablated = attnviz.translate(bundle, DEFAULT_TEXT, ablate=f"{kind}:{layer}.{head}")
+                if ablated != intact:
+                    return kind, layer, head, intact, ablated
+    raise AssertionError("no single decoder or cross head changes the output: the test needs another sentence")
+
+
 @pytest.mark.slow
 def test_ablation_panel_shows_both_translations_steps_and_maps():
+    kind, layer, head, intact, ablated = a_head_that_changes_the_output()
     at = open_app(PAGE)
-    at.multiselect(key="bw_ablate").set_value(["decoder:1.1"]).run()
+    assert at.sidebar.text_area(key="src").value == DEFAULT_TEXT
+    at.multiselect(key="bw_ablate").set_value([f"{kind}:{layer}.{head}"]).run()
     assert_ok(at)
     shown = text(at)
-    assert "Intact model:** Donnerstag, 2. Juli 1998" in shown and "19998 (changed)" in shown
+    assert f"Intact model:** {escape_markdown(intact)}" in shown
+    assert f"With 1 head off:** {escape_markdown(ablated)} (changed)" in shown
     steps = at.dataframe[0].value
     assert list(steps.columns[:5]) == ["step", "token", "p intact", "p ablated", "change"]
-    assert steps["change"].min() < -0.5, "the year's last digit loses its probability"
+    assert steps["change"].min() < -0.5, "the first token that differs loses most of its probability"
     at.radio(key="bw_ablate_mode").set_value("mean").run()
     assert_ok(at)
     titles = " ".join(c.proto.spec for c in at.get("plotly_chart"))
@@ -115,19 +141,20 @@ def test_every_cross_attention_head_off_breaks_the_reversal():
 
 @pytest.mark.slow
 def test_clicking_an_importance_cell_applies_that_ablation():
+    kind, layer, head, _, ablated = a_head_that_changes_the_output()
     at = open_app(PAGE)
     assert at.multiselect(key="bw_ablate").value == []
-    click_cell(at, "decoder", 1, 1)
+    click_cell(at, kind, layer, head)
     assert_ok(at)
-    assert at.multiselect(key="bw_ablate").value == ["decoder:1.1"]
+    assert at.multiselect(key="bw_ablate").value == [f"{kind}:{layer}.{head}"]
     assert at.radio(key="bw_ablate_mode").value == "zero"
     assert (at.radio(key="bw_kind").value, at.selectbox(key="bw_layer").value, at.selectbox(key="bw_head").value) == (
-        "decoder",
-        1,
-        1,
+        kind,
+        layer,
+        head,
     )
-    assert "19998 (changed)" in text(at)
-    grid = json.loads(importance_charts(at)["decoder"].proto.spec)
+    assert f"{escape_markdown(ablated)} (changed)" in text(at)
+    grid = json.loads(importance_charts(at)[kind].proto.spec)
     assert grid["layout"]["shapes"], "the clicked cell is outlined"
     click_cell(at, "cross", 2, 4)
     assert_ok(at)
