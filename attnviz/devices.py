@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import platform
 from pathlib import Path
 
@@ -54,15 +55,23 @@ def device_name(device: torch.device) -> str:
     return platform.processor() or platform.machine() or device.type
 
 
+# oneDNN's ISA limits (its documented ONEDNN_MAX_CPU_ISA values) that stop below native bfloat16 products.
+ONEDNN_WITHOUT_BF16 = frozenset({"SSE41", "AVX", "AVX2", "AVX2_VNNI", "AVX2_VNNI_2", "AVX512_CORE", "AVX512_CORE_VNNI"})
+
+
 def fast_bfloat16(device: torch.device) -> tuple[bool, str]:
     """Whether ``device`` multiplies bfloat16 natively (much faster than float32), and how that is known.
 
     A CUDA GPU says so itself; a CPU has it with the ``amx_bf16`` or ``avx512_bf16`` flag. Without
     them, torch emulates bfloat16 products: on an AMD EPYC with AVX2 only a bf16 linear layer under
-    autocast took 5x its float32 time.
+    autocast took 5x its float32 time. Nor does a CPU where ``ONEDNN_MAX_CPU_ISA`` holds oneDNN below
+    them (``AVX2``, ``AVX512_CORE``, ...: how a faster CPU stands in for an older one).
     """
     if device.type == "cuda":
         return torch.cuda.is_bf16_supported(), "torch.cuda.is_bf16_supported()"
+    limit = os.environ.get("ONEDNN_MAX_CPU_ISA", "").upper()
+    if limit in ONEDNN_WITHOUT_BF16:  # oneDNN told to stay below its bfloat16 kernels: it emulates them
+        return False, f"ONEDNN_MAX_CPU_ISA={limit} keeps oneDNN below its bfloat16 instructions"
     try:
         flags = set(Path("/proc/cpuinfo").read_text().split())
     except OSError:

@@ -5,6 +5,7 @@ Run it from the repository root:
 ```bash
 python benchmarks/bench_atlas.py                      # CPU, 128 sentences, 3 repeats
 python benchmarks/bench_atlas.py --device cuda --sentences 2000
+python benchmarks/bench_atlas.py --profile                 # also where the engine's time goes, by part
 python benchmarks/bench_atlas.py --cluster                 # local engine vs Ray clusters of 1 and 2 nodes
 ```
 
@@ -80,6 +81,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--heads", type=int, default=8)
     p.add_argument("--ffn", type=int, default=2048)
     p.add_argument("--vocab", type=int, default=8000)
+    p.add_argument("--profile", action="store_true", help="also print where the engine's time goes (cProfile)")
     p.add_argument(
         "--cluster",
         action="store_true",
@@ -409,6 +411,53 @@ def bf16_ceiling(bundle, pairs: list[tuple[str, str]], args: argparse.Namespace)
     return statistics.median(times["fp32"]), statistics.median(times["bf16"]), ratio
 
 
+def profile_parts(bundle, corpus: Path, targets: Path | None, batch: int, precision: str) -> list[tuple[str, float]]:
+    """Where one engine run's time goes, from cProfile: (part, seconds), the whole run last.
+
+    Parts are the cumulative times of the engine's own functions (the model's top-level forward, its
+    linear layers and attention, the statistics, the divergences and their logarithms); what is left
+    is tokenising, batching, the key flags and the files. cProfile adds about 1% here (0.5 M calls).
+    """
+    import cProfile
+    import pstats
+
+    engine_run(bundle, corpus, targets, batch, precision)  # warm
+    profiler = cProfile.Profile()
+    profiler.enable()
+    engine_run(bundle, corpus, targets, batch, precision)
+    profiler.disable()
+    entries = pstats.Stats(profiler).stats  # {(file, line, name): (calls, primitive calls, own s, cumulative s, _)}
+
+    def cumulative(file: str, name: str, own: bool = False) -> float:
+        """The largest cumulative (or summed own) time of functions ``name`` in files ending with ``file``."""
+        found = [(v[2], v[3]) for (f, _, n), v in entries.items() if f.endswith(file) and n == name]
+        return sum(t for t, _ in found) if own else max((c for _, c in found), default=0.0)
+
+    whole = cumulative("bench_atlas.py", "engine_run")
+    forward = cumulative("attnviz/model.py", "forward")  # the outermost forward: the whole model
+    statistics_s = cumulative("attnviz/atlas/stats.py", "sentence_statistics")
+    divergences = cumulative("attnviz/atlas/stats.py", "js_divergences")
+    return [
+        ("model forward (every map, no logits)", forward),
+        ("  linear layers", cumulative("attnviz/linear.py", "forward")),  # Linear.forward, fp32 and bf16
+        ("  attention (scores, softmax, maps)", cumulative("attnviz/model.py", "attention")),
+        ("statistics", statistics_s),
+        ("divergences", divergences),
+        ("  logarithms in them", cumulative("~", "<built-in method torch.log>", own=True)),
+        ("tokenising, batching, flags, files", whole - forward - statistics_s - divergences),
+        ("the whole run", whole),
+    ]
+
+
+def print_profile(bundle, corpus: Path, targets: Path | None, batch: int, precisions: list[str]) -> None:
+    runs = {precision: profile_parts(bundle, corpus, targets, batch, precision) for precision in precisions}
+    print(f"\nwhere the engine's time goes (one run each, cProfile; --batch {batch}):")
+    print(f"  {'part':<38}" + "".join(f"{p + ' s':>9} {'share':>6}" for p in precisions))
+    for i, (label, _) in enumerate(runs[precisions[0]]):
+        cells = "".join(f"{parts[i][1]:>9.3f} {parts[i][1] / parts[-1][1]:>6.0%}" for parts in runs.values())
+        print(f"  {label:<38}{cells}")
+
+
 def check_agreement(plain: dict, atlas, n_layers: int, n_heads: int) -> tuple[float, str, float]:
     """How far the plain loop is from the engine: (largest relative gap, where, share of argmax values moved).
 
@@ -557,6 +606,15 @@ def main(argv: list[str] | None = None) -> None:
         )
     else:
         print(f"target bf16 >= {TARGET_BF16:g}x: does not apply, this hardware has no fast bfloat16 ({bf16_why})")
+    if args.profile:
+        with tempfile.TemporaryDirectory() as tmp:
+            folder = Path(tmp) / "marian-base-random"  # the same model and corpus again, from the same seed
+            build_marian(folder, args, [text for pair in pairs for text in pair] + vocab)
+            bundle = attnviz.load(str(folder), device=str(device))
+            corpus, targets = Path(tmp) / "corpus.txt", Path(tmp) / "targets.txt"
+            corpus.write_text("\n".join(s for s, _ in pairs) + "\n", encoding="utf-8")
+            targets.write_text("\n".join(t for _, t in pairs) + "\n", encoding="utf-8")
+            print_profile(bundle, corpus, targets, args.batch, ["fp32", "bf16"] if bf16_fast else ["fp32"])
     with tempfile.TemporaryDirectory() as tmp:
         language_model_line(args, [s for s, _ in pairs], Path(tmp))
     if device.type == "cpu":

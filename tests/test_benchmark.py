@@ -168,9 +168,24 @@ def test_the_atlas_benchmark_runs_at_tiny_sizes_and_ends_with_its_line(capsys):
     import bench_atlas
 
     tiny = ["--sentences", "5", "--max-words", "5", "--repeats", "2", "--batch", "2", "--threads", "1"]
-    bench_atlas.main([*tiny, "--layers", "1", "--d-model", "32", "--heads", "2", "--ffn", "64", "--vocab", "300"])
+    sizes = ["--layers", "1", "--d-model", "32", "--heads", "2", "--ffn", "64", "--vocab", "300"]
+    bench_atlas.main([*tiny, *sizes, "--profile"])
     out = capsys.readouterr().out.strip().splitlines()
     assert re.fullmatch(r"atlas_speedup_fp32=\d+\.\d\d atlas_speedup_bf16=(\d+\.\d\d|nan)", out[-1]), out[-1]
+    # --profile: every part of the engine's time, read from cProfile, in seconds and as a share of the run
+    start = next(i for i, line in enumerate(out) if line.startswith("where the engine's time goes"))
+    rows = {
+        line[:40].strip(): [float(x) for x in line[40:].replace("%", "").split()]
+        for line in out[start + 2 : start + 10]
+    }
+    assert list(rows)[0].startswith("model forward") and list(rows)[-1] == "the whole run", rows
+    whole, forward = rows["the whole run"][0], rows["model forward (every map, no logits)"][0]
+    assert (
+        0 <= rows["linear layers"][0] <= forward < whole
+        and 0 <= rows["logarithms in them"][0] <= rows["divergences"][0]
+    )
+    parts = ("model forward (every map, no logits)", "statistics", "divergences", "tokenising, batching, flags, files")
+    assert sum(rows[name][0] for name in parts) == pytest.approx(whole, abs=0.02)
     text = "\n".join(out)
     assert "plain loop vs fp32 engine" in text, "the plain loop is checked against the engine before timing"
     lm = next(line for line in out if line.startswith("language model (random Llama layout"))

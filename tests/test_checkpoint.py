@@ -16,7 +16,7 @@ from safetensors import safe_open
 
 from attnviz.checkpoints import load_checkpoint
 from attnviz.checkpoints.native import CONFIG_FILE, SPM_FILE, WEIGHTS_FILE, save_checkpoint
-from attnviz.devices import resolve_device
+from attnviz.devices import fast_bfloat16, resolve_device
 from attnviz.errors import CheckpointError, DeviceError
 
 CARD = "# tiny\n\nA randomly initialised model for tests.\n"
@@ -291,3 +291,14 @@ def test_unknown_device_raises_device_error_listing_the_choices(name):
         resolve_device(name)
     assert repr(name) in str(info.value)
     assert "cpu" in str(info.value) and "auto" in str(info.value)
+
+
+def test_bfloat16_is_not_fast_where_onednn_is_held_below_it(monkeypatch):
+    """A faster CPU standing in for an AVX2-only one (ONEDNN_MAX_CPU_ISA=AVX2) emulates bf16: not fast."""
+    monkeypatch.setenv("ONEDNN_MAX_CPU_ISA", "avx2")
+    fast, why = fast_bfloat16(torch.device("cpu"))
+    assert not fast and "ONEDNN_MAX_CPU_ISA=AVX2" in why
+    monkeypatch.delenv("ONEDNN_MAX_CPU_ISA")
+    unlimited = fast_bfloat16(torch.device("cpu"))
+    monkeypatch.setenv("ONEDNN_MAX_CPU_ISA", "AVX512_CORE_BF16")  # at or above bf16: the CPU's flags decide
+    assert fast_bfloat16(torch.device("cpu")) == unlimited

@@ -33,8 +33,11 @@ MAX_CELLS = 2**19
 # (bfloat16 on AMX ran slower below about 2000 rows) while padding, which costs as much as a real
 # token in every product, stays small. In bench_atlas (128 sentences, --batch 32, base-size model,
 # 2-core Intel Xeon) the engine took 0.86 of the time of batches of 32 sorted by source length in
-# fp32 and 0.89 in bf16; 1024 tokens or a waste of 0.2 ran alike, 4096 tokens slower in fp32.
-MIN_TOKENS = 2048
+# fp32 and 0.89 in bf16; 1024 tokens or a waste of 0.2 ran alike, 4096 tokens slower in fp32. On a
+# 2-core AMD EPYC (AVX-512), fp32, 1024 tokens took 0.93 of 2048's time, and 0.94 with oneDNN and
+# ATen held to AVX2 (median of 4 runs each; 512 tokens: 0.93 and 0.92): 1024 is level on the Xeon
+# and faster on the EPYCs.
+MIN_TOKENS = 1024
 MAX_WASTE = 0.1
 
 

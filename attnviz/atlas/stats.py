@@ -263,11 +263,14 @@ def js_divergences(
     second = torch.tensor([(m + d) % N for d, h in shifts for m in range(h)], dtype=torch.long, device=device)
     cells, pads, owners = _cells(query_valid, key_valid, K, causal)  # (E,), E a multiple of CHUNK
     cells += (owners * (N * Q * K)).repeat_interleave(CHUNK)  # offsets in head 0 of p
-    # Row n of `heads` starts at head n of sentence 0: column `cells[e]` is cell e of head n.
-    heads = p.contiguous().view(-1).as_strided((N, max(B * N * Q * K - (N - 1) * Q * K, 1)), (Q * K, 1))
+    # Cell e of head n is element cells[e] + n Q K of the flat maps. (An index_select along a strided
+    # (N, ...) view of them would copy the whole batch on every block: 20x the whole engine's time.)
+    flat = p.contiguous().view(-1)
+    head_at = torch.arange(N, device=device)[:, None] * (Q * K)  # (N, 1)
     size = max(CHUNK, (TILE if device.type == "cpu" else GPU_TILE) // N // CHUNK * CHUNK)  # cells per block
     size = min(size, len(cells))
     twice, mixture, work = (torch.empty(n * size, device=device) for n in (2 * N, N, N))
+    index = torch.empty(N * size, dtype=torch.long, device=device)
     sums = torch.empty(len(first) * size // CHUNK, device=device)  # sums of s ln s over runs of cells
     slns = torch.zeros(len(first), B, dtype=torch.float64, device=device)  # sum s ln s per pair and sentence
     base = torch.zeros(N, B, dtype=torch.float64, device=device)  # (ln 2 mass + sum p ln p) / 2 per head
@@ -276,7 +279,8 @@ def js_divergences(
         hi = min(len(cells), lo + size)
         E, runs, owner = hi - lo, (hi - lo) // CHUNK, owners[lo // CHUNK : hi // CHUNK]
         x = twice[: 2 * N * E].view(2 * N, E)
-        torch.index_select(heads, 1, cells[lo:hi], out=x[:N])
+        where = torch.add(head_at, cells[lo:hi], out=index[: N * E].view(N, E))
+        torch.index_select(flat, 0, where.view(-1), out=x[:N].view(-1))
         block_pads = pads[(pads >= lo) & (pads < hi)] - lo
         if len(block_pads):
             x[:N].index_fill_(1, block_pads, 0.0)
