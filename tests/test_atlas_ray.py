@@ -5,10 +5,13 @@ from __future__ import annotations
 import json
 import logging
 import os
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
+from pathlib import Path
 
 import numpy as np
 import pandas as pd
@@ -114,13 +117,17 @@ def two_nodes(tmp_path_factory):
     every Ray process they started is stopped by id at the end, and none may be left."""
     from ray_cluster import RayCluster
 
-    cluster = RayCluster(tmp_path_factory.mktemp("ray"))
+    # Not under pytest's base folder: with parallel workers (…/popen-gw1/…) a Ray socket's path passed
+    # the 107 bytes a Unix socket's name may have.
+    folder = Path(tempfile.mkdtemp(prefix="ray-"))
+    cluster = RayCluster(folder)
     try:
         cluster.add_node(cpus=1)
         cluster.add_node(cpus=1)
         yield cluster
     finally:
         cluster.stop()
+        shutil.rmtree(folder, ignore_errors=True)
     assert not cluster.pids()
 
 

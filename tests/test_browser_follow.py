@@ -139,7 +139,8 @@ def test_a_follower_follows_the_presenter_live(room_server, monkeypatch):
 
             # Explore on my own: the presenter's next change does not move the follower
             student.get_by_role("button", name="Explore on my own").click()
-            student.get_by_role("button", name="Back to the class").wait_for(timeout=10_000)
+            student.get_by_role("button", name="Back to the class").wait_for(timeout=30_000)
+            settled(student, "the follower, detached")
             before_head = _shown(student, "head")
             teacher.locator("[data-testid='stMain'] .st-key-head").get_by_role("button", name="Open").click()
             teacher.get_by_role("option", name="1" if before_head != "1" else "2", exact=True).click()
@@ -154,6 +155,8 @@ def test_a_follower_follows_the_presenter_live(room_server, monkeypatch):
             # A follower that drives: its page has no room panel, and its own choices stay its own
             before = rooms.read(code)
             student.get_by_role("button", name="Explore on my own").click()
+            student.get_by_role("button", name="Back to the class").wait_for(timeout=30_000)
+            settled(student, "the follower, detached again")  # a list opened during that run would close
             student.locator("[data-testid='stMain'] .st-key-head").get_by_role("button", name="Open").click()
             student.get_by_role("option").last.click()
             settled(student, "the follower's own change")
