@@ -24,6 +24,7 @@ from attnviz.atlas.stats import STATISTICS
 from attnviz.export import written
 from attnviz.kinds import TITLES, writing_labels
 from attnviz.training.formation import CRITERIA
+from attnviz.training.formation import best_head as characteristic_head  # the page's name for it
 
 INDEX_COLUMNS = ("step", "kind", "layer", "head")  # the heads table's row keys; every other column is a statistic
 SITES = ("encoder", "decoder", "cross")  # the order heads are listed in: the paper's, source to output
@@ -137,16 +138,6 @@ def head_lines(heads: pd.DataFrame, statistic: str, steps: Sequence[int]) -> Hea
     keep = ~np.all(np.isnan(values), axis=1)
     kept = [(str(k), int(layer), int(head)) for (k, layer, head), ok in zip(order, keep, strict=True) if ok]
     return HeadLines(statistic, steps, kept, values[keep])
-
-
-def characteristic_head(heads: pd.DataFrame, statistic: str, kind: str, at_step: int | None = None) -> tuple[int, int]:
-    """(layer, head) of ``kind``'s head with the highest ``statistic`` at ``at_step`` (default: the last record)."""
-    rows = heads[(heads["kind"] == kind) & heads[statistic].notna()]
-    if rows.empty:
-        raise ValueError(f"no {kind} head has a recorded {statistic!r}")
-    step = rows["step"].max() if at_step is None else at_step
-    best = rows[rows["step"] == step].sort_values([statistic, "layer", "head"], ascending=[False, True, True]).iloc[0]
-    return int(best["layer"]), int(best["head"])
 
 
 def probe_maps(maps: dict[str, np.ndarray], site: str, record: int) -> np.ndarray:

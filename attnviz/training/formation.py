@@ -14,6 +14,7 @@ forms" and the cards call the same functions.
 from __future__ import annotations
 
 import numpy as np
+import pandas as pd
 
 from attnviz.training.history import History
 
@@ -74,11 +75,20 @@ def rise(history: History, statistic: str, site: str, layer: int, head: int, low
     return _window(steps, (values - values[0]) / gain, low, high)
 
 
+def best_head(heads: pd.DataFrame, statistic: str, kind: str, at_step: int | None = None) -> tuple[int, int]:
+    """(layer, head), from 1: the head of ``kind`` in a history's ``heads`` table whose ``statistic`` is
+    highest at ``at_step`` (default: the last record that has it); ties go to the first layer and head."""
+    rows = heads[(heads["kind"] == kind) & heads[statistic].notna()]
+    if rows.empty:
+        raise ValueError(f"no {kind} head has a recorded {statistic!r}")
+    step = rows["step"].max() if at_step is None else at_step
+    best = rows[rows["step"] == step].sort_values([statistic, "layer", "head"], ascending=[False, True, True]).iloc[0]
+    return int(best["layer"]), int(best["head"])
+
+
 def characteristic_head(history: History, statistic: str, site: str) -> tuple[int, int]:
     """(layer, head), from 1: the head of ``site`` whose ``statistic`` is highest at the last record."""
-    last = history.heads[(history.heads["step"] == history.step[-1]) & (history.heads["kind"] == site)]
-    best = last.loc[last[statistic].idxmax()]
-    return int(best["layer"]), int(best["head"])
+    return best_head(history.heads, statistic, site)
 
 
 def history_bytes(history: History) -> int:
