@@ -260,7 +260,8 @@ def measure_long(chromium, url: str, n: int, layer: int, head: int) -> dict:
         counter.received = 0
         start = time.perf_counter()
         page.mouse.up()  # the box is released: the zoom is asked for
-        while (title := page.evaluate(ZOOM_TITLE, f"head {head + 1}: queries")) == before:
+        # While the page redraws, the zoom's plot may be gone for a moment (no title: None), which is no new region
+        while (title := page.evaluate(ZOOM_TITLE, f"head {head + 1}: queries")) in (before, None):
             if time.perf_counter() - start > 120:
                 raise TimeoutError("the dragged box did not change the zoom within 120 s")
             page.wait_for_timeout(20)
