@@ -128,12 +128,12 @@ def app_server(*flags: str, env: dict[str, str] | None = None) -> Iterator[tuple
 
 
 @contextlib.contextmanager
-def replicas(n: int) -> Iterator[int]:
-    """deploy/serve.sh with ``n`` replicas behind nginx; its port."""
+def serve_sh(n: int, env: dict[str, str] | None = None) -> Iterator[tuple[int, int]]:
+    """deploy/serve.sh with ``n`` replicas behind nginx, in ``env`` (default: this process's): (port, its pid)."""
     port = free_port()
     while any(_in_use(port + i) for i in range(1, n + 1)):
         port = free_port()
-    env = {**os.environ, "PYTHON": sys.executable}
+    env = {**(os.environ if env is None else env), "PYTHON": sys.executable}
     proc = subprocess.Popen(
         ["bash", str(ROOT / "deploy" / "serve.sh"), "--replicas", str(n), "--port", str(port)],
         cwd=ROOT,
@@ -143,9 +143,16 @@ def replicas(n: int) -> Iterator[int]:
     )
     try:
         wait_healthy(port, proc, timeout=180)
-        yield port
+        yield port, proc.pid
     finally:
         stop(proc)
+
+
+@contextlib.contextmanager
+def replicas(n: int) -> Iterator[int]:
+    """deploy/serve.sh with ``n`` replicas behind nginx; its port."""
+    with serve_sh(n) as (port, _):
+        yield port
 
 
 def _in_use(port: int) -> bool:

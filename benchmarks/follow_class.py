@@ -26,7 +26,6 @@ import asyncio
 import contextlib
 import os
 import random
-import subprocess
 import sys
 import tempfile
 import time
@@ -164,25 +163,12 @@ def wanted_params(state: dict) -> dict[str, list[str]]:
 def served(replicas: int, rooms_dir: str) -> Iterator[tuple[int, int]]:
     """deploy/serve.sh with ``replicas`` replicas sharing the room store in ``rooms_dir``: (port, its pid)."""
     sys.path.insert(0, str(ROOT / "benchmarks"))
-    from bench_class import _in_use, free_port, stop, wait_healthy
+    from bench_class import serve_sh
 
-    port = free_port()
-    while any(_in_use(port + i) for i in range(1, replicas + 1)):
-        port = free_port()
-    env = {**os.environ, "PYTHON": sys.executable, "ATTNVIZ_ROOMS_DIR": rooms_dir}
+    env = {**os.environ, "ATTNVIZ_ROOMS_DIR": rooms_dir}
     env.pop("ATTNVIZ_ROOMS_URL", None)
-    proc = subprocess.Popen(
-        ["bash", str(ROOT / "deploy" / "serve.sh"), "--replicas", str(replicas), "--port", str(port)],
-        cwd=ROOT,
-        env=env,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
-    try:
-        wait_healthy(port, proc, timeout=180)
-        yield port, proc.pid
-    finally:
-        stop(proc)
+    with serve_sh(replicas, env) as port_and_pid:
+        yield port_and_pid
 
 
 def tree(pid: int) -> list[int]:
