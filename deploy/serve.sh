@@ -4,8 +4,8 @@
 #   deploy/serve.sh --replicas N --port PORT [--bind ADDRESS]
 #
 # Starts N app processes on 127.0.0.1 (ports PORT+1 .. PORT+N) sharing one cookie secret, and
-# nginx in front of them on ADDRESS:PORT (default 127.0.0.1). It stays in the foreground and
-# stops everything it started on SIGTERM or Ctrl-C, by process id.
+# nginx in front of them on ADDRESS:PORT (default 127.0.0.1). A replica that dies is started again.
+# It stays in the foreground and stops everything it started on SIGTERM or Ctrl-C, by process id.
 #
 # Why replicas: one Streamlit process runs every session's script in threads under one GIL, so
 # it uses about one core however many the machine has; N processes use N. Why sticky: a session's
@@ -15,7 +15,8 @@
 # (consistent hashing keeps the other sessions in place if a replica is added).
 # Why one cookie secret: every replica must accept the cookies (XSRF) that another one signed.
 #
-# Environment: ATTNVIZ_COOKIE_SECRET (default: a random one per start), and every setting the app
+# Environment: ATTNVIZ_COOKIE_SECRET (default: a random one per start of serve.sh; set one, and open
+# pages reconnect across a restart of serve.sh itself too), and every setting the app
 # reads (ATTNVIZ_MODEL_ROOTS, ATTNVIZ_MAX_*, ATTNVIZ_ROOM*). A class's rooms live in one SQLite file
 # every replica opens, ATTNVIZ_ROOMS_DIR (default ~/.cache/attnviz/rooms: the same for all of them),
 # or in Redis (ATTNVIZ_ROOMS_URL). Requires nginx (Debian: apt-get install -y nginx).
@@ -29,7 +30,7 @@ while [ $# -gt 0 ]; do
     --replicas) replicas="${2:-}"; shift 2 ;;
     --port) port="${2:-}"; shift 2 ;;
     --bind) bind="${2:-}"; shift 2 ;;
-    -h|--help) sed -n '2,21p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,22p' "$0"; exit 0 ;;
     *) echo "serve.sh: unknown argument '$1' (see --help)" >&2; exit 2 ;;
   esac
 done
@@ -58,12 +59,33 @@ stop() {
 trap 'stop; exit 0' TERM INT
 trap stop EXIT
 
+# replica I PORT: run replica I on PORT, and start it again whenever it exits (a crash, a kill -9),
+# with the same cookie secret: its visitors' pages reconnect by themselves, and a class's rooms live
+# in their store, not in the replica. One that exits within RESTART_AFTER_S of its start is broken,
+# not crashed: it is not started again, and serve.sh stops (below). SIGTERM stops it and its server.
+RESTART_AFTER_S=10
+replica() {
+  local i=$1 p=$2 child="" started
+  trap 'kill -TERM $child 2>/dev/null; wait $child 2>/dev/null; exit 0' TERM
+  while true; do
+    started=$SECONDS
+    # Streamlit takes the secret from its environment only (never on a command line, where ps shows it).
+    (cd "$root" && STREAMLIT_SERVER_COOKIE_SECRET="$secret" exec "$python" -m streamlit run app.py \
+        --server.headless true --server.address 127.0.0.1 --server.port "$p") >>"$work/replica-$i.log" 2>&1 &
+    child=$!
+    wait "$child" || true
+    if [ $((SECONDS - started)) -lt "$RESTART_AFTER_S" ]; then
+      echo "serve.sh: replica $i (port $p) exited $((SECONDS - started)) s after its start; not starting it again" >&2
+      exit 1
+    fi
+    echo "serve.sh: replica $i (port $p) exited; starting it again" >&2
+  done
+}
+
 upstreams=""
 for i in $(seq 1 "$replicas"); do
   p=$((port + i))
-  # Streamlit takes the secret from its environment only (never on a command line, where ps shows it).
-  (cd "$root" && STREAMLIT_SERVER_COOKIE_SECRET="$secret" exec "$python" -m streamlit run app.py \
-      --server.headless true --server.address 127.0.0.1 --server.port "$p") >"$work/replica-$i.log" 2>&1 &
+  replica "$i" "$p" &
   pids+=("$!")
   upstreams="$upstreams        server 127.0.0.1:$p max_fails=0;"$'\n'
 done

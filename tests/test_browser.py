@@ -63,11 +63,16 @@ LM_FAMILIES = ("gpt2", "llama", "qwen2")
 
 
 @contextlib.contextmanager
-def running_app(env: dict):
-    """A fresh ``streamlit run app.py`` on a free port of 127.0.0.1, its address while it runs; stopped by its PID."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+def running_app(env: dict, port: int | None = None, procs: list | None = None):
+    """A fresh ``streamlit run app.py`` on 127.0.0.1, its address while it runs; stopped by its PID.
+
+    ``port``: the port to listen on (a free one by default); ``procs``: a list that gets the server's
+    process, for a test that kills it while it serves.
+    """
+    if port is None:
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
     ARTIFACTS.mkdir(exist_ok=True)
     # The server's log goes to a file: a pipe nobody reads fills up, and the server then blocks
     # writing to it (seen: it no longer stopped within 20 s once a page logged more).
@@ -93,6 +98,8 @@ def running_app(env: dict):
         stdout=log,
         stderr=subprocess.STDOUT,
     )
+    if procs is not None:
+        procs.append(proc)
     url = f"http://127.0.0.1:{port}"
     try:
         deadline = time.time() + 60

@@ -10,6 +10,7 @@ two servers, as two replicas, sharing one store: the presenter on one, the follo
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import time
@@ -24,6 +25,8 @@ pytestmark = pytest.mark.slow  # a server and two browsers: about a minute
 
 BOUND_S = 3.0  # how long a follower may take to show a change here (the target is 1 s: see bench_class --follow)
 VIEWPORT = {"width": 1400, "height": 1000}
+APP = "[data-testid='stApp']"
+CONNECTED = f"{APP}[data-test-connection-state='CONNECTED']"  # the page's websocket is up
 MARKED = """() => [...document.querySelectorAll('.js-plotly-plot .shapelayer path')]
     .some(p => (p.style.stroke || '').replace(/\\s/g, '') === 'rgb(255,0,170)')"""
 SHOWN = {  # where a page shows a widget's value, by the widget's key
@@ -163,21 +166,47 @@ def test_a_follower_follows_the_presenter_live(room_server, monkeypatch):
             assert student.get_by_role("button", name="Open a room").count() == 0
             after = rooms.read(code)
             assert (after.version, after.state) == (before.version, before.state)
-            for page in (teacher, student):
+
+            # A tab that forges the room it kept (a guessed secret) presents nothing, and forgets it
+            forger = student_context.new_page()
+            forger.goto(url)
+            settled(forger, "a visitor's home page")
+            forger.evaluate(
+                f"sessionStorage.setItem('attnviz.room', JSON.stringify({{code: '{code}', secret: 'guess'}}))"
+            )
+            forger.reload()
+            settled(forger, "the forger's page")
+            forger.wait_for_function("sessionStorage.getItem('attnviz.room') === null", timeout=30_000)
+            assert forger.get_by_role("button", name="Open a room").count() == 1
+            after = rooms.read(code)
+            assert (after.version, after.state) == (before.version, before.state)
+
+            # The presenter's tab reloads (a slip of a finger): it presents the same room again
+            teacher.reload()
+            settled(teacher, "the presenter's page, reloaded")
+            assert _room_code(teacher) == code
+            for page in (teacher, student, forger):
                 assert page.locator("[data-testid='stException']").count() == 0
             print(f"follower caught up in {', '.join(f'{s * 1000:.0f}' for s in seen)} ms")
         finally:
             browser.close()
 
 
-def test_a_follower_on_another_replica_follows(tmp_path):
-    """Two servers (replicas) share one SQLite store: the presenter on one, a follower on the other."""
+def test_replicas_share_rooms_and_a_killed_one_loses_none(tmp_path, monkeypatch):
+    """Two servers (replicas) share one SQLite store: the presenter on one, a follower on the other. Each
+    replica in turn is killed (SIGKILL, by its PID) and started again on its port: the presenter's page
+    resumes its room, the follower's follows again, and the room goes on."""
     from playwright.sync_api import sync_playwright
 
     _need_browser()
-    env = {**os.environ, "ATTNVIZ_ROOMS_DIR": str(tmp_path / "rooms")}
+    # One cookie secret for every start, as deploy/serve.sh gives its replicas: a page's XSRF cookie,
+    # signed by the first start, must pass at the next, or its websocket is refused for good.
+    env = {**os.environ, "ATTNVIZ_ROOMS_DIR": str(tmp_path / "rooms"), "STREAMLIT_SERVER_COOKIE_SECRET": "t" * 64}
     env.pop("ATTNVIZ_ROOMS_URL", None)
-    with running_app(env) as one, running_app(env) as other, sync_playwright() as p:
+    monkeypatch.setenv("ATTNVIZ_ROOMS_DIR", env["ATTNVIZ_ROOMS_DIR"])  # this process reads the servers' rooms
+    monkeypatch.delenv("ATTNVIZ_ROOMS_URL", raising=False)
+    servers: list = []
+    with running_app(env, procs=servers) as one, running_app(env, procs=servers) as other, sync_playwright() as p:
         assert one != other
         browser = p.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_ARGS)
         try:
@@ -185,17 +214,45 @@ def test_a_follower_on_another_replica_follows(tmp_path):
             teacher.goto(f"{one}/decoding")
             settled(teacher, "the presenter's decoding page")
             teacher.get_by_role("button", name="Open a room").click()
-            room = teacher.locator("[data-testid='stSidebar']").get_by_text(re.compile(r"^Room [A-Z0-9]{6}$"))
-            room.wait_for(timeout=30_000)
-            code = room.inner_text().split()[-1]
+            code = _room_code(teacher)
             student = browser.new_context(viewport=VIEWPORT).new_page()
             student.goto(f"{other}/?follow={code}")
             student.get_by_role("heading", name="Decoding, step by step").wait_for(timeout=60_000)
             settled(student, "the follower's first view")
-            teacher.locator(".st-key-_step_next button").first.click()
-            settled(teacher, "the presenter's step")
-            wanted, same = _same(teacher, "step")
-            _arrives(student, f"step {wanted} from the other replica", same)
-            assert _param(student.url, "follow") == [code]
+
+            def step(what: str) -> None:
+                teacher.locator(".st-key-_step_next button").first.click()
+                settled(teacher, "the presenter's step")
+                wanted, same = _same(teacher, "step")
+                _arrives(student, f"step {wanted} {what}", same)
+                assert _param(student.url, "follow") == [code]
+
+            step("from the other replica")
+            with contextlib.ExitStack() as restarted:
+                for server, url, page, who in (
+                    (servers[0], one, teacher, "presenter"),
+                    (servers[1], other, student, "follower"),
+                ):
+                    version = rooms.read(code).version
+                    server.kill()  # no goodbye to the browsers: a crash, or a replica the operator restarts
+                    server.wait(timeout=20)
+                    page.wait_for_selector(f"{APP}:not({CONNECTED})", timeout=30_000)  # its page sees it go
+                    restarted.enter_context(running_app(env, port=int(url.rsplit(":", 1)[1])))
+                    page.wait_for_selector(CONNECTED, timeout=90_000)  # and comes back: a new session of the replica
+                    settled(teacher, f"the presenter, back after the {who}'s replica")
+                    assert _room_code(teacher) == code, f"the presenter resumes the room after the {who}'s replica"
+                    student.get_by_text(f"Following room {code}").wait_for(timeout=60_000)
+                    settled(student, f"the follower, back after the {who}'s replica")
+                    assert rooms.read(code).version >= version, "the room is still there"
+                    step(f"after the {who}'s replica was killed")
+                    for shown in (teacher, student):
+                        assert shown.locator("[data-testid='stException']").count() == 0
         finally:
             browser.close()
+
+
+def _room_code(teacher) -> str:
+    """The code of the room the presenter's sidebar shows (waits for it)."""
+    room = teacher.locator("[data-testid='stSidebar']").get_by_text(re.compile(r"^Room [A-Z0-9]{6}$"))
+    room.wait_for(timeout=60_000)
+    return room.inner_text().split()[-1]

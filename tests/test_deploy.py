@@ -106,6 +106,54 @@ def test_a_browser_keeps_its_session_on_its_replica(served):
     assert all(asyncio.run(check())), "with its cookie, a browser must come back to its own session"
 
 
+def _replica_pid(port: int) -> int | None:
+    """The process id of the Streamlit server listening on ``port`` (serve.sh's replica), or None."""
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            args = (entry / "cmdline").read_bytes().split(b"\0")
+        except OSError:  # it ended meanwhile
+            continue
+        if b"streamlit" in args and b"--server.port" in args and str(port).encode() in args:
+            return int(entry.name)
+    return None
+
+
+RESTART_AFTER_S = 10  # deploy/serve.sh starts again a replica that ran at least this long
+
+
+def _age_s(pid: int) -> float:
+    """Seconds since process ``pid`` started (/proc/PID/stat's start time, in clock ticks since boot)."""
+    ticks = int((Path(f"/proc/{pid}") / "stat").read_text().rsplit(")", 1)[1].split()[19])
+    uptime = float(Path("/proc/uptime").read_text().split()[0])
+    return uptime - ticks / os.sysconf("SC_CLK_TCK")
+
+
+def test_a_replica_that_dies_is_started_again(served):
+    """kill -9 of one replica: serve.sh starts it again on its port, and nginx keeps serving."""
+    port, proc = served
+    replica = port + 1
+    first = _replica_pid(replica)
+    assert first is not None, "serve.sh's replica 1 runs Streamlit on its port"
+    time.sleep(max(0.0, RESTART_AFTER_S + 1 - _age_s(first)))  # a replica that dies sooner is broken, not crashed
+    os.kill(first, signal.SIGKILL)
+    deadline = time.time() + 120
+    while time.time() < deadline:
+        again = _replica_pid(replica)
+        if again not in (None, first) and _in_use(replica):
+            break
+        assert proc.poll() is None, "serve.sh stopped when one replica died"
+        time.sleep(0.5)
+    else:
+        pytest.fail("the killed replica was not started again within 120 s")
+    wait_healthy(replica, proc, timeout=120)
+    for _ in range(4):  # nginx answers whichever replica a request lands on
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/_stcore/health", timeout=30) as response:
+            assert response.status == 200
+    assert proc.poll() is None
+
+
 def test_sigterm_stops_every_process_it_started(served):
     port, proc = served
     proc.send_signal(signal.SIGTERM)

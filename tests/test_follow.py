@@ -266,3 +266,45 @@ def test_clickable_gives_every_click_inside_a_cell_that_cell():
     assert len(cells.x) == z.size, "one point a cell"
     image = go.Figure(go.Image(z=np.zeros((2, 2, 3))))
     assert follow.clickable(image) is image, "a map drawn as an image (a long text) is left as it is"
+
+
+def test_a_redis_that_goes_away_tells_followers_and_the_presenter_keeps_presenting(monkeypatch, tmp_path):
+    """Rooms in a real Redis (ATTNVIZ_ROOMS_URL): it hangs, comes back, then goes away for good."""
+    import signal
+
+    from rooms_servers import RedisServer
+
+    server = RedisServer(tmp_path / "redis")
+    try:
+        monkeypatch.setenv("ATTNVIZ_ROOMS_URL", server.url)
+        monkeypatch.setenv("ATTNVIZ_ROOM_PUBLISHES_PER_S", "1000000")
+        presenter = open_app("pages/explorer.py")
+        mine = _open_room(presenter)
+        follower = open_from_link("app.py", {"follow": mine.code})
+        assert follower.title[0].value == "Attention explorer"
+
+        def lost() -> None:
+            follower.run()  # a poll: one clear line, and the page the follower has
+            assert not follower.exception, follower.exception
+            assert [w.value for w in follower.warning if rooms.room.UNAVAILABLE in w.value], _texts(follower)
+            assert follower.get("plotly_chart"), "the follower's page still shows its map"
+            presenter.selectbox(key="head").set_value(head).run()  # the presenter goes on
+            assert not presenter.exception, presenter.exception
+            assert any("Your screen keeps presenting" in w.value for w in presenter.warning), _texts(presenter)
+            assert presenter.session_state[follow.ROOM_STATE] == mine, "the presenter still holds the room"
+
+        server.proc.send_signal(signal.SIGSTOP)  # the store stops answering, its connections open
+        head = 2
+        lost()
+        server.proc.send_signal(signal.SIGCONT)  # it answers again: the presenter's next change reaches the class
+        presenter.selectbox(key="head").set_value(3).run()
+        assert not presenter.warning, _texts(presenter)
+        follower.run()
+        assert not follower.warning and follower.session_state["head"] == 3, _texts(follower)
+
+        server.stop()  # and goes away for good
+        head = 4
+        lost()
+    finally:
+        server.proc.send_signal(signal.SIGCONT)
+        server.stop()

@@ -180,6 +180,23 @@ def test_a_wrong_secret_changes_nothing(store):
     assert rooms_.read(room.code) == before
 
 
+def test_the_presenter_resumes_a_room_with_its_secret_and_writes_nothing(store):
+    """A new session of the presenter's tab (a reload, a restarted replica) gets its room back with the secret."""
+    rooms_ = make_rooms(store)
+    room = rooms_.open_room(STATE)
+    before = store.get("room:" + room.code)
+    again = make_rooms(store).resume(room.code.lower(), room.secret)  # another replica's Rooms
+    assert (again.code, again.secret) == (room.code, room.secret)
+    assert store.get("room:" + room.code) == before
+    for secret in ("", "guess", room.secret[:-1], None, 42):
+        raises("secret", rooms_.resume, room.code, secret)
+    code = "K7QX2M" if room.code != "K7QX2M" else "K7QX2N"
+    raises("unknown", rooms_.resume, code, room.secret)
+    raises("code", rooms_.resume, "not a code", room.secret)
+    rooms_.end(room.code, room.secret)
+    raises("ended", rooms_.resume, room.code, room.secret)
+
+
 def test_the_store_keeps_no_secret(store):
     rooms_ = make_rooms(store)
     room = rooms_.open_room(STATE)

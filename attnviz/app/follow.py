@@ -11,10 +11,11 @@ value the page cannot take is set aside. A poll that finds nothing new draws not
 the server's CPU, nearly all of it Streamlit's own work for a fragment's run.
 
 Only the presenter's session holds the room's secret (`ROOM_STATE`), which `publish` and `end`
-require: it is never in a URL or drawn on a page. A follower holds the code only, so nothing it
-sends (widget values, a forged action) can change the room. The rooms themselves live in
-`attnviz.app.rooms`, behind its functions (one store per configuration); this module never
-touches a store.
+require: it is never in a URL or drawn on a page. The presenter's browser tab keeps it too, in its
+own sessionStorage, so that a reload or a restarted replica resumes the room (`keep_room`). A
+follower holds the code only, so nothing it sends (widget values, a forged action) can change the
+room. The rooms themselves live in `attnviz.app.rooms`, behind its functions (one store per
+configuration); this module never touches a store.
 """
 
 from __future__ import annotations
@@ -114,12 +115,78 @@ def _end() -> None:
     """Button callback: end this session's room (runs before the rerun)."""
     mine = st.session_state.pop(ROOM_STATE, None)
     st.session_state.pop(PUBLISHED_STATE, None)
+    st.session_state[KEPT] = "forget"  # the tab forgets the room too
     st.session_state.pop(POINT, None)
     if mine is not None:
         try:
             rooms.end(mine.code, mine.secret)
         except rooms.RoomError as e:  # a store that does not answer: the room ends with its time limit
             log.warning("could not end room %s: %s", mine.code, e)
+
+
+# The presenter's tab keeps its room: a reload, or a replica killed and restarted, starts a new
+# session that holds no secret, while the room lives on in the store. So the tab keeps the room's
+# code and secret in its own sessionStorage (never in a URL or on the page, and no other tab or
+# screen can read it), and a new session of that tab asks for it once: `keep_room` below.
+KEEP_KEY = "_room_keep"  # the component's key ("_": no choice of the pages, not carried across them)
+KEPT = "_room_kept"  # session key: this session's token for the tab's one question, or "forget"
+SECRET_CHARS = 64  # a claimed secret longer than this is no secret of ours (ours are 32 characters)
+_KEEP_JS = """
+export default function ({ data, setTriggerValue }) {
+    const slot = "attnviz.room";
+    if (data.keep) {
+        sessionStorage.setItem(slot, JSON.stringify(data.keep));
+    } else if (data.forget) {
+        sessionStorage.removeItem(slot);
+    } else if (data.ask && window.attnvizRoomAsked !== data.ask) {
+        window.attnvizRoomAsked = data.ask;  // once per session: a session that learnt nothing asks no more
+        const kept = sessionStorage.getItem(slot);
+        if (kept) {
+            setTriggerValue("claim", JSON.parse(kept));
+        }
+    }
+}
+"""
+_keeper = st.components.v2.component("attnviz.room_keeper", js=_KEEP_JS)
+
+
+def keep_room() -> None:
+    """Tell the presenter's tab to keep its room, or ask a new session's tab for the room it kept.
+
+    A presenter's every run hands the tab its room (code and secret); a session with no room, not
+    following one, asks its tab once whether it presented one; a room ended, or refused when
+    claimed, is forgotten. The component draws nothing; the frame calls this at the page's end.
+    """
+    mine = presenting_room()
+    if mine is not None:
+        data: dict[str, Any] = {"keep": {"code": mine.code, "secret": mine.secret}}
+    elif st.session_state.get(FOLLOWING) is not None or st.session_state.get(KEPT) == "forget":
+        data = {"forget": True}
+    else:
+        data = {"ask": st.session_state.setdefault(KEPT, secrets.token_hex(8))}
+    st.html(f"<style>.st-key-{KEEP_KEY} {{ display: none; }}</style>")
+    _keeper(key=KEEP_KEY, data=data, on_claim_change=_claimed)
+
+
+def _claimed() -> None:
+    """The component's callback: a tab handed back the room it kept; resume it when it is live and ours."""
+    claim = (st.session_state.get(KEEP_KEY) or {}).get("claim")
+    if presenting_room() is not None or not isinstance(claim, dict):
+        return
+    code, secret = claim.get("code"), claim.get("secret")
+    if not isinstance(code, str) or not isinstance(secret, str) or not 0 < len(secret) <= SECRET_CHARS:
+        st.session_state[KEPT] = "forget"
+        return
+    try:
+        st.session_state[ROOM_STATE] = rooms.resume(code, secret)
+    except rooms.RoomError as e:
+        if getattr(e, "reason", "") in GONE + ("secret",):
+            st.session_state[KEPT] = "forget"  # nothing to come back to
+        else:  # the store does not answer: the tab keeps the room for the next session
+            st.session_state["_room_error"] = f"{e} Your room is kept; reload the page when the store answers."
+        return
+    st.session_state.pop(PUBLISHED_STATE, None)  # the page's view is published at the run's end
+    log.info("room %s resumed by its presenter in a new session", code)
 
 
 def follow_link(code: str) -> str:
@@ -203,6 +270,7 @@ def publish_view() -> None:
     except rooms.RoomError as e:
         if getattr(e, "reason", "") in GONE + ("secret",):
             st.session_state.pop(ROOM_STATE, None)
+            st.session_state[KEPT] = "forget"
             st.warning(str(e))
         elif getattr(e, "reason", "") == "state":
             st.warning(f"{e} The class keeps the view before.")

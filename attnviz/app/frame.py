@@ -159,4 +159,5 @@ def frame(
         guarded(lambda: body(Context(choices)))
     footer()
     follow.publish_view()  # after every widget has written its value into the address bar
+    follow.keep_room()
     viewport.watch()

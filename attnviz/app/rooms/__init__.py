@@ -6,6 +6,7 @@ one machine (the default), Redis where ``ATTNVIZ_ROOMS_URL=redis://...`` is set.
 
 - `open_room` (presenter): a `Room`, its code to show and the secret to keep in the session;
 - `publish` (presenter, with the secret): the view's new version;
+- `resume` (presenter, with the secret): the `Room` again, in a new session of the same tab;
 - `read` (follower): a `RoomView`, the presenter's latest view and how many screens follow;
 - `follow` (follower, about once a second): the heartbeat that counts a screen;
 - `end` (presenter, with the secret);
@@ -35,6 +36,7 @@ __all__ = [
     "open_room",
     "publish",
     "read",
+    "resume",
     "store_status",
 ]
 
@@ -49,6 +51,11 @@ def open_room(state: dict) -> Room:
 def publish(code: str, secret: str, state: dict) -> int:
     """The room's version once ``state`` is its view; `RoomError` on a wrong secret, an ended or unknown room."""
     return ROOMS.publish(code, secret, state)
+
+
+def resume(code: str, secret: str) -> Room:
+    """The presenter's `Room` in a new session (a reload, a restarted replica); `RoomError` as `publish`."""
+    return ROOMS.resume(code, secret)
 
 
 def read(code: str) -> RoomView:

@@ -244,6 +244,18 @@ class Rooms:
         with self._room_lock(code), _unavailable_as_room_error():
             return self._write(code, secret, json.loads(text))
 
+    def resume(self, code: str, secret: str) -> Room:
+        """The presenter's `Room` again, for a new session of the presenter (a reload, a restarted replica).
+
+        Nothing is written: the room must be live and ``secret`` its presenter's; `RoomError` otherwise,
+        as `publish` says it.
+        """
+        code = normal_code(code)
+        store = self._open_store()
+        with _unavailable_as_room_error():
+            self._live(store, code, secret)
+        return Room(code, secret)
+
     def end(self, code: str, secret: str) -> None:
         """End the room: its followers are told it has ended; `RoomError` on a wrong secret or unknown room."""
         code = normal_code(code)
