@@ -168,17 +168,20 @@ def out_dir(value: str) -> str:
 class ProgressBar:
     """A progress bar on standard error: redrawn in place on a terminal, a line per tenth otherwise."""
 
-    def __init__(self, label: str, stream=None, width: int = 30):
-        self.label, self.stream, self.width = label, stream or sys.stderr, width
+    def __init__(self, label: str, stream=None, width: int = 30, unit: str = "sentences"):
+        self.label, self.stream, self.width, self.unit = label, stream or sys.stderr, width, unit
         self.tty = self.stream.isatty()
-        self.start = time.perf_counter()
+        self.start: float | None = None  # the first call's time: a bar's rate counts its own work only
         self.shown_tenth = -1
+        self.closed = False
 
     def __call__(self, done: int, total: int) -> None:
         share = done / total if total else 1.0
+        if self.start is None:
+            self.start = time.perf_counter()
         elapsed = max(time.perf_counter() - self.start, 1e-9)
         filled = int(share * self.width)
-        line = f"{self.label} [{'#' * filled}{'.' * (self.width - filled)}] {done}/{total} sentences"
+        line = f"{self.label} [{'#' * filled}{'.' * (self.width - filled)}] {done}/{total} {self.unit}"
         if self.tty:
             self.stream.write(f"\r{line}, {done / elapsed:.1f}/s ")
         elif int(share * 10) > self.shown_tenth:
@@ -187,9 +190,11 @@ class ProgressBar:
         self.stream.flush()
 
     def close(self) -> None:
-        if self.tty:
+        """End the bar's line on a terminal (once, however often it is called)."""
+        if self.tty and not self.closed:
             self.stream.write("\n")
             self.stream.flush()
+        self.closed = True
 
 
 def _translate(args) -> None:
@@ -285,7 +290,13 @@ def _atlas(args) -> None:
     from attnviz.kinds import KINDS
 
     bundle = load(args.model, args.device)
-    bar = ProgressBar("atlas")
+    reader, bar = ProgressBar("reading", unit="lines"), ProgressBar("atlas")
+
+    def reading(done: int, total: int) -> None:
+        reader(done, total)
+        if done == total:
+            reader.close()
+
     try:  # written, not read back: a corpus of any size, in bounded memory
         manifest = write_atlas(
             bundle,
@@ -298,8 +309,10 @@ def _atlas(args) -> None:
             limit=args.limit,
             progress=bar,
             ray_device=args.device,
+            reading=reading,
         )
     finally:
+        reader.close()
         bar.close()
     counts = manifest["counts"]
     skipped = ", ".join(f"{n} {why.replace('_', ' ')}" for why, n in counts["skipped"].items() if n) or "none"

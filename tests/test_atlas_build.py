@@ -81,6 +81,39 @@ def test_a_limit_reads_only_its_lines_and_a_huge_line_is_cut(tmp_path, monkeypat
     assert read_lines(path) == ["first", "x" * 64, "third"], "a huge line is cut, and the next line still read"
 
 
+@pytest.mark.parametrize(
+    "data",
+    [b"", b"\n", b"a", b"a\n", b"a\nb", b"a\r\nb\r\n", b"\n\n\n", b"x" * 200 + b"\ny\n" + b"z" * 70, b"a\n\xff\nb"],
+)
+@pytest.mark.parametrize("limit", [None, 0, 1, 2, 5])
+def test_count_lines_counts_what_iter_lines_reads(tmp_path, monkeypatch, data, limit):
+    import attnviz.atlas.corpus as corpus
+
+    monkeypatch.setattr(corpus, "MAX_LINE_BYTES", 64)  # a line longer than that is read as one, cut
+    path = tmp_path / "corpus.txt"
+    path.write_bytes(data)
+    assert corpus.count_lines(path, limit) == sum(1 for _ in corpus.iter_lines(path, limit))
+
+
+def test_the_first_pass_reports_its_lines_as_it_reads(bundle, corpus, tmp_path):
+    """write_atlas's first pass tokenises the whole corpus: ``reading`` follows it, chunk by chunk."""
+    from attnviz.atlas import write_atlas
+
+    seen = []
+    write_atlas(
+        bundle,
+        corpus,
+        tmp_path / "a",
+        batch_size=2,
+        shard_size=2,
+        chunk_lines=4,
+        reading=lambda d, t: seen.append((d, t)),
+    )
+    lines = sum(1 for _ in open(corpus, "rb"))
+    assert seen[0] == (0, lines) and seen[-1] == (lines, lines)
+    assert [d for d, _ in seen] == sorted(d for d, _ in seen) and len(seen) == 2 + (lines - 1) // 4
+
+
 def test_bad_lines_are_skipped_and_counted(bundle):
     corpus = tokenize(
         bundle.tokenizer, ["ok", "", None, "x " * 3000, "fine", "twenty"], ["a", "b", "c", "d", "", "x " * 3000]
@@ -398,6 +431,8 @@ def test_the_command_writes_the_atlas_with_a_progress_bar(corpus, tmp_path, caps
     captured = capsys.readouterr()
     assert f"wrote {out}: 6 sentences of 8 lines (skipped: 1 empty, 1 too long)" in captured.out
     assert "atlas [" in captured.err and "6/6 sentences" in captured.err
+    assert "reading [" in captured.err and "8/8 lines" in captured.err, "the first pass shows its progress too"
+    assert captured.err.index("8/8 lines") < captured.err.index("atlas [")
     assert load_atlas(out).manifest["limit"] == 8
 
 

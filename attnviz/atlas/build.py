@@ -209,13 +209,15 @@ def write_atlas(
     progress: Progress | None = None,
     ray_device: str | None = None,
     chunk_lines: int | None = None,
+    reading: Progress | None = None,
 ) -> dict:
     """The finished manifest of the atlas of a corpus file written to the folder ``out`` (as `build_atlas`),
     in memory bounded whatever the corpus's size: the corpus is read ``chunk_lines`` lines at a time
     (default: `CHUNK_ROWS` rows' worth), sorted by length within a chunk and cut into shards there.
 
     Two passes over the file: the first counts lines, usable sentences and shards and checks sizes
-    before any work; the second computes the shards not yet in ``out``.
+    before any work (``reading(lines read, lines in all)`` follows it: it tokenises the whole corpus);
+    the second computes the shards not yet in ``out`` (``progress(sentences done, sentences in all)``).
     """
     if engine not in ENGINES:
         raise InputError(f"engine must be one of {', '.join(ENGINES)}; got {engine!r}")
@@ -225,7 +227,7 @@ def write_atlas(
     chunk_lines = chunk_lines or max(shard_size, CHUNK_ROWS // heads_per_sentence(bundle))
     tokenizer = bundle.tokenizer
     found = survey(
-        tokenizer, corpus, targets, limit, chunk_lines, shard_size, _maps_weight(bundle, targets is not None)
+        tokenizer, corpus, targets, limit, chunk_lines, shard_size, _maps_weight(bundle, targets is not None), reading
     )
     _check_usable(found, bundle, targets is not None)
     _check_size(found, bundle)

@@ -198,8 +198,17 @@ def read_chunks(
 
 
 def count_lines(path: Path, limit: int | None = None) -> int:
-    """How many lines `iter_lines` reads from ``path``."""
-    return sum(1 for _ in iter_lines(path, limit))
+    """How many lines `iter_lines` reads from ``path``: its newlines, and a last line without one,
+    counted in 1 MB blocks (a million short lines in a few hundredths of a second)."""
+    count, last = 0, b"\n"
+    with open(path, "rb") as f:
+        while block := f.read(1 << 20):
+            count += block.count(b"\n")
+            last = block[-1:]
+            if limit is not None and count >= limit:
+                return limit
+    count += last != b"\n"
+    return count if limit is None else min(count, limit)
 
 
 @dataclass(frozen=True)
@@ -226,9 +235,14 @@ def survey(
     chunk_lines: int,
     shard_size: int,
     weight: Callable[[Sentence], int],
+    reading: Callable[[int, int], None] | None = None,
 ) -> Survey:
     """One pass over the corpus in chunks (`read_chunks`): counts, the shards each chunk is cut into
-    (`shards`), and the sentence of the largest ``weight``; the targets' line count checked first."""
+    (`shards`), and the sentence of the largest ``weight``; the targets' line count checked first.
+    ``reading(lines read, lines in all)`` is called as the pass goes, a chunk at a time."""
+    total = count_lines(corpus, limit) if reading is not None else 0
+    if reading is not None:
+        reading(0, total)
     if targets is not None:
         n_src, n_tgt = count_lines(corpus, limit), count_lines(targets, limit)
         if n_src != n_tgt:
@@ -246,6 +260,8 @@ def survey(
             w = weight(sentence)
             if heaviest is None or w > heaviest[0]:
                 heaviest = (w, sentence)
+        if reading is not None:
+            reading(lines, total)
     return Survey(lines, usable, dict(skipped), tuple(chunk_shards), heaviest)
 
 
