@@ -14,7 +14,7 @@ import time
 
 import pytest
 from browser_wait import RUN_ENDS_S, settled
-from test_browser import ARTIFACTS, CHROMIUM, CHROMIUM_ARGS, server  # noqa: F401 - server: the fixture
+from test_browser import _TITLE_CLASHES, ARTIFACTS, CHROMIUM, CHROMIUM_ARGS, server  # noqa: F401 - server: the fixture
 
 from attnviz.app import registry
 
@@ -270,6 +270,7 @@ def test_clicking_everything_a_person_can(server, browser, model, path):  # noqa
     page = _open(browser, f"{server}/{path}")
     try:
         _check(page, f"{where}: the first screen")
+        assert not page.evaluate(_TITLE_CLASHES), f"{where}: a title runs into its key labels on the first screen"
         _choose_model(page, model, where)
         _click_examples(page, where)
         budget = [MAX_ACTIONS]
