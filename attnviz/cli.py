@@ -166,20 +166,29 @@ def out_dir(value: str) -> str:
 
 
 class ProgressBar:
-    """A progress bar on standard error: redrawn in place on a terminal, a line per tenth otherwise."""
+    """A progress bar on standard error: redrawn in place on a terminal, a line per tenth otherwise.
 
-    def __init__(self, label: str, stream=None, width: int = 30, unit: str = "sentences"):
+    ``after_s``: the bar shows nothing until its work has gone on this long (a pass that ends sooner
+    prints nothing, so a refusal that follows it is still the one line on standard error).
+    """
+
+    def __init__(self, label: str, stream=None, width: int = 30, unit: str = "sentences", after_s: float = 0.0):
         self.label, self.stream, self.width, self.unit = label, stream or sys.stderr, width, unit
         self.tty = self.stream.isatty()
+        self.after_s = after_s
         self.start: float | None = None  # the first call's time: a bar's rate counts its own work only
         self.shown_tenth = -1
-        self.closed = False
+        self.shown = self.closed = False
 
     def __call__(self, done: int, total: int) -> None:
         share = done / total if total else 1.0
+        now = time.perf_counter()
         if self.start is None:
-            self.start = time.perf_counter()
-        elapsed = max(time.perf_counter() - self.start, 1e-9)
+            self.start = now
+        if not self.shown and now - self.start < self.after_s:
+            return
+        self.shown = True
+        elapsed = max(now - self.start, 1e-9)
         filled = int(share * self.width)
         line = f"{self.label} [{'#' * filled}{'.' * (self.width - filled)}] {done}/{total} {self.unit}"
         if self.tty:
@@ -191,7 +200,7 @@ class ProgressBar:
 
     def close(self) -> None:
         """End the bar's line on a terminal (once, however often it is called)."""
-        if self.tty and not self.closed:
+        if self.tty and self.shown and not self.closed:
             self.stream.write("\n")
             self.stream.flush()
         self.closed = True
@@ -284,13 +293,18 @@ def _attribute(args) -> None:
     print(f"wrote {path}: {method.name}, {shape} ({per}), {_inputs_line(export, unit)}{explained}")
 
 
+# The atlas's first pass (tokenising the corpus) shows its bar once it has taken this long: a
+# million lines take a while, a small corpus's pass is over at once and shows nothing.
+READING_AFTER_S = 2.0
+
+
 def _atlas(args) -> None:
     from attnviz.api import load
     from attnviz.atlas import heads_per_sentence, write_atlas
     from attnviz.kinds import KINDS
 
     bundle = load(args.model, args.device)
-    reader, bar = ProgressBar("reading", unit="lines"), ProgressBar("atlas")
+    reader, bar = ProgressBar("reading", unit="lines", after_s=READING_AFTER_S), ProgressBar("atlas")
 
     def reading(done: int, total: int) -> None:
         reader(done, total)

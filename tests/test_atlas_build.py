@@ -425,7 +425,10 @@ def run_cli(*args: str) -> subprocess.CompletedProcess:
     )
 
 
-def test_the_command_writes_the_atlas_with_a_progress_bar(corpus, tmp_path, capsys):
+def test_the_command_writes_the_atlas_with_a_progress_bar(corpus, tmp_path, capsys, monkeypatch):
+    import attnviz.cli
+
+    monkeypatch.setattr(attnviz.cli, "READING_AFTER_S", 0.0)  # the first pass's bar, however quick the pass
     out = tmp_path / "cli"
     assert main(["atlas", "--corpus", str(corpus), "--out", str(out), "--batch", "4", "--limit", "8"]) == 0
     captured = capsys.readouterr()
@@ -434,6 +437,9 @@ def test_the_command_writes_the_atlas_with_a_progress_bar(corpus, tmp_path, caps
     assert "reading [" in captured.err and "8/8 lines" in captured.err, "the first pass shows its progress too"
     assert captured.err.index("8/8 lines") < captured.err.index("atlas [")
     assert load_atlas(out).manifest["limit"] == 8
+    monkeypatch.setattr(attnviz.cli, "READING_AFTER_S", 2.0)
+    assert main(["atlas", "--corpus", str(corpus), "--out", str(tmp_path / "again"), "--limit", "8"]) == 0
+    assert "reading [" not in capsys.readouterr().err, "a pass over at once shows no bar"
 
 
 @pytest.mark.parametrize(
