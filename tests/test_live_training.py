@@ -361,3 +361,27 @@ def test_a_training_whose_server_dies_stops_and_deletes_its_folder(tmp_path):
 
     wait_for(gone, timeout=60)
     assert not out.exists()
+
+
+def test_a_cpu_bound_whose_signal_is_swallowed_once_still_stops_the_training(monkeypatch, tmp_path):
+    """The bound's signal can land where Python drops what it raises (a finaliser, a garbage collector's
+    callback): it comes again, and the training stops at its bound all the same (jobs.CPU_REPEAT_S)."""
+    import attnviz.training.loop as loop
+
+    bound, swallowed = 0.3, []
+
+    def train(*args, **kwargs) -> None:  # CPU work until the bound stops it, a second time
+        start = time.process_time()
+        while time.process_time() - start < bound + 5:  # a training that never stops ends here: a failure
+            try:
+                while time.process_time() - start < bound + 5:
+                    sum(range(1000))
+            except jobs.CpuSpent:
+                if swallowed:
+                    raise
+                swallowed.append(time.process_time() - start)  # as "Exception ignored in ..." would drop it
+
+    monkeypatch.setattr(loop, "train", train)
+    outcome = jobs.live_training(None, "reverse", str(tmp_path / "run"), bound, 10, ())
+    assert len(swallowed) == 1 and outcome["stopped_by"] == "cpu", (swallowed, outcome)
+    assert bound - 0.1 <= outcome["cpu_seconds"] <= bound + 0.5, outcome
