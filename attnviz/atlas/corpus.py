@@ -240,11 +240,11 @@ def survey(
     """One pass over the corpus in chunks (`read_chunks`): counts, the shards each chunk is cut into
     (`shards`), and the sentence of the largest ``weight``; the targets' line count checked first.
     ``reading(lines read, lines in all)`` is called as the pass goes, a chunk at a time."""
-    total = count_lines(corpus, limit) if reading is not None else 0
+    total = count_lines(corpus, limit) if reading is not None or targets is not None else 0
     if reading is not None:
         reading(0, total)
     if targets is not None:
-        n_src, n_tgt = count_lines(corpus, limit), count_lines(targets, limit)
+        n_src, n_tgt = total, count_lines(targets, limit)
         if n_src != n_tgt:
             raise InputError(
                 f"the targets have {n_tgt} lines but the corpus has {n_src}; give one target line per source line"
