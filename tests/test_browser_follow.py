@@ -3,9 +3,11 @@
 The presenter opens a room, the follower opens its link; the presenter steps through decoding and
 the walkthrough and points at a cell, and the follower's page shows each within `BOUND_S` (the
 issue asks for 1 s; the wait allows for two busy cores); the follower explores on its own and comes
-back; a forged "drive" from the follower's page changes nothing in the room. One server, its rooms in
-a SQLite store of the test's own (test_rooms.py checks the stores themselves, across processes); then
-two servers, as two replicas, sharing one store: the presenter on one, the follower on the other.
+back; a forged "drive" from the follower's page, and a tab that forges a kept room, change nothing in
+the room; the presenter's reload keeps presenting it. One server, its rooms in a SQLite store of the
+test's own (test_rooms.py checks the stores themselves, across processes); then two servers, as two
+replicas, sharing one store: the presenter on one, the follower on the other, each replica killed and
+restarted in turn.
 """
 
 from __future__ import annotations
