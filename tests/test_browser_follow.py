@@ -97,9 +97,7 @@ def test_a_follower_follows_the_presenter_live(room_server, monkeypatch):
             teacher.goto(f"{url}/decoding")
             settled(teacher, "the presenter's decoding page")
             teacher.get_by_role("button", name="Open a room").click()
-            room = teacher.locator("[data-testid='stSidebar']").get_by_text(re.compile(r"^Room [A-Z0-9]{6}$"))
-            room.wait_for(timeout=30_000)
-            code = room.inner_text().split()[-1]
+            code = _room_code(teacher)
             link = teacher.locator("[data-testid='stSidebar'] [data-testid='stCode']").inner_text().strip()
             assert link.endswith(f"/?follow={code}"), link
             assert teacher.locator("[data-testid='stSidebar'] [data-testid='stImage'] img").count() == 1  # the QR

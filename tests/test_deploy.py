@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -120,7 +121,8 @@ def _replica_pid(port: int) -> int | None:
     return None
 
 
-RESTART_AFTER_S = 10  # deploy/serve.sh starts again a replica that ran at least this long
+# deploy/serve.sh starts again a replica that ran at least this long (its own setting, read from it)
+RESTART_AFTER_S = int(re.search(r"^RESTART_AFTER_S=(\d+)$", SERVE.read_text(), re.M)[1])
 
 
 def _age_s(pid: int) -> float:

@@ -23,6 +23,7 @@ from attnviz.figures.formation import loss_curves, statistic_lines
 from attnviz.kinds import allowed
 from attnviz.lessons import formation
 from attnviz.training import History
+from attnviz.training.formation import best_head
 
 RUN = "live_run"  # this session's run: its id only (a closed tab's session outlives it by minutes)
 TASK = "live_task"  # in the link too: formation?live_task=induction
@@ -155,7 +156,7 @@ def draw(run: LiveRun, history: History) -> None:
     steps = [int(s) for s in history.step]
     version = (run.id, len(steps))  # a record more: new figures; the same: every watcher gets the same ones
     statistic, site = STATISTIC[run.task], SITE[run.task]
-    layer, head = formation.characteristic_head(history.heads, statistic, site)
+    layer, head = best_head(history.heads, statistic, site)
     chosen = formation.head_id(site, layer, head)
     lines = formation.head_lines(history.heads, statistic, steps)
     left, right = st.columns(2)

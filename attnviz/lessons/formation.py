@@ -23,8 +23,7 @@ import pandas as pd
 from attnviz.atlas.stats import STATISTICS
 from attnviz.export import written
 from attnviz.kinds import TITLES, writing_labels
-from attnviz.training.formation import CRITERIA
-from attnviz.training.formation import best_head as characteristic_head  # the page's name for it
+from attnviz.training.formation import CRITERIA, best_head
 
 INDEX_COLUMNS = ("step", "kind", "layer", "head")  # the heads table's row keys; every other column is a statistic
 SITES = ("encoder", "decoder", "cross")  # the order heads are listed in: the paper's, source to output
@@ -197,8 +196,8 @@ def phase_change(
         if needed not in heads.columns:
             raise ValueError(f"the history records no {needed!r} score: no phase change to show")
     steps = np.asarray(steps)
-    previous_head = previous_head or characteristic_head(heads, PREVIOUS, "decoder")
-    induction_head = induction_head or characteristic_head(heads, INDUCTION, "decoder")
+    previous_head = previous_head or best_head(heads, PREVIOUS, "decoder")
+    induction_head = induction_head or best_head(heads, INDUCTION, "decoder")
 
     def score(statistic: str, layer_head: tuple[int, int]) -> np.ndarray:
         one = heads[(heads["kind"] == "decoder") & (heads["layer"] == layer_head[0]) & (heads["head"] == layer_head[1])]
