@@ -9,6 +9,7 @@ from __future__ import annotations
 
 NOT_RUNNING = "[data-testid='stApp'][data-test-script-state='notRunning']"
 RUN_ENDS_S = 120  # a slow page on two busy cores
+QUIET_MS = 100  # two reads of the drawn page this far apart must agree
 
 # What the main area shows once drawn (None while a chart is still being drawn): compared between
 # two reads to tell that the drawing has stopped.
@@ -31,12 +32,12 @@ def settled(page, what: str) -> None:
     try:
         page.wait_for_selector(NOT_RUNNING, timeout=RUN_ENDS_S * 1000)
         last = None
-        while True:  # plots draw after the script has ended: two reads 300 ms apart must agree
+        while True:  # plots draw after the script has ended: two reads QUIET_MS apart must agree
             drawn = page.wait_for_function(DRAWN, timeout=60_000).json_value()
             if drawn == last:
                 break
             last = drawn
-            page.wait_for_timeout(300)
+            page.wait_for_timeout(QUIET_MS)
         page.wait_for_selector(NOT_RUNNING, timeout=RUN_ENDS_S * 1000)
     except PlaywrightTimeout as e:
         raise AssertionError(f"{what}: the page did not finish its run and drawing: {e}") from None

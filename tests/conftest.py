@@ -231,3 +231,26 @@ def open_from_link(page: str, params: dict, timeout: float = 120):
     if page != "app.py":
         at.switch_page(page).run()
     return at
+
+
+# ---------------------------------------------------------------------------------------------
+# The order in which the two workers take modules (--dist loadfile hands out whole modules in the
+# order collected). The longest go first, so that the last modules handed out are short ones and
+# neither worker is left alone at the end with a four-minute module (each about 4 minutes summed
+# in a loaded full run: docs/architecture.md). Only the order changes; within a module it is kept.
+LONGEST_FIRST = (
+    "test_benchmark.py",
+    "test_browser.py",
+    "test_browser_clicks.py",
+    "test_atlas_ray.py",
+    "test_browser_formation.py",
+    "test_browser_follow.py",
+)
+
+
+def pytest_collection_modifyitems(items):
+    def rank(item) -> int:
+        name = item.path.name
+        return LONGEST_FIRST.index(name) if name in LONGEST_FIRST else len(LONGEST_FIRST)
+
+    items.sort(key=rank)  # stable: every module's own order is kept
