@@ -126,7 +126,8 @@ def two_nodes(tmp_path_factory):
         cluster.add_node(cpus=1)
         yield cluster
     finally:
-        cluster.stop()
+        # SIGKILL after 3 s: some process waited out the whole 10 s at every teardown, and no test needs a clean exit
+        cluster.stop(timeout=3)
         shutil.rmtree(folder, ignore_errors=True)
     assert not cluster.pids()
 
