@@ -236,8 +236,9 @@ def open_from_link(page: str, params: dict, timeout: float = 120):
 # ---------------------------------------------------------------------------------------------
 # The order in which the two workers take modules (--dist loadfile hands out whole modules in the
 # order collected). The longest go first, so that the last modules handed out are short ones and
-# neither worker is left alone at the end with a four-minute module (each about 4 minutes summed
-# in a loaded full run: docs/architecture.md). Only the order changes; within a module it is kept.
+# neither worker is left alone at the end with a long one (in a loaded full run, summed over their
+# tests: the first three about 4 minutes each, the next three 1 to 2; docs/architecture.md). Only
+# the order changes; within a module it is kept.
 LONGEST_FIRST = (
     "test_benchmark.py",
     "test_browser.py",
