@@ -373,7 +373,7 @@ def test_a_cpu_bound_whose_signal_is_swallowed_once_still_stops_the_training(mon
     def train(*args, **kwargs) -> None:  # CPU work until the bound stops it, a second time
         start = time.process_time()
         while time.process_time() - start < bound + 5:  # a training that never stops ends here: a failure
-            try:
+            try:  # the work loop, its test included, inside the try: a signal anywhere in it is caught
                 while time.process_time() - start < bound + 5:
                     sum(range(1000))
             except jobs.CpuSpent:
