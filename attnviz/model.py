@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from functools import partial
 
 import numpy as np
 import torch
@@ -39,6 +40,7 @@ from attnviz import buffers
 from attnviz.config import TransformerConfig
 from attnviz.errors import InputError
 from attnviz.hooks import act_name, observe, point, wants
+from attnviz.hooks import active as hooks_active
 from attnviz.kinds import causal_mask
 from attnviz.kvcache import KVCache, LayerCache
 from attnviz.later import GatedFeedForward, RopeSpec, Rotary, make_norm, repeat_kv
@@ -74,6 +76,38 @@ def attention_masks(
         causal = torch.from_numpy(causal_mask(T - start, T, start)).to(device)[None, None]  # subsequent mask
         masks["decoder"] = causal if tgt_valid is None else causal & tgt_valid[:, None, None, :]
     return masks
+
+
+class Rows:
+    """The real tokens of a padded (B, L) batch, for a forward pass that skips the padding.
+
+    Linear layers, norms and the feed-forward network work on each position alone, so they can run
+    on the real tokens only, packed as (N, D) rows: `Transformer.attention_maps` does, and the
+    padding's share of the batch (19% of the tokens in ``benchmarks/bench_atlas.py``'s batches) is
+    not computed. Attention needs the padded layout: `heads` puts the packed rows there as
+    (B, H, L, Dh), zeros at the padding, and `packed` takes a head output's real rows back.
+    """
+
+    def __init__(self, valid: Tensor | None, shape: tuple[int, int], device=None):
+        if valid is None:  # nothing padded: every position is a real token
+            valid = torch.ones(shape, dtype=torch.bool, device=device)
+        self.shape = tuple(valid.shape)
+        self.batch, self.position = valid.nonzero(as_tuple=True)  # (N,) each, row-major: as x[valid]
+
+    def pack(self, x: Tensor) -> Tensor:
+        """(B, L, ...) -> (N, ...): the real tokens' entries."""
+        return x[self.batch, self.position]
+
+    def heads(self, x: Tensor, d_head: int) -> Tensor:
+        """(N, H * Dh) projections -> (B, H, L, Dh), contiguous, zeros at the padding."""
+        B, L = self.shape
+        out = x.new_zeros(B, x.shape[-1] // d_head, L, d_head)
+        out.transpose(1, 2)[self.batch, self.position] = x.view(len(self.batch), -1, d_head)
+        return out
+
+    def packed(self, heads: Tensor) -> Tensor:
+        """(B, H, L, Dv) heads -> (N, H * Dv) concatenated, the real tokens only."""
+        return heads.transpose(1, 2)[self.batch, self.position].reshape(len(self.batch), -1)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -302,20 +336,24 @@ class MultiHeadAttention(nn.Module):
         return_attention: bool = False,
         cache: KVCache | None = None,
         start: int = 0,
+        rows: tuple[Rows, Rows] | None = None,
     ) -> tuple[Tensor, Tensor | None]:
         """Queries from ``x_q`` (B, Q, D) attend to keys and values from ``x_kv`` (B, K, D): (out, weights).
 
         ``weights`` (B, H, Q, K) only with ``return_attention`` (the explicit path); otherwise the fused
         kernel runs and it is None. With ``cache``, ``x_q`` holds the new positions only, the first
-        of them at position ``start`` (rotary positions need it).
+        of them at position ``start`` (rotary positions need it). With ``rows`` (the queries' and the
+        keys' `Rows`), ``x_q`` and ``x_kv`` are packed real tokens (N, D) and so is ``out``.
         """
         site = self.site
         mask = point(mask, site, "mask")
-        q = self.split_heads(self.q_proj(x_q))  # (B, H, Q, Dh)
+        split = self.split_heads if rows is None else partial(rows[0].heads, d_head=self.d_head)
+        q = split(self.q_proj(x_q))  # (B, H, Q, Dh)
         if cache is not None and not cache.grows and cache.k is not None:
             k, v = cache.k, cache.v  # cross-attention: the encoder output's keys and values, projected once
         else:
-            k, v = self.split_heads(self.k_proj(x_kv)), self.split_heads(self.v_proj(x_kv))  # (B, Hkv, K, Dh)
+            split = self.split_heads if rows is None else partial(rows[1].heads, d_head=self.d_head)
+            k, v = split(self.k_proj(x_kv)), split(self.v_proj(x_kv))  # (B, Hkv, K, Dh)
             if self.rotary is not None:  # later: keys rotated before they are cached, as queries below
                 observe(k, site, "k_unrotated")
                 k = self.rotary(k, start)
@@ -336,7 +374,8 @@ class MultiHeadAttention(nn.Module):
             heads, weights = fused_attention(q, k, v, mask), None
         heads = point(heads, site, "heads")  # (B, H, Q, Dh): each head's weighted sum of values
         B, H, Q, Dh = heads.shape
-        concat = point(heads.transpose(1, 2).reshape(B, Q, H * Dh), site, "concat")  # (B, Q, D)
+        concat = heads.transpose(1, 2).reshape(B, Q, H * Dh) if rows is None else rows[0].packed(heads)
+        concat = point(concat, site, "concat")  # (B, Q, D), or (N, D) with rows
         return point(self.out_proj(concat), site, "out"), weights if return_attention else None
 
 
@@ -418,9 +457,20 @@ class EncoderLayer(nn.Module):
         self.attn_block = SublayerConnection(cfg, act_name(site, "attn_block"))
         self.ffn_block = SublayerConnection(cfg, act_name(site, "ffn_block"))
 
-    def forward(self, x: Tensor, mask: Tensor | None, return_attention: bool = False) -> tuple[Tensor, Tensor | None]:
+    def forward(
+        self,
+        x: Tensor,
+        mask: Tensor | None,
+        return_attention: bool = False,
+        rows: Rows | None = None,
+        stop_at_map: bool = False,
+    ) -> tuple[Tensor | None, Tensor | None]:
+        """(output, weights). With ``rows`` ``x`` holds the real tokens only (`Rows`); with
+        ``stop_at_map`` the layer stops once its map is made and returns no output."""
         h = self.attn_block.sublayer_input(x)
-        out, weights = self.self_attn(h, h, mask, return_attention)
+        out, weights = self.self_attn(h, h, mask, return_attention, rows=None if rows is None else (rows, rows))
+        if stop_at_map:
+            return None, weights
         x = self.attn_block(x, out)
         x = self.ffn_block(x, self.ffn(self.ffn_block.sublayer_input(x)))
         return x, weights
@@ -452,21 +502,30 @@ class DecoderLayer(nn.Module):
         return_attention: bool = False,
         cache: LayerCache | None = None,
         start: int = 0,
-    ) -> tuple[Tensor, Tensor | None, Tensor | None]:
+        rows: tuple[Rows, Rows | None] | None = None,
+        stop_at_map: bool = False,
+    ) -> tuple[Tensor | None, Tensor | None, Tensor | None]:
         """Returns the layer's output and its self- and cross-attention weights (None without ``return_attention``).
 
         ``memory`` is None in a decoder-only model; ``start`` is the position of ``x``'s first row.
+        With ``rows`` (the target's and the source's `Rows`) ``x`` and ``memory`` hold real tokens
+        only; with ``stop_at_map`` the layer stops once its last map is made and returns no output.
         """
         h = self.self_block.sublayer_input(x)
         self_cache = None if cache is None else cache.self_attn
-        out, self_weights = self.self_attn(h, h, self_mask, return_attention, self_cache, start)
+        self_rows = None if rows is None else (rows[0], rows[0])
+        out, self_weights = self.self_attn(h, h, self_mask, return_attention, self_cache, start, self_rows)
+        if stop_at_map and memory is None:
+            return None, self_weights, None
         x = self.self_block(x, out)
         cross_weights = None
         if memory is not None:
             h = self.cross_block.sublayer_input(x)  # queries from the decoder, keys and values from the encoder
             out, cross_weights = self.cross_attn(
-                h, memory, cross_mask, return_attention, None if cache is None else cache.cross_attn
+                h, memory, cross_mask, return_attention, None if cache is None else cache.cross_attn, rows=rows
             )
+            if stop_at_map:
+                return None, self_weights, cross_weights
             x = self.cross_block(x, out)
         x = self.ffn_block(x, self.ffn(self.ffn_block.sublayer_input(x)))
         return x, self_weights, cross_weights
@@ -550,23 +609,34 @@ class Transformer(nn.Module):
             raise InputError(f"{side} ids must lie in [0, {vocab_size}); got {int(ids.min())}..{int(ids.max())}")
 
     def encode(
-        self, src: Tensor, src_valid: Tensor | None = None, return_attention: bool = False
-    ) -> tuple[Tensor, list[Tensor | None]]:
-        """Source ids (B, S) -> memory (B, S, D) and each layer's self-attention weights (or Nones)."""
+        self,
+        src: Tensor,
+        src_valid: Tensor | None = None,
+        return_attention: bool = False,
+        *,
+        rows: Rows | None = None,
+        stop_at_map: bool = False,
+    ) -> tuple[Tensor | None, list[Tensor | None]]:
+        """Source ids (B, S) -> memory (B, S, D) and each layer's self-attention weights (or Nones).
+
+        With ``rows`` (`Rows` of ``src``) the work runs on the real tokens only and memory is packed
+        (N, D); with ``stop_at_map`` the last layer stops at its map and memory is None.
+        """
         self._check_ids(src, self.cfg.src_vocab_size, "source")
         mask = attention_masks(src_valid)["encoder"]
-        x = point(self.src_embed(src), "src", "embed")  # already scaled by sqrt(d_model) when the config says so
+        ids = src if rows is None else rows.pack(src)
+        x = point(self.src_embed(ids), "src", "embed")  # already scaled by sqrt(d_model) when the config says so
         pos = self.pos(0, src.shape[1])
         if pos is not None:
-            x = x + point(pos, "src", "pos")
+            x = x + point(pos if rows is None else pos[rows.position], "src", "pos")
         if self.cfg.type_vocab_size:
             x = x + self.token_type[0]  # one segment: every token has type 0
         x = point(self.dropout(self.embed_norm(x)), "src", "input")
         weights = []
-        for layer in self.encoder_layers:
-            x, w = layer(x, mask, return_attention)
+        for i, layer in enumerate(self.encoder_layers):
+            x, w = layer(x, mask, return_attention, rows, stop_at_map and i == len(self.encoder_layers) - 1)
             weights.append(w)
-        return point(self.encoder_norm(x), "memory"), weights
+        return (None if stop_at_map else point(self.encoder_norm(x), "memory")), weights
 
     def decode(
         self,
@@ -577,13 +647,18 @@ class Transformer(nn.Module):
         return_attention: bool = False,
         cache: list[LayerCache] | None = None,
         return_logits: bool = True,
+        *,
+        rows: tuple[Rows, Rows | None] | None = None,
+        stop_at_map: bool = False,
     ) -> tuple[Tensor | None, list, list]:
         """Target ids (B, T) and memory -> logits (B, T, V), self- and cross-attention weights per layer.
 
         With ``cache`` (one `LayerCache` per layer), ``tgt`` holds only the new positions;
         earlier keys and values come from the cache, which is updated in place. Without
         ``return_logits`` the output projection (a large matmul over the vocabulary) is skipped and
-        None is returned in its place: attention maps do not need it.
+        None is returned in its place: attention maps do not need it. With ``rows`` (the target's
+        and the source's `Rows`) the work runs on real tokens only, from a packed memory; with
+        ``stop_at_map`` the last layer stops at its last map (no logits).
         """
         if self.cfg.encoder_only:
             raise InputError("this model is encoder-only: it has no decoder to translate or decode with")
@@ -593,10 +668,10 @@ class Transformer(nn.Module):
         T = tgt.shape[1]
         start = 0 if cache is None else cache[0].length
         masks = attention_masks(src_valid, tgt_valid, tgt_len=start + T, device=tgt.device, start=start)
-        x = point(self.tgt_embed(tgt), "tgt", "embed")
+        x = point(self.tgt_embed(tgt if rows is None else rows[0].pack(tgt)), "tgt", "embed")
         pos = self.pos(start, T)
         if pos is not None:
-            x = x + point(pos, "tgt", "pos")
+            x = x + point(pos if rows is None else pos[rows[0].position], "tgt", "pos")
         x = point(self.dropout(x), "tgt", "input")
         self_weights, cross_weights = [], []
         for i, layer in enumerate(self.decoder_layers):
@@ -608,9 +683,13 @@ class Transformer(nn.Module):
                 return_attention,
                 None if cache is None else cache[i],
                 start,
+                rows,
+                stop_at_map and i == len(self.decoder_layers) - 1,
             )
             self_weights.append(s)
             cross_weights.append(c)
+        if stop_at_map:
+            return None, self_weights, cross_weights
         x = point(self.decoder_norm(x), "decoder_out")
         logits = point(self.logits(x), "logits") if return_logits else None
         return logits, self_weights, cross_weights
@@ -640,17 +719,65 @@ class Transformer(nn.Module):
         ``tgt`` (from its first token, a BOS where the tokenizer adds one). Intermediate tensors:
         `attnviz.hooks.Recorder`.
         """
+        return self._teacher_forced(src, tgt, src_valid, tgt_valid, return_attention, return_logits)
+
+    def attention_maps(
+        self,
+        src: Tensor | None,
+        tgt: Tensor | None = None,
+        src_valid: Tensor | None = None,
+        tgt_valid: Tensor | None = None,
+    ) -> Attention:
+        """Every attention map of the teacher-forced pass, computing only what the maps need.
+
+        The same maps as ``forward(..., return_attention=True).attention`` (to float32 rounding) on
+        every real query's row, from the same arguments; the rows of padding hold other numbers
+        (their query is zeros here), which nothing should read. What it leaves out: the padding's
+        share of every linear layer, norm and feed-forward network (those run on the real tokens
+        only, `Rows`), the last layer's work after its last map, and the logits. The head atlas runs
+        on it (``attnviz.atlas.engine``). Inside a hook block (`attnviz.hooks`) it is ``forward``, so
+        that every point sees the padded tensors it documents.
+        """
+        if hooks_active():
+            return self.forward(src, tgt, src_valid, tgt_valid, return_attention=True, return_logits=False).attention
+        return self._teacher_forced(src, tgt, src_valid, tgt_valid, True, False, maps_only=True).attention
+
+    def _teacher_forced(
+        self,
+        src: Tensor | None,
+        tgt: Tensor | None,
+        src_valid: Tensor | None,
+        tgt_valid: Tensor | None,
+        return_attention: bool,
+        return_logits: bool,
+        maps_only: bool = False,
+    ) -> Seq2SeqOutput:
+        """`forward`, or with ``maps_only`` `attention_maps`' pass (``memory`` is then None)."""
         if self.cfg.decoder_only:  # a language model: the decoder reads ``tgt`` (the prompt) alone
             if src is not None or tgt is None:
                 raise InputError("a decoder-only model reads one sequence: pass it as tgt, with src None")
             memory, enc = None, []
         else:
-            memory, enc = self.encode(src, src_valid, return_attention)
+            if maps_only:  # the encoder's last layer goes on only when the decoder reads its output
+                rows_src = Rows(src_valid, tuple(src.shape), src.device)
+                memory, enc = self.encode(src, src_valid, True, rows=rows_src, stop_at_map=tgt is None)
+            else:
+                memory, enc = self.encode(src, src_valid, return_attention)
         logits, dec, cross = None, [], []
         if tgt is not None:
+            rows = None
+            if maps_only:
+                rows = (Rows(tgt_valid, tuple(tgt.shape), tgt.device), None if memory is None else rows_src)
             logits, dec, cross = self.decode(
-                tgt, memory, src_valid, tgt_valid, return_attention, return_logits=return_logits
+                tgt,
+                memory,
+                src_valid,
+                tgt_valid,
+                return_attention,
+                return_logits=return_logits,
+                rows=rows,
+                stop_at_map=maps_only,
             )
         cross = [c for c in cross if c is not None] if self.cfg.decoder_only else cross
         attn = Attention(tuple(enc), tuple(dec), tuple(cross)) if return_attention else None
-        return Seq2SeqOutput(logits=logits, memory=memory, attention=attn)
+        return Seq2SeqOutput(logits=logits, memory=None if maps_only else memory, attention=attn)

@@ -375,8 +375,8 @@ def engine_run(bundle, corpus: Path, targets: Path | None, batch: int, precision
 def bf16_ceiling(bundle, pairs: list[tuple[str, str]], args: argparse.Namespace) -> tuple[float, float, float]:
     """What bf16 can give at most here: (fp32 s, bf16 s, fp32 / bf16) of the model's forward pass alone.
 
-    The engine's own forward (every map, no logits) on the engine's own batches (same plan, same
-    padding), once in float32 and once under its bf16 autocast, in turn within each repeat; the
+    The engine's own forward (`Transformer.attention_maps`: every map, on the real tokens) on the
+    engine's own batches (same plan), once in float32 and once under its bf16 autocast, in turn within each repeat; the
     statistics, divergences and files, which bf16 does not speed up, are left out. Medians of
     ``args.repeats`` runs after one warm-up of each; the ratio is the median of the per-repeat ratios.
     """
@@ -396,7 +396,7 @@ def bf16_ceiling(bundle, pairs: list[tuple[str, str]], args: argparse.Namespace)
     def forward(precision: str) -> None:
         with precision_context(precision, device):
             for src, tgt, src_valid, tgt_valid in inputs:
-                bundle.model(src, tgt, src_valid, tgt_valid, return_attention=True, return_logits=False)
+                bundle.model.attention_maps(src, tgt, src_valid, tgt_valid)
 
     times: dict[str, list[float]] = {"fp32": [], "bf16": []}
     for repeat in range(args.repeats + 1):  # the first round warms up
@@ -434,7 +434,7 @@ def profile_parts(bundle, corpus: Path, targets: Path | None, batch: int, precis
         return sum(t for t, _ in found) if own else max((c for _, c in found), default=0.0)
 
     whole = cumulative("bench_atlas.py", "engine_run")
-    forward = cumulative("attnviz/model.py", "forward")  # the outermost forward: the whole model
+    forward = cumulative("attnviz/model.py", "attention_maps")  # the engine's whole model pass
     statistics_s = cumulative("attnviz/atlas/stats.py", "sentence_statistics")
     divergences = cumulative("attnviz/atlas/stats.py", "js_divergences")
     return [

@@ -6,7 +6,7 @@ import math
 
 import pytest
 import torch
-from conftest import TINY_VOCAB, seeded_model, tiny_config
+from conftest import TINY_VOCAB, random_padded_batch, seeded_model, tiny_config
 from torch import nn
 
 import attnviz.model as model_module
@@ -691,3 +691,119 @@ def test_recorder_keeps_the_real_intermediate_tensors_and_they_chain(norm_first)
     k = model.decoder_layers[0].cross_attn.k_proj(t["memory"]).view(1, 6, 4, -1).transpose(1, 2)
     torch.testing.assert_close(t["decoder.0.cross_attn.k"], k, atol=1e-6, rtol=0)
     torch.testing.assert_close(t["logits"], t["decoder_out"] @ model.tgt_embed.weight.T, atol=1e-5, rtol=0)
+
+
+# ---------------------------------------------------------------------------------------------
+# attention_maps: the maps alone, on the real tokens only
+
+MAPS_LAYOUTS = {
+    "paper": {},
+    "pre-LN, GELU, learned positions": dict(norm_first=True, activation="gelu", pos_encoding="learned"),
+    "concatenated sinusoids": dict(pos_encoding="sinusoidal_concat"),
+    "BERT layout (encoder only, segments, embedding norm)": dict(
+        n_dec_layers=0, type_vocab_size=2, embed_norm=True, activation="gelu", pos_encoding="learned"
+    ),
+    "Llama layout (rotary, grouped-query, RMSNorm, SwiGLU)": dict(
+        n_enc_layers=0,
+        pos_encoding="rotary",
+        norm="rmsnorm",
+        norm_first=True,
+        ffn="gated",
+        activation="swish",
+        n_kv_heads=2,
+        ffn_bias=False,
+        attn_bias=False,
+        share_embeddings=False,
+    ),
+}
+
+
+def _maps_arguments(cfg, padded: bool):
+    src, src_valid = random_padded_batch([5, 9, 3, 9], seed=1)
+    tgt, tgt_valid = random_padded_batch([7, 2, 7, 4], seed=2, first_id=cfg.bos_id)
+    if not padded:
+        src, tgt = src[[1, 3]], tgt[[0, 2]]
+        src_valid = tgt_valid = None
+    if cfg.decoder_only:
+        return (None, tgt, None, tgt_valid)
+    if cfg.encoder_only:
+        return (src, None, src_valid, None)
+    return (src, tgt, src_valid, tgt_valid)
+
+
+def _query_rows(args, kind: str, shape) -> torch.Tensor:
+    """(B, H, Q, K) True on the rows of real queries."""
+    src, tgt, src_valid, tgt_valid = args
+    valid = src_valid if kind == "encoder" else tgt_valid
+    if valid is None:
+        return torch.ones(shape, dtype=torch.bool)
+    return valid[:, None, :, None].expand(shape)
+
+
+@pytest.mark.parametrize("padded", [True, False], ids=["padded", "unpadded"])
+@pytest.mark.parametrize("layout", list(MAPS_LAYOUTS))
+def test_attention_maps_equal_the_forward_maps_on_every_real_query(layout, padded):
+    cfg = tiny_config(**MAPS_LAYOUTS[layout])
+    model = seeded_model(cfg, seed=3)
+    args = _maps_arguments(cfg, padded)
+    with torch.no_grad():
+        expected = model(*args, return_attention=True, return_logits=False).attention
+        got = model.attention_maps(*args)
+    kinds = [k for k in ("encoder", "decoder", "cross") if getattr(expected, k)]
+    assert kinds == [k for k in ("encoder", "decoder", "cross") if getattr(got, k)]
+    for kind in kinds:
+        assert len(getattr(got, kind)) == len(getattr(expected, kind))
+        for want, have in zip(getattr(expected, kind), getattr(got, kind), strict=True):
+            assert have.shape == want.shape
+            real = _query_rows(args, kind, want.shape)
+            torch.testing.assert_close(have[real], want[real], atol=ATOL, rtol=0)
+            if not padded:
+                torch.testing.assert_close(have, want, atol=ATOL, rtol=0)
+
+
+@pytest.mark.parametrize("layout", ["paper", "BERT layout (encoder only, segments, embedding norm)"])
+def test_attention_maps_run_the_linear_layers_on_real_tokens_and_stop_at_the_last_map(layout):
+    """Every linear layer sees its side's real tokens only; the last layer's work after its last map never runs."""
+    cfg = tiny_config(**MAPS_LAYOUTS[layout])
+    model = seeded_model(cfg)
+    args = _maps_arguments(cfg, padded=True)
+    src, tgt, src_valid, tgt_valid = args
+    real = {"src": int(src_valid.sum()), "tgt": None if tgt is None else int(tgt_valid.sum())}
+    seen = {}
+
+    def count(name):
+        def hook(module, inputs):
+            x = inputs[0]
+            seen.setdefault(name, []).append(x.numel() // x.shape[-1])
+
+        return hook
+
+    handles = [m.register_forward_pre_hook(count(n)) for n, m in model.named_modules() if isinstance(m, nn.Linear)]
+    try:
+        with torch.no_grad():
+            model.attention_maps(*args)
+    finally:
+        for h in handles:
+            h.remove()
+    last = f"decoder_layers.{cfg.n_dec_layers - 1}" if cfg.n_dec_layers else f"encoder_layers.{cfg.n_enc_layers - 1}"
+    for name, rows in seen.items():  # the encoder and cross-attention's keys and values read the source
+        reads_source = name.startswith("encoder_layers") or name.endswith(("cross_attn.k_proj", "cross_attn.v_proj"))
+        assert rows == [real["src" if reads_source else "tgt"]], (name, rows, real)
+    assert not [n for n in seen if n.startswith(f"{last}.ffn")], "the last layer's feed-forward ran"
+    assert f"{last}.ffn.up" in dict(model.named_modules())
+    assert any(n.startswith(f"{last}.") for n in seen)
+
+
+def test_attention_maps_inside_a_hook_block_are_the_forward_maps_whole():
+    """Recorders document padded tensors: inside a hook block the maps come from `forward`, padding rows too."""
+    cfg = tiny_config()
+    model = seeded_model(cfg)
+    args = _maps_arguments(cfg, padded=True)
+    with torch.no_grad():
+        expected = model(*args, return_attention=True, return_logits=False).attention
+        with Recorder(["decoder.0.ffn.out"]) as rec:
+            got = model.attention_maps(*args)
+    assert rec.tensors["decoder.0.ffn.out"].shape[:2] == args[1].shape
+    for kind in ("encoder", "decoder", "cross"):
+        for want, have in zip(getattr(expected, kind), getattr(got, kind), strict=True):
+            torch.testing.assert_close(have, want, atol=0, rtol=0)

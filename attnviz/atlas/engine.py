@@ -1,8 +1,9 @@
 """The work of the atlas on one batch of sentences, and the local engine that runs it batch after batch.
 
 `run_batch` is what every engine runs, locally or in a Ray actor: pad a batch of similar
-length, decode greedily where no decoder input was given, run the model once with every map, and
-compute each head's statistics and the head-to-head divergences on the model's device. Only those
+length, decode greedily where no decoder input was given, run the model once for its maps
+(`Transformer.attention_maps`: its linear layers on the real tokens, not the padding), and compute
+each head's statistics and the head-to-head divergences on the model's device. Only those
 small results come back to the host.
 
 ``precision="bf16"`` runs the matrix products in bfloat16 under ``torch.autocast``, with the
@@ -115,7 +116,7 @@ def run_batch(bundle: Bundle, sentences: Iterable[Sentence], precision: str = "f
             src_flags = _flags(
                 [s.src_ids for s in sentences], [s.src_tokens for s in sentences], specials, src.shape[1], device
             )
-            attn = model(None, src, None, src_valid, return_attention=True, return_logits=False).attention
+            attn = model.attention_maps(None, src, None, src_valid)
             return _result(sentences, attn, {"decoder": (src_valid, src_valid, src_flags)})
         if not bundle.config.encoder_only:
             sentences = _with_greedy_targets(bundle, sentences, src, src_valid)
@@ -123,14 +124,14 @@ def run_batch(bundle: Bundle, sentences: Iterable[Sentence], precision: str = "f
             [s.src_ids for s in sentences], [s.src_tokens for s in sentences], specials, src.shape[1], device
         )
         if bundle.config.encoder_only:
-            attn = model(src, None, src_valid, return_attention=True).attention
+            attn = model.attention_maps(src, None, src_valid)
             sides = {"encoder": (src_valid, src_valid, src_flags)}
         else:
             tgt, tgt_valid = pad_batch([s.tgt_ids for s in sentences], tok.pad_id, device)
             tgt_flags = _flags(
                 [s.tgt_ids for s in sentences], [s.tgt_tokens for s in sentences], specials, tgt.shape[1], device
             )
-            attn = model(src, tgt, src_valid, tgt_valid, return_attention=True, return_logits=False).attention
+            attn = model.attention_maps(src, tgt, src_valid, tgt_valid)
             sides = {
                 "encoder": (src_valid, src_valid, src_flags),
                 "decoder": (tgt_valid, tgt_valid, tgt_flags),
