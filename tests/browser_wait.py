@@ -11,8 +11,9 @@ NOT_RUNNING = "[data-testid='stApp'][data-test-script-state='notRunning']"
 RUN_ENDS_S = 120  # a slow page on two busy cores
 QUIET_MS = 100  # two reads of the drawn page this far apart must agree
 
-# What the main area shows once drawn (None while a chart is still being drawn): compared between
-# two reads to tell that the drawing has stopped.
+# What the main area shows once drawn (None while a chart is still being drawn): the charts' titles
+# and where each chart, its plot areas and its legend sit, compared between two reads to tell that
+# the drawing and the layout have stopped (a chart first drawn at one width may be laid out again).
 DRAWN = """() => {
     const main = document.querySelector("[data-testid='stMain']");
     if (!main || main.querySelector("[data-testid='stSkeleton']")) return null;
@@ -20,7 +21,11 @@ DRAWN = """() => {
     if (charts.some(c => !c.querySelector('.js-plotly-plot .main-svg'))) return null;
     const titles = [...document.querySelectorAll('.js-plotly-plot .gtitle')].map(t => t.textContent);
     const n = s => main.querySelectorAll(s).length;
-    return JSON.stringify([titles, n('.js-plotly-plot'), n("[data-testid='stDataFrame']"),
+    // where each chart and its plot area sit: a chart laid out again (a new width) moves them
+    const at = el => { const b = el.getBoundingClientRect(); return [b.top, b.width, b.height].map(Math.round); };
+    const boxes = [...main.querySelectorAll('.js-plotly-plot')].map(
+        p => [at(p), ...[...p.querySelectorAll('.nsewdrag, .legend')].map(at)]);
+    return JSON.stringify([titles, boxes, n("[data-testid='stDataFrame']"),
                            n("[data-testid='stTable']"), n("[data-testid='stVegaLiteChart']")]);
 }"""
 
