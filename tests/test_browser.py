@@ -143,6 +143,7 @@ def serving_test_models(tmp_path_factory):
     except ImportError:  # transformers missing: the language-model browser test skips itself
         pass
     env = {**os.environ, "ATTNVIZ_MODEL_ROOTS": os.pathsep.join([str(pretrained_dir()), str(models)])}
+    env["ATTNVIZ_HEAVY_WARM"] = "1"  # the served default: its walks compute on workers warmed at the first model
     with running_app(env) as url:
         yield url
 

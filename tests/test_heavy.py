@@ -95,6 +95,33 @@ def test_limits_come_from_the_environment_and_bad_values_fall_back(monkeypatch):
     assert (limits.at_once, limits.queue, limits.seconds, limits.in_processes) == (3, 64, 120, False)
 
 
+@pytest.mark.parametrize("setting, started", [(None, 2), ("1", 2), ("0", 0), (" 0 ", 0)])
+def test_workers_warm_with_the_first_model_unless_the_operator_says_0(monkeypatch, setting, started):
+    """Loading a model starts ATTNVIZ_HEAVY_AT_ONCE workers that load it too; ATTNVIZ_HEAVY_WARM=0 starts none."""
+    monkeypatch.setenv("ATTNVIZ_HEAVY_AT_ONCE", "2")
+    monkeypatch.setenv("ATTNVIZ_HEAVY_IN", "processes")
+    if setting is None:
+        monkeypatch.delenv("ATTNVIZ_HEAVY_WARM", raising=False)
+    else:
+        monkeypatch.setenv("ATTNVIZ_HEAVY_WARM", setting)
+    calls, done = [], threading.Event()
+
+    def call(worker, name, model, device, *rest):  # no process: what the warm-up asks of each worker
+        calls.append((name, model, device))
+        if len(calls) == 2:
+            done.set()
+
+    monkeypatch.setattr(heavy.Worker, "call", call)
+    threads, real_thread = [], threading.Thread
+    monkeypatch.setattr(heavy.threading, "Thread", lambda **kw: threads.append(real_thread(**kw)) or threads[-1])
+    pool = heavy.Pool(heavy.Limits.from_environment())
+    pool.warm("en-de", "cpu")
+    for t in threads:  # the warm-up runs in the background: wait for it
+        t.join(timeout=30)
+    assert calls == [("warm", "en-de", "cpu")] * started
+    assert len(threads) == (1 if started else 0)
+
+
 # ---------------------------------------------------------------------------------------------
 # The worker's pipe
 

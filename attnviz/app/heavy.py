@@ -75,6 +75,7 @@ class Limits:
     seconds: float  # ATTNVIZ_HEAVY_SECONDS: a computation is stopped after this long
     in_processes: bool  # ATTNVIZ_HEAVY_IN: "processes" (default) or "threads"
     wait: float = 300  # ATTNVIZ_QUEUE_WAIT_SECONDS: a computation waits this long at most, then the visitor is told
+    warm: bool = True  # ATTNVIZ_HEAVY_WARM: start the worker processes with the first model ("0": at the first job)
 
     @classmethod
     def from_environment(cls) -> Limits:
@@ -84,6 +85,7 @@ class Limits:
             seconds=_setting("ATTNVIZ_HEAVY_SECONDS", 120),
             in_processes=os.environ.get("ATTNVIZ_HEAVY_IN", "processes").strip().lower() != "threads",
             wait=_setting("ATTNVIZ_QUEUE_WAIT_SECONDS", 300),
+            warm=os.environ.get("ATTNVIZ_HEAVY_WARM", "1").strip() != "0",
         )
 
 
@@ -227,7 +229,11 @@ class Pool:
         worker.kill()
 
     def warm(self, model: str, device: str) -> None:
-        """Start the workers and load ``model`` in each, in the background, before the first heavy job."""
+        """Start the workers and load ``model`` in each, in the background, before the first heavy job.
+
+        Each costs a process start and a model load (2-3 CPU s); with ``ATTNVIZ_HEAVY_WARM=0`` the
+        first heavy job starts its worker instead (a server that seldom computes, a test suite).
+        """
 
         def start() -> None:
             for _ in range(self.limits.at_once):
@@ -239,7 +245,7 @@ class Pool:
                     worker.kill()
                 self.give_back(worker)
 
-        if self.limits.in_processes:
+        if self.limits.in_processes and self.limits.warm:
             threading.Thread(target=start, name="attnviz-warm-workers", daemon=True).start()
 
     def close(self) -> None:
