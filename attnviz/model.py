@@ -149,12 +149,24 @@ def sinusoidal_table(
     return table.astype(dtype)
 
 
+def normal_weights(*shape: int, std: float) -> Tensor:
+    """Weights drawn from N(0, std^2); on the meta device (a loader checking shapes) the shape alone.
+
+    On the meta device ``torch.randn`` imports sympy, and an out-of-place product torch._dynamo, the
+    first time in a process: about 1 CPU s that every process loading a checkpoint paid, for values
+    nobody reads (`attnviz.checkpoints.bundle.expected_shapes`).
+    """
+    if torch.empty(0).device.type == "meta":
+        return torch.empty(*shape)
+    return torch.randn(*shape) * std
+
+
 class TokenEmbedding(nn.Module):
     """Token ids -> vectors, scaled by sqrt(d_model) as in section 3.4."""
 
     def __init__(self, vocab_size: int, d_model: int, scale: bool):
         super().__init__()
-        self.weight = nn.Parameter(torch.randn(vocab_size, d_model) * d_model**-0.5)
+        self.weight = nn.Parameter(normal_weights(vocab_size, d_model, std=d_model**-0.5))
         self.scale = math.sqrt(d_model) if scale else 1.0
 
     def forward(self, ids: Tensor) -> Tensor:
@@ -170,7 +182,7 @@ class PositionalEncoding(nn.Module):
         self.kind = cfg.pos_encoding
         self.max_len = cfg.max_len
         if self.kind == "learned":
-            self.table = nn.Parameter(torch.randn(cfg.max_len, cfg.d_model) * 0.02)
+            self.table = nn.Parameter(normal_weights(cfg.max_len, cfg.d_model, std=0.02))
         elif self.kind.startswith("sinusoidal"):
             layout = "concat" if self.kind == "sinusoidal_concat" else "interleaved"
             # Not saved with the weights: it is a function of the config, rebuilt on load (and not
@@ -588,7 +600,7 @@ class Transformer(nn.Module):
         self.encoder_norm = make_norm(cfg.norm, cfg.d_model, cfg.ln_eps) if final_norm else nn.Identity()
         self.decoder_norm = make_norm(cfg.norm, cfg.d_model, cfg.ln_eps) if cfg.norm_first else nn.Identity()
         if not cfg.tie_output:
-            self.out_proj = nn.Parameter(torch.randn(cfg.tgt_vocab_size, cfg.d_model) * cfg.d_model**-0.5)
+            self.out_proj = nn.Parameter(normal_weights(cfg.tgt_vocab_size, cfg.d_model, std=cfg.d_model**-0.5))
         if cfg.output_bias:
             self.out_bias = nn.Parameter(torch.zeros(cfg.tgt_vocab_size))
         self._init_weights()

@@ -302,3 +302,42 @@ def test_bfloat16_is_not_fast_where_onednn_is_held_below_it(monkeypatch):
     unlimited = fast_bfloat16(torch.device("cpu"))
     monkeypatch.setenv("ONEDNN_MAX_CPU_ISA", "AVX512_CORE_BF16")  # at or above bf16: the CPU's flags decide
     assert fast_bfloat16(torch.device("cpu")) == unlimited
+
+
+CHECK_SHAPES_ALONE = """
+import sys
+from attnviz.checkpoints.bundle import expected_shapes
+from attnviz.config import TransformerConfig
+before = {m for m in ("torch._dynamo", "sympy") if m in sys.modules}
+layouts = [{}, {"pos_encoding": "learned", "tie_output": False, "output_bias": True},
+           {"n_enc_layers": 0, "pos_encoding": "rotary", "norm": "rmsnorm", "ffn": "gated", "activation": "swish",
+            "n_kv_heads": 2, "norm_first": True},
+           {"n_dec_layers": 0, "type_vocab_size": 2, "embed_norm": True, "pos_encoding": "learned"}]
+shapes = [expected_shapes(TransformerConfig(**layout)) for layout in layouts]
+print(sorted({m for m in ("torch._dynamo", "sympy") if m in sys.modules} - before), shapes[1]["out_proj"])
+"""
+
+
+def test_checking_a_configs_shapes_imports_neither_dynamo_nor_sympy():
+    """The meta model a loader builds to check a file's shapes runs no op that pulls in torch._dynamo or sympy.
+
+    They cost about 1 CPU s on their first use in a process, which every process that loaded a checkpoint paid:
+    the app, each heavy-work worker, each CLI command (model.normal_weights).
+    """
+    import subprocess
+    import sys
+
+    done = subprocess.run([sys.executable, "-c", CHECK_SHAPES_ALONE], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == ["[]", "(37000,", "512)"], done.stdout
+
+
+def test_normal_weights_have_the_asked_spread_and_on_meta_only_a_shape():
+    from attnviz.model import normal_weights
+
+    torch.manual_seed(0)
+    w = normal_weights(400, 500, std=0.05)
+    assert w.shape == (400, 500) and abs(float(w.std()) - 0.05) < 1e-3 and abs(float(w.mean())) < 1e-3
+    with torch.device("meta"):
+        m = normal_weights(3, 7, std=0.05)
+    assert m.device.type == "meta" and m.shape == (3, 7)
