@@ -426,3 +426,20 @@ def test_bf16_maps_and_statistics_stay_within_the_stated_bound(name):
         flips = np.abs(a - b)[..., [STATISTICS.index("argmax_previous"), STATISTICS.index("argmax_next")]] > 1e-6
         assert flips.mean() < 0.1, kind
         assert np.abs(fp32.divergences[kind] - bf16.divergences[kind]).max() < BF16_MAX_STATISTIC, kind
+
+
+def test_the_divergences_logarithm_is_the_float64_one_to_float32_rounding():
+    """`_log` (numpy's float32 logarithm on the CPU) against float64, from TINY-sized weights to 2, in place and not."""
+    from attnviz.atlas.stats import TINY, _log
+
+    x = torch.cat([torch.logspace(-30, math.log10(2), 5000), torch.rand(3, 4000).flatten() + TINY]).view(-1, 17000)
+    out = torch.full_like(x, float("nan"))
+    assert _log(x, out) is out
+    exact = torch.log(x.double())  # float32 rounding: torch's own float32 logarithm is held to the same bound
+    torch.testing.assert_close(torch.log(x).double(), exact, rtol=2e-7, atol=2e-8)
+    torch.testing.assert_close(out.double(), exact, rtol=2e-7, atol=2e-8)
+    again = x.clone()
+    _log(again, again)  # in place, as nowhere in the engine but allowed
+    torch.testing.assert_close(again, out, atol=0, rtol=0)
+    wide = torch.rand(4, 5, dtype=torch.float64) + 0.5  # not float32: torch's own logarithm
+    torch.testing.assert_close(_log(wide, torch.empty_like(wide)), torch.log(wide), atol=0, rtol=0)

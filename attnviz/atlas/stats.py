@@ -36,6 +36,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 
+import numpy as np
 import torch
 from torch import Tensor
 
@@ -226,6 +227,21 @@ def _cells(query_valid: Tensor, key_valid: Tensor | None, K: int, causal: bool) 
     return torch.cat(cells), torch.cat(pads), torch.cat(owners)
 
 
+def _log(x: Tensor, out: Tensor) -> Tensor:
+    """ln ``x`` written into ``out`` (same shape, float32), returned.
+
+    On the CPU with numpy's float32 logarithm: it ran 3.2x as fast as torch's per core on a 2-core
+    AMD EPYC (0.24 against 0.77 ns a value, with AVX-512 and with both held to AVX2; each within
+    7e-8 of the float64 logarithm), and on one thread faster than torch's on two. The divergences
+    take one for every pair of heads and real cell, the engine's largest cost after the model.
+    Splitting a block over two threads lost more to the hand-over than it gained.
+    """
+    if x.device.type != "cpu" or x.dtype != torch.float32 or x.requires_grad:
+        return torch.log(x, out=out)
+    np.log(x.numpy(), out=out.numpy())
+    return out
+
+
 def js_divergences(
     maps: Sequence[Tensor],
     query_valid: Tensor,
@@ -285,7 +301,7 @@ def js_divergences(
         if len(block_pads):
             x[:N].index_fill_(1, block_pads, 0.0)
         x[:N] += TINY
-        plnp = torch.log(x[:N], out=work[: N * E].view(N, E)).mul_(x[:N])
+        plnp = _log(x[:N], work[: N * E].view(N, E)).mul_(x[:N])
         per_run = (0.5 * math.log(2)) * (x[:N].reshape(-1, CHUNK) @ ones) + 0.5 * (plnp.view(-1, CHUNK) @ ones)
         base.index_add_(1, owner, per_run.view(N, runs).double())
         x[N:] = x[:N]
@@ -293,7 +309,7 @@ def js_divergences(
         for d, h in shifts:
             n = h * E
             s = torch.add(x[:h], x[d : d + h], out=mixture[:n].view(h, E))
-            w = torch.log(s, out=work[:n].view(h, E)).mul_(s)
+            w = _log(s, work[:n].view(h, E)).mul_(s)
             torch.mm(w.view(-1, CHUNK), ones, out=sums[at : at + h * runs].view(-1, 1))
             at += h * runs
         slns.index_add_(1, owner, sums[:at].view(-1, runs).double())
