@@ -21,10 +21,10 @@ from attnviz.training.data import get_task
 # that the browser test and the benchmarks start inherit this).
 os.environ["HF_HUB_OFFLINE"] = "1"
 
-# The app servers and AppTests the tests start (about 40 in a run, most never computing heavy work)
-# start their heavy-work processes at their first heavy job, not with their first model: each warm-up
-# costs 2-3 CPU s (a process start and a model load). The browser modules' shared server keeps the
-# default warm-up (`test_browser.serving_test_models`); tests/test_heavy.py tests both.
+# The app servers and AppTests the tests start their heavy-work processes at their first heavy job,
+# not with their first model: a full run then started 22 such processes where it had started 42 (process
+# accounting), each a process start and a model load (about 1.4 CPU s). The browser modules' shared
+# server keeps the default warm-up (`test_browser.serving_test_models`); tests/test_heavy.py tests both.
 os.environ.setdefault("ATTNVIZ_HEAVY_WARM", "0")
 
 # The tiny model gains nothing from intra-op threads, and on a machine whose cores are busy they

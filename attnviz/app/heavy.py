@@ -231,7 +231,7 @@ class Pool:
     def warm(self, model: str, device: str) -> None:
         """Start the workers and load ``model`` in each, in the background, before the first heavy job.
 
-        Each costs a process start and a model load (2-3 CPU s); with ``ATTNVIZ_HEAVY_WARM=0`` the
+        Each costs a process start and a model load (about 1.4 CPU s); with ``ATTNVIZ_HEAVY_WARM=0`` the
         first heavy job starts its worker instead (a server that seldom computes, a test suite).
         """
 
