@@ -443,7 +443,7 @@ def profile_parts(bundle, corpus: Path, targets: Path | None, batch: int, precis
         ("  attention (scores, softmax, maps)", cumulative("attnviz/model.py", "attention")),
         ("statistics", statistics_s),
         ("divergences", divergences),
-        ("  logarithms in them", cumulative("~", "<built-in method torch.log>", own=True)),
+        ("  logarithms in them", cumulative("attnviz/atlas/stats.py", "_log")),
         ("tokenising, batching, flags, files", whole - forward - statistics_s - divergences),
         ("the whole run", whole),
     ]
