@@ -149,6 +149,11 @@ def sinusoidal_table(
     return table.astype(dtype)
 
 
+def building_on_meta() -> bool:
+    """Whether new tensors go to the meta device (a loader building a model for its shapes alone)."""
+    return torch.empty(0).device.type == "meta"
+
+
 def normal_weights(*shape: int, std: float) -> Tensor:
     """Weights drawn from N(0, std^2); on the meta device (a loader checking shapes) the shape alone.
 
@@ -156,7 +161,7 @@ def normal_weights(*shape: int, std: float) -> Tensor:
     first time in a process: about 1 CPU s that every process loading a checkpoint paid, for values
     nobody reads (`attnviz.checkpoints.bundle.expected_shapes`).
     """
-    if torch.empty(0).device.type == "meta":
+    if building_on_meta():
         return torch.empty(*shape)
     return torch.randn(*shape) * std
 
@@ -187,7 +192,7 @@ class PositionalEncoding(nn.Module):
             layout = "concat" if self.kind == "sinusoidal_concat" else "interleaved"
             # Not saved with the weights: it is a function of the config, rebuilt on load (and not
             # computed at all on the meta device, where a loader only wants the shapes).
-            on_meta = torch.empty(0).device.type == "meta"
+            on_meta = building_on_meta()
             table = (
                 torch.empty(cfg.max_len, cfg.d_model) if on_meta else sinusoidal_table(cfg.max_len, cfg.d_model, layout)
             )
@@ -765,21 +770,19 @@ class Transformer(nn.Module):
         maps_only: bool = False,
     ) -> Seq2SeqOutput:
         """`forward`, or with ``maps_only`` `attention_maps`' pass (``memory`` is then None)."""
+        rows_src = None  # the source's `Rows` under maps_only
         if self.cfg.decoder_only:  # a language model: the decoder reads ``tgt`` (the prompt) alone
             if src is not None or tgt is None:
                 raise InputError("a decoder-only model reads one sequence: pass it as tgt, with src None")
             memory, enc = None, []
-        else:
-            if maps_only:  # the encoder's last layer goes on only when the decoder reads its output
-                rows_src = Rows(src_valid, tuple(src.shape), src.device)
-                memory, enc = self.encode(src, src_valid, True, rows=rows_src, stop_at_map=tgt is None)
-            else:
-                memory, enc = self.encode(src, src_valid, return_attention)
+        else:  # with maps_only, the encoder's last layer goes on only when the decoder reads its output
+            rows_src = Rows(src_valid, tuple(src.shape), src.device) if maps_only and src is not None else None
+            memory, enc = self.encode(
+                src, src_valid, return_attention, rows=rows_src, stop_at_map=maps_only and tgt is None
+            )
         logits, dec, cross = None, [], []
         if tgt is not None:
-            rows = None
-            if maps_only:
-                rows = (Rows(tgt_valid, tuple(tgt.shape), tgt.device), None if memory is None else rows_src)
+            rows = (Rows(tgt_valid, tuple(tgt.shape), tgt.device), rows_src) if maps_only else None
             logits, dec, cross = self.decode(
                 tgt,
                 memory,

@@ -21,7 +21,6 @@ DRAWN = """() => {
     if (charts.some(c => !c.querySelector('.js-plotly-plot .main-svg'))) return null;
     const titles = [...document.querySelectorAll('.js-plotly-plot .gtitle')].map(t => t.textContent);
     const n = s => main.querySelectorAll(s).length;
-    // where each chart and its plot area sit: a chart laid out again (a new width) moves them
     const at = el => { const b = el.getBoundingClientRect(); return [b.top, b.width, b.height].map(Math.round); };
     const boxes = [...main.querySelectorAll('.js-plotly-plot')].map(
         p => [at(p), ...[...p.querySelectorAll('.nsewdrag, .legend')].map(at)]);
