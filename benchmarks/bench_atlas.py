@@ -376,9 +376,10 @@ def bf16_ceiling(bundle, pairs: list[tuple[str, str]], args: argparse.Namespace)
     """What bf16 can give at most here: (fp32 s, bf16 s, fp32 / bf16) of the model's forward pass alone.
 
     The engine's own forward (`Transformer.attention_maps`: every map, on the real tokens) on the
-    engine's own batches (same plan), once in float32 and once under its bf16 autocast, in turn within each repeat; the
-    statistics, divergences and files, which bf16 does not speed up, are left out. Medians of
-    ``args.repeats`` runs after one warm-up of each; the ratio is the median of the per-repeat ratios.
+    engine's own batches (same plan), once in float32 and once under its bf16 autocast, in turn
+    within each repeat; the statistics, divergences and files, which bf16 does not speed up, are
+    left out. Medians of ``args.repeats`` runs after one warm-up of each; the ratio is the median of
+    the per-repeat ratios.
     """
     from attnviz.atlas.corpus import batch_plan, tokenize
     from attnviz.atlas.engine import precision_context
@@ -428,10 +429,9 @@ def profile_parts(bundle, corpus: Path, targets: Path | None, batch: int, precis
     profiler.disable()
     entries = pstats.Stats(profiler).stats  # {(file, line, name): (calls, primitive calls, own s, cumulative s, _)}
 
-    def cumulative(file: str, name: str, own: bool = False) -> float:
-        """The largest cumulative (or summed own) time of functions ``name`` in files ending with ``file``."""
-        found = [(v[2], v[3]) for (f, _, n), v in entries.items() if f.endswith(file) and n == name]
-        return sum(t for t, _ in found) if own else max((c for _, c in found), default=0.0)
+    def cumulative(file: str, name: str) -> float:
+        """The largest cumulative time of functions ``name`` in files ending with ``file``."""
+        return max((v[3] for (f, _, n), v in entries.items() if f.endswith(file) and n == name), default=0.0)
 
     whole = cumulative("bench_atlas.py", "engine_run")
     forward = cumulative("attnviz/model.py", "attention_maps")  # the engine's whole model pass
