@@ -98,6 +98,7 @@ def test_a_follower_follows_the_presenter_live(room_server, monkeypatch):
             settled(teacher, "the presenter's decoding page")
             teacher.get_by_role("button", name="Open a room").click()
             code = _room_code(teacher)
+            settled(teacher, "the presenter's open room")  # the code is drawn before the link and the QR under it
             link = teacher.locator("[data-testid='stSidebar'] [data-testid='stCode']").inner_text().strip()
             assert link.endswith(f"/?follow={code}"), link
             assert teacher.locator("[data-testid='stSidebar'] [data-testid='stImage'] img").count() == 1  # the QR
@@ -177,6 +178,8 @@ def test_a_follower_follows_the_presenter_live(room_server, monkeypatch):
             forger.reload()
             settled(forger, "the forger's page")
             forger.wait_for_function("sessionStorage.getItem('attnviz.room') === null", timeout=30_000)
+            forger.get_by_role("button", name="Open a room").wait_for(timeout=30_000)  # it offers a room of its own
+            settled(forger, "the forger's page, its room forgotten")
             assert forger.get_by_role("button", name="Open a room").count() == 1
             after = rooms.read(code)
             assert (after.version, after.state) == (before.version, before.state)

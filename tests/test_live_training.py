@@ -195,10 +195,19 @@ def cpu_seconds_of(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
-def children() -> list[int]:
-    """The processes this one started (from any of its threads): the heavy-work workers."""
-    tasks = Path(f"/proc/{os.getpid()}/task")
-    return sorted(int(p) for task in tasks.iterdir() for p in (task / "children").read_text().split())
+def children(pid: int | None = None) -> list[int]:
+    """The processes one process started (from any of its threads): the heavy-work workers.
+
+    A thread can end between listing the threads and reading its file: it then started none that live on
+    in its name, since Linux hands an ended thread's children to the process's other threads.
+    """
+    found = []
+    for task in Path(f"/proc/{pid or os.getpid()}/task").iterdir():
+        try:
+            found += [int(p) for p in (task / "children").read_text().split()]
+        except FileNotFoundError:
+            continue
+    return sorted(found)
 
 
 def snapshot_tree(folder: Path) -> dict[str, tuple[int, int]]:
@@ -344,11 +353,7 @@ def test_a_training_whose_server_dies_stops_and_deletes_its_folder(tmp_path):
     )
     try:
         wait_for(lambda: list((out / "history" / "records").glob("0*")), timeout=300)  # it trains
-        (worker,) = (
-            int(p)
-            for task in Path(f"/proc/{server.pid}/task").iterdir()
-            for p in (task / "children").read_text().split()
-        )
+        (worker,) = children(server.pid)
     finally:
         server.kill()
         server.wait()
