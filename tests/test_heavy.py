@@ -122,6 +122,33 @@ def test_workers_warm_with_the_first_model_unless_the_operator_says_0(monkeypatc
     assert len(threads) == (1 if started else 0)
 
 
+def test_a_worker_that_ends_during_the_warm_up_is_one_line_in_the_log(monkeypatch, caplog):
+    """A server stopped while its workers load (its workers killed): a warning line, no traceback."""
+    monkeypatch.setenv("ATTNVIZ_HEAVY_AT_ONCE", "1")
+    monkeypatch.setenv("ATTNVIZ_HEAVY_IN", "processes")
+    monkeypatch.delenv("ATTNVIZ_HEAVY_WARM", raising=False)
+    killed = []
+
+    def call(worker, *args):
+        raise heavy.BusyError("a worker process ended with status -9 during a job", heavy.LOST)
+
+    monkeypatch.setattr(heavy.Worker, "call", call)
+    monkeypatch.setattr(heavy.Worker, "kill", lambda worker: killed.append(worker))
+    threads, real_thread = [], threading.Thread
+    monkeypatch.setattr(heavy.threading, "Thread", lambda **kw: threads.append(real_thread(**kw)) or threads[-1])
+    pool = heavy.Pool(heavy.Limits.from_environment())
+    with caplog.at_level("WARNING", logger=heavy.__name__):
+        pool.warm("en-de", "cpu")
+        for t in threads:
+            t.join(timeout=30)
+    (record,) = caplog.records
+    assert record.getMessage() == (
+        "a worker process ended while it loaded en-de: a worker process ended with status -9 during a job"
+    )
+    assert record.exc_info is None
+    assert len(killed) == 1 and pool._idle == killed  # its process is gone; the next job starts a fresh one
+
+
 # ---------------------------------------------------------------------------------------------
 # The worker's pipe
 

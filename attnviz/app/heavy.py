@@ -240,6 +240,9 @@ class Pool:
                 worker = self.take()
                 try:
                     worker.call("warm", model, device, (), 120, None, lambda: None)
+                except BusyError as e:  # it ended (the server stopping kills it): said in one line, no traceback
+                    log.warning("a worker process ended while it loaded %s: %s", model, e)
+                    worker.kill()
                 except Exception:  # noqa: BLE001 - a worker that fails to start is started again by a job
                     log.warning("a worker process could not load %s", model, exc_info=True)
                     worker.kill()
