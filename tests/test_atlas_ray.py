@@ -199,7 +199,9 @@ def test_a_node_lost_mid_run_loses_no_shard_and_writes_none_twice(two_nodes, rev
     runs = 1
     if run.returncode != 0:  # stopped: one clear line, then the same command resumes
         ours = [line for line in stderr.splitlines() if line.startswith("attnviz: error:")]
-        assert len(ours) == 1 and "run the same command again" in ours[0], stderr[-3000:]
+        assert len(ours) == 1 and "run the same command again" in ours[0], (
+            f"exit status {run.returncode}, standard output {stdout[-500:]!r}, standard error: {stderr[-3000:]}"
+        )
         again = subprocess.run(command, env=env, capture_output=True, text=True, timeout=900, check=False)
         assert again.returncode == 0, again.stderr[-3000:]
         runs = 2
