@@ -312,11 +312,22 @@ def main() -> None:
     os.dup2(sys.stderr.fileno(), sys.stdout.fileno())  # a stray print cannot break the pipe's framing
     if hasattr(os, "nice"):
         os.nice(10)  # below the server's own threads: a cached page and the health check come first
+    use_threads()
+    serve(sys.stdin.buffer.read, out)
+
+
+def use_threads() -> int:
+    """The threads this worker computes on, torch's and numpy's BLAS alike: ``ATTNVIZ_WORKER_THREADS``, 1 by
+    default (the workers and the server share the cores: `attnviz.threads`). Returns the number."""
     import torch
 
-    threads = os.environ.get("ATTNVIZ_WORKER_THREADS", "1")
-    torch.set_num_threads(max(1, int(threads)) if threads.isdigit() else 1)  # one per worker by default
-    serve(sys.stdin.buffer.read, out)
+    from attnviz.threads import limit_numpy_blas
+
+    setting = os.environ.get("ATTNVIZ_WORKER_THREADS", "1")
+    threads = max(1, int(setting)) if setting.isdigit() else 1
+    torch.set_num_threads(threads)
+    limit_numpy_blas(threads)
+    return threads
 
 
 if (
