@@ -5,8 +5,9 @@ per core and spins while it waits for them. Where the cores are busy already (th
 with a class on it, its heavy-work workers, a test suite's two workers), those threads wait on
 each other, and the work takes many times as long as on one thread. Measured with
 ``benchmarks/bench_blas.py`` on a 2-core AMD EPYC: a thin SVD of a (1024, 512) float64 matrix
-took about 0.1 s on one thread whether or not the cores were busy, and 10 s on two threads when
-the cores were loaded. On a quiet machine the second thread saves a third of the time at best.
+took 0.11 s on one thread, alone or beside a second process doing the same, and from 0.28 s to
+10.5 s on two threads beside it (two runs). Alone, the second thread made products up to 2x and
+SVDs up to 1.4x as fast.
 
 So the app's processes (`attnviz.app.frame`, `attnviz.jobs`) ask for one thread, as they already
 do of torch, unless the operator chose with ``OPENBLAS_NUM_THREADS`` or ``OMP_NUM_THREADS``.
