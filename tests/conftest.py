@@ -31,7 +31,7 @@ os.environ.setdefault("ATTNVIZ_HEAVY_WARM", "0")
 # The tiny model gains nothing from intra-op threads, and on a machine whose cores are busy they
 # make each small op wait for a spinning peer (measured: 100x slower decoding on 2 busy cores).
 torch.set_num_threads(1)
-# numpy's BLAS likewise (attnviz.threads: 100x slower SVDs measured where processes share 2 cores); the servers
+# numpy's BLAS likewise (attnviz.threads: SVDs up to 240x slower where processes share 2 cores); the servers
 # and workers the tests start take one thread themselves, as the app does.
 limit_numpy_blas(1)
 
