@@ -1,17 +1,21 @@
-"""How many threads numpy's own BLAS may use: one, in the processes that share the cores with others.
+"""How many threads a process computes on: one, in the processes that share the cores with others.
 
-numpy's wheels bundle OpenBLAS, which runs a large enough product or decomposition on a thread
-per core and spins while it waits for them. Where the cores are busy already (the app's server
-with a class on it, its heavy-work workers, a test suite's two workers), those threads wait on
-each other, and the work takes many times as long as on one thread. Measured with
-``benchmarks/bench_blas.py`` on a 2-core AMD EPYC: a thin SVD of a (1024, 512) float64 matrix
-took 0.11 s on one thread, alone or beside a second process doing the same, and from 0.28 s to
-10.5 s on two threads beside it (two runs). Alone, the second thread made products up to 2x and
-SVDs up to 1.4x as fast.
+torch's operations and numpy's BLAS (the OpenBLAS numpy's wheels bundle) each run a large enough
+piece of work on a thread per core and spin while they wait for those threads. Where the cores are
+busy already (the app's server with a class on it, its heavy-work workers, a test suite's two
+workers), the threads of two processes wait on each other, and the work takes many times as long
+as on one thread. Measured with ``benchmarks/bench_threads.py`` on a 2-core AMD EPYC: a thin SVD
+of a (1024, 512) float64 matrix took 0.11 s on one thread, alone or beside a second process doing
+the same, and from 0.28 s to 10.5 s on two threads beside it (two runs); a greedy translation of a
+sentence by en-de took 7 ms on one thread either way, and over 600 ms on two where two processes
+translated without pause. Alone,
+the second thread made numpy's products up to 2x and SVDs up to 1.4x as fast, and the translation
+no faster.
 
-So the app's processes (`attnviz.app.frame`, `attnviz.jobs`) ask for one thread, as they already
-do of torch, unless the operator chose with ``OPENBLAS_NUM_THREADS`` or ``OMP_NUM_THREADS``.
-The CLI and the Python API keep numpy's default: there a person's machine is theirs.
+So the app's processes take one thread: the server (`share_the_cores`, from `attnviz.app.frame`)
+and each heavy-work worker (`attnviz.jobs`, ``ATTNVIZ_WORKER_THREADS``), unless the operator chose
+with ``OMP_NUM_THREADS`` (torch and OpenBLAS) or ``OPENBLAS_NUM_THREADS`` (OpenBLAS). The CLI and
+the Python API keep the libraries' defaults: there a person's machine is theirs.
 """
 
 from __future__ import annotations
@@ -70,3 +74,14 @@ def limit_numpy_blas(threads: int = 1) -> bool:
         return False
     set_threads(max(1, int(threads)))
     return True
+
+
+def share_the_cores() -> None:
+    """One thread for torch's operations and for numpy's BLAS in this process, for a process that shares
+    the cores with others (the app's server); each left as the operator set it with ``OMP_NUM_THREADS``
+    (torch and OpenBLAS) or ``OPENBLAS_NUM_THREADS`` (OpenBLAS)."""
+    import torch
+
+    if not os.environ.get("OMP_NUM_THREADS", "").strip() and torch.get_num_threads() != 1:
+        torch.set_num_threads(1)  # for every thread of the process: torch passes it to each thread's first op
+    limit_numpy_blas(1)

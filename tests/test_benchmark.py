@@ -163,24 +163,24 @@ def test_the_methods_benchmark_runs_and_prints_every_line(capsys):
     assert "source 6 tokens, decoder input 6 tokens" in out
 
 
-def test_the_blas_benchmark_runs_and_ends_with_its_line(capsys, monkeypatch):
-    """bench_blas.py --quick: one thread against every core, alone and shared, and its last line."""
+def test_the_threads_benchmark_runs_and_ends_with_its_line(capsys, monkeypatch):
+    """bench_threads.py --quick: one thread against every core, alone and shared, and its last line."""
     from attnviz.threads import limit_numpy_blas, numpy_blas_threads
 
     if numpy_blas_threads() is None:
         pytest.skip("numpy here is not built on OpenBLAS")
-    import bench_blas
+    import bench_threads
 
     monkeypatch.delenv("OPENBLAS_NUM_THREADS", raising=False)
     monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
     try:
-        assert bench_blas.main(["--quick"]) == 0
+        assert bench_threads.main(["--quick"]) == 0
     finally:
-        limit_numpy_blas(1)  # the benchmark leaves every core to this process (conftest takes one)
+        limit_numpy_blas(1)  # the benchmark leaves every core to numpy in this process (conftest takes one)
     out = capsys.readouterr().out.strip().splitlines()
-    rows = [line.split() for line in out if line.startswith(("svd ", "matmul "))]
-    assert len(rows) == 2 * 2 * 2 and all(float(row[-1]) > 0 for row in rows)  # 2 works, 2 sizes, alone and shared
-    assert re.fullmatch(r"blas_shared_slowdown=\d+\.\d\d blas_alone_gain=\d+\.\d\d", out[-1]), out[-1]
+    rows = [line.split() for line in out if line.startswith(("svd ", "matmul ", "translate "))]
+    assert len(rows) == 2 * (2 * 2 + 1) and all(float(row[-1]) > 0 for row in rows)  # alone and shared: 2 x 2 + 1
+    assert re.fullmatch(r"threads_shared_slowdown=\d+\.\d\d threads_alone_gain=\d+\.\d\d", out[-1]), out[-1]
 
 
 def test_the_atlas_benchmark_runs_at_tiny_sizes_and_ends_with_its_line(capsys):

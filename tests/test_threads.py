@@ -1,4 +1,4 @@
-"""numpy's BLAS threads (attnviz.threads): what OpenBLAS itself reports, and which threads do the work."""
+"""Threads (attnviz.threads): what OpenBLAS and torch report, and which threads do the work."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from attnviz import jobs
-from attnviz.threads import limit_numpy_blas, numpy_blas_threads
+from attnviz.threads import limit_numpy_blas, numpy_blas_threads, share_the_cores
 
 pytestmark = pytest.mark.skipif(numpy_blas_threads() is None, reason="numpy here is not built on OpenBLAS")
 
@@ -28,7 +28,7 @@ def _in_a_fresh_process(code: str, **env: str) -> str:
 
 def test_openblas_reports_one_thread_after_the_limit_and_every_core_before():
     code = (
-        "from attnviz.threads import limit_numpy_blas, numpy_blas_threads\n"
+        "from attnviz.threads import limit_numpy_blas, numpy_blas_threads, share_the_cores\n"
         "before = numpy_blas_threads()\nchanged = limit_numpy_blas(1)\nprint(before, changed, numpy_blas_threads())"
     )
     before, changed, after = _in_a_fresh_process(code).split()
@@ -39,7 +39,7 @@ def test_openblas_reports_one_thread_after_the_limit_and_every_core_before():
 @pytest.mark.skipif((os.cpu_count() or 1) < 2, reason="OpenBLAS takes at most a thread per core")
 def test_the_operators_own_setting_is_left_alone():
     code = (
-        "from attnviz.threads import limit_numpy_blas, numpy_blas_threads\n"
+        "from attnviz.threads import limit_numpy_blas, numpy_blas_threads, share_the_cores\n"
         "print(limit_numpy_blas(1), numpy_blas_threads())"
     )
     assert _in_a_fresh_process(code, OPENBLAS_NUM_THREADS="2") == "False 2"
@@ -101,13 +101,37 @@ def test_a_worker_computes_on_the_threads_the_operator_gives_it(monkeypatch):
         limit_numpy_blas(1)
 
 
-def test_every_page_of_the_app_takes_one_blas_thread(fresh_streamlit_caches):
+def test_every_page_of_the_app_takes_one_thread_for_torch_and_numpy(fresh_streamlit_caches):
+    import torch
     from conftest import open_app
 
+    torch.set_num_threads(2)
     limit_numpy_blas(2)
     try:
         at = open_app()
         assert not at.exception
-        assert numpy_blas_threads() == 1
+        seen = []  # torch's setting as a new thread (the server's next run) finds it; this one keeps its own
+        later = threading.Thread(target=lambda: seen.append(torch.get_num_threads()))
+        later.start()
+        later.join()
+        assert (seen, numpy_blas_threads()) == ([1], 1)
     finally:
+        torch.set_num_threads(1)  # this process's setting (conftest)
+        limit_numpy_blas(1)
+
+
+def test_sharing_the_cores_leaves_the_operators_omp_setting_to_torch(monkeypatch):
+    import torch
+
+    torch.set_num_threads(2)
+    limit_numpy_blas(2)
+    try:
+        monkeypatch.setenv("OMP_NUM_THREADS", "2")
+        share_the_cores()
+        assert (torch.get_num_threads(), numpy_blas_threads()) == (2, 2)
+        monkeypatch.delenv("OMP_NUM_THREADS")
+        share_the_cores()
+        assert (torch.get_num_threads(), numpy_blas_threads()) == (1, 1)
+    finally:
+        torch.set_num_threads(1)
         limit_numpy_blas(1)

@@ -37,7 +37,7 @@ from attnviz.app.cache import clearest_head, computed, is_long, load_bundle
 from attnviz.app.links import footer
 from attnviz.app.session import Choices, sidebar
 from attnviz.app.widgets import guarded
-from attnviz.threads import limit_numpy_blas
+from attnviz.threads import share_the_cores
 
 
 @dataclass(frozen=True)
@@ -144,7 +144,7 @@ def frame(
     `Context.ready` where it needs the model.
     """
     page = page_of(body)
-    limit_numpy_blas(1)  # the server shares the cores with its sessions and workers (attnviz.threads); a C call
+    share_the_cores()  # one thread for torch and numpy: the server shares the cores with its workers (attnviz.threads)
     present.page_config(page.title if page.url_path else "", page.favicon)
     follow.start(page.url_path)  # before the sidebar: a follower's link is read before any widget
     choices = sidebar()
