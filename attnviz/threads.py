@@ -8,9 +8,8 @@ as on one thread. Measured with ``benchmarks/bench_threads.py`` on a 2-core AMD 
 of a (1024, 512) float64 matrix took 0.11 s on one thread, alone or beside a second process doing
 the same, and from 0.28 s to 10.5 s on two threads beside it (two runs); a greedy translation of a
 sentence by en-de took 7 ms on one thread either way, and over 600 ms on two where two processes
-translated without pause. Alone,
-the second thread made numpy's products up to 2x and SVDs up to 1.4x as fast, and the translation
-no faster.
+translated without pause. Alone, the second thread made numpy's products up to 2x and SVDs up to
+1.4x as fast, and the translation no faster.
 
 So the app's processes take one thread: the server (`share_the_cores`, from `attnviz.app.frame`)
 and each heavy-work worker (`attnviz.jobs`, ``ATTNVIZ_WORKER_THREADS``), unless the operator chose
