@@ -319,14 +319,11 @@ def main() -> None:
 def use_threads() -> int:
     """The threads this worker computes on, torch's and numpy's BLAS alike: ``ATTNVIZ_WORKER_THREADS``, 1 by
     default (the workers and the server share the cores: `attnviz.threads`). Returns the number."""
-    import torch
-
-    from attnviz.threads import limit_numpy_blas
+    from attnviz.threads import compute_on
 
     setting = os.environ.get("ATTNVIZ_WORKER_THREADS", "1")
     threads = max(1, int(setting)) if setting.isdigit() else 1
-    torch.set_num_threads(threads)
-    limit_numpy_blas(threads)
+    compute_on(threads)
     return threads
 
 

@@ -49,6 +49,7 @@ def _openblas() -> ctypes.CDLL | None:
     return None
 
 
+@cache
 def _function(names: tuple[str, ...]):
     library = _openblas()
     return next((getattr(library, name) for name in names if hasattr(library, name)), None) if library else None
@@ -75,12 +76,18 @@ def limit_numpy_blas(threads: int = 1) -> bool:
     return True
 
 
-def share_the_cores() -> None:
-    """One thread for torch's operations and for numpy's BLAS in this process, for a process that shares
-    the cores with others (the app's server); each left as the operator set it with ``OMP_NUM_THREADS``
-    (torch and OpenBLAS) or ``OPENBLAS_NUM_THREADS`` (OpenBLAS)."""
+def compute_on(threads: int) -> None:
+    """torch's operations and numpy's BLAS on ``threads`` threads each, in this process (numpy's BLAS left
+    as the operator set it: `limit_numpy_blas`). torch passes the number to each thread's first operation."""
     import torch
 
-    if not os.environ.get("OMP_NUM_THREADS", "").strip() and torch.get_num_threads() != 1:
-        torch.set_num_threads(1)  # for every thread of the process: torch passes it to each thread's first op
-    limit_numpy_blas(1)
+    torch.set_num_threads(threads)
+    limit_numpy_blas(threads)
+
+
+def share_the_cores() -> None:
+    """`compute_on` one thread, for a process that shares the cores with others (the app's server); nothing
+    where the operator set ``OMP_NUM_THREADS`` (torch and OpenBLAS read it), numpy's BLAS left alone where
+    they set ``OPENBLAS_NUM_THREADS``."""
+    if not os.environ.get("OMP_NUM_THREADS", "").strip():
+        compute_on(1)

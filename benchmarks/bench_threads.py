@@ -11,8 +11,9 @@ What it measures: the thin SVD of a (2n, n) float64 matrix (what the linearity p
 fits take, `attnviz.lessons.positional`) and the product of two (n, n) float64 matrices with numpy's
 OpenBLAS, and a greedy translation of one sentence by the shipped en-de model with torch (what the
 app's server runs for a short text), each the median of ``--repeats`` runs (the translation: of as
-many as fit in ``--seconds``, 2), on 1 thread and on every core (`attnviz.threads`). First one process alone
-("alone"), then one process per core doing the same work at the same time, all with the same setting
+many as fit in ``--seconds``, 2), on 1 thread and on every core (`attnviz.threads.compute_on`).
+First one process alone ("alone"), then one process per core doing the same work at the same time,
+all with the same setting
 ("shared": the app's server and its heavy-work workers under a class, or a test suite's workers and
 the servers they start); the figure is the median over the processes. The last line is exactly
 ``threads_shared_slowdown=<x> threads_alone_gain=<y>``: the most times as long any of the work takes
@@ -36,7 +37,9 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_forward import cpu_model  # noqa: E402
 
-from attnviz.threads import limit_numpy_blas, numpy_blas_threads  # noqa: E402
+from attnviz.threads import compute_on, numpy_blas_threads  # noqa: E402
+
+SENTENCE = "Thursday, July 2, 1998, at 3:45 PM: three thousand, four hundred and fifty-six."
 
 
 def timed(work, repeats: int) -> float:
@@ -48,16 +51,10 @@ def timed(work, repeats: int) -> float:
     return statistics.median(times)
 
 
-SENTENCE = "Thursday, July 2, 1998, at 3:45 PM: three thousand, four hundred and fifty-six."
-
-
 def measure(sizes: list[int], repeats: int, threads: int, seconds: float) -> dict[tuple[str, int], float]:
-    import torch
-
     import attnviz
 
-    torch.set_num_threads(threads)
-    limit_numpy_blas(threads)
+    compute_on(threads)
     rng = np.random.default_rng(0)
     out = {}
     for n in sizes:
@@ -103,11 +100,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.quick:
         args.sizes, args.repeats, args.seconds = [32, 64], 1, 0.2
     if args.child is not None:
-        print(
-            json.dumps(
-                {f"{w} {n}": t for (w, n), t in measure(args.sizes, args.repeats, args.child, args.seconds).items()}
-            )
-        )
+        figures = measure(args.sizes, args.repeats, args.child, args.seconds)
+        print(json.dumps({f"{work} {n}": seconds for (work, n), seconds in figures.items()}))
         return 0
     if any(os.environ.get(name) for name in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS")):
         parser.error("unset OPENBLAS_NUM_THREADS and OMP_NUM_THREADS: this benchmark sets the threads itself")

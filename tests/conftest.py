@@ -14,7 +14,7 @@ import torch.nn.functional as F
 from attnviz.export import AXES, AttentionExport
 from attnviz.kinds import causal_mask
 from attnviz.model import Transformer, TransformerConfig
-from attnviz.threads import limit_numpy_blas
+from attnviz.threads import compute_on
 from attnviz.tokenizer import train_sentencepiece
 from attnviz.training.data import get_task
 
@@ -30,10 +30,9 @@ os.environ.setdefault("ATTNVIZ_HEAVY_WARM", "0")
 
 # The tiny model gains nothing from intra-op threads, and on a machine whose cores are busy they
 # make each small op wait for a spinning peer (measured: 100x slower decoding on 2 busy cores).
-torch.set_num_threads(1)
 # numpy's BLAS likewise (attnviz.threads: SVDs up to 240x slower where processes share 2 cores); the servers
 # and workers the tests start take one thread themselves, as the app does.
-limit_numpy_blas(1)
+compute_on(1)
 
 TINY_VOCAB = 50
 FIRST_ORDINARY_ID = 4  # ids 0..3 are pad, bos, eos, unk in every attnviz vocabulary
