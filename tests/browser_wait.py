@@ -11,19 +11,28 @@ NOT_RUNNING = "[data-testid='stApp'][data-test-script-state='notRunning']"
 RUN_ENDS_S = 120  # a slow page on two busy cores
 QUIET_MS = 100  # two reads of the drawn page this far apart must agree
 
-# What the main area shows once drawn (None while a chart is still being drawn): the charts' titles
-# and where each chart, its plot areas and its legend sit, compared between two reads to tell that
-# the drawing and the layout have stopped (a chart first drawn at one width may be laid out again).
+# What the main area shows once drawn (None while a chart is still being drawn): the charts' titles,
+# margins and where each chart, its title, its plot areas and its legend sit, compared between two
+# reads to tell that the drawing and the layout have stopped (a chart first drawn at one width may be
+# laid out again). Plotly (3.x) also draws again on its own after the run, and says so while it waits:
+# for a font still loading (it measured its text in a stand-in font, and draws all again once the font
+# is in: ``_fontLoadToken``; the font comes from the app's server, slow when loaded) and while it
+# redraws for its automatic margins (``_replotting``, ``_redrawFromAutoMarginCount``).
 DRAWN = """() => {
     const main = document.querySelector("[data-testid='stMain']");
     if (!main || main.querySelector("[data-testid='stSkeleton']")) return null;
+    if (document.fonts && document.fonts.status !== 'loaded') return null;
     const charts = [...main.querySelectorAll("[data-testid='stPlotlyChart']")];
     if (charts.some(c => !c.querySelector('.js-plotly-plot .main-svg'))) return null;
+    const plots = [...main.querySelectorAll('.js-plotly-plot')];
+    const busy = p => p._fontLoadToken || (p._fullLayout || {})._replotting
+        || (p._fullLayout || {})._redrawFromAutoMarginCount;
+    if (plots.some(busy)) return null;
     const titles = [...document.querySelectorAll('.js-plotly-plot .gtitle')].map(t => t.textContent);
     const n = s => main.querySelectorAll(s).length;
     const at = el => { const b = el.getBoundingClientRect(); return [b.top, b.width, b.height].map(Math.round); };
-    const boxes = [...main.querySelectorAll('.js-plotly-plot')].map(
-        p => [at(p), ...[...p.querySelectorAll('.nsewdrag, .legend')].map(at)]);
+    const boxes = plots.map(p => [at(p), (p._fullLayout || {})._size,
+                                  ...[...p.querySelectorAll('.gtitle, .nsewdrag, .legend')].map(at)]);
     return JSON.stringify([titles, boxes, n("[data-testid='stDataFrame']"),
                            n("[data-testid='stTable']"), n("[data-testid='stVegaLiteChart']")]);
 }"""

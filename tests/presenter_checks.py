@@ -58,10 +58,15 @@ MEASURE = r"""([minPx, maxGap, pictureTitle]) => {
             const bottom = Math.max(...heads.map(b => b.bottom));
             const parts = [...plot.querySelectorAll(
                 '.nsewdrag, .xtick text, .x2tick text, [class*="xtitle"], .annotation, .legend, .colorbar')]
-                .filter(visible).map(box).filter(b => b.bottom > bottom);
+                .filter(visible).filter(el => box(el).bottom > bottom);
             if (parts.length) {
-                const gap = Math.min(...parts.map(b => b.top)) - bottom;
-                if (gap > maxGap) problems.push(`${name}: ${Math.round(gap)} px empty between the title and the plot`);
+                const first = parts.reduce((a, b) => box(b).top < box(a).top ? b : a);
+                const gap = box(first).top - bottom;
+                // what comes first under the band, and the margins plotly laid out: to tell a late redraw
+                const m = layout._size || {};
+                if (gap > maxGap) problems.push(`${name}: ${Math.round(gap)} px empty between the title and the plot`
+                    + ` (then ${first.getAttribute('class')}, ${Math.round(box(first).height)} px high;`
+                    + ` top margin ${m.t} px)`);
             }
         }
 

@@ -360,6 +360,45 @@ def test_presenter_mode_puts_each_pages_picture_on_a_readable_first_screen(serve
     assert not failures, f"{len(failures)} problems at {width}x{height}:\n" + "\n".join(failures)
 
 
+def test_a_page_is_not_read_while_a_font_loads_or_plotly_redraws(server, browser):
+    """browser_wait.settled waits for plotly's own late drawing: a font still loading (plotly draws all
+    again once it is in) and a chart busy with its margins; a page read before that showed a legend
+    laid out for one font in the room left for another (CI, once, a loaded machine)."""
+    from browser_wait import DRAWN
+
+    page = browser.new_page(viewport={"width": 1280, "height": 720})
+    try:
+        page.goto(f"{server}/formation?present=1")
+        settled(page, "formation")
+        assert page.evaluate(DRAWN) is not None
+        held = []
+        # the font's file, answered when the test says
+        page.route("**/held-font.woff2", lambda route: held.append(route))
+        page.evaluate(
+            "() => { const f = new FontFace('Held', 'url(/held-font.woff2)'); document.fonts.add(f);"
+            " f.load().catch(() => {}); }"
+        )
+        page.wait_for_function("() => document.fonts.status === 'loading'")
+        assert page.evaluate(DRAWN) is None, "a page read while a font loads"
+        for _ in range(500):  # the request reaches the route while the test waits on the page
+            if held:
+                break
+            page.wait_for_timeout(20)
+        assert held, "the font's request never came"
+        for route in held:
+            route.fulfill(status=404)
+        page.wait_for_function("() => document.fonts.status === 'loaded'")
+        assert page.evaluate(DRAWN) is not None
+        plot = "document.querySelector(\"[data-testid='stMain'] .js-plotly-plot\")"
+        for busy in ("_fontLoadToken", "_fullLayout._replotting", "_fullLayout._redrawFromAutoMarginCount"):
+            page.evaluate(f"() => {{ {plot}.{busy} = 1; }}")
+            assert page.evaluate(DRAWN) is None, f"a page read while a chart's {busy} is set"
+            page.evaluate(f"() => {{ delete {plot}.{busy}; }}")
+        assert page.evaluate(DRAWN) is not None
+    finally:
+        page.close()
+
+
 def _from_this_server(url: str) -> bool:
     """Whether a request stays on 127.0.0.1: an address there, or a blob made by a page from there
     (``blob:http://127.0.0.1:PORT/...``: Streamlit's components load their script that way)."""
