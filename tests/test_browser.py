@@ -367,8 +367,9 @@ def test_presenter_mode_puts_each_pages_picture_on_a_readable_first_screen(serve
 
 def test_a_page_is_not_read_while_a_font_loads_or_plotly_redraws(server, browser):
     """browser_wait.settled waits for plotly's own late drawing: a font still loading (plotly draws all
-    again once it is in) and a chart busy with its margins; a page read before that showed a legend
-    laid out for one font in the room left for another (CI, once, a loaded machine)."""
+    again once it is in) and a chart busy with its margins. A page read before that can show a legend
+    laid out in one font in the room left for another: the likely reading of a presenter check that
+    failed once in CI (a band of 56 px under a title, on a loaded machine; not reproduced here)."""
     from browser_wait import DRAWN
 
     page = browser.new_page(viewport={"width": 1280, "height": 720})
