@@ -25,13 +25,12 @@ DRAWN = """() => {
     const charts = [...main.querySelectorAll("[data-testid='stPlotlyChart']")];
     if (charts.some(c => !c.querySelector('.js-plotly-plot .main-svg'))) return null;
     const plots = [...main.querySelectorAll('.js-plotly-plot')];
-    const busy = p => p._fontLoadToken || (p._fullLayout || {})._replotting
-        || (p._fullLayout || {})._redrawFromAutoMarginCount;
-    if (plots.some(busy)) return null;
+    const full = p => p._fullLayout || {};
+    if (plots.some(p => p._fontLoadToken || full(p)._replotting || full(p)._redrawFromAutoMarginCount)) return null;
     const titles = [...document.querySelectorAll('.js-plotly-plot .gtitle')].map(t => t.textContent);
     const n = s => main.querySelectorAll(s).length;
     const at = el => { const b = el.getBoundingClientRect(); return [b.top, b.width, b.height].map(Math.round); };
-    const boxes = plots.map(p => [at(p), (p._fullLayout || {})._size,
+    const boxes = plots.map(p => [at(p), full(p)._size,
                                   ...[...p.querySelectorAll('.gtitle, .nsewdrag, .legend')].map(at)]);
     return JSON.stringify([titles, boxes, n("[data-testid='stDataFrame']"),
                            n("[data-testid='stTable']"), n("[data-testid='stVegaLiteChart']")]);

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from attnviz import jobs
-from attnviz.threads import limit_numpy_blas, numpy_blas_threads, share_the_cores
+from attnviz.threads import compute_on, limit_numpy_blas, numpy_blas_threads, share_the_cores
 
 pytestmark = pytest.mark.skipif(numpy_blas_threads() is None, reason="numpy here is not built on OpenBLAS")
 
@@ -28,7 +28,7 @@ def _in_a_fresh_process(code: str, **env: str) -> str:
 
 def test_openblas_reports_one_thread_after_the_limit_and_every_core_before():
     code = (
-        "from attnviz.threads import limit_numpy_blas, numpy_blas_threads, share_the_cores\n"
+        "from attnviz.threads import limit_numpy_blas, numpy_blas_threads\n"
         "before = numpy_blas_threads()\nchanged = limit_numpy_blas(1)\nprint(before, changed, numpy_blas_threads())"
     )
     before, changed, after = _in_a_fresh_process(code).split()
@@ -39,7 +39,7 @@ def test_openblas_reports_one_thread_after_the_limit_and_every_core_before():
 @pytest.mark.skipif((os.cpu_count() or 1) < 2, reason="OpenBLAS takes at most a thread per core")
 def test_the_operators_own_setting_is_left_alone():
     code = (
-        "from attnviz.threads import limit_numpy_blas, numpy_blas_threads, share_the_cores\n"
+        "from attnviz.threads import limit_numpy_blas, numpy_blas_threads\n"
         "print(limit_numpy_blas(1), numpy_blas_threads())"
     )
     assert _in_a_fresh_process(code, OPENBLAS_NUM_THREADS="2") == "False 2"
@@ -105,8 +105,7 @@ def test_every_page_of_the_app_takes_one_thread_for_torch_and_numpy(fresh_stream
     import torch
     from conftest import open_app
 
-    torch.set_num_threads(2)
-    limit_numpy_blas(2)
+    compute_on(2)
     try:
         at = open_app()
         assert not at.exception
@@ -116,15 +115,13 @@ def test_every_page_of_the_app_takes_one_thread_for_torch_and_numpy(fresh_stream
         later.join()
         assert (seen, numpy_blas_threads()) == ([1], 1)
     finally:
-        torch.set_num_threads(1)  # this process's setting (conftest)
-        limit_numpy_blas(1)
+        compute_on(1)  # this process's setting (conftest)
 
 
 def test_sharing_the_cores_leaves_the_operators_omp_setting_to_torch(monkeypatch):
     import torch
 
-    torch.set_num_threads(2)
-    limit_numpy_blas(2)
+    compute_on(2)
     try:
         monkeypatch.setenv("OMP_NUM_THREADS", "2")
         share_the_cores()
@@ -133,5 +130,4 @@ def test_sharing_the_cores_leaves_the_operators_omp_setting_to_torch(monkeypatch
         share_the_cores()
         assert (torch.get_num_threads(), numpy_blas_threads()) == (1, 1)
     finally:
-        torch.set_num_threads(1)
-        limit_numpy_blas(1)
+        compute_on(1)  # this process's setting (conftest)
