@@ -66,7 +66,9 @@ MEASURE = r"""([minPx, maxGap, pictureTitle]) => {
                 const m = layout._size || {};
                 if (gap > maxGap) problems.push(`${name}: ${Math.round(gap)} px empty between the title and the plot`
                     + ` (then ${first.getAttribute('class')}, ${Math.round(box(first).height)} px high;`
-                    + ` top margin ${m.t} px)`);
+                    + ` top margin ${m.t} px; chart top ${Math.round(chart.top)}, title ${Math.round(box(title).top)}`
+                    + `-${Math.round(bottom)}, ${first.getAttribute('class')} from ${Math.round(box(first).top)},`
+                    + ` plot area from ${Math.round(chart.top + (m.t || 0))}; fonts ${document.fonts.status})`);
             }
         }
 
