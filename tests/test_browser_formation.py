@@ -155,3 +155,31 @@ def test_play_shift_right_and_a_click_on_a_heads_line(server, browser, where, mo
         raise
     finally:
         page.context.close()
+
+
+# Every chart's legend that covers part of its plot area: (chart title, rows of it covered), none when all is well.
+LEGENDS_OVER_PLOTS = """() => [...document.querySelectorAll("[data-testid='stMain'] .js-plotly-plot")].flatMap(p => {
+    const legend = p.querySelector('.legend'), area = p.querySelector('.nsewdrag');
+    if (!legend || !area) return [];
+    const a = area.getBoundingClientRect(), l = legend.getBoundingClientRect();
+    const down = Math.min(a.bottom, l.bottom) - Math.max(a.top, l.top);
+    const across = Math.min(a.right, l.right) - Math.max(a.left, l.left);
+    return down > 2 && across > 2 ? [[(p.querySelector('.gtitle') || {}).textContent || '', Math.round(down)]] : [];
+})"""
+
+
+def test_no_legend_covers_its_plot_after_the_page_is_narrowed_and_widened(server, browser):
+    """The page drawn at one width, then at others, as when a sidebar folds away or a window is resized: each
+    chart's legend stays off its plot. With the legend in rows that wrap with the width, plotly left it where
+    the old count of rows had put it, 36 px over the plot of every head's statistic (a presenter check in CI
+    found the band it left under the title)."""
+    link = _link("shipped", "en-de", present=1)  # three kinds of attention and the chosen head: four entries
+    page = browser.new_context(viewport={"width": 900, "height": 720}).new_page()
+    try:
+        page.goto(f"{server}/formation?{link}")
+        for width in (900, 1280, 1100, 1280):
+            page.set_viewport_size({"width": width, "height": 720})
+            settled(page, f"formation at {width} px")
+            assert page.evaluate(LEGENDS_OVER_PLOTS) == [], f"at {width} px wide, after {page.url}"
+    finally:
+        page.context.close()

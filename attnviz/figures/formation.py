@@ -25,7 +25,14 @@ DROP_FILL = "rgba(255, 193, 7, 0.25)"  # the loss's drop: amber, under the lines
 # A head's line takes its site's colour; the chosen head is drawn last, thick and red.
 SITE_COLORS = {"encoder": "#1f77b4", "decoder": "#2ca02c", "cross": "#9467bd"}
 LINE_OPACITY = 0.55
-CHART_HEIGHT = 380
+CHART_HEIGHT = 380  # with a legend of one entry; each further entry adds a row (LEGEND_ROW_PX)
+# The legend stands above the plot, one entry a row. Rows that wrap with the width (a horizontal
+# legend) change in number when the page is resized, and plotly.js (3.x, Streamlit's bundle) then
+# left the legend where the old count had put it, over the plot's top by a row (36 px at the room's
+# size, on a page first drawn narrower than it ends up; tests/test_browser_formation.py narrows and
+# widens the page to check). A row at the figures' own 12 px text: 116 px for four, in chromium.
+LEGEND_ROW_PX = 29
+TITLE_PAD = {"t": 10, "b": 10}
 MARGIN = {"l": 60, "r": 20, "t": 60, "b": 50}
 
 
@@ -47,13 +54,16 @@ def _mark(fig: go.Figure, step: int | None, **where) -> None:
 
 
 def _layout(fig: go.Figure, title: str, y_title: str) -> go.Figure:
+    entries = sum(trace.showlegend is not False for trace in fig.data) if len(fig.data) > 1 else 0
     fig.update_layout(
-        title={"text": title},
-        height=CHART_HEIGHT,
-        margin=MARGIN,
+        # the title at the top, and the legend under it: the title's automargin stacks the legend below
+        # it, where a fixed top margin let a legend of a few rows climb over the title
+        title={"text": title, "automargin": True, "yref": "container", "y": 1.0, "yanchor": "top", "pad": TITLE_PAD},
+        height=CHART_HEIGHT + LEGEND_ROW_PX * max(entries - 1, 0),  # the plot keeps its height
+        margin={**MARGIN, "t": TITLE_PAD["t"]},
         plot_bgcolor="white",
         hovermode="closest",
-        legend={"orientation": "h", "yanchor": "bottom", "y": 1.0, "xanchor": "right", "x": 1.0},
+        legend={"orientation": "v", "yanchor": "bottom", "y": 1.0, "xanchor": "right", "x": 1.0},
     )
     fig.update_xaxes(title_text=STEP_AXIS, tickfont=TICK_FONT, gridcolor="#e6e6e6", zeroline=False)
     fig.update_yaxes(title_text=y_title, tickfont=TICK_FONT, gridcolor="#e6e6e6", zeroline=False)
@@ -181,6 +191,8 @@ def phase_change_figure(
     fig = _layout(fig, f"The phase change: the loss drops (shaded, steps {drop[0]}-{drop[1]})", "")
     fig.update_yaxes(title_text=loss_name, secondary_y=False)
     fig.update_yaxes(title_text="score", range=[0, 1.02], secondary_y=True, showgrid=False)
-    fig.update_layout(margin={**MARGIN, "r": 60}, legend={"y": -0.25, "yanchor": "top", "x": 0, "xanchor": "left"})
+    # under the plot, hung from its top: rows that change in number with the width move nothing else
+    legend = {"orientation": "h", "y": -0.25, "yanchor": "top", "x": 0, "xanchor": "left"}
+    fig.update_layout(margin={**MARGIN, "r": 60}, legend=legend)
     fig.update_layout(height=CHART_HEIGHT + 60)
     return fig
