@@ -157,7 +157,7 @@ def test_play_shift_right_and_a_click_on_a_heads_line(server, browser, where, mo
         page.context.close()
 
 
-# Every chart's legend that covers part of its plot area: (chart title, rows of it covered), none when all is well.
+# Every chart's legend that covers part of its plot area: (chart title, pixels of it covered), none when all is well.
 LEGENDS_OVER_PLOTS = """() => [...document.querySelectorAll("[data-testid='stMain'] .js-plotly-plot")].flatMap(p => {
     const legend = p.querySelector('.legend'), area = p.querySelector('.nsewdrag');
     if (!legend || !area) return [];
