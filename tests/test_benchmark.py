@@ -249,6 +249,9 @@ def test_the_render_benchmark_runs_end_to_end(capsys):
     assert "Xeon" in out or "EPYC" in out or "cores" in out
     rows = [line.split() for line in out.splitlines() if line.strip().startswith(("one head,", "grid 6 x 12"))]
     assert len(rows) == 2 and all(row.count("PASS") + row.count("MISS") == 2 for row in rows)
+    # the long text, tile by tile: its first picture (bytes and seconds) and a dragged box's zoom were measured
+    tiles = [line.split() for line in out.splitlines() if line.strip().startswith(("first picture", "zoom: a box"))]
+    assert [row.count("PASS") + row.count("MISS") for row in tiles] == [2, 1], out
     for name in ("plotly heatmap", "plotly Image trace", "bare canvas component"):
         row = next(line for line in out.splitlines() if name in line).split()
         assert float(row[-2]) > 0 and float(row[-1]) > 0, "bytes and seconds were measured"
