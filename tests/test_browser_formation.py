@@ -157,29 +157,41 @@ def test_play_shift_right_and_a_click_on_a_heads_line(server, browser, where, mo
         page.context.close()
 
 
-# Every chart's legend that covers part of its plot area: (chart title, pixels of it covered), none when all is well.
+# Every chart's legend that covers part of its plot area, its x axis's tick labels or its title: (chart title,
+# what is covered, by how many pixels), none when all is well.
 LEGENDS_OVER_PLOTS = """() => [...document.querySelectorAll("[data-testid='stMain'] .js-plotly-plot")].flatMap(p => {
-    const legend = p.querySelector('.legend'), area = p.querySelector('.nsewdrag');
-    if (!legend || !area) return [];
-    const a = area.getBoundingClientRect(), l = legend.getBoundingClientRect();
-    const down = Math.min(a.bottom, l.bottom) - Math.max(a.top, l.top);
-    const across = Math.min(a.right, l.right) - Math.max(a.left, l.left);
-    return down > 2 && across > 2 ? [[(p.querySelector('.gtitle') || {}).textContent || '', Math.round(down)]] : [];
+    const legend = p.querySelector('.legend');
+    if (!legend) return [];
+    const l = legend.getBoundingClientRect(), name = (p.querySelector('.gtitle') || {}).textContent || '';
+    const parts = [['plot', p.querySelector('.nsewdrag')], ['x title', p.querySelector('.g-xtitle')],
+                   ...[...p.querySelectorAll('.xtick text')].map(t => ['x tick ' + t.textContent, t])];
+    return parts.filter(([, el]) => el).flatMap(([what, el]) => {
+        const a = el.getBoundingClientRect();
+        const down = Math.min(a.bottom, l.bottom) - Math.max(a.top, l.top);
+        const across = Math.min(a.right, l.right) - Math.max(a.left, l.left);
+        return down > 2 && across > 2 ? [[name, what, Math.round(down)]] : [];
+    });
 })"""
+# The pages whose charts have legends, as a room sees them: (page, link). Formation: en-de's history, three
+# kinds of attention and the chosen head, four entries; linearity: four long entries under the plot.
+LEGEND_PAGES = [("formation", "model=en-de&present=1"), ("linearity", "present=1")]
 
 
-def test_no_legend_covers_its_plot_after_the_page_is_narrowed_and_widened(server, browser):
+@pytest.mark.parametrize(("path", "link"), LEGEND_PAGES, ids=[p for p, _ in LEGEND_PAGES])
+def test_no_legend_covers_its_chart_after_the_page_is_narrowed_and_widened(server, browser, path, link):
     """The page drawn at one width, then at others, as when a sidebar folds away or a window is resized: each
-    chart's legend stays off its plot. With the legend in rows that wrap with the width, plotly left it where
-    the old count of rows had put it, 36 px over the plot of every head's statistic (a presenter check in CI
-    found the band it left under the title)."""
-    link = _link("shipped", "en-de", present=1)  # three kinds of attention and the chosen head: four entries
+    chart's legend stays off its plot and its x axis. With a legend in rows that wrap with the width, hung by
+    its bottom, plotly left it where the old count of rows had put it: 36 px over the plot of every head's
+    statistic (a presenter check in CI found the band it left under the title), over the tick labels of the
+    angle addition; a legend placed in the plot's own units under it sat on the axis title at any width."""
+    if path == "formation":
+        _link("shipped", "en-de")  # skips where en-de ships no history
     page = browser.new_context(viewport={"width": 900, "height": 720}).new_page()
     try:
-        page.goto(f"{server}/formation?{link}")
+        page.goto(f"{server}/{path}?{link}")
         for width in (900, 1280, 1100, 1280):
             page.set_viewport_size({"width": width, "height": 720})
-            settled(page, f"formation at {width} px")
+            settled(page, f"{path} at {width} px")
             assert page.evaluate(LEGENDS_OVER_PLOTS) == [], f"at {width} px wide, after {page.url}"
     finally:
         page.context.close()

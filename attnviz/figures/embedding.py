@@ -89,7 +89,8 @@ def qk_scatter(
         height=620,
         margin={"l": 40, "r": 40, "t": 110, "b": 10},
         font=TICK_FONT,
-        legend={"orientation": "h", "y": -0.05},
+        # at the foot of the figure, under the axis title: a legend placed in the plot's units sat on it
+        legend={"orientation": "h", "yref": "container", "y": 0, "yanchor": "bottom", "x": 0, "xanchor": "left"},
         plot_bgcolor="white",
     )
     low, high = embedding.points.min(axis=0), embedding.points.max(axis=0)

@@ -356,7 +356,8 @@ def angle_addition_chart(pos: np.ndarray, sin_lhs, sin_rhs, cos_lhs, cos_rhs, i:
         title=f"Angle addition for pair i = {i}: lines are the left sides, circles the right sides",
         height=400,
         margin=MARGIN,
-        legend={"orientation": "h", "y": -0.2},
+        # at the foot of the figure, under the axis title: a legend placed in the plot's units sat on it
+        legend={"orientation": "h", "yref": "container", "y": 0, "yanchor": "bottom", "x": 0, "xanchor": "left"},
     )
     fig.update_xaxes(title="position pos")
     fig.update_yaxes(title="value", range=[-1.1, 1.1])

@@ -196,7 +196,8 @@ def head_cost_bars(df: pd.DataFrame) -> go.Figure:
         title="One self-attention layer: narrow against wide heads",
         barmode="group",
         margin=MARGIN,
-        legend={"orientation": "h", "y": -0.25},
+        # at the foot of the figure, under the axis title: a legend placed in the plot's units sat on it
+        legend={"orientation": "h", "yref": "container", "y": 0, "yanchor": "bottom", "x": 0, "xanchor": "left"},
     )
     fig.update_xaxes(title="what is counted")
     fig.update_yaxes(title="count (log scale)", type="log")
