@@ -30,6 +30,10 @@ TICK_FONT = {"size": 14, "color": "#1a1a1a"}  # token labels: dark, and larger t
 # figures' top margin is sized for that, so a title never meets them).
 KEY_ANGLES = [0, -60]
 TITLE_PX, SUBTITLE_PX, AXIS_TITLE_PX = 44, 22, 28  # the bands a title, its subtitle and an axis title take
+# A legend under a chart: at the figure's foot, which plotly lays out under the axis title at any
+# width. One placed in the plot's own units (y = -0.2) sat on the axis title, and, hung by its bottom,
+# moved onto the tick labels when a resize changed its rows (tests/test_browser_formation.py).
+FOOT_LEGEND = {"orientation": "h", "yref": "container", "y": 0, "yanchor": "bottom", "x": 0, "xanchor": "left"}
 
 # A phone's layout (``narrow``: a window under about 640 px, about 330 to 400 px for the figure).
 # Token labels are cut to a few characters (the whole label stays on hover) so that the map keeps

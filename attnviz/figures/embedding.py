@@ -7,7 +7,7 @@ from collections.abc import Sequence
 import numpy as np
 import plotly.graph_objects as go
 
-from attnviz.figures.common import TICK_FONT, check_tokens, kind_titles, label_text, plotly_labels
+from attnviz.figures.common import FOOT_LEGEND, TICK_FONT, check_tokens, kind_titles, label_text, plotly_labels
 from attnviz.qk import QKEmbedding
 
 COLOUR_BY = {"position": "position in the sentence", "role": "query or key"}
@@ -89,8 +89,7 @@ def qk_scatter(
         height=620,
         margin={"l": 40, "r": 40, "t": 110, "b": 10},
         font=TICK_FONT,
-        # at the foot of the figure, under the axis title: a legend placed in the plot's units sat on it
-        legend={"orientation": "h", "yref": "container", "y": 0, "yanchor": "bottom", "x": 0, "xanchor": "left"},
+        legend=FOOT_LEGEND,
         plot_bgcolor="white",
     )
     low, high = embedding.points.min(axis=0), embedding.points.max(axis=0)

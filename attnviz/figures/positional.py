@@ -17,6 +17,8 @@ import plotly.graph_objects as go
 from plotly.colors import qualitative
 from plotly.subplots import make_subplots
 
+from attnviz.figures.common import FOOT_LEGEND
+
 MAX_CELLS = 65536  # about 0.35 MB of float32 per heatmap in the page (shared/FACTS.md)
 LOG_FLOOR = 1e-17  # where an exact zero is drawn on a log axis
 DIVERGING = "RdBu_r"  # negative blue, 0 white, positive red
@@ -356,8 +358,7 @@ def angle_addition_chart(pos: np.ndarray, sin_lhs, sin_rhs, cos_lhs, cos_rhs, i:
         title=f"Angle addition for pair i = {i}: lines are the left sides, circles the right sides",
         height=400,
         margin=MARGIN,
-        # at the foot of the figure, under the axis title: a legend placed in the plot's units sat on it
-        legend={"orientation": "h", "yref": "container", "y": 0, "yanchor": "bottom", "x": 0, "xanchor": "left"},
+        legend=FOOT_LEGEND,
     )
     fig.update_xaxes(title="position pos")
     fig.update_yaxes(title="value", range=[-1.1, 1.1])

@@ -15,7 +15,7 @@ import pandas as pd
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
-from attnviz.figures.common import HIGHLIGHT, MASKED_GREY, WEIGHT_COLORSCALE, plotly_labels
+from attnviz.figures.common import FOOT_LEGEND, HIGHLIGHT, MASKED_GREY, WEIGHT_COLORSCALE, plotly_labels
 
 ALLOWED_BLUE = "#2171b5"
 SCALED, UNSCALED = "#2171b5", HIGHLIGHT  # with and without 1/sqrt(d_k), the same on every chart
@@ -196,8 +196,7 @@ def head_cost_bars(df: pd.DataFrame) -> go.Figure:
         title="One self-attention layer: narrow against wide heads",
         barmode="group",
         margin=MARGIN,
-        # at the foot of the figure, under the axis title: a legend placed in the plot's units sat on it
-        legend={"orientation": "h", "yref": "container", "y": 0, "yanchor": "bottom", "x": 0, "xanchor": "left"},
+        legend=FOOT_LEGEND,
     )
     fig.update_xaxes(title="what is counted")
     fig.update_yaxes(title="count (log scale)", type="log")
