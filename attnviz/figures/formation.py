@@ -16,7 +16,7 @@ import numpy as np
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
-from attnviz.figures.common import HIGHLIGHT, TICK_FONT
+from attnviz.figures.common import FOOT_LEGEND, HIGHLIGHT, TICK_FONT
 from attnviz.kinds import TITLES
 
 STEP_AXIS = "training step"
@@ -191,8 +191,6 @@ def phase_change_figure(
     fig = _layout(fig, f"The phase change: the loss drops (shaded, steps {drop[0]}-{drop[1]})", "")
     fig.update_yaxes(title_text=loss_name, secondary_y=False)
     fig.update_yaxes(title_text="score", range=[0, 1.02], secondary_y=True, showgrid=False)
-    # under the plot, hung from its top: rows that change in number with the width move nothing else
-    legend = {"orientation": "h", "y": -0.25, "yanchor": "top", "x": 0, "xanchor": "left"}
-    fig.update_layout(margin={**MARGIN, "r": 60}, legend=legend)
+    fig.update_layout(margin={**MARGIN, "r": 60}, legend=FOOT_LEGEND)  # under the axis title, not on it
     fig.update_layout(height=CHART_HEIGHT + 60)
     return fig
