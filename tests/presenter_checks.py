@@ -72,6 +72,17 @@ MEASURE = r"""([minPx, maxGap, pictureTitle]) => {
             }
         }
 
+        // the legend off the plot area and the x axis's labels and title
+        const legend = plot.querySelector('.legend');
+        if (legend && visible(legend)) {
+            const covered = [['the plot', plot.querySelector('.nsewdrag')],
+                             ['the x title', plot.querySelector('.g-xtitle')],
+                             ...[...plot.querySelectorAll('.xtick text')].map(t => [`x label ${shown(t)}`, t])];
+            for (const [what, el] of covered)
+                if (el && visible(el) && overlap(box(legend), box(el), 2))
+                    problems.push(`${name}: the legend covers ${what}`);
+        }
+
         // a colour bar's tick labels: each apart from the next
         for (const bar of plot.querySelectorAll('.colorbar')) {
             const labels = [...bar.querySelectorAll('.cbaxis text')].filter(t => visible(t) && t.textContent.trim());
