@@ -1,8 +1,9 @@
 """Follow the teacher (issue 34) as people do it, in chromium: a presenter and a follower, two browser contexts.
 
 The presenter opens a room, the follower opens its link; the presenter steps through decoding and
-the walkthrough and points at a cell, and the follower's page shows each within `BOUND_S` (the
-issue asks for 1 s; the wait allows for two busy cores); the follower explores on its own and comes
+the walkthrough and points at a cell, and the follower's page shows each (waited for up to `BOUND_S`;
+the issue's 1 s is measured by `benchmarks/bench_class.py --follow`, not here: a timed bound of 3 s
+failed once with the cores busier than the suite makes them); the follower explores on its own and comes
 back; a forged "drive" from the follower's page, and a tab that forges a kept room, change nothing in
 the room; the presenter's reload keeps presenting it. One server, its rooms in a SQLite store of the
 test's own (test_rooms.py checks the stores themselves, across processes); then two servers, as two
@@ -25,7 +26,7 @@ from attnviz.app import rooms
 
 pytestmark = pytest.mark.slow  # a server and two browsers: about a minute
 
-BOUND_S = 3.0  # how long a follower may take to show a change here (the target is 1 s: see bench_class --follow)
+BOUND_S = 20.0  # how long the test waits for a follower to show a change (its speed: bench_class --follow)
 VIEWPORT = {"width": 1400, "height": 1000}
 APP = "[data-testid='stApp']"
 CONNECTED = f"{APP}[data-test-connection-state='CONNECTED']"  # the page's websocket is up
