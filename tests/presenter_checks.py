@@ -18,6 +18,22 @@ PICTURE = (
     "[data-testid='stMain'] [data-testid='stTable']"
 )
 
+# What a plotly chart's legend covers of the chart (``plot``, its .js-plotly-plot element): [what, pixels]
+# for its plot area, each x tick label and the x title, where they overlap by more than 2 px each way.
+LEGEND_COVERS = r"""plot => {
+    const legend = plot.querySelector('.legend');
+    if (!legend) return [];
+    const l = legend.getBoundingClientRect();
+    const parts = [['the plot', plot.querySelector('.nsewdrag')], ['the x title', plot.querySelector('.g-xtitle')],
+                   ...[...plot.querySelectorAll('.xtick text')].map(t => [`x label ${t.textContent.trim()}`, t])];
+    return parts.filter(([, el]) => el).flatMap(([what, el]) => {
+        const a = el.getBoundingClientRect();
+        const down = Math.min(a.bottom, l.bottom) - Math.max(a.top, l.top);
+        const across = Math.min(a.right, l.right) - Math.max(a.left, l.left);
+        return down > 2 && across > 2 ? [[what, Math.round(down)]] : [];
+    });
+}"""
+
 # One drawn page, measured: {"picture": the main picture's box and name or null, "problems": [...]}.
 # ``picture_title`` (a piece of the main picture's title) picks the picture where it is not the first.
 MEASURE = r"""([minPx, maxGap, pictureTitle]) => {
@@ -73,15 +89,7 @@ MEASURE = r"""([minPx, maxGap, pictureTitle]) => {
         }
 
         // the legend off the plot area and the x axis's labels and title
-        const legend = plot.querySelector('.legend');
-        if (legend && visible(legend)) {
-            const covered = [['the plot', plot.querySelector('.nsewdrag')],
-                             ['the x title', plot.querySelector('.g-xtitle')],
-                             ...[...plot.querySelectorAll('.xtick text')].map(t => [`x label ${shown(t)}`, t])];
-            for (const [what, el] of covered)
-                if (el && visible(el) && overlap(box(legend), box(el), 2))
-                    problems.push(`${name}: the legend covers ${what}`);
-        }
+        for (const [what] of (%LEGEND_COVERS%)(plot)) problems.push(`${name}: the legend covers ${what}`);
 
         // a colour bar's tick labels: each apart from the next
         for (const bar of plot.querySelectorAll('.colorbar')) {
@@ -183,7 +191,7 @@ MEASURE = r"""([minPx, maxGap, pictureTitle]) => {
                           name: (picture.querySelector('.gtitle') || {}).textContent || picture.dataset.testid},
         problems,
     };
-}""".replace("%PICTURE%", repr(PICTURE))
+}""".replace("%PICTURE%", repr(PICTURE)).replace("%LEGEND_COVERS%", LEGEND_COVERS)
 
 # The pages whose tabs (or the walkthrough's stages) are stepped through with Shift+Right, as a presenter
 # does (their "Next tab" or "Next" button), whatever the links write for a tab or a stage.

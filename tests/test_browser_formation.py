@@ -11,6 +11,7 @@ from __future__ import annotations
 import os
 from urllib.parse import urlencode
 
+import presenter_checks
 import pytest
 from browser_wait import settled
 from formation_histories import STEPS, write_history
@@ -159,19 +160,9 @@ def test_play_shift_right_and_a_click_on_a_heads_line(server, browser, where, mo
 
 # Every chart's legend that covers part of its plot area, its x axis's tick labels or its title: (chart title,
 # what is covered, by how many pixels), none when all is well.
-LEGENDS_OVER_PLOTS = """() => [...document.querySelectorAll("[data-testid='stMain'] .js-plotly-plot")].flatMap(p => {
-    const legend = p.querySelector('.legend');
-    if (!legend) return [];
-    const l = legend.getBoundingClientRect(), name = (p.querySelector('.gtitle') || {}).textContent || '';
-    const parts = [['plot', p.querySelector('.nsewdrag')], ['x title', p.querySelector('.g-xtitle')],
-                   ...[...p.querySelectorAll('.xtick text')].map(t => ['x tick ' + t.textContent, t])];
-    return parts.filter(([, el]) => el).flatMap(([what, el]) => {
-        const a = el.getBoundingClientRect();
-        const down = Math.min(a.bottom, l.bottom) - Math.max(a.top, l.top);
-        const across = Math.min(a.right, l.right) - Math.max(a.left, l.left);
-        return down > 2 && across > 2 ? [[name, what, Math.round(down)]] : [];
-    });
-})"""
+LEGENDS_OVER_PLOTS = """() => [...document.querySelectorAll("[data-testid='stMain'] .js-plotly-plot")].flatMap(p =>
+    (%LEGEND_COVERS%)(p).map(([what, px]) => [(p.querySelector('.gtitle') || {}).textContent || '', what, px]))
+""".replace("%LEGEND_COVERS%", presenter_checks.LEGEND_COVERS)
 # The pages whose charts have legends, as a room sees them: (page, link, the shipped history it needs). Formation
 # with en-de: three kinds of attention and the chosen head, four entries above the plot; with induction: the
 # phase change's three under it; linearity: four long entries under the plot.
