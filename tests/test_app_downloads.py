@@ -171,6 +171,7 @@ def test_the_methods_page_keeps_no_maps(buttons):
     assert reached_array_bytes(list(state.values())) == 0, "a bound widget's format_func holds maps"
 
 
+@pytest.mark.slow  # two seconds or more on a 2-core AMD EPYC with AVX2 only
 @pytest.mark.usefixtures("fresh_streamlit_caches")
 def test_the_walkthroughs_full_tensors_are_built_on_a_click_from_keys(buttons):
     at = open_app("pages/walkthrough.py")
@@ -183,6 +184,7 @@ def test_the_walkthroughs_full_tensors_are_built_on_a_click_from_keys(buttons):
     assert list(frame.columns)[-1] == "value" and len(frame) > 1
 
 
+@pytest.mark.slow  # two seconds or more on a 2-core AMD EPYC with AVX2 only
 @pytest.mark.usefixtures("fresh_streamlit_caches")
 def test_a_download_over_the_limit_is_refused_before_it_is_built(monkeypatch, buttons):
     monkeypatch.setenv("ATTNVIZ_MAX_EXPORT_MB", "0.001")  # about 1 KB: every file of the page is larger

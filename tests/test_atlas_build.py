@@ -491,6 +491,7 @@ def test_a_folder_of_an_attnviz_that_read_the_corpus_whole_is_one_clear_line(bun
 # A corpus read in chunks
 
 
+@pytest.mark.slow  # two seconds or more on a 2-core AMD EPYC with AVX2 only
 def test_a_corpus_read_in_chunks_gives_the_atlas_of_the_whole_and_resumes(bundle, corpus, tmp_path, monkeypatch):
     import attnviz.atlas.corpus as corpus_module
 

@@ -114,6 +114,7 @@ def test_a_session_arriving_while_a_result_is_measured_neither_makes_it_again_no
     assert len(cache) == 1 and cache.total == MB, "the result's bytes are counted once"
 
 
+@pytest.mark.slow  # two seconds or more on a 2-core AMD EPYC with AVX2 only
 def test_distinct_long_inputs_one_after_another_stay_under_the_operators_budget(monkeypatch):
     """The app's own cache, with 12 distinct inputs (about 50 kB of maps each) under a 0.2 MB budget."""
     from attnviz.app import cache

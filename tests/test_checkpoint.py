@@ -318,6 +318,7 @@ print(sorted({m for m in ("torch._dynamo", "sympy") if m in sys.modules} - befor
 """
 
 
+@pytest.mark.slow  # two seconds or more on a 2-core AMD EPYC with AVX2 only
 def test_checking_a_configs_shapes_imports_neither_dynamo_nor_sympy():
     """The meta model a loader builds to check a file's shapes runs no op that pulls in torch._dynamo or sympy.
 

@@ -95,6 +95,7 @@ def test_greedy_steps_equal_rows_of_a_teacher_forced_forward(model, sources):
         _assert_steps_match_teacher_forcing(model, src, decoding.steps)
 
 
+@pytest.mark.slow  # two seconds or more on a 2-core AMD EPYC with AVX2 only
 def test_beam_steps_equal_rows_of_a_teacher_forced_forward(model, sources):
     # Beam search reorders the cache between steps; the followed hypothesis must get its own rows.
     for src in sources[:4]:

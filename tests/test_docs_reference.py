@@ -151,6 +151,7 @@ def _resolves(package: griffe.Module, path: str) -> bool:
     return True
 
 
+@pytest.mark.slow  # two seconds or more on a 2-core AMD EPYC with AVX2 only
 def test_cross_references_name_real_objects():
     """Every autorefs link in a docstring names an object of attnviz that exists.
 

@@ -268,6 +268,7 @@ def test_clickable_gives_every_click_inside_a_cell_that_cell():
     assert follow.clickable(image) is image, "a map drawn as an image (a long text) is left as it is"
 
 
+@pytest.mark.slow  # two seconds or more on a 2-core AMD EPYC with AVX2 only
 def test_a_redis_that_goes_away_tells_followers_and_the_presenter_keeps_presenting(monkeypatch, tmp_path):
     """Rooms in a real Redis (ATTNVIZ_ROOMS_URL): it hangs, comes back, then goes away for good."""
     import signal

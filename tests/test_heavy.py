@@ -305,6 +305,7 @@ def test_short_inputs_run_in_place_and_long_ones_go_through_the_queue(pool, fres
     assert queued == ["attention", "decoding"]
 
 
+@pytest.mark.slow  # two seconds or more on a 2-core AMD EPYC with AVX2 only
 def test_a_text_over_the_operator_s_token_bound_is_refused_before_any_work(pool, fresh_streamlit_caches):
     pool.setenv("ATTNVIZ_MAX_TOKENS", "20")
     at = open_app("pages/explorer.py")

@@ -150,6 +150,7 @@ def _refused(folder: Path, key: str, capsys) -> str:
     return message
 
 
+@pytest.mark.slow  # two seconds or more on a 2-core AMD EPYC with AVX2 only
 def test_the_unedited_folders_load(folders):
     for folder in folders.values():
         assert load_checkpoint(folder, "cpu").config.decoder_only

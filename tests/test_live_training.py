@@ -125,6 +125,7 @@ def test_a_run_whose_visitor_stops_beating_is_stopped_its_folder_deleted_and_its
     assert live_runs.slots().running() == []
 
 
+@pytest.mark.slow  # two seconds or more on a 2-core AMD EPYC with AVX2 only
 def test_a_late_beat_from_a_connected_tab_is_no_leaving_and_a_long_silence_is(stand_in, monkeypatch):
     """A busy server runs the page's fragment late: while the tab is connected, a run waits for its beats up to
     `LEFT_PAGE_S`; once the tab is gone, `left_after` is enough."""

@@ -107,6 +107,7 @@ def test_an_atlas_folder_opens_and_a_head_shows_its_sentences(atlas_root):
     assert "Line 3: Thursday, July 2, 1998" in captions or "Line 1: twenty-one" in captions
 
 
+@pytest.mark.slow  # two seconds or more on a 2-core AMD EPYC with AVX2 only
 def test_an_atlas_of_another_model_shows_its_table_and_says_which_model(atlas_root):
     at = open_app(PAGE)
     at.radio(key="at_source").set_value("folder").run()

@@ -133,6 +133,7 @@ def test_linearity_every_control():
     assert at.slider(key="lin_k").value == 31
 
 
+@pytest.mark.slow  # two seconds or more on a 2-core AMD EPYC with AVX2 only
 def test_linearity_float32_angles_at_large_positions_break_the_shift():
     at = open_app(LINEARITY)
     at.radio(key="lin_precision").set_value("float64").run()
@@ -154,6 +155,7 @@ def test_pages_with_the_reverse_model(page):
     assert "reverse (sinusoidal)" in chart_names(at)
 
 
+@pytest.mark.slow  # two seconds or more on a 2-core AMD EPYC with AVX2 only
 def test_positional_with_learned_and_without_positions(tiny_checkpoints):
     at = open_app(POSITIONAL)
     use_checkpoint(at, tiny_checkpoints["learned"])
@@ -167,6 +169,7 @@ def test_positional_with_learned_and_without_positions(tiny_checkpoints):
     assert len(at.get("plotly_chart")) >= 5, "the sinusoid sections still show"
 
 
+@pytest.mark.slow  # two seconds or more on a 2-core AMD EPYC with AVX2 only
 def test_linearity_with_learned_and_without_positions(tiny_checkpoints):
     at = open_app(LINEARITY)
     use_checkpoint(at, tiny_checkpoints["learned"])

@@ -482,6 +482,7 @@ def test_a_redis_that_goes_away_gives_one_line_quickly(tmp_path):
         server.stop()
 
 
+@pytest.mark.slow  # two seconds or more on a 2-core AMD EPYC with AVX2 only
 def test_a_redis_that_hangs_gives_one_line_quickly_and_comes_back(tmp_path):
     server = RedisServer(tmp_path / "redis")
     try:

@@ -57,6 +57,7 @@ def _cpu_ticks_by_thread() -> dict[int, int]:
     return ticks
 
 
+@pytest.mark.slow  # two seconds or more on a 2-core AMD EPYC with AVX2 only
 @pytest.mark.skipif(not Path("/proc/self/task").is_dir() or (os.cpu_count() or 1) < 2, reason="needs Linux, 2 cores")
 def test_with_the_limit_an_svd_runs_on_the_calling_thread_alone():
     """An independent look from /proc: during SVDs on one BLAS thread no other thread gains CPU time; allowed

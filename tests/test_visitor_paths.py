@@ -104,6 +104,7 @@ def test_a_relative_path_from_a_working_folder_inside_a_root_opens(roots):
     assert visitor_path("models/m1") == (root / "models" / "m1").resolve(), "under the root itself"
 
 
+@pytest.mark.slow  # two seconds or more on a 2-core AMD EPYC with AVX2 only
 @pytest.mark.usefixtures("fresh_streamlit_caches")
 def test_the_app_opens_a_path_typed_from_the_repo_root(default_roots, tmp_path, monkeypatch):
     from conftest import open_app
