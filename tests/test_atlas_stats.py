@@ -428,16 +428,24 @@ def test_bf16_maps_and_statistics_stay_within_the_stated_bound(name):
         assert np.abs(fp32.divergences[kind] - bf16.divergences[kind]).max() < BF16_MAX_STATISTIC, kind
 
 
-def test_the_divergences_logarithm_is_the_float64_one_to_float32_rounding():
-    """`_log` (numpy's float32 logarithm on the CPU) against float64, from TINY-sized weights to 2, in place and not."""
+@pytest.mark.parametrize("numpy_log", [True, False], ids=["numpy", "torch"])
+def test_the_divergences_logarithm_is_the_float64_one_to_float32_rounding(numpy_log, monkeypatch):
+    """`_log` (numpy's or torch's float32 logarithm on the CPU, whichever is the faster here) against
+    float64, from TINY-sized weights to 2, in place and not, each of the two."""
+    from attnviz.atlas import stats
     from attnviz.atlas.stats import TINY, _log
 
+    assert isinstance(stats._numpy_log_is_faster(), bool)  # measured once, then kept
+    assert stats._numpy_log_is_faster() is stats._NUMPY_LOG
+    monkeypatch.setattr(stats, "_NUMPY_LOG", numpy_log)
     x = torch.cat([torch.logspace(-30, math.log10(2), 5000), torch.rand(3, 4000).flatten() + TINY]).view(-1, 17000)
     out = torch.full_like(x, float("nan"))
     assert _log(x, out) is out
     exact = torch.log(x.double())  # float32 rounding: torch's own float32 logarithm is held to the same bound
     torch.testing.assert_close(torch.log(x).double(), exact, rtol=2e-7, atol=2e-8)
     torch.testing.assert_close(out.double(), exact, rtol=2e-7, atol=2e-8)
+    own = torch.from_numpy(np.log(x.numpy())) if numpy_log else torch.log(x)
+    torch.testing.assert_close(out, own, atol=0, rtol=0)  # the chosen logarithm's values, to the bit
     again = x.clone()
     _log(again, again)  # in place, as nowhere in the engine but allowed
     torch.testing.assert_close(again, out, atol=0, rtol=0)

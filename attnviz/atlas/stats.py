@@ -34,6 +34,7 @@ Shape letters: B sentences, L layers, H heads, N = L * H heads of one kind, Q qu
 from __future__ import annotations
 
 import math
+import time
 from collections.abc import Sequence
 
 import numpy as np
@@ -227,16 +228,42 @@ def _cells(query_valid: Tensor, key_valid: Tensor | None, K: int, causal: bool) 
     return torch.cat(cells), torch.cat(pads), torch.cat(owners)
 
 
+# Which float32 logarithm the divergences take on the CPU: numpy's or torch's, whichever ran faster on
+# this machine (measured once per process, `_numpy_log_is_faster`). Neither wins everywhere: on a 2-core
+# AMD EPYC with AVX-512 numpy's took 0.24 ns a value and torch's 0.77 (one thread) or 0.40 (two); on a
+# 2-core AMD EPYC with AVX2 only (Zen 3) numpy's took 1.9 ns and torch's 1.4 (one thread) or 1.05 (two).
+_NUMPY_LOG: bool | None = None
+
+
+def _numpy_log_is_faster() -> bool:
+    """Whether numpy's float32 logarithm beats torch's (on its threads) here: the best of five timed runs of
+    each on one block of TILE values, in turn, the first time it is asked (a few milliseconds)."""
+    global _NUMPY_LOG
+    if _NUMPY_LOG is None:
+        x = torch.rand(TILE) + 0.5
+        out = torch.empty_like(x)
+        best = {True: math.inf, False: math.inf}
+        for _ in range(5):
+            for use_numpy in (True, False):
+                start = time.perf_counter()
+                if use_numpy:
+                    np.log(x.numpy(), out=out.numpy())
+                else:
+                    torch.log(x, out=out)
+                best[use_numpy] = min(best[use_numpy], time.perf_counter() - start)
+        _NUMPY_LOG = best[True] <= best[False]
+    return _NUMPY_LOG
+
+
 def _log(x: Tensor, out: Tensor) -> Tensor:
     """ln ``x`` written into ``out`` (same shape, float32), returned.
 
-    On the CPU with numpy's float32 logarithm: it ran 3.2x as fast as torch's per core on a 2-core
-    AMD EPYC (0.24 against 0.77 ns a value, with AVX-512 and with both held to AVX2; each within
-    7e-8 of the float64 logarithm), and on one thread faster than torch's on two. The divergences
-    take one for every pair of heads and real cell, the engine's largest cost after the model.
-    Splitting a block over two threads lost more to the hand-over than it gained.
+    On the CPU with numpy's float32 logarithm where it is the faster (`_numpy_log_is_faster`): both are
+    within 7e-8 of the float64 logarithm, and their speeds differ by up to 3x either way between CPUs.
+    The divergences take one for every pair of heads and real cell, the engine's largest cost after the
+    model. Splitting a block over two threads lost more to the hand-over than it gained.
     """
-    if x.device.type != "cpu" or x.dtype != torch.float32 or x.requires_grad:
+    if x.device.type != "cpu" or x.dtype != torch.float32 or x.requires_grad or not _numpy_log_is_faster():
         return torch.log(x, out=out)
     np.log(x.numpy(), out=out.numpy())
     return out
