@@ -34,7 +34,6 @@ Shape letters: B sentences, L layers, H heads, N = L * H heads of one kind, Q qu
 from __future__ import annotations
 
 import math
-import time
 from collections.abc import Sequence
 
 import numpy as np
@@ -228,42 +227,27 @@ def _cells(query_valid: Tensor, key_valid: Tensor | None, K: int, causal: bool) 
     return torch.cat(cells), torch.cat(pads), torch.cat(owners)
 
 
-# Which float32 logarithm the divergences take on the CPU: numpy's or torch's, whichever ran faster on
-# this machine (measured once per process, `_numpy_log_is_faster`). Neither wins everywhere: on a 2-core
-# AMD EPYC with AVX-512 numpy's took 0.24 ns a value and torch's 0.77 (one thread) or 0.40 (two); on a
-# 2-core AMD EPYC with AVX2 only (Zen 3) numpy's took 1.9 ns and torch's 1.4 (one thread) or 1.05 (two).
-_NUMPY_LOG: bool | None = None
-
-
-def _numpy_log_is_faster() -> bool:
-    """Whether numpy's float32 logarithm beats torch's (on its threads) here: the best of five timed runs of
-    each on one block of TILE values, in turn, the first time it is asked (a few milliseconds)."""
-    global _NUMPY_LOG
-    if _NUMPY_LOG is None:
-        x = torch.linspace(0.5, 1.5, TILE)  # not torch.rand: the global random state stays the caller's
-        out = torch.empty_like(x)
-        best = {True: math.inf, False: math.inf}
-        for _ in range(5):
-            for use_numpy in (True, False):
-                start = time.perf_counter()
-                if use_numpy:
-                    np.log(x.numpy(), out=out.numpy())
-                else:
-                    torch.log(x, out=out)
-                best[use_numpy] = min(best[use_numpy], time.perf_counter() - start)
-        _NUMPY_LOG = best[True] <= best[False]
-    return _NUMPY_LOG
+# Which float32 logarithm the divergences take on the CPU: numpy's where the processor has AVX-512, torch's
+# elsewhere. Neither wins everywhere: on a 2-core AMD EPYC with AVX-512 numpy's took 0.24 ns a value and
+# torch's 0.77 (one thread) or 0.40 (two); on a 2-core AMD EPYC with AVX2 only (Zen 3) numpy's took 1.9 ns
+# and torch's 1.4 (one thread) or 1.05 (two). The choice follows the processor, not a timing: the two
+# differ in the last bit of some values, and a choice timed afresh in each process flipped on a busy
+# machine, so that an atlas killed and resumed mixed both and its divergences differed from one run
+# straight through (`test_the_command_killed_with_sigkill_resumes_and_loses_nothing`).
+def _uses_numpy_log() -> bool:
+    """Whether the divergences take numpy's float32 logarithm: where torch's CPU kernels run AVX-512."""
+    return torch.backends.cpu.get_cpu_capability().startswith("AVX512")
 
 
 def _log(x: Tensor, out: Tensor) -> Tensor:
     """ln ``x`` written into ``out`` (same shape, float32), returned.
 
-    On the CPU with numpy's float32 logarithm where it is the faster (`_numpy_log_is_faster`): both are
+    On the CPU with numpy's float32 logarithm where the processor has AVX-512 (`_uses_numpy_log`): both are
     within 7e-8 of the float64 logarithm, and their speeds differ by up to 3x either way between CPUs.
     The divergences take one for every pair of heads and real cell, the engine's largest cost after the
     model. Splitting a block over two threads lost more to the hand-over than it gained.
     """
-    if x.device.type != "cpu" or x.dtype != torch.float32 or x.requires_grad or not _numpy_log_is_faster():
+    if x.device.type != "cpu" or x.dtype != torch.float32 or x.requires_grad or not _uses_numpy_log():
         return torch.log(x, out=out)
     np.log(x.numpy(), out=out.numpy())
     return out
