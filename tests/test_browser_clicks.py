@@ -60,9 +60,6 @@ WATCH = """(() => {
     });
 })();"""
 
-# What the page has drawn: every plotly element with its plot, no loading skeletons; the titles and
-# counts say when drawing has stopped.
-
 # What stepping with the keyboard moves: plot titles, the main area's selectboxes, sliders and open tab.
 VIEW_STATE = """() => {
     const main = document.querySelector("[data-testid='stMain']");
@@ -91,15 +88,37 @@ def browser(server):  # noqa: F811 - server: the fixture imported above
         browser.close()
 
 
-def _open(browser, url: str):
-    """A page in a fresh session (its own context) at ``url``, once its first run has drawn."""
-    context = browser.new_context(viewport=VIEWPORT)
-    context.add_init_script(WATCH)
-    page = context.new_page()
-    page.goto(url)
-    page.wait_for_function("() => window.__clicks && window.__clicks.runs > 0", timeout=RUN_ENDS_S * 1000)
-    settled(page, url)
-    return page
+class _Tab:
+    """The module's one tab: each page a case opens, and then its link, is opened by a new address in it.
+
+    A new address starts a new Streamlit session (the server keeps nothing of the last page's), and
+    the tab's sessionStorage is cleared first (a presenter's tab keeps its room there:
+    `attnviz.app.follow`). A new tab or context per page cost the machine 8-15 CPU s where a new
+    address in an open tab cost 3-7 (2-core AMD EPYC, AVX2 only): chromium starts a renderer and
+    compiles plotly's and Streamlit's scripts again. One tab, not two: a tab behind another has its
+    timers and animation frames throttled. After a case fails, the next opens a new context.
+    """
+
+    def __init__(self, browser):
+        self.browser, self.page = browser, None
+
+    def open(self, url: str):
+        """The tab at ``url`` in a new session, once its first run has drawn."""
+        if self.page is None:
+            context = self.browser.new_context(viewport=VIEWPORT)
+            context.add_init_script(WATCH)  # in every document the context opens: each page's own log
+            self.page = context.new_page()
+        elif self.page.url.startswith("http"):
+            self.page.evaluate("() => sessionStorage.clear()")
+        self.page.goto(url)
+        self.page.wait_for_function("() => window.__clicks && window.__clicks.runs > 0", timeout=RUN_ENDS_S * 1000)
+        settled(self.page, url)
+        return self.page
+
+    def close(self) -> None:
+        if self.page is not None:
+            self.page.context.close()
+        self.page = None
 
 
 def _act(page, action, what: str) -> None:
@@ -249,25 +268,31 @@ def _pick_second_values(page, where: str, budget: list[int]) -> None:
             _act(page, lambda widget=widget, pick=pick: pick(page, widget), f"{where}: {kind} {label!r}")
 
 
-def _follow_the_link(browser, page, where: str) -> None:
+def _follow_the_link(tab: _Tab, page, where: str) -> None:
+    """The address bar's link, opened in a new session (in the same tab: the page clicked is done with)."""
     url, titles = page.url, _plot_titles(page)
-    copy = _open(browser, url)
+    page = tab.open(url)
     try:
-        _check(copy, f"{where}: the address bar's link {url} in a fresh session")
-        again = _plot_titles(copy)
+        _check(page, f"{where}: the address bar's link {url} in a fresh session")
+        again = _plot_titles(page)
         assert again == titles, f"{where}: the link {url} shows other plots: {again} instead of {titles}"
     except BaseException:
-        copy.screenshot(path=str(ARTIFACTS / f"clicks-{where.replace(' ', '-')}-link-failed.png"))
+        page.screenshot(path=str(ARTIFACTS / f"clicks-{where.replace(' ', '-')}-link-failed.png"))
         raise
-    finally:
-        copy.context.close()
+
+
+@pytest.fixture(scope="module")
+def tab(browser):
+    opened = _Tab(browser)
+    yield opened
+    opened.close()
 
 
 @pytest.mark.parametrize(("model", "path"), CASES, ids=[f"{m}-{p or 'home'}" for m, p in CASES])
-def test_clicking_everything_a_person_can(server, browser, model, path):  # noqa: F811 - server: the fixture
+def test_clicking_everything_a_person_can(server, tab, model, path):  # noqa: F811 - server: the fixture
     where = f"{path or 'home'} with {model}"
     started = time.monotonic()
-    page = _open(browser, f"{server}/{path}")
+    page = tab.open(f"{server}/{path}")
     try:
         _check(page, f"{where}: the first screen")
         assert not page.evaluate(_TITLE_CLASHES), f"{where}: a title runs into its key labels on the first screen"
@@ -277,10 +302,9 @@ def test_clicking_everything_a_person_can(server, browser, model, path):  # noqa
         _press_buttons(page, where, budget)
         _steps_with_keys(page, where, budget)
         _pick_second_values(page, where, budget)
-        _follow_the_link(browser, page, where)
+        _follow_the_link(tab, page, where)
     except BaseException:
         page.screenshot(path=str(ARTIFACTS / f"clicks-{model}-{path or 'home'}-failed.png"))
+        tab.close()  # the next case starts from a new context
         raise
-    finally:
-        page.context.close()
     print(f"{where}: {time.monotonic() - started:.1f} s")
