@@ -53,3 +53,38 @@ def settled(page, what: str) -> None:
         page.wait_for_selector(NOT_RUNNING, timeout=RUN_ENDS_S * 1000)
     except PlaywrightTimeout as e:
         raise AssertionError(f"{what}: the page did not finish its run and drawing: {e}") from None
+
+
+class Tab:
+    """One tab that a module's tests share, each opening its pages in it by address.
+
+    A new address starts a new Streamlit session (the server keeps nothing of the last page's), and the
+    tab's sessionStorage is cleared first (a presenter's tab keeps its room there: `attnviz.app.follow`).
+    A fresh context per page cost the machine 10-15 CPU s, a new tab 8-13, and a new address in an open
+    tab 3-7 (2-core AMD EPYC, AVX2 only): chromium starts no renderer and compiles plotly's and
+    Streamlit's scripts once. One tab, not two: a tab behind another has its timers throttled. A test
+    that routes requests or listens to the page's events opens a page of its own instead.
+    """
+
+    def __init__(self, browser, init_script: str | None = None):
+        self.browser, self.init_script, self._page = browser, init_script, None
+
+    def page(self, viewport: dict):
+        """The tab at ``viewport``'s size, ready for a new address."""
+        if self._page is None or self._page.is_closed():
+            context = self.browser.new_context(viewport=viewport)
+            if self.init_script:
+                context.add_init_script(self.init_script)  # in every document the context opens
+            self._page = context.new_page()
+            return self._page
+        if self._page.viewport_size != viewport:
+            self._page.set_viewport_size(viewport)
+        if self._page.url.startswith("http"):
+            self._page.evaluate("() => sessionStorage.clear()")
+        return self._page
+
+    def close(self) -> None:
+        """Close the tab's context: the next `page` starts a new one (after a test failed, say)."""
+        if self._page is not None:
+            self._page.context.close()
+        self._page = None

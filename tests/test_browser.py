@@ -18,7 +18,7 @@ from pathlib import Path
 
 import presenter_checks
 import pytest
-from browser_wait import RUN_ENDS_S, settled
+from browser_wait import RUN_ENDS_S, Tab, settled
 
 from attnviz import api
 from attnviz.app import CUSTOM_PATH, registry
@@ -169,6 +169,14 @@ def browser():
             chromium.close()
 
 
+@pytest.fixture(scope="module")
+def tab(browser):
+    """The module's one tab (browser_wait.Tab): a test opens its pages in it by address, and leaves it open."""
+    shared = Tab(browser)
+    yield shared
+    shared.close()
+
+
 def _wait_for_run(page) -> None:
     """The run has ended and the page has stopped drawing (browser_wait.settled): no fixed sleep."""
     settled(page, page.url)
@@ -195,118 +203,106 @@ def _plot_titles(page) -> list[str]:
     return page.locator(".js-plotly-plot .gtitle").evaluate_all("titles => titles.map(t => t.textContent.trim())")
 
 
-def test_a_link_opens_the_exact_view_and_bad_values_fall_back_with_a_notice(server, browser):
-    page = browser.new_page(viewport={"width": 1400, "height": 1000})
-    try:
-        # head 2: not the head this layer opens on, which a link leaves out of the address bar
-        page.goto(f"{server}/explorer?model=reverse&src=h+e+l+l+o&kind=encoder&layer=2&head=2")
-        _wait_for_run(page)
-        assert page.locator("[data-testid='stException']").count() == 0
-        assert "Encoder self-attention, layer 2, head 2" in _plot_titles(page)
-        assert page.locator("textarea").first.input_value() == "h e l l o"
-        assert "layer=2" in page.url and "head=2" in page.url, "the address bar keeps the view"
+def test_a_link_opens_the_exact_view_and_bad_values_fall_back_with_a_notice(server, tab):
+    page = tab.page({"width": 1400, "height": 1000})
+    # head 2: not the head this layer opens on, which a link leaves out of the address bar
+    page.goto(f"{server}/explorer?model=reverse&src=h+e+l+l+o&kind=encoder&layer=2&head=2")
+    _wait_for_run(page)
+    assert page.locator("[data-testid='stException']").count() == 0
+    assert "Encoder self-attention, layer 2, head 2" in _plot_titles(page)
+    assert page.locator("textarea").first.input_value() == "h e l l o"
+    assert "layer=2" in page.url and "head=2" in page.url, "the address bar keeps the view"
 
-        page.goto(f"{server}/explorer?layer=99&kind=bogus")
-        _wait_for_run(page)
-        assert page.locator("[data-testid='stException']").count() == 0
-        toast = page.locator("[data-testid='stToast']").all_inner_texts()
-        assert any("layer='99'" in t and "kind='bogus'" in t for t in toast), toast
-        _, layer, head = api.clearest_head(api.load("en-de"))  # where a link's bad values fall back
-        assert f"Cross-attention (encoder-decoder), layer {layer}, head {head}" in _plot_titles(page)
-        page.screenshot(path=str(ARTIFACTS / "link-fallback.png"))
-    finally:
-        page.close()
+    page.goto(f"{server}/explorer?layer=99&kind=bogus")
+    _wait_for_run(page)
+    assert page.locator("[data-testid='stException']").count() == 0
+    toast = page.locator("[data-testid='stToast']").all_inner_texts()
+    assert any("layer='99'" in t and "kind='bogus'" in t for t in toast), toast
+    _, layer, head = api.clearest_head(api.load("en-de"))  # where a link's bad values fall back
+    assert f"Cross-attention (encoder-decoder), layer {layer}, head {head}" in _plot_titles(page)
+    page.screenshot(path=str(ARTIFACTS / "link-fallback.png"))
 
 
-def test_clicking_an_importance_cell_switches_that_head_off(server, browser):
+def test_clicking_an_importance_cell_switches_that_head_off(server, tab):
     """A real click on the importance grid of "Beyond the weights" fills the ablation panel."""
-    page = browser.new_page(viewport={"width": 1400, "height": 1000})
-    try:
-        page.goto(f"{server}/beyond")
-        _wait_for_run(page)
-        grid = page.locator(".js-plotly-plot", has_text="Decoder self-attention (masked)").last
-        grid.scroll_into_view_if_needed()
-        cell = grid.locator(".scatterlayer path.point").first  # layer 1, head 1: the first cell
-        cell.wait_for(state="visible", timeout=60_000)
-        box = cell.bounding_box()
-        assert box is not None, "the grid's cells are drawn"
-        page.mouse.click(box["x"] + box["width"] / 2, box["y"] + box["height"] / 2)
-        _wait_for_run(page)
-        chosen = page.locator("[data-testid='stMultiSelect']").first.inner_text()
-        assert "decoder:1.1" in chosen, chosen
-        # the panel's outputs, whatever the retrained model writes with that head off
-        assert page.get_by_text("With 1 head off:").count() >= 1, "the panel shows that head switched off"
-        assert page.locator("[data-testid='stException']").count() == 0
-    finally:
-        page.close()
+    page = tab.page({"width": 1400, "height": 1000})
+    page.goto(f"{server}/beyond")
+    _wait_for_run(page)
+    grid = page.locator(".js-plotly-plot", has_text="Decoder self-attention (masked)").last
+    grid.scroll_into_view_if_needed()
+    cell = grid.locator(".scatterlayer path.point").first  # layer 1, head 1: the first cell
+    cell.wait_for(state="visible", timeout=60_000)
+    box = cell.bounding_box()
+    assert box is not None, "the grid's cells are drawn"
+    page.mouse.click(box["x"] + box["width"] / 2, box["y"] + box["height"] / 2)
+    _wait_for_run(page)
+    chosen = page.locator("[data-testid='stMultiSelect']").first.inner_text()
+    assert "decoder:1.1" in chosen, chosen
+    # the panel's outputs, whatever the retrained model writes with that head off
+    assert page.get_by_text("With 1 head off:").count() >= 1, "the panel shows that head switched off"
+    assert page.locator("[data-testid='stException']").count() == 0
 
 
 def _no_exception(page, what: str) -> None:
     assert page.locator("[data-testid='stException']").count() == 0, f"exception on {what}"
 
 
-def test_a_1000_token_input_opens_every_view(server, browser):
+def test_a_1000_token_input_opens_every_view(server, tab):
     """A random model whose positions allow 1000 tokens: every view of the explorer, and Compare, draw."""
     from urllib.parse import urlencode
 
     views = ["One head", "All heads (model view)", "Lines", "Aggregate", "Head statistics", "Q-K embedding"]
     base = {"model": CUSTOM_PATH, "model_path": "long", "src": letters(LONG - 1), "kind": "encoder"}
-    page = browser.new_page(viewport={"width": 1400, "height": 1000})
-    try:
-        for view in views:
-            contrast = "logarithmic" if view == "Lines" else "each row to its maximum"  # as the radio shows it
-            extra = {"contrast": contrast, "words": "true" if view == "Lines" else "false"}
-            page.goto(f"{server}/explorer?" + urlencode({**base, "view": view, **extra}))
-            _wait_for_run(page)
-            _no_exception(page, view)
-            assert page.locator("[data-testid='stToast']").count() == 0, f"a link value was set aside on {view}"
-            assert page.locator(".js-plotly-plot, [data-testid='stDataFrame']").count() >= 1, f"nothing on {view}"
-            if view == "One head":
-                assert page.locator(".js-plotly-plot .im image").count() == 1, "the long map is an image"
-                assert "1000 x 1000, one pixel per weight" in " ".join(_plot_subtitles(page))
-                page.screenshot(path=str(ARTIFACTS / "long-one-head.png"))
-            if view == "All heads (model view)":
-                page.screenshot(path=str(ARTIFACTS / "long-grid.png"))
-        link = {**base, "cmp_src": letters(LONG - 1)[:-2] + " q", "cmp_kind": "encoder"}  # same shape
-        page.goto(f"{server}/compare?" + urlencode(link))
+    page = tab.page({"width": 1400, "height": 1000})
+    for view in views:
+        contrast = "logarithmic" if view == "Lines" else "each row to its maximum"  # as the radio shows it
+        extra = {"contrast": contrast, "words": "true" if view == "Lines" else "false"}
+        page.goto(f"{server}/explorer?" + urlencode({**base, "view": view, **extra}))
         _wait_for_run(page)
-        _no_exception(page, "compare")
-        assert page.locator(".js-plotly-plot").count() == 3, "A, B and their difference"
-        page.screenshot(path=str(ARTIFACTS / "long-compare.png"))
-    finally:
-        page.close()
+        _no_exception(page, view)
+        assert page.locator("[data-testid='stToast']").count() == 0, f"a link value was set aside on {view}"
+        assert page.locator(".js-plotly-plot, [data-testid='stDataFrame']").count() >= 1, f"nothing on {view}"
+        if view == "One head":
+            assert page.locator(".js-plotly-plot .im image").count() == 1, "the long map is an image"
+            assert "1000 x 1000, one pixel per weight" in " ".join(_plot_subtitles(page))
+            page.screenshot(path=str(ARTIFACTS / "long-one-head.png"))
+        if view == "All heads (model view)":
+            page.screenshot(path=str(ARTIFACTS / "long-grid.png"))
+    link = {**base, "cmp_src": letters(LONG - 1)[:-2] + " q", "cmp_kind": "encoder"}  # same shape
+    page.goto(f"{server}/compare?" + urlencode(link))
+    _wait_for_run(page)
+    _no_exception(page, "compare")
+    assert page.locator(".js-plotly-plot").count() == 3, "A, B and their difference"
+    page.screenshot(path=str(ARTIFACTS / "long-compare.png"))
 
 
 def _plot_subtitles(page) -> list[str]:
     return page.locator(".js-plotly-plot").evaluate_all("plots => plots.map(p => p.textContent)")
 
 
-def test_a_click_on_the_grid_opens_that_head(server, browser):
-    page = browser.new_page(viewport={"width": 1400, "height": 1000})
-    try:
-        page.goto(f"{server}/explorer?model=en-de&kind=encoder&view=All+heads+%28model+view%29")
-        _wait_for_run(page)
-        # The script has finished; plotly draws the grid after that, in the browser: wait for its
-        # points, never count them at once (0 were found on a loaded machine).
-        selector = ".js-plotly-plot .scatterlayer .trace .points path"
-        page.wait_for_function(f"() => document.querySelectorAll({selector!r}).length >= 12", timeout=60_000)
-        points = page.locator(selector)
-        assert points.count() == 3 * 4, "one point per layer and head of en-de"
-        box = points.nth((2 - 1) * 4 + (3 - 1)).bounding_box()  # layer 2, head 3
-        page.mouse.move(box["x"] + box["width"] / 2, box["y"] + box["height"] / 2)
-        page.mouse.click(box["x"] + box["width"] / 2, box["y"] + box["height"] / 2)
-        page.wait_for_function(
-            "() => [...document.querySelectorAll('.js-plotly-plot .gtitle')]"
-            ".some(t => t.textContent.includes('layer 2, head 3'))",
-            timeout=60_000,
-        )
-        _wait_for_run(page)
-        _no_exception(page, "the grid's click")
-        assert "Encoder self-attention, layer 2, head 3" in _plot_titles(page)
-        assert "view=one" in page.url or "view=" not in page.url, page.url
-        page.screenshot(path=str(ARTIFACTS / "grid-click.png"))
-    finally:
-        page.close()
+def test_a_click_on_the_grid_opens_that_head(server, tab):
+    page = tab.page({"width": 1400, "height": 1000})
+    page.goto(f"{server}/explorer?model=en-de&kind=encoder&view=All+heads+%28model+view%29")
+    _wait_for_run(page)
+    # The script has finished; plotly draws the grid after that, in the browser: wait for its
+    # points, never count them at once (0 were found on a loaded machine).
+    selector = ".js-plotly-plot .scatterlayer .trace .points path"
+    page.wait_for_function(f"() => document.querySelectorAll({selector!r}).length >= 12", timeout=60_000)
+    points = page.locator(selector)
+    assert points.count() == 3 * 4, "one point per layer and head of en-de"
+    box = points.nth((2 - 1) * 4 + (3 - 1)).bounding_box()  # layer 2, head 3
+    page.mouse.move(box["x"] + box["width"] / 2, box["y"] + box["height"] / 2)
+    page.mouse.click(box["x"] + box["width"] / 2, box["y"] + box["height"] / 2)
+    page.wait_for_function(
+        "() => [...document.querySelectorAll('.js-plotly-plot .gtitle')]"
+        ".some(t => t.textContent.includes('layer 2, head 3'))",
+        timeout=60_000,
+    )
+    _wait_for_run(page)
+    _no_exception(page, "the grid's click")
+    assert "Encoder self-attention, layer 2, head 3" in _plot_titles(page)
+    assert "view=one" in page.url or "view=" not in page.url, page.url
+    page.screenshot(path=str(ARTIFACTS / "grid-click.png"))
 
 
 # In presenter mode the page fits the screen's width and the sidebar is folded away.
@@ -364,7 +360,7 @@ def _presenter_problems(page, view: str, width: int, height: int) -> list[str]:
     return problems
 
 
-def test_presenter_mode_puts_each_pages_picture_on_a_readable_first_screen(server, browser):
+def test_presenter_mode_puts_each_pages_picture_on_a_readable_first_screen(server, tab):
     """Every page, every tab and every walkthrough stage in presenter mode (presenter_checks), at 1920x1080 and
     at 1280x720: the main picture whole on the first screen, no empty band under a chart's title, colour bars'
     labels apart, axis titles whole, slider values clear of their sliders, and no text under 18 px, faded or
@@ -379,19 +375,16 @@ def test_presenter_mode_puts_each_pages_picture_on_a_readable_first_screen(serve
     stages = [title for _, title in stage_list(encoder_only=False)]  # the default model has both halves
     sizes = list(PRESENTER_SIZES)
     failures = []
-    page = browser.new_page(viewport={"width": sizes[0][0], "height": sizes[0][1]})
-    try:
-        for name, path in PAGES.items():
-            for view in presenter_checks.views(page, f"{server}/{path}", name, settled, stages):
-                for i, (width, height) in enumerate(sizes):
-                    if i:
-                        page.set_viewport_size({"width": width, "height": height})
-                        page.wait_for_function(_CHARTS_FIT_THEIR_BOXES, timeout=60_000)
-                        settled(page, f"{view} at {width}x{height}")
-                    failures += _presenter_problems(page, view, width, height)
-                sizes.reverse()  # the next view opens at the size this one ended at
-    finally:
-        page.close()
+    page = tab.page({"width": sizes[0][0], "height": sizes[0][1]})
+    for name, path in PAGES.items():
+        for view in presenter_checks.views(page, f"{server}/{path}", name, settled, stages):
+            for i, (width, height) in enumerate(sizes):
+                if i:
+                    page.set_viewport_size({"width": width, "height": height})
+                    page.wait_for_function(_CHARTS_FIT_THEIR_BOXES, timeout=60_000)
+                    settled(page, f"{view} at {width}x{height}")
+                failures += _presenter_problems(page, view, width, height)
+            sizes.reverse()  # the next view opens at the size this one ended at
     assert not failures, f"{len(failures)} problems:\n" + "\n".join(failures)
 
 
@@ -519,7 +512,7 @@ def _go_by_the_sidebar(page, registered) -> None:
 
 
 @pytest.mark.parametrize("model", LM_MODELS, ids=["induction", *LM_FAMILIES])
-def test_every_page_draws_a_language_model(server, browser, model):
+def test_every_page_draws_a_language_model(server, tab, model):
     """The shipped induction model and random GPT-2, Llama and Qwen2 folders on every page: each page draws
     with no exception and no error message, and the sidebar asks for a prompt. Each model opens a quarter of
     the pages from a link and reaches the others by the sidebar, as a visitor does; the four models share
@@ -533,73 +526,67 @@ def test_every_page_draws_a_language_model(server, browser, model):
     which = LM_MODELS.index(model)
     pages = list(registry.PAGES)
     pages = pages[which:] + pages[:which]  # the walk starts on a page this model opens from a link
-    page = browser.new_page(viewport={"width": 1400, "height": 1000})
-    try:
-        for at, registered in enumerate(pages):
-            name, path = registered.url_path or "home", registered.url_path
-            if at % len(LM_MODELS) == 0:
-                page.goto(f"{server}/{path}?" + urlencode(params))
-                _wait_for_run(page)
-            else:
-                _go_by_the_sidebar(page, registered)
-            _no_exception(page, f"{name} on a language model")
-            errors = page.locator("[data-testid='stAlertContentError']").all_inner_texts()
-            assert not errors, f"{name}: {errors}"
-            assert page.get_by_text("Prompt", exact=True).count() >= 1, f"{name}: the sidebar asks for a prompt"
-            chosen = page.locator("[data-testid='stSidebar'] [data-testid='stSelectbox'] input").first.input_value()
-            assert chosen == params["model"], f"{name}: the sidebar left the model for {chosen!r}"
-        name = params.get("model_path", params["model"])
-        page.screenshot(path=str(ARTIFACTS / f"lm-{name}-last-page.png"))
-    finally:
-        page.close()
+    page = tab.page({"width": 1400, "height": 1000})
+    for at, registered in enumerate(pages):
+        name, path = registered.url_path or "home", registered.url_path
+        if at % len(LM_MODELS) == 0:
+            page.goto(f"{server}/{path}?" + urlencode(params))
+            _wait_for_run(page)
+        else:
+            _go_by_the_sidebar(page, registered)
+        _no_exception(page, f"{name} on a language model")
+        errors = page.locator("[data-testid='stAlertContentError']").all_inner_texts()
+        assert not errors, f"{name}: {errors}"
+        assert page.get_by_text("Prompt", exact=True).count() >= 1, f"{name}: the sidebar asks for a prompt"
+        chosen = page.locator("[data-testid='stSidebar'] [data-testid='stSelectbox'] input").first.input_value()
+        assert chosen == params["model"], f"{name}: the sidebar left the model for {chosen!r}"
+    name = params.get("model_path", params["model"])
+    page.screenshot(path=str(ARTIFACTS / f"lm-{name}-last-page.png"))
 
 
-def test_a_long_prompt_is_drawn_tile_by_tile_and_a_dragged_box_zooms_exactly(server, browser):
+def test_a_long_prompt_is_drawn_tile_by_tile_and_a_dragged_box_zooms_exactly(server, tab, browser):
     """A 3000-token prompt, over what the server makes at once: one head's overview, a box dragged on it
     opens that region exactly (its weights on hover), and every head and the statistics draw too."""
     from urllib.parse import urlencode
 
     params = {"model": CUSTOM_PATH, "model_path": "long-lm", "src": letters(LONG_LM - 1), "layer": "2", "head": "1"}
     overview = f"queries 0-{LONG_LM - 1}, keys 0-{LONG_LM - 1}"
-    page = browser.new_page(viewport={"width": 1400, "height": 1000})
-    try:
-        page.goto(f"{server}/explorer?" + urlencode({**params, "view": "One head"}))
+    page = tab.page({"width": 1400, "height": 1000})
+    page.goto(f"{server}/explorer?" + urlencode({**params, "view": "One head"}))
+    _wait_for_run(page)
+    _no_exception(page, "a long prompt's one head")
+    assert page.get_by_text("tile by tile", exact=False).count() >= 1
+    assert page.locator(".js-plotly-plot").filter(has_text=overview).count() == 1, "the overview"
+    zoom = "head 1: queries"
+    assert "queries 0-47, keys 0-47" in page.evaluate(ZOOM_TITLE, zoom), "the zoom opens on the first positions"
+    drag_box(page, ["head 1", overview], LONG_LM, (2000, 2090), (1000, 1090))
+    page.mouse.up()
+    moved = f"(text) => {{ const t = ({ZOOM_TITLE})(text); return !!t && !t.includes('queries 0-47'); }}"
+    page.wait_for_function(moved, arg=zoom, timeout=60_000)  # the box's heatmap replaced the first
+    _wait_for_run(page)
+    title = page.evaluate(ZOOM_TITLE, zoom)
+    q0, q1, k0, k1 = (int(v) for v in re.search(r"queries (\d+)-(\d+), keys (\d+)-(\d+)", title).groups())
+    assert 1950 <= q0 <= 2050 and 60 <= q1 - q0 < 128, title  # about the box, every cell in it
+    assert 950 <= k0 <= 1050 and 60 <= k1 - k0 < 128, title
+    assert "zoom_q" in page.url, "the zoom is in the link"
+    page.screenshot(path=str(ARTIFACTS / "long-prompt-zoom.png"))
+    # The link opens that region: the address bar's own, and a range written by hand as one value.
+    here = urlencode({**params, "view": "One head"})
+    for link in (page.url, f"{server}/explorer?{here}&zoom_q=2000-2090&zoom_k=1000,1090"):
+        shared = browser.new_page(viewport={"width": 1400, "height": 1000})
+        shared.goto(link)
+        _wait_for_run(shared)
+        _no_exception(shared, "a zoom link")
+        opened = shared.evaluate(ZOOM_TITLE, zoom) or ""
+        want = title if link == page.url else "queries 2000-2090, keys 1000-1090"
+        assert opened.endswith(want[want.index("queries") :]), (link[-80:], opened)
+        shared.locator(".js-plotly-plot").filter(has_text=opened).first.scroll_into_view_if_needed()
+        shared.screenshot(path=str(ARTIFACTS / "long-prompt-zoom-link.png"))
+        shared.close()
+    for view in ("All heads (model view)", "Head statistics"):
+        page.goto(f"{server}/explorer?" + urlencode({**params, "view": view}))
         _wait_for_run(page)
-        _no_exception(page, "a long prompt's one head")
-        assert page.get_by_text("tile by tile", exact=False).count() >= 1
-        assert page.locator(".js-plotly-plot").filter(has_text=overview).count() == 1, "the overview"
-        zoom = "head 1: queries"
-        assert "queries 0-47, keys 0-47" in page.evaluate(ZOOM_TITLE, zoom), "the zoom opens on the first positions"
-        drag_box(page, ["head 1", overview], LONG_LM, (2000, 2090), (1000, 1090))
-        page.mouse.up()
-        moved = f"(text) => {{ const t = ({ZOOM_TITLE})(text); return !!t && !t.includes('queries 0-47'); }}"
-        page.wait_for_function(moved, arg=zoom, timeout=60_000)  # the box's heatmap replaced the first
-        _wait_for_run(page)
-        title = page.evaluate(ZOOM_TITLE, zoom)
-        q0, q1, k0, k1 = (int(v) for v in re.search(r"queries (\d+)-(\d+), keys (\d+)-(\d+)", title).groups())
-        assert 1950 <= q0 <= 2050 and 60 <= q1 - q0 < 128, title  # about the box, every cell in it
-        assert 950 <= k0 <= 1050 and 60 <= k1 - k0 < 128, title
-        assert "zoom_q" in page.url, "the zoom is in the link"
-        page.screenshot(path=str(ARTIFACTS / "long-prompt-zoom.png"))
-        # The link opens that region: the address bar's own, and a range written by hand as one value.
-        here = urlencode({**params, "view": "One head"})
-        for link in (page.url, f"{server}/explorer?{here}&zoom_q=2000-2090&zoom_k=1000,1090"):
-            shared = browser.new_page(viewport={"width": 1400, "height": 1000})
-            shared.goto(link)
-            _wait_for_run(shared)
-            _no_exception(shared, "a zoom link")
-            opened = shared.evaluate(ZOOM_TITLE, zoom) or ""
-            want = title if link == page.url else "queries 2000-2090, keys 1000-1090"
-            assert opened.endswith(want[want.index("queries") :]), (link[-80:], opened)
-            shared.locator(".js-plotly-plot").filter(has_text=opened).first.scroll_into_view_if_needed()
-            shared.screenshot(path=str(ARTIFACTS / "long-prompt-zoom-link.png"))
-            shared.close()
-        for view in ("All heads (model view)", "Head statistics"):
-            page.goto(f"{server}/explorer?" + urlencode({**params, "view": view}))
-            _wait_for_run(page)
-            _no_exception(page, f"a long prompt's {view}")
-            errors = page.locator("[data-testid='stAlertContentError']").all_inner_texts()
-            assert not errors, f"{view}: {errors}"
-        assert page.locator("[data-testid='stDataFrame']").count() == 1, "the statistics table"
-    finally:
-        page.close()
+        _no_exception(page, f"a long prompt's {view}")
+        errors = page.locator("[data-testid='stAlertContentError']").all_inner_texts()
+        assert not errors, f"{view}: {errors}"
+    assert page.locator("[data-testid='stDataFrame']").count() == 1, "the statistics table"

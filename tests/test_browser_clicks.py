@@ -13,7 +13,7 @@ from __future__ import annotations
 import time
 
 import pytest
-from browser_wait import RUN_ENDS_S, settled
+from browser_wait import RUN_ENDS_S, Tab, settled
 from test_browser import _TITLE_CLASHES, ARTIFACTS, CHROMIUM, CHROMIUM_ARGS, server  # noqa: F401 - server: the fixture
 
 from attnviz.app import registry
@@ -88,37 +88,13 @@ def browser(server):  # noqa: F811 - server: the fixture imported above
         browser.close()
 
 
-class _Tab:
-    """The module's one tab: each page a case opens, and then its link, is opened by a new address in it.
-
-    A new address starts a new Streamlit session (the server keeps nothing of the last page's), and
-    the tab's sessionStorage is cleared first (a presenter's tab keeps its room there:
-    `attnviz.app.follow`). A new tab or context per page cost the machine 8-15 CPU s where a new
-    address in an open tab cost 3-7 (2-core AMD EPYC, AVX2 only): chromium starts a renderer and
-    compiles plotly's and Streamlit's scripts again. One tab, not two: a tab behind another has its
-    timers and animation frames throttled. After a case fails, the next opens a new context.
-    """
-
-    def __init__(self, browser):
-        self.browser, self.page = browser, None
-
-    def open(self, url: str):
-        """The tab at ``url`` in a new session, once its first run has drawn."""
-        if self.page is None:
-            context = self.browser.new_context(viewport=VIEWPORT)
-            context.add_init_script(WATCH)  # in every document the context opens: each page's own log
-            self.page = context.new_page()
-        elif self.page.url.startswith("http"):
-            self.page.evaluate("() => sessionStorage.clear()")
-        self.page.goto(url)
-        self.page.wait_for_function("() => window.__clicks && window.__clicks.runs > 0", timeout=RUN_ENDS_S * 1000)
-        settled(self.page, url)
-        return self.page
-
-    def close(self) -> None:
-        if self.page is not None:
-            self.page.context.close()
-        self.page = None
+def _open(tab: Tab, url: str):
+    """The module's tab (browser_wait.Tab) at ``url`` in a new session, once its first run has drawn."""
+    page = tab.page(VIEWPORT)
+    page.goto(url)
+    page.wait_for_function("() => window.__clicks && window.__clicks.runs > 0", timeout=RUN_ENDS_S * 1000)
+    settled(page, url)
+    return page
 
 
 def _act(page, action, what: str) -> None:
@@ -268,10 +244,10 @@ def _pick_second_values(page, where: str, budget: list[int]) -> None:
             _act(page, lambda widget=widget, pick=pick: pick(page, widget), f"{where}: {kind} {label!r}")
 
 
-def _follow_the_link(tab: _Tab, page, where: str) -> None:
+def _follow_the_link(tab: Tab, page, where: str) -> None:
     """The address bar's link, opened in a new session (in the same tab: the page clicked is done with)."""
     url, titles = page.url, _plot_titles(page)
-    page = tab.open(url)
+    page = _open(tab, url)
     try:
         _check(page, f"{where}: the address bar's link {url} in a fresh session")
         again = _plot_titles(page)
@@ -283,7 +259,7 @@ def _follow_the_link(tab: _Tab, page, where: str) -> None:
 
 @pytest.fixture(scope="module")
 def tab(browser):
-    opened = _Tab(browser)
+    opened = Tab(browser, WATCH)
     yield opened
     opened.close()
 
@@ -292,7 +268,7 @@ def tab(browser):
 def test_clicking_everything_a_person_can(server, tab, model, path):  # noqa: F811 - server: the fixture
     where = f"{path or 'home'} with {model}"
     started = time.monotonic()
-    page = tab.open(f"{server}/{path}")
+    page = _open(tab, f"{server}/{path}")
     try:
         _check(page, f"{where}: the first screen")
         assert not page.evaluate(_TITLE_CLASHES), f"{where}: a title runs into its key labels on the first screen"
