@@ -55,6 +55,24 @@ def settled(page, what: str) -> None:
         raise AssertionError(f"{what}: the page did not finish its run and drawing: {e}") from None
 
 
+# Every visible chart laid out again for its box's width: right after the window is resized the boxes
+# have their new width and plotly's charts (Streamlit hands them the width) still the old one.
+CHARTS_FIT_THEIR_BOXES = """() =>
+    [...document.querySelectorAll("[data-testid='stMain'] [data-testid='stPlotlyChart']")]
+    .filter(box => box.getBoundingClientRect().width > 0)
+    .every(box => {
+        const plot = box.querySelector('.js-plotly-plot');
+        return plot && plot._fullLayout && Math.abs(plot._fullLayout.width - box.getBoundingClientRect().width) <= 2;
+    })"""
+
+
+def resized(page, width: int, height: int, what: str) -> None:
+    """Give the window this size and wait until the page is laid out and drawn for it (not the old size)."""
+    page.set_viewport_size({"width": width, "height": height})
+    page.wait_for_function(CHARTS_FIT_THEIR_BOXES, timeout=60_000)
+    settled(page, what)
+
+
 class Tab:
     """One tab that a module's tests share, each opening its pages in it by address.
 

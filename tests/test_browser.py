@@ -18,7 +18,7 @@ from pathlib import Path
 
 import presenter_checks
 import pytest
-from browser_wait import RUN_ENDS_S, Tab, settled
+from browser_wait import RUN_ENDS_S, Tab, resized, settled
 
 from attnviz import api
 from attnviz.app import CUSTOM_PATH, registry
@@ -321,15 +321,6 @@ EVERY_SHOT = os.environ.get("ATTNVIZ_SCREENSHOTS") == "1"
 
 
 PRESENTER_SIZES = ((1920, 1080), (1280, 720))  # a projector's screen and a small one
-# Every visible chart laid out again for its box's width: right after the window is resized the boxes
-# have their new width and plotly's charts (Streamlit hands them the width) still the old one.
-_CHARTS_FIT_THEIR_BOXES = """() =>
-    [...document.querySelectorAll("[data-testid='stMain'] [data-testid='stPlotlyChart']")]
-    .filter(box => box.getBoundingClientRect().width > 0)
-    .every(box => {
-        const plot = box.querySelector('.js-plotly-plot');
-        return plot && plot._fullLayout && Math.abs(plot._fullLayout.width - box.getBoundingClientRect().width) <= 2;
-    })"""
 
 
 def _presenter_problems(page, view: str, width: int, height: int) -> list[str]:
@@ -380,9 +371,7 @@ def test_presenter_mode_puts_each_pages_picture_on_a_readable_first_screen(serve
         for view in presenter_checks.views(page, f"{server}/{path}", name, settled, stages):
             for i, (width, height) in enumerate(sizes):
                 if i:
-                    page.set_viewport_size({"width": width, "height": height})
-                    page.wait_for_function(_CHARTS_FIT_THEIR_BOXES, timeout=60_000)
-                    settled(page, f"{view} at {width}x{height}")
+                    resized(page, width, height, f"{view} at {width}x{height}")
                 failures += _presenter_problems(page, view, width, height)
             sizes.reverse()  # the next view opens at the size this one ended at
     assert not failures, f"{len(failures)} problems:\n" + "\n".join(failures)

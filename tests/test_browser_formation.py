@@ -13,7 +13,7 @@ from urllib.parse import urlencode
 
 import presenter_checks
 import pytest
-from browser_wait import settled
+from browser_wait import Tab, resized, settled
 from formation_histories import STEPS, write_history
 from test_browser import ARTIFACTS, CHROMIUM, CHROMIUM_ARGS, _need_browser, running_app
 
@@ -91,8 +91,16 @@ def browser(server):
         browser.close()
 
 
-def _open(browser, url: str):
-    page = browser.new_context(viewport={"width": 1400, "height": 1000}).new_page()
+@pytest.fixture(scope="module")
+def tab(browser):
+    """The module's one tab (browser_wait.Tab): each test opens its page in it by address."""
+    shared = Tab(browser)
+    yield shared
+    shared.close()
+
+
+def _open(tab, url: str, width: int = 1400, height: int = 1000):
+    page = tab.page({"width": width, "height": height})
     page.goto(url)
     settled(page, url)
     assert page.locator("[data-testid='stException']").count() == 0, f"an exception at {url}"
@@ -113,8 +121,8 @@ SHOWN_STEP_LIST = """() => {
 
 
 @pytest.mark.parametrize(("where", "model"), CASES, ids=[f"{w}-{m}" for w, m in CASES])
-def test_play_shift_right_and_a_click_on_a_heads_line(server, browser, where, model):
-    page = _open(browser, f"{server}/formation?" + _link(where, model))
+def test_play_shift_right_and_a_click_on_a_heads_line(server, tab, where, model):
+    page = _open(tab, f"{server}/formation?" + _link(where, model))
     try:
         steps = _steps(page)
         if where == "copy":
@@ -153,9 +161,8 @@ def test_play_shift_right_and_a_click_on_a_heads_line(server, browser, where, mo
         page.screenshot(path=str(ARTIFACTS / f"formation-{where}-{model}.png"))
     except BaseException:
         page.screenshot(path=str(ARTIFACTS / f"formation-{where}-{model}-failed.png"))
+        tab.close()  # the next test starts from a new context
         raise
-    finally:
-        page.context.close()
 
 
 # Every chart's legend that covers part of its plot area, its x axis's tick labels or its title: (chart title,
@@ -170,7 +177,7 @@ LEGEND_PAGES = [("formation", "en-de"), ("formation", "induction"), ("linearity"
 
 
 @pytest.mark.parametrize(("path", "history"), LEGEND_PAGES, ids=[h or p for p, h in LEGEND_PAGES])
-def test_no_legend_covers_its_chart_after_the_page_is_narrowed_and_widened(server, browser, path, history):
+def test_no_legend_covers_its_chart_after_the_page_is_narrowed_and_widened(server, tab, path, history):
     """The page drawn at one width, then at others, as when a sidebar folds away or a window is resized: each
     chart's legend stays off its plot and its x axis. With a legend in rows that wrap with the width, hung by
     its bottom, plotly left it where the old count of rows had put it: 36 px over the plot of every head's
@@ -178,12 +185,7 @@ def test_no_legend_covers_its_chart_after_the_page_is_narrowed_and_widened(serve
     angle addition; a legend placed in the plot's own units under it sat on the axis title at any width (the
     angle addition's, the phase change's)."""
     link = _link("shipped", history, present=1) if history else urlencode({"present": 1})
-    page = browser.new_context(viewport={"width": 900, "height": 720}).new_page()
-    try:
-        page.goto(f"{server}/{path}?{link}")
-        for width in (900, 1280, 1100, 1280):
-            page.set_viewport_size({"width": width, "height": 720})
-            settled(page, f"{path} at {width} px")
-            assert page.evaluate(LEGENDS_OVER_PLOTS) == [], f"at {width} px wide, after {page.url}"
-    finally:
-        page.context.close()
+    page = _open(tab, f"{server}/{path}?{link}", width=900, height=720)
+    for width in (900, 1280, 1100, 1280):
+        resized(page, width, 720, f"{path} at {width} px")  # laid out again for the width, then drawn
+        assert page.evaluate(LEGENDS_OVER_PLOTS) == [], f"at {width} px wide, after {page.url}"
