@@ -26,7 +26,10 @@ from attnviz.app import rooms
 
 pytestmark = pytest.mark.slow  # a server and two browsers: about a minute
 
-BOUND_S = 20.0  # how long the test waits for a follower to show a change (its speed: bench_class --follow)
+# How long the test waits for a follower to show a change (its speed is bench_class --follow's to measure).
+# 20 s ran out in two runs with two other processes spinning (AVX2-only EPYC), right after a replica was
+# killed and started again; with 60 s the same run passed.
+BOUND_S = 60.0
 VIEWPORT = {"width": 1400, "height": 1000}
 APP = "[data-testid='stApp']"
 CONNECTED = f"{APP}[data-test-connection-state='CONNECTED']"  # the page's websocket is up
@@ -109,7 +112,7 @@ def test_a_follower_follows_the_presenter_live(room_server, monkeypatch):
             student.goto(f"{url}/?follow={code}")  # the link opens the home page: the room takes it to decoding
             student.get_by_text(f"Following room {code}").wait_for(timeout=60_000)
             student.get_by_role("heading", name="Decoding, step by step").wait_for(timeout=60_000)
-            settled(student, "the follower's first view")
+            settled(student, "the follower's first view", idle=False)
             teacher.get_by_text("1 screen following").wait_for(timeout=10_000)  # counted within its refresh
 
             seen = []
@@ -125,7 +128,7 @@ def test_a_follower_follows_the_presenter_live(room_server, monkeypatch):
             seen.append(
                 _arrives(student, "the walkthrough", lambda s: s.get_by_role("heading", name="Forward-pass").count())
             )
-            settled(student, "the follower's walkthrough")
+            settled(student, "the follower's walkthrough", idle=False)
             for _ in range(2):  # and through the walkthrough's stages
                 teacher.locator(".st-key-_wt_next button").first.click()
                 settled(teacher, "the presenter's stage")
@@ -134,7 +137,7 @@ def test_a_follower_follows_the_presenter_live(room_server, monkeypatch):
 
             teacher.locator("[data-testid='stSidebar']").get_by_role("link", name="Attention explorer").click()
             settled(teacher, "the presenter's explorer")
-            settled(student, "the follower's explorer")
+            settled(student, "the follower's explorer", idle=False)
             plot = teacher.locator("[data-testid='stMain'] .js-plotly-plot .nsewdrag").first
             box = plot.bounding_box()
             teacher.mouse.click(box["x"] + box["width"] * 0.3, box["y"] + box["height"] * 0.3)  # points at a cell
@@ -222,7 +225,7 @@ def test_replicas_share_rooms_and_a_killed_one_loses_none(tmp_path, monkeypatch)
             student = browser.new_context(viewport=VIEWPORT).new_page()
             student.goto(f"{other}/?follow={code}")
             student.get_by_role("heading", name="Decoding, step by step").wait_for(timeout=60_000)
-            settled(student, "the follower's first view")
+            settled(student, "the follower's first view")  # a fresh replica's first run: its model loads
 
             def step(what: str) -> None:
                 teacher.locator(".st-key-_step_next button").first.click()
@@ -246,7 +249,7 @@ def test_replicas_share_rooms_and_a_killed_one_loses_none(tmp_path, monkeypatch)
                     settled(teacher, f"the presenter, back after the {who}'s replica")
                     assert _room_code(teacher) == code, f"the presenter resumes the room after the {who}'s replica"
                     student.get_by_text(f"Following room {code}").wait_for(timeout=60_000)
-                    settled(student, f"the follower, back after the {who}'s replica")
+                    settled(student, f"the follower, back after the {who}'s replica")  # a fresh start's first run
                     assert rooms.read(code).version >= version, "the room is still there"
                     step(f"after the {who}'s replica was killed")
                     for shown in (teacher, student):
