@@ -7,6 +7,8 @@ points were once found on a loaded machine), so it waits here until the drawn pa
 
 from __future__ import annotations
 
+import contextlib
+
 NOT_RUNNING = "[data-testid='stApp'][data-test-script-state='notRunning']"
 RUN_ENDS_S = 120  # a slow page on two busy cores
 QUIET_MS = 100  # two reads of the drawn page this far apart must agree
@@ -96,21 +98,29 @@ class Tab:
         self.browser, self.init_script, self._page = browser, init_script, None
 
     def page(self, viewport: dict):
-        """The tab at ``viewport``'s size, ready for a new address."""
-        if self._page is None or self._page.is_closed():
-            context = self.browser.new_context(viewport=viewport)
-            if self.init_script:
-                context.add_init_script(self.init_script)  # in every document the context opens
-            self._page = context.new_page()
-            return self._page
-        if self._page.viewport_size != viewport:
-            self._page.set_viewport_size(viewport)
-        if self._page.url.startswith("http"):
-            self._page.evaluate("() => sessionStorage.clear()")
+        """The tab at ``viewport``'s size, ready for a new address (a new context if the last page broke)."""
+        from playwright.sync_api import Error
+
+        if self._page is not None and not self._page.is_closed():
+            try:
+                if self._page.viewport_size != viewport:
+                    self._page.set_viewport_size(viewport)
+                # a page without storage (a data: address) throws inside; a crashed one cannot evaluate at all
+                self._page.evaluate("() => { try { sessionStorage.clear(); } catch (e) {} }")
+                return self._page
+            except Error:  # a crashed page, left by a test that failed
+                self.close()
+        context = self.browser.new_context(viewport=viewport)
+        if self.init_script:
+            context.add_init_script(self.init_script)  # in every document the context opens
+        self._page = context.new_page()
         return self._page
 
     def close(self) -> None:
-        """Close the tab's context: the next `page` starts a new one (after a test failed, say)."""
+        """Close the tab's context: the next `page` starts a new one."""
+        from playwright.sync_api import Error
+
         if self._page is not None:
-            self._page.context.close()
+            with contextlib.suppress(Error):  # a crashed page's context may be gone already
+                self._page.context.close()
         self._page = None

@@ -121,6 +121,17 @@ def browser_app(tmp_path_factory):
         yield url
 
 
+@pytest.fixture(scope="module")
+def browser_tab(request, browser):
+    """The module's one tab (browser_wait.Tab) in its own ``browser``: a test opens its pages in it by address
+    and leaves it open. A module's ``TAB_INIT_SCRIPT``, if it has one, runs in every document the tab opens."""
+    from browser_wait import Tab
+
+    shared = Tab(browser, getattr(request.module, "TAB_INIT_SCRIPT", None))
+    yield shared
+    shared.close()
+
+
 @pytest.fixture(scope="session")
 def tiny_cfg() -> TransformerConfig:
     return tiny_config()

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import presenter_checks
 import pytest
-from browser_wait import RUN_ENDS_S, Tab, resized, settled
+from browser_wait import RUN_ENDS_S, resized, settled
 
 from attnviz import api
 from attnviz.app import CUSTOM_PATH, registry
@@ -156,7 +156,7 @@ def server(browser_app):
 
 @pytest.fixture(scope="module")
 def browser():
-    """One chromium for the module; each test opens its own page (a fresh context: no cookies or storage shared)."""
+    """One chromium for the module: its tests open their pages in conftest.browser_tab, or in pages of their own."""
     from playwright.sync_api import sync_playwright
 
     _need_browser()
@@ -167,14 +167,6 @@ def browser():
             yield chromium
         finally:
             chromium.close()
-
-
-@pytest.fixture(scope="module")
-def tab(browser):
-    """The module's one tab (browser_wait.Tab): a test opens its pages in it by address, and leaves it open."""
-    shared = Tab(browser)
-    yield shared
-    shared.close()
 
 
 def _wait_for_run(page) -> None:
@@ -203,8 +195,8 @@ def _plot_titles(page) -> list[str]:
     return page.locator(".js-plotly-plot .gtitle").evaluate_all("titles => titles.map(t => t.textContent.trim())")
 
 
-def test_a_link_opens_the_exact_view_and_bad_values_fall_back_with_a_notice(server, tab):
-    page = tab.page({"width": 1400, "height": 1000})
+def test_a_link_opens_the_exact_view_and_bad_values_fall_back_with_a_notice(server, browser_tab):
+    page = browser_tab.page({"width": 1400, "height": 1000})
     # head 2: not the head this layer opens on, which a link leaves out of the address bar
     page.goto(f"{server}/explorer?model=reverse&src=h+e+l+l+o&kind=encoder&layer=2&head=2")
     _wait_for_run(page)
@@ -223,9 +215,9 @@ def test_a_link_opens_the_exact_view_and_bad_values_fall_back_with_a_notice(serv
     page.screenshot(path=str(ARTIFACTS / "link-fallback.png"))
 
 
-def test_clicking_an_importance_cell_switches_that_head_off(server, tab):
+def test_clicking_an_importance_cell_switches_that_head_off(server, browser_tab):
     """A real click on the importance grid of "Beyond the weights" fills the ablation panel."""
-    page = tab.page({"width": 1400, "height": 1000})
+    page = browser_tab.page({"width": 1400, "height": 1000})
     page.goto(f"{server}/beyond")
     _wait_for_run(page)
     grid = page.locator(".js-plotly-plot", has_text="Decoder self-attention (masked)").last
@@ -247,13 +239,13 @@ def _no_exception(page, what: str) -> None:
     assert page.locator("[data-testid='stException']").count() == 0, f"exception on {what}"
 
 
-def test_a_1000_token_input_opens_every_view(server, tab):
+def test_a_1000_token_input_opens_every_view(server, browser_tab):
     """A random model whose positions allow 1000 tokens: every view of the explorer, and Compare, draw."""
     from urllib.parse import urlencode
 
     views = ["One head", "All heads (model view)", "Lines", "Aggregate", "Head statistics", "Q-K embedding"]
     base = {"model": CUSTOM_PATH, "model_path": "long", "src": letters(LONG - 1), "kind": "encoder"}
-    page = tab.page({"width": 1400, "height": 1000})
+    page = browser_tab.page({"width": 1400, "height": 1000})
     for view in views:
         contrast = "logarithmic" if view == "Lines" else "each row to its maximum"  # as the radio shows it
         extra = {"contrast": contrast, "words": "true" if view == "Lines" else "false"}
@@ -280,8 +272,8 @@ def _plot_subtitles(page) -> list[str]:
     return page.locator(".js-plotly-plot").evaluate_all("plots => plots.map(p => p.textContent)")
 
 
-def test_a_click_on_the_grid_opens_that_head(server, tab):
-    page = tab.page({"width": 1400, "height": 1000})
+def test_a_click_on_the_grid_opens_that_head(server, browser_tab):
+    page = browser_tab.page({"width": 1400, "height": 1000})
     page.goto(f"{server}/explorer?model=en-de&kind=encoder&view=All+heads+%28model+view%29")
     _wait_for_run(page)
     # The script has finished; plotly draws the grid after that, in the browser: wait for its
@@ -351,7 +343,7 @@ def _presenter_problems(page, view: str, width: int, height: int) -> list[str]:
     return problems
 
 
-def test_presenter_mode_puts_each_pages_picture_on_a_readable_first_screen(server, tab):
+def test_presenter_mode_puts_each_pages_picture_on_a_readable_first_screen(server, browser_tab):
     """Every page, every tab and every walkthrough stage in presenter mode (presenter_checks), at 1920x1080 and
     at 1280x720: the main picture whole on the first screen, no empty band under a chart's title, colour bars'
     labels apart, axis titles whole, slider values clear of their sliders, and no text under 18 px, faded or
@@ -366,7 +358,7 @@ def test_presenter_mode_puts_each_pages_picture_on_a_readable_first_screen(serve
     stages = [title for _, title in stage_list(encoder_only=False)]  # the default model has both halves
     sizes = list(PRESENTER_SIZES)
     failures = []
-    page = tab.page({"width": sizes[0][0], "height": sizes[0][1]})
+    page = browser_tab.page({"width": sizes[0][0], "height": sizes[0][1]})
     for name, path in PAGES.items():
         for view in presenter_checks.views(page, f"{server}/{path}", name, settled, stages):
             for i, (width, height) in enumerate(sizes):
@@ -501,7 +493,7 @@ def _go_by_the_sidebar(page, registered) -> None:
 
 
 @pytest.mark.parametrize("model", LM_MODELS, ids=["induction", *LM_FAMILIES])
-def test_every_page_draws_a_language_model(server, tab, model):
+def test_every_page_draws_a_language_model(server, browser_tab, model):
     """The shipped induction model and random GPT-2, Llama and Qwen2 folders on every page: each page draws
     with no exception and no error message, and the sidebar asks for a prompt. Each model opens a quarter of
     the pages from a link and reaches the others by the sidebar, as a visitor does; the four models share
@@ -515,7 +507,7 @@ def test_every_page_draws_a_language_model(server, tab, model):
     which = LM_MODELS.index(model)
     pages = list(registry.PAGES)
     pages = pages[which:] + pages[:which]  # the walk starts on a page this model opens from a link
-    page = tab.page({"width": 1400, "height": 1000})
+    page = browser_tab.page({"width": 1400, "height": 1000})
     for at, registered in enumerate(pages):
         name, path = registered.url_path or "home", registered.url_path
         if at % len(LM_MODELS) == 0:
@@ -533,14 +525,14 @@ def test_every_page_draws_a_language_model(server, tab, model):
     page.screenshot(path=str(ARTIFACTS / f"lm-{name}-last-page.png"))
 
 
-def test_a_long_prompt_is_drawn_tile_by_tile_and_a_dragged_box_zooms_exactly(server, tab, browser):
+def test_a_long_prompt_is_drawn_tile_by_tile_and_a_dragged_box_zooms_exactly(server, browser_tab, browser):
     """A 3000-token prompt, over what the server makes at once: one head's overview, a box dragged on it
     opens that region exactly (its weights on hover), and every head and the statistics draw too."""
     from urllib.parse import urlencode
 
     params = {"model": CUSTOM_PATH, "model_path": "long-lm", "src": letters(LONG_LM - 1), "layer": "2", "head": "1"}
     overview = f"queries 0-{LONG_LM - 1}, keys 0-{LONG_LM - 1}"
-    page = tab.page({"width": 1400, "height": 1000})
+    page = browser_tab.page({"width": 1400, "height": 1000})
     page.goto(f"{server}/explorer?" + urlencode({**params, "view": "One head"}))
     _wait_for_run(page)
     _no_exception(page, "a long prompt's one head")

@@ -59,6 +59,7 @@ WATCH = """(() => {
         attributeFilter: ['data-test-script-state'],
     });
 })();"""
+TAB_INIT_SCRIPT = WATCH  # conftest.browser_tab: in every document the module's tab opens
 
 # What stepping with the keyboard moves: plot titles, the main area's selectboxes, sliders and open tab.
 VIEW_STATE = """() => {
@@ -257,18 +258,11 @@ def _follow_the_link(tab: Tab, page, where: str) -> None:
         raise
 
 
-@pytest.fixture(scope="module")
-def tab(browser):
-    opened = Tab(browser, WATCH)
-    yield opened
-    opened.close()
-
-
 @pytest.mark.parametrize(("model", "path"), CASES, ids=[f"{m}-{p or 'home'}" for m, p in CASES])
-def test_clicking_everything_a_person_can(server, tab, model, path):  # noqa: F811 - server: the fixture
+def test_clicking_everything_a_person_can(server, browser_tab, model, path):  # noqa: F811 - server: the fixture
     where = f"{path or 'home'} with {model}"
     started = time.monotonic()
-    page = _open(tab, f"{server}/{path}")
+    page = _open(browser_tab, f"{server}/{path}")
     try:
         _check(page, f"{where}: the first screen")
         assert not page.evaluate(_TITLE_CLASHES), f"{where}: a title runs into its key labels on the first screen"
@@ -278,9 +272,8 @@ def test_clicking_everything_a_person_can(server, tab, model, path):  # noqa: F8
         _press_buttons(page, where, budget)
         _steps_with_keys(page, where, budget)
         _pick_second_values(page, where, budget)
-        _follow_the_link(tab, page, where)
+        _follow_the_link(browser_tab, page, where)
     except BaseException:
         page.screenshot(path=str(ARTIFACTS / f"clicks-{model}-{path or 'home'}-failed.png"))
-        tab.close()  # the next case starts from a new context
         raise
     print(f"{where}: {time.monotonic() - started:.1f} s")

@@ -13,7 +13,7 @@ from urllib.parse import urlencode
 
 import presenter_checks
 import pytest
-from browser_wait import Tab, resized, settled
+from browser_wait import resized, settled
 from formation_histories import STEPS, write_history
 from test_browser import ARTIFACTS, CHROMIUM, CHROMIUM_ARGS, _need_browser, running_app
 
@@ -91,14 +91,6 @@ def browser(server):
         browser.close()
 
 
-@pytest.fixture(scope="module")
-def tab(browser):
-    """The module's one tab (browser_wait.Tab): each test opens its page in it by address."""
-    shared = Tab(browser)
-    yield shared
-    shared.close()
-
-
 def _open(tab, url: str, width: int = 1400, height: int = 1000):
     page = tab.page({"width": width, "height": height})
     page.goto(url)
@@ -121,8 +113,8 @@ SHOWN_STEP_LIST = """() => {
 
 
 @pytest.mark.parametrize(("where", "model"), CASES, ids=[f"{w}-{m}" for w, m in CASES])
-def test_play_shift_right_and_a_click_on_a_heads_line(server, tab, where, model):
-    page = _open(tab, f"{server}/formation?" + _link(where, model))
+def test_play_shift_right_and_a_click_on_a_heads_line(server, browser_tab, where, model):
+    page = _open(browser_tab, f"{server}/formation?" + _link(where, model))
     try:
         steps = _steps(page)
         if where == "copy":
@@ -161,7 +153,6 @@ def test_play_shift_right_and_a_click_on_a_heads_line(server, tab, where, model)
         page.screenshot(path=str(ARTIFACTS / f"formation-{where}-{model}.png"))
     except BaseException:
         page.screenshot(path=str(ARTIFACTS / f"formation-{where}-{model}-failed.png"))
-        tab.close()  # the next test starts from a new context
         raise
 
 
@@ -177,7 +168,7 @@ LEGEND_PAGES = [("formation", "en-de"), ("formation", "induction"), ("linearity"
 
 
 @pytest.mark.parametrize(("path", "history"), LEGEND_PAGES, ids=[h or p for p, h in LEGEND_PAGES])
-def test_no_legend_covers_its_chart_after_the_page_is_narrowed_and_widened(server, tab, path, history):
+def test_no_legend_covers_its_chart_after_the_page_is_narrowed_and_widened(server, browser_tab, path, history):
     """The page drawn at one width, then at others, as when a sidebar folds away or a window is resized: each
     chart's legend stays off its plot and its x axis. With a legend in rows that wrap with the width, hung by
     its bottom, plotly left it where the old count of rows had put it: 36 px over the plot of every head's
@@ -185,7 +176,7 @@ def test_no_legend_covers_its_chart_after_the_page_is_narrowed_and_widened(serve
     angle addition; a legend placed in the plot's own units under it sat on the axis title at any width (the
     angle addition's, the phase change's)."""
     link = _link("shipped", history, present=1) if history else urlencode({"present": 1})
-    page = _open(tab, f"{server}/{path}?{link}", width=900, height=720)
+    page = _open(browser_tab, f"{server}/{path}?{link}", width=900, height=720)
     for width in (900, 1280, 1100, 1280):
         resized(page, width, 720, f"{path} at {width} px")  # laid out again for the width, then drawn
         assert page.evaluate(LEGENDS_OVER_PLOTS) == [], f"at {width} px wide, after {page.url}"
