@@ -32,7 +32,14 @@ def shows_content(at: AppTest) -> bool:
     return bool(at.get("plotly_chart") or at.dataframe or at.table)
 
 
-@pytest.mark.parametrize("page", [page.path for page in registry.PAGES])
+# 1.5 s or more each in the quick tier on a 2-core AMD EPYC with AVX2 only: in the full suite only
+SLOW_PAGES = {"pages/beyond.py", "pages/formation.py", "pages/atlas.py"}
+
+
+@pytest.mark.parametrize(
+    "page",
+    [pytest.param(p.path, marks=pytest.mark.slow) if p.path in SLOW_PAGES else p.path for p in registry.PAGES],
+)
 def test_page_runs_on_defaults(page):
     at = open_app(page)
     assert_ok(at)
@@ -85,6 +92,7 @@ def test_explorer_every_widget():
     assert "CSV of what is shown" in labels and "NPZ of every map" in labels
 
 
+@pytest.mark.slow  # 1.5 s or more in the quick tier on a 2-core AMD EPYC with AVX2 only
 def test_explorer_other_model_and_device():
     at = open_app("pages/explorer.py")
     at.sidebar.selectbox(key="model").set_value("reverse").run()
@@ -424,6 +432,7 @@ def test_compare_two_sentences_draws_their_difference_when_the_shapes_match():
     assert_ok(at)
 
 
+@pytest.mark.slow  # 1.5 s or more in the quick tier on a 2-core AMD EPYC with AVX2 only
 def test_compare_two_models_says_why_there_is_no_difference():
     at = open_app("pages/compare.py")
     at.radio(key="cmp_what").set_value("model").run()

@@ -205,6 +205,7 @@ def _whole_and_stopped(bundle, corpus, tmp_path):
     return whole, out
 
 
+@pytest.mark.slow  # 1.5 s or more in the quick tier on a 2-core AMD EPYC with AVX2 only
 def test_a_run_killed_after_some_shards_resumes_to_the_same_atlas(bundle, corpus, tmp_path):
     whole, out = _whole_and_stopped(bundle, corpus, tmp_path)
     written = sorted(p.name for p in (out / "shards").iterdir())

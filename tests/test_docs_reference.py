@@ -125,6 +125,7 @@ def test_no_sphinx_roles_in_sources():
     assert not found, "Sphinx roles, which the reference shows as literal text:\n" + "\n".join(found)
 
 
+@pytest.mark.slow  # 1.5 s or more in the quick tier on a 2-core AMD EPYC with AVX2 only
 def test_examples_are_fenced():
     """Every example is a fenced block: no doctest prompt, reST literal block or indented block outside one."""
     problems = []

@@ -71,6 +71,7 @@ def test_the_qr_code_holds_the_link():
     assert [(r.text, r.format.name) for r in found] == [(link, "QRCode")]
 
 
+@pytest.mark.slow  # 1.5 s or more in the quick tier on a 2-core AMD EPYC with AVX2 only
 def test_a_follower_gets_the_presenters_page_and_view_and_never_the_secret(room_store):
     presenter = open_app("pages/explorer.py")
     mine = _open_room(presenter)

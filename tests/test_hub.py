@@ -226,6 +226,7 @@ def test_with_downloads_allowed_a_visitor_may_fetch_a_model(online, marian_files
         visitor_model("test-org/other")
 
 
+@pytest.mark.slow  # 1.5 s or more in the quick tier on a 2-core AMD EPYC with AVX2 only
 @pytest.mark.usefixtures("fresh_streamlit_caches")
 def test_the_app_opens_a_cached_hub_id_and_refuses_an_uncached_one(cache, monkeypatch):
     from conftest import open_app

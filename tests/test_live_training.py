@@ -110,6 +110,7 @@ def test_the_operator_sets_how_many_at_once_and_can_turn_it_off(stand_in, monkey
         assert LiveSettings.from_environment().trainings == 1
 
 
+@pytest.mark.slow  # 1.5 s or more in the quick tier on a 2-core AMD EPYC with AVX2 only
 def test_a_run_whose_visitor_stops_beating_is_stopped_its_folder_deleted_and_its_slot_freed(stand_in):
     settings = LiveSettings(trainings=1, cpu_seconds=120, left_after=0.5)
     run = live_runs.start("reverse", settings)

@@ -23,6 +23,7 @@ def charts(at) -> list:
     return list(at.get("plotly_chart"))
 
 
+@pytest.mark.slow  # 1.5 s or more in the quick tier on a 2-core AMD EPYC with AVX2 only
 def test_the_models_examples_give_a_map_a_table_and_typical_sentences():
     at = open_app(PAGE)
     assert_ok(at)
@@ -129,6 +130,7 @@ def test_a_folder_outside_the_roots_is_refused_naming_only_what_was_typed(atlas_
     assert str(atlas_root) not in at.error[0].value
 
 
+@pytest.mark.slow  # 1.5 s or more in the quick tier on a 2-core AMD EPYC with AVX2 only
 def test_a_model_folder_that_is_not_an_atlas_says_so(atlas_root, tmp_path):
     (atlas_root / "empty").mkdir()
     at = open_app(PAGE)

@@ -50,6 +50,7 @@ def use_checkpoint(at: AppTest, path: str) -> None:
     at.sidebar.text_input(key="model_path").set_value(path).run()
 
 
+@pytest.mark.slow  # 1.5 s or more in the quick tier on a 2-core AMD EPYC with AVX2 only
 @pytest.mark.parametrize("page", [POSITIONAL, LINEARITY])
 def test_page_runs_on_defaults_and_opens_with_an_explanation(page):
     at = open_app(page)
@@ -62,6 +63,7 @@ def test_page_runs_on_defaults_and_opens_with_an_explanation(page):
     assert len(at.caption) >= len(at.get("plotly_chart")) - 1, "every chart has a caption"
 
 
+@pytest.mark.slow  # 1.5 s or more in the quick tier on a 2-core AMD EPYC with AVX2 only
 def test_positional_defaults_show_the_models_positions():
     at = open_app(POSITIONAL)
     assert "en-de: sinusoidal positions" in texts(at)
@@ -97,6 +99,7 @@ def test_positional_every_control():
     assert at.multiselect(key="pe_dims").value == [1]
 
 
+@pytest.mark.slow  # 1.5 s or more in the quick tier on a 2-core AMD EPYC with AVX2 only
 def test_linearity_defaults_show_rounding_only_and_the_models_fit():
     at = open_app(LINEARITY)
     assert "Largest residual over every position: **1.19e-07**" in texts(at)  # float32 table by default

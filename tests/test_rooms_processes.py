@@ -52,6 +52,7 @@ def answer(*args: str) -> dict:
     return json.loads(out.strip().splitlines()[-1])
 
 
+@pytest.mark.slow  # 1.5 s or more in the quick tier on a 2-core AMD EPYC with AVX2 only
 def test_a_room_opened_by_one_process_is_driven_by_another_after_a_kill(where):
     room = answer("open", where)
     store = store_at(where)
@@ -80,6 +81,7 @@ def test_a_room_opened_by_one_process_is_driven_by_another_after_a_kill(where):
     assert here.read(room["code"]).version >= first["version"]
 
 
+@pytest.mark.slow  # 1.5 s or more in the quick tier on a 2-core AMD EPYC with AVX2 only
 def test_two_processes_writing_at_once_lose_no_change(where):
     room = answer("open", where)
     n = 150

@@ -102,6 +102,7 @@ def test_a_worker_computes_on_the_threads_the_operator_gives_it(monkeypatch):
         limit_numpy_blas(1)
 
 
+@pytest.mark.slow  # 1.5 s or more in the quick tier on a 2-core AMD EPYC with AVX2 only
 def test_every_page_of_the_app_takes_one_thread_for_torch_and_numpy(fresh_streamlit_caches):
     import torch
     from conftest import open_app
