@@ -8,11 +8,11 @@ import numpy as np
 import streamlit as st
 
 from attnviz import analysis, qk, tiles
-from attnviz.app import bound, clamp_state, domain_notice, download_buttons, shared, truncation_notice, views
+from attnviz.app import bound, clamp_state, domain_notice, download_buttons, shared, truncation_notice, viewport, views
 from attnviz.app.cache import long_text
 from attnviz.app.follow import map_chart
 from attnviz.app.frame import Context, frame
-from attnviz.app.present import picture_area, room
+from attnviz.app.present import PICTURE_MAX_PX, TICK_PX, picture_area, presenting, room
 from attnviz.app.views import (
     EXACT_MAX,
     kind_choice,
@@ -27,7 +27,7 @@ from attnviz.app.widgets import Download, export_download
 from attnviz.export import AttentionExport
 from attnviz.figures.attention import lines_view
 from attnviz.figures.common import export_config
-from attnviz.figures.embedding import COLOUR_BY, qk_scatter
+from attnviz.figures.embedding import COLOUR_BY, hover_only, qk_scatter
 from attnviz.figures.images import head_grid, pooled_head_grid
 from attnviz.kinds import KINDS, TITLES, allowed
 
@@ -54,6 +54,7 @@ def intro(ctx: Context) -> str:
     return LM_INTRO if config.decoder_only else ENCODER_INTRO if config.encoder_only else INTRO
 
 
+PHONE_PLOT_PX = 180  # the Q-K embedding's plot area on a phone, beside its colour bar (about 330-400 px for the figure)
 LONG_LINES = 1000  # beyond EXACT_MAX tokens, the lines view draws at most this many (one trace each: slow to draw)
 VIEWS = {
     "one": "One head",
@@ -377,7 +378,15 @@ def draw_qk(p: Picked) -> None:
     )
     rows, columns = p.labels(pieces)
     title = f"{p.title}: Q-K embedding"
-    fig = shared("qk-figure", (*key, colour_by), lambda: qk_scatter(embedding, rows, columns, kind, colour_by, title))
+    # The tokens are placed apart for the layout they are drawn in: a projector's larger text and shorter
+    # picture (attnviz.app.present.room), or a phone's narrow plot.
+    layout = {"label_px": TICK_PX, "height": PICTURE_MAX_PX} if presenting() else {}
+    layout |= {"min_width": PHONE_PLOT_PX} if viewport.narrow() else {}
+    fig = shared(
+        "qk-figure",
+        (*key, colour_by, *sorted(layout.items())),
+        lambda: qk_scatter(embedding, rows, columns, kind, colour_by, title, **layout),
+    )
     st.caption(
         "Queries and keys of this head in one plane (AttentionViz, Yeh et al. 2023). Before projecting, keys are "
         "moved so that their centroid is the queries' and queries scaled by c, keys by 1/c: **neither changes any "
@@ -385,6 +394,11 @@ def draw_qk(p: Picked) -> None:
         "key the same length, so that in the full space a key nearer a query gets more of its attention, exactly. "
         f"The plane (PCA) keeps {embedding.explained:.0%} of the spread; there, nearness and attention agree with "
         f"a rank correlation of {agreement:.2f} per query on average (1 would be exact)."
+        + (
+            f" {hidden} of the tokens are on hover only: their labels would cover others."
+            if (hidden := hover_only(fig))
+            else ""
+        )
     )
     st.plotly_chart(room(fig), width="stretch", config=export_config(f"{p.stem.removesuffix('-words')}-qk", "png"))
 

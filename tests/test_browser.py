@@ -571,3 +571,39 @@ def test_a_long_prompt_is_drawn_tile_by_tile_and_a_dragged_box_zooms_exactly(ser
         errors = page.locator("[data-testid='stAlertContentError']").all_inner_texts()
         assert not errors, f"{view}: {errors}"
     assert page.locator("[data-testid='stDataFrame']").count() == 1, "the statistics table"
+
+
+# Every pair of the Q-K embedding's drawn tokens, as the browser laid them out: the indices of those that overlap
+# (by more than a pixel), and how many tokens are drawn.
+QK_TOKENS_APART = """() => {
+    const plot = document.querySelector("[data-testid='stMain'] .js-plotly-plot");
+    const boxes = [...plot.querySelectorAll('.textpoint text')].filter(t => t.textContent.trim())
+        .map(t => [t.textContent, t.getBoundingClientRect()]);
+    const over = (a, b) => a.left < b.right - 1 && b.left < a.right - 1 && a.top < b.bottom - 1 && b.top < a.bottom - 1;
+    const overlapping = [];
+    boxes.forEach(([s, a], i) => boxes.slice(i + 1).forEach(([t, b]) => { if (over(a, b)) overlapping.push([s, t]); }));
+    return {drawn: boxes.length, points: plot.querySelectorAll('.scatterlayer .point').length, overlapping};
+}"""
+
+
+def test_the_qk_embeddings_tokens_never_cover_each_other(server, browser_tab):
+    """The default sentence's Q-K embedding as a visitor, a projector and a phone draw it: no drawn token covers
+    another (checked on the browser's own text layout, not the figure's estimate), and the caption counts the
+    tokens left to the hover."""
+    import re
+
+    for what, viewport, query in (
+        ("1280x720", {"width": 1280, "height": 720}, "view=qk"),
+        ("presenter mode", {"width": 1280, "height": 720}, "view=qk&present=true&kind=decoder"),
+        ("a phone", {"width": 390, "height": 844}, "view=qk&kind=encoder"),
+    ):
+        page = browser_tab.page(viewport)
+        page.goto(f"{server}/explorer?{query}")
+        _wait_for_run(page)
+        _no_exception(page, what)
+        found = page.evaluate(QK_TOKENS_APART)
+        assert not found["overlapping"], f"{what}: tokens drawn over each other: {found['overlapping']}"
+        caption = " ".join(page.locator("[data-testid='stMain'] [data-testid='stCaptionContainer']").all_inner_texts())
+        hover = re.search(r"(\d+) of the tokens are on hover only", caption)
+        assert found["drawn"] + (int(hover.group(1)) if hover else 0) == found["points"], (what, found, caption)
+        assert found["drawn"] >= found["points"] // 2, f"{what}: most tokens are drawn: {found}"

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from attnviz.figures.atlas import head_map
-from attnviz.figures.embedding import qk_scatter
+from attnviz.figures.embedding import hover_only, place_labels, qk_scatter
 from attnviz.figures.walkthrough import feed_arrow
 from attnviz.qk import qk_embedding
 
@@ -56,6 +56,53 @@ def test_qk_long_inputs_keep_tokens_in_the_hover_only():
     for trace, role in ((queries, "query"), (keys, "key")):
         assert trace.mode == "markers" and trace.text is None
         assert trace.hovertext[59] == f"{role}, position 59: t59"
+
+
+def _drawn_boxes(points, texts, places, px):
+    """Our own boxes of the placed tokens, from plotly's meaning of each text position (y upwards, px)."""
+    r, height = 9 / 2 + 2, LINE_EM * px
+    boxes = []
+    for trace, tokens, where in zip(points, texts, places, strict=True):
+        for (x, y), token, place in zip(trace, tokens, where, strict=True):
+            if place is None:
+                continue
+            width = CHAR_EM * px * len(token)
+            vertical, horizontal = place.split()
+            x0 = {"center": x - width / 2, "right": x + r if vertical == "middle" else x}.get(horizontal)
+            if horizontal == "left":
+                x0 = x - width - (r if vertical == "middle" else 0)
+            y0 = {"top": y + r, "bottom": y - r - height, "middle": y - height / 2}[vertical]
+            boxes.append((token, x0, x0 + width, y0, y0 + height))
+    return boxes
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_qk_tokens_are_placed_apart_or_left_to_the_hover(seed):
+    rng = np.random.default_rng(seed)
+    points = [rng.uniform(0, 300, size=(25, 2)), rng.uniform(0, 300, size=(25, 2))]
+    texts = [[f"q{i}" * (1 + i % 3) for i in range(25)], [f"key{i}" for i in range(25)]]
+    places = place_labels(points, texts, ["top center", "bottom center"], 14, bounds=(-50, 350, -50, 350))
+    boxes = _drawn_boxes(points, texts, places, 14)
+    for (s, *a), (t, *b) in itertools.combinations(boxes, 2):
+        assert not (a[0] < b[1] and b[0] < a[1] and a[2] < b[3] and b[2] < a[3]), f"{s!r} and {t!r} overlap"
+    assert len(boxes) >= 25, "at most half of the tokens go to the hover on a 300 px square"
+    assert all(-50 <= b[1] and b[2] <= 350 and -50 <= b[3] and b[4] <= 350 for b in boxes), "inside the bounds"
+
+
+def test_qk_tokens_with_room_keep_their_first_places_and_crowded_ones_go_to_the_hover():
+    apart = [np.array([[0.0, 0.0], [200.0, 0.0]]), np.array([[0.0, 100.0], [200.0, 100.0]])]
+    texts = [["a", "b"], ["c", "d"]]
+    places = place_labels(apart, texts, ["top center", "bottom center"], 14, bounds=(-100, 300, -100, 200))
+    assert places == [["top center", "top center"], ["bottom center", "bottom center"]]
+    same = [np.zeros((6, 2)), np.zeros((6, 2))]  # twelve tokens at one spot: eight places around it
+    places = place_labels(same, [["word"] * 6] * 2, ["top center", "bottom center"], 14, bounds=(-99, 99, -99, 99))
+    assert 0 < sum(p is not None for trace in places for p in trace) <= 8
+    e = qk_embedding(np.zeros((6, 8)) + np.eye(6, 8) * 1e-3, np.zeros((6, 8)) + np.eye(6, 8) * 1e-3)
+    tokens = [f"token{i}" for i in range(6)]
+    fig = qk_scatter(e, tokens, tokens, "encoder")
+    hidden = hover_only(fig)
+    assert 0 < hidden < 12, "points on top of each other: some tokens drawn, the others on hover"
+    assert all(len(trace.hovertext) == 6 for trace in fig.data), "every point keeps its token on hover"
 
 
 def test_qk_ranges_leave_room_for_the_outermost_tokens():

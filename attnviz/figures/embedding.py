@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import html
 from collections.abc import Sequence
 
 import numpy as np
@@ -16,10 +17,18 @@ ROLE_PLURALS = {"query": "queries", "key": "keys"}
 POSITION_COLORSCALE = "Viridis"
 # Above this many points a trace's tokens are in the hover only: written on every point they blur.
 MAX_POINT_LABELS = 40
-# Query i and key i often lie close together: their tokens go on opposite sides of the markers.
+# Query i and key i often lie close together: their tokens go on opposite sides of the markers first.
 TEXT_POSITIONS = {"query": "top center", "key": "bottom center"}
+# Where else a token may go when its first place would cover another token or a marker, in this order.
+OTHER_POSITIONS = ("middle right", "middle left", "top right", "bottom right", "top left", "bottom left")
 # Room around the outermost points, as shares of the larger span, so that their tokens stay inside.
 PAD_ACROSS, PAD_UP = 0.12, 0.08
+# The plot area of a figure of height h is about h - FRAME_PX tall (title, subtitle, axis title, legend).
+FRAME_PX = 200
+MARKER_PX = 9  # marker size (diameter) while points are labelled
+# A token's drawn width, per character, in units of the font size: wider than Source Sans's own letters
+# (about 0.5) so that an estimate errs towards room; arrows, "▁" and other symbols take about one unit.
+CHAR_EM, SYMBOL_EM, LINE_EM, GAP_PX = 0.6, 1.0, 1.25, 2.0
 
 
 def qk_scatter(
@@ -29,14 +38,23 @@ def qk_scatter(
     kind: str,
     colour_by: str = "position",
     title: str | None = None,
+    label_px: float = TICK_FONT["size"],
+    height: int = 620,
+    min_width: float | None = None,
 ) -> go.Figure:
     """Queries (circles) and keys (crosses) of one head on the embedding's two principal axes.
 
     ``colour_by`` "position" colours each point by its token's position (a shared scale for both,
     so query i and key i have one colour), "role" colours queries and keys apart. Each point is
-    labelled with its token (queries above, keys below), up to ``MAX_POINT_LABELS`` points a trace;
-    hover gives the role, position and token. The axes have no units of their own: only distances
-    mean something.
+    labelled with its token, up to ``MAX_POINT_LABELS`` points a trace: queries above, keys below, or
+    beside their marker where that would cover another token or marker (`place_labels`); a token that
+    finds no free place is on hover only (`hover_only` counts them). Hover gives the role,
+    position and token of every point. The axes have no units of their own: only distances mean
+    something.
+
+    The places are worked out for tokens ``label_px`` high in a figure ``height`` px tall whose plot
+    area is at least ``min_width`` px wide (default: as wide as it is tall), the layouts the app
+    draws it in (a projector's larger text, a phone's narrow screen).
     """
     if colour_by not in COLOUR_BY:
         raise ValueError(f"colour_by must be one of {', '.join(COLOUR_BY)}; got {colour_by!r}")
@@ -44,12 +62,33 @@ def qk_scatter(
     check_tokens(len(embedding.queries), query_tokens, "query")
     check_tokens(len(embedding.keys), key_tokens, "key")
     longest = max(len(query_tokens), len(key_tokens), 2) - 1
+    low, high = embedding.points.min(axis=0), embedding.points.max(axis=0)
+    span = float(max(high - low)) or 1.0
+    x_range = [low[0] - PAD_ACROSS * span, high[0] + PAD_ACROSS * span]
+    y_range = [low[1] - PAD_UP * span, high[1] + PAD_UP * span]
+    query_labels, key_labels = plotly_labels(query_tokens), plotly_labels(key_tokens)
+    places = {"query": None, "key": None}
+    if len(query_tokens) <= MAX_POINT_LABELS or len(key_tokens) <= MAX_POINT_LABELS:
+        plot_px = max(height - FRAME_PX, 100)
+        # the scale: equal on both axes (scaleanchor), set by the longer padded span or the narrower side
+        px = min(plot_px / (y_range[1] - y_range[0]), (min_width or plot_px) / (x_range[1] - x_range[0]))
+        texts = [
+            [html.unescape(label_text(label)) for label in labels] if len(labels) <= MAX_POINT_LABELS else None
+            for labels in (query_labels, key_labels)
+        ]
+        places["query"], places["key"] = place_labels(
+            [embedding.queries * px, embedding.keys * px],
+            texts,
+            [TEXT_POSITIONS["query"], TEXT_POSITIONS["key"]],
+            label_px,
+            bounds=(x_range[0] * px, x_range[1] * px, y_range[0] * px, y_range[1] * px),
+        )
     traces = []
-    for role, points, tokens, symbol, axis in (
-        ("query", embedding.queries, query_tokens, "circle", query_axis),
-        ("key", embedding.keys, key_tokens, "x", key_axis),
+    for role, points, tokens, labels, symbol, axis in (
+        ("query", embedding.queries, query_tokens, query_labels, "circle", query_axis),
+        ("key", embedding.keys, key_tokens, key_labels, "x", key_axis),
     ):
-        marker = {"symbol": symbol, "size": 9 if len(tokens) <= 200 else 5}
+        marker = {"symbol": symbol, "size": MARKER_PX if len(tokens) <= 200 else 5}
         if colour_by == "role":
             marker["color"] = ROLE_COLOURS[role]
         else:
@@ -61,16 +100,18 @@ def qk_scatter(
                 "showscale": role == "query",
                 "colorbar": {"title": {"text": "position"}},
             }
-        labels, labelled = plotly_labels(tokens), len(tokens) <= MAX_POINT_LABELS
+        where = places[role]  # a place per point, None where its token is on hover only
         traces.append(
             go.Scatter(
                 x=points[:, 0],
                 y=points[:, 1],
-                mode="markers+text" if labelled else "markers",
+                mode="markers+text" if where is not None else "markers",
                 marker=marker,
                 name=f"{ROLE_PLURALS[role]} ({axis.split(': ', 1)[1]})",
-                text=[label_text(label) for label in labels] if labelled else None,
-                textposition=TEXT_POSITIONS[role],
+                text=None
+                if where is None
+                else [label_text(lb) if p else "" for lb, p in zip(labels, where, strict=True)],
+                textposition=None if where is None else [p or TEXT_POSITIONS[role] for p in where],
                 textfont=TICK_FONT,
                 cliponaxis=False,
                 hovertext=[f"{role}, position {label.replace(' ', ': ', 1)}" for label in labels],
@@ -86,20 +127,18 @@ def qk_scatter(
                 "a key nearer a query gets more of its attention (exactly so in the full space)"
             },
         },
-        height=620,
+        height=height,
         margin={"l": 40, "r": 40, "t": 110, "b": 10},
         font=TICK_FONT,
         legend=FOOT_LEGEND,
         plot_bgcolor="white",
     )
-    low, high = embedding.points.min(axis=0), embedding.points.max(axis=0)
-    span = float(max(high - low)) or 1.0
     fig.update_xaxes(
         title="principal axis 1",
         showgrid=False,
         zeroline=False,
         showticklabels=False,
-        range=[low[0] - PAD_ACROSS * span, high[0] + PAD_ACROSS * span],
+        range=x_range,
     )
     fig.update_yaxes(
         title="principal axis 2",
@@ -108,6 +147,73 @@ def qk_scatter(
         showticklabels=False,
         scaleanchor="x",
         scaleratio=1,
-        range=[low[1] - PAD_UP * span, high[1] + PAD_UP * span],
+        range=y_range,
     )
     return fig
+
+
+def hover_only(fig: go.Figure) -> int:
+    """How many of a `qk_scatter` figure's labelled points have their token on hover only."""
+    return sum(text == "" for trace in fig.data if trace.text is not None for text in trace.text)
+
+
+def _text_width(text: str, px: float) -> float:
+    """An upper estimate of ``text``'s drawn width at a font ``px`` high."""
+    return px * sum(CHAR_EM if ch.isascii() else SYMBOL_EM for ch in text)
+
+
+def _box(x: float, y: float, position: str, width: float, height: float) -> tuple[float, float, float, float]:
+    """(left, right, bottom, top) of a token placed at ``position`` by a marker at (x, y), y upwards, px."""
+    r = MARKER_PX / 2 + GAP_PX
+    vertical, horizontal = position.split()
+    left = {"center": x - width / 2, "right": x + (r if vertical == "middle" else 0), "left": x - width}[horizontal]
+    if horizontal == "left" and vertical == "middle":
+        left -= r
+    bottom = {"top": y + r, "bottom": y - r - height, "middle": y - height / 2}[vertical]
+    return left, left + width, bottom, bottom + height
+
+
+def _overlaps(a: tuple[float, ...], b: tuple[float, ...]) -> bool:
+    return a[0] < b[1] and b[0] < a[1] and a[2] < b[3] and b[2] < a[3]
+
+
+def place_labels(
+    points: Sequence[np.ndarray],
+    texts: Sequence[Sequence[str] | None],
+    first: Sequence[str],
+    px: float,
+    bounds: tuple[float, float, float, float],
+) -> list[list[str | None] | None]:
+    """Where each point's token goes, so that no two tokens and no token and marker overlap.
+
+    ``points``: one (n, 2) array per trace, in pixels (y upwards); ``texts``: each trace's tokens (None:
+    that trace is not labelled); ``first``: each trace's preferred plotly text position; ``px``: the
+    font size; ``bounds``: (left, right, bottom, top) that a token must stay within. Greedy, position
+    by position across the traces (query 0, key 0, query 1, ...): each token takes the first of its
+    preferred place and `OTHER_POSITIONS` that is free, or None (hover only) where none is. Returns
+    per trace a place per point, or None for a trace without tokens.
+    """
+    height = LINE_EM * px
+    markers = [
+        (x - MARKER_PX / 2, x + MARKER_PX / 2, y - MARKER_PX / 2, y + MARKER_PX / 2) for t in points for x, y in t
+    ]
+    placed: list[tuple[float, float, float, float]] = []
+    out: list[list[str | None] | None] = [None if t is None else [None] * len(t) for t in texts]
+    longest = max((len(t) for t in texts if t is not None), default=0)
+    for i in range(longest):
+        for trace, tokens, preferred, where in zip(points, texts, first, out, strict=True):
+            if tokens is None or i >= len(tokens):
+                continue
+            if not tokens[i].strip():  # nothing to draw: nothing to hide either
+                where[i] = preferred
+                continue
+            x, y = trace[i]
+            width = _text_width(tokens[i], px)
+            for position in (preferred, *(p for p in (*TEXT_POSITIONS.values(), *OTHER_POSITIONS) if p != preferred)):
+                box = _box(float(x), float(y), position, width, height)
+                inside = bounds[0] <= box[0] and box[1] <= bounds[1] and bounds[2] <= box[2] and box[3] <= bounds[3]
+                if inside and not any(_overlaps(box, other) for other in (*placed, *markers)):
+                    placed.append(box)
+                    where[i] = position
+                    break
+    return out
