@@ -60,9 +60,10 @@ def clashes(labels: list) -> list[str]:
     ]
 
 
-def open_page(chromium, url: str, viewport: dict, drawn: str):
-    """A fresh visit to ``url`` at ``viewport``, once the server has drawn it for that width and it has settled."""
-    page = chromium.new_page(viewport=viewport)
+def open_page(tab, url: str, viewport: dict, drawn: str):
+    """A fresh visit to ``url`` at ``viewport`` in the module's tab (a new session), once the server has drawn it
+    for that width and it has settled."""
+    page = tab.page(viewport)
     page.goto(url)
     # The first run is drawn wide; the browser then says how wide it is, and a narrow one gets a second run.
     page.wait_for_selector(f"html[data-attnviz-drawn='{drawn}']", state="attached", timeout=120_000)
@@ -72,23 +73,20 @@ def open_page(chromium, url: str, viewport: dict, drawn: str):
 
 
 @pytest.mark.parametrize("name", list(PHONE_PAGES))
-def test_on_a_phone_the_map_comes_first_and_keeps_most_of_the_width(server, browser, name):  # noqa: F811 - the fixtures
+def test_on_a_phone_the_map_comes_first_and_keeps_most_of_the_width(server, browser_tab, name):  # noqa: F811
     assert PHONE["width"] < NARROW_PX
-    page = open_page(browser, f"{server}/{PHONE_PAGES[name]}", PHONE, "narrow")
-    try:
-        chart = page.locator("[data-testid='stMain'] .js-plotly-plot").first
-        chart.scroll_into_view_if_needed()
-        chart.hover()  # plotly shows its toolbar while a pointer is over the chart
-        page.wait_for_function(
-            "() => { const m = document.querySelector(\"[data-testid='stMain'] .modebar\");"
-            " return m && getComputedStyle(m.closest('.modebar-container') || m).opacity !== '0'"
-            " && m.getBoundingClientRect().width > 0; }",
-            timeout=30_000,
-        )
-        seen = page.evaluate(MEASURE)
-        page.screenshot(path=str(ARTIFACTS / f"phone-{name}.png"))
-    finally:
-        page.close()
+    page = open_page(browser_tab, f"{server}/{PHONE_PAGES[name]}", PHONE, "narrow")
+    chart = page.locator("[data-testid='stMain'] .js-plotly-plot").first
+    chart.scroll_into_view_if_needed()
+    chart.hover()  # plotly shows its toolbar while a pointer is over the chart
+    page.wait_for_function(
+        "() => { const m = document.querySelector(\"[data-testid='stMain'] .modebar\");"
+        " return m && getComputedStyle(m.closest('.modebar-container') || m).opacity !== '0'"
+        " && m.getBoundingClientRect().width > 0; }",
+        timeout=30_000,
+    )
+    seen = page.evaluate(MEASURE)
+    page.screenshot(path=str(ARTIFACTS / f"phone-{name}.png"))
     assert seen["after_title"] == "the chart", f"{name}: after the title comes {seen['after_title']!r}"
     chart_width = seen["chart"][2] - seen["chart"][0]
     plot_width = seen["plot"][2] - seen["plot"][0]
@@ -103,12 +101,8 @@ def test_on_a_phone_the_map_comes_first_and_keeps_most_of_the_width(server, brow
 
 
 @pytest.mark.parametrize("name", list(PAGES))
-def test_a_wide_screen_keeps_the_wide_layout(server, browser, name):  # noqa: F811 - the fixtures
+def test_a_wide_screen_keeps_the_wide_layout(server, browser_tab, name):  # noqa: F811 - the fixtures
     """At 1280x720 the browser says it is wide: no second run, the controls and text before the map as before."""
-    page = open_page(browser, f"{server}/{PAGES[name]}", {"width": 1280, "height": 720}, "wide")
-    try:
-        seen = page.evaluate(MEASURE)
-    finally:
-        page.close()
+    seen = open_page(browser_tab, f"{server}/{PAGES[name]}", {"width": 1280, "height": 720}, "wide").evaluate(MEASURE)
     assert seen["after_title"] != "the chart", f"{name}: the wide page lost what comes before its map"
     assert seen["angle"] != -90, f"{name}: the wide map has the phone's upright key labels"
