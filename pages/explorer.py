@@ -54,7 +54,6 @@ def intro(ctx: Context) -> str:
     return LM_INTRO if config.decoder_only else ENCODER_INTRO if config.encoder_only else INTRO
 
 
-PHONE_PLOT_PX = 180  # the Q-K embedding's plot area on a phone, beside its colour bar (about 330-400 px for the figure)
 LONG_LINES = 1000  # beyond EXACT_MAX tokens, the lines view draws at most this many (one trace each: slow to draw)
 VIEWS = {
     "one": "One head",
@@ -379,9 +378,9 @@ def draw_qk(p: Picked) -> None:
     rows, columns = p.labels(pieces)
     title = f"{p.title}: Q-K embedding"
     # The tokens are placed apart for the layout they are drawn in: a projector's larger text and shorter
-    # picture (attnviz.app.present.room), or a phone's narrow plot.
+    # picture (attnviz.app.present.room), or a phone's.
     layout = {"label_px": TICK_PX, "height": PICTURE_MAX_PX} if presenting() else {}
-    layout |= {"min_width": PHONE_PLOT_PX} if viewport.narrow() else {}
+    layout |= {"narrow": True} if viewport.narrow() else {}
     fig = shared(
         "qk-figure",
         (*key, colour_by, *sorted(layout.items())),

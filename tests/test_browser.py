@@ -582,14 +582,17 @@ QK_TOKENS_APART = """() => {
     const over = (a, b) => a.left < b.right - 1 && b.left < a.right - 1 && a.top < b.bottom - 1 && b.top < a.bottom - 1;
     const overlapping = [];
     boxes.forEach(([s, a], i) => boxes.slice(i + 1).forEach(([t, b]) => { if (over(a, b)) overlapping.push([s, t]); }));
-    return {drawn: boxes.length, points: plot.querySelectorAll('.scatterlayer .point').length, overlapping};
+    const box = el => { const r = el.getBoundingClientRect(); return [r.left, r.top, r.right, r.bottom]; };
+    return {drawn: boxes.length, points: plot.querySelectorAll('.scatterlayer .point').length, overlapping,
+            chart: box(plot), plot: box(plot.querySelector('.nsewdrag')),
+            titles: [...plot.querySelectorAll('.gtitle, .gtitle-subtitle')].map(box)};
 }"""
 
 
 def test_the_qk_embeddings_tokens_never_cover_each_other(server, browser_tab):
     """The default sentence's Q-K embedding as a visitor, a projector and a phone draw it: no drawn token covers
-    another (checked on the browser's own text layout, not the figure's estimate), and the caption counts the
-    tokens left to the hover."""
+    another (checked on the browser's own text layout, not the figure's estimate), the caption counts the
+    tokens left to the hover, no title runs off the chart, and on a phone the plot keeps most of the width."""
     import re
 
     for what, viewport, query in (
@@ -607,3 +610,9 @@ def test_the_qk_embeddings_tokens_never_cover_each_other(server, browser_tab):
         hover = re.search(r"(\d+) of the tokens are on hover only", caption)
         assert found["drawn"] + (int(hover.group(1)) if hover else 0) == found["points"], (what, found, caption)
         assert found["drawn"] >= found["points"] // 2, f"{what}: most tokens are drawn: {found}"
+        left, _, right, _ = found["chart"]
+        for title in found["titles"]:
+            assert left - 1 <= title[0] and title[2] <= right + 1, f"{what}: a title runs off the chart: {found}"
+        plot_width, chart_width = found["plot"][2] - found["plot"][0], right - left
+        if viewport["width"] < 640:
+            assert plot_width >= 0.6 * chart_width, f"{what}: the plot is {plot_width:.0f} of {chart_width:.0f} px"

@@ -105,6 +105,27 @@ def test_qk_tokens_with_room_keep_their_first_places_and_crowded_ones_go_to_the_
     assert all(len(trace.hovertext) == 6 for trace in fig.data), "every point keeps its token on hover"
 
 
+def test_qk_on_a_phone_wraps_its_title_and_lays_its_colour_bar_across_the_foot():
+    tokens = ["<s>", "▁the", "▁cat", "▁sat", "</s>"]
+    wide = qk_scatter(
+        embedding(5, 5), tokens, tokens, "cross", title="Cross-attention (encoder-decoder), layer 3, head 4"
+    )
+    fig = qk_scatter(
+        embedding(5, 5),
+        tokens,
+        tokens,
+        "cross",
+        title="Cross-attention (encoder-decoder), layer 3, head 4",
+        narrow=True,
+    )
+    assert "<br>" in fig.layout.title.text and all(len(line) <= 34 for line in fig.layout.title.text.split("<br>"))
+    assert not fig.layout.title.subtitle.text, "the page's caption says what the subtitle would"
+    assert wide.layout.title.subtitle.text and "<br>" not in wide.layout.title.text
+    (bar,) = [t.marker.colorbar for t in fig.data if t.marker.showscale]
+    assert bar.orientation == "h", "the colour bar lies across the foot: the plot keeps the phone's width"
+    assert all(t.textfont.size == 12 for t in fig.data)
+
+
 def test_qk_ranges_leave_room_for_the_outermost_tokens():
     e = embedding(5, 5, seed=3)
     fig = qk_scatter(e, list("abcde"), list("abcde"), "encoder")

@@ -8,7 +8,19 @@ from collections.abc import Sequence
 import numpy as np
 import plotly.graph_objects as go
 
-from attnviz.figures.common import FOOT_LEGEND, TICK_FONT, check_tokens, kind_titles, label_text, plotly_labels
+from attnviz.figures.common import (
+    FOOT_LEGEND,
+    MODEBAR_PX,
+    NARROW_TICK_FONT,
+    SUBTITLE_PX,
+    TICK_FONT,
+    TITLE_PX,
+    check_tokens,
+    kind_titles,
+    label_text,
+    plotly_labels,
+    wrapped,
+)
 from attnviz.qk import QKEmbedding
 
 COLOUR_BY = {"position": "position in the sentence", "role": "query or key"}
@@ -25,6 +37,10 @@ OTHER_POSITIONS = ("middle right", "middle left", "top right", "bottom right", "
 PAD_ACROSS, PAD_UP = 0.12, 0.08
 # The plot area of a figure of height h is about h - FRAME_PX tall (title, subtitle, axis title, legend).
 FRAME_PX = 200
+# A phone's layout: the title wrapped under plotly's toolbar, no subtitle (the page's caption says it), the
+# colour bar across the foot above the legend (its own NARROW_FOOT_PX), 12 px tokens; the plot area is about
+# NARROW_PLOT_PX wide (a figure of about 330 to 400 px).
+NARROW_FOOT_PX, NARROW_PLOT_PX = 160, 260
 MARKER_PX = 9  # marker size (diameter) while points are labelled
 # A token's drawn width, per character, in units of the font size: wider than Source Sans's own letters
 # (about 0.5) so that an estimate errs towards room; arrows, "▁" and other symbols take about one unit.
@@ -40,7 +56,7 @@ def qk_scatter(
     title: str | None = None,
     label_px: float = TICK_FONT["size"],
     height: int = 620,
-    min_width: float | None = None,
+    narrow: bool = False,
 ) -> go.Figure:
     """Queries (circles) and keys (crosses) of one head on the embedding's two principal axes.
 
@@ -53,8 +69,9 @@ def qk_scatter(
     something.
 
     The places are worked out for tokens ``label_px`` high in a figure ``height`` px tall whose plot
-    area is at least ``min_width`` px wide (default: as wide as it is tall), the layouts the app
-    draws it in (a projector's larger text, a phone's narrow screen).
+    area is at least as wide as it is tall (a projector's larger text and shorter picture are such a
+    layout). With ``narrow`` the figure is laid out for a phone instead (`NARROW_PLOT_PX`): the title
+    wraps, the subtitle is left out, the colour bar lies across the foot and the tokens are 12 px.
     """
     if colour_by not in COLOUR_BY:
         raise ValueError(f"colour_by must be one of {', '.join(COLOUR_BY)}; got {colour_by!r}")
@@ -68,10 +85,16 @@ def qk_scatter(
     y_range = [low[1] - PAD_UP * span, high[1] + PAD_UP * span]
     query_labels, key_labels = plotly_labels(query_tokens), plotly_labels(key_tokens)
     places = {"query": None, "key": None}
+    text_font = NARROW_TICK_FONT if narrow else TICK_FONT
+    if narrow:
+        label_px = NARROW_TICK_FONT["size"]
+        title = wrapped(title or f"{kind_title}: queries and keys")
+        top = MODEBAR_PX + TITLE_PX + SUBTITLE_PX * title.count("<br>")
     if len(query_tokens) <= MAX_POINT_LABELS or len(key_tokens) <= MAX_POINT_LABELS:
-        plot_px = max(height - FRAME_PX, 100)
+        plot_px = max(height - (top + NARROW_FOOT_PX + 30 if narrow else FRAME_PX), 100)
         # the scale: equal on both axes (scaleanchor), set by the longer padded span or the narrower side
-        px = min(plot_px / (y_range[1] - y_range[0]), (min_width or plot_px) / (x_range[1] - x_range[0]))
+        wide = NARROW_PLOT_PX if narrow else plot_px
+        px = min(plot_px / (y_range[1] - y_range[0]), wide / (x_range[1] - x_range[0]))
         texts = [
             [html.unescape(label_text(label)) for label in labels] if len(labels) <= MAX_POINT_LABELS else None
             for labels in (query_labels, key_labels)
@@ -100,6 +123,10 @@ def qk_scatter(
                 "showscale": role == "query",
                 "colorbar": {"title": {"text": "position"}},
             }
+            if narrow:  # across the foot, above the legend: the plot keeps the phone's width
+                marker["colorbar"] |= {
+                    "orientation": "h", "thickness": 12, "x": 0.5, "y": -0.1, "yanchor": "top", "title_side": "top"
+                }  # fmt: skip
         where = places[role]  # a place per point, None where its token is on hover only
         traces.append(
             go.Scatter(
@@ -112,23 +139,29 @@ def qk_scatter(
                 if where is None
                 else [label_text(lb) if p else "" for lb, p in zip(labels, where, strict=True)],
                 textposition=None if where is None else [p or TEXT_POSITIONS[role] for p in where],
-                textfont=TICK_FONT,
+                textfont=text_font,
                 cliponaxis=False,
                 hovertext=[f"{role}, position {label.replace(' ', ': ', 1)}" for label in labels],
                 hovertemplate="%{hovertext}<extra></extra>",
             )
         )
     fig = go.Figure(traces)
-    fig.update_layout(
-        title={
+    if narrow:  # the title under the toolbar; the caption beside the figure says what the subtitle would
+        heading = {"text": title, "y": 1.0, "yref": "container", "yanchor": "top", "pad": {"t": 12 + MODEBAR_PX}}
+        margin = {"l": 30, "r": 10, "t": top + 12, "b": NARROW_FOOT_PX}
+    else:
+        heading = {
             "text": title or f"{kind_title}: queries and keys",
             "subtitle": {
                 "text": f"the first two principal axes keep {embedding.explained:.0%} of the spread; "
                 "a key nearer a query gets more of its attention (exactly so in the full space)"
             },
-        },
+        }
+        margin = {"l": 40, "r": 40, "t": 110, "b": 10}
+    fig.update_layout(
+        title=heading,
         height=height,
-        margin={"l": 40, "r": 40, "t": 110, "b": 10},
+        margin=margin,
         font=TICK_FONT,
         legend=FOOT_LEGEND,
         plot_bgcolor="white",
