@@ -573,8 +573,8 @@ def test_a_long_prompt_is_drawn_tile_by_tile_and_a_dragged_box_zooms_exactly(ser
     assert page.locator("[data-testid='stDataFrame']").count() == 1, "the statistics table"
 
 
-# Every pair of the Q-K embedding's drawn tokens, as the browser laid them out: the indices of those that overlap
-# (by more than a pixel), and how many tokens are drawn.
+# The Q-K embedding's drawn tokens as the browser laid them out: the pairs that overlap (by more than a pixel),
+# how many tokens and points are drawn, and the boxes of the chart, its plot area and its titles.
 QK_TOKENS_APART = """() => {
     const plot = document.querySelector("[data-testid='stMain'] .js-plotly-plot");
     const boxes = [...plot.querySelectorAll('.textpoint text')].filter(t => t.textContent.trim())
