@@ -15,11 +15,11 @@ from attnviz.figures.common import (
     SUBTITLE_PX,
     TICK_FONT,
     TITLE_PX,
+    above_top_labels,
     check_tokens,
     kind_titles,
     label_text,
     plotly_labels,
-    wrapped,
 )
 from attnviz.qk import QKEmbedding
 
@@ -84,16 +84,26 @@ def qk_scatter(
     x_range = [low[0] - PAD_ACROSS * span, high[0] + PAD_ACROSS * span]
     y_range = [low[1] - PAD_UP * span, high[1] + PAD_UP * span]
     query_labels, key_labels = plotly_labels(query_tokens), plotly_labels(key_tokens)
+    title = title or f"{kind_title}: queries and keys"
+    if narrow:  # the title wrapped under the toolbar; the caption beside the figure says what the subtitle would
+        heading = above_top_labels(title, [], narrow=True)["title"]
+        top = MODEBAR_PX + TITLE_PX + SUBTITLE_PX * heading["text"].count("<br>")
+        margin = {"l": 30, "r": 10, "t": top + 12, "b": NARROW_FOOT_PX}
+        text_font, label_px = NARROW_TICK_FONT, NARROW_TICK_FONT["size"]
+        plot_px = max(height - top - NARROW_FOOT_PX - 30, 100)
+        wide = NARROW_PLOT_PX
+    else:
+        subtitle = (
+            f"the first two principal axes keep {embedding.explained:.0%} of the spread; "
+            "a key nearer a query gets more of its attention (exactly so in the full space)"
+        )
+        heading = {"text": title, "subtitle": {"text": subtitle}}
+        margin = {"l": 40, "r": 40, "t": 110, "b": 10}
+        text_font = TICK_FONT
+        plot_px = wide = max(height - FRAME_PX, 100)
     places = {"query": None, "key": None}
-    text_font = NARROW_TICK_FONT if narrow else TICK_FONT
-    if narrow:
-        label_px = NARROW_TICK_FONT["size"]
-        title = wrapped(title or f"{kind_title}: queries and keys")
-        top = MODEBAR_PX + TITLE_PX + SUBTITLE_PX * title.count("<br>")
     if len(query_tokens) <= MAX_POINT_LABELS or len(key_tokens) <= MAX_POINT_LABELS:
-        plot_px = max(height - (top + NARROW_FOOT_PX + 30 if narrow else FRAME_PX), 100)
         # the scale: equal on both axes (scaleanchor), set by the longer padded span or the narrower side
-        wide = NARROW_PLOT_PX if narrow else plot_px
         px = min(plot_px / (y_range[1] - y_range[0]), wide / (x_range[1] - x_range[0]))
         texts = [
             [html.unescape(label_text(label)) for label in labels] if len(labels) <= MAX_POINT_LABELS else None
@@ -146,18 +156,6 @@ def qk_scatter(
             )
         )
     fig = go.Figure(traces)
-    if narrow:  # the title under the toolbar; the caption beside the figure says what the subtitle would
-        heading = {"text": title, "y": 1.0, "yref": "container", "yanchor": "top", "pad": {"t": 12 + MODEBAR_PX}}
-        margin = {"l": 30, "r": 10, "t": top + 12, "b": NARROW_FOOT_PX}
-    else:
-        heading = {
-            "text": title or f"{kind_title}: queries and keys",
-            "subtitle": {
-                "text": f"the first two principal axes keep {embedding.explained:.0%} of the spread; "
-                "a key nearer a query gets more of its attention (exactly so in the full space)"
-            },
-        }
-        margin = {"l": 40, "r": 40, "t": 110, "b": 10}
     fig.update_layout(
         title=heading,
         height=height,
@@ -199,9 +197,8 @@ def _box(x: float, y: float, position: str, width: float, height: float) -> tupl
     """(left, right, bottom, top) of a token placed at ``position`` by a marker at (x, y), y upwards, px."""
     r = MARKER_PX / 2 + GAP_PX
     vertical, horizontal = position.split()
-    left = {"center": x - width / 2, "right": x + (r if vertical == "middle" else 0), "left": x - width}[horizontal]
-    if horizontal == "left" and vertical == "middle":
-        left -= r
+    side = r if vertical == "middle" else 0  # beside the marker, or above or below it and off to one side
+    left = {"center": x - width / 2, "right": x + side, "left": x - side - width}[horizontal]
     bottom = {"top": y + r, "bottom": y - r - height, "middle": y - height / 2}[vertical]
     return left, left + width, bottom, bottom + height
 
