@@ -222,6 +222,70 @@ def test_the_teaching_tab_follows(room_store):
     assert dict(follower.query_params).get("mech_tab") == "Permutation"
 
 
+class _Clock:
+    """`follow`'s clock, moved by hand: a poll's time without waiting for it."""
+
+    def __init__(self):
+        self.now = 1000.0
+
+    def monotonic(self) -> float:
+        return self.now
+
+
+def test_a_switch_streamlit_drops_is_applied_again_and_one_that_lands_is_not(room_store, monkeypatch, caplog):
+    """Streamlit folds a rerun the browser asks for into a pending st.switch_page, and the browser's page
+    wins: the follower stays on the old page (this failed a browser run once). The next poll after
+    `follow.RETRY_S` applies the view again, at most `follow.RETRIES` times; a view that is drawn is
+    applied once."""
+    clock, calls, lose = _Clock(), [], [0]
+    monkeypatch.setattr(follow, "time", clock)
+    switch = follow.open_link
+
+    def open_link(target, params):
+        calls.append(target)
+        if lose[0]:
+            lose[0] -= 1
+            follow.st.rerun()  # the switch is lost: the page reruns as the browser asked, as it was
+        switch(target, params)
+
+    monkeypatch.setattr(follow, "open_link", open_link)
+    mine = rooms.open_room(_view("explorer", head="2"))
+    follower = open_from_link("app.py", {"follow": mine.code})
+    assert follower.title[0].value == "Attention explorer" and calls == ["pages/explorer.py"]
+    for _ in range(2):  # drawn: polls long after apply nothing again
+        clock.now += 10 * follow.RETRY_S
+        follower.run()
+    assert calls == ["pages/explorer.py"]
+
+    lose[0] = 1
+    rooms.publish(mine.code, mine.secret, _view("decoding", step="3"))
+    follower.run()
+    assert follower.title[0].value == "Attention explorer", "the switch was lost"
+    clock.now += follow.RETRY_S / 2
+    follower.run()
+    assert len(calls) == 2, "not again before RETRY_S"
+    clock.now += follow.RETRY_S
+    follower.run()
+    assert not follower.exception, follower.exception
+    assert follower.title[0].value == "Decoding, step by step"
+    assert dict(follower.query_params) == {"step": "3", "follow": mine.code}
+    assert follower.session_state["step"] == 3
+    clock.now += 10 * follow.RETRY_S
+    follower.run()
+    assert calls == ["pages/explorer.py", "pages/decoding.py", "pages/decoding.py"]
+
+    lose[0] = 100  # a page that never takes it: RETRIES tries, one line in the log, then the page is left be
+    rooms.publish(mine.code, mine.secret, _view("mechanics", mech_tab="Masks"))
+    for _ in range(2 * follow.RETRIES):
+        follower.run()
+        clock.now += follow.RETRY_S
+    assert calls[3:] == ["pages/mechanics.py"] * follow.RETRIES
+    assert follower.title[0].value == "Decoding, step by step"
+    assert [r.getMessage() for r in caplog.records if r.name == follow.log.name] == [
+        f"room {mine.code}: a follower's page did not take the room's view after {follow.RETRIES} tries"
+    ]
+
+
 def test_a_followers_values_pass_a_links_checks(room_store):
     """A room's value the page cannot take is set aside, as a link's is: the page opens on its default."""
     mine = rooms.open_room(_view("explorer", head="99", layer="2"))

@@ -42,6 +42,7 @@ FOLLOW = "follow"  # the URL parameter of a follower's link
 # Parameters that are a screen's own, never a room's: the room's code, and presenter mode (the
 # projector's layout is no student's choice).
 OWN_PARAMS = (FOLLOW, "present")
+KEPT_PARAMS = ("embed", "embed_options")  # parameters st.switch_page keeps on every page
 # Session keys a follower keeps when the room's state is applied: its device and presenter mode.
 OWN_KEYS = ("device", "present")
 ROOM_STATE = "_room"  # session key: the presenter's Room (code and secret), in this session only
@@ -51,6 +52,9 @@ PAGE_NOW = "_room_page"  # session key: the address of the page being drawn (`st
 POINT = "_room_point"  # session key: the cell pointed at, {"chart", "x", "y"}, or absent
 PAGE_KEY, POINT_KEY = "room_page", "room_point"  # a room's view: besides the link's parameters
 POLL_S = 0.5  # how often a follower reads its room: a change shows within 1 s, the poll's wait included
+# A view applied but not drawn (`_poll`): the follower's next poll this long after applies it again,
+# at most RETRIES times for one version of the room.
+RETRY_S, RETRIES = 2.0, 3
 BEAT_S = 3.0  # how often a follower tells the room it is there (rooms count it for FOLLOW_WINDOW_S, 10 s)
 COUNT_S = 3.0  # how often the presenter's count of followers is refreshed
 MARK_COLOUR = "#ff00aa"  # the pointed cell's frame: a colour no weight map uses
@@ -385,6 +389,9 @@ def start(page: str) -> None:
         return
     following = st.session_state.get(FOLLOWING)
     if following is not None and following["code"] == code:
+        wanted = following.get("pending")
+        if wanted is not None and wanted == (page_path(page), _view_params(st.query_params)):
+            del following["pending"]  # the view applied is the one drawn (`_poll`)
         return
     st.session_state[FOLLOWING] = {
         "code": code.strip()[:64],
@@ -394,11 +401,20 @@ def start(page: str) -> None:
     }
 
 
+def _view_params(params: Any) -> dict[str, list[str]]:
+    """The parameters ``params`` (the address bar's, or {name: [strings]}) that make a view: all but a
+    screen's own and those Streamlit keeps on every page."""
+    get = params.get_all if hasattr(params, "get_all") else params.get
+    return {k: list(get(k)) for k in params if k not in (*OWN_PARAMS, *KEPT_PARAMS)}
+
+
 def apply_state(state: dict[str, Any], code: str) -> None:
     """Make this page show the room's ``state`` as its link would open it; reruns (on its page).
 
     Every kept widget value goes, the room's parameters become the address bar's and the page reads
-    them as a link (`attnviz.app.links.start`): the same checks, the same values set aside.
+    them as a link (`attnviz.app.links.start`): the same checks, the same values set aside. What it
+    asks for is noted in the session's `FOLLOWING` as ``pending`` (the page's file and the
+    parameters) until a run of the page starts with them (`start`).
     """
     for key in list(st.session_state.keys()):
         if not key.startswith(("_", "$$")) and key not in OWN_KEYS:
@@ -411,10 +427,14 @@ def apply_state(state: dict[str, Any], code: str) -> None:
     else:
         st.session_state.pop(POINT, None)
     params = {k: v for k, v in _link_params(state).items() if k not in OWN_PARAMS}
+    target = page_path(str(state.get(PAGE_KEY, "")))
+    following = st.session_state.get(FOLLOWING)
+    if following is not None:
+        following["pending"] = (target, _view_params(params))
     params[FOLLOW] = [code]
     if "present" in st.query_params:
         params["present"] = st.query_params.get_all("present")
-    open_link(page_path(str(state.get(PAGE_KEY, ""))), params)
+    open_link(target, params)
 
 
 def open_link(target: str, params: dict[str, list[str]]) -> None:
@@ -517,5 +537,17 @@ def _poll() -> None:
         st.warning(f"{e} This page works on its own meanwhile; it follows again when the room answers.")
         return
     if seen.version != following["version"]:
-        following["version"] = seen.version
+        following.update(version=seen.version, applied=now, tries=1)
+        apply_state(seen.state, code)
+    if following.get("pending") is not None and now - following["applied"] >= RETRY_S:
+        # Applied, yet no run of the page has drawn it: Streamlit folds a rerun the browser asks for
+        # (this fragment's own timer) into a pending st.switch_page, and the browser's request, with
+        # its page and address, wins (streamlit 1.67, ScriptRequests._request_rerun_locked). Rare, and
+        # the follower would keep the old view until the presenter's next change.
+        if following["tries"] >= RETRIES:
+            log.warning("room %s: a follower's page did not take the room's view after %d tries", code, RETRIES)
+            del following["pending"]
+            return
+        following.update(applied=now, tries=following["tries"] + 1)
+        log.info("room %s: a follower's page did not draw the room's view; applying it again", code)
         apply_state(seen.state, code)
