@@ -21,7 +21,9 @@ nothing, and every variant must read the same decoder input):
         Jensen-Shannon divergences computed from the returned maps with numpy, and the means per head;
 (fp32)  attnviz.atlas.build_atlas into a fresh folder: tokenise, sort by length, padded batches,
         statistics on the device, Parquet shards and tables, the manifest;
-(bf16)  the same with precision="bf16" (products in bfloat16, softmax in float32).
+(bf16)  the same with precision="bf16" (products in bfloat16, softmax in float32);
+(fp32-1) where the engine runs several batches at once (`attnviz.atlas.engine.batches_at_once`),
+        the fp32 engine one batch at a time on every thread, as it runs elsewhere: what that gains.
 ```
 
 The variants run in turn within each repeat, in an order that rotates, and each speed-up is the
@@ -37,6 +39,7 @@ says why, and the last line reads ``atlas_speedup_bf16=nan``.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import math
 import statistics
@@ -53,7 +56,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_forward import cpu_model, hardware_name, synchronize  # noqa: E402
 
 import attnviz  # noqa: E402
-from attnviz.atlas import STATISTICS, build_atlas  # noqa: E402
+from attnviz.atlas import STATISTICS, build_atlas, engine  # noqa: E402
 from attnviz.atlas.corpus import is_punctuation, special_ids  # noqa: E402
 from attnviz.devices import fast_bfloat16, resolve_device  # noqa: E402
 from attnviz.errors import DeviceError  # noqa: E402
@@ -372,6 +375,22 @@ def engine_run(bundle, corpus: Path, targets: Path | None, batch: int, precision
         return build_atlas(bundle, corpus, Path(out) / "atlas", targets=targets, batch_size=batch, precision=precision)
 
 
+@contextlib.contextmanager
+def one_batch_at_a_time():
+    """The local engine as it runs where `engine.batches_at_once` is 1: one batch at a time on every thread."""
+    at_once = engine.batches_at_once
+    engine.batches_at_once = lambda device: 1
+    try:
+        yield
+    finally:
+        engine.batches_at_once = at_once
+
+
+def engine_one_at_a_time(bundle, corpus: Path, targets: Path | None, batch: int):
+    with one_batch_at_a_time():
+        return engine_run(bundle, corpus, targets, batch, "fp32")
+
+
 def bf16_ceiling(bundle, pairs: list[tuple[str, str]], args: argparse.Namespace) -> tuple[float, float, float]:
     """What bf16 can give at most here: (fp32 s, bf16 s, fp32 / bf16) of the model's forward pass alone.
 
@@ -422,11 +441,12 @@ def profile_parts(bundle, corpus: Path, targets: Path | None, batch: int, precis
     import cProfile
     import pstats
 
-    engine_run(bundle, corpus, targets, batch, precision)  # warm
-    profiler = cProfile.Profile()
-    profiler.enable()
-    engine_run(bundle, corpus, targets, batch, precision)
-    profiler.disable()
+    with one_batch_at_a_time():  # cProfile sees the main thread only
+        engine_run(bundle, corpus, targets, batch, precision)  # warm
+        profiler = cProfile.Profile()
+        profiler.enable()
+        engine_run(bundle, corpus, targets, batch, precision)
+        profiler.disable()
     entries = pstats.Stats(profiler).stats  # {(file, line, name): (calls, primitive calls, own s, cumulative s, _)}
 
     def cumulative(file: str, name: str) -> float:
@@ -451,7 +471,7 @@ def profile_parts(bundle, corpus: Path, targets: Path | None, batch: int, precis
 
 def print_profile(bundle, corpus: Path, targets: Path | None, batch: int, precisions: list[str]) -> None:
     runs = {precision: profile_parts(bundle, corpus, targets, batch, precision) for precision in precisions}
-    print(f"\nwhere the engine's time goes (one run each, cProfile; --batch {batch}):")
+    print(f"\nwhere the engine's time goes (one run each, cProfile, one batch at a time; --batch {batch}):")
     print(f"  {'part':<38}" + "".join(f"{p + ' s':>9} {'share':>6}" for p in precisions))
     for i, (label, _) in enumerate(runs[precisions[0]]):
         cells = "".join(f"{parts[i][1]:>9.3f} {parts[i][1] / parts[-1][1]:>6.0%}" for parts in runs.values())
@@ -534,6 +554,12 @@ def main(argv: list[str] | None = None) -> None:
             f"({hardware_name(device)}) | {torch.get_num_threads()} threads"
         )
         print(f"fast bfloat16 on this hardware: {'yes' if bf16_fast else 'no'} ({bf16_why})")
+        at_once = engine.batches_at_once(bundle.device)
+        print(
+            "the local engine runs "
+            + (f"{at_once} batches at once, each on one torch thread" if at_once > 1 else "one batch at a time")
+            + " here (attnviz.atlas.engine.batches_at_once)"
+        )
 
         plain = plain_loop(hf, bundle.tokenizer, pairs, device)  # also the warm-up
         worst, where, moved = check_agreement(
@@ -550,6 +576,8 @@ def main(argv: list[str] | None = None) -> None:
             "plain": lambda: plain_loop(hf, bundle.tokenizer, pairs, device),
             "fp32": lambda: engine_run(bundle, corpus, targets, args.batch, "fp32"),
         }
+        if at_once > 1:  # beside it, in the same repeats: what running batches at once gains here
+            variants["fp32-1"] = lambda: engine_one_at_a_time(bundle, corpus, targets, args.batch)
         if bf16_fast:  # emulated bf16 measures the emulation (past 10 minutes on an AVX2-only EPYC): skipped
             bf16_atlas = engine_run(bundle, corpus, targets, args.batch, "bf16")
             a = engine_run(bundle, corpus, targets, args.batch, "fp32").heads[list(STATISTICS)].to_numpy(dtype=float)
@@ -588,6 +616,9 @@ def main(argv: list[str] | None = None) -> None:
         for r in ([p / t for p, t in zip(times["plain"], times[n], strict=True)] for n in names if n != "plain")
     )
     print(f"\nspread of a speed-up across repeats (max - min) / median: {spread:.0%}")
+    if "fp32-1" in times:
+        gain = statistics.median([a / b for a, b in zip(times["fp32-1"], times["fp32"], strict=True)])
+        print(f"batches at once against one at a time (fp32-1 / fp32 time, median within repeats): {gain:.2f}x")
     without = (spent["model"] + spent["statistics"]) / (spent["model"] + spent["statistics"] + spent["divergences"])
     print(
         "without the divergences (the plain loop's model and statistics time alone, against the whole engine): "

@@ -228,6 +228,78 @@ def test_a_run_killed_after_some_shards_resumes_to_the_same_atlas(bundle, corpus
     assert not (out / "shards").exists()
 
 
+@pytest.mark.slow  # 1.5 s or more in the quick tier on a 2-core AMD EPYC with AVX2 only
+def test_batches_run_two_at_once_give_the_atlas_of_one_at_a_time(bundle, corpus, tmp_path, monkeypatch):
+    """`engine.run_tagged` with two batches at once (one torch thread each, as on an AVX2-only CPU):
+    the same folder to the bit as one batch after another on one thread, the same progress, in order;
+    torch's thread count is the caller's again after a run, and after a run stopped midway, with no
+    batch left running."""
+    import threading
+
+    import torch
+
+    from attnviz.atlas import engine
+
+    def batch_threads() -> list[str]:
+        return [t.name for t in threading.enumerate() if t.name.startswith("atlas-batch")]
+
+    monkeypatch.setattr(engine, "batches_at_once", lambda device: 1)
+    assert torch.get_num_threads() == 1  # the suite's (conftest)
+    seen_one: list[int] = []
+    one = build_atlas(
+        bundle, corpus, tmp_path / "one", batch_size=2, shard_size=2, progress=lambda d, t: seen_one.append(d)
+    )
+
+    run_batch, both_in = engine.run_batch, threading.Barrier(2, timeout=60)
+    inside = []
+
+    def run_batch_at_once(*args):
+        inside.append((threading.current_thread().name, torch.get_num_threads()))
+        if len(inside) <= 2:
+            both_in.wait()  # the first two batches are running at the same time, or this times out
+        return run_batch(*args)
+
+    monkeypatch.setattr(engine, "run_batch", run_batch_at_once)
+    monkeypatch.setattr(engine, "batches_at_once", lambda device: 2)
+    torch.set_num_threads(2)
+    try:
+        seen_two: list[int] = []
+        two = build_atlas(
+            bundle, corpus, tmp_path / "two", batch_size=2, shard_size=2, progress=lambda d, t: seen_two.append(d)
+        )
+        assert torch.get_num_threads() == 2
+        assert {threads for _, threads in inside} == {1}
+        assert all(name.startswith("atlas-batch") for name, _ in inside)
+        _frames_equal(two, one)
+        assert seen_two == seen_one
+
+        inside.clear()
+        both_in.reset()
+        whole, out = _whole_and_stopped(bundle, corpus, tmp_path)
+        _frames_equal(whole, one)
+        assert torch.get_num_threads() == 2
+        assert not batch_threads(), "a stopped run leaves no batch running"
+        assert sorted(p.name for p in (out / "shards").glob("*.sentences.parquet")) == [
+            "00000.sentences.parquet",
+            "00001.sentences.parquet",
+        ]
+    finally:
+        torch.set_num_threads(1)
+
+
+def test_batches_at_once_follows_the_device_and_the_processor(monkeypatch):
+    import torch
+
+    from attnviz.atlas import engine
+
+    assert engine.batches_at_once(torch.device("cuda")) == 1
+    monkeypatch.setattr(torch.backends.cpu, "get_cpu_capability", lambda: "AVX512")
+    assert engine.batches_at_once(torch.device("cpu")) == 1
+    monkeypatch.setattr(torch.backends.cpu, "get_cpu_capability", lambda: "AVX2")
+    monkeypatch.setattr(torch, "get_num_threads", lambda: 3)
+    assert engine.batches_at_once(torch.device("cpu")) == 3
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("tamper", ["values", "columns", "rows", "unreadable", "record", "no record"])
 def test_a_shard_that_does_not_match_its_record_is_computed_again_never_merged(

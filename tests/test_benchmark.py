@@ -180,10 +180,12 @@ def test_the_threads_benchmark_runs_and_ends_with_its_line(capsys, monkeypatch):
     assert re.fullmatch(r"threads_shared_slowdown=\d+\.\d\d threads_alone_gain=\d+\.\d\d", out[-1]), out[-1]
 
 
-def test_the_atlas_benchmark_runs_at_tiny_sizes_and_ends_with_its_line(capsys):
+def test_the_atlas_benchmark_runs_at_tiny_sizes_and_ends_with_its_line(capsys, monkeypatch):
     pytest.importorskip("transformers")
     import bench_atlas
 
+    # two batches at once, as on an AVX2-only CPU whatever this one is: the fp32-1 variant runs beside fp32
+    monkeypatch.setattr(bench_atlas.engine, "batches_at_once", lambda device: 2)
     tiny = ["--sentences", "5", "--max-words", "5", "--repeats", "2", "--batch", "2", "--threads", "1"]
     sizes = ["--layers", "1", "--d-model", "32", "--heads", "2", "--ffn", "64", "--vocab", "300"]
     bench_atlas.main([*tiny, *sizes, "--profile"])
@@ -211,6 +213,9 @@ def test_the_atlas_benchmark_runs_at_tiny_sizes_and_ends_with_its_line(capsys):
     fast, _ = fast_bfloat16(torch.device("cpu"))
     assert sum(line.split()[0] in ("plain", "fp32", "bf16") for line in out if line.strip()) >= (3 if fast else 2)
     assert fast or "bf16: skipped" in text
+    assert "the local engine runs 2 batches at once, each on one torch thread" in text
+    assert any(line.split()[:1] == ["fp32-1"] for line in out), "one batch at a time, timed beside"
+    assert re.search(r"^batches at once against one at a time .*: \d+\.\d\dx$", text, re.M)
     ceiling = [line for line in out if line.startswith("bf16 ceiling: ")]
     if fast:  # the bf16 forward alone against the fp32 forward alone, and how close the engine comes
         assert len(ceiling) == 1 and re.search(r"in bf16: \d+\.\d\dx; .* \d+\.\d\dx, \d+% of that ceiling$", ceiling[0])

@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pandas as pd
 
-from attnviz.atlas.corpus import Corpus, Survey, file_sha256, read_chunks, shards, survey, tokenize
-from attnviz.atlas.engine import check_precision, run_local
+from attnviz.atlas.corpus import Corpus, Survey, batch_plan, file_sha256, read_chunks, shards, survey, tokenize
+from attnviz.atlas.engine import check_precision, run_local, run_tagged
 from attnviz.atlas.roles import PERIOD, PROBES, ROLES, SEED, role_table
 from attnviz.atlas.stats import STATISTICS
 from attnviz.atlas.store import FORMAT, AtlasFolder, load_atlas, max_atlas_rows, summarise
@@ -287,10 +287,22 @@ def write_atlas(
         folder.write_shard(index, pd.concat([stats_frame(r) for r in results]), inputs_frame(sentences), sums)
 
     if done < total:
-        if engine == "local":
-            for work in todo():
-                for index, shard in work.items():
-                    write(index, list(run_local(bundle, shard, batch_size, precision, on_batch=step)))
+        if engine == "local":  # batch after batch across shards: no core idles at a shard's end
+
+            def batches() -> Iterator[tuple[tuple[int, bool], list]]:
+                """((shard, whether its last batch), batch) for every batch of the shards to do."""
+                for work in todo():
+                    for index, shard in work.items():
+                        plan = batch_plan(shard, batch_size)
+                        for n, batch in enumerate(plan, 1):
+                            yield (index, n == len(plan)), batch
+
+            results = []
+            for (index, last), result in run_tagged(bundle, batches(), precision, step):
+                results.append(result)
+                if last:
+                    write(index, results)
+                    results = []
         else:
             from attnviz.atlas.ray_engine import run_ray
 

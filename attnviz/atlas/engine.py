@@ -15,10 +15,13 @@ faster. The maps move by a few thousandths (``tests/test_atlas_stats.py`` states
 from __future__ import annotations
 
 import logging
+from collections import deque
 from collections.abc import Callable, Iterable, Iterator, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, replace
 from functools import cache
+from typing import Any
 
 import numpy as np
 import torch
@@ -151,6 +154,73 @@ def _result(sentences: list[Sentence], attn, sides: dict) -> BatchResult:
     return BatchResult(tuple(sentences), stats, divergences)
 
 
+def batches_at_once(device: torch.device) -> int:
+    """How many batches the local engine runs at the same time on ``device``, each on one torch thread.
+
+    One per torch thread on a CPU whose torch kernels stop at AVX2: on a 2-core AMD EPYC (Zen 3) a batch
+    on each core took `bench_atlas.py`'s engine from 9.77 to 8.75 s (1.12x within repeats), with the
+    same results to the bit as one batch at a time on one thread. One batch's many small passes (the
+    divergences' blocks, the statistics, the attention) gain little from a second thread, whose
+    hand-overs each pays, while two batches share nothing. Elsewhere 1, one batch on all of torch's
+    threads, as measured on the AVX-512 EPYC and the Xeon with AMX (docs/atlas.md): batches at once is
+    untried there. A GPU runs one batch's kernels on the whole device.
+    """
+    if device.type != "cpu" or torch.backends.cpu.get_cpu_capability().startswith("AVX512"):
+        return 1
+    return torch.get_num_threads()
+
+
+def run_tagged(
+    bundle: Bundle,
+    work: Iterable[tuple[Any, Sequence[Sentence]]],
+    precision: str = "fp32",
+    on_batch: Callable[[int], None] | None = None,
+) -> Iterator[tuple[Any, BatchResult]]:
+    """(tag, `run_batch` of the batch) for each (tag, batch) of ``work``, in its order.
+
+    `batches_at_once` batches run at the same time, each in a thread of its own with torch on one
+    thread there, so that the maps of that many batches are in memory at once; as many more are
+    handed out ahead (their sentences, or their small results once done) so that no thread waits
+    for the next. Torch's thread count is the caller's again afterwards. ``on_batch(n)`` is called
+    as each batch of n sentences is taken (a progress bar).
+    """
+    at_once = batches_at_once(bundle.device)
+    if at_once <= 1:
+        for tag, batch in work:
+            result = run_batch(bundle, batch, precision)
+            if on_batch is not None:
+                on_batch(len(result.sentences))
+            yield tag, result
+        return
+
+    def one_thread(batch: Sequence[Sentence]) -> BatchResult:
+        torch.set_num_threads(1)  # this thread's own OpenMP team (the caller's is set back below)
+        return run_batch(bundle, batch, precision)
+
+    threads = torch.get_num_threads()
+    pending: deque[tuple[Any, Future]] = deque()
+    pool = ThreadPoolExecutor(at_once, thread_name_prefix="atlas-batch")
+    try:
+        for tag, batch in work:
+            pending.append((tag, pool.submit(one_thread, batch)))
+            if len(pending) == 2 * at_once:
+                yield _taken(pending, on_batch)
+        while pending:
+            yield _taken(pending, on_batch)
+    finally:
+        pool.shutdown(wait=True, cancel_futures=True)  # a consumer that stops early: nothing left running
+        torch.set_num_threads(threads)
+
+
+def _taken(pending: deque, on_batch: Callable[[int], None] | None) -> tuple[Any, BatchResult]:
+    """The oldest batch's (tag, result), once it is done."""
+    tag, future = pending.popleft()
+    result = future.result()
+    if on_batch is not None:
+        on_batch(len(result.sentences))
+    return tag, result
+
+
 def run_local(
     bundle: Bundle,
     sentences: Iterable[Sentence],
@@ -159,15 +229,12 @@ def run_local(
     on_batch: Callable[[int], None] | None = None,
 ) -> Iterator[BatchResult]:
     """The local engine: ``sentences`` sorted by their longer side and run in padded batches
-    (`attnviz.atlas.corpus.batch_plan`) on the bundle's device.
+    (`attnviz.atlas.corpus.batch_plan`) on the bundle's device (`run_tagged`).
 
     ``on_batch(n)`` is called after each batch of n sentences (a progress bar).
     """
     check_precision(precision, bundle.device)
-    for chunk in batch_plan(sentences, batch_size):
-        result = run_batch(bundle, chunk, precision)
-        if on_batch is not None:
-            on_batch(len(chunk))
+    for _, result in run_tagged(bundle, ((None, b) for b in batch_plan(sentences, batch_size)), precision, on_batch):
         yield result
 
 
