@@ -232,6 +232,7 @@ class _Clock:
         return self.now
 
 
+@pytest.mark.slow  # 1.5 s or more in the quick tier on a 2-core AMD EPYC with AVX2 only
 def test_a_switch_streamlit_drops_is_applied_again_and_one_that_lands_is_not(room_store, monkeypatch, caplog):
     """Streamlit folds a rerun the browser asks for into a pending st.switch_page, and the browser's page
     wins: the follower stays on the old page (this failed a browser run once). The next poll after
