@@ -145,6 +145,15 @@ def wrapped(title: str, chars: int = NARROW_TITLE_CHARS) -> str:
     return "<br>".join(lines)
 
 
+def title_band_px(title: str | None, subtitle: bool = False, narrow: bool = False) -> int:
+    """The height a figure's ``title`` takes at its top: its band and a ``subtitle``'s, and with ``narrow``
+    (a phone) each further line the title was wrapped into (`wrapped`) and plotly's toolbar above it."""
+    px = TITLE_PX + (SUBTITLE_PX if subtitle else 0)
+    if narrow:
+        px += SUBTITLE_PX * (title or "").count("<br>") + MODEBAR_PX
+    return px
+
+
 def above_top_labels(
     title: str | None, labels: Sequence[str], angle: float = 60.0, subtitle: str | None = None, narrow: bool = False
 ) -> dict:
@@ -162,11 +171,8 @@ def above_top_labels(
         title = wrapped(title) if title else title
     else:  # about 8.5 px a character at TICK_FONT's 14 px; a flat label needs one line
         label_px = max(min(longest, 48) * 8.5 * math.sin(math.radians(angle)), 8) + 14
-    title_px = TITLE_PX + (SUBTITLE_PX if subtitle else 0)
-    top = 0
-    if narrow:  # each line the title wrapped into, and the toolbar's band above it
-        top = MODEBAR_PX
-        title_px += SUBTITLE_PX * (title or "").count("<br>") + top
+    title_px = title_band_px(title, bool(subtitle), narrow)
+    top = MODEBAR_PX if narrow else 0
     heading = {"text": title, "y": 1.0, "yref": "container", "yanchor": "top", "pad": {"t": 12 + top}}
     if subtitle:
         heading["subtitle"] = {"text": subtitle}

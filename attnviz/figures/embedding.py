@@ -10,16 +10,14 @@ import plotly.graph_objects as go
 
 from attnviz.figures.common import (
     FOOT_LEGEND,
-    MODEBAR_PX,
     NARROW_TICK_FONT,
-    SUBTITLE_PX,
     TICK_FONT,
-    TITLE_PX,
     above_top_labels,
     check_tokens,
     kind_titles,
     label_text,
     plotly_labels,
+    title_band_px,
 )
 from attnviz.qk import QKEmbedding
 
@@ -87,7 +85,7 @@ def qk_scatter(
     title = title or f"{kind_title}: queries and keys"
     if narrow:  # the title wrapped under the toolbar; the caption beside the figure says what the subtitle would
         heading = above_top_labels(title, [], narrow=True)["title"]
-        top = MODEBAR_PX + TITLE_PX + SUBTITLE_PX * heading["text"].count("<br>")
+        top = title_band_px(heading["text"], narrow=True)
         margin = {"l": 30, "r": 10, "t": top + 12, "b": NARROW_FOOT_PX}
         text_font, label_px = NARROW_TICK_FONT, NARROW_TICK_FONT["size"]
         plot_px = max(height - top - NARROW_FOOT_PX - 30, 100)
