@@ -69,6 +69,11 @@ def page_name() -> str:
     return st.session_state.get(PAGE_NOW, "")
 
 
+def _address_bar() -> dict[str, list[str]]:
+    """The address bar's parameters, every value of each."""
+    return {k: list(st.query_params.get_all(k)) for k in st.query_params}
+
+
 def view_state() -> dict[str, Any]:
     """What this page shows, as a room publishes it: the address bar's parameters, `PAGE_KEY` and `POINT_KEY`.
 
@@ -78,9 +83,8 @@ def view_state() -> dict[str, Any]:
     `attnviz.app.rooms.check_state`.)
     """
     state: dict[str, Any] = {}
-    for key in st.query_params:
+    for key, values in _address_bar().items():
         if key not in OWN_PARAMS and key not in (PAGE_KEY, POINT_KEY):
-            values = list(st.query_params.get_all(key))
             state[key] = values[0] if len(values) == 1 else values
     point = st.session_state.get(POINT)
     state[PAGE_KEY] = page_name()
@@ -390,7 +394,7 @@ def start(page: str) -> None:
     following = st.session_state.get(FOLLOWING)
     if following is not None and following["code"] == code:
         wanted = following.get("pending")
-        if wanted is not None and wanted == (page_path(page), _view_params(st.query_params)):
+        if wanted is not None and wanted == (page_path(page), _view_params(_address_bar())):
             del following["pending"]  # the view applied is the one drawn (`_poll`)
         return
     st.session_state[FOLLOWING] = {
@@ -401,11 +405,10 @@ def start(page: str) -> None:
     }
 
 
-def _view_params(params: Any) -> dict[str, list[str]]:
-    """The parameters ``params`` (the address bar's, or {name: [strings]}) that make a view: all but a
-    screen's own and those Streamlit keeps on every page."""
-    get = params.get_all if hasattr(params, "get_all") else params.get
-    return {k: list(get(k)) for k in params if k not in (*OWN_PARAMS, *KEPT_PARAMS)}
+def _view_params(params: dict[str, list[str]]) -> dict[str, list[str]]:
+    """The parameters of ``params`` that make a view: all but a screen's own and those Streamlit keeps on
+    every page."""
+    return {k: list(v) for k, v in params.items() if k not in (*OWN_PARAMS, *KEPT_PARAMS)}
 
 
 def apply_state(state: dict[str, Any], code: str) -> None:
