@@ -7,12 +7,22 @@ and resuming (`attnviz.atlas.store`).
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from pathlib import Path
 
 import pandas as pd
 
-from attnviz.atlas.corpus import Corpus, Survey, batch_plan, file_sha256, read_chunks, shards, survey, tokenize
+from attnviz.atlas.corpus import (
+    Corpus,
+    Sentence,
+    Survey,
+    batch_plan,
+    file_sha256,
+    read_chunks,
+    shards,
+    survey,
+    tokenize,
+)
 from attnviz.atlas.engine import check_precision, run_local, run_tagged
 from attnviz.atlas.roles import PERIOD, PROBES, ROLES, SEED, role_table
 from attnviz.atlas.stats import STATISTICS
@@ -196,6 +206,17 @@ def build_atlas(
     return load_atlas(out)
 
 
+def _shard_batches(
+    work: Iterable[dict[int, Sequence[Sentence]]], batch_size: int
+) -> Iterator[tuple[tuple[int, bool], list[Sentence]]]:
+    """((shard, whether it is the shard's last batch), batch) for every batch of the shards in ``work``."""
+    for shards_to_do in work:
+        for index, shard in shards_to_do.items():
+            plan = batch_plan(shard, batch_size)
+            for n, batch in enumerate(plan, 1):
+                yield (index, n == len(plan)), batch
+
+
 def write_atlas(
     bundle: Bundle,
     corpus: str | Path,
@@ -288,17 +309,8 @@ def write_atlas(
 
     if done < total:
         if engine == "local":  # batch after batch across shards: no core idles at a shard's end
-
-            def batches() -> Iterator[tuple[tuple[int, bool], list]]:
-                """((shard, whether its last batch), batch) for every batch of the shards to do."""
-                for work in todo():
-                    for index, shard in work.items():
-                        plan = batch_plan(shard, batch_size)
-                        for n, batch in enumerate(plan, 1):
-                            yield (index, n == len(plan)), batch
-
             results = []
-            for (index, last), result in run_tagged(bundle, batches(), precision, step):
+            for (index, last), result in run_tagged(bundle, _shard_batches(todo(), batch_size), precision, step):
                 results.append(result)
                 if last:
                     write(index, results)
