@@ -443,17 +443,22 @@ def long_form_csv(
     layer_at, head_at, layer_names, head_names = _long_form_labels(maps.shape, layers, heads, names)
     Q, K = maps.shape[-2:]
     written = out.write(f"layer,head,query_index,query_token,key_index,key_token,{csv_field(value_name)}\n".encode())
-    query_fields = [csv_field(t) for t in query_tokens]
-    key_parts = [f"{k},{csv_field(t)},{{:.9g}}\n" for k, t in enumerate(key_tokens)]
+    # Each row of a map is one %-format of its K values, run in C: the row's template is its prefix before each
+    # key's part, every "%" of the labels doubled. The same bytes as a format call per value, 1.5 times as fast
+    # (4 heads of 1000 x 1000: 1.2-1.3 against 1.9-2.0 million rows a second on a 2-core AMD EPYC with AVX2
+    # only, where formatting one float with %.9g alone takes 0.32 us).
+    query_fields = [csv_field(t).replace("%", "%%") for t in query_tokens]
+    key_parts = [f"{k},{csv_field(t).replace('%', '%%')},%.9g\n" for k, t in enumerate(key_tokens)]
     step = max(1, CSV_BLOCK_ROWS // max(K, 1))
     for li, layer in zip(layer_at, layer_names, strict=True):
         for hi, head in zip(head_at, head_names, strict=True):
+            labels = f"{layer},{head},".replace("%", "%%")
             for start in range(0, Q, step):
                 rows = maps[li, hi, start : start + step].tolist()  # (rows, K) Python floats
                 lines = []
                 for q, row in enumerate(rows, start):
-                    prefix = f"{layer},{head},{q},{query_fields[q]},"
-                    lines.append(prefix + prefix.join([part.format(v) for part, v in zip(key_parts, row, strict=True)]))
+                    prefix = f"{labels}{q},{query_fields[q]},"
+                    lines.append((prefix + prefix.join(key_parts)) % tuple(row))
                 written += out.write("".join(lines).encode("utf-8"))
     return written
 

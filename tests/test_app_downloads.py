@@ -61,6 +61,21 @@ def test_streamed_csv_is_the_long_form_and_within_its_bound(layers, heads, names
         assert got[column].astype(str).tolist() == want[column].astype(str).tolist(), column
 
 
+def test_percent_signs_in_tokens_and_names_are_written_as_they_are():
+    """A row is one %-format of its values: a label's "%" must not be read as a conversion."""
+    rng = np.random.default_rng(2)
+    maps = rng.random((1, 2, 3, 4)).astype(np.float32)
+    q_tokens, k_tokens = ["50%", "%s", "%%"], ["%.9g", "a%", "%(x)s", "100 %,"]
+    names = (["%d"], ["%", "mean%"])
+    out = io.BytesIO()
+    analysis.long_form_csv(out, maps, q_tokens, k_tokens, names=names)
+    got = read(out.getvalue())
+    want = analysis.long_form(maps, q_tokens, k_tokens).assign(layer="%d", head=np.repeat(["%", "mean%"], 3 * 4))
+    np.testing.assert_array_equal(got["weight"].to_numpy(np.float32), want["weight"].to_numpy())
+    for column in ("layer", "head", "query_index", "query_token", "key_index", "key_token"):
+        assert got[column].astype(str).tolist() == want[column].astype(str).tolist(), column
+
+
 def test_the_csv_is_written_a_block_at_a_time(monkeypatch):
     monkeypatch.setattr(analysis, "CSV_BLOCK_ROWS", 10)
     sizes = []
