@@ -224,6 +224,47 @@ def visitor_roots(monkeypatch, tmp_path_factory):
     monkeypatch.setenv("ATTNVIZ_MODEL_ROOTS", str(tmp_path_factory.getbasetemp()))
 
 
+@pytest.fixture(scope="session", autouse=True)
+def one_clearest_head_per_model():
+    """`attnviz.api.clearest_head`, computed once per model in a test process, as in the app's.
+
+    The app keeps each model's clearest head for the life of its process (`attnviz.app.cache.clearest_head`),
+    but AppTests start from empty caches (`fresh_streamlit_caches`), so every AppTest of a translation
+    model computed it again: a greedy translation and a forward pass of each of the card's first eight
+    examples, 0.4 s for en-de on a 2-core AMD EPYC with AVX2 only, and a fifth of the AppTest clicks
+    module's time. The answer is a function of what the key below holds (the weights by their digest, the
+    card, the config, the tokenizer's files, the device, the kind and the number of examples read), so
+    a test that edits any of them gets its own; a bundle not read from files is not kept. A test that
+    counts the computing empties the memo, which is what the fixture yields.
+    """
+    from attnviz import api
+
+    original, memo = api.clearest_head, {}
+
+    def stamp(folder: Path) -> tuple:
+        return tuple(sorted((p.name, p.stat().st_size, p.stat().st_mtime_ns) for p in folder.iterdir() if p.is_file()))
+
+    def clearest_head(bundle, kind=None):
+        if not bundle.sha256 or not Path(bundle.path).is_dir():
+            return original(bundle, kind)
+        key = (
+            bundle.sha256,
+            repr(bundle.info),
+            repr(bundle.config),
+            stamp(Path(bundle.path)),
+            str(bundle.device),
+            kind,
+            api.CLEAREST_SENTENCES,
+        )
+        if key not in memo:
+            memo[key] = original(bundle, kind)
+        return memo[key]
+
+    api.clearest_head = clearest_head
+    yield memo
+    api.clearest_head = original
+
+
 @pytest.fixture
 def fresh_streamlit_caches():
     import streamlit as st
