@@ -270,7 +270,8 @@ def one_clearest_head_per_model():
     original, memo = api.clearest_head, {}
 
     def stamp(folder: Path) -> tuple:
-        return tuple(sorted((p.name, p.stat().st_size, p.stat().st_mtime_ns) for p in folder.iterdir() if p.is_file()))
+        files = [(p.name, p.stat()) for p in folder.iterdir() if p.is_file()]
+        return tuple(sorted((name, s.st_size, s.st_mtime_ns) for name, s in files))
 
     def clearest_head(bundle, kind=None):
         if not bundle.sha256 or not Path(bundle.path).is_dir():
