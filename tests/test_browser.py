@@ -18,7 +18,7 @@ from pathlib import Path
 
 import presenter_checks
 import pytest
-from browser_wait import RUN_ENDS_S, resized, settled
+from browser_wait import RUN_ENDS_S, resized, settled, still
 
 from attnviz import api
 from attnviz.app import CUSTOM_PATH, registry
@@ -376,7 +376,7 @@ def test_a_page_is_not_read_while_a_font_loads_or_plotly_redraws(server, browser
     failed once in CI (a band of 56 px under a title, on a loaded machine; not reproduced here)."""
     from browser_wait import DRAWN
 
-    page = browser.new_page(viewport={"width": 1280, "height": 720})
+    page = still(browser.new_context(viewport={"width": 1280, "height": 720})).new_page()
     try:
         page.goto(f"{server}/formation?present=1")
         settled(page, "formation")
@@ -406,7 +406,7 @@ def test_a_page_is_not_read_while_a_font_loads_or_plotly_redraws(server, browser
             page.evaluate(f"() => {{ delete {plot}.{busy}; }}")
         assert page.evaluate(DRAWN) is not None
     finally:
-        page.close()
+        page.context.close()
 
 
 def _from_this_server(url: str) -> bool:
@@ -425,7 +425,7 @@ def test_a_crafted_link_draws_no_link_and_no_image_on_any_page(server, browser):
     params = {key: link for key in ("src", "tgt", "cmp_src", "at_folder", "model_path")}
     params.update({"head": image, "layer": "<img src=http://evil.example/x.png>", "kind": "www.evil.example"})
     outside = "a[href*='evil.example'], img[src*='evil.example'], [style*='evil.example']"
-    page = browser.new_page(viewport={"width": 1400, "height": 1000})
+    page = still(browser.new_context(viewport={"width": 1400, "height": 1000})).new_page()
     requests = []
     page.on("request", lambda r: requests.append(r.url) if not _from_this_server(r.url) else None)
     try:
@@ -436,7 +436,7 @@ def test_a_crafted_link_draws_no_link_and_no_image_on_any_page(server, browser):
             assert page.locator(outside).count() == 0, f"{name} draws a link or an image the app did not put there"
         assert not requests, f"the browser asked another host for {requests}"
     finally:
-        page.close()
+        page.context.close()
 
 
 @pytest.mark.parametrize(
@@ -451,7 +451,7 @@ def test_a_deep_link_opened_first_after_a_restart_gets_the_whole_frame(browser, 
     frame, called by the page itself, must still draw the sidebar, the title, the view and the footer."""
     _need_browser()
     with running_app(dict(os.environ)) as url:
-        page = browser.new_page(viewport={"width": 1400, "height": 1000})
+        page = still(browser.new_context(viewport={"width": 1400, "height": 1000})).new_page()
         try:
             page.goto(f"{url}/{link}")  # the first request this server ever serves
             _wait_for_run(page)
@@ -462,7 +462,7 @@ def test_a_deep_link_opened_first_after_a_restart_gets_the_whole_frame(browser, 
             assert any(title in t for t in page.locator("body").all_inner_texts()), "the linked view"
             assert page.get_by_text("Every choice on this page is in the address bar").count() == 1, "the footer"
         finally:
-            page.close()
+            page.context.close()
 
 
 LM_MODELS = [{"model": "induction"}] + [{"model": CUSTOM_PATH, "model_path": family} for family in LM_FAMILIES]
@@ -554,7 +554,7 @@ def test_a_long_prompt_is_drawn_tile_by_tile_and_a_dragged_box_zooms_exactly(ser
     # The link opens that region: the address bar's own, and a range written by hand as one value.
     here = urlencode({**params, "view": "One head"})
     for link in (page.url, f"{server}/explorer?{here}&zoom_q=2000-2090&zoom_k=1000,1090"):
-        shared = browser.new_page(viewport={"width": 1400, "height": 1000})
+        shared = still(browser.new_context(viewport={"width": 1400, "height": 1000})).new_page()
         shared.goto(link)
         _wait_for_run(shared)
         _no_exception(shared, "a zoom link")
@@ -563,7 +563,7 @@ def test_a_long_prompt_is_drawn_tile_by_tile_and_a_dragged_box_zooms_exactly(ser
         assert opened.endswith(want[want.index("queries") :]), (link[-80:], opened)
         shared.locator(".js-plotly-plot").filter(has_text=opened).first.scroll_into_view_if_needed()
         shared.screenshot(path=str(ARTIFACTS / "long-prompt-zoom-link.png"))
-        shared.close()
+        shared.context.close()
     for view in ("All heads (model view)", "Head statistics"):
         page.goto(f"{server}/explorer?" + urlencode({**params, "view": view}))
         _wait_for_run(page)

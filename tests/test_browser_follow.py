@@ -19,7 +19,7 @@ import re
 import time
 
 import pytest
-from browser_wait import settled
+from browser_wait import settled, still
 from test_browser import ARTIFACTS, CHROMIUM, CHROMIUM_ARGS, _need_browser, running_app
 
 from attnviz.app import rooms
@@ -97,7 +97,7 @@ def test_a_follower_follows_the_presenter_live(room_server, monkeypatch):
     with sync_playwright() as p:
         browser = p.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_ARGS)
         try:
-            teacher = browser.new_context(viewport=VIEWPORT).new_page()
+            teacher = still(browser.new_context(viewport=VIEWPORT)).new_page()
             teacher.goto(f"{url}/decoding")
             settled(teacher, "the presenter's decoding page")
             teacher.get_by_role("button", name="Open a room").click()
@@ -107,7 +107,7 @@ def test_a_follower_follows_the_presenter_live(room_server, monkeypatch):
             assert link.endswith(f"/?follow={code}"), link
             assert teacher.locator("[data-testid='stSidebar'] [data-testid='stImage'] img").count() == 1  # the QR
 
-            student_context = browser.new_context(viewport=VIEWPORT)
+            student_context = still(browser.new_context(viewport=VIEWPORT))
             student = student_context.new_page()
             student.goto(f"{url}/?follow={code}")  # the link opens the home page: the room takes it to decoding
             student.get_by_text(f"Following room {code}").wait_for(timeout=60_000)
@@ -217,12 +217,12 @@ def test_replicas_share_rooms_and_a_killed_one_loses_none(tmp_path, monkeypatch)
         assert one != other
         browser = p.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_ARGS)
         try:
-            teacher = browser.new_context(viewport=VIEWPORT).new_page()
+            teacher = still(browser.new_context(viewport=VIEWPORT)).new_page()
             teacher.goto(f"{one}/decoding")
             settled(teacher, "the presenter's decoding page")
             teacher.get_by_role("button", name="Open a room").click()
             code = _room_code(teacher)
-            student = browser.new_context(viewport=VIEWPORT).new_page()
+            student = still(browser.new_context(viewport=VIEWPORT)).new_page()
             student.goto(f"{other}/?follow={code}")
             student.get_by_role("heading", name="Decoding, step by step").wait_for(timeout=60_000)
             settled(student, "the follower's first view")  # a fresh replica's first run: its model loads

@@ -14,7 +14,7 @@ import time
 from urllib.parse import urlencode
 
 import pytest
-from browser_wait import settled
+from browser_wait import settled, still
 from formation_histories import write_history
 from test_browser import ARTIFACTS, CHROMIUM, CHROMIUM_ARGS, _need_browser, running_app
 
@@ -61,7 +61,7 @@ def live_folders(temporary) -> list[str]:
 
 
 def start_training(browser, url: str):
-    page = browser.new_context(viewport={"width": 1400, "height": 1000}).new_page()
+    page = still(browser.new_context(viewport={"width": 1400, "height": 1000})).new_page()
     page.goto(url)
     settled(page, url)
     assert page.locator("[data-testid='stException']").count() == 0
@@ -86,7 +86,7 @@ def test_closing_the_tab_stops_the_training_deletes_its_folder_and_frees_the_slo
     assert first.locator(MINE).count() > 0, "the first visitor's training started"
     (folder,) = live_folders(temporary)
 
-    other = browser.new_context(viewport={"width": 1400, "height": 1000}).new_page()
+    other = still(browser.new_context(viewport={"width": 1400, "height": 1000})).new_page()
     other.goto(link)
     settled(other, "a second visitor")
     other.locator(BUTTON).click()

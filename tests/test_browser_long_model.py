@@ -15,7 +15,7 @@ from urllib.parse import urlencode
 
 import numpy as np
 import pytest
-from browser_wait import settled
+from browser_wait import settled, still
 from test_browser import ARTIFACTS, CHROMIUM, CHROMIUM_ARGS, _no_exception
 
 from attnviz.checkpoints.catalog import pretrained_dir
@@ -55,7 +55,7 @@ def test_the_probe_is_drawn_tile_by_tile_and_a_box_on_the_induction_stripe_zooms
     overview = f"queries 0-{T - 1}, keys 0-{T - 1}"
     with sync_playwright() as p:
         browser = p.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_ARGS)
-        page = browser.new_page(viewport={"width": 1400, "height": 1000})
+        page = still(browser.new_context(viewport={"width": 1400, "height": 1000})).new_page()
         try:
             page.goto(f"{server}/explorer?" + urlencode({**params, "view": "One head"}))
             settled(page, "the probe's one head")

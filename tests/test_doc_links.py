@@ -16,7 +16,7 @@ from pathlib import Path
 from urllib.parse import parse_qs, urlsplit
 
 import pytest
-from browser_wait import settled
+from browser_wait import settled, still
 from test_browser import ARTIFACTS, CHROMIUM, CHROMIUM_ARGS
 
 from attnviz.app import registry
@@ -99,7 +99,7 @@ def browser_page(server):
     with sync_playwright() as p:
         browser = p.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_ARGS)
         try:
-            yield browser.new_page(viewport={"width": 1400, "height": 1000})
+            yield still(browser.new_context(viewport={"width": 1400, "height": 1000})).new_page()
         finally:
             browser.close()
 
