@@ -16,6 +16,7 @@ import sys
 import textwrap
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 from conftest import seeded_model, tiny_config
@@ -23,6 +24,7 @@ from safetensors.torch import load_file, save_file
 
 import attnviz
 from attnviz.checkpoints import load_checkpoint
+from attnviz.checkpoints.files import all_finite
 from attnviz.checkpoints.native import CONFIG_FILE, SPM_FILE, WEIGHTS_FILE, save_checkpoint
 from attnviz.errors import CheckpointError
 
@@ -135,6 +137,34 @@ def test_a_hostile_checkpoint_is_refused_with_a_clear_message(good, case):
     # What a visitor of a hosted app would see: no server path, nothing read from the file.
     public = info.value.public
     assert str(good) not in public and "/" not in public and "nan" not in public.lower().replace("nan or", "")
+
+
+BIG = 3e38  # float32's largest is 3.4e38: two of these overflow a sum, each one is finite
+FINITE_CASES = {
+    "normal values": torch.randn(1000),
+    "a NaN": torch.randn(1000).index_fill(0, torch.tensor([7]), float("nan")),
+    "an infinity": torch.randn(1000).index_fill(0, torch.tensor([999]), float("inf")),
+    "a negative infinity": torch.randn(1000).index_fill(0, torch.tensor([0]), float("-inf")),
+    "both infinities (their sum is NaN)": torch.tensor([1.0, float("inf"), float("-inf")]),
+    "finite values whose sum overflows": torch.full((64,), BIG),
+    "finite values whose sum may overflow on the way": torch.tensor([BIG, BIG, -BIG, -BIG] * 16),
+    "overflow and a NaN": torch.cat([torch.full((64,), BIG), torch.tensor([float("nan")])]),
+    "no values": torch.empty(0, 4),
+    "float16 summing past its largest": torch.full((100,), 60000.0, dtype=torch.float16),
+    "bfloat16 with a NaN": torch.tensor([1.0, float("nan")], dtype=torch.bfloat16),
+}
+
+
+@pytest.mark.parametrize("case", FINITE_CASES)
+def test_the_finiteness_check_agrees_with_testing_every_value_in_numpy(case):
+    t = FINITE_CASES[case]
+    assert all_finite(t) == bool(np.isfinite(t.double().numpy()).all())
+
+
+def test_huge_finite_weights_whose_sum_overflows_still_load(good, batch):
+    _edit_weights(good, "src_embed.weight", lambda t: t.index_fill(1, torch.tensor([0]), BIG))
+    bundle = load_checkpoint(good, device="cpu")
+    assert float(bundle.model.src_embed.weight[:, 0].min()) == pytest.approx(BIG)
 
 
 @pytest.mark.slow
