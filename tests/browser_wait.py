@@ -8,10 +8,17 @@ points were once found on a loaded machine), so it waits here until the drawn pa
 from __future__ import annotations
 
 import contextlib
+import json
 
 NOT_RUNNING = "[data-testid='stApp'][data-test-script-state='notRunning']"
 RUN_ENDS_S = 120  # a slow page on two busy cores
 QUIET_MS = 100  # two reads of the drawn page this far apart must agree
+# How often a wait here reads the page. Playwright's default, every animation frame, has chromium draw and
+# composite 60 frames a second for as long as a test waits: test_browser_formation and test_browser_phone
+# took 215 and 219 CPU s of the machine so, against 201 and 205 reading every 100 ms (2-core AMD EPYC,
+# AVX2 only; two runs each, alternated).
+POLL_MS = 100
+RUN_ENDED = f"() => document.querySelector({json.dumps(NOT_RUNNING)}) !== null"
 
 # What the main area shows once drawn (None while a chart is still being drawn): the charts' titles,
 # margins and where each chart, its title, its plot areas and its legend sit, compared between two
@@ -51,16 +58,16 @@ def settled(page, what: str, idle: bool = True) -> None:
 
     try:
         if idle:
-            page.wait_for_selector(NOT_RUNNING, timeout=RUN_ENDS_S * 1000)
+            page.wait_for_function(RUN_ENDED, timeout=RUN_ENDS_S * 1000, polling=POLL_MS)
         last = None
         while True:  # plots draw after the script has ended: two reads QUIET_MS apart must agree
-            drawn = page.wait_for_function(DRAWN, timeout=60_000).json_value()
+            drawn = page.wait_for_function(DRAWN, timeout=60_000, polling=POLL_MS).json_value()
             if drawn == last:
                 break
             last = drawn
             page.wait_for_timeout(QUIET_MS)
         if idle:
-            page.wait_for_selector(NOT_RUNNING, timeout=RUN_ENDS_S * 1000)
+            page.wait_for_function(RUN_ENDED, timeout=RUN_ENDS_S * 1000, polling=POLL_MS)
     except PlaywrightTimeout as e:
         raise AssertionError(f"{what}: the page did not finish its run and drawing: {e}") from None
 
@@ -79,7 +86,7 @@ CHARTS_FIT_THEIR_BOXES = """() =>
 def resized(page, width: int, height: int, what: str) -> None:
     """Give the window this size and wait until the page is laid out and drawn for it (not the old size)."""
     page.set_viewport_size({"width": width, "height": height})
-    page.wait_for_function(CHARTS_FIT_THEIR_BOXES, timeout=60_000)
+    page.wait_for_function(CHARTS_FIT_THEIR_BOXES, timeout=60_000, polling=POLL_MS)
     settled(page, what)
 
 
@@ -87,7 +94,7 @@ def resized(page, width: int, height: int, what: str) -> None:
 # long as a run lasts: endless CSS animations, for which chromium draws and composites 60 frames a second
 # on the CPU. Stopped here, in every document of a test's browser context: a still placeholder is still
 # there for a test (DRAWN waits for it to go), and no test asserts on motion. Measured on a 2-core AMD EPYC
-# with AVX2 only: chromium's display compositor 5.0-7.3 -> 0.9 CPU s over six page loads, and 156 -> 140
+# with AVX2 only: chromium's display compositor 4.3-7.6 -> 0.8 CPU s over six page loads, and 156 -> 140
 # CPU s of chromium over test_browser_formation and test_browser_phone.
 STILL = """(() => {
     const sheet = new CSSStyleSheet();
