@@ -20,15 +20,13 @@ import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import NoReturn
+from typing import TYPE_CHECKING, NoReturn
 
-from attnviz.atlas import ENGINES, PRECISIONS
-from attnviz.devices import DEVICE_CHOICES
 from attnviz.errors import AttnvizError, InputError
 from attnviz.export import DEFAULT_ATOL
-from attnviz.methods import METHODS
-from attnviz.methods.ablation import MODES, Ablation
-from attnviz.training.data import TASKS
+
+if TYPE_CHECKING:
+    from attnviz.methods.ablation import Ablation
 
 MAX_PATH = 4096  # Linux's PATH_MAX: a longer --model or --out cannot name a file
 MAX_BEAM = 64  # what attnviz.decoding.step_through accepts
@@ -110,6 +108,8 @@ def existing_path(value: str) -> str:
 
 def heads(value: str) -> Ablation:
     """Heads to switch off, ``KIND:LAYER.HEAD[,...]`` (from 1); whether the model has them is checked on loading."""
+    from attnviz.methods.ablation import Ablation
+
     try:
         ablation = Ablation.parse(text(value))
     except InputError as e:
@@ -208,6 +208,7 @@ class ProgressBar:
 
 def _translate(args) -> None:
     from attnviz.api import load, translate
+    from attnviz.methods.ablation import Ablation
 
     ablate = None if args.ablate is None else Ablation(args.ablate.heads, args.ablate_mode)
     print(translate(load(args.model, args.device), args.text, beam=args.beam, ablate=ablate))
@@ -215,6 +216,7 @@ def _translate(args) -> None:
 
 def _generate(args) -> None:
     from attnviz.api import generate, load
+    from attnviz.methods.ablation import Ablation
 
     ablate = None if args.ablate is None else Ablation(args.ablate.heads, args.ablate_mode)
     print(generate(load(args.model, args.device), args.prompt, max_new=args.max_new, beam=args.beam, ablate=ablate))
@@ -271,6 +273,8 @@ def _diff(args) -> int:
 
 
 def _attribute(args) -> None:
+    from attnviz.methods import METHODS
+
     method = METHODS[args.method]
     if args.position is not None and not method.uses_position:
         raise UsageError(f"argument --position: applies to --method grad-attention only, not {args.method}")
@@ -437,6 +441,13 @@ def model_args(p: argparse.ArgumentParser, default_model: str | None = "en-de") 
         help="a shipped model's name (a folder under pretrained/), a checkpoint directory, or a Hugging Face hub id "
         "(owner/name: downloaded into the hub's cache, or read from it with HF_HUB_OFFLINE=1)",
     )
+    device_arg(p)
+
+
+def device_arg(p: argparse.ArgumentParser) -> None:
+    """--device, for a command that computes."""
+    from attnviz.devices import DEVICE_CHOICES
+
     p.add_argument("--device", default="auto", choices=DEVICE_CHOICES)
 
 
@@ -460,11 +471,9 @@ def generate_arg(p: argparse.ArgumentParser) -> None:
     )
 
 
-def build_parser() -> argparse.ArgumentParser:
-    parser = Parser(prog="attnviz", description=__doc__.split("\n\n")[0])
-    sub = parser.add_subparsers(dest="command", required=True)
+def _translate_arguments(p: argparse.ArgumentParser) -> None:
+    from attnviz.methods.ablation import MODES
 
-    p = sub.add_parser("translate", help="print the model's output for a sentence")
     model_args(p)
     p.add_argument("--beam", type=int_in(1, MAX_BEAM), default=1, help="beam size (1 = greedy)")
     p.add_argument(
@@ -480,9 +489,11 @@ def build_parser() -> argparse.ArgumentParser:
         help="zero: " + MODES["zero"] + "; mean: " + MODES["mean"] + " (default: zero)",
     )
     p.add_argument("text", type=text)
-    p.set_defaults(run=_translate)
 
-    p = sub.add_parser("generate", help="print a language model's continuation of a prompt")
+
+def _generate_arguments(p: argparse.ArgumentParser) -> None:
+    from attnviz.methods.ablation import MODES
+
     model_args(p)
     p.add_argument(
         "--max-new", type=int_in(0, MAX_NEW_TOKENS), default=20, help="tokens to append at most (default: 20)"
@@ -491,9 +502,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--ablate", type=heads, metavar="decoder:LAYER.HEAD[,...]", help="switch these heads off")
     p.add_argument("--ablate-mode", choices=MODES, default="zero", help="zero or mean (default: zero)")
     p.add_argument("prompt", type=text)
-    p.set_defaults(run=_generate)
 
-    p = sub.add_parser("attention", help="write every attention map for one sentence to an .npz file")
+
+def _attention_arguments(p: argparse.ArgumentParser) -> None:
     model_args(p)
     p.add_argument("--src", required=True, type=text, help="source sentence, or a language model's prompt")
     p.add_argument(
@@ -502,11 +513,11 @@ def build_parser() -> argparse.ArgumentParser:
     generate_arg(p)
     p.add_argument("--out", required=True, type=out_file, help="output .npz file")
     words_arg(p)
-    p.set_defaults(run=_attention)
 
-    p = sub.add_parser(
-        "attribute", help="write a contribution method's maps (beyond the attention weights) to an .npz file"
-    )
+
+def _attribute_arguments(p: argparse.ArgumentParser) -> None:
+    from attnviz.methods import METHODS
+
     model_args(p)
     p.add_argument("--src", required=True, type=text, help="source sentence")
     p.add_argument(
@@ -527,12 +538,9 @@ def build_parser() -> argparse.ArgumentParser:
     words_arg(p)
     generate_arg(p)
     p.add_argument("--out", required=True, type=out_file, help="output .npz file")
-    p.set_defaults(run=_attribute)
 
-    p = sub.add_parser(
-        "diff",
-        help="compare two attention exports (.npz) or two atlas folders: exit 0 if equal within tolerance, 1 if not",
-    )
+
+def _diff_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("a", type=existing_path, help="the expected export (e.g. a golden file)")
     p.add_argument("b", type=existing_path, help="the actual export")
     p.add_argument(
@@ -543,9 +551,11 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--rtol", type=float_in(0.0, 1.0), default=0.0, help="relative tolerance per cell (default 0)")
     p.add_argument("--json", action="store_true", help="print the report as JSON")
-    p.set_defaults(run=_diff)
 
-    p = sub.add_parser("atlas", help="every head's statistics over a corpus, written as Parquet files to a folder")
+
+def _atlas_arguments(p: argparse.ArgumentParser) -> None:
+    from attnviz.atlas import ENGINES, PRECISIONS
+
     model_args(p)
     p.add_argument("--corpus", required=True, type=in_file, help="one source sentence per line (UTF-8)")
     p.add_argument(
@@ -560,20 +570,22 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--engine", choices=ENGINES, default="local", help="ray: Ray Data batch inference (RAY_ADDRESS)")
     p.add_argument("--limit", type=int_in(1, 10**9), help="read only the first N lines")
-    p.set_defaults(run=_atlas)
 
-    p = sub.add_parser("evaluate", help="exact match on freshly generated held-out pairs")
+
+def _evaluate_arguments(p: argparse.ArgumentParser) -> None:
     model_args(p)
     p.add_argument("--n", type=int_in(1, 1_000_000), default=1000)
     p.add_argument("--seed", type=int_in(0, 2**32 - 1), default=1)
     p.add_argument("--show-misses", type=int_in(0, 1_000_000), default=5)
-    p.set_defaults(run=_evaluate)
 
-    p = sub.add_parser("train", help="train a model from scratch on generated data")
+
+def _train_arguments(p: argparse.ArgumentParser) -> None:
+    from attnviz.training.data import TASKS
+
     p.add_argument("task", choices=TASKS, help="the generated task: " + " or ".join(TASKS))
     p.add_argument("--out", required=True, type=path_text, help="checkpoint directory to write")
     p.add_argument("--seed", type=int_in(0, 2**32 - 1), default=0)
-    p.add_argument("--device", default="auto", choices=DEVICE_CHOICES)
+    device_arg(p)
     p.add_argument("--steps", type=int_in(1, 10_000_000), help="override the recipe's number of steps")
     p.add_argument("--batch-size", type=int_in(1, 1_000_000))
     p.add_argument("--lr-scale", type=float_in(1e-6, 1e3), help="multiplies the learning rate of equation 3")
@@ -592,9 +604,9 @@ def build_parser() -> argparse.ArgumentParser:
         help="record the training's history into OUT/history every N steps and at the last (docs/history.md); "
         "0: none (default)",
     )
-    p.set_defaults(run=_train)
 
-    p = sub.add_parser("history", help="write a training's history (attnviz train --history-every) as .npz or .csv")
+
+def _history_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("folder", type=existing_path, help="the training's --out folder, or its history/ folder")
     p.add_argument(
         "--out",
@@ -603,7 +615,45 @@ def build_parser() -> argparse.ArgumentParser:
         help="F.npz: step, the losses, each probe's tokens and maps, a manifest; F.csv: the losses and every head's "
         "statistics in long form (step, kind, layer, head, statistic, value)",
     )
-    p.set_defaults(run=_history)
+
+
+# name -> (its help, its arguments, what it runs)
+COMMANDS = {
+    "translate": ("print the model's output for a sentence", _translate_arguments, _translate),
+    "generate": ("print a language model's continuation of a prompt", _generate_arguments, _generate),
+    "attention": ("write every attention map for one sentence to an .npz file", _attention_arguments, _attention),
+    "attribute": (
+        "write a contribution method's maps (beyond the attention weights) to an .npz file",
+        _attribute_arguments,
+        _attribute,
+    ),
+    "diff": (
+        "compare two attention exports (.npz) or two atlas folders: exit 0 if equal within tolerance, 1 if not",
+        _diff_arguments,
+        _diff,
+    ),
+    "atlas": ("every head's statistics over a corpus, written as Parquet files to a folder", _atlas_arguments, _atlas),
+    "evaluate": ("exact match on freshly generated held-out pairs", _evaluate_arguments, _evaluate),
+    "train": ("train a model from scratch on generated data", _train_arguments, _train),
+    "history": (
+        "write a training's history (attnviz train --history-every) as .npz or .csv",
+        _history_arguments,
+        _history,
+    ),
+}
+
+
+def build_parser(command: str | None = None) -> argparse.ArgumentParser:
+    """The command line's parser; with ``command``, that command's arguments alone (every other command is
+    named, with its help), so that a command imports only what its own arguments need: ``attnviz diff``,
+    ``attnviz --help`` and a mistyped command never import torch (3-4 s on a 2-core AMD EPYC)."""
+    parser = Parser(prog="attnviz", description=__doc__.split("\n\n")[0])
+    sub = parser.add_subparsers(dest="command", required=True)
+    for name, (summary, arguments, run) in COMMANDS.items():
+        p = sub.add_parser(name, help=summary)
+        if command is None or command == name:
+            arguments(p)
+        p.set_defaults(run=run)
     return parser
 
 
@@ -625,7 +675,8 @@ def main(argv: list[str] | None = None) -> int:
 
 def _run(argv: list[str] | None) -> int:
     try:
-        args = build_parser().parse_args(argv)
+        words = sys.argv[1:] if argv is None else argv
+        args = build_parser(words[0] if words else "").parse_args(words)
         status = args.run(args) or 0
     except AttnvizError as e:
         print(f"attnviz: error: {_one_line(str(e))}", file=sys.stderr)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import dataclasses
 import json
 import subprocess
@@ -393,6 +394,48 @@ def test_diff_exit_codes_from_the_console_script(exports):
     assert proc.returncode == 1 and "layer 2, head 3" in proc.stdout
     proc = run_cli("diff", exports["golden"], exports["corrupt"])
     assert proc.returncode == 2 and proc.stderr.count("\n") == 1 and "Traceback" not in proc.stderr
+
+
+# A fresh interpreter: `attnviz diff`, a usage error and `attnviz --help`, then what they imported.
+NO_TORCH_PROBE = """
+import contextlib, io, sys
+from attnviz.cli import main
+codes = []
+with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
+    codes += [main(["diff", sys.argv[1], sys.argv[2]]), main(["bogus"]), main(["diff", "--atol", "x", "a", "b"])]
+    try:
+        main(["--help"])
+    except SystemExit as e:
+        codes.append(e.code)
+print(codes, "torch" in sys.modules, "pandas" in sys.modules)
+"""
+
+
+def test_diff_usage_errors_and_help_import_neither_torch_nor_pandas(exports):
+    """The parser holds only the named command's arguments (cli.build_parser): a diff in a snapshot suite, a
+    mistyped command and --help start in a fraction of a second, not the 3-4 s of importing torch."""
+    done = subprocess.run(
+        [sys.executable, "-c", NO_TORCH_PROBE, exports["golden"], exports["perturbed"]],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=True,
+    )
+    assert done.stdout.split() == ["[1,", "2,", "2,", "0]", "False", "False"], done.stdout + done.stderr
+
+
+def test_each_command_alone_has_the_arguments_of_the_whole_parser():
+    from attnviz.cli import COMMANDS, build_parser
+
+    def commands(parser):
+        sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+        return sub.choices
+
+    whole = commands(build_parser())
+    for name in COMMANDS:
+        alone = commands(build_parser(name))
+        assert alone[name].format_help() == whole[name].format_help(), name
+        assert all(len(p._actions) == 1 for other, p in alone.items() if other != name)  # -h alone
 
 
 def test_attention_of_a_text_whose_maps_are_over_the_export_limit_is_exit_2_before_any_map(
