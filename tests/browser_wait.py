@@ -95,7 +95,7 @@ def resized(page, width: int, height: int, what: str) -> None:
 # on the CPU. Stopped here, in every document of a test's browser context: a still placeholder is still
 # there for a test (DRAWN waits for it to go), and no test asserts on motion. Measured on a 2-core AMD EPYC
 # with AVX2 only: chromium's display compositor 4.3-7.6 -> 0.8 CPU s over six page loads, and 156 -> 140
-# CPU s of chromium over test_browser_formation and test_browser_phone.
+# CPU s of chromium over test_browser_formation and test_browser_phone (the same rule in a style element).
 STILL = """(() => {
     const sheet = new CSSStyleSheet();
     sheet.replaceSync("[data-testid='stSkeleton'], [data-testid='stSpinner'] *, [data-testid='stStatusWidget'] *"
