@@ -379,3 +379,46 @@ def test_a_redis_that_goes_away_tells_followers_and_the_presenter_keeps_presenti
     finally:
         server.proc.send_signal(signal.SIGCONT)
         server.stop()
+
+
+@pytest.mark.slow  # 1.5 s or more in the quick tier on a 2-core AMD EPYC with AVX2 only
+def test_a_run_replaced_before_its_end_leaves_the_view_pending_and_the_next_poll_applies_it(room_store, monkeypatch):
+    """A run that starts with the room's view can be replaced before its end by a rerun the browser asks for,
+    carrying the old page and its values: the view is not drawn until a run that started with it ends (a fresh
+    clone's browser run once left a follower a step behind its presenter for 60 s). The next poll after
+    `follow.RETRY_S` applies it again; a view drawn to its end is not applied again."""
+    clock, replaced, calls = _Clock(), [0], []
+    monkeypatch.setattr(follow, "time", clock)
+    mine = rooms.open_room(_view("explorer", head="2"))
+    follower = open_from_link("app.py", {"follow": mine.code})
+    assert follower.title[0].value == "Attention explorer"
+    publish, switch = follow.publish_view, follow.open_link
+
+    def publish_view():  # at the end of the frame, before `follow.drawn`
+        if replaced[0] and follow.st.session_state.get(follow.PAGE_NOW) == "decoding":
+            replaced[0] -= 1  # the browser's rerun of the old page and its values wins, before this run's end
+            switch("pages/explorer.py", {"head": ["2"], "follow": [mine.code]})
+        publish()
+
+    def open_link(target, params):
+        calls.append(target)
+        switch(target, params)
+
+    monkeypatch.setattr(follow, "publish_view", publish_view)
+    monkeypatch.setattr(follow, "open_link", open_link)
+    replaced[0] = 1
+    rooms.publish(mine.code, mine.secret, _view("decoding", step="3"))
+    follower.run()
+    assert not replaced[0] and calls == ["pages/decoding.py"], "the decoding page's run started, then was replaced"
+    assert follower.title[0].value == "Attention explorer", "the old page won"
+    clock.now += follow.RETRY_S / 2
+    follower.run()
+    assert calls == ["pages/decoding.py"], "not again before RETRY_S"
+    clock.now += follow.RETRY_S
+    follower.run()
+    assert not follower.exception, follower.exception
+    assert follower.title[0].value == "Decoding, step by step"
+    assert dict(follower.query_params) == {"step": "3", "follow": mine.code}
+    clock.now += 10 * follow.RETRY_S
+    follower.run()
+    assert calls == ["pages/decoding.py"] * 2, "drawn to its end: applied no more"

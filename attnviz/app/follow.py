@@ -49,6 +49,7 @@ ROOM_STATE = "_room"  # session key: the presenter's Room (code and secret), in 
 PUBLISHED_STATE = "_room_published"  # session key: the last state the presenter published
 FOLLOWING = "_following"  # session key: a follower's room: code, version applied, detached, its id
 PAGE_NOW = "_room_page"  # session key: the address of the page being drawn (`start`)
+DRAWING = "_room_drawing"  # session key: the pending view this run started with (`start`, `drawn`)
 POINT = "_room_point"  # session key: the cell pointed at, {"chart", "x", "y"}, or absent
 PAGE_KEY, POINT_KEY = "room_page", "room_point"  # a room's view: besides the link's parameters
 POLL_S = 0.5  # how often a follower reads its room: a change shows within 1 s, the poll's wait included
@@ -388,6 +389,7 @@ def start(page: str) -> None:
     A malformed code is kept too: `follower_bar` says what is wrong with it in one line.
     """
     st.session_state[PAGE_NOW] = page
+    st.session_state.pop(DRAWING, None)  # a run stopped before its end (`drawn`) left it: not this run's
     code = st.query_params.get(FOLLOW)
     if code is None:
         return
@@ -395,7 +397,7 @@ def start(page: str) -> None:
     if following is not None and following["code"] == code:
         wanted = following.get("pending")
         if wanted is not None and wanted == (page_path(page), _view_params(_address_bar())):
-            del following["pending"]  # the view applied is the one drawn (`_poll`)
+            st.session_state[DRAWING] = wanted  # drawn once this run reaches its end (`drawn`)
         return
     st.session_state[FOLLOWING] = {
         "code": code.strip()[:64],
@@ -403,6 +405,19 @@ def start(page: str) -> None:
         "detached": False,
         "id": secrets.token_hex(8),
     }
+
+
+def drawn() -> None:
+    """At the end of a follower's run: the view applied (`apply_state`) is drawn if this run started with it.
+
+    Not at the run's start: a run that starts with the view can still be replaced before its end by a rerun
+    the browser asks for, which carries the old page's widget values, and the follower would keep the old
+    view until the presenter's next change. A view not drawn stays pending, and `_poll` applies it again.
+    """
+    following = st.session_state.get(FOLLOWING)
+    started = st.session_state.pop(DRAWING, None)
+    if following is not None and started is not None and following.get("pending") == started:
+        del following["pending"]
 
 
 def _view_params(params: dict[str, list[str]]) -> dict[str, list[str]]:
@@ -417,7 +432,7 @@ def apply_state(state: dict[str, Any], code: str) -> None:
     Every kept widget value goes, the room's parameters become the address bar's and the page reads
     them as a link (`attnviz.app.links.start`): the same checks, the same values set aside. What it
     asks for is noted in the session's `FOLLOWING` as ``pending`` (the page's file and the
-    parameters) until a run of the page starts with them (`start`).
+    parameters) until a run of the page that started with them reaches its end (`start`, `drawn`).
     """
     for key in list(st.session_state.keys()):
         if not key.startswith(("_", "$$")) and key not in OWN_KEYS:
@@ -542,11 +557,13 @@ def _poll() -> None:
     if seen.version != following["version"]:
         following.update(version=seen.version, applied=now, tries=1)
         apply_state(seen.state, code)
-    if following.get("pending") is not None and now - following["applied"] >= RETRY_S:
-        # Applied, yet no run of the page has drawn it: Streamlit folds a rerun the browser asks for
-        # (this fragment's own timer) into a pending st.switch_page, and the browser's request, with
-        # its page and address, wins (streamlit 1.67, ScriptRequests._request_rerun_locked). Rare, and
-        # the follower would keep the old view until the presenter's next change.
+    pending = following.get("pending")
+    if pending is not None and pending != st.session_state.get(DRAWING) and now - following["applied"] >= RETRY_S:
+        # Applied, yet no run of the page has drawn it to its end (and this run, if a whole page's, is not
+        # drawing it): Streamlit folds a rerun the browser asks for (this fragment's own timer) into a
+        # pending st.switch_page, and the browser's request, with its page and address, wins (streamlit
+        # 1.67, ScriptRequests._request_rerun_locked), or such a rerun replaces the run that started with
+        # the view (`drawn`). Rare, and the follower would keep the old view until the presenter's next change.
         if following["tries"] >= RETRIES:
             log.warning("room %s: a follower's page did not take the room's view after %d tries", code, RETRIES)
             del following["pending"]

@@ -161,5 +161,6 @@ def frame(
         guarded(lambda: body(Context(choices)))
     footer()
     follow.publish_view()  # after every widget has written its value into the address bar
+    follow.drawn()  # a follower's applied view, drawn to the end
     follow.keep_room()
     viewport.watch()
