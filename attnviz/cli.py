@@ -206,20 +206,24 @@ class ProgressBar:
         self.closed = True
 
 
-def _translate(args) -> None:
-    from attnviz.api import load, translate
+def _ablation(args) -> Ablation | None:
+    """--ablate's heads switched off the way --ablate-mode says, or None without --ablate."""
     from attnviz.methods.ablation import Ablation
 
-    ablate = None if args.ablate is None else Ablation(args.ablate.heads, args.ablate_mode)
-    print(translate(load(args.model, args.device), args.text, beam=args.beam, ablate=ablate))
+    return None if args.ablate is None else Ablation(args.ablate.heads, args.ablate_mode)
+
+
+def _translate(args) -> None:
+    from attnviz.api import load, translate
+
+    print(translate(load(args.model, args.device), args.text, beam=args.beam, ablate=_ablation(args)))
 
 
 def _generate(args) -> None:
     from attnviz.api import generate, load
-    from attnviz.methods.ablation import Ablation
 
-    ablate = None if args.ablate is None else Ablation(args.ablate.heads, args.ablate_mode)
-    print(generate(load(args.model, args.device), args.prompt, max_new=args.max_new, beam=args.beam, ablate=ablate))
+    model = load(args.model, args.device)
+    print(generate(model, args.prompt, max_new=args.max_new, beam=args.beam, ablate=_ablation(args)))
 
 
 def _inputs_line(export, unit: str) -> str:
