@@ -60,7 +60,7 @@ def _arrives(page, what: str, check) -> float:
             return time.perf_counter() - start
         if time.perf_counter() - start > BOUND_S:
             page.screenshot(path=str(ARTIFACTS / "follow-missed.png"))
-            raise AssertionError(f"the follower did not show {what} within {BOUND_S} s")
+            raise AssertionError(f"the follower did not show {what} within {BOUND_S} s; it is at {page.url}")
         page.wait_for_timeout(50)
 
 
@@ -111,7 +111,9 @@ def test_a_follower_follows_the_presenter_live(room_server, monkeypatch):
             student = student_context.new_page()
             student.goto(f"{url}/?follow={code}")  # the link opens the home page: the room takes it to decoding
             student.get_by_text(f"Following room {code}").wait_for(timeout=60_000)
-            student.get_by_role("heading", name="Decoding, step by step").wait_for(timeout=60_000)
+            _arrives(
+                student, "the room's page", lambda s: s.get_by_role("heading", name="Decoding, step by step").count()
+            )
             settled(student, "the follower's first view", idle=False)
             teacher.get_by_text("1 screen following").wait_for(timeout=10_000)  # counted within its refresh
 
@@ -224,7 +226,9 @@ def test_replicas_share_rooms_and_a_killed_one_loses_none(tmp_path, monkeypatch)
             code = _room_code(teacher)
             student = still(browser.new_context(viewport=VIEWPORT)).new_page()
             student.goto(f"{other}/?follow={code}")
-            student.get_by_role("heading", name="Decoding, step by step").wait_for(timeout=60_000)
+            _arrives(
+                student, "the room's page", lambda s: s.get_by_role("heading", name="Decoding, step by step").count()
+            )
             settled(student, "the follower's first view")  # a fresh replica's first run: its model loads
 
             def step(what: str) -> None:

@@ -422,3 +422,47 @@ def test_a_run_replaced_before_its_end_leaves_the_view_pending_and_the_next_poll
     clock.now += 10 * follow.RETRY_S
     follower.run()
     assert calls == ["pages/decoding.py"] * 2, "drawn to its end: applied no more"
+
+
+@pytest.mark.slow  # 1.5 s or more in the quick tier on a 2-core AMD EPYC with AVX2 only
+def test_a_session_moved_off_the_rooms_page_by_a_fragments_run_is_taken_back(room_store, monkeypatch, caplog):
+    """Streamlit runs a fragment's rerun on the page the browser asked from, and a follower's browser can ask
+    from the page before a switch reached it: the session is then on the old page though its last whole
+    run drew the room's (a fresh clone's browser run once kept a follower off the room's page for 60 s).
+    The next poll takes it back at once. A follower who opens another page itself (a whole run) stays there."""
+    caplog.set_level(logging.INFO, logger=follow.log.name)
+    clock, calls, stale = _Clock(), [], [0]
+    monkeypatch.setattr(follow, "time", clock)
+    switch, start = follow.open_link, follow.start
+
+    def open_link(target, params):
+        calls.append(target)
+        switch(target, params)
+
+    def start_of(page):  # a fragment's run on another page draws no whole page: the last whole run's hash stays
+        kept = follow.st.session_state.get(follow.PAGE_HASH)
+        start(page)
+        if stale[0]:
+            stale[0] -= 1
+            follow.st.session_state[follow.PAGE_HASH] = kept
+
+    monkeypatch.setattr(follow, "open_link", open_link)
+    monkeypatch.setattr(follow, "start", start_of)
+    mine = rooms.open_room(_view("decoding", step="2"))
+    follower = open_from_link("app.py", {"follow": mine.code})
+    assert follower.title[0].value == "Decoding, step by step" and calls == ["pages/decoding.py"]
+
+    stale[0] = 1
+    follower.switch_page("pages/explorer.py").run()  # the session on the page before, as a stale request leaves it
+    assert not follower.exception, follower.exception
+    assert calls == ["pages/decoding.py"] * 2, "taken back at once, without waiting for RETRY_S"
+    assert follower.title[0].value == "Decoding, step by step"
+    assert (follower.query_params["step"], follower.query_params["follow"]) == ("2", mine.code)
+    said = [r.getMessage() for r in caplog.records if r.name == follow.log.name]
+    assert said == [f"room {mine.code}: a follower's page left it; applying it again"]
+
+    follower.switch_page("pages/explorer.py").run()  # the follower's own whole run on another page
+    for _ in range(2):
+        clock.now += 10 * follow.RETRY_S
+        follower.run()
+    assert follower.title[0].value == "Attention explorer" and calls == ["pages/decoding.py"] * 2

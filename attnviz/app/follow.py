@@ -30,6 +30,7 @@ from typing import Any
 import numpy as np
 import plotly.graph_objects as go
 import streamlit as st
+from streamlit.runtime.scriptrunner import get_script_run_ctx
 from streamlit.runtime.state.query_params import QueryParams
 from streamlit.runtime.state.session_state_proxy import get_session_state
 
@@ -49,6 +50,7 @@ ROOM_STATE = "_room"  # session key: the presenter's Room (code and secret), in 
 PUBLISHED_STATE = "_room_published"  # session key: the last state the presenter published
 FOLLOWING = "_following"  # session key: a follower's room: code, version applied, detached, its id
 PAGE_NOW = "_room_page"  # session key: the address of the page being drawn (`start`)
+PAGE_HASH = "_room_page_hash"  # session key: Streamlit's hash of that page (`start`, `_page_lost`)
 DRAWING = "_room_drawing"  # session key: the pending view this run started with (`start`, `drawn`)
 POINT = "_room_point"  # session key: the cell pointed at, {"chart", "x", "y"}, or absent
 PAGE_KEY, POINT_KEY = "room_page", "room_point"  # a room's view: besides the link's parameters
@@ -389,6 +391,7 @@ def start(page: str) -> None:
     A malformed code is kept too: `follower_bar` says what is wrong with it in one line.
     """
     st.session_state[PAGE_NOW] = page
+    st.session_state[PAGE_HASH] = _session_page_hash()
     st.session_state.pop(DRAWING, None)  # a run stopped before its end (`drawn`) left it: not this run's
     code = st.query_params.get(FOLLOW)
     if code is None:
@@ -405,6 +408,24 @@ def start(page: str) -> None:
         "detached": False,
         "id": secrets.token_hex(8),
     }
+
+
+def _session_page_hash() -> str | None:
+    """Streamlit's hash of the page this session is on now (None outside a run)."""
+    ctx = get_script_run_ctx(suppress_warning=True)
+    return ctx.page_script_hash if ctx is not None else None
+
+
+def _page_lost() -> bool:
+    """Whether this session is on another page than the one its last whole run drew (`start`).
+
+    A fragment's run can move a session to another page: Streamlit runs a fragment's rerun on the page
+    the browser asked from (streamlit 1.67, ScriptRunner._run_script), and a follower's browser can ask
+    from the page it was on before a switch reached it (the poll's own timer). The screen then shows one
+    page while its session and address bar are on another, and the next whole run draws the wrong one.
+    """
+    now = _session_page_hash()
+    return now is not None and st.session_state.get(PAGE_HASH, now) != now
 
 
 def drawn() -> None:
@@ -557,17 +578,26 @@ def _poll() -> None:
     if seen.version != following["version"]:
         following.update(version=seen.version, applied=now, tries=1)
         apply_state(seen.state, code)
-    pending = following.get("pending")
-    if pending is not None and pending != st.session_state.get(DRAWING) and now - following["applied"] >= RETRY_S:
-        # Applied, yet no run of the page has drawn it to its end (and this run, if a whole page's, is not
-        # drawing it): Streamlit folds a rerun the browser asks for (this fragment's own timer) into a
-        # pending st.switch_page, and the browser's request, with its page and address, wins (streamlit
-        # 1.67, ScriptRequests._request_rerun_locked), or such a rerun replaces the run that started with
-        # the view (`drawn`). Rare, and the follower would keep the old view until the presenter's next change.
-        if following["tries"] >= RETRIES:
+    pending, lost = following.get("pending"), _page_lost()
+    if not lost and (
+        pending is None or pending == st.session_state.get(DRAWING) or now - following["applied"] < RETRY_S
+    ):
+        return
+    # Applied, yet no run of the page has drawn it to its end (and this run, if a whole page's, is not
+    # drawing it): Streamlit folds a rerun the browser asks for (this fragment's own timer) into a
+    # pending st.switch_page, and the browser's request, with its page and address, wins (streamlit
+    # 1.67, ScriptRequests._request_rerun_locked), or such a rerun replaces the run that started with
+    # the view (`drawn`). Or the view was drawn, and then a fragment's run moved the session to the page
+    # before (`_page_lost`): applied again at once. Rare, and the follower would keep the wrong view
+    # until the presenter's next change.
+    if following.get("tries", 0) >= RETRIES:
+        if following.get("tries") == RETRIES:
             log.warning("room %s: a follower's page did not take the room's view after %d tries", code, RETRIES)
-            del following["pending"]
-            return
-        following.update(applied=now, tries=following["tries"] + 1)
-        log.info("room %s: a follower's page did not draw the room's view; applying it again", code)
-        apply_state(seen.state, code)
+        following.pop("pending", None)
+        following["tries"] = RETRIES + 1  # given up on this version of the room: said once
+        return
+    following.update(applied=now, tries=following.get("tries", 0) + 1)
+    log.info(
+        "room %s: a follower's page %s; applying it again", code, "left it" if lost else "did not draw the room's view"
+    )
+    apply_state(seen.state, code)
