@@ -72,9 +72,18 @@ def fast_bfloat16(device: torch.device) -> tuple[bool, str]:
     limit = os.environ.get("ONEDNN_MAX_CPU_ISA", "").upper()
     if limit in ONEDNN_WITHOUT_BF16:  # oneDNN told to stay below its bfloat16 kernels: it emulates them
         return False, f"ONEDNN_MAX_CPU_ISA={limit} keeps oneDNN below its bfloat16 instructions"
-    try:
-        flags = set(Path("/proc/cpuinfo").read_text().split())
-    except OSError:
+    flags = cpu_flags()
+    if flags is None:
         return False, "no /proc/cpuinfo to read CPU flags from"
     found = sorted(flags & {"amx_bf16", "avx512_bf16"})
     return bool(found), ("CPU flags: " + ", ".join(found)) if found else "no amx_bf16 or avx512_bf16 CPU flag"
+
+
+def cpu_flags() -> frozenset[str] | None:
+    """The CPU's feature flags as Linux lists them (``avx2``, ``avx512f``, ``amx_tile``, ...); None where there
+    is no /proc/cpuinfo to read them from."""
+    try:
+        text = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return None
+    return frozenset(word for line in text.splitlines() if line.startswith("flags") for word in line.split()[2:])

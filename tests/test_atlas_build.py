@@ -293,11 +293,29 @@ def test_batches_at_once_follows_the_device_and_the_processor(monkeypatch):
     from attnviz.atlas import engine
 
     assert engine.batches_at_once(torch.device("cuda")) == 1
+    monkeypatch.setattr(torch, "get_num_threads", lambda: 3)
     monkeypatch.setattr(torch.backends.cpu, "get_cpu_capability", lambda: "AVX512")
+    monkeypatch.setattr(engine, "cpu_flags", lambda: frozenset({"avx512f", "avx512_bf16"}))  # the AMD EPYC's
+    assert engine.batches_at_once(torch.device("cpu")) == 1
+    monkeypatch.setattr(engine, "cpu_flags", lambda: frozenset({"avx512f", "amx_bf16", "amx_tile"}))  # the Xeon's
+    assert engine.batches_at_once(torch.device("cpu")) == 3
+    monkeypatch.setattr(engine, "cpu_flags", lambda: None)  # no /proc/cpuinfo: as without AMX
     assert engine.batches_at_once(torch.device("cpu")) == 1
     monkeypatch.setattr(torch.backends.cpu, "get_cpu_capability", lambda: "AVX2")
-    monkeypatch.setattr(torch, "get_num_threads", lambda: 3)
     assert engine.batches_at_once(torch.device("cpu")) == 3
+
+
+def test_cpu_flags_are_the_flags_line_of_cpuinfo():
+    from pathlib import Path
+
+    from attnviz.devices import cpu_flags
+
+    if not Path("/proc/cpuinfo").exists():
+        assert cpu_flags() is None
+        return
+    line = next(x for x in Path("/proc/cpuinfo").read_text().splitlines() if x.startswith("flags"))
+    assert cpu_flags() == frozenset(line.split(":", 1)[1].split())
+    assert ("amx_tile" in cpu_flags()) == ("amx_tile" in line.split())
 
 
 @pytest.mark.slow
