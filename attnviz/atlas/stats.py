@@ -230,10 +230,14 @@ def _cells(query_valid: Tensor, key_valid: Tensor | None, K: int, causal: bool) 
 # Which float32 logarithm the divergences take on the CPU: numpy's where the processor has AVX-512, torch's
 # elsewhere. Neither wins everywhere: on a 2-core AMD EPYC with AVX-512 numpy's took 0.24 ns a value and
 # torch's 0.77 (one thread) or 0.40 (two); on a 2-core AMD EPYC with AVX2 only (Zen 3) numpy's took 1.9 ns
-# and torch's 1.4 (one thread) or 1.05 (two). The choice follows the processor, not a timing: the two
-# differ in the last bit of some values, and a choice timed afresh in each process flipped on a busy
-# machine, so that an atlas killed and resumed mixed both and its divergences differed from one run
-# straight through (`test_the_command_killed_with_sigkill_resumes_and_loses_nothing`).
+# and torch's 1.4 (one thread) or 1.05 (two); on a 2-core Intel Xeon with AMX numpy's took 0.44 ns and
+# torch's 0.31 (one thread) or 0.13 (two), yet the divergences of a batch on one thread (as that CPU runs
+# its batches, `engine.batches_at_once`) took 0.080 s with numpy's and 0.074 with torch's, about 2% of
+# the engine's 3.6 s on bench_atlas.py's corpus (three kinds of map, two cores): left to numpy's there.
+# The choice follows the processor, not a timing: the two differ in the last bit of some values, and a
+# choice timed afresh in each process flipped on a busy machine, so that an atlas killed and resumed mixed
+# both and its divergences differed from one run straight through
+# (`test_the_command_killed_with_sigkill_resumes_and_loses_nothing`).
 def _uses_numpy_log() -> bool:
     """Whether the divergences take numpy's float32 logarithm: where torch's CPU kernels run AVX-512."""
     return torch.backends.cpu.get_cpu_capability().startswith("AVX512")
