@@ -678,8 +678,10 @@ def test_the_command_killed_with_sigkill_resumes_and_loses_nothing(tmp_path):
     """kill -9 of `attnviz atlas` once its first shard is done (its record written, the mark of done); the
     same command again gives the uninterrupted run's atlas, and keeps the shard (progress starts past it).
 
-    The command runs on one thread, as this process does: on two, some divergences differ in the last bit
-    (a Xeon with AMX), which would compare the threads, not the resuming."""
+    The command runs on one thread, as this process does: where a CPU runs one batch on both threads (the
+    AVX-512 EPYC), two threads sum some products in another order than one (seen on a Xeon with AMX before
+    it ran a batch per core: 2 of 192 divergences in the last bit), which would compare the threads, not
+    the resuming."""
     import os
     import signal
     import time
