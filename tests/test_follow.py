@@ -18,7 +18,7 @@ import plotly.graph_objects as go
 import pytest
 from conftest import open_app, open_from_link
 
-from attnviz.app import follow, rooms
+from attnviz.app import follow, links, rooms
 
 
 @pytest.fixture
@@ -433,21 +433,21 @@ def test_a_session_moved_off_the_rooms_page_by_a_fragments_run_is_taken_back(roo
     caplog.set_level(logging.INFO, logger=follow.log.name)
     clock, calls, stale = _Clock(), [], [0]
     monkeypatch.setattr(follow, "time", clock)
-    switch, start = follow.open_link, follow.start
+    switch, start = follow.open_link, links.start
 
     def open_link(target, params):
         calls.append(target)
         switch(target, params)
 
-    def start_of(page):  # a fragment's run on another page draws no whole page: the last whole run's hash stays
-        kept = follow.st.session_state.get(follow.PAGE_HASH)
-        start(page)
+    def start_of():  # a fragment's run on another page draws no whole page: the last whole run's hash stays
+        kept = links.st.session_state.get(links.PAGE_STATE)
+        start()
         if stale[0]:
             stale[0] -= 1
-            follow.st.session_state[follow.PAGE_HASH] = kept
+            links.st.session_state[links.PAGE_STATE] = kept
 
     monkeypatch.setattr(follow, "open_link", open_link)
-    monkeypatch.setattr(follow, "start", start_of)
+    monkeypatch.setattr(links, "start", start_of)
     mine = rooms.open_room(_view("decoding", step="2"))
     follower = open_from_link("app.py", {"follow": mine.code})
     assert follower.title[0].value == "Decoding, step by step" and calls == ["pages/decoding.py"]

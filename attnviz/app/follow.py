@@ -30,7 +30,6 @@ from typing import Any
 import numpy as np
 import plotly.graph_objects as go
 import streamlit as st
-from streamlit.runtime.scriptrunner import get_script_run_ctx
 from streamlit.runtime.state.query_params import QueryParams
 from streamlit.runtime.state.session_state_proxy import get_session_state
 
@@ -50,7 +49,6 @@ ROOM_STATE = "_room"  # session key: the presenter's Room (code and secret), in 
 PUBLISHED_STATE = "_room_published"  # session key: the last state the presenter published
 FOLLOWING = "_following"  # session key: a follower's room: code, version applied, detached, its id
 PAGE_NOW = "_room_page"  # session key: the address of the page being drawn (`start`)
-PAGE_HASH = "_room_page_hash"  # session key: Streamlit's hash of that page (`start`, `_page_lost`)
 DRAWING = "_room_drawing"  # session key: the pending view this run started with (`start`, `drawn`)
 POINT = "_room_point"  # session key: the cell pointed at, {"chart", "x", "y"}, or absent
 PAGE_KEY, POINT_KEY = "room_page", "room_point"  # a room's view: besides the link's parameters
@@ -391,7 +389,6 @@ def start(page: str) -> None:
     A malformed code is kept too: `follower_bar` says what is wrong with it in one line.
     """
     st.session_state[PAGE_NOW] = page
-    st.session_state[PAGE_HASH] = _session_page_hash()
     st.session_state.pop(DRAWING, None)  # a run stopped before its end (`drawn`) left it: not this run's
     code = st.query_params.get(FOLLOW)
     if code is None:
@@ -410,22 +407,16 @@ def start(page: str) -> None:
     }
 
 
-def _session_page_hash() -> str | None:
-    """Streamlit's hash of the page this session is on now (None outside a run)."""
-    ctx = get_script_run_ctx(suppress_warning=True)
-    return ctx.page_script_hash if ctx is not None else None
-
-
 def _page_lost() -> bool:
-    """Whether this session is on another page than the one its last whole run drew (`start`).
+    """Whether this session is on another page than the one its last whole run drew (`links.start` notes it).
 
     A fragment's run can move a session to another page: Streamlit runs a fragment's rerun on the page
     the browser asked from (streamlit 1.67, ScriptRunner._run_script), and a follower's browser can ask
     from the page it was on before a switch reached it (the poll's own timer). The screen then shows one
     page while its session and address bar are on another, and the next whole run draws the wrong one.
     """
-    now = _session_page_hash()
-    return now is not None and st.session_state.get(PAGE_HASH, now) != now
+    now = links.page_hash()
+    return now is not None and st.session_state.get(links.PAGE_STATE, now) != now
 
 
 def drawn() -> None:

@@ -48,13 +48,18 @@ def start() -> None:
     every change of the address bar is the page's own (its widgets and callbacks, or Streamlit
     rewriting a value whose options changed), never a link to check.
     """
-    ctx = get_script_run_ctx()
-    page = ctx.page_script_hash if ctx is not None else None
+    page = page_hash()
     opened = st.session_state.get(PAGE_STATE, object()) != page
     st.session_state[PAGE_STATE] = page
     # A multiselect writes one parameter per value (?heads=1&heads=3); read them as the list it is.
     raw = {key: ",".join(st.query_params.get_all(key)) for key in st.query_params} if opened else {}
     st.session_state[LINK_STATE] = {"raw": raw, "shown": {}}
+
+
+def page_hash() -> str | None:
+    """Streamlit's hash of the page this session's run is on (None outside a run)."""
+    ctx = get_script_run_ctx(suppress_warning=True)
+    return ctx.page_script_hash if ctx is not None else None
 
 
 def bound(widget: Callable, label: str, *args, key: str, format_func: Callable | None = None, **kwargs):
