@@ -510,9 +510,9 @@ def test_typical_sentences_are_nearest_to_and_farthest_from_the_mean(bundle):
 # The command line
 
 
-def run_cli(*args: str) -> subprocess.CompletedProcess:
+def run_cli(*args: str, env: dict | None = None) -> subprocess.CompletedProcess:
     return subprocess.run(
-        [sys.executable, "-m", "attnviz.cli", *args], capture_output=True, text=True, timeout=300, check=False
+        [sys.executable, "-m", "attnviz.cli", *args], capture_output=True, text=True, timeout=300, check=False, env=env
     )
 
 
@@ -703,7 +703,7 @@ def test_the_command_killed_with_sigkill_resumes_and_loses_nothing(tmp_path):
     run.communicate(timeout=60)
     assert run.returncode == -signal.SIGKILL, "killed before it finished"
     assert not json.loads((out / "manifest.json").read_text())["complete"]
-    again = subprocess.run(command, capture_output=True, text=True, timeout=300, check=False, env=one_thread)
+    again = run_cli(*command[3:], env=one_thread)
     assert again.returncode == 0, again.stderr
     bars = [line for line in again.stderr.splitlines() if line.startswith("atlas [")]
     assert bars and not bars[0].split("] ")[1].startswith("0/"), again.stderr[-3000:]
