@@ -3,8 +3,14 @@
 A Streamlit server runs every session's script in threads of one process, under one GIL. A few
 atlases, beam searches or head-importance runs at once held it for tens of seconds: every other
 visitor's page, and the health check, waited. `attnviz.app.heavy` admits such work in order
-and hands it to worker processes, ``python -m attnviz.jobs``, each reading jobs on its standard
-input and writing results on its standard output.
+and hands it to worker processes, each reading jobs on its end of a pipe or socket and writing
+results on it.
+
+On Linux a server's workers are forked from its fork server (`fork_server`, ``python -m attnviz.jobs
+--fork-server FD``): one process that imports torch and the API once, so that a worker, and a worker
+replaced after a job overran or died, starts in a fraction of a second where a fresh interpreter
+spent seconds importing. Elsewhere each worker is its own ``python -m attnviz.jobs``, reading jobs on
+its standard input and writing results on its standard output.
 
 A job is a name in `JOBS` with its arguments (strings, numbers, tuples): a worker runs
 nothing else, and loads models itself, by the name or folder the server already accepted. The
@@ -17,9 +23,12 @@ from __future__ import annotations
 import dataclasses
 import os
 import pickle
+import signal
+import socket
 import struct
 import sys
 import threading
+import traceback
 from collections import OrderedDict
 from collections.abc import Callable
 from typing import IO, Any
@@ -306,12 +315,89 @@ def serve(read: Callable[[int], bytes], out: IO[bytes]) -> None:
         send(out, reply)
 
 
+# ---------------------------------------------------------------------------------------------
+# The fork server
+
+PACKET = 1 << 20  # the longest request a fork server reads: a pickled environment is a few kB
+
+
+def fork_server(control: socket.socket) -> None:
+    """Fork a worker for each request on ``control`` (a SOCK_SEQPACKET socket: one message a packet), until the
+    server's end closes; then return, and the process ends.
+
+    - ``("fork", environ, cwd)``, with the worker's end of a socket pair attached (SCM_RIGHTS): a child of
+      this process takes the server's environment and folder as they are now and serves jobs on that
+      socket (`serve`); answered ``("forked", pid)``.
+    - ``("wait", pid)``: the worker is reaped (the server asks once it has ended, or after killing it);
+      answered ``("status", returncode)``, as `subprocess.Popen.returncode` gives it (None: not a child).
+
+    A worker started as a fresh interpreter spent 4.1 CPU s before its first job on a 2-core AMD EPYC with
+    AVX2 only, most of it importing torch, pandas and the API (docs/architecture.md); forked from here,
+    it has them already. The fork is taken from this process's main thread while it holds no lock of its
+    own; the threads of its libraries (OpenBLAS's, jemalloc's) restart in the child through their own
+    fork handlers. A server that ends closes its end of ``control``: this process then ends, and its
+    workers find that their parent has changed (a live training checks, `live_training`).
+    """
+    control.send(pickle.dumps(("ready",)))
+    while True:
+        data, fds, _, _ = socket.recv_fds(control, PACKET, 1)
+        if not data:
+            return
+        message = pickle.loads(data)
+        if message[0] == "fork" and len(fds) == 1:
+            sys.stdout.flush()
+            sys.stderr.flush()
+            pid = os.fork()
+            if pid == 0:
+                _forked_worker(control, fds[0], *message[1:])  # never returns
+            os.close(fds[0])
+            reply = ("forked", pid)
+        elif message[0] == "wait":
+            try:
+                reply = ("status", os.waitstatus_to_exitcode(os.waitpid(message[1], 0)[1]))
+            except ChildProcessError:
+                reply = ("status", None)
+        else:
+            for fd in fds:
+                os.close(fd)
+            reply = ("error", f"not a request: {message[0]!r}")
+        control.send(pickle.dumps(reply))
+
+
+def _forked_worker(control: socket.socket, fd: int, environ: dict[str, str], cwd: str) -> None:
+    """A fork server's child: the server's environment and folder, then jobs on ``fd`` until it closes."""
+    status = 0
+    try:
+        control.close()
+        signal.signal(signal.SIGINT, signal.default_int_handler)  # the fork server ignores it; a worker does not
+        os.environ.clear()
+        os.environ.update(environ)
+        import tempfile
+
+        tempfile.tempdir = None  # TMPDIR as the server has it now, not as the fork server found it
+        os.chdir(cwd)
+        use_threads()
+        serve(lambda n: os.read(fd, n), os.fdopen(os.dup(fd), "wb"))
+    except BaseException:  # noqa: BLE001 - said on stderr; the server sees the worker end
+        traceback.print_exc()
+        status = 1
+    finally:
+        sys.stderr.flush()
+        os._exit(status)  # never back into the fork server's loop, nor its exit handlers
+
+
 def main() -> None:
-    """``python -m attnviz.jobs``: serve jobs on stdin/stdout; anything else printed goes to stderr."""
+    """``python -m attnviz.jobs``: serve jobs on stdin/stdout; ``--fork-server FD``: fork workers (`fork_server`).
+
+    Anything else printed goes to stderr."""
     out = os.fdopen(os.dup(sys.stdout.fileno()), "wb")
     os.dup2(sys.stderr.fileno(), sys.stdout.fileno())  # a stray print cannot break the pipe's framing
     if hasattr(os, "nice"):
         os.nice(10)  # below the server's own threads: a cached page and the health check come first
+    if sys.argv[1:2] == ["--fork-server"]:
+        signal.signal(signal.SIGINT, signal.SIG_IGN)  # a Ctrl-C stops the server; the server's end closing stops this
+        fork_server(socket.socket(fileno=int(sys.argv[2])))
+        return
     use_threads()
     serve(sys.stdin.buffer.read, out)
 

@@ -167,6 +167,24 @@ def rss_mb(pid: int) -> float:
     return float("nan")
 
 
+def pss_mb(pid: int) -> float:
+    """Proportional set size: pages shared with other processes (a fork server's with its workers) split
+    between them, so that a sum over processes counts each page once."""
+    try:
+        for line in Path(f"/proc/{pid}/smaps_rollup").read_text().splitlines():
+            if line.startswith("Pss:"):
+                return int(line.split()[1]) / 1024
+    except OSError:
+        pass
+    return 0.0
+
+
+def descendants(pid: int) -> list[int]:
+    """Every process below ``pid``: a server's fork server and the heavy-work workers it forked."""
+    below = children(pid)
+    return below + [p for child in below for p in descendants(child)]
+
+
 def children(pid: int) -> list[int]:
     """The processes ``pid`` started (the server's heavy-work workers)."""
     try:
@@ -977,10 +995,11 @@ def main(argv: list[str] | None = None) -> int:
             before = rss_mb(pid)
             asyncio.run(long_inputs(port, model, args.long_inputs, args.long_tokens))
             server = rss_mb(pid)
-            workers = sum(rss_mb(c) for c in children(pid))
+            workers = sum(pss_mb(c) for c in descendants(pid))
         print(
             f"\nlong inputs: server RSS {before:.0f} MB after start, {server:.0f} MB after {args.long_inputs} "
-            f"distinct {args.long_tokens}-token inputs one after another, plus {workers:.0f} MB in its workers  "
+            f"distinct {args.long_tokens}-token inputs one after another, plus {workers:.0f} MB in its fork server "
+            "and workers (PSS: the pages they share counted once)  "
             f"{verdict(server + workers, TARGETS['long_rss_mb'])} (server and workers <= 1536 MB)"
         )
 

@@ -8,6 +8,7 @@ import os
 import pickle
 import threading
 import time
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -216,8 +217,11 @@ def test_the_server_settings_reach_a_worker_as_they_are_now(monkeypatch):
 
 
 @pytest.mark.slow
-def test_a_job_in_a_worker_process_gives_what_the_api_gives_here(pool, bundle):
+@pytest.mark.parametrize("started", ["forked", "fresh interpreter"])
+def test_a_job_in_a_worker_process_gives_what_the_api_gives_here(pool, bundle, started):
     pool.setenv("ATTNVIZ_HEAVY_IN", "processes")
+    if started == "fresh interpreter":  # as off Linux: each worker its own `python -m attnviz.jobs`
+        pool.setattr(heavy, "fork_server", lambda: None)
     there = heavy.run("attention", "en-de", "cpu", ("3:45 PM", None, True), no_bundle)
     here = api.attention(bundle, "3:45 PM", words=True)
     assert there.src_tokens == here.src_tokens and there.tgt_tokens == here.tgt_tokens
@@ -529,3 +533,110 @@ def test_the_out_of_domain_notice_comes_with_the_text_s_facts(pool, fresh_stream
     assert any("cannot read" in w.value and "looks outside" in w.value for w in at.warning), at.warning
     at.sidebar.text_area(key="src").set_value("Thursday, July 2, 1998").run()
     assert not at.warning
+
+
+# ---------------------------------------------------------------------------------------------
+# The fork server: workers forked from one process that has imported torch and the API
+
+# A fork server with one job of the test's own besides `attnviz.jobs.JOBS`: what a worker sees of its world.
+PROBING_FORK_SERVER = (
+    "import os, sys, tempfile\n"
+    "from attnviz import jobs\n"
+    "jobs.JOBS['probe'] = lambda _: (os.getcwd(), os.environ.get('ATTNVIZ_TEST_PROBE'), tempfile.gettempdir(),"
+    " os.getppid())\n"
+    "tempfile.gettempdir()\n"  # cached in the fork server, as an import may do: a worker must not keep it
+    "sys.argv[1:1] = ['--fork-server']\n"
+    "jobs.main()\n"
+)
+
+
+def probe(worker: heavy.Worker) -> tuple:
+    return worker.call("probe", None, "cpu", (), 60, None, lambda: None)
+
+
+def test_a_forked_worker_takes_the_server_s_environment_and_folder_as_they_are_when_it_is_forked(monkeypatch, tmp_path):
+    import sys
+
+    forks = heavy.ForkServer((sys.executable, "-c", PROBING_FORK_SERVER))
+    monkeypatch.setattr(heavy, "fork_server", lambda: forks)
+    try:
+        (tmp_path / "first").mkdir()
+        monkeypatch.chdir(tmp_path / "first")
+        monkeypatch.setenv("TMPDIR", str(tmp_path))
+        monkeypatch.delenv("ATTNVIZ_TEST_PROBE", raising=False)
+        first = heavy.Worker()
+        # its folder and TMPDIR as this process has them now; a variable unset here is unset there
+        assert probe(first) == (str(tmp_path / "first"), None, str(tmp_path), forks.proc.pid)
+        (tmp_path / "second").mkdir()
+        monkeypatch.chdir(tmp_path / "second")
+        monkeypatch.setenv("TMPDIR", str(tmp_path / "second"))
+        second = heavy.Worker()
+        assert probe(second)[:3] == (str(tmp_path / "second"), None, str(tmp_path / "second"))
+        assert probe(first)[:3] == (str(tmp_path / "first"), None, str(tmp_path)), "a worker keeps its own"
+        # an ATTNVIZ_ setting reaches a running worker with each job, as it did a fresh interpreter
+        monkeypatch.setenv("ATTNVIZ_TEST_PROBE", "now")
+        assert probe(first)[1] == "now"
+        pids = [first.proc.pid, second.proc.pid]
+        first.kill()
+        second.kill()
+        assert not any(os.path.exists(f"/proc/{pid}") for pid in pids), "killed and reaped by the fork server"
+    finally:
+        forks.close()
+    assert forks.proc.returncode == 0, "its server's end closed: the fork server ended by itself"
+
+
+def test_when_the_server_dies_its_fork_server_and_idle_workers_end(tmp_path):
+    """A server killed with SIGKILL leaves neither its fork server nor an idle worker behind."""
+    import subprocess
+    import sys
+
+    from test_live_training import workers
+
+    server = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            "import sys, time\n"
+            "from attnviz.app import heavy\n"
+            "worker = heavy.Worker()\n"
+            "worker.call('warm', None, 'cpu', (), 120, None, lambda: None)\n"
+            "print(heavy.fork_server().proc.pid, worker.proc.pid, flush=True)\n"
+            "time.sleep(600)\n",
+        ],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        fork_server, worker = map(int, server.stdout.readline().split())
+        assert workers(server.pid) == [worker]
+    finally:
+        server.kill()
+        server.wait()
+        server.stdout.close()
+
+    def ended(pid: int) -> bool:
+        try:
+            return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z"  # ended, not reaped
+        except OSError:
+            return True
+
+    deadline = time.monotonic() + 60
+    while not (ended(fork_server) and ended(worker)) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert ended(fork_server) and ended(worker)
+
+
+def test_a_replaced_worker_starts_without_importing_torch_again(pool):
+    """The reason for the fork server: a worker forked from it has torch and the API imported already."""
+    pool.setenv("ATTNVIZ_HEAVY_IN", "processes")
+    heavy.run("warm", None, "cpu", (), no_bundle)
+    (worker,) = heavy.pool()._idle
+    worker.kill()  # replaced at the next job, as after a job that overran its time bound
+    replaced = heavy.Worker()
+    replaced._start()
+    try:
+        stat = Path(f"/proc/{replaced.proc.pid}/stat").read_text().rsplit(")", 1)[1].split()
+        spent = (int(stat[11]) + int(stat[12])) / os.sysconf("SC_CLK_TCK")
+        assert spent < 0.5, f"{spent:.2f} CPU s before its first job: importing torch alone takes more"
+    finally:
+        replaced.kill()

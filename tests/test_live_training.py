@@ -212,6 +212,20 @@ def children(pid: int | None = None) -> list[int]:
     return sorted(found)
 
 
+def workers(pid: int | None = None) -> list[int]:
+    """The heavy-work workers of a process (this one by default): the children of its fork server
+    (`heavy.ForkServer`, the child started with ``--fork-server``), read from /proc."""
+    found = []
+    for child in children(pid):
+        try:
+            server = b"--fork-server" in Path(f"/proc/{child}/cmdline").read_bytes()
+        except OSError:  # it ended meanwhile
+            continue
+        if server:
+            found += children(child)
+    return sorted(found)
+
+
 def snapshot_tree(folder: Path) -> dict[str, tuple[int, int]]:
     return {str(p.relative_to(folder)): (p.stat().st_size, p.stat().st_mtime_ns) for p in folder.rglob("*")}
 
@@ -247,18 +261,18 @@ def test_a_live_training_stays_within_its_cpu_bound_and_writes_only_its_temporar
 
 @pytest.mark.slow
 def test_a_visitor_who_leaves_a_real_training_kills_its_worker_and_frees_the_slot(fresh):
-    others = set(children())  # what the session started before (a shared app server, a browser): not ours
+    others = set(workers())  # what the module's tests started before: not this one
     run = live_runs.start("induction", LiveSettings(trainings=1, cpu_seconds=600, left_after=2))
     stop = threading.Event()
     keep_beating(run, stop)
     wait_for(lambda: run.snapshot() is not None, timeout=300)  # it trains and records
-    training = set(children()) - others  # the one worker, busy with it
+    training = set(workers()) - others  # the one worker, busy with it
     assert len(training) == 1, training
     stop.set()
     assert run.join(30)
     assert run.state == live_runs.LEFT and run.result is None and not run.folder.exists()
     assert live_runs.slots().running() == []
-    assert set(children()) - others == set()  # killed and reaped: its pool keeps no worker that was stopped mid-job
+    assert set(workers()) - others == set()  # killed and reaped: its pool keeps no worker that was stopped mid-job
 
 
 @pytest.mark.slow
@@ -355,7 +369,7 @@ def test_a_training_whose_server_dies_stops_and_deletes_its_folder(tmp_path):
     )
     try:
         wait_for(lambda: list((out / "history" / "records").glob("0*")), timeout=300)  # it trains
-        (worker,) = children(server.pid)
+        (worker,) = workers(server.pid)
     finally:
         server.kill()
         server.wait()

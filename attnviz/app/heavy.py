@@ -8,9 +8,11 @@ ablations, head importance) goes through `run`:
 - it waits in one first-come queue (its place is shown to the visitor), and at most
   ``ATTNVIZ_HEAVY_AT_ONCE`` run at once; a full queue (``ATTNVIZ_HEAVY_QUEUE`` waiting) is a
   clear "busy" message, not a longer wait;
-- it runs in a worker process (`attnviz.jobs`), at a lower CPU priority than the server, so
-  a cached page or the health check never waits for it; ``ATTNVIZ_HEAVY_IN=threads`` runs it in
-  the visitor's own thread instead (same queue, no time bound), which the class benchmark compares;
+- it runs in a worker process (`attnviz.jobs`; on Linux forked from the server's fork server,
+  `ForkServer`, so that a worker replaced after a job overran starts in a fraction of a second),
+  at a lower CPU priority than the server, so a cached page or the health check never waits for
+  it; ``ATTNVIZ_HEAVY_IN=threads`` runs it in the visitor's own thread instead (same queue, no time
+  bound), which the class benchmark compares;
 - it is stopped after ``ATTNVIZ_HEAVY_SECONDS``, its worker killed and replaced, with a message
   that says so; and it waits in the queue at most ``ATTNVIZ_QUEUE_WAIT_SECONDS``, after which the
   visitor is told to come back.
@@ -25,10 +27,14 @@ job, so that a burst of long prompts neither holds the server's thread nor waits
 from __future__ import annotations
 
 import collections
+import contextlib
 import dataclasses
 import logging
 import os
+import pickle
 import select
+import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -139,17 +145,134 @@ class Gate:
             return self._inside, len(self._waiting)
 
 
+START_S = 120  # seconds a worker, or the fork server, may take to say it is ready
+
+
+class ForkServer:
+    """One ``python -m attnviz.jobs --fork-server FD`` (`attnviz.jobs.fork_server`): it forks this process's
+    workers. Its requests and replies are one packet each on a SOCK_SEQPACKET pair, one at a time."""
+
+    def __init__(self, command: tuple[str, ...] = (sys.executable, "-m", "attnviz.jobs", "--fork-server")):
+        """``command``: what to start, its socket's descriptor appended (a test starts one with jobs of its own)."""
+        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        try:
+            self.proc = subprocess.Popen(
+                [*command, str(theirs.fileno())],
+                pass_fds=[theirs.fileno()],
+                stdin=subprocess.DEVNULL,
+            )
+        finally:
+            theirs.close()
+        self._control = ours
+        self._control.settimeout(START_S)
+        self._lock = threading.Lock()
+        if self._ask(None) != ("ready",):
+            raise RuntimeError("the fork server did not start")
+
+    def _ask(self, request: tuple | None, fd: int | None = None) -> tuple:
+        """Send ``request`` (with ``fd`` attached) and return the reply; only the reply when ``request`` is None."""
+        with self._lock:
+            try:
+                if request is not None:
+                    socket.send_fds(self._control, [pickle.dumps(request)], [] if fd is None else [fd])
+                data = self._control.recv(jobs.PACKET)
+            except OSError as e:  # a timeout, or the fork server gone
+                raise RuntimeError(f"the fork server did not answer: {e}") from None
+        if not data:
+            raise RuntimeError(f"the fork server ended with status {self.proc.wait()}")
+        return pickle.loads(data)
+
+    def fork(self) -> Forked:
+        """A new worker, serving jobs on the end of a socket pair that this process keeps."""
+        ours, theirs = socket.socketpair()
+        try:
+            reply = self._ask(("fork", dict(os.environ), os.getcwd()), theirs.fileno())
+        except BaseException:
+            ours.close()
+            raise
+        finally:
+            theirs.close()
+        return Forked(self, reply[1], ours)
+
+    def wait(self, pid: int) -> int | str:
+        """Reap worker ``pid``, ended or killed: its status as Popen gives it ("unknown" when it cannot say)."""
+        try:
+            status = self._ask(("wait", pid))[1]
+        except RuntimeError:
+            return "unknown"
+        return "unknown" if status is None else status
+
+    def close(self) -> None:
+        """Close its end: the fork server ends (its workers, each on its own socket, go on)."""
+        self._control.close()
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            self.proc.wait(timeout=10)
+
+
+class Forked:
+    """A worker that a `ForkServer` forked, with what `Worker` uses of a `subprocess.Popen`: ``pid``,
+    ``stdin`` and ``stdout`` (here one socket), ``poll``, ``kill``, ``wait`` and ``returncode``."""
+
+    def __init__(self, forks: ForkServer, pid: int, conn: socket.socket):
+        self.pid, self.returncode = pid, None
+        self._forks, self._conn = forks, conn
+        self.stdin, self.stdout = conn.makefile("wb"), conn
+
+    def poll(self) -> int | str | None:
+        """None while it runs; once its end of the socket has closed, its status (then it is reaped)."""
+        if self.returncode is None:
+            ready, _, _ = select.select([self._conn], [], [], 0)
+            if ready and not self._conn.recv(1, socket.MSG_PEEK):
+                self.wait()
+        return self.returncode
+
+    def kill(self) -> None:
+        if self.returncode is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(self.pid, signal.SIGKILL)
+
+    def wait(self) -> int | str:
+        if self.returncode is None:
+            self.returncode = self._forks.wait(self.pid)
+            with contextlib.suppress(OSError):
+                self.stdin.close()
+            self._conn.close()
+        return self.returncode
+
+
+_FORKS: ForkServer | None = None
+_FORKS_LOCK = threading.Lock()
+
+
+def fork_server() -> ForkServer | None:
+    """This process's fork server, started on first use and again if it has ended; None off Linux, where
+    each worker is a fresh ``python -m attnviz.jobs``."""
+    global _FORKS
+    if not sys.platform.startswith("linux"):
+        return None
+    with _FORKS_LOCK:
+        if _FORKS is None or _FORKS.proc.poll() is not None:
+            if _FORKS is not None:
+                _FORKS.close()
+            _FORKS = ForkServer()
+        return _FORKS
+
+
 class Worker:
-    """One ``python -m attnviz.jobs`` process, started on first use, killed when a job overruns."""
+    """One worker process (`attnviz.jobs.serve`), started on first use, killed when a job overruns."""
 
     def __init__(self):
-        self.proc: subprocess.Popen | None = None
+        self.proc: subprocess.Popen | Forked | None = None
 
     def _start(self) -> None:
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", "attnviz.jobs"], stdin=subprocess.PIPE, stdout=subprocess.PIPE
-        )
-        if self._next(deadline=time.monotonic() + 120, tick=lambda: None) != ("ready",):
+        forks = fork_server()
+        if forks is not None:
+            self.proc = forks.fork()
+        else:
+            self.proc = subprocess.Popen(
+                [sys.executable, "-m", "attnviz.jobs"], stdin=subprocess.PIPE, stdout=subprocess.PIPE
+            )
+        if self._next(deadline=time.monotonic() + START_S, tick=lambda: None) != ("ready",):
             raise RuntimeError("a worker process did not start")
 
     def _next(self, deadline: float, tick: Callable[[], None]) -> Any:
