@@ -554,6 +554,7 @@ def probe(worker: heavy.Worker) -> tuple:
     return worker.call("probe", None, "cpu", (), 60, None, lambda: None)
 
 
+@pytest.mark.slow  # 1.5 s or more in the quick tier, on a 2-core Intel Xeon already
 def test_a_forked_worker_takes_the_server_s_environment_and_folder_as_they_are_when_it_is_forked(monkeypatch, tmp_path):
     import sys
 
@@ -585,6 +586,7 @@ def test_a_forked_worker_takes_the_server_s_environment_and_folder_as_they_are_w
     assert forks.proc.returncode == 0, "its server's end closed: the fork server ended by itself"
 
 
+@pytest.mark.slow  # 1.5 s or more in the quick tier, on a 2-core Intel Xeon already
 def test_when_the_server_dies_its_fork_server_and_idle_workers_end(tmp_path):
     """A server killed with SIGKILL leaves neither its fork server nor an idle worker behind."""
     import subprocess
@@ -626,6 +628,7 @@ def test_when_the_server_dies_its_fork_server_and_idle_workers_end(tmp_path):
     assert ended(fork_server) and ended(worker)
 
 
+@pytest.mark.slow  # 1.5 s or more in the quick tier, on a 2-core Intel Xeon already
 def test_a_replaced_worker_starts_without_importing_torch_again(pool):
     """The reason for the fork server: a worker forked from it has torch and the API imported already."""
     pool.setenv("ATTNVIZ_HEAVY_IN", "processes")
