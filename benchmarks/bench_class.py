@@ -186,7 +186,7 @@ def descendants(pid: int) -> list[int]:
 
 
 def children(pid: int) -> list[int]:
-    """The processes ``pid`` started (the server's heavy-work workers)."""
+    """The processes ``pid`` started (a server's fork server, or on other systems its heavy-work workers)."""
     try:
         return [int(p) for p in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
     except OSError:

@@ -643,3 +643,28 @@ def test_a_replaced_worker_starts_without_importing_torch_again(pool):
         assert spent < 0.5, f"{spent:.2f} CPU s before its first job: importing torch alone takes more"
     finally:
         replaced.kill()
+
+
+@pytest.mark.slow
+def test_a_worker_killed_before_it_read_its_job_is_a_message_and_is_replaced(pool):
+    """A forked worker's socket, unlike a pipe, answers a read with a reset (not the end of the stream) when
+    the worker died with a message unread: still the message of a lost worker, and the next job runs."""
+    import signal
+
+    pool.setenv("ATTNVIZ_HEAVY_IN", "processes")
+    heavy.run("warm", "en-de", "cpu", (), no_bundle)
+    pid = heavy.pool()._idle[0].proc.pid
+    os.kill(pid, signal.SIGSTOP)  # it reads nothing now: the job waits unread in its socket
+
+    def no_progress(done: int, total: int) -> None:
+        raise AssertionError("no progress can come from a stopped worker")
+
+    timer = threading.Timer(1.0, os.kill, (pid, signal.SIGKILL))
+    timer.start()
+    try:
+        with pytest.raises(heavy.BusyError) as caught:
+            heavy.run("atlas", "en-de", "cpu", (("twenty-one",),), no_bundle, progress=no_progress)
+    finally:
+        timer.cancel()
+    assert "stopped unexpectedly" in caught.value.public and "status -9" in str(caught.value)
+    assert heavy.run("attention", "en-de", "cpu", ("twenty-one", None, False), no_bundle).cross.ndim == 4

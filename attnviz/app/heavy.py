@@ -166,8 +166,13 @@ class ForkServer:
         self._control = ours
         self._control.settimeout(START_S)
         self._lock = threading.Lock()
-        if self._ask(None) != ("ready",):
-            raise RuntimeError("the fork server did not start")
+        try:
+            if self._ask(None) != ("ready",):
+                raise RuntimeError("the fork server did not start")
+        except BaseException:
+            self.proc.kill()
+            self.close()
+            raise
 
     def _ask(self, request: tuple | None, fd: int | None = None) -> tuple:
         """Send ``request`` (with ``fd`` attached) and return the reply; only the reply when ``request`` is None."""
@@ -222,7 +227,11 @@ class Forked:
         """None while it runs; once its end of the socket has closed, its status (then it is reaped)."""
         if self.returncode is None:
             ready, _, _ = select.select([self._conn], [], [], 0)
-            if ready and not self._conn.recv(1, socket.MSG_PEEK):
+            try:
+                ended = ready and not self._conn.recv(1, socket.MSG_PEEK)
+            except ConnectionResetError:  # it ended with a message of ours unread
+                ended = True
+            if ended:
                 self.wait()
         return self.returncode
 
@@ -285,7 +294,10 @@ class Worker:
             ready, _, _ = select.select([fd], [], [], min(POLL_S, left))
             if ready:  # read the pipe itself: a buffered reader could take the next message into its buffer,
                 # where select() cannot see it
-                message = jobs.receive(lambda n: os.read(fd, n))
+                try:
+                    message = jobs.receive(lambda n: os.read(fd, n))
+                except ConnectionResetError:  # a forked worker that ended with a message of ours unread
+                    message = None
                 if message is None:
                     status = self.proc.wait()
                     self.kill()
