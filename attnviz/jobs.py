@@ -338,6 +338,11 @@ def fork_server(control: socket.socket) -> None:
     fork handlers. A server that ends closes its end of ``control``: this process then ends, and its
     workers find that their parent has changed (a live training checks, `live_training`).
     """
+    import gc
+
+    # What is imported stays out of the children's collections, whose passes would write to (and so copy)
+    # its pages: a worker's first two jobs 0.43-0.46 CPU s against 0.46-0.50 without (2-core Xeon).
+    gc.freeze()
     control.send(pickle.dumps(("ready",)))
     while True:
         data, fds, _, _ = socket.recv_fds(control, PACKET, 1)
