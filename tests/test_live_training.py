@@ -198,7 +198,7 @@ def cpu_seconds_of(pid: int) -> float:
 
 
 def children(pid: int | None = None) -> list[int]:
-    """The processes one process started (from any of its threads): the heavy-work workers.
+    """The processes one process started (from any of its threads): a fork server, or a worker it forked.
 
     A thread can end between listing the threads and reading its file: it then started none that live on
     in its name, since Linux hands an ended thread's children to the process's other threads.
