@@ -802,12 +802,12 @@ def live_reach(cpu_seconds: float, tasks: tuple[str, ...]) -> None:
 
 def cpu_flags() -> str:
     """The CPU's bfloat16 flags (avx512_bf16, amx_bf16), or 'no bf16 flags'."""
-    try:
-        text = Path("/proc/cpuinfo").read_text()
-    except OSError:
+    from attnviz.devices import cpu_flags as flags
+
+    found = flags()
+    if found is None:
         return "unknown"
-    found = sorted({flag for flag in ("avx512_bf16", "amx_bf16") if f" {flag}" in text})
-    return ", ".join(found) or "no bf16 flags"
+    return ", ".join(sorted(found & {"avx512_bf16", "amx_bf16"})) or "no bf16 flags"
 
 
 # ---------------------------------------------------------------------------------------------

@@ -173,12 +173,9 @@ def served(replicas: int, rooms_dir: str) -> Iterator[tuple[int, int]]:
 
 def tree(pid: int) -> list[int]:
     """``pid`` and every process below it."""
-    from bench_class import children
+    from bench_class import descendants
 
-    out = [pid]
-    for child in children(pid):
-        out += tree(child)
-    return out
+    return [pid, *descendants(pid)]
 
 
 def process_rss(pid: int) -> list[tuple[str, float]]:

@@ -592,7 +592,7 @@ def test_when_the_server_dies_its_fork_server_and_idle_workers_end(tmp_path):
     import subprocess
     import sys
 
-    from test_live_training import workers
+    from test_live_training import ended, workers
 
     server = subprocess.Popen(
         [
@@ -615,12 +615,6 @@ def test_when_the_server_dies_its_fork_server_and_idle_workers_end(tmp_path):
         server.kill()
         server.wait()
         server.stdout.close()
-
-    def ended(pid: int) -> bool:
-        try:
-            return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z"  # ended, not reaped
-        except OSError:
-            return True
 
     deadline = time.monotonic() + 60
     while not (ended(fork_server) and ended(worker)) and time.monotonic() < deadline:

@@ -226,6 +226,14 @@ def workers(pid: int | None = None) -> list[int]:
     return sorted(found)
 
 
+def ended(pid: int) -> bool:
+    """Whether process ``pid`` has ended (gone, or a zombie not yet reaped), from /proc."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z"
+    except OSError:
+        return True
+
+
 def snapshot_tree(folder: Path) -> dict[str, tuple[int, int]]:
     return {str(p.relative_to(folder)): (p.stat().st_size, p.stat().st_mtime_ns) for p in folder.rglob("*")}
 
@@ -374,13 +382,7 @@ def test_a_training_whose_server_dies_stops_and_deletes_its_folder(tmp_path):
         server.kill()
         server.wait()
 
-    def gone() -> bool:
-        try:
-            return Path(f"/proc/{worker}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z"  # ended, not reaped
-        except OSError:
-            return True
-
-    wait_for(gone, timeout=60)
+    wait_for(lambda: ended(worker), timeout=60)
     assert not out.exists()
 
 
