@@ -340,6 +340,7 @@ def fork_server(control: socket.socket) -> None:
     """
     import gc
 
+    preload_live_training()
     # What is imported stays out of the children's collections, whose passes would write to (and so copy)
     # its pages: a worker's first two jobs 0.43-0.46 CPU s against 0.46-0.50 without (2-core Xeon).
     gc.freeze()
@@ -367,6 +368,18 @@ def fork_server(control: socket.socket) -> None:
                 os.close(fd)
             reply = ("error", f"not a request: {message[0]!r}")
         control.send(pickle.dumps(reply))
+
+
+def preload_live_training() -> None:
+    """Import what a live training's first step imports, so that its CPU bound goes to training.
+
+    torch's first optimizer imports torch._dynamo (``Optimizer.add_param_group`` is wrapped by
+    ``torch._compile._disable_dynamo``, which imports it on its first call): about 800 modules, sympy
+    among them. Imported in a worker at nice 10 beside two busy processes, they took most of an 8 CPU s
+    bound: 20 steps of reverse's live recipe cost 5.3 CPU s there, and 3.6 with torch._dynamo imported
+    before (2.7 and 1.9 on a quiet machine; 2-core Intel Xeon), and such a training stopped before its
+    first record. In the fork server it costs about 0.8 CPU s and 70 MB once, shared by every worker."""
+    import torch._dynamo  # noqa: F401
 
 
 def _forked_worker(control: socket.socket, fd: int, environ: dict[str, str], cwd: str) -> None:
