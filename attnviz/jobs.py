@@ -340,11 +340,14 @@ def fork_server(control: socket.socket) -> None:
     """
     import gc
 
+    # Ready once torch and the API are in (each of the server's waits, for this and for a fork, is bounded
+    # by heavy.START_S, and at nice 10 on busy cores imports take many times their quiet CPU); then what a
+    # live training needs, before the first fork.
+    control.send(pickle.dumps(("ready",)))
     preload_live_training()
     # What is imported stays out of the children's collections, whose passes would write to (and so copy)
     # its pages: a worker's first two jobs 0.43-0.46 CPU s against 0.46-0.50 without (2-core Xeon).
     gc.freeze()
-    control.send(pickle.dumps(("ready",)))
     while True:
         data, fds, _, _ = socket.recv_fds(control, PACKET, 1)
         if not data:
