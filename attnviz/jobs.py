@@ -321,7 +321,7 @@ def serve(read: Callable[[int], bytes], out: IO[bytes]) -> None:
 PACKET = 1 << 20  # the longest request a fork server reads: a pickled environment is a few kB
 
 
-def fork_server(control: socket.socket) -> None:
+def fork_server(control: socket.socket, live_training: bool = False) -> None:
     """Fork a worker for each request on ``control`` (a SOCK_SEQPACKET socket: one message a packet), until the
     server's end closes; then return, and the process ends.
 
@@ -330,6 +330,9 @@ def fork_server(control: socket.socket) -> None:
       socket (`serve`); answered ``("forked", pid)``.
     - ``("wait", pid)``: the worker is reaped (the server asks once it has ended, or after killing it);
       answered ``("status", returncode)``, as `subprocess.Popen.returncode` gives it (None: not a child).
+
+    ``live_training``: its server allows live trainings, so it imports what they need
+    (`preload_live_training`) before its first fork.
 
     A worker started as a fresh interpreter spent 4.1 CPU s before its first job on a 2-core AMD EPYC with
     AVX2 only, most of it importing torch, pandas and the API (docs/architecture.md); forked from here,
@@ -344,7 +347,8 @@ def fork_server(control: socket.socket) -> None:
     # by heavy.START_S, and at nice 10 on busy cores imports take many times their quiet CPU); then what a
     # live training needs, before the first fork.
     control.send(pickle.dumps(("ready",)))
-    preload_live_training()
+    if live_training:
+        preload_live_training()
     # What is imported stays out of the children's collections, whose passes would write to (and so copy)
     # its pages: a worker's first two jobs 0.43-0.46 CPU s against 0.46-0.50 without (2-core Xeon).
     gc.freeze()
@@ -417,9 +421,10 @@ def main() -> None:
     os.dup2(sys.stderr.fileno(), sys.stdout.fileno())  # a stray print cannot break the pipe's framing
     if hasattr(os, "nice"):
         os.nice(10)  # below the server's own threads: a cached page and the health check come first
-    if sys.argv[1:2] == ["--fork-server"]:
+    if sys.argv[1:2] == ["--fork-server"]:  # --fork-server [--live-training] FD
         signal.signal(signal.SIGINT, signal.SIG_IGN)  # a Ctrl-C stops the server; the server's end closing stops this
-        fork_server(socket.socket(fileno=int(sys.argv[2])))
+        *flags, fd = sys.argv[2:]
+        fork_server(socket.socket(fileno=int(fd)), live_training="--live-training" in flags)
         sys.stderr.flush()
         # At once: tearing down torch and the rest took over 10 s at nice 10 beside two busy processes.
         os._exit(0)

@@ -6,6 +6,7 @@ import dataclasses
 import io
 import os
 import pickle
+import sys
 import threading
 import time
 from pathlib import Path
@@ -598,7 +599,7 @@ TRAINING_FORK_SERVER = (
     "    done = jobs.live_training(None, 'reverse', out, 60.0, 5, tuple(recipe.items()))\n"
     "    return done['stopped_by'], sorted(set(sys.modules) - before)\n"
     "jobs.JOBS['imported_by_training'] = imported_by_training\n"
-    "sys.argv[1:1] = ['--fork-server']\n"
+    "sys.argv[1:1] = ['--fork-server', '--live-training']\n"
     "jobs.main()\n"
 )
 
@@ -626,6 +627,19 @@ def test_a_forked_worker_s_live_training_imports_no_more_of_torch(monkeypatch, t
     heavy_ones = [m for m in imported if m.split(".")[0] == "sympy" or m.startswith(("torch._dynamo", "torch.fx"))]
     assert not heavy_ones, f"a live training in a forked worker imported {len(heavy_ones)} of them: {heavy_ones[:8]}"
     assert len(imported) < 100, imported
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="fork servers are Linux's")
+@pytest.mark.parametrize(("setting", "preloads"), [(None, True), ("1", True), ("0", False)])
+def test_the_fork_server_imports_for_live_trainings_only_where_they_are_allowed(monkeypatch, setting, preloads):
+    """ATTNVIZ_LIVE_TRAININGS=0 turns the button off: its servers' fork servers skip torch._dynamo (70 MB)."""
+    monkeypatch.setattr(heavy, "ForkServer", lambda command: command)  # the command it would start
+    monkeypatch.setattr(heavy, "_FORKS", None)  # this process's own is put back after the test
+    if setting is None:
+        monkeypatch.delenv("ATTNVIZ_LIVE_TRAININGS", raising=False)
+    else:
+        monkeypatch.setenv("ATTNVIZ_LIVE_TRAININGS", setting)
+    assert heavy.fork_server() == (*heavy.FORK_SERVER, *(("--live-training",) if preloads else ()))
 
 
 @pytest.mark.slow  # 1.5 s or more in the quick tier, on a 2-core Intel Xeon already

@@ -148,11 +148,15 @@ class Gate:
 START_S = 120  # seconds a worker, or the fork server, may take to say it is ready
 
 
+# The fork server's command; ``--live-training`` after it: it imports what a live training needs, once.
+FORK_SERVER = (sys.executable, "-m", "attnviz.jobs", "--fork-server")
+
+
 class ForkServer:
     """One ``python -m attnviz.jobs --fork-server FD`` (`attnviz.jobs.fork_server`): it forks this process's
     workers. Its requests and replies are one packet each on a SOCK_SEQPACKET pair, one at a time."""
 
-    def __init__(self, command: tuple[str, ...] = (sys.executable, "-m", "attnviz.jobs", "--fork-server")):
+    def __init__(self, command: tuple[str, ...] = FORK_SERVER):
         """``command``: what to start, its socket's descriptor appended (a test starts one with jobs of its own)."""
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         try:
@@ -263,7 +267,10 @@ def fork_server() -> ForkServer | None:
         if _FORKS is None or _FORKS.proc.poll() is not None:
             if _FORKS is not None:
                 _FORKS.close()
-            _FORKS = ForkServer()
+            from attnviz.app.live_runs import LiveSettings  # it runs on this module's workers
+
+            live = ("--live-training",) if LiveSettings.from_environment().trainings > 0 else ()
+            _FORKS = ForkServer((*FORK_SERVER, *live))
         return _FORKS
 
 
