@@ -557,7 +557,6 @@ def probe(worker: heavy.Worker) -> tuple:
 
 @pytest.mark.slow  # 1.5 s or more in the quick tier, on a 2-core Intel Xeon already
 def test_a_forked_worker_takes_the_server_s_environment_and_folder_as_they_are_when_it_is_forked(monkeypatch, tmp_path):
-    import sys
 
     forks = heavy.ForkServer((sys.executable, "-c", PROBING_FORK_SERVER))
     monkeypatch.setattr(heavy, "fork_server", lambda: forks)
@@ -609,7 +608,6 @@ def test_a_forked_worker_s_live_training_imports_no_more_of_torch(monkeypatch, t
     """The fork server has imported what a live training's first steps import (jobs.preload_live_training):
     torch's first optimizer imports torch._dynamo and sympy with it, about 800 modules, which inside a
     worker at nice 10 beside two busy processes took most of an 8 CPU s bound."""
-    import sys
 
     forks = heavy.ForkServer((sys.executable, "-c", TRAINING_FORK_SERVER))
     monkeypatch.setattr(heavy, "fork_server", lambda: forks)
@@ -646,7 +644,6 @@ def test_the_fork_server_imports_for_live_trainings_only_where_they_are_allowed(
 def test_when_the_server_dies_its_fork_server_and_idle_workers_end(tmp_path):
     """A server killed with SIGKILL leaves neither its fork server nor an idle worker behind."""
     import subprocess
-    import sys
 
     from test_live_training import ended, workers
 
