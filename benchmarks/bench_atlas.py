@@ -22,8 +22,9 @@ nothing, and every variant must read the same decoder input):
 (fp32)  attnviz.atlas.build_atlas into a fresh folder: tokenise, sort by length, padded batches,
         statistics on the device, Parquet shards and tables, the manifest;
 (bf16)  the same with precision="bf16" (products in bfloat16, softmax in float32);
-(fp32-1) where the engine runs several batches at once (`attnviz.atlas.engine.batches_at_once`),
-        the fp32 engine one batch at a time on every thread, as it runs elsewhere: what that gains.
+(fp32-1) where the engine runs several batches at once (`attnviz.atlas.engine.batches_at_once`:
+        every CPU with two threads or more), the fp32 engine one batch at a time on every thread, as
+        it ran before: what that gains.
 ```
 
 The variants run in turn within each repeat, in an order that rotates, and each speed-up is the

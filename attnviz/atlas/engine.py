@@ -30,7 +30,7 @@ from attnviz.atlas.corpus import Sentence, batch_plan, is_punctuation, special_i
 from attnviz.atlas.stats import js_divergences, sentence_statistics, stack_heads
 from attnviz.checkpoints import Bundle
 from attnviz.decoding import greedy_decode, output_limit
-from attnviz.devices import cpu_flags, fast_bfloat16
+from attnviz.devices import fast_bfloat16
 from attnviz.errors import InputError
 from attnviz.tokenizer import pad_batch
 
@@ -157,18 +157,16 @@ def _result(sentences: list[Sentence], attn, sides: dict) -> BatchResult:
 def batches_at_once(device: torch.device) -> int:
     """How many batches the local engine runs at the same time on ``device``, each on one torch thread.
 
-    One per torch thread on a CPU whose torch kernels stop at AVX2, and on one with AMX: a batch on each
-    core took `bench_atlas.py`'s engine from 9.77 to 8.75 s on a 2-core AMD EPYC with AVX2 only (Zen 3;
-    1.12x within repeats), and from 4.48-4.76 to 4.14-4.17 s on a 2-core Intel Xeon with AMX (1.14x and
-    1.18x in two runs), with the same results to the bit as one batch at a time on one thread. One
-    batch's many small passes (the divergences' blocks, the statistics, the attention) gain little from
-    a second thread, whose hand-overs each pays, while two batches share nothing. On a CPU with AVX-512
-    and no AMX (the AMD EPYC with AVX-512), 1, one batch on all of torch's threads, as measured there
-    (docs/atlas.md): batches at once is untried on it. A GPU runs one batch's kernels on the whole device.
+    One per torch thread on every CPU: a batch on each core took `bench_atlas.py`'s engine from 9.77 to
+    8.75 s on a 2-core AMD EPYC with AVX2 only (Zen 3; 1.12x within repeats), from 4.48-4.76 to 4.14-4.17
+    s on a 2-core Intel Xeon with AMX (1.14x and 1.18x in two runs), and 1.20x in two runs on a 2-core AMD
+    EPYC with AVX-512 and no AMX (Zen 4; fp32 3.31x and 3.44x the plain loop, against 2.78x and 2.97x one
+    batch at a time in the same repeats), with the same results to the bit as one batch at a time on one
+    thread. One batch's many small passes (the divergences' blocks, the statistics, the attention) gain
+    little from a second thread, whose hand-overs each pays, while two batches share nothing. A GPU runs
+    one batch's kernels on the whole device.
     """
     if device.type != "cpu":
-        return 1
-    if torch.backends.cpu.get_cpu_capability().startswith("AVX512") and "amx_tile" not in (cpu_flags() or ()):
         return 1
     return torch.get_num_threads()
 

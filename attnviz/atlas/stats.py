@@ -231,7 +231,7 @@ def _cells(query_valid: Tensor, key_valid: Tensor | None, K: int, causal: bool) 
 # elsewhere. Neither wins everywhere: on a 2-core AMD EPYC with AVX-512 numpy's took 0.24 ns a value and
 # torch's 0.77 (one thread) or 0.40 (two); on a 2-core AMD EPYC with AVX2 only (Zen 3) numpy's took 1.9 ns
 # and torch's 1.4 (one thread) or 1.05 (two); on a 2-core Intel Xeon with AMX numpy's took 0.44 ns and
-# torch's 0.31 (one thread) or 0.13 (two), yet the divergences of a batch on one thread (as that CPU runs
+# torch's 0.31 (one thread) or 0.13 (two), yet the divergences of a batch on one thread (as every CPU runs
 # its batches, `engine.batches_at_once`) took 0.080 s with numpy's and 0.074 with torch's, about 2% of
 # the engine's 3.6 s on bench_atlas.py's corpus (three kinds of map, two cores): left to numpy's there.
 # The choice follows the processor, not a timing: the two differ in the last bit of some values, and a
