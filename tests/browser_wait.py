@@ -120,7 +120,9 @@ class Tab:
     A fresh context per page cost the machine 10-15 CPU s, a new tab 8-13, and a new address in an open
     tab 3-7 (2-core AMD EPYC, AVX2 only): chromium starts no renderer and compiles plotly's and
     Streamlit's scripts once. One tab, not two: a tab behind another has its timers throttled. A test
-    that routes requests or listens to the page's events opens a page of its own instead.
+    that routes requests or listens to the page's events removes its route or listener when it ends
+    (``page.unroute``, ``page.remove_listener``), in a ``finally``: the next test's pages load as a
+    visitor's do.
     """
 
     def __init__(self, browser, init_script: str | None = None):

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import presenter_checks
 import pytest
-from browser_wait import RUN_ENDS_S, resized, settled, still
+from browser_wait import RUN_ENDS_S, resized, settled
 
 from attnviz import api
 from attnviz.app import CUSTOM_PATH, registry
@@ -369,21 +369,24 @@ def test_presenter_mode_puts_each_pages_picture_on_a_readable_first_screen(serve
     assert not failures, f"{len(failures)} problems:\n" + "\n".join(failures)
 
 
-def test_a_page_is_not_read_while_a_font_loads_or_plotly_redraws(server, browser):
+def test_a_page_is_not_read_while_a_font_loads_or_plotly_redraws(server, browser_tab):
     """browser_wait.settled waits for plotly's own late drawing: a font still loading (plotly draws all
     again once it is in) and a chart busy with its margins. A page read before that can show a legend
     laid out in one font in the room left for another: the likely reading of a presenter check that
     failed once in CI (a band of 56 px under a title, on a loaded machine; not reproduced here)."""
     from browser_wait import DRAWN
 
-    page = still(browser.new_context(viewport={"width": 1280, "height": 720})).new_page()
+    page = browser_tab.page({"width": 1280, "height": 720})
+    held = []
+
+    def hold(route) -> None:  # the font's file, answered when the test says
+        held.append(route)
+
+    page.route("**/held-font.woff2", hold)
     try:
         page.goto(f"{server}/formation?present=1")
         settled(page, "formation")
         assert page.evaluate(DRAWN) is not None
-        held = []
-        # the font's file, answered when the test says
-        page.route("**/held-font.woff2", lambda route: held.append(route))
         page.evaluate(
             "() => { const f = new FontFace('Held', 'url(/held-font.woff2)'); document.fonts.add(f);"
             " f.load().catch(() => {}); }"
@@ -406,7 +409,7 @@ def test_a_page_is_not_read_while_a_font_loads_or_plotly_redraws(server, browser
             page.evaluate(f"() => {{ delete {plot}.{busy}; }}")
         assert page.evaluate(DRAWN) is not None
     finally:
-        page.context.close()
+        page.unroute("**/held-font.woff2", hold)  # the next test's pages load as a visitor's do
 
 
 def _from_this_server(url: str) -> bool:
@@ -417,7 +420,7 @@ def _from_this_server(url: str) -> bool:
     return urlparse(url.removeprefix("blob:")).hostname == "127.0.0.1"
 
 
-def test_a_crafted_link_draws_no_link_and_no_image_on_any_page(server, browser):
+def test_a_crafted_link_draws_no_link_and_no_image_on_any_page(server, browser_tab):
     """Markdown, HTML and bare addresses in every parameter stay text: nothing points off this server."""
     from urllib.parse import urlencode
 
@@ -425,9 +428,14 @@ def test_a_crafted_link_draws_no_link_and_no_image_on_any_page(server, browser):
     params = {key: link for key in ("src", "tgt", "cmp_src", "at_folder", "model_path")}
     params.update({"head": image, "layer": "<img src=http://evil.example/x.png>", "kind": "www.evil.example"})
     outside = "a[href*='evil.example'], img[src*='evil.example'], [style*='evil.example']"
-    page = still(browser.new_context(viewport={"width": 1400, "height": 1000})).new_page()
+    page = browser_tab.page({"width": 1400, "height": 1000})
     requests = []
-    page.on("request", lambda r: requests.append(r.url) if not _from_this_server(r.url) else None)
+
+    def elsewhere(request) -> None:
+        if not _from_this_server(request.url):
+            requests.append(request.url)
+
+    page.on("request", elsewhere)
     try:
         for name, path in PAGES.items():
             page.goto(f"{server}/{path}?" + urlencode(params))
@@ -436,7 +444,7 @@ def test_a_crafted_link_draws_no_link_and_no_image_on_any_page(server, browser):
             assert page.locator(outside).count() == 0, f"{name} draws a link or an image the app did not put there"
         assert not requests, f"the browser asked another host for {requests}"
     finally:
-        page.context.close()
+        page.remove_listener("request", elsewhere)
 
 
 @pytest.mark.parametrize(
@@ -446,23 +454,19 @@ def test_a_crafted_link_draws_no_link_and_no_image_on_any_page(server, browser):
         ("explorer?model=reverse&src=h+e+l+l+o&kind=encoder&layer=2&head=3", "Attention explorer", "layer 2, head 3"),
     ],
 )
-def test_a_deep_link_opened_first_after_a_restart_gets_the_whole_frame(browser, link, heading, title):
+def test_a_deep_link_opened_first_after_a_restart_gets_the_whole_frame(browser_tab, link, heading, title):
     """A server's first run goes through Streamlit's old pages/ mode and runs the page file alone: the
     frame, called by the page itself, must still draw the sidebar, the title, the view and the footer."""
-    _need_browser()
     with running_app(dict(os.environ)) as url:
-        page = still(browser.new_context(viewport={"width": 1400, "height": 1000})).new_page()
-        try:
-            page.goto(f"{url}/{link}")  # the first request this server ever serves
-            _wait_for_run(page)
-            assert page.locator("[data-testid='stException']").count() == 0
-            links = page.locator("[data-testid='stSidebar'] [data-testid='stPageLink']").all_inner_texts()
-            assert [t.strip().splitlines()[-1] for t in links] == [pg.title for pg in registry.PAGES], "the sidebar"
-            assert page.locator("h1").first.inner_text().strip() == heading
-            assert any(title in t for t in page.locator("body").all_inner_texts()), "the linked view"
-            assert page.get_by_text("Every choice on this page is in the address bar").count() == 1, "the footer"
-        finally:
-            page.context.close()
+        page = browser_tab.page({"width": 1400, "height": 1000})
+        page.goto(f"{url}/{link}")  # the first request this server ever serves
+        _wait_for_run(page)
+        assert page.locator("[data-testid='stException']").count() == 0
+        links = page.locator("[data-testid='stSidebar'] [data-testid='stPageLink']").all_inner_texts()
+        assert [t.strip().splitlines()[-1] for t in links] == [pg.title for pg in registry.PAGES], "the sidebar"
+        assert page.locator("h1").first.inner_text().strip() == heading
+        assert any(title in t for t in page.locator("body").all_inner_texts()), "the linked view"
+        assert page.get_by_text("Every choice on this page is in the address bar").count() == 1, "the footer"
 
 
 LM_MODELS = [{"model": "induction"}] + [{"model": CUSTOM_PATH, "model_path": family} for family in LM_FAMILIES]
@@ -525,7 +529,7 @@ def test_every_page_draws_a_language_model(server, browser_tab, model):
     page.screenshot(path=str(ARTIFACTS / f"lm-{name}-last-page.png"))
 
 
-def test_a_long_prompt_is_drawn_tile_by_tile_and_a_dragged_box_zooms_exactly(server, browser_tab, browser):
+def test_a_long_prompt_is_drawn_tile_by_tile_and_a_dragged_box_zooms_exactly(server, browser_tab):
     """A 3000-token prompt, over what the server makes at once: one head's overview, a box dragged on it
     opens that region exactly (its weights on hover), and every head and the statistics draw too."""
     from urllib.parse import urlencode
@@ -551,19 +555,19 @@ def test_a_long_prompt_is_drawn_tile_by_tile_and_a_dragged_box_zooms_exactly(ser
     assert 950 <= k0 <= 1050 and 60 <= k1 - k0 < 128, title
     assert "zoom_q" in page.url, "the zoom is in the link"
     page.screenshot(path=str(ARTIFACTS / "long-prompt-zoom.png"))
-    # The link opens that region: the address bar's own, and a range written by hand as one value.
-    here = urlencode({**params, "view": "One head"})
-    for link in (page.url, f"{server}/explorer?{here}&zoom_q=2000-2090&zoom_k=1000,1090"):
-        shared = still(browser.new_context(viewport={"width": 1400, "height": 1000})).new_page()
-        shared.goto(link)
-        _wait_for_run(shared)
-        _no_exception(shared, "a zoom link")
-        opened = shared.evaluate(ZOOM_TITLE, zoom) or ""
-        want = title if link == page.url else "queries 2000-2090, keys 1000-1090"
+    # The link opens that region, in a new session: the address bar's own, and a range written by hand as
+    # one value.
+    here, dragged = urlencode({**params, "view": "One head"}), page.url
+    for link in (dragged, f"{server}/explorer?{here}&zoom_q=2000-2090&zoom_k=1000,1090"):
+        page = browser_tab.page({"width": 1400, "height": 1000})
+        page.goto(link)
+        _wait_for_run(page)
+        _no_exception(page, "a zoom link")
+        opened = page.evaluate(ZOOM_TITLE, zoom) or ""
+        want = title if link == dragged else "queries 2000-2090, keys 1000-1090"
         assert opened.endswith(want[want.index("queries") :]), (link[-80:], opened)
-        shared.locator(".js-plotly-plot").filter(has_text=opened).first.scroll_into_view_if_needed()
-        shared.screenshot(path=str(ARTIFACTS / "long-prompt-zoom-link.png"))
-        shared.context.close()
+        page.locator(".js-plotly-plot").filter(has_text=opened).first.scroll_into_view_if_needed()
+        page.screenshot(path=str(ARTIFACTS / "long-prompt-zoom-link.png"))
     for view in ("All heads (model view)", "Head statistics"):
         page.goto(f"{server}/explorer?" + urlencode({**params, "view": view}))
         _wait_for_run(page)
