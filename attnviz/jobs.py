@@ -335,7 +335,7 @@ def fork_server(control: socket.socket, live_training: bool = False) -> None:
     (`preload_live_training`) before its first fork.
 
     A worker started as a fresh interpreter spent 4.1 CPU s before its first job on a 2-core AMD EPYC with
-    AVX2 only, most of it importing torch, pandas and the API (docs/architecture.md); forked from here,
+    AVX2 only, most of it importing torch, pandas and the API (docs/suite-time.md); forked from here,
     it has them already. The fork is taken from this process's main thread while it holds no lock of its
     own; the threads of its libraries (OpenBLAS's, jemalloc's) restart in the child through their own
     fork handlers. A server that ends closes its end of ``control``: this process then ends, and its

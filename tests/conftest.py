@@ -344,7 +344,7 @@ def open_from_link(page: str, params: dict, timeout: float = 120):
 # hand out the modules with the most tests first, which put these, with one to sixteen tests each, last).
 # The longest go first, so that the last modules handed out are short ones and neither worker is left
 # alone at the end with a long one (in a loaded full run, summed over their tests: the first three
-# about 4 minutes each, the next three 1 to 2; docs/architecture.md). Only the order changes; within
+# about 4 minutes each, the next three 1 to 2; docs/suite-time.md). Only the order changes; within
 # a module it is kept.
 LONGEST_FIRST = (
     "test_benchmark.py",
