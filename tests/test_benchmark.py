@@ -319,3 +319,23 @@ def test_the_follow_benchmark_runs_end_to_end_and_ends_with_its_summary_line(cap
     assert changes >= 3 and seen >= changes, out  # each change reached at least one follower's page, on average
     last = out.strip().splitlines()[-1]
     assert re.fullmatch(r"follow_p50_ms=\d+ follow_p95_ms=\d+ errors=\d+", last), last
+
+
+def test_the_suite_benchmark_times_a_tier_and_ends_with_its_line(capsys):
+    """bench_suite.py's quick tier on one small module in one process: its row, its modules and its last line."""
+    import bench_suite
+
+    assert bench_suite.main(["--tier", "quick", "--", "tests/test_inert_text.py", "-n", "0"]) == 0
+    out = capsys.readouterr().out
+    assert "family" in out and "sum(range(10**6))" in out, "the machine line names the CPU and Python's speed"
+    row = re.search(r"^  quick  (\d+) passed.*? ([\d.]+) +(\d+) +(\d+) +\d+%  (PASS|MISS) \(<= 120 s\)$", out, re.M)
+    assert row, out
+    passed, wall, machine, own = int(row[1]), float(row[2]), int(row[3]), int(row[4])
+    # The plugin's records, counted by module, against pytest's own count of what it ran; the module's summed
+    # time within the tier's; the child's processes within the machine's busy time (rounded to whole seconds).
+    module = re.search(r"^  tests/test_inert_text.py +(\d+) +([\d.]+) ", out, re.M)
+    assert module, out
+    assert int(module[1]) == passed > 0
+    assert 0 < float(module[2]) <= wall
+    assert own <= machine + 1
+    assert re.fullmatch(r"suite_quick_s=[\d.]+ suite_full_s=nan suite_full_cpu_s=nan", out.strip().splitlines()[-1])

@@ -1,0 +1,211 @@
+"""The test suite's time against its targets: the quick tier under 2 minutes, the full suite under 15 (issue 35).
+
+Run it from the repository root, on a machine doing nothing else:
+
+```bash
+python benchmarks/bench_suite.py                  # both tiers, as the README's test command runs them
+python benchmarks/bench_suite.py --tier quick     # the quick tier alone (about a minute)
+python benchmarks/bench_suite.py --tier quick -- tests/test_words.py -n 0   # after --: pytest's own arguments
+```
+
+What it measures: each tier run as ``pytest`` in a child process, with ``CI=true`` as CI runs it (a
+missing browser fails there rather than skipping), the quick tier with ``-m "not slow"``; its wall time,
+the whole machine's busy CPU seconds over it (from /proc/stat, so every process the tests start counts:
+the browsers, the app servers, Ray), its own processes' CPU seconds (the child and what it started and
+waited for, from getrusage: other work on the machine is not in it, but a process left to init is not
+either) and its tests' outcomes. This file is also the pytest plugin the
+child loads (``-p bench_suite``): each test worker appends every test's time and the worker's own CPU
+time to a log, summed here by module.
+
+The suite is bound by the CPU on two cores, so its time follows the cores' speed: the machine line names
+the CPU as these machines differ (family and model, AVX2, AVX-512, AMX) and Python's own speed, the best
+of 20 runs of ``sum(range(10**6))``; a figure is read beside them. The last line is exactly
+``suite_quick_s=<s> suite_full_s=<s> suite_full_cpu_s=<s>``, ``nan`` for a tier not run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import json
+import math
+import os
+import re
+import resource
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+LOG = "ATTNVIZ_SUITE_LOG"  # the child's workers append one JSON line per test here
+TARGETS_S = {"quick": 120.0, "full": 900.0}
+TIERS = {"quick": ["-m", "not slow"], "full": []}
+
+
+# ---------------------------------------------------------------------------------------------
+# The plugin, in the child's test processes
+
+
+def _cpu_s() -> float:
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return usage.ru_utime + usage.ru_stime
+
+
+def _children_cpu_s() -> float:
+    """The CPU time of this process's descendants that have ended and been waited for: the child pytest, its
+    workers and what they started (a process left to init is not counted; /proc/stat's figure has it)."""
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_protocol(item, nextitem):  # noqa: ARG001 - pytest's signature
+    """Around each test (setup, call and teardown): its wall time and this process's CPU time, logged."""
+    wall, cpu = time.perf_counter(), _cpu_s()
+    try:
+        return (yield)
+    finally:
+        path = os.environ.get(LOG)
+        if path:
+            record = {
+                "module": item.nodeid.split("::", 1)[0],
+                "wall": time.perf_counter() - wall,
+                "cpu": _cpu_s() - cpu,
+            }
+            # one short line a write, opened to append: the two workers' lines do not interleave
+            with open(path, "a", encoding="utf-8") as f:
+                f.write(json.dumps(record) + "\n")
+
+
+# ---------------------------------------------------------------------------------------------
+# The machine
+
+
+def machine_cpu_s() -> float:
+    """Busy CPU seconds of the whole machine since boot (user, nice, system, irq, softirq), from /proc/stat."""
+    with open("/proc/stat", encoding="utf-8") as f:
+        fields = f.readline().split()
+    return sum(int(fields[i]) for i in (1, 2, 3, 6, 7)) / os.sysconf("SC_CLK_TCK")
+
+
+def describe_cpu() -> str:
+    """The CPU's name, family and model, and the vector units that tell these machines apart."""
+    info: dict[str, str] = {}
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            key, _, value = line.partition(":")
+            info.setdefault(key.strip(), value.strip())
+    except OSError:
+        return "unknown CPU"
+    flags = set(info.get("flags", "").split())
+    units = [name for name, flag in (("AVX2", "avx2"), ("AVX-512", "avx512f"), ("AVX-512 bf16", "avx512_bf16"),
+                                     ("AMX bf16", "amx_bf16")) if flag in flags]  # fmt: skip
+    return (
+        f"{info.get('model name', 'unknown CPU')} (family {info.get('cpu family', '?')}, model "
+        f"{info.get('model', '?')}), {os.cpu_count()} cores, {', '.join(units) or 'no AVX2'}"
+    )
+
+
+def python_ms() -> float:
+    """The best of 20 runs of ``sum(range(10**6))``, ms: how fast this machine runs Python right now."""
+    best = math.inf
+    for _ in range(20):
+        start = time.perf_counter()
+        sum(range(10**6))
+        best = min(best, time.perf_counter() - start)
+    return best * 1000
+
+
+# ---------------------------------------------------------------------------------------------
+# A tier
+
+
+def outcome(output: str) -> str:
+    """pytest's summary of a run ("2678 passed, 13 skipped"), from its last line."""
+    for line in reversed(output.strip().splitlines()):
+        found = re.match(
+            r"=*\s*(\d+ (?:passed|failed|errors?|skipped|deselected|xfailed|xpassed)\b.*?) in [\d.]+s", line
+        )
+        if found:
+            return found.group(1)
+    return "no summary"
+
+
+def run_tier(tier: str, extra: list[str]) -> dict:
+    """Run ``pytest`` for ``tier`` in a child process: its wall time, the machine's CPU over it, its return code,
+    summary and output, and its tests' records."""
+    with tempfile.TemporaryDirectory() as folder:
+        log = Path(folder) / "tests.jsonl"
+        log.touch()
+        env = {**os.environ, "CI": "true", LOG: str(log)}
+        env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT / "benchmarks"), env.get("PYTHONPATH")]))
+        command = [sys.executable, "-m", "pytest", "-q", "-p", "bench_suite", *TIERS[tier], *extra]
+        cpu, own, start = machine_cpu_s(), _children_cpu_s(), time.perf_counter()
+        done = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, check=False)
+        wall, cpu, own = time.perf_counter() - start, machine_cpu_s() - cpu, _children_cpu_s() - own
+        records = [json.loads(line) for line in log.read_text().splitlines() if line.strip()]
+    output = done.stdout + done.stderr
+    return {"wall": wall, "cpu": cpu, "own": own, "rc": done.returncode, "summary": outcome(output), "output": output,
+            "records": records}  # fmt: skip
+
+
+def print_modules(tier: str, records: list[dict], top: int) -> None:
+    wall, cpu, tests = collections.Counter(), collections.Counter(), collections.Counter()
+    for record in records:
+        wall[record["module"]] += record["wall"]
+        cpu[record["module"]] += record["cpu"]
+        tests[record["module"]] += 1
+    total = sum(wall.values()) or 1.0
+    print(f"\n  the {min(top, len(wall))} longest modules of the {tier} tier, summed over their tests "
+          f"({total:.0f} s over every worker)")  # fmt: skip
+    print(f"  {'module':36} {'tests':>5} {'time s':>8} {'share':>6} {'worker CPU s':>12}")
+    for module, seconds in wall.most_common(top):
+        print(f"  {module:36} {tests[module]:5d} {seconds:8.2f} {seconds / total:6.1%} {cpu[module]:12.2f}")
+    print("  (worker CPU: the test process's own; the browsers, servers and other processes a test starts "
+          "are in the machine's CPU above)")  # fmt: skip
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    extra = argv[argv.index("--") + 1 :] if "--" in argv else []
+    argv = argv[: argv.index("--")] if "--" in argv else argv
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--tier", default="quick,full", help="quick, full or both (quick,full)")
+    parser.add_argument("--top", type=int, default=12, help="how many modules to list (of the full tier when run)")
+    args = parser.parse_args(argv)
+    tiers = [t for t in args.tier.split(",") if t]
+    if not tiers or any(t not in TIERS for t in tiers):
+        parser.error(f"--tier: quick, full or quick,full, not {args.tier!r}")
+
+    print(f"attnviz suite benchmark | {describe_cpu()} | python {sys.version.split()[0]}")
+    print(f"Python's speed here: sum(range(10**6)) in {python_ms():.1f} ms (best of 20)")
+    print("the whole machine's CPU counts: run it on a machine doing nothing else")
+    if extra:
+        print(f"pytest's arguments added: {' '.join(extra)}")
+    print(f"\n  {'tier':6} {'tests':34} {'wall s':>8} {'machine CPU s':>14} {'its own CPU s':>14} {'busy':>5}  "
+          "verdict (target)")  # fmt: skip
+    results, failed = {}, False
+    for tier in tiers:
+        result = results[tier] = run_tier(tier, extra)
+        busy = result["cpu"] / (result["wall"] * (os.cpu_count() or 1))
+        target = TARGETS_S[tier]
+        verdict = "PASS" if result["wall"] <= target else "MISS"
+        figures = f"{result['wall']:8.1f} {result['cpu']:14.0f} {result['own']:14.0f} {busy:5.0%}"
+        print(f"  {tier:6} {result['summary'][:34]:34} {figures}  {verdict} (<= {target:.0f} s)", flush=True)
+        if result["rc"] != 0:
+            failed = True
+            print(f"  pytest exited with {result['rc']}; its last lines:\n" + result["output"][-3000:])
+    shown = "full" if "full" in results else tiers[0]
+    print_modules(shown, results[shown]["records"], args.top)
+    quick, full = (results.get(t, {}).get("wall", math.nan) for t in ("quick", "full"))
+    full_cpu = results.get("full", {}).get("cpu", math.nan)
+    print(f"suite_quick_s={quick:.1f} suite_full_s={full:.1f} suite_full_cpu_s={full_cpu:.0f}")
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
