@@ -11,9 +11,7 @@ python benchmarks/bench_suite.py --tier quick -- tests/test_words.py -n 0   # af
 What it measures: each tier run as ``pytest`` in a child process, with ``CI=true`` as CI runs it (a
 missing browser fails there rather than skipping), the quick tier with ``-m "not slow"``; its wall time,
 the whole machine's busy CPU seconds over it (from /proc/stat, so every process the tests start counts:
-the browsers, the app servers, Ray), its own processes' CPU seconds (the child and what it started and
-waited for, from getrusage: other work on the machine is not in it, but a process left to init is not
-either) and its tests' outcomes. This file is also the pytest plugin the
+the browsers, the app servers, Ray) and its tests' outcomes. This file is also the pytest plugin the
 child loads (``-p bench_suite``): each test worker appends every test's time and the worker's own CPU
 time to a log, summed here by module.
 
@@ -52,13 +50,6 @@ TIERS = {"quick": ["-m", "not slow"], "full": []}
 
 def _cpu_s() -> float:
     usage = resource.getrusage(resource.RUSAGE_SELF)
-    return usage.ru_utime + usage.ru_stime
-
-
-def _children_cpu_s() -> float:
-    """The CPU time of this process's descendants that have ended and been waited for: the child pytest, its
-    workers and what they started (a process left to init is not counted; /proc/stat's figure has it)."""
-    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
     return usage.ru_utime + usage.ru_stime
 
 
@@ -144,12 +135,12 @@ def run_tier(tier: str, extra: list[str]) -> dict:
         env = {**os.environ, "CI": "true", LOG: str(log)}
         env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT / "benchmarks"), env.get("PYTHONPATH")]))
         command = [sys.executable, "-m", "pytest", "-q", "-p", "bench_suite", *TIERS[tier], *extra]
-        cpu, own, start = machine_cpu_s(), _children_cpu_s(), time.perf_counter()
+        cpu, start = machine_cpu_s(), time.perf_counter()
         done = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, check=False)
-        wall, cpu, own = time.perf_counter() - start, machine_cpu_s() - cpu, _children_cpu_s() - own
+        wall, cpu = time.perf_counter() - start, machine_cpu_s() - cpu
         records = [json.loads(line) for line in log.read_text().splitlines() if line.strip()]
     output = done.stdout + done.stderr
-    return {"wall": wall, "cpu": cpu, "own": own, "rc": done.returncode, "summary": outcome(output), "output": output,
+    return {"wall": wall, "cpu": cpu, "rc": done.returncode, "summary": outcome(output), "output": output,
             "records": records}  # fmt: skip
 
 
@@ -161,7 +152,7 @@ def print_modules(tier: str, records: list[dict], top: int) -> None:
         tests[record["module"]] += 1
     total = sum(wall.values()) or 1.0
     print(f"\n  the {min(top, len(wall))} longest modules of the {tier} tier, summed over their tests "
-          f"({total:.0f} s over every worker)")  # fmt: skip
+          f"({total:.1f} s over every worker)")  # fmt: skip
     print(f"  {'module':36} {'tests':>5} {'time s':>8} {'share':>6} {'worker CPU s':>12}")
     for module, seconds in wall.most_common(top):
         print(f"  {module:36} {tests[module]:5d} {seconds:8.2f} {seconds / total:6.1%} {cpu[module]:12.2f}")
@@ -186,7 +177,7 @@ def main(argv: list[str] | None = None) -> int:
     print("the whole machine's CPU counts: run it on a machine doing nothing else")
     if extra:
         print(f"pytest's arguments added: {' '.join(extra)}")
-    print(f"\n  {'tier':6} {'tests':34} {'wall s':>8} {'machine CPU s':>14} {'its own CPU s':>14} {'busy':>5}  "
+    print(f"\n  {'tier':6} {'tests':34} {'wall s':>8} {'machine CPU s':>14} {'busy':>5}  "
           "verdict (target)")  # fmt: skip
     results, failed = {}, False
     for tier in tiers:
@@ -194,7 +185,7 @@ def main(argv: list[str] | None = None) -> int:
         busy = result["cpu"] / (result["wall"] * (os.cpu_count() or 1))
         target = TARGETS_S[tier]
         verdict = "PASS" if result["wall"] <= target else "MISS"
-        figures = f"{result['wall']:8.1f} {result['cpu']:14.0f} {result['own']:14.0f} {busy:5.0%}"
+        figures = f"{result['wall']:8.1f} {result['cpu']:14.0f} {busy:5.0%}"
         print(f"  {tier:6} {result['summary'][:34]:34} {figures}  {verdict} (<= {target:.0f} s)", flush=True)
         if result["rc"] != 0:
             failed = True
