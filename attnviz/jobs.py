@@ -346,7 +346,8 @@ def fork_server(control: socket.socket, live_training: bool = False) -> None:
     # Ready once torch and the API are in (each of the server's waits, for this and for a fork, is bounded
     # by heavy.START_S, and at nice 10 on busy cores imports take many times their quiet CPU); then what a
     # live training needs, before the first fork.
-    control.send(pickle.dumps(("ready",)))
+    if not _tell(control, ("ready",)):
+        return  # the server ended while this process started (stopped at once, or killed)
     if live_training:
         preload_live_training()
     # What is imported stays out of the children's collections, whose passes would write to (and so copy)
@@ -374,7 +375,20 @@ def fork_server(control: socket.socket, live_training: bool = False) -> None:
             for fd in fds:
                 os.close(fd)
             reply = ("error", f"not a request: {message[0]!r}")
-        control.send(pickle.dumps(reply))
+        if not _tell(control, reply):
+            return
+
+
+def _tell(control: socket.socket, message: tuple) -> bool:
+    """Send ``message`` to the server on ``control``; False when the server's end is closed (it has ended).
+
+    A server stopped while its fork server was still importing left a BrokenPipeError's traceback in its
+    terminal; a server that has ended is this process's signal to end too."""
+    try:
+        control.send(pickle.dumps(message))
+    except (BrokenPipeError, ConnectionResetError):
+        return False
+    return True
 
 
 def preload_live_training() -> None:

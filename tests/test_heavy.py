@@ -716,3 +716,38 @@ def test_a_worker_killed_before_it_read_its_job_is_a_message_and_is_replaced(poo
     assert sent == ["attention"]
     assert "stopped unexpectedly" in caught.value.public and "status -9" in str(caught.value)
     assert heavy.run("attention", "en-de", "cpu", ("twenty-one", None, False), no_bundle).cross.ndim == 4
+
+
+def test_a_fork_server_whose_server_has_ended_ends_quietly():
+    """A server stopped while its fork server starts, or while a reply is on its way, leaves no traceback:
+    the fork server returns (its process then ends), where a BrokenPipeError once reached the terminal."""
+    import gc
+    import socket
+
+    ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    ours.close()  # the server ended before its fork server was ready
+    try:
+        assert jobs.fork_server(theirs) is None
+    finally:
+        theirs.close()
+
+    ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    raised = []
+
+    def serve() -> None:
+        try:
+            jobs.fork_server(theirs)
+        except BaseException as e:  # noqa: BLE001 - what the thread raised is the test's finding
+            raised.append(e)
+
+    thread = threading.Thread(target=serve)
+    thread.start()
+    try:
+        assert pickle.loads(ours.recv(jobs.PACKET)) == ("ready",)
+        ours.send(pickle.dumps(("wait", 2**22 + 1)))  # not a child: answered ("status", None), to no one
+        ours.close()  # the server ends with its request sent
+        thread.join(30)
+        assert not thread.is_alive() and not raised, raised
+    finally:
+        gc.unfreeze()  # the fork server froze what this process had imported, for its children's sake
+        theirs.close()
