@@ -85,6 +85,8 @@ def machine_cpu_s() -> float:
 
 def describe_cpu() -> str:
     """The CPU's name, family and model, and the vector units that tell these machines apart."""
+    from attnviz.devices import cpu_flags  # here, not at the top: the plugin's test workers do not need it
+
     info: dict[str, str] = {}
     try:
         for line in Path("/proc/cpuinfo").read_text().splitlines():
@@ -92,7 +94,7 @@ def describe_cpu() -> str:
             info.setdefault(key.strip(), value.strip())
     except OSError:
         return "unknown CPU"
-    flags = set(info.get("flags", "").split())
+    flags = cpu_flags() or frozenset()
     units = [name for name, flag in (("AVX2", "avx2"), ("AVX-512", "avx512f"), ("AVX-512 bf16", "avx512_bf16"),
                                      ("AMX bf16", "amx_bf16")) if flag in flags]  # fmt: skip
     return (
