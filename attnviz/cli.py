@@ -14,6 +14,7 @@ shows its traceback.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import logging
 import os
 import sys
@@ -24,6 +25,7 @@ from typing import TYPE_CHECKING, NoReturn
 
 from attnviz.errors import AttnvizError, InputError
 from attnviz.export import DEFAULT_ATOL
+from attnviz.startup import imports_kept
 
 if TYPE_CHECKING:
     from attnviz.methods.ablation import Ablation
@@ -680,7 +682,10 @@ def main(argv: list[str] | None = None) -> int:
 def _run(argv: list[str] | None) -> int:
     try:
         words = sys.argv[1:] if argv is None else argv
-        args = build_parser(words[0] if words else "").parse_args(words)
+        # The command's arguments import torch and the API; run as its own process, the command keeps them
+        # out of the garbage collector's passes (attnviz.startup), called from Python it leaves the caller's be.
+        with imports_kept() if argv is None else contextlib.nullcontext():
+            args = build_parser(words[0] if words else "").parse_args(words)
         status = args.run(args) or 0
     except AttnvizError as e:
         print(f"attnviz: error: {_one_line(str(e))}", file=sys.stderr)

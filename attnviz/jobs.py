@@ -20,6 +20,7 @@ never opened to anything else.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import os
 import pickle
@@ -33,10 +34,15 @@ from collections import OrderedDict
 from collections.abc import Callable
 from typing import IO, Any
 
-from attnviz import api
-from attnviz.atlas.engine import head_map
-from attnviz.errors import AttnvizError
-from attnviz.lessons import mechanics, rotary, variants
+from attnviz.startup import imports_kept
+
+# Run as a process of its own (``python -m attnviz.jobs``), these imports are its start's, kept out of the
+# garbage collector's passes (attnviz.startup); imported by a server, they are the server's, and left be.
+with imports_kept() if __name__ == "__main__" else contextlib.nullcontext():
+    from attnviz import api
+    from attnviz.atlas.engine import head_map
+    from attnviz.errors import AttnvizError
+    from attnviz.lessons import mechanics, rotary, variants
 
 HEADER = struct.Struct("<Q")  # each message: its length, then its pickle
 MODELS_KEPT = 2  # models a worker keeps loaded (a class mostly uses one)
