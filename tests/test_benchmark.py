@@ -340,3 +340,23 @@ def test_the_suite_benchmark_times_a_tier_and_ends_with_its_line(capsys):
     assert 0 < float(module[2]) <= wall
     assert 0 < float(module[3]) <= machine + 1
     assert re.fullmatch(r"suite_quick_s=[\d.]+ suite_full_s=nan suite_full_cpu_s=nan", out.strip().splitlines()[-1])
+
+
+def test_the_suite_benchmark_logs_every_test_though_a_test_empties_the_environment(capsys, tmp_path):
+    """A test that drops attnviz's settings from its process's environment (as a worker's start does) leaves the
+    tests after it logged: the log's path is read once, as the process starts."""
+    import bench_suite
+
+    module = tmp_path / "test_empties_the_environment.py"
+    module.write_text(
+        "import os\n\n"
+        "def test_first():\n"
+        "    for name in [k for k in os.environ if k.startswith('ATTNVIZ_')]:\n"
+        "        del os.environ[name]\n\n"
+        "def test_second():\n    pass\n\n"
+        "def test_third():\n    pass\n"
+    )
+    assert bench_suite.main(["--tier", "quick", "--", str(module), "-n", "0", "-p", "no:cacheprovider"]) == 0
+    out = capsys.readouterr().out
+    row = re.search(r"^  \S*test_empties_the_environment.py +(\d+) ", out, re.M)
+    assert row and int(row[1]) == 3, out
