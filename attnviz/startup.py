@@ -11,11 +11,18 @@ Python 3.11, three runs each). The price is the little garbage the imports leave
 there), which frozen is never collected: a few hundred kilobytes, once.
 
 Only a process's own start may freeze: what is alive then stays for the process's life. The command
-line does it for its command's imports when it runs as its own process (`attnviz.cli`), as do a
+line does it for its command's imports when it runs as its own process (`attnviz.cli`), as does a
 heavy-work process (`attnviz.jobs`: its fork server froze already, so that its children's passes
-do not copy its pages) and an atlas actor on Ray (`attnviz.atlas.ray_engine`). The app's server
-does not: its first page's imports run in its first visitor's session, whose objects a freeze would
-keep after the visitor has gone.
+do not copy its pages). The app's server imports torch and the API in its first page's run, so it
+freezes once, when that page's frame begins (`freeze_once`, from `attnviz.app.frame`): its imports
+are done and the page's data is not made yet. The first visitor's session as it stands then (its
+widget state) is kept for the server's life, a one-off of a few objects. Every full pass of the
+server holds every session's run (one interpreter lock): with ten sessions rerunning the home page
+and the explorer, a pass took 51-57 ms where it took 132-136 ms (the latencies and reruns per second
+within the runs' spread), and with Streamlit's garbage collection after every run (the default,
+which `.streamlit/config.toml` turns off) the server spent 0.9-1.0 CPU s in 122 passes where it spent
+17.5-19.5 in 112-113 (2-core AMD EPYC with AVX-512, `bench_class.py --only class,b2b`, gc.callbacks;
+two runs each).
 """
 
 from __future__ import annotations
@@ -37,3 +44,14 @@ def imports_kept() -> Iterator[None]:
         gc.freeze()
         if was_on:
             gc.enable()
+
+
+_frozen = False
+
+
+def freeze_once() -> None:
+    """Freeze what is alive, the first time this process asks (the app's server, as its first page begins)."""
+    global _frozen
+    if not _frozen:
+        _frozen = True
+        gc.freeze()

@@ -7,6 +7,7 @@ froze its own collection already (tests/conftest.py).
 from __future__ import annotations
 
 import gc
+import re
 import subprocess
 import sys
 import textwrap
@@ -92,3 +93,40 @@ def test_a_heavy_work_process_freezes_its_imports_and_a_server_importing_the_mod
 
     imported = _python("import gc, attnviz.jobs; print('frozen', gc.get_freeze_count())")
     assert imported.split() == ["frozen", "0"], imported
+
+
+def test_freeze_once_freezes_the_first_time_only():
+    out = _python(
+        """
+        import gc
+        from attnviz.startup import freeze_once
+
+        assert gc.get_freeze_count() == 0
+        freeze_once()
+        first = gc.get_freeze_count()
+        made = [[i] for i in range(5000)]
+        freeze_once()
+        print("counts", first, gc.get_freeze_count())
+        """
+    )
+    first, second = map(int, re.search(r"counts (\d+) (\d+)", out).groups())
+    assert first > 1000 and second <= first, out
+
+
+@pytest.mark.slow  # a process that imports Streamlit, torch and the API
+def test_the_app_server_freezes_as_its_first_page_begins_and_not_again():
+    out = _python(
+        """
+        import gc
+        from streamlit.testing.v1 import AppTest
+
+        app = AppTest.from_file("app.py", default_timeout=120)
+        app.run()
+        assert not app.exception, app.exception
+        first = gc.get_freeze_count()
+        app.run()
+        print("counts", first, gc.get_freeze_count())
+        """
+    )
+    first, second = map(int, re.search(r"counts (\d+) (\d+)", out).groups())
+    assert first > 100_000 and second <= first, out  # torch's and Streamlit's objects; no second freeze

@@ -37,6 +37,7 @@ from attnviz.app.cache import clearest_head, computed, is_long, load_bundle
 from attnviz.app.links import footer
 from attnviz.app.session import Choices, sidebar
 from attnviz.app.widgets import guarded
+from attnviz.startup import freeze_once
 from attnviz.threads import share_the_cores
 
 
@@ -145,6 +146,7 @@ def frame(
     """
     page = page_of(body)
     share_the_cores()  # one thread for torch and numpy: the server shares the cores with its workers (attnviz.threads)
+    freeze_once()  # the first page's imports out of the garbage collector's passes (attnviz.startup)
     present.page_config(page.title if page.url_path else "", page.favicon)
     follow.start(page.url_path)  # before the sidebar: a follower's link is read before any widget
     choices = sidebar()
