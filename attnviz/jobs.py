@@ -360,7 +360,10 @@ def fork_server(control: socket.socket, live_training: bool = False) -> None:
     # its pages: a worker's first two jobs 0.43-0.46 CPU s against 0.46-0.50 without (2-core Xeon).
     gc.freeze()
     while True:
-        data, fds, _, _ = socket.recv_fds(control, PACKET, 1)
+        try:
+            data, fds, _, _ = socket.recv_fds(control, PACKET, 1)
+        except ConnectionResetError:  # the server ended with a reply of ours unread: it has ended all the same
+            return
         if not data:
             return
         message = pickle.loads(data)
@@ -389,7 +392,8 @@ def _tell(control: socket.socket, message: tuple) -> bool:
     """Send ``message`` to the server on ``control``; False when the server's end is closed (it has ended).
 
     A server stopped while its fork server was still importing left a BrokenPipeError's traceback in its
-    terminal; a server that has ended is this process's signal to end too."""
+    terminal; a server that has ended is this process's signal to end too. (One that ends with a reply
+    unread resets the connection instead, which the next read in `fork_server` meets.)"""
     try:
         control.send(pickle.dumps(message))
     except (BrokenPipeError, ConnectionResetError):

@@ -726,6 +726,7 @@ def test_a_fork_server_whose_server_has_ended_ends_quietly(monkeypatch):
     """A server stopped while its fork server starts, or while a reply is on its way, leaves no traceback:
     the fork server returns (its process then ends), where a BrokenPipeError once reached the terminal."""
     import gc
+    import select
     import socket
 
     monkeypatch.setattr(gc, "freeze", lambda: None)  # the fork server freezes its process: here, the test's
@@ -749,8 +750,11 @@ def test_a_fork_server_whose_server_has_ended_ends_quietly(monkeypatch):
     thread.start()
     try:
         assert pickle.loads(ours.recv(jobs.PACKET)) == ("ready",)
-        ours.send(pickle.dumps(("wait", 2**22 + 1)))  # not a child: answered ("status", None), to no one
-        ours.close()  # the server ends with its request sent
+        ours.send(pickle.dumps(("wait", 2**22 + 1)))  # not a child: answered ("status", None)
+        assert select.select([ours], [], [], 30)[0], "no answer"
+        # The server ends with the answer unread: the fork server's next read finds the connection reset (a
+        # server that ends before the answer is sent breaks the fork server's write instead, as "ready" did above).
+        ours.close()
         thread.join(30)
         assert not thread.is_alive() and not raised, raised
     finally:
