@@ -8,7 +8,7 @@ later pass), ``import torch, plotly.graph_objects, pandas, attnviz.api, attnviz.
 objects made after it took 1.53-1.86 CPU s, against 2.16-2.92 with the collector running as usual,
 and 2.25-2.89 held but not frozen: the passes only come after (2-core AMD EPYC with AVX-512,
 Python 3.11, three runs each). The price is the little garbage the imports leave (7,417 objects
-there), which frozen is never collected: a few hundred kilobytes, once.
+there), which frozen is never collected: under a megabyte, once.
 
 Only a process's own start may freeze: what is alive then stays for the process's life. The command
 line does it for its command's imports when it runs as its own process (`attnviz.cli`), as does a
