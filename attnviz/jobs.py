@@ -347,18 +347,16 @@ def fork_server(control: socket.socket, live_training: bool = False) -> None:
     fork handlers. A server that ends closes its end of ``control``: this process then ends, and its
     workers find that their parent has changed (a live training checks, `live_training`).
     """
-    import gc
-
     # Ready once torch and the API are in (each of the server's waits, for this and for a fork, is bounded
     # by heavy.START_S, and at nice 10 on busy cores imports take many times their quiet CPU); then what a
     # live training needs, before the first fork.
     if not _tell(control, ("ready",)):
         return  # the server ended while this process started (stopped at once, or killed)
-    if live_training:
-        preload_live_training()
     # What is imported stays out of the children's collections, whose passes would write to (and so copy)
     # its pages: a worker's first two jobs 0.43-0.46 CPU s against 0.46-0.50 without (2-core Xeon).
-    gc.freeze()
+    with imports_kept():
+        if live_training:
+            preload_live_training()
     while True:
         try:
             data, fds, _, _ = socket.recv_fds(control, PACKET, 1)

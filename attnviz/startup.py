@@ -12,8 +12,8 @@ there), which frozen is never collected: under a megabyte, once.
 
 Only a process's own start may freeze: what is alive then stays for the process's life. The command
 line does it for its command's imports when it runs as its own process (`attnviz.cli`), as does a
-heavy-work process (`attnviz.jobs`: its fork server froze already, so that its children's passes
-do not copy its pages). The app's server imports torch and the API in its first page's run, so it
+heavy-work process (`attnviz.jobs`; its fork server again after what a live training needs, so that
+its children's passes do not copy its pages). The app's server imports torch and the API in its first page's run, so it
 freezes once, when that page's frame begins (`freeze_once`, from `attnviz.app.frame`): its imports
 are done and the page's data is not made yet. The first visitor's session as it stands then (its
 widget state) is kept for the server's life, a one-off of a few objects. Every full pass of the
