@@ -427,6 +427,8 @@ def _forked_worker(control: socket.socket, fd: int, environ: dict[str, str], cwd
         serve(lambda n: os.read(fd, n), os.fdopen(os.dup(fd), "wb"))
     except KeyboardInterrupt:  # a Ctrl-C in the server's terminal: it stops the server too
         status = 128 + signal.SIGINT
+    except (BrokenPipeError, ConnectionResetError):  # the server has ended, a message of ours unread: nobody to tell
+        pass
     except BaseException:  # noqa: BLE001 - said on stderr; the server sees the worker end
         traceback.print_exc()
         status = 1

@@ -6,6 +6,7 @@ import dataclasses
 import io
 import os
 import pickle
+import subprocess
 import sys
 import threading
 import time
@@ -124,15 +125,31 @@ def test_workers_warm_with_the_first_model_unless_the_operator_says_0(monkeypatc
     assert len(threads) == (1 if started else 0)
 
 
-def test_a_worker_that_ends_during_the_warm_up_is_one_line_in_the_log(monkeypatch, caplog):
-    """A server stopped while its workers load (its workers killed): a warning line, no traceback."""
+@pytest.mark.parametrize(
+    ("error", "line"),
+    [
+        (
+            heavy.BusyError("a worker process ended with status -9 during a job", heavy.LOST),
+            "a worker process ended while it loaded en-de: a worker process ended with status -9 during a job",
+        ),
+        (  # seen when a server was stopped a second after it started: its fork server had ended first
+            heavy.ForkServerError("the fork server did not answer: [Errno 104] Connection reset by peer"),
+            "a worker process could not be started to load en-de: the fork server did not answer: [Errno 104] "
+            "Connection reset by peer",
+        ),
+    ],
+    ids=["its-worker-ended", "its-fork-server-ended"],
+)
+def test_a_worker_that_ends_during_the_warm_up_is_one_line_in_the_log(monkeypatch, caplog, error, line):
+    """A server stopped while its workers load (its workers, or its fork server, killed with it): a warning
+    line, no traceback."""
     monkeypatch.setenv("ATTNVIZ_HEAVY_AT_ONCE", "1")
     monkeypatch.setenv("ATTNVIZ_HEAVY_IN", "processes")
     monkeypatch.delenv("ATTNVIZ_HEAVY_WARM", raising=False)
     killed = []
 
     def call(worker, *args):
-        raise heavy.BusyError("a worker process ended with status -9 during a job", heavy.LOST)
+        raise error
 
     monkeypatch.setattr(heavy.Worker, "call", call)
     monkeypatch.setattr(heavy.Worker, "kill", lambda worker: killed.append(worker))
@@ -144,9 +161,7 @@ def test_a_worker_that_ends_during_the_warm_up_is_one_line_in_the_log(monkeypatc
         for t in threads:
             t.join(timeout=30)
     (record,) = caplog.records
-    assert record.getMessage() == (
-        "a worker process ended while it loaded en-de: a worker process ended with status -9 during a job"
-    )
+    assert record.getMessage() == line
     assert record.exc_info is None
     assert len(killed) == 1 and pool._idle == killed  # its process is gone; the next job starts a fresh one
 
@@ -720,6 +735,54 @@ def test_a_worker_killed_before_it_read_its_job_is_a_message_and_is_replaced(poo
     assert sent == ["attention"]
     assert "stopped unexpectedly" in caught.value.public and "status -9" in str(caught.value)
     assert heavy.run("attention", "en-de", "cpu", ("twenty-one", None, False), no_bundle).cross.ndim == 4
+
+
+# A fork server that says it is ready and ends: what a server finds when its fork server was stopped with it.
+ENDED_FORK_SERVER = (
+    "import pickle, socket, sys\nsocket.socket(fileno=int(sys.argv[1])).send(pickle.dumps(('ready',)))\n"
+)
+
+
+def test_a_fork_server_that_has_ended_is_told_apart_from_other_errors():
+    """Its end, before it is ready or after, raises heavy.ForkServerError: the warm-up says that in one line
+    (above), as it does a worker's end."""
+    with pytest.raises(heavy.ForkServerError, match="ended with status 0"):
+        heavy.ForkServer((sys.executable, "-c", "pass"))  # it ends before it is ready
+    forks = heavy.ForkServer((sys.executable, "-c", ENDED_FORK_SERVER))
+    try:
+        assert forks.proc.wait(timeout=30) == 0
+        with pytest.raises(heavy.ForkServerError, match="the fork server (did not answer|ended with status 0)"):
+            forks.fork()
+    finally:
+        forks.close()
+
+
+# A forked worker whose server ends with the worker's "ready" unread: the worker's next read is reset.
+WORKER_OF_AN_ENDED_SERVER = (
+    "import os, select, socket\n"
+    "from attnviz import jobs\n"
+    "ours, theirs = socket.socketpair()\n"
+    "control, _ = socket.socketpair()\n"
+    "pid = os.fork()\n"
+    "if pid == 0:\n"
+    "    ours.close()\n"
+    "    jobs._forked_worker(control, theirs.fileno(), dict(os.environ), os.getcwd())\n"
+    "theirs.close()\n"
+    "assert select.select([ours], [], [], 60)[0], 'the worker never said it was ready'\n"
+    "ours.close()\n"
+    "print(os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]))\n"
+)
+
+
+@pytest.mark.slow  # a process that imports torch
+def test_a_forked_worker_whose_server_has_ended_ends_quietly():
+    """A Ctrl-C in the server's terminal once printed a worker's ConnectionResetError there: the server had
+    ended with the worker's message unread. The worker now ends with status 0 and says nothing."""
+    done = subprocess.run(
+        [sys.executable, "-c", WORKER_OF_AN_ENDED_SERVER], capture_output=True, text=True, timeout=120, check=False
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "0" and done.stderr == "", (done.stdout, done.stderr)
 
 
 def test_a_fork_server_whose_server_has_ended_ends_quietly(monkeypatch):

@@ -152,6 +152,10 @@ START_S = 120  # seconds a worker, or the fork server, may take to say it is rea
 FORK_SERVER = (sys.executable, "-m", "attnviz.jobs", "--fork-server")
 
 
+class ForkServerError(RuntimeError):
+    """The fork server did not answer in time, or has ended (killed, or stopped with the server)."""
+
+
 class ForkServer:
     """One ``python -m attnviz.jobs --fork-server FD`` (`attnviz.jobs.fork_server`): it forks this process's
     workers. Its requests and replies are one packet each on a SOCK_SEQPACKET pair, one at a time."""
@@ -172,7 +176,7 @@ class ForkServer:
         self._lock = threading.Lock()
         try:
             if self._ask(None) != ("ready",):
-                raise RuntimeError("the fork server did not start")
+                raise ForkServerError("the fork server did not start")
         except BaseException:
             self.proc.kill()
             self.close()
@@ -186,9 +190,9 @@ class ForkServer:
                     socket.send_fds(self._control, [pickle.dumps(request)], [] if fd is None else [fd])
                 data = self._control.recv(jobs.PACKET)
             except OSError as e:  # a timeout, or the fork server gone
-                raise RuntimeError(f"the fork server did not answer: {e}") from None
+                raise ForkServerError(f"the fork server did not answer: {e}") from None
         if not data:
-            raise RuntimeError(f"the fork server ended with status {self.proc.wait()}")
+            raise ForkServerError(f"the fork server ended with status {self.proc.wait()}")
         return pickle.loads(data)
 
     def fork(self) -> Forked:
@@ -384,6 +388,9 @@ class Pool:
                     worker.call("warm", model, device, (), 120, None, lambda: None)
                 except BusyError as e:  # it ended (the server stopping kills it): said in one line, no traceback
                     log.warning("a worker process ended while it loaded %s: %s", model, e)
+                    worker.kill()
+                except ForkServerError as e:  # the same, before it was forked: the stop reached the fork server first
+                    log.warning("a worker process could not be started to load %s: %s", model, e)
                     worker.kill()
                 except Exception:  # noqa: BLE001 - a worker that fails to start is started again by a job
                     log.warning("a worker process could not load %s", model, exc_info=True)
