@@ -14,7 +14,6 @@ shows its traceback.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import logging
 import os
 import sys
@@ -684,7 +683,7 @@ def _run(argv: list[str] | None) -> int:
         words = sys.argv[1:] if argv is None else argv
         # The command's arguments import torch and the API; run as its own process, the command keeps them
         # out of the garbage collector's passes (attnviz.startup), called from Python it leaves the caller's be.
-        with imports_kept() if argv is None else contextlib.nullcontext():
+        with imports_kept(own_process=argv is None):
             args = build_parser(words[0] if words else "").parse_args(words)
         status = args.run(args) or 0
     except AttnvizError as e:

@@ -38,7 +38,7 @@ from attnviz.startup import imports_kept
 
 # Run as a process of its own (``python -m attnviz.jobs``), these imports are its start's, kept out of the
 # garbage collector's passes (attnviz.startup); imported by a server, they are the server's, and left be.
-with imports_kept() if __name__ == "__main__" else contextlib.nullcontext():
+with imports_kept(own_process=__name__ == "__main__"):
     from attnviz import api
     from attnviz.atlas.engine import head_map
     from attnviz.errors import AttnvizError
@@ -169,7 +169,6 @@ def live_training(_, task: str, out: str, cpu_seconds: float, history_every: int
     A server that ends (stopped, or killed) while its training runs leaves nobody to read it or delete
     ``out``: the worker notices that its parent has changed, stops the training, deletes ``out`` and exits.
     """
-    import contextlib
     import shutil
     import signal
     import time

@@ -33,9 +33,15 @@ from collections.abc import Iterator
 
 
 @contextlib.contextmanager
-def imports_kept() -> Iterator[None]:
+def imports_kept(own_process: bool = True) -> Iterator[None]:
     """Inside: the process's start imports, with no garbage collection. After: every object alive, the
-    imported modules' included, is frozen out of later collections, and the collector is as it was."""
+    imported modules' included, is frozen out of later collections, and the collector is as it was.
+
+    ``own_process=False`` (code imported or called by another program, which owns its start): nothing is done.
+    """
+    if not own_process:
+        yield
+        return
     was_on = gc.isenabled()
     gc.disable()
     try:
