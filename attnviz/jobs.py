@@ -296,7 +296,15 @@ def serve(read: Callable[[int], bytes], out: IO[bytes]) -> None:
     """Answer jobs until the server closes the pipe: ``("job", name, model, device, args, settings)``.
 
     Replies: ``("progress", done, total)`` while an atlas runs, then ``("done", result)`` or ``("error", e)``.
+    A server that has ended with a message of this worker's unread resets the connection, and one that ends
+    while a reply is written breaks it: either way nobody is left to tell, and the worker ends quietly (a
+    Ctrl-C in the server's terminal once printed a worker's ConnectionResetError there).
     """
+    with contextlib.suppress(BrokenPipeError, ConnectionResetError):
+        _answer(read, out)
+
+
+def _answer(read: Callable[[int], bytes], out: IO[bytes]) -> None:
     models: OrderedDict[tuple[str, str], Any] = OrderedDict()
     send(out, ("ready",))
     while (message := receive(read)) is not None:
@@ -426,8 +434,6 @@ def _forked_worker(control: socket.socket, fd: int, environ: dict[str, str], cwd
         serve(lambda n: os.read(fd, n), os.fdopen(os.dup(fd), "wb"))
     except KeyboardInterrupt:  # a Ctrl-C in the server's terminal: it stops the server too
         status = 128 + signal.SIGINT
-    except (BrokenPipeError, ConnectionResetError):  # the server has ended, a message of ours unread: nobody to tell
-        pass
     except BaseException:  # noqa: BLE001 - said on stderr; the server sees the worker end
         traceback.print_exc()
         status = 1
