@@ -13,7 +13,10 @@ missing browser fails there rather than skipping), the quick tier with ``-m "not
 the whole machine's busy CPU seconds over it (from /proc/stat, so every process the tests start counts:
 the browsers, the app servers, Ray) and its tests' outcomes. This file is also the pytest plugin the
 child loads (``-p bench_suite``): each test worker appends every test's time and the worker's own CPU
-time to a log, summed here by module.
+time to a log, summed here by module. While a tier runs, every process started after it began is read
+from /proc every half second (`ProcessSampler`), and its CPU time summed by kind (chromium by its
+process type, the app servers, the test workers, heavy-work processes, Ray, ...): what a machine's
+time goes to, to set beside another machine's.
 
 The suite is bound by the CPU on two cores, so its time follows the cores' speed: the machine line names
 the CPU as these machines differ (family and model, AVX2, AVX-512, AMX) and Python's own speed, the best
@@ -125,6 +128,84 @@ def python_ms() -> float:
 
 
 # ---------------------------------------------------------------------------------------------
+# The processes a tier starts, by kind
+
+SAMPLE_S = 0.5  # how often /proc is read: a process's last half second, or a shorter one, is missed
+XDIST_WORKER = "exec(eval(sys.stdin.readline()))"  # how execnet starts a pytest-xdist worker: python -c this
+
+
+def process_kind(cmdline: bytes) -> str:
+    """What a process of a test run is, from its /proc cmdline (NUL-separated words; chromium and nginx
+    rewrite theirs into one string with spaces)."""
+    words = cmdline.replace(b"\0", b" ").decode(errors="replace").split()
+    if not words:
+        return "other"
+    program = Path(words[0].rstrip(":")).name
+    head = words[:3]  # the program, and the script or module a Python runs
+    if "chrom" in program:
+        return "chromium " + next((w.split("=", 1)[1] for w in words if w.startswith("--type=")), "browser")
+    if program == "node":
+        return "playwright's driver (node)"
+    if program in ("raylet", "gcs_server") or any("/ray/" in w or w.endswith("/ray") for w in head):
+        return "Ray"
+    if program.startswith("nginx"):
+        return "nginx"
+    if program.startswith("redis"):
+        return "redis"
+    if not program.startswith("python"):
+        return "other"
+    if "streamlit" in head and "run" in words:
+        return "app servers (streamlit run)"
+    if "attnviz.jobs" in head:
+        return "heavy-work processes (attnviz.jobs)"
+    if any("jupyter" in w or "ipykernel" in w for w in head):
+        return "Jupyter servers and kernels"
+    if XDIST_WORKER in " ".join(words) or "pytest" in head or any(w.endswith("bin/pytest") for w in head):
+        return "test workers and pytest"
+    return "Python, other"
+
+
+class ProcessSampler:
+    """Every process started after this was made, read from /proc at each `sample`: its kind and CPU seconds
+    (its own user and system time, not its children's), kept after it ends at its last reading."""
+
+    def __init__(self):
+        self.tick = os.sysconf("SC_CLK_TCK")
+        with open("/proc/uptime", encoding="utf-8") as f:
+            uptime = float(f.read().split()[0])
+        # In clock ticks since boot, as /proc/PID/stat gives a process's start; half a second early, as the two
+        # clocks are rounded apart (a process started right after was once left out). This process is not counted.
+        self.since = (uptime - 0.5) * self.tick
+        self.seen: dict[tuple[int, int], list] = {}  # (pid, its start) -> [kind, CPU s]
+
+    def sample(self) -> None:
+        for name in os.listdir("/proc"):
+            if not name.isdigit() or int(name) == os.getpid():
+                continue
+            try:
+                with open(f"/proc/{name}/stat", "rb") as f:
+                    fields = f.read().rsplit(b")", 1)[1].split()  # after the command's name, which may hold spaces
+                start = int(fields[19])
+                if start < self.since:
+                    continue
+                key = (int(name), start)
+                if key not in self.seen:
+                    with open(f"/proc/{name}/cmdline", "rb") as f:
+                        self.seen[key] = [process_kind(f.read()), 0.0]
+                self.seen[key][1] = (int(fields[11]) + int(fields[12])) / self.tick
+            except (OSError, IndexError, ValueError):  # it ended while being read
+                continue
+
+    def by_kind(self) -> dict[str, tuple[int, float]]:
+        """Each kind's processes and CPU seconds, the most CPU first."""
+        counts, cpu = collections.Counter(), collections.Counter()
+        for kind, seconds in self.seen.values():
+            counts[kind] += 1
+            cpu[kind] += seconds
+        return {kind: (counts[kind], seconds) for kind, seconds in cpu.most_common()}
+
+
+# ---------------------------------------------------------------------------------------------
 # A tier
 
 
@@ -148,13 +229,24 @@ def run_tier(tier: str, extra: list[str]) -> dict:
         env = {**os.environ, "CI": "true", LOG: str(log)}
         env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT / "benchmarks"), env.get("PYTHONPATH")]))
         command = [sys.executable, "-m", "pytest", "-q", "-p", "bench_suite", *TIERS[tier], *extra]
+        output_file = Path(folder) / "output.txt"
+        sampler = ProcessSampler()
         cpu, start = machine_cpu_s(), time.perf_counter()
-        done = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, check=False)
+        with open(output_file, "wb") as out:  # a file, not a pipe: nothing here reads while the tier runs
+            child = subprocess.Popen(command, cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT)
+            try:
+                while child.poll() is None:
+                    sampler.sample()
+                    time.sleep(SAMPLE_S)
+            finally:  # interrupted: the tier stops with this
+                if child.poll() is None:
+                    child.kill()
+                    child.wait()
         wall, cpu = time.perf_counter() - start, machine_cpu_s() - cpu
         records = [json.loads(line) for line in log.read_text().splitlines() if line.strip()]
-    output = done.stdout + done.stderr
-    return {"wall": wall, "cpu": cpu, "rc": done.returncode, "summary": outcome(output), "output": output,
-            "records": records}  # fmt: skip
+        output = output_file.read_text(errors="replace")
+    return {"wall": wall, "cpu": cpu, "rc": child.returncode, "summary": outcome(output), "output": output,
+            "records": records, "processes": sampler.by_kind()}  # fmt: skip
 
 
 def print_modules(tier: str, records: list[dict], top: int) -> None:
@@ -171,6 +263,16 @@ def print_modules(tier: str, records: list[dict], top: int) -> None:
         print(f"  {module:36} {tests[module]:5d} {seconds:8.2f} {seconds / total:6.1%} {cpu[module]:12.2f}")
     print("  (worker CPU: the test process's own; the browsers, servers and other processes a test starts "
           "are in the machine's CPU above)")  # fmt: skip
+
+
+def print_processes(tier: str, kinds: dict[str, tuple[int, float]], machine_cpu: float) -> None:
+    sampled = sum(seconds for _, seconds in kinds.values())
+    print(f"\n  CPU by process, over the processes the {tier} tier started (read every {SAMPLE_S:g} s: "
+          "a process's last moment, or a shorter one, is missed)")  # fmt: skip
+    print(f"  {'kind':40} {'processes':>9} {'CPU s':>8} {'share':>6}")
+    for kind, (count, seconds) in kinds.items():
+        print(f"  {kind:40} {count:9d} {seconds:8.1f} {seconds / (sampled or 1.0):6.1%}")
+    print(f"  {sampled:.0f} CPU s read of the machine's {machine_cpu:.0f} over the tier")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -205,6 +307,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"  pytest exited with {result['rc']}; its last lines:\n" + result["output"][-3000:])
     shown = "full" if "full" in results else tiers[0]
     print_modules(shown, results[shown]["records"], args.top)
+    print_processes(shown, results[shown]["processes"], results[shown]["cpu"])
     quick, full = (results.get(t, {}).get("wall", math.nan) for t in ("quick", "full"))
     full_cpu = results.get("full", {}).get("cpu", math.nan)
     print(f"suite_quick_s={quick:.1f} suite_full_s={full:.1f} suite_full_cpu_s={full_cpu:.0f}")

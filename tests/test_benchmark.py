@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import re
+import subprocess
 import sys
 from pathlib import Path
 
@@ -339,7 +340,71 @@ def test_the_suite_benchmark_times_a_tier_and_ends_with_its_line(capsys):
     assert int(module[1]) == passed > 0
     assert 0 < float(module[2]) <= wall
     assert 0 < float(module[3]) <= machine + 1
+    # The processes the tier started: its pytest (one process, -n 0), read from /proc, within the machine's CPU.
+    pytest_row = re.search(r"^  test workers and pytest +(\d+) +([\d.]+) +[\d.]+%$", out, re.M)
+    assert pytest_row and int(pytest_row[1]) >= 1, out
+    read = re.search(r"^  (\d+) CPU s read of the machine's (\d+) over the tier$", out, re.M)
+    assert read and 0 < float(pytest_row[2]) and int(read[1]) <= int(read[2]) + 1, out
     assert re.fullmatch(r"suite_quick_s=[\d.]+ suite_full_s=nan suite_full_cpu_s=nan", out.strip().splitlines()[-1])
+
+
+# Command lines as /proc gives them: NUL-separated, or one string where the program rewrote its own.
+PROCESSES = {
+    b"/usr/lib/chromium/chromium --type=renderer --no-sandbox --lang=en-US": "chromium renderer",
+    b"/usr/lib/chromium/chromium\0--no-sandbox\0--disable-gpu\0": "chromium browser",
+    b"/usr/lib/chromium/chromium --type=utility --utility-sub-type=network.mojom.NetworkService": "chromium utility",
+    b".venv/bin/python\0-m\0streamlit\0run\0app.py\0--server.headless\0true\0": "app servers (streamlit run)",
+    b".venv/bin/python\0-m\0attnviz.jobs\0--fork-server\0FD\0": "heavy-work processes (attnviz.jobs)",
+    b".venv/bin/python\0-u\0-c\0import sys;exec(eval(sys.stdin.readline()))\0": "test workers and pytest",
+    b".venv/bin/python\0-m\0pytest\0-q\0": "test workers and pytest",
+    b".venv/bin/python\0.venv/bin/pytest\0-q\0": "test workers and pytest",
+    b".venv/bin/python\0.venv/lib/python3.11/site-packages/ray/_private/workers/default_worker.py\0": "Ray",
+    b".venv/bin/python\0.venv/bin/ray\0start\0--head\0": "Ray",
+    b".venv/lib/python3.11/site-packages/ray/core/src/ray/raylet/raylet\0--node-id=1\0": "Ray",
+    b".venv/bin/python\0.venv/bin/attnviz\0atlas\0--engine\0ray\0": "Python, other",
+    b".venv/bin/python\0-m\0ipykernel_launcher\0-f\0k.json\0": "Jupyter servers and kernels",
+    b"/opt/node/node\0cli.js\0run-driver\0": "playwright's driver (node)",
+    b"nginx: master process nginx -p /srv -c nginx.conf": "nginx",
+    b"redis-server 127.0.0.1:6390": "redis",
+    b"/bin/sleep\0infinity\0": "other",
+    b"": "other",
+}
+
+
+@pytest.mark.parametrize("cmdline", PROCESSES)
+def test_the_suite_benchmark_tells_each_kind_of_process_apart(cmdline):
+    import bench_suite
+
+    assert bench_suite.process_kind(cmdline) == PROCESSES[cmdline]
+
+
+# A child that spends about a second of CPU, prints what its own clock says it spent, then waits to be read.
+BURN = """
+import os, sys, time
+end = time.process_time() + 1.0
+while time.process_time() < end:
+    pass
+t = os.times()
+print(t.user + t.system, flush=True)
+sys.stdin.read()
+"""
+
+
+def test_the_suite_benchmarks_process_reading_matches_the_processs_own_clock():
+    """ProcessSampler reads /proc/PID/stat; the child's os.times() is the kernel's getrusage-side account of the
+    same process, asked from inside it. They agree to a clock tick or two."""
+    import bench_suite
+
+    sampler = bench_suite.ProcessSampler()
+    child = subprocess.Popen([sys.executable, "-c", BURN], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        own = float(child.stdout.readline())  # it has spent its CPU and now waits
+        sampler.sample()
+    finally:
+        child.communicate("")
+    (kind, read), *others = [entry for (pid, _), entry in sampler.seen.items() if pid == child.pid]
+    assert not others and kind == "Python, other"
+    assert own >= 1.0 and abs(read - own) <= 0.03, (read, own)
 
 
 def test_the_suite_benchmark_logs_every_test_though_a_test_empties_the_environment(capsys, tmp_path):
