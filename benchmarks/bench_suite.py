@@ -176,7 +176,7 @@ class ProcessSampler:
         # In clock ticks since boot, as /proc/PID/stat gives a process's start; half a second early, as the two
         # clocks are rounded apart (a process started right after was once left out). This process is not counted.
         self.since = (uptime - 0.5) * self.tick
-        self.seen: dict[tuple[int, int], list] = {}  # (pid, its start) -> [kind, CPU s]
+        self.seen: dict[tuple[int, int], list] = {}  # (pid, its start) -> [kind, CPU s, its command line]
 
     def sample(self) -> None:
         for name in os.listdir("/proc"):
@@ -189,9 +189,12 @@ class ProcessSampler:
                 if start < self.since:
                     continue
                 key = (int(name), start)
-                if key not in self.seen:
-                    with open(f"/proc/{name}/cmdline", "rb") as f:
-                        self.seen[key] = [process_kind(f.read()), 0.0]
+                with open(f"/proc/{name}/cmdline", "rb") as f:
+                    cmdline = f.read()
+                # Told again when its command line changes: seen between its fork and its exec, a process shows its
+                # parent's.
+                if key not in self.seen or self.seen[key][2] != cmdline:
+                    self.seen[key] = [process_kind(cmdline), 0.0, cmdline]
                 self.seen[key][1] = (int(fields[11]) + int(fields[12])) / self.tick
             except (OSError, IndexError, ValueError):  # it ended while being read
                 continue
@@ -199,7 +202,7 @@ class ProcessSampler:
     def by_kind(self) -> dict[str, tuple[int, float]]:
         """Each kind's processes and CPU seconds, the most CPU first."""
         counts, cpu = collections.Counter(), collections.Counter()
-        for kind, seconds in self.seen.values():
+        for kind, seconds, _ in self.seen.values():
             counts[kind] += 1
             cpu[kind] += seconds
         return {kind: (counts[kind], seconds) for kind, seconds in cpu.most_common()}

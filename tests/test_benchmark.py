@@ -402,9 +402,38 @@ def test_the_suite_benchmarks_process_reading_matches_the_processs_own_clock():
         sampler.sample()
     finally:
         child.communicate("")
-    (kind, read), *others = [entry for (pid, _), entry in sampler.seen.items() if pid == child.pid]
+    (kind, read, _), *others = [entry for (pid, _), entry in sampler.seen.items() if pid == child.pid]
     assert not others and kind == "Python, other"
     assert own >= 1.0 and abs(read - own) <= 0.03, (read, own)
+
+
+# A Python that says so, waits for a line, then becomes another program (as between a fork and its exec): a
+# shell whose command line reads as a chromium renderer's, which says so and waits in turn.
+BECOMES = """
+import os, sys
+print("python", flush=True)
+sys.stdin.readline()
+os.execv("/bin/sh", ["/usr/lib/chromium/chromium --type=renderer", "-c", "echo chromium; read line"])
+"""
+
+
+def test_the_suite_benchmark_tells_a_process_again_once_it_has_become_another_program():
+    import bench_suite
+
+    sampler = bench_suite.ProcessSampler()
+    child = subprocess.Popen([sys.executable, "-c", BECOMES], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    kinds = []
+    try:
+        for said in ("python", "chromium"):
+            assert child.stdout.readline() == said + "\n"
+            sampler.sample()
+            kinds += [entry[0] for (pid, _), entry in sampler.seen.items() if pid == child.pid]
+            child.stdin.write("\n")
+            child.stdin.flush()
+    finally:
+        child.kill()
+        child.wait()
+    assert kinds == ["Python, other", "chromium renderer"], kinds
 
 
 def test_the_suite_benchmark_logs_every_test_though_a_test_empties_the_environment(capsys, tmp_path):
