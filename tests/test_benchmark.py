@@ -391,8 +391,8 @@ sys.stdin.read()
 
 
 def test_the_suite_benchmarks_process_reading_matches_the_processs_own_clock():
-    """ProcessSampler reads /proc/PID/stat; the child's os.times() is the kernel's getrusage-side account of the
-    same process, asked from inside it. They agree to a clock tick or two."""
+    """What ProcessSampler parses out of /proc/PID/stat, against the child's own os.times() (the times(2) system
+    call, asked from inside it): they agree to a clock tick or two."""
     import bench_suite
 
     sampler = bench_suite.ProcessSampler()
