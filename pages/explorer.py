@@ -54,7 +54,7 @@ def intro(ctx: Context) -> str:
     return LM_INTRO if config.decoder_only else ENCODER_INTRO if config.encoder_only else INTRO
 
 
-LONG_LINES = 1000  # beyond EXACT_MAX tokens, the lines view draws at most this many (one trace each: slow to draw)
+LONG_LINES = 1000  # beyond EXACT_MAX tokens, the lines view draws at most this many, the strongest
 VIEWS = {
     "one": "One head",
     "grid": "All heads (model view)",

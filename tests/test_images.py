@@ -12,6 +12,7 @@ import math
 import numpy as np
 import pytest
 from plotly.colors import get_colorscale, hex_to_rgb, sample_colorscale
+from test_plots import drawn_lines
 
 from attnviz.analysis import downsample
 from attnviz.figures.attention import attention_heatmap, lines_view
@@ -210,10 +211,10 @@ def test_the_exact_heatmap_takes_a_contrast_and_keeps_the_weights_for_hover():
 def test_lines_take_their_opacity_from_the_contrast():
     maps = random_maps(1, 4, 5, seed=10)
     fig = lines_view(maps, ["q"] * 4, ["k"] * 5, [1], "encoder", threshold=0.0, contrast="log")
-    lines = [t for t in fig.data if t.meta]
-    for line in lines:
-        q, k = line.meta["query"], line.meta["key"]
-        assert line.opacity == pytest.approx(by_definition(maps[0], "log")[q, k])
+    lines = drawn_lines(fig)
+    assert len(lines) == maps[0].size
+    for (_, q, k), (opacity, _, _) in lines.items():
+        assert opacity == pytest.approx(max(1, round(by_definition(maps[0], "log")[q, k] * 64)) / 64)
     assert "logarithmic" in fig.layout.title.subtitle.text
 
 

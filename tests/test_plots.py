@@ -150,35 +150,71 @@ def test_long_axes_thin_the_labels_but_keep_every_value():
     assert len(fig.data[0].x) == n
 
 
+def drawn_lines(fig: go.Figure) -> dict[tuple[int, int, int], tuple[float, str, int]]:
+    """Every line of a lines view read from its points: (head, query, key) -> (opacity, hover text, trace index).
+
+    A line is three points (query end, midpoint, key end) and a gap; each is drawn once."""
+    found = {}
+    for index, t in enumerate(fig.data):
+        if not t.meta:
+            continue
+        assert len(t.x) == len(t.y) == len(t.hovertext) == 4 * len(t.meta["lines"])
+        for j, (q, k) in enumerate(t.meta["lines"]):
+            x, y = t.x[4 * j : 4 * j + 4], t.y[4 * j : 4 * j + 4]
+            assert tuple(x) == (0.0, 0.5, 1.0, None) and tuple(y) == (q, (q + k) / 2, k, None)
+            text = t.hovertext[4 * j]
+            assert t.hovertext[4 * j + 1] == t.hovertext[4 * j + 2] == text and t.hovertext[4 * j + 3] == ""
+            key = (t.meta["head"], q, k)
+            assert key not in found, f"{key} drawn twice"
+            found[key] = (t.opacity, text, index)
+    return found
+
+
 def test_lines_view_draws_one_line_per_weight_above_threshold(cross):
     heads = [1, 3]
     chosen = cross[1][[h - 1 for h in heads]]  # layer 2, heads 1 and 3: (2, T, S)
     fig = lines_view(chosen, TGT, SRC, heads, "cross", threshold=0.05)
-    lines = [t for t in fig.data if t.meta]
+    lines = drawn_lines(fig)
     expected = {(heads[i], q, k): chosen[i, q, k] for i, q, k in zip(*np.nonzero(chosen >= 0.05), strict=True)}
-    assert len(lines) == len(expected) > 0
-    for t in lines:
-        key = (t.meta["head"], t.meta["query"], t.meta["key"])
-        assert t.opacity == pytest.approx(float(expected.pop(key)))
-        assert (t.y[0], t.y[-1]) == (key[1], key[2]) and (t.x[0], t.x[-1]) == (0.0, 1.0)
-    assert not expected
-    colours = {t.meta["head"]: t.line.color for t in lines}
+    assert set(lines) == set(expected) and len(expected) > 0
+    for (head, q, k), (opacity, text, _) in lines.items():
+        weight = float(expected[head, q, k])
+        # the weight to the nearest 1/64, at least 1/64
+        assert opacity == pytest.approx(max(1, round(weight * 64)) / 64) and abs(opacity - weight) <= 1 / 128 + 1e-9
+        words = f"head {head}<br>query {plotly_labels(TGT)[q]}<br>key {plotly_labels(SRC)[k]}"
+        assert text == f"{words}<br>weight {weight:.6f}"
+    traces = [t for t in fig.data if t.meta]
+    for t in traces:  # one head and one opacity a trace: no two traces share both
+        assert {lines[t.meta["head"], q, k][0] for q, k in t.meta["lines"]} == {t.opacity}
+    assert len({(t.meta["head"], t.opacity) for t in traces}) == len(traces) < len(lines)
+    colours = {t.meta["head"]: t.line.color for t in traces}
     assert len(set(colours.values())) == len(heads)
     assert [t.name for t in fig.data if t.showlegend is not False and t.mode == "lines"] == ["head 1", "head 3"]
     texts = [t for t in fig.data if t.mode == "text"]
     assert list(texts[0].text) == plotly_labels(TGT) and list(texts[1].text) == plotly_labels(SRC)
     annotations = " ".join(a.text for a in fig.layout.annotations)
     assert "queries" in annotations and "keys" in annotations
-    opacities = [t.opacity for t in lines]
+    opacities = [t.opacity for t in traces]
     assert opacities == sorted(opacities)  # strongest drawn last, on top
 
 
 def test_lines_view_keeps_the_strongest_lines_when_capped(cross):
     fig = lines_view(cross[0], TGT, SRC, [1, 2, 3, 4], "cross", threshold=0.0, max_lines=10)
-    lines = [t for t in fig.data if t.meta]
-    assert len(lines) == 10
-    assert min(t.opacity for t in lines) == pytest.approx(float(np.sort(cross[0].ravel())[-10]))
+    lines = drawn_lines(fig)
+    strongest = np.argsort(cross[0].ravel(), kind="stable")[-10:]
+    assert set(lines) == {(h + 1, q, k) for h, q, k in zip(*np.unravel_index(strongest, cross[0].shape), strict=True)}
     assert "10 strongest" in fig.layout.title.subtitle.text
+
+
+def test_lines_view_draws_thousands_of_lines_in_a_few_traces_a_head():
+    """A long sentence's heads: thousands of lines, at most 64 traces a head, each line once."""
+    maps = random_maps(6, 40, 40, seed=12)  # (heads, Q, K)
+    fig = lines_view(maps, ["q"] * 40, ["k"] * 40, list(range(1, 7)), "encoder", threshold=0.0, max_lines=10_000)
+    lines = drawn_lines(fig)
+    assert len(lines) == maps.size
+    assert len([t for t in fig.data if t.meta]) <= 64 * 6
+    for (head, q, k), (opacity, _, _) in lines.items():
+        assert abs(opacity - maps[head - 1, q, k]) <= 1 / 128 + 1e-9 or opacity == 1 / 64
 
 
 def test_topk_bar_puts_the_most_likely_on_top_and_highlights_the_chosen():

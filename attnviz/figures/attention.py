@@ -139,6 +139,7 @@ def attention_heatmap(
     return fig
 
 
+OPACITY_LEVELS = 64  # the lines view's opacities, in steps of 1/64: the lines of one head at one step share a trace
 COLOUR_BAR_PX = 80  # a phone's colour bar under the map: its 12 px bar, tick labels and title
 
 
@@ -172,11 +173,14 @@ def lines_view(
     """Attention as lines from query tokens (left) to key tokens (right), as in BertViz's head view.
 
     ``maps_heads`` (H_selected, Q, K) holds some heads of one layer, ``heads`` their numbers from 1.
-    One line (one trace) per (query, key, head) whose weight is at least ``threshold``, with
+    One line per (query, key, head) whose weight is at least ``threshold``, with
     opacity = the weight under ``contrast`` (linear: the weight; log; or the weight over its row's
-    largest) and one colour per head; hover gives the exact weight. Strong lines are drawn
-    last, on top. Each head has a legend entry (clicking it hides or shows that head's lines).
-    Beyond ``max_lines`` lines the browser slows down, so only the strongest ``max_lines`` are drawn
+    largest), to the nearest 1/`OPACITY_LEVELS` and at least that, and one colour per head; hover gives
+    the exact weight. The lines of one head at one opacity are one trace (``meta``: the head and the
+    (query, key) of each line, in the order of its points), so a figure has at most
+    `OPACITY_LEVELS` traces a head, not one a line: thousands of traces took the browser a second to
+    draw. Strong lines are drawn last, on top. Each head has a legend entry (clicking it hides or
+    shows that head's lines). Beyond ``max_lines`` lines only the strongest ``max_lines`` are drawn
     and the subtitle says how many were left out.
     """
     kind_title, y_title, x_title = kind_titles(kind)
@@ -208,23 +212,38 @@ def lines_view(
     opacity = contrast_values(maps_heads, contrast)  # (H_selected, Q, K) in 0..1
     at_head, at_query, at_key = np.nonzero(maps_heads >= threshold)
     strength = maps_heads[at_head, at_query, at_key]
-    order = np.argsort(strength, kind="stable")[-max_lines:]  # weakest first: strong lines end on top
-    for i, q, k in zip(at_head[order].tolist(), at_query[order].tolist(), at_key[order].tolist(), strict=True):
-        head, w = heads[i], float(maps_heads[i, q, k])
-        traces.append(
-            go.Scatter(
-                x=[0.0, 0.5, 1.0],  # the midpoint gives the line a hover point of its own
-                y=[q, (q + k) / 2, k],
-                mode="lines",
-                line={"color": colors[head], "width": 2},
-                opacity=float(opacity[i, q, k]),
-                legendgroup=f"head {head}",
-                showlegend=False,
-                hoverinfo="text",
-                hovertext=f"head {head}<br>query {q_labels[q]}<br>key {k_labels[k]}<br>weight {w:.6f}",
-                meta={"head": head, "query": q, "key": k},
+    order = np.argsort(strength, kind="stable")[-max_lines:]  # the strongest max_lines, weakest first
+    at_head, at_query, at_key = at_head[order], at_query[order], at_key[order]
+    # A trace's opacity applies to all of it, so the lines of one head at one opacity level share a trace:
+    # a few hundred traces at most where one trace a line made thousands, each drawn on its own.
+    level = np.clip(np.rint(opacity[at_head, at_query, at_key] * OPACITY_LEVELS), 1, OPACITY_LEVELS).astype(int)
+    for lv in np.unique(level).tolist():  # faintest first: strong lines end on top
+        for i, head in enumerate(heads):
+            here = np.flatnonzero((level == lv) & (at_head == i))
+            if here.size == 0:
+                continue
+            x, y, hover, ends = [], [], [], []
+            for q, k in zip(at_query[here].tolist(), at_key[here].tolist(), strict=True):
+                text = f"head {head}<br>query {q_labels[q]}<br>key {k_labels[k]}<br>weight {maps_heads[i, q, k]:.6f}"
+                x += [0.0, 0.5, 1.0, None]  # the midpoint gives the line a hover point of its own
+                y += [q, (q + k) / 2, k, None]
+                hover += [text, text, text, ""]
+                ends.append((q, k))
+            traces.append(
+                go.Scatter(
+                    x=x,
+                    y=y,
+                    mode="lines",
+                    line={"color": colors[head], "width": 2},
+                    opacity=lv / OPACITY_LEVELS,
+                    connectgaps=False,
+                    legendgroup=f"head {head}",
+                    showlegend=False,
+                    hoverinfo="text",
+                    hovertext=hover,
+                    meta={"head": head, "lines": ends},
+                )
             )
-        )
     note = f"lines with weight at least {threshold:g}; opacity = weight" + (
         "" if contrast == "linear" else f" ({CONTRASTS[contrast]})"
     )
