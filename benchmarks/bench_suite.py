@@ -192,8 +192,8 @@ class ProcessSampler:
                 with open(f"/proc/{name}/cmdline", "rb") as f:
                     cmdline = f.read()
                 # Told again when its command line changes: seen between its fork and its exec, a process shows its
-                # parent's.
-                if key not in self.seen or self.seen[key][2] != cmdline:
+                # parent's. An ended process not yet waited for (a zombie) shows an empty one: it stays what it was.
+                if key not in self.seen or (cmdline and self.seen[key][2] != cmdline):
                     self.seen[key] = [process_kind(cmdline), 0.0, cmdline]
                 self.seen[key][1] = (int(fields[11]) + int(fields[12])) / self.tick
             except (OSError, IndexError, ValueError):  # it ended while being read

@@ -6,6 +6,7 @@ import dataclasses
 import re
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import numpy as np
@@ -434,6 +435,31 @@ def test_the_suite_benchmark_tells_a_process_again_once_it_has_become_another_pr
         child.kill()
         child.wait()
     assert kinds == ["Python, other", "chromium renderer"], kinds
+
+
+def test_the_suite_benchmark_keeps_a_process_s_kind_after_it_ends_and_before_it_is_waited_for():
+    """A process that has ended and is not yet waited for (a zombie: a tier's pytest between its exit and the
+    sampler's last reading) has an empty command line in /proc; it keeps its kind and its CPU."""
+    import bench_suite
+
+    sampler = bench_suite.ProcessSampler()
+    child = subprocess.Popen([sys.executable, "-c", BURN], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        own = float(child.stdout.readline())
+        sampler.sample()
+        child.stdin.close()  # it reads to the end of its input, then ends
+        deadline = time.monotonic() + 60
+        while not Path(f"/proc/{child.pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z":  # ended, not reaped
+            assert time.monotonic() < deadline, "the child never ended"
+            time.sleep(0.01)
+        assert Path(f"/proc/{child.pid}/cmdline").read_bytes() == b""
+        sampler.sample()
+    finally:
+        child.kill()  # nothing, if it has ended
+        child.wait()
+        child.stdout.close()
+    [(kind, read, _)] = [entry for (pid, _), entry in sampler.seen.items() if pid == child.pid]
+    assert kind == "Python, other" and read >= own - 0.03, (kind, read, own)
 
 
 def test_the_suite_benchmark_logs_every_test_though_a_test_empties_the_environment(capsys, tmp_path):
