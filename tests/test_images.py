@@ -213,7 +213,7 @@ def test_lines_take_their_opacity_from_the_contrast():
     fig = lines_view(maps, ["q"] * 4, ["k"] * 5, [1], "encoder", threshold=0.0, contrast="log")
     lines = drawn_lines(fig)
     assert len(lines) == maps[0].size
-    for (_, q, k), (opacity, _, _) in lines.items():
+    for (_, q, k), (opacity, _) in lines.items():
         assert opacity == pytest.approx(max(1, round(by_definition(maps[0], "log")[q, k] * 64)) / 64)
     assert "logarithmic" in fig.layout.title.subtitle.text
 

@@ -150,12 +150,12 @@ def test_long_axes_thin_the_labels_but_keep_every_value():
     assert len(fig.data[0].x) == n
 
 
-def drawn_lines(fig: go.Figure) -> dict[tuple[int, int, int], tuple[float, str, int]]:
-    """Every line of a lines view read from its points: (head, query, key) -> (opacity, hover text, trace index).
+def drawn_lines(fig: go.Figure) -> dict[tuple[int, int, int], tuple[float, str]]:
+    """Every line of a lines view read from its points: (head, query, key) -> (opacity, hover text).
 
     A line is three points (query end, midpoint, key end) and a gap; each is drawn once."""
     found = {}
-    for index, t in enumerate(fig.data):
+    for t in fig.data:
         if not t.meta:
             continue
         assert len(t.x) == len(t.y) == len(t.hovertext) == 4 * len(t.meta["lines"])
@@ -166,7 +166,7 @@ def drawn_lines(fig: go.Figure) -> dict[tuple[int, int, int], tuple[float, str, 
             assert t.hovertext[4 * j + 1] == t.hovertext[4 * j + 2] == text and t.hovertext[4 * j + 3] == ""
             key = (t.meta["head"], q, k)
             assert key not in found, f"{key} drawn twice"
-            found[key] = (t.opacity, text, index)
+            found[key] = (t.opacity, text)
     return found
 
 
@@ -177,7 +177,7 @@ def test_lines_view_draws_one_line_per_weight_above_threshold(cross):
     lines = drawn_lines(fig)
     expected = {(heads[i], q, k): chosen[i, q, k] for i, q, k in zip(*np.nonzero(chosen >= 0.05), strict=True)}
     assert set(lines) == set(expected) and len(expected) > 0
-    for (head, q, k), (opacity, text, _) in lines.items():
+    for (head, q, k), (opacity, text) in lines.items():
         weight = float(expected[head, q, k])
         # the weight to the nearest 1/64, at least 1/64
         assert opacity == pytest.approx(max(1, round(weight * 64)) / 64) and abs(opacity - weight) <= 1 / 128 + 1e-9
@@ -213,7 +213,7 @@ def test_lines_view_draws_thousands_of_lines_in_a_few_traces_a_head():
     lines = drawn_lines(fig)
     assert len(lines) == maps.size
     assert len([t for t in fig.data if t.meta]) <= 64 * 6
-    for (head, q, k), (opacity, _, _) in lines.items():
+    for (head, q, k), (opacity, _) in lines.items():
         assert abs(opacity - maps[head - 1, q, k]) <= 1 / 128 + 1e-9 or opacity == 1 / 64
 
 

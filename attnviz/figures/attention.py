@@ -217,33 +217,32 @@ def lines_view(
     # A trace's opacity applies to all of it, so the lines of one head at one opacity level share a trace:
     # a few hundred traces at most where one trace a line made thousands, each drawn on its own.
     level = np.clip(np.rint(opacity[at_head, at_query, at_key] * OPACITY_LEVELS), 1, OPACITY_LEVELS).astype(int)
-    for lv in np.unique(level).tolist():  # faintest first: strong lines end on top
-        for i, head in enumerate(heads):
-            here = np.flatnonzero((level == lv) & (at_head == i))
-            if here.size == 0:
-                continue
-            x, y, hover, ends = [], [], [], []
-            for q, k in zip(at_query[here].tolist(), at_key[here].tolist(), strict=True):
-                text = f"head {head}<br>query {q_labels[q]}<br>key {k_labels[k]}<br>weight {maps_heads[i, q, k]:.6f}"
-                x += [0.0, 0.5, 1.0, None]  # the midpoint gives the line a hover point of its own
-                y += [q, (q + k) / 2, k, None]
-                hover += [text, text, text, ""]
-                ends.append((q, k))
-            traces.append(
-                go.Scatter(
-                    x=x,
-                    y=y,
-                    mode="lines",
-                    line={"color": colors[head], "width": 2},
-                    opacity=lv / OPACITY_LEVELS,
-                    connectgaps=False,
-                    legendgroup=f"head {head}",
-                    showlegend=False,
-                    hoverinfo="text",
-                    hovertext=hover,
-                    meta={"head": head, "lines": ends},
-                )
+    group = level * n_heads + at_head  # the (opacity step, head) of each line
+    for g in np.unique(group).tolist():  # faintest first: strong lines end on top
+        lv, i = divmod(g, n_heads)
+        head, here = heads[i], np.flatnonzero(group == g)
+        x, y, hover, ends = [], [], [], []
+        for q, k in zip(at_query[here].tolist(), at_key[here].tolist(), strict=True):
+            text = f"head {head}<br>query {q_labels[q]}<br>key {k_labels[k]}<br>weight {maps_heads[i, q, k]:.6f}"
+            x += [0.0, 0.5, 1.0, None]  # the midpoint gives the line a hover point of its own
+            y += [q, (q + k) / 2, k, None]
+            hover += [text, text, text, ""]
+            ends.append((q, k))
+        traces.append(
+            go.Scatter(
+                x=x,
+                y=y,
+                mode="lines",
+                line={"color": colors[head], "width": 2},
+                opacity=lv / OPACITY_LEVELS,
+                connectgaps=False,
+                legendgroup=f"head {head}",
+                showlegend=False,
+                hoverinfo="text",
+                hovertext=hover,
+                meta={"head": head, "lines": ends},
             )
+        )
     note = f"lines with weight at least {threshold:g}; opacity = weight" + (
         "" if contrast == "linear" else f" ({CONTRASTS[contrast]})"
     )
