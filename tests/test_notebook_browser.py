@@ -505,9 +505,9 @@ def _show_html_mode(page, view) -> object:
 def _hover_cell(overlay, shape: tuple[int, int], i: int, j: int, at=(0.5, 0.5)) -> None:
     """Rest the pointer on cell (i, j) of a map of ``shape`` cells, at ``at`` (row, column) of the cell.
 
-    The map's own hover, not a bare mouse move: it waits until the map is stable and the point gets the
-    pointer. Right after a view was drawn, in a full run on two busy cores, a bare move was once never
-    seen by the map.
+    The map's own hover, not a bare mouse move: playwright first waits until the map is stable (the same
+    box over two animation frames) and is what the frame finds at that point. Right after a view was
+    drawn, in a full run on two busy cores, a bare move was once never seen by the map.
     """
     box, (h, w) = overlay.bounding_box(), shape
     overlay.hover(position={"x": (j + at[1]) * box["width"] / w, "y": (i + at[0]) * box["height"] / h})
