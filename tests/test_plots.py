@@ -206,6 +206,12 @@ def test_lines_view_keeps_the_strongest_lines_when_capped(cross):
     assert "10 strongest" in fig.layout.title.subtitle.text
 
 
+def test_lines_view_with_no_weight_above_the_threshold_draws_only_the_heads_legend():
+    fig = lines_view(np.full((2, 3, 3), 1 / 3), ["a"] * 3, ["b"] * 3, [2, 5], "encoder", threshold=0.9)
+    assert drawn_lines(fig) == {}
+    assert [t.name for t in fig.data if t.mode == "lines"] == ["head 2", "head 5"]
+
+
 def test_lines_view_draws_thousands_of_lines_in_a_few_traces_a_head():
     """A long sentence's heads: thousands of lines, at most 64 traces a head, each line once."""
     maps = random_maps(6, 40, 40, seed=12)  # (heads, Q, K)

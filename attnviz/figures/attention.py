@@ -218,9 +218,12 @@ def lines_view(
     # a few hundred traces at most where one trace a line made thousands, each drawn on its own.
     level = np.clip(np.rint(opacity[at_head, at_query, at_key] * OPACITY_LEVELS), 1, OPACITY_LEVELS).astype(int)
     group = level * n_heads + at_head  # the (opacity step, head) of each line
-    for g in np.unique(group).tolist():  # faintest first: strong lines end on top
+    by_group = np.argsort(group, kind="stable")  # faintest first: strong lines end on top
+    groups, starts = np.unique(group[by_group], return_index=True)
+    bounds = [*starts.tolist(), len(by_group)]  # group j's lines: by_group[bounds[j]:bounds[j + 1]]
+    for j, g in enumerate(groups.tolist()):
         lv, i = divmod(g, n_heads)
-        head, here = heads[i], np.flatnonzero(group == g)
+        head, here = heads[i], by_group[bounds[j] : bounds[j + 1]]
         x, y, hover, ends = [], [], [], []
         for q, k in zip(at_query[here].tolist(), at_key[here].tolist(), strict=True):
             text = f"head {head}<br>query {q_labels[q]}<br>key {k_labels[k]}<br>weight {maps_heads[i, q, k]:.6f}"
