@@ -449,7 +449,7 @@ def test_the_suite_benchmark_keeps_a_process_s_kind_after_it_ends_and_before_it_
         sampler.sample()
         child.stdin.close()  # it reads to the end of its input, then ends
         deadline = time.monotonic() + 60
-        while not Path(f"/proc/{child.pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z":  # ended, not reaped
+        while Path(f"/proc/{child.pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z":  # ended, not reaped
             assert time.monotonic() < deadline, "the child never ended"
             time.sleep(0.01)
         assert Path(f"/proc/{child.pid}/cmdline").read_bytes() == b""
