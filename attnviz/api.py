@@ -442,6 +442,23 @@ def _spelled(tokens: tuple[str, ...]) -> tuple[int, float]:
     return single, single / len(words) if words else 0.0
 
 
+def unknown_pieces(bundle: Bundle, src: str, tgt: str | None = None) -> tuple[str, ...]:
+    """The pieces of ``src`` (and of a translation model's ``tgt``) that the tokenizer could not read,
+    in order: the text each stood for where its label keeps it (``<unk:☃>`` gives ``"☃"``), else its
+    label. Empty when every character is known, and always for a tokenizer that has no unknown token
+    (byte-level BPE, sentencepiece with byte fallback)."""
+    tok, cfg = bundle.tokenizer, bundle.config
+    encoded = [tok.encode_source(src)]
+    if tgt is not None and not (cfg.decoder_only or cfg.encoder_only):
+        encoded.append(tok.encode_target(tgt)[0])  # the decoder's input: every piece of tgt after <s>
+    return tuple(
+        label[len("<unk:") : -1] if label.startswith("<unk:") and label.endswith(">") else label
+        for enc in encoded
+        for i, label in zip(enc.ids, enc.tokens, strict=True)
+        if i == tok.unk_id
+    )
+
+
 def out_of_domain(bundle: Bundle, src: str) -> str | None:
     """One sentence saying why ``src`` looks outside what ``bundle`` was trained on, or None.
 
@@ -451,9 +468,8 @@ def out_of_domain(bundle: Bundle, src: str) -> str | None:
     ``reverse``, is not flagged for reading letters). The domain named is the card's description.
     """
     tok = bundle.tokenizer
-    enc = tok.encode_source(src)
-    unknown = sum(i == tok.unk_id for i in enc.ids)
-    spelled, share = _spelled(enc.tokens)
+    unknown = len(unknown_pieces(bundle, src))
+    spelled, share = _spelled(tok.encode_source(src).tokens)
     usual = 0.0
     for example in bundle.info.get("examples") or []:
         try:

@@ -214,17 +214,59 @@ def _ablation(args) -> Ablation | None:
     return None if args.ablate is None else Ablation(args.ablate.heads, args.ablate_mode)
 
 
+# The unknown pieces an error quotes, distinct and in order; the rest are counted.
+UNKNOWN_SHOWN = 5
+
+
+def _check_known(bundle, args, src: str, tgt: str | None = None) -> list[str]:
+    """Refuse a text with characters the model's tokenizer cannot read, which the model would see as
+    one and the same unknown token. Otherwise the warnings to give once the command has done its work
+    (`_warn`; a command that fails says one line, its error): the unknown pieces ``--allow-unknown``
+    let through, and why the text looks outside what the model was trained on
+    ([`attnviz.api.out_of_domain`][], the app's notice)."""
+    from attnviz.api import out_of_domain, unknown_pieces
+
+    warnings = []
+    unknown = unknown_pieces(bundle, src, tgt)
+    if unknown:
+        distinct = list(dict.fromkeys(u.strip() or u for u in unknown))  # a piece's surface may start with a space
+        shown = ", ".join(repr(u) for u in distinct[:UNKNOWN_SHOWN])
+        more = f" and {len(distinct) - UNKNOWN_SHOWN:,} more" if len(distinct) > UNKNOWN_SHOWN else ""
+        pieces = "1 piece" if len(unknown) == 1 else f"{len(unknown):,} pieces"
+        described = (
+            f"characters this model's tokenizer cannot read: {shown}{more} ({pieces}, which the model would read "
+            "as its unknown token)"
+        )
+        if not args.allow_unknown:
+            raise InputError(f"the text has {described}; --allow-unknown runs it anyway")
+        if not unknown_pieces(bundle, src):  # the source's own are in the notice below
+            warnings.append(f"the target has {described}")
+    notice = out_of_domain(bundle, src)
+    return [*warnings, notice] if notice else warnings
+
+
+def _warn(warnings: list[str]) -> None:
+    """`_check_known`'s warnings, each an `attnviz: warning:` line on stderr."""
+    for warning in warnings:
+        logging.getLogger("attnviz.cli").warning(warning)
+
+
 def _translate(args) -> None:
     from attnviz.api import load, translate
 
-    print(translate(load(args.model, args.device), args.text, beam=args.beam, ablate=_ablation(args)))
+    bundle = load(args.model, args.device)
+    warnings = _check_known(bundle, args, args.text)
+    print(translate(bundle, args.text, beam=args.beam, ablate=_ablation(args)))
+    _warn(warnings)
 
 
 def _generate(args) -> None:
     from attnviz.api import generate, load
 
     model = load(args.model, args.device)
+    warnings = _check_known(model, args, args.prompt)
     print(generate(model, args.prompt, max_new=args.max_new, beam=args.beam, ablate=_ablation(args)))
+    _warn(warnings)
 
 
 def _inputs_line(export, unit: str) -> str:
@@ -258,11 +300,13 @@ def _attention(args) -> None:
 
     bundle = load(args.model, args.device)
     _check_maps_size(bundle, args)
+    warnings = _check_known(bundle, args, args.src, args.tgt)
     export = attention(bundle, args.src, args.tgt, words=args.words, generate=args.generate)
     path = export.save(args.out)
     L, H = (export.encoder if export.encoder is not None else export.decoder).shape[:2]
     unit = "words" if args.words else "tokens"
     print(f"wrote {path}: {L} layers x {H} heads, {_inputs_line(export, unit)}")
+    _warn(warnings)
 
 
 def _diff(args) -> int:
@@ -287,6 +331,7 @@ def _attribute(args) -> None:
 
     bundle = load(args.model, args.device)
     _check_maps_size(bundle, args)
+    warnings = _check_known(bundle, args, args.src, args.tgt)
     export = attribute(
         bundle, args.src, args.tgt, method=args.method, position=args.position, words=args.words, generate=args.generate
     )
@@ -300,6 +345,7 @@ def _attribute(args) -> None:
         explained = f"; explains {token!r}, predicted at decoder position {position}"
     per = "layers x heads" if method.per_head else "layers"
     print(f"wrote {path}: {method.name}, {shape} ({per}), {_inputs_line(export, unit)}{explained}")
+    _warn(warnings)
 
 
 # The atlas's first pass (tokenising the corpus) shows its bar once it has taken this long: a
@@ -456,6 +502,16 @@ def device_arg(p: argparse.ArgumentParser) -> None:
     p.add_argument("--device", default="auto", choices=DEVICE_CHOICES)
 
 
+def unknown_arg(p: argparse.ArgumentParser) -> None:
+    """--allow-unknown, for a command that reads a text."""
+    p.add_argument(
+        "--allow-unknown",
+        action="store_true",
+        help="run on a text with characters the model's tokenizer cannot read (each becomes its unknown token, "
+        "labelled <unk:...> in the maps), with a warning, where the command would refuse it",
+    )
+
+
 def words_arg(p: argparse.ArgumentParser) -> None:
     """--words, as every command that writes maps takes it."""
     p.add_argument(
@@ -493,6 +549,7 @@ def _translate_arguments(p: argparse.ArgumentParser) -> None:
         default="zero",
         help="zero: " + MODES["zero"] + "; mean: " + MODES["mean"] + " (default: zero)",
     )
+    unknown_arg(p)
     p.add_argument("text", type=text)
 
 
@@ -506,6 +563,7 @@ def _generate_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--beam", type=int_in(1, MAX_BEAM), default=1, help="beam size (1 = greedy)")
     p.add_argument("--ablate", type=heads, metavar="decoder:LAYER.HEAD[,...]", help="switch these heads off")
     p.add_argument("--ablate-mode", choices=MODES, default="zero", help="zero or mean (default: zero)")
+    unknown_arg(p)
     p.add_argument("prompt", type=text)
 
 
@@ -518,6 +576,7 @@ def _attention_arguments(p: argparse.ArgumentParser) -> None:
     generate_arg(p)
     p.add_argument("--out", required=True, type=out_file, help="output .npz file")
     words_arg(p)
+    unknown_arg(p)
 
 
 def _attribute_arguments(p: argparse.ArgumentParser) -> None:
@@ -543,6 +602,7 @@ def _attribute_arguments(p: argparse.ArgumentParser) -> None:
     words_arg(p)
     generate_arg(p)
     p.add_argument("--out", required=True, type=out_file, help="output .npz file")
+    unknown_arg(p)
 
 
 def _diff_arguments(p: argparse.ArgumentParser) -> None:

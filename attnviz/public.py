@@ -41,6 +41,7 @@ PUBLIC: dict[str, tuple[str, ...]] = {
         "run_record",
         "step_through",
         "tiled_attention",
+        "unknown_pieces",
         "translate",
         "generate",
         "versions",

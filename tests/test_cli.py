@@ -27,7 +27,8 @@ def run_cli(*args: str) -> subprocess.CompletedProcess:
 
 def test_translate_prints_the_output(capsys):
     assert main(["translate", "--model", "en-de", "--device", "cpu", "Thursday, July 2, 1998"]) == 0
-    assert capsys.readouterr().out.strip() == "Donnerstag, 2. Juli 1998"
+    out, err = capsys.readouterr()
+    assert out.strip() == "Donnerstag, 2. Juli 1998" and err == ""  # a sentence of the model's own kind: no warning
 
 
 def test_translate_with_beam(capsys):
@@ -270,6 +271,79 @@ def test_console_script_runs_and_reports_errors():
     assert proc.returncode == 0 and proc.stdout.strip() == "c b a"
     proc = run_cli("translate", "--model", "reverse", "")
     assert proc.returncode == 2 and "empty" in proc.stderr and "Traceback" not in proc.stderr
+
+
+def unknown_by_sentencepiece(model: str, text: str) -> list[str]:
+    """An independent reading: each piece that sentencepiece itself marks unknown, as its pieces-as-text
+    API writes it (an unknown piece's own text, "▁" for a space before it), without the spaces around."""
+    import sentencepiece as spm
+
+    from attnviz.checkpoints.catalog import pretrained_dir
+
+    sp = spm.SentencePieceProcessor(model_file=str(pretrained_dir() / model / "spm.model"))
+    pieces = zip(sp.encode(text, out_type=str), sp.encode(text), strict=True)
+    return [piece.replace("▁", " ").strip() for piece, i in pieces if sp.is_unknown(i)]
+
+
+@pytest.mark.parametrize(
+    ("model", "text", "unknown"),
+    [
+        ("en-de", "Grüße aus Köln ☃", 4),  # G, üß, Kö, ☃: its vocabulary has few capitals and no umlauts
+        ("en-de", "Thursday, July 2, 1998", 0),
+        ("reverse", "Hello", 1),
+        ("induction", "a b ☃ c", 1),
+    ],
+)
+def test_the_unknown_pieces_are_those_sentencepiece_marks_unknown(model, text, unknown):
+    bundle = attnviz.load(model, device="cpu")
+    expected = unknown_by_sentencepiece(model, text)
+    assert len(expected) == unknown  # the comparison below compares something
+    assert [u.strip() for u in attnviz.unknown_pieces(bundle, text)] == expected
+    if model == "en-de":  # a target's pieces are read too
+        tgt = "Grüße ☃"
+        got = attnviz.unknown_pieces(bundle, "twenty-one", tgt)
+        assert [u.strip() for u in got] == unknown_by_sentencepiece(model, tgt) == ["G", "üß", "☃"]
+
+
+def test_a_text_the_tokenizer_cannot_read_is_refused_in_one_line_unless_allowed(tmp_path, capsys):
+    text = "grüße ☃"
+    assert main(["translate", "--model", "en-de", text]) == 2
+    out, err = capsys.readouterr()
+    assert out == "" and err.count("\n") == 1 and err.startswith("attnviz: error: "), err
+    assert "'üß', '☃' (2 pieces" in err and "--allow-unknown" in err
+    # every command that reads a text refuses it the same way, before writing anything
+    for args in (
+        ["generate", "--model", "induction", "a b ☃"],
+        ["attention", "--src", text, "--out", str(tmp_path / "a.npz")],
+        ["attribute", "--src", "twenty-one", "--tgt", "einund☃", "--method", "rollout", "--out", f"{tmp_path}/b.npz"],
+    ):
+        assert main(args) == 2, args
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and "cannot read: " in err and "'☃'" in err, err
+    assert not list(tmp_path.iterdir())
+
+    # Allowed, the work is done, the maps label the piece with its text, and a warning follows the output.
+    maps = tmp_path / "maps.npz"
+    assert main(["attention", "--allow-unknown", "--src", "twenty-one", "--tgt", "einund☃", "--out", str(maps)]) == 0
+    out, err = capsys.readouterr()
+    assert out.startswith(f"wrote {maps}")
+    assert err == (
+        "attnviz: warning: the target has characters this model's tokenizer cannot read: '☃' (1 piece, which the "
+        "model would read as its unknown token)\n"
+    )
+    with np.load(maps, allow_pickle=False) as z:
+        assert "<unk:☃>" in z["tgt_tokens"].tolist()
+    assert main(["translate", "--allow-unknown", "--model", "en-de", text]) == 0
+    out, err = capsys.readouterr()
+    assert out.strip() and err.count("\n") == 1, err
+    assert err.startswith("attnviz: warning: This model was trained on") and "2 pieces it cannot read" in err
+
+
+def test_a_text_outside_the_models_domain_is_translated_with_a_warning_after_it(capsys):
+    assert main(["translate", "--model", "en-de", "The cat sat on the mat."]) == 0
+    out, err = capsys.readouterr()
+    assert out.strip() and err.count("\n") == 1 and "single letters" in err, err
+    assert err.startswith("attnviz: warning: This model was trained on English to German dates")
 
 
 @pytest.mark.slow
