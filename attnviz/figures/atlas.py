@@ -120,9 +120,9 @@ def head_map(
     places = label_places(names, x, y, scale, first=int(at[0]) if at.size else None)
     shown = [name if place else "" for name, place in zip(names, places, strict=True)]
     known = ~np.isnan(values)
-    fig = go.Figure()
+    traces = []
     if (~known).any():
-        fig.add_trace(
+        traces.append(
             go.Scatter(
                 x=x[~known],
                 y=y[~known],
@@ -138,7 +138,7 @@ def head_map(
                 "not defined for this kind<extra></extra>",
             )
         )
-    fig.add_trace(
+    traces.append(
         go.Scatter(
             x=x[known],
             y=y[known],
@@ -162,7 +162,7 @@ def head_map(
         )
     )
     if at.size:
-        fig.add_trace(
+        traces.append(
             go.Scatter(
                 x=x[at],
                 y=y[at],
@@ -172,13 +172,14 @@ def head_map(
                 name=f"layer {selected[0]}, head {selected[1]}",
             )
         )
-    fig.update_layout(
-        title=f"{TITLES[kind]}: {n} heads, close when they attend alike",
-        showlegend=False,
-        height=520,
-        margin={"l": 10, "r": 10, "t": 60, "b": 10},
-        font=TICK_FONT,
-    )
-    fig.update_xaxes(title="MDS 1 (Jensen-Shannon distance between heads)", zeroline=False, range=x_range)
-    fig.update_yaxes(title="MDS 2", zeroline=False, scaleanchor="x", scaleratio=1, range=y_range)
+    layout = {  # whole: plotly's update_layout and update_xaxes each check every key path anew
+        "title": f"{TITLES[kind]}: {n} heads, close when they attend alike",
+        "showlegend": False,
+        "height": 520,
+        "margin": {"l": 10, "r": 10, "t": 60, "b": 10},
+        "font": TICK_FONT,
+        "xaxis": {"title": "MDS 1 (Jensen-Shannon distance between heads)", "zeroline": False, "range": x_range},
+        "yaxis": {"title": "MDS 2", "zeroline": False, "scaleanchor": "x", "scaleratio": 1, "range": y_range},
+    }
+    fig = go.Figure(data=traces, layout=layout)
     return fig

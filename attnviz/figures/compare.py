@@ -54,33 +54,32 @@ def difference_heatmap(
     check_tokens(a.shape[1], key_labels, "key")
     difference = a - b
     limit = _limit(difference)
-    fig = go.Figure(
-        go.Heatmap(
-            z=difference,
-            x=list(key_labels),
-            y=list(query_labels),
-            customdata=np.stack([a, b], axis=-1),
-            colorscale=SCORE_COLORSCALE,
-            zmin=-limit,
-            zmax=limit,
-            colorbar={"title": {"text": "A - B"}},
-            hovertemplate=(
-                "query %{y}<br>key %{x}<br>A %{customdata[0]:.6f}<br>B %{customdata[1]:.6f}<br>A - B %{z:.6f}"
-                "<extra></extra>"
-            ),
-        )
-    )
-    fig.update_layout(
-        height=max(320, min(900, 24 * a.shape[0] + 250)),
-        **above_top_labels(
-            title,
-            list(key_labels),
-            subtitle=f"{kind_title}: red where A is larger, blue where B is",
+    heatmap = go.Heatmap(
+        z=difference,
+        x=list(key_labels),
+        y=list(query_labels),
+        customdata=np.stack([a, b], axis=-1),
+        colorscale=SCORE_COLORSCALE,
+        zmin=-limit,
+        zmax=limit,
+        colorbar={"title": {"text": "A - B"}},
+        hovertemplate=(
+            "query %{y}<br>key %{x}<br>A %{customdata[0]:.6f}<br>B %{customdata[1]:.6f}<br>A - B %{z:.6f}"
+            "<extra></extra>"
         ),
     )
-    fig.update_xaxes(title=x_title, side="top", autotickangles=KEY_ANGLES, **ticks(list(key_labels), tokens=True))
-    fig.update_yaxes(title=y_title, autorange="reversed", **ticks(list(query_labels), tokens=True))
-    return fig
+    layout = {  # whole: plotly's update_layout and update_xaxes each check every key path anew
+        "height": max(320, min(900, 24 * a.shape[0] + 250)),
+        **above_top_labels(title, list(key_labels), subtitle=f"{kind_title}: red where A is larger, blue where B is"),
+        "xaxis": {
+            "title": x_title,
+            "side": "top",
+            "autotickangles": KEY_ANGLES,
+            **ticks(list(key_labels), tokens=True),
+        },
+        "yaxis": {"title": y_title, "autorange": "reversed", **ticks(list(query_labels), tokens=True)},
+    }
+    return go.Figure(data=[heatmap], layout=layout)
 
 
 def difference_image(
@@ -117,25 +116,23 @@ def head_changes(a: np.ndarray, b: np.ndarray, kind: str, title: str) -> go.Figu
         raise ValueError(f"A is {a.shape} and B is {b.shape}: a difference needs the same shape")
     L, H = a.shape[:2]
     largest = np.abs(a - b).max(axis=(-2, -1))  # (L, H)
-    fig = go.Figure(
-        go.Heatmap(
-            z=largest,
-            x=[f"head {h}" for h in range(1, H + 1)],
-            y=[f"layer {layer}" for layer in range(1, L + 1)],
-            colorscale="Reds",
-            zmin=0.0,
-            colorbar={"title": {"text": "max |A - B|"}},
-            hovertemplate="%{y}, %{x}<br>largest |A - B| %{z:.6f}<extra></extra>",
-        )
+    heatmap = go.Heatmap(
+        z=largest,
+        x=[f"head {h}" for h in range(1, H + 1)],
+        y=[f"layer {layer}" for layer in range(1, L + 1)],
+        colorscale="Reds",
+        zmin=0.0,
+        colorbar={"title": {"text": "max |A - B|"}},
+        hovertemplate="%{y}, %{x}<br>largest |A - B| %{z:.6f}<extra></extra>",
     )
-    fig.update_layout(
-        title={"text": title, "subtitle": {"text": f"{kind_title}: the largest change of any weight, per head"}},
-        height=max(260, 60 * L + 160),
-        margin={"l": 10, "r": 10, "t": 110, "b": 10},
-    )
-    fig.update_yaxes(autorange="reversed", type="category")
-    fig.update_xaxes(side="top", type="category")
-    return fig
+    layout = {
+        "title": {"text": title, "subtitle": {"text": f"{kind_title}: the largest change of any weight, per head"}},
+        "height": max(260, 60 * L + 160),
+        "margin": {"l": 10, "r": 10, "t": 110, "b": 10},
+        "yaxis": {"autorange": "reversed", "type": "category"},
+        "xaxis": {"side": "top", "type": "category"},
+    }
+    return go.Figure(data=[heatmap], layout=layout)
 
 
 def why_no_difference(kind: str, shape_a: tuple[int, ...], shape_b: tuple[int, ...]) -> str | None:

@@ -110,55 +110,54 @@ def importance_grid(scores: np.ndarray, kind: str, selected: tuple[int, int] | N
     limit = float(np.abs(scores).max(initial=0.0)) or 1e-9
     x = [str(h) for h in range(1, H + 1)]
     y = [str(layer) for layer in range(1, L + 1)]
-    fig = go.Figure(
-        go.Heatmap(
-            z=scores,
-            x=x,
-            y=y,
-            zmin=-limit,
-            zmax=limit,
-            colorscale=IMPORTANCE_COLORSCALE,
-            reversescale=True,  # RdBu runs red to blue; red for "matters" reads better
-            colorbar={"title": "drop in<br>log-prob<br>per token"},
-            text=np.vectorize(lambda v: f"{v:.3f}")(scores),
-            texttemplate="%{text}",
-            hoverinfo="skip",
-            name="importance",
-        )
+    cells = go.Heatmap(
+        z=scores,
+        x=x,
+        y=y,
+        zmin=-limit,
+        zmax=limit,
+        colorscale=IMPORTANCE_COLORSCALE,
+        reversescale=True,  # RdBu runs red to blue; red for "matters" reads better
+        colorbar={"title": "drop in<br>log-prob<br>per token"},
+        text=np.vectorize(lambda v: f"{v:.3f}")(scores),
+        texttemplate="%{text}",
+        hoverinfo="skip",
+        name="importance",
     )
-    fig.add_trace(
-        go.Scatter(
-            x=[x[h - 1] for h in heads.ravel()],
-            y=[y[layer - 1] for layer in layers.ravel()],
-            mode="markers",
-            marker={"size": 6, "opacity": 0.0, "color": "#000000"},
-            customdata=np.stack([layers.ravel(), heads.ravel()], axis=1),
-            text=[f"{v:.4f}" for v in scores.ravel()],
-            hovertemplate="layer %{customdata[0]}, head %{customdata[1]}<br>"
-            "drop in log-probability per token: %{text}<extra>click: switch this head off</extra>",
-            name="cells",
-            showlegend=False,
-        )
+    markers = go.Scatter(
+        x=[x[h - 1] for h in heads.ravel()],
+        y=[y[layer - 1] for layer in layers.ravel()],
+        mode="markers",
+        marker={"size": 6, "opacity": 0.0, "color": "#000000"},
+        customdata=np.stack([layers.ravel(), heads.ravel()], axis=1),
+        text=[f"{v:.4f}" for v in scores.ravel()],
+        hovertemplate="layer %{customdata[0]}, head %{customdata[1]}<br>"
+        "drop in log-probability per token: %{text}<extra>click: switch this head off</extra>",
+        name="cells",
+        showlegend=False,
     )
+    layout = {  # whole: plotly's update_layout and add_shape each lay the figure out again
+        "xaxis": {"type": "category", "side": "top", "title": {"text": "head", "standoff": 4}, "tickangle": 0},
+        "yaxis": {"type": "category", "autorange": "reversed", "title": "layer"},
+        "title": {"text": TITLES[kind], "y": 0.98, "yanchor": "top"},
+        "height": 130 + IMPORTANCE_ROW_PX * L,
+        "margin": {"l": 10, "r": 10, "t": 100, "b": 10},
+        "clickmode": "event+select",
+        "hoverdistance": -1,  # a click anywhere in a cell picks that cell's marker, the nearest
+    }
     if selected is not None:
         layer, head = selected
         if not (1 <= layer <= L and 1 <= head <= H):
             raise ValueError(f"selected is (layer, head) from 1; the grid has {L} layers and {H} heads, got {selected}")
-        fig.add_shape(
-            type="rect",
-            x0=head - 1.5,
-            x1=head - 0.5,
-            y0=layer - 1.5,
-            y1=layer - 0.5,
-            line={"color": HIGHLIGHT, "width": 3},
-        )
-    fig.update_xaxes(type="category", side="top", title={"text": "head", "standoff": 4}, tickangle=0)
-    fig.update_yaxes(type="category", autorange="reversed", title="layer")
-    fig.update_layout(
-        title={"text": TITLES[kind], "y": 0.98, "yanchor": "top"},
-        height=130 + IMPORTANCE_ROW_PX * L,
-        margin={"l": 10, "r": 10, "t": 100, "b": 10},
-        clickmode="event+select",
-        hoverdistance=-1,  # a click anywhere in a cell picks that cell's marker, the nearest
-    )
+        layout["shapes"] = [
+            {
+                "type": "rect",
+                "x0": head - 1.5,
+                "x1": head - 0.5,
+                "y0": layer - 1.5,
+                "y1": layer - 0.5,
+                "line": {"color": HIGHLIGHT, "width": 3},
+            }
+        ]
+    fig = go.Figure(data=[cells, markers], layout=layout)
     return fig

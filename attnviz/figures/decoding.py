@@ -34,26 +34,28 @@ def topk_bar(tokens: Sequence[str], probs: Sequence[float], chosen: str | None =
     order = np.argsort(-probs, kind="stable")
     ranked = [tokens[i] for i in order]
     labels = [html.escape(f"{rank} {t}", quote=False) for rank, t in enumerate(ranked, start=1)]
-    fig = go.Figure(
-        go.Bar(
-            x=probs[order],
-            y=labels,
-            orientation="h",
-            marker={"color": [HIGHLIGHT if t == chosen else "#6baed6" for t in ranked]},
-            text=[f"{p:.3f}" for p in probs[order]],
-            textposition="auto",
-            customdata=np.arange(1, len(ranked) + 1),
-            hovertemplate="rank %{customdata}: %{y}<br>probability %{x:.6f}<extra></extra>",
-        )
+    bars = go.Bar(
+        x=probs[order],
+        y=labels,
+        orientation="h",
+        marker={"color": [HIGHLIGHT if t == chosen else "#6baed6" for t in ranked]},
+        text=[f"{p:.3f}" for p in probs[order]],
+        textposition="auto",
+        customdata=np.arange(1, len(ranked) + 1),
+        hovertemplate="rank %{customdata}: %{y}<br>probability %{x:.6f}<extra></extra>",
     )
     title = "Most likely next tokens"
     if chosen is not None:
         where = "red" if chosen in ranked else "not in the top " + str(len(ranked))
         title += f" (chosen: {html.escape(chosen, quote=False)}, {where})"
-    fig.update_layout(title=title, height=120 + 28 * len(ranked), margin={"l": 10, "r": 10, "t": 50, "b": 10})
-    fig.update_xaxes(title="probability", range=[0.0, 1.0])
-    fig.update_yaxes(title="next token (most likely on top)", autorange="reversed", **ticks(labels, tokens=True))
-    return fig
+    layout = {  # whole: plotly's update_layout and update_xaxes each check every key path anew
+        "title": title,
+        "height": 120 + 28 * len(ranked),
+        "margin": {"l": 10, "r": 10, "t": 50, "b": 10},
+        "xaxis": {"title": "probability", "range": [0.0, 1.0]},
+        "yaxis": {"title": "next token (most likely on top)", "autorange": "reversed", **ticks(labels, tokens=True)},
+    }
+    return go.Figure(data=[bars], layout=layout)
 
 
 def step_rows_grid(rows: np.ndarray, key_tokens: Sequence[str], title: str, kind: str = "cross") -> go.Figure:
@@ -69,20 +71,21 @@ def step_rows_grid(rows: np.ndarray, key_tokens: Sequence[str], title: str, kind
     check_tokens(K, key_tokens, "key")
     y = [f"layer {layer} head {head}" for layer in range(1, L + 1) for head in range(1, H + 1)]
     x = plotly_labels(key_tokens)
-    fig = go.Figure(
-        go.Heatmap(
-            z=rows.reshape(L * H, K),  # (L * H, K): layer-major, as the labels
-            x=x,
-            y=y,
-            zmin=0.0,
-            zmax=1.0,
-            colorscale=WEIGHT_COLORSCALE,
-            colorbar={"title": "weight"},
-            hovertemplate="%{y}<br>key %{x}<br>weight %{z:.6f}<extra></extra>",
-        )
+    heatmap = go.Heatmap(
+        z=rows.reshape(L * H, K),  # (L * H, K): layer-major, as the labels
+        x=x,
+        y=y,
+        zmin=0.0,
+        zmax=1.0,
+        colorscale=WEIGHT_COLORSCALE,
+        colorbar={"title": "weight"},
+        hovertemplate="%{y}<br>key %{x}<br>weight %{z:.6f}<extra></extra>",
     )
-    # 18 px a row: each row's label apart from the next, up to the 18 px labels of presenter mode
-    fig.update_layout(height=max(300, 18 * L * H + 250), **above_top_labels(title, x))
-    fig.update_xaxes(title=x_title, side="top", autotickangles=KEY_ANGLES, **ticks(x, tokens=True))
-    fig.update_yaxes(title="query of this step, per layer and head", autorange="reversed", **ticks(y))
-    return fig
+    layout = {
+        # 18 px a row: each row's label apart from the next, up to the 18 px labels of presenter mode
+        "height": max(300, 18 * L * H + 250),
+        **above_top_labels(title, x),
+        "xaxis": {"title": x_title, "side": "top", "autotickangles": KEY_ANGLES, **ticks(x, tokens=True)},
+        "yaxis": {"title": "query of this step, per layer and head", "autorange": "reversed", **ticks(y)},
+    }
+    return go.Figure(data=[heatmap], layout=layout)

@@ -153,31 +153,31 @@ def qk_scatter(
                 hovertemplate="%{hovertext}<extra></extra>",
             )
         )
-    fig = go.Figure(traces)
-    fig.update_layout(
-        title=heading,
-        height=height,
-        margin=margin,
-        font=TICK_FONT,
-        legend=FOOT_LEGEND,
-        plot_bgcolor="white",
-    )
-    fig.update_xaxes(
-        title="principal axis 1",
-        showgrid=False,
-        zeroline=False,
-        showticklabels=False,
-        range=x_range,
-    )
-    fig.update_yaxes(
-        title="principal axis 2",
-        showgrid=False,
-        zeroline=False,
-        showticklabels=False,
-        scaleanchor="x",
-        scaleratio=1,
-        range=y_range,
-    )
+    layout = {  # whole: plotly's update_layout and update_xaxes each check every key path anew
+        "title": heading,
+        "height": height,
+        "margin": margin,
+        "font": TICK_FONT,
+        "legend": FOOT_LEGEND,
+        "plot_bgcolor": "white",
+        "xaxis": {
+            "title": "principal axis 1",
+            "showgrid": False,
+            "zeroline": False,
+            "showticklabels": False,
+            "range": x_range,
+        },
+        "yaxis": {
+            "title": "principal axis 2",
+            "showgrid": False,
+            "zeroline": False,
+            "showticklabels": False,
+            "scaleanchor": "x",
+            "scaleratio": 1,
+            "range": y_range,
+        },
+    }
+    fig = go.Figure(data=traces, layout=layout)
     return fig
 
 

@@ -14,7 +14,6 @@ from collections.abc import Sequence
 
 import numpy as np
 import plotly.graph_objects as go
-from plotly.subplots import make_subplots
 
 from attnviz.figures.common import FOOT_LEGEND, HIGHLIGHT, TICK_FONT
 from attnviz.kinds import TITLES
@@ -22,6 +21,7 @@ from attnviz.kinds import TITLES
 STEP_AXIS = "training step"
 MARK = {"color": "#333333", "width": 2, "dash": "dash"}  # the step shown
 DROP_FILL = "rgba(255, 193, 7, 0.25)"  # the loss's drop: amber, under the lines
+DROP = {"fillcolor": DROP_FILL, "line": {"width": 0}, "layer": "below"}
 # A head's line takes its site's colour; the chosen head is drawn last, thick and red.
 SITE_COLORS = {"encoder": "#1f77b4", "decoder": "#2ca02c", "cross": "#9467bd"}
 LINE_OPACITY = 0.55
@@ -46,28 +46,40 @@ def _check_steps(steps: Sequence[int], *series: tuple[str, Sequence[float]]) -> 
     return steps
 
 
-def _mark(fig: go.Figure, step: int | None, **where) -> None:
-    """A dashed vertical line at ``step`` (the step shown), labelled with it."""
-    if step is None:
-        return
-    fig.add_vline(x=step, line=MARK, annotation_text=f"step {step}", annotation_position="top right", **where)
+def _marks(step: int | None, drop: tuple[int, int] | None = None) -> dict:
+    """The layout's shapes and notes: a dashed vertical line at ``step`` (the step shown), labelled with
+    it, and the loss's ``drop`` shaded, under the lines (what plotly's add_vline and add_vrect write)."""
+    where = {"xref": "x", "y0": 0, "y1": 1, "yref": "y domain"}
+    shapes, notes = [], []
+    if drop is not None:
+        shapes.append({"type": "rect", "x0": drop[0], "x1": drop[1], **where, **DROP})
+    if step is not None:
+        shapes.append({"type": "line", "x0": step, "x1": step, **where, "line": MARK})
+        notes.append(
+            {"showarrow": False, "text": f"step {step}", "x": step, "xanchor": "left", "xref": "x"}
+            | {"y": 1, "yanchor": "top", "yref": "y domain"}
+        )
+    return {"shapes": shapes, "annotations": notes}
 
 
-def _layout(fig: go.Figure, title: str, y_title: str) -> go.Figure:
-    entries = sum(trace.showlegend is not False for trace in fig.data) if len(fig.data) > 1 else 0
-    fig.update_layout(
+def _layout(traces: list, title: str, y_title: str, step: int | None, drop: tuple[int, int] | None = None) -> dict:
+    """A chart's layout, handed to its figure whole: plotly's update_layout, update_xaxes, add_vline
+    and add_vrect each lay the figure out again, and took most of a chart's time."""
+    entries = sum(trace.showlegend is not False for trace in traces) if len(traces) > 1 else 0
+    axis = {"tickfont": TICK_FONT, "gridcolor": "#e6e6e6", "zeroline": False}
+    return {
+        **_marks(step, drop),
         # the title at the top, and the legend under it: the title's automargin stacks the legend below
         # it, where a fixed top margin let a legend of a few rows climb over the title
-        title={"text": title, "automargin": True, "yref": "container", "y": 1.0, "yanchor": "top", "pad": TITLE_PAD},
-        height=CHART_HEIGHT + LEGEND_ROW_PX * max(entries - 1, 0),  # the plot keeps its height
-        margin={**MARGIN, "t": TITLE_PAD["t"]},
-        plot_bgcolor="white",
-        hovermode="closest",
-        legend={"orientation": "v", "yanchor": "bottom", "y": 1.0, "xanchor": "right", "x": 1.0},
-    )
-    fig.update_xaxes(title_text=STEP_AXIS, tickfont=TICK_FONT, gridcolor="#e6e6e6", zeroline=False)
-    fig.update_yaxes(title_text=y_title, tickfont=TICK_FONT, gridcolor="#e6e6e6", zeroline=False)
-    return fig
+        "title": {"text": title, "automargin": True, "yref": "container", "y": 1.0, "yanchor": "top", "pad": TITLE_PAD},
+        "height": CHART_HEIGHT + LEGEND_ROW_PX * max(entries - 1, 0),  # the plot keeps its height
+        "margin": {**MARGIN, "t": TITLE_PAD["t"]},
+        "plot_bgcolor": "white",
+        "hovermode": "closest",
+        "legend": {"orientation": "v", "yanchor": "bottom", "y": 1.0, "xanchor": "right", "x": 1.0},
+        "xaxis": {"title": {"text": STEP_AXIS}, **axis},
+        "yaxis": {"title": {"text": y_title}, **axis},
+    }
 
 
 def loss_curves(
@@ -80,14 +92,12 @@ def loss_curves(
     """The train and held-out loss over the records, the step shown marked and, when given, the loss's drop shaded."""
     series = [("train loss", train_loss)] + ([] if heldout_loss is None else [("held-out loss", heldout_loss)])
     steps = _check_steps(steps, *series)
-    fig = go.Figure()
-    if drop is not None:
-        fig.add_vrect(x0=drop[0], x1=drop[1], fillcolor=DROP_FILL, line_width=0, layer="below")
+    traces = []
     for (name, values), colour in zip(series, ("#1f77b4", "#ff7f0e"), strict=False):
         values = np.asarray(values, dtype=np.float64)
         if np.all(np.isnan(values)):
             continue
-        fig.add_trace(
+        traces.append(
             go.Scatter(
                 x=steps,
                 y=values,
@@ -98,8 +108,7 @@ def loss_curves(
                 hovertemplate=f"step %{{x}}<br>{name} %{{y:.4f}}<extra></extra>",
             )
         )
-    _mark(fig, step)
-    return _layout(fig, "Loss over training", "loss (nats per token)")
+    return go.Figure(data=traces, layout=_layout(traces, "Loss over training", "loss (nats per token)", step, drop))
 
 
 def statistic_lines(
@@ -117,14 +126,14 @@ def statistic_lines(
     if values.ndim != 2 or values.shape[0] != len(heads) or len(ids) != len(heads):
         raise ValueError(f"values must be (heads, steps) for {len(heads)} heads, got {values.shape}")
     steps = _check_steps(steps, ("values", values))
-    fig = go.Figure()
+    traces = []
     shown_sites = set()
     order = sorted(range(len(heads)), key=lambda i: ids[i] == selected)  # the chosen head last: drawn on top
     for i in order:
         kind, layer, head = heads[i]
         chosen = ids[i] == selected
         name = f"{TITLES[kind]}, layer {layer}, head {head}"
-        fig.add_trace(
+        traces.append(
             go.Scatter(
                 x=steps,
                 y=values[i],
@@ -143,10 +152,8 @@ def statistic_lines(
             )
         )
         shown_sites.add(kind)
-    _mark(fig, step)
-    fig = _layout(fig, f"Every head's {statistic} over training", statistic)
-    fig.update_layout(dragmode=False, clickmode="event+select")
-    return fig
+    layout = _layout(traces, f"Every head's {statistic} over training", statistic, step)
+    return go.Figure(data=traces, layout={**layout, "dragmode": False, "clickmode": "event+select"})
 
 
 def phase_change_figure(
@@ -163,34 +170,33 @@ def phase_change_figure(
     """The phase change on one step axis: the loss (left axis), the previous-token score of the previous-token head
     and the induction score of the induction head (right axis, 0 to 1), the loss's drop shaded."""
     steps = _check_steps(steps, ("loss", loss), ("previous", previous), ("induction", induction))
-    fig = make_subplots(specs=[[{"secondary_y": True}]])
-    fig.add_trace(
+    # one plot, the scores on a second y axis over the first (what make_subplots' secondary_y lays out)
+    traces = [
         go.Scatter(
             x=steps, y=np.asarray(loss, dtype=np.float64), name=loss_name, mode="lines+markers",
             line={"color": "#333333", "width": 2}, marker={"size": 5},
-            hovertemplate=f"step %{{x}}<br>{loss_name} %{{y:.4f}}<extra></extra>",
-        ),
-        secondary_y=False,
-    )  # fmt: skip
+            hovertemplate=f"step %{{x}}<br>{loss_name} %{{y:.4f}}<extra></extra>", xaxis="x", yaxis="y",
+        )
+    ]  # fmt: skip
     for values, (layer, head), what, colour in (
         (previous, previous_head, "previous-token score", "#1f77b4"),
         (induction, induction_head, "induction score", HIGHLIGHT),
     ):
         name = f"{what}, layer {layer} head {head}"
-        fig.add_trace(
+        traces.append(
             go.Scatter(
                 x=steps, y=np.asarray(values, dtype=np.float64), name=name, mode="lines+markers",
                 line={"color": colour, "width": 3}, marker={"size": 6},
-                hovertemplate=f"step %{{x}}<br>{name} %{{y:.3f}}<extra></extra>",
-            ),
-            secondary_y=True,
+                hovertemplate=f"step %{{x}}<br>{name} %{{y:.3f}}<extra></extra>", xaxis="x", yaxis="y2",
+            )
         )  # fmt: skip
-    # after the traces: make_subplots leaves a shape out of a subplot that holds no data yet
-    fig.add_vrect(x0=drop[0], x1=drop[1], fillcolor=DROP_FILL, line_width=0, layer="below")
-    _mark(fig, step)
-    fig = _layout(fig, f"The phase change: the loss drops (shaded, steps {drop[0]}-{drop[1]})", "")
-    fig.update_yaxes(title_text=loss_name, secondary_y=False)
-    fig.update_yaxes(title_text="score", range=[0, 1.02], secondary_y=True, showgrid=False)
-    fig.update_layout(margin={**MARGIN, "r": 60}, legend=FOOT_LEGEND)  # under the axis title, not on it
-    fig.update_layout(height=CHART_HEIGHT + 60)
-    return fig
+    title = f"The phase change: the loss drops (shaded, steps {drop[0]}-{drop[1]})"
+    layout = _layout(traces, title, loss_name, step, drop)
+    axis = {key: value for key, value in layout["yaxis"].items() if key != "title"}
+    layout["xaxis"] |= {"anchor": "y", "domain": [0.0, 0.94]}
+    layout["yaxis"] |= {"anchor": "x", "domain": [0.0, 1.0]}
+    layout["yaxis2"] = {"anchor": "x", "overlaying": "y", "side": "right", "title": {"text": "score"}, **axis}
+    layout["yaxis2"] |= {"range": [0, 1.02], "showgrid": False}
+    layout["legend"] |= FOOT_LEGEND  # under the axis title, not on it
+    layout |= {"margin": {**MARGIN, "r": 60}, "height": CHART_HEIGHT + 60}
+    return go.Figure(data=traces, layout=layout)

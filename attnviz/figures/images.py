@@ -187,34 +187,29 @@ def map_image(
     fr, fc = blocks
     pooled = fr > 1 or fc > 1
     hover = "around query %{y:.0f}<br>key %{x:.0f}" if pooled else "query %{y}<br>key %{x}"
-    fig = go.Figure(
-        [
-            go.Image(
-                source=png_data_uri(indices, colorscale),
-                x0=c0 + (fc - 1) / 2,  # the centre of the first block
-                y0=r0 + (fr - 1) / 2,
-                dx=fc,
-                dy=fr,
-                name=name,
-                hovertemplate=hover + "<extra></extra>",
-            ),
-            legend_trace(colorscale, bar),
-        ]
+    image = go.Image(
+        source=png_data_uri(indices, colorscale),
+        x0=c0 + (fc - 1) / 2,  # the centre of the first block
+        y0=r0 + (fr - 1) / 2,
+        dx=fc,
+        dy=fr,
+        name=name,
+        hovertemplate=hover + "<extra></extra>",
     )
-    fig.update_layout(
-        height=max(360, min(900, indices.shape[0] + 260)),
-        plot_bgcolor="white",
+    layout = {
+        "height": max(360, min(900, indices.shape[0] + 260)),
+        "plot_bgcolor": "white",
         **above_top_labels(title, key_labels[c0:c1], angle=90, subtitle=note),
-    )
-    fig.update_xaxes(
-        title=x_title,
-        side="top",
-        tickangle=-90,
-        range=[c0 - 0.5, c1 - 0.5],
-        **position_ticks(key_labels, max_labels=30, span=(c0, c1)),
-    )
-    fig.update_yaxes(title=y_title, range=[r1 - 0.5, r0 - 0.5], **position_ticks(query_labels, span=(r0, r1)))
-    return fig
+        "xaxis": {
+            "title": x_title,
+            "side": "top",
+            "tickangle": -90,
+            "range": [c0 - 0.5, c1 - 0.5],
+            **position_ticks(key_labels, max_labels=30, span=(c0, c1)),
+        },
+        "yaxis": {"title": y_title, "range": [r1 - 0.5, r0 - 0.5], **position_ticks(query_labels, span=(r0, r1))},
+    }
+    return go.Figure(data=[image, legend_trace(colorscale, bar)], layout=layout)
 
 
 def attention_image(
@@ -416,67 +411,69 @@ def _grid_figure(
     centres_x = [x + (cols - 1) / 2 for x in starts_x]
     centres_y = [y + (rows - 1) / 2 for y in starts_y]
     heads = [(layer, head) for layer in range(1, L + 1) for head in range(1, H + 1)]
-    fig = go.Figure(
-        [
-            go.Image(
-                source=png_data_uri(indices, WEIGHT_COLORSCALE), x0=0, y0=0, dx=1, dy=1, hoverinfo="skip", name="heads"
-            ),
-            go.Scatter(
-                x=[centres_x[h - 1] for _, h in heads],
-                y=[centres_y[layer - 1] for layer, _ in heads],
-                mode="markers",
-                marker={"size": 28, "symbol": "square", "color": "rgba(0,0,0,0)"},
-                customdata=heads,
-                hovertemplate="layer %{customdata[0]}, head %{customdata[1]}<br>click to open it<extra></extra>",
-                showlegend=False,
-                name="open a head",
-            ),
-            legend_trace(WEIGHT_COLORSCALE, colour_bar(contrast)),
-        ]
-    )
+    traces = [
+        go.Image(
+            source=png_data_uri(indices, WEIGHT_COLORSCALE), x0=0, y0=0, dx=1, dy=1, hoverinfo="skip", name="heads"
+        ),
+        go.Scatter(
+            x=[centres_x[h - 1] for _, h in heads],
+            y=[centres_y[layer - 1] for layer, _ in heads],
+            mode="markers",
+            marker={"size": 28, "symbol": "square", "color": "rgba(0,0,0,0)"},
+            customdata=heads,
+            hovertemplate="layer %{customdata[0]}, head %{customdata[1]}<br>click to open it<extra></extra>",
+            showlegend=False,
+            name="open a head",
+        ),
+        legend_trace(WEIGHT_COLORSCALE, colour_bar(contrast)),
+    ]
     title = f"{kind_title}: {L} layers x {H} heads"
     if pooled_rows > 1 or pooled_cols > 1:
         title += f" (max-pooled: each pixel is the largest of up to {pooled_rows}x{pooled_cols} weights)"
-    for layer, head in heads:  # a thin frame, so that a thumbnail of near-zero weights is not lost on the white
+    frames = []  # a thin frame, so that a thumbnail of near-zero weights is not lost on the white
+    for layer, head in heads:
         x, y = starts_x[head - 1], starts_y[layer - 1]
         chosen = selected == (layer, head)
-        fig.add_shape(
-            type="rect",
-            x0=x - 0.5,
-            x1=x + cols - 0.5,
-            y0=y - 0.5,
-            y1=y + rows - 0.5,
-            line={"color": HIGHLIGHT if chosen else FRAME_GREY, "width": 3 if chosen else 1},
+        frames.append(
+            {
+                "type": "rect",
+                "x0": x - 0.5,
+                "x1": x + cols - 0.5,
+                "y0": y - 0.5,
+                "y1": y + rows - 0.5,
+                "line": {"color": HIGHLIGHT if chosen else FRAME_GREY, "width": 3 if chosen else 1},
+            }
         )
-    fig.update_layout(
-        title={
+    layout = {  # whole, in one go: plotly's add_shape lays the figure out again for each of L x H frames
+        "title": {
             "text": title,
             "subtitle": {"text": f"in each map, rows: {y_title}; columns: {x_title}; contrast: {CONTRASTS[contrast]}"},
         },
-        height=max(300, min(1400, 130 + 110 * L)),
-        margin={"l": 10, "r": 10, "t": 110, "b": 10},
-        plot_bgcolor="white",
-        dragmode=False,
-        hovermode="closest",
-    )
-    fig.update_xaxes(
-        side="top",
-        range=[-0.5, width - 0.5],
-        tickmode="array",
-        tickvals=centres_x,
-        ticktext=[f"head {h}" for h in range(1, H + 1)],
-        showgrid=False,
-        zeroline=False,
-    )
-    fig.update_yaxes(
-        range=[height - 0.5, -0.5],
-        tickmode="array",
-        tickvals=centres_y,
-        ticktext=[f"layer {layer}" for layer in range(1, L + 1)],
-        showgrid=False,
-        zeroline=False,
-    )
-    return fig
+        "height": max(300, min(1400, 130 + 110 * L)),
+        "margin": {"l": 10, "r": 10, "t": 110, "b": 10},
+        "plot_bgcolor": "white",
+        "dragmode": False,
+        "hovermode": "closest",
+        "shapes": frames,
+        "xaxis": {
+            "side": "top",
+            "range": [-0.5, width - 0.5],
+            "tickmode": "array",
+            "tickvals": centres_x,
+            "ticktext": [f"head {h}" for h in range(1, H + 1)],
+            "showgrid": False,
+            "zeroline": False,
+        },
+        "yaxis": {
+            "range": [height - 0.5, -0.5],
+            "tickmode": "array",
+            "tickvals": centres_y,
+            "ticktext": [f"layer {layer}" for layer in range(1, L + 1)],
+            "showgrid": False,
+            "zeroline": False,
+        },
+    }
+    return go.Figure(data=traces, layout=layout)
 
 
 def scores_image(

@@ -20,6 +20,10 @@ from attnviz.figures.common import FOOT_LEGEND, HIGHLIGHT, MASKED_GREY, WEIGHT_C
 ALLOWED_BLUE = "#2171b5"
 SCALED, UNSCALED = "#2171b5", HIGHLIGHT  # with and without 1/sqrt(d_k), the same on every chart
 MARGIN = {"l": 10, "r": 10, "t": 60, "b": 10}
+# The figures are built whole, traces and layout in one go.Figure call: each of plotly's update_layout,
+# update_xaxes, add_trace and add_shape lays the figure out again, and took most of their time. A grid
+# of subplots is built so too and then handed to make_subplots (``figure=``), which adds its domains
+# and subplot titles.
 
 
 def _labels(labels: Sequence[str] | None, n: int) -> list[str]:
@@ -64,36 +68,45 @@ def mask_grid(
         raise ValueError("no masks to draw")
     cols = min(cols, len(masks))
     rows = math.ceil(len(masks) / cols)
-    fig = make_subplots(rows=rows, cols=cols, subplot_titles=list(masks), horizontal_spacing=0.05, shared_yaxes=True)
+    traces, layout = [], {"height": height_per_row * rows + 80, "margin": MARGIN}
     for i, mask in enumerate(masks.values()):
         mask = np.asarray(mask, dtype=bool)
         if mask.ndim != 2:
             raise ValueError(f"each mask must be (queries, keys), got shape {mask.shape}")
-        r, c = divmod(i, cols)
         x, y = [str(j) for j in range(mask.shape[1])], [str(j) for j in range(mask.shape[0])]
-        fig.add_trace(_mask_trace(mask, x, y, showscale=i == 0, legend=legend), row=r + 1, col=c + 1)
-        fig.update_xaxes(title_text=x_title, type="category", row=r + 1, col=c + 1)
+        n = i + 1 if i else ""  # the i-th subplot's axes, row by row: x and y, x2 and y2, ...
+        traces.append(_mask_trace(mask, x, y, showscale=i == 0, legend=legend).update(xaxis=f"x{n}", yaxis=f"y{n}"))
+        layout[f"xaxis{n}"] = {"title": x_title, "type": "category"}
         # The row's panels share one query axis: titled once, on the left, where its labels are.
-        fig.update_yaxes(
-            title_text=y_title if c == 0 else None, type="category", autorange="reversed", row=r + 1, col=c + 1
-        )
-    fig.update_layout(height=height_per_row * rows + 80, margin=MARGIN)
-    return fig
+        layout[f"yaxis{n}"] = {"type": "category", "autorange": "reversed"}
+        if i % cols == 0:
+            layout[f"yaxis{n}"]["title"] = y_title
+    return make_subplots(
+        rows=rows,
+        cols=cols,
+        subplot_titles=list(masks),
+        horizontal_spacing=0.05,
+        shared_yaxes=True,
+        figure=go.Figure(data=traces, layout=layout),
+    )
 
 
 def masked_row_bars(table: pd.DataFrame, query: int) -> go.Figure:
     """One query's weights without and with a mask (from `attnviz.lessons.mechanics.apply_mask_to_row`)."""
     keys = [f"{k}{'' if ok else ' (masked)'}" for k, ok in zip(table["key"], table["may attend"], strict=True)]
-    fig = go.Figure(
-        [
+    return go.Figure(
+        data=[
             go.Bar(x=keys, y=table["weight without mask"], name="without mask", marker_color=MASKED_GREY),
             go.Bar(x=keys, y=table["weight with mask"], name="with mask", marker_color=ALLOWED_BLUE),
-        ]
+        ],
+        layout={
+            "title": f"Query {query}: softmax weights before and after masking",
+            "barmode": "group",
+            "margin": MARGIN,
+            "xaxis": {"title": "key position", "type": "category"},
+            "yaxis": {"title": "weight (the row sums to 1)", "range": [0, 1]},
+        },
     )
-    fig.update_layout(title=f"Query {query}: softmax weights before and after masking", barmode="group", margin=MARGIN)
-    fig.update_xaxes(title="key position", type="category")
-    fig.update_yaxes(title="weight (the row sums to 1)", range=[0, 1])
-    return fig
 
 
 def scaling_figure(df: pd.DataFrame) -> go.Figure:
@@ -106,11 +119,11 @@ def scaling_figure(df: pd.DataFrame) -> go.Figure:
         ("Largest weight", "mean largest weight", both("largest weight")),
         ("Softmax gradient", "‖diag(p) − p pᵀ‖", both("softmax gradient norm")),
     ]
-    fig = make_subplots(rows=2, cols=2, subplot_titles=[p[0] for p in panels], vertical_spacing=0.16)
+    traces, layout = [], {"height": 640, "margin": MARGIN}
     for i, (_, y_title, series) in enumerate(panels):
-        r, c = divmod(i, 2)
+        n = i + 1 if i else ""  # the i-th panel's axes, row by row: x and y, x2 and y2, ...
         for column, color, name in series:
-            fig.add_trace(
+            traces.append(
                 go.Scatter(
                     x=df["d_k"],
                     y=df[column],
@@ -119,88 +132,121 @@ def scaling_figure(df: pd.DataFrame) -> go.Figure:
                     line={"color": color},
                     legendgroup=name,
                     showlegend=i == 0,
-                ),
-                row=r + 1,
-                col=c + 1,
+                    xaxis=f"x{n}",
+                    yaxis=f"y{n}",
+                )
             )
-        fig.update_xaxes(title_text="d_k (log scale)", type="log", row=r + 1, col=c + 1)
-        fig.update_yaxes(title_text=y_title, type="log" if i == 0 else "linear", row=r + 1, col=c + 1)
-    if "uniform_entropy" in df.attrs:
-        fig.add_hline(
-            y=df.attrs["uniform_entropy"], line_dash="dot", annotation_text="uniform (log n_keys)", row=1, col=2
-        )
-    fig.update_layout(height=640, margin=MARGIN)
+        layout[f"xaxis{n}"] = {"title": "d_k (log scale)", "type": "log"}
+        layout[f"yaxis{n}"] = {"title": y_title, "type": "log" if i == 0 else "linear"}
+    hline = "uniform_entropy" in df.attrs
+    if hline:  # a dotted line across the entropy panel, as add_hline draws it
+        uniform = df.attrs["uniform_entropy"]
+        line = {"xref": "x2 domain", "yref": "y2", "y0": uniform, "y1": uniform}
+        layout["shapes"] = [{"type": "line", "x0": 0, "x1": 1, "line": {"dash": "dot"}, **line}]
+    fig = make_subplots(
+        rows=2,
+        cols=2,
+        subplot_titles=[p[0] for p in panels],
+        vertical_spacing=0.16,
+        figure=go.Figure(data=traces, layout=layout),
+    )
+    if hline:  # its label after the subplot titles, which make_subplots writes over any annotations
+        note = {"text": "uniform (log n_keys)", "showarrow": False, "x": 1, "xanchor": "right", "yanchor": "bottom"}
+        fig.layout.annotations += ({**note, "xref": "x2 domain", "yref": "y2", "y": uniform},)
     return fig
 
 
 def query_weights_bars(weights: np.ndarray, d_k: int, scale: bool) -> go.Figure:
     """One query's softmax weights over its keys as bars, titled by d_k, the scaling and the largest weight."""
     how = "scores / √d_k" if scale else "raw scores q·k (no scaling)"
-    fig = go.Figure(
-        go.Bar(x=[f"key {j}" for j in range(len(weights))], y=weights, marker_color=SCALED if scale else UNSCALED)
+    keys = [f"key {j}" for j in range(len(weights))]
+    return go.Figure(
+        data=[go.Bar(x=keys, y=weights, marker_color=SCALED if scale else UNSCALED)],
+        layout={
+            "title": f"One query, d_k = {d_k}, softmax of {how}: largest weight {float(np.max(weights)):.3f}",
+            "margin": MARGIN,
+            "height": 320,
+            "xaxis": {"title": "key"},
+            "yaxis": {"title": "weight", "range": [0, 1]},
+        },
     )
-    fig.update_layout(
-        title=f"One query, d_k = {d_k}, softmax of {how}: largest weight {float(np.max(weights)):.3f}",
-        margin=MARGIN,
-        height=320,
-    )
-    fig.update_xaxes(title="key")
-    fig.update_yaxes(title="weight", range=[0, 1])
-    return fig
 
 
 def lr_curve(df: pd.DataFrame, warmup: int) -> go.Figure:
     """Equation 3's learning rate against the training step, the end of warm-up marked."""
-    fig = go.Figure(go.Scatter(x=df["step"], y=df["learning rate"], mode="lines", line={"color": ALLOWED_BLUE}))
-    fig.add_vline(x=warmup, line_dash="dot", annotation_text=f"warmup_steps = {warmup}")
-    fig.update_layout(title="lrate = d_model^-0.5 · min(step^-0.5, step · warmup_steps^-1.5)", margin=MARGIN)
-    fig.update_xaxes(title="training step")
-    fig.update_yaxes(title="learning rate", exponentformat="e")
-    return fig
+    end = {"xref": "x", "yref": "y domain"}  # the end of warm-up, a dotted line up the plot as add_vline draws it
+    return go.Figure(
+        data=[go.Scatter(x=df["step"], y=df["learning rate"], mode="lines", line={"color": ALLOWED_BLUE})],
+        layout={
+            "title": "lrate = d_model^-0.5 · min(step^-0.5, step · warmup_steps^-1.5)",
+            "margin": MARGIN,
+            "shapes": [{"type": "line", "x0": warmup, "x1": warmup, "y0": 0, "y1": 1, "line": {"dash": "dot"}, **end}],
+            "annotations": [
+                {
+                    "text": f"warmup_steps = {warmup}",
+                    "showarrow": False,
+                    "x": warmup,
+                    "y": 1,
+                    "xanchor": "left",
+                    "yanchor": "top",
+                    **end,
+                }
+            ],
+            "xaxis": {"title": "training step"},
+            "yaxis": {"title": "learning rate", "exponentformat": "e"},
+        },
+    )
 
 
 def cost_figure(df: pd.DataFrame, k: int) -> go.Figure:
     """Computed (query, key) pairs against n for each pattern, log-log (from ``variants.cost_curves``)."""
-    fig = go.Figure()
-    for (name, order), part in df.groupby(["pattern", "order"], sort=False):
-        fig.add_trace(go.Scatter(x=part["n"], y=part["pairs"], name=f"{name}: {order}", mode="lines+markers"))
-    fig.update_layout(title=f"Cost of one attention map, k = {k}", margin=MARGIN)
-    fig.update_xaxes(title="sequence length n (log scale)", type="log")
-    fig.update_yaxes(title="computed (query, key) pairs (log scale)", type="log")
-    return fig
+    return go.Figure(
+        data=[
+            go.Scatter(x=part["n"], y=part["pairs"], name=f"{name}: {order}", mode="lines+markers")
+            for (name, order), part in df.groupby(["pattern", "order"], sort=False)
+        ],
+        layout={
+            "title": f"Cost of one attention map, k = {k}",
+            "margin": MARGIN,
+            "xaxis": {"title": "sequence length n (log scale)", "type": "log"},
+            "yaxis": {"title": "computed (query, key) pairs (log scale)", "type": "log"},
+        },
+    )
 
 
 def timing_figure(df: pd.DataFrame) -> go.Figure:
     """Measured median milliseconds per layer against n (from ``variants.time_self_attention_vs_gru``)."""
-    fig = go.Figure()
-    for (name, part), color in zip(df.groupby("layer", sort=False), (SCALED, UNSCALED), strict=False):
-        fig.add_trace(
+    return go.Figure(
+        data=[
             go.Scatter(x=part["n"], y=part["median ms"], name=name, mode="lines+markers", line={"color": color})
-        )
-    fig.update_layout(title="One layer on one sequence, measured on this machine", margin=MARGIN)
-    fig.update_xaxes(title="sequence length n (log scale)", type="log")
-    fig.update_yaxes(title="median time (ms, log scale)", type="log")
-    return fig
+            for (name, part), color in zip(df.groupby("layer", sort=False), (SCALED, UNSCALED), strict=False)
+        ],
+        layout={
+            "title": "One layer on one sequence, measured on this machine",
+            "margin": MARGIN,
+            "xaxis": {"title": "sequence length n (log scale)", "type": "log"},
+            "yaxis": {"title": "median time (ms, log scale)", "type": "log"},
+        },
+    )
 
 
 def head_cost_bars(df: pd.DataFrame) -> go.Figure:
     """Parameters and multiply-adds of narrow against wide heads (from ``mechanics.narrow_vs_wide_cost``)."""
     measures = ["parameters", "multiply-adds: total"]
-    fig = go.Figure(
-        [
+    return go.Figure(
+        data=[
             go.Bar(x=measures, y=[row[m] for m in measures], name=row["attention"], marker_color=color)
             for row, color in zip(df.to_dict("records"), (ALLOWED_BLUE, HIGHLIGHT), strict=False)
-        ]
+        ],
+        layout={
+            "title": "One self-attention layer: narrow against wide heads",
+            "barmode": "group",
+            "margin": MARGIN,
+            "legend": FOOT_LEGEND,
+            "xaxis": {"title": "what is counted"},
+            "yaxis": {"title": "count (log scale)", "type": "log"},
+        },
     )
-    fig.update_layout(
-        title="One self-attention layer: narrow against wide heads",
-        barmode="group",
-        margin=MARGIN,
-        legend=FOOT_LEGEND,
-    )
-    fig.update_xaxes(title="what is counted")
-    fig.update_yaxes(title="count (log scale)", type="log")
-    return fig
 
 
 def heatmap_row(
@@ -217,14 +263,13 @@ def heatmap_row(
     """
     if not matrices:
         raise ValueError("no matrices to draw")
-    fig = make_subplots(
-        rows=1, cols=len(matrices), subplot_titles=list(matrices), horizontal_spacing=0.04, shared_yaxes=True
-    )
     values = [np.asarray(m, dtype=np.float64) for m in matrices.values()]
     zmin, zmax = (0.0, 1.0) if weights else (min(v.min() for v in values), max(v.max() for v in values))
+    traces, layout = [], {"height": height, "margin": MARGIN}
     for i, z in enumerate(values):
         x, y = _labels(labels, z.shape[1]), _labels(labels, z.shape[0])
-        fig.add_trace(
+        n = i + 1 if i else ""  # the i-th subplot's axes: x and y, x2 and y2, ...
+        traces.append(
             go.Heatmap(
                 z=z,
                 x=x,
@@ -235,16 +280,21 @@ def heatmap_row(
                 showscale=i == 0,
                 colorbar={"title": "weight" if weights else "value"},
                 hovertemplate=f"{y_title} %{{y}}<br>{x_title} %{{x}}<br>%{{z:.6f}}<extra></extra>",
-            ),
-            row=1,
-            col=i + 1,
+                xaxis=f"x{n}",
+                yaxis=f"y{n}",
+            )
         )
-        fig.update_xaxes(title_text=x_title, type="category", row=1, col=i + 1)
-        fig.update_yaxes(
-            title_text=y_title if i == 0 else None, type="category", autorange="reversed", row=1, col=i + 1
-        )
-    fig.update_layout(height=height, margin=MARGIN)
-    return fig
+        layout[f"xaxis{n}"] = {"title": x_title, "type": "category"}
+        layout[f"yaxis{n}"] = {"type": "category", "autorange": "reversed"}
+    layout["yaxis"]["title"] = y_title  # the shared query axis, on the left
+    return make_subplots(
+        rows=1,
+        cols=len(matrices),
+        subplot_titles=list(matrices),
+        horizontal_spacing=0.04,
+        shared_yaxes=True,
+        figure=go.Figure(data=traces, layout=layout),
+    )
 
 
 def permutation_figure(
@@ -261,5 +311,5 @@ def permutation_figure(
         y_title="query: shuffled source token",
         height=max(360, min(700, 22 * a.shape[0] + 200)),
     )
-    fig.update_layout(title=title)
+    fig.layout.title = title  # one property: update_layout would lay the whole figure out again
     return fig

@@ -50,21 +50,22 @@ def matrix_heatmap(
     x = plotly_labels(col_labels) if col_labels is not None else [f"dim {j}" for j in range(C)]
     if len(x) != C:
         raise ValueError(f"{len(x)} column labels for {C} columns")
-    fig = go.Figure(
-        go.Heatmap(
-            z=values,
-            x=x,
-            y=y,
-            colorscale=SCORE_COLORSCALE,
-            zmid=0.0,
-            colorbar={"title": "value"},
-            hovertemplate=f"{row_axis} %{{y}}<br>{col_axis} %{{x}}<br>value %{{z:.6f}}<extra></extra>",
-        )
+    heatmap = go.Heatmap(
+        z=values,
+        x=x,
+        y=y,
+        colorscale=SCORE_COLORSCALE,
+        zmid=0.0,
+        colorbar={"title": "value"},
+        hovertemplate=f"{row_axis} %{{y}}<br>{col_axis} %{{x}}<br>value %{{z:.6f}}<extra></extra>",
     )
-    fig.update_layout(height=max(260, min(900, 22 * R + 180)), **above_top_labels(title, x))
-    fig.update_xaxes(title=col_axis, side="top", tickangle=-60, **ticks(x))
-    fig.update_yaxes(title=row_axis, autorange="reversed", **ticks(y))
-    return fig
+    layout = {  # whole: plotly's update_layout and update_xaxes each check every key path anew
+        "height": max(260, min(900, 22 * R + 180)),
+        **above_top_labels(title, x),
+        "xaxis": {"title": col_axis, "side": "top", "tickangle": -60, **ticks(x)},
+        "yaxis": {"title": row_axis, "autorange": "reversed", **ticks(y)},
+    }
+    return go.Figure(data=[heatmap], layout=layout)
 
 
 TABLE_ROW_PX = 32  # a cell's height: one line of text up to presenter mode's 18 px, with room around it
@@ -77,21 +78,21 @@ def table_figure(table: pd.DataFrame, title: str) -> go.Figure:
     fixed 14 px), and rows past a height given later (presenter mode's) scroll inside the figure.
     """
     escaped = [[html.escape(str(value), quote=False) for value in table[column]] for column in table.columns]
-    fig = go.Figure(
-        go.Table(
-            header={
-                "values": [html.escape(str(c), quote=False) for c in table.columns],
-                "align": "left",
-                "font": {"color": "#111111"},
-                "height": TABLE_ROW_PX,
-            },
-            cells={"values": escaped, "align": "left", "height": TABLE_ROW_PX},
-        )
+    cells = go.Table(
+        header={
+            "values": [html.escape(str(c), quote=False) for c in table.columns],
+            "align": "left",
+            "font": {"color": "#111111"},
+            "height": TABLE_ROW_PX,
+        },
+        cells={"values": escaped, "align": "left", "height": TABLE_ROW_PX},
     )
-    fig.update_layout(
-        title=title, height=TABLE_ROW_PX * (len(table) + 1) + 80, margin={"l": 10, "r": 10, "t": 60, "b": 10}
-    )
-    return fig
+    layout = {
+        "title": title,
+        "height": TABLE_ROW_PX * (len(table) + 1) + 80,
+        "margin": {"l": 10, "r": 10, "t": 60, "b": 10},
+    }
+    return go.Figure(data=[cells], layout=layout)
 
 
 def matrix_figure(matrix: Matrix, k: int) -> go.Figure:
@@ -128,39 +129,42 @@ def feed_arrow(source: str, target: str) -> go.Figure:
     texts = [wrap_label(source), wrap_label(target)]
     lines = max(text.count("<br>") + 1 for text in texts)
     box_px = lines * LINE_EM * BOX_FONT["size"] + 2 * BOX_PAD + 2
-    fig = go.Figure()
-    for x, anchor, text in ((0.0, "left", texts[0]), (1.0, "right", texts[1])):
-        fig.add_annotation(
-            x=x,
-            y=0.5,
-            xanchor=anchor,
-            text=text,
-            showarrow=False,
-            bordercolor="#444",
-            borderwidth=1,
-            borderpad=BOX_PAD,
-            bgcolor="#f0f4fa",
-            width=BOX_PX - 2 * BOX_PAD,
-            font=BOX_FONT,
-        )
-    fig.add_annotation(  # the head at the middle shifted right by half the arrow, the tail that many pixels left
-        x=0.5,
-        y=0.5,
-        ax=-ARROW_PX,
-        ay=0,
-        xshift=ARROW_PX / 2,
-        text="",
-        showarrow=True,
-        arrowhead=3,
-        arrowsize=1.5,
-        arrowwidth=2,
-        arrowcolor="#d62728",
-    )
-    fig.update_xaxes(visible=False, range=[0, 1])
-    fig.update_yaxes(visible=False, range=[0, 1])
-    fig.update_layout(
-        height=round(max(120, box_px + 2 * BOX_MARGIN + 10)),
-        margin={"l": BOX_MARGIN, "r": BOX_MARGIN, "t": BOX_MARGIN, "b": BOX_MARGIN},
-        plot_bgcolor="white",
-    )
+    boxes = [
+        {
+            "x": x,
+            "y": 0.5,
+            "xanchor": anchor,
+            "text": text,
+            "showarrow": False,
+            "bordercolor": "#444",
+            "borderwidth": 1,
+            "borderpad": BOX_PAD,
+            "bgcolor": "#f0f4fa",
+            "width": BOX_PX - 2 * BOX_PAD,
+            "font": BOX_FONT,
+        }
+        for x, anchor, text in ((0.0, "left", texts[0]), (1.0, "right", texts[1]))
+    ]
+    arrow = {  # the head at the middle shifted right by half the arrow, the tail that many pixels left
+        "x": 0.5,
+        "y": 0.5,
+        "ax": -ARROW_PX,
+        "ay": 0,
+        "xshift": ARROW_PX / 2,
+        "text": "",
+        "showarrow": True,
+        "arrowhead": 3,
+        "arrowsize": 1.5,
+        "arrowwidth": 2,
+        "arrowcolor": "#d62728",
+    }
+    layout = {
+        "annotations": [*boxes, arrow],
+        "xaxis": {"visible": False, "range": [0, 1]},
+        "yaxis": {"visible": False, "range": [0, 1]},
+        "height": round(max(120, box_px + 2 * BOX_MARGIN + 10)),
+        "margin": {"l": BOX_MARGIN, "r": BOX_MARGIN, "t": BOX_MARGIN, "b": BOX_MARGIN},
+        "plot_bgcolor": "white",
+    }
+    fig = go.Figure(layout=layout)
     return fig
