@@ -35,6 +35,7 @@ from streamlit.runtime.state.session_state_proxy import get_session_state
 
 from attnviz.app import links, registry, rooms
 from attnviz.app.present import room
+from attnviz.figures.common import copied_spec
 
 log = logging.getLogger(__name__)
 
@@ -315,17 +316,17 @@ def marked(fig: go.Figure, chart: str) -> go.Figure:
     if point["x"] not in xs or point["y"] not in ys:
         return fig
     col, row = xs.index(point["x"]), ys.index(point["y"])
-    framed = go.Figure(fig)
-    framed.add_shape(
-        type="rect",
-        x0=col - 0.5,
-        x1=col + 0.5,
-        y0=row - 0.5,
-        y1=row + 0.5,
-        line={"color": MARK_COLOUR, "width": 4},
-        name="pointed",
-    )
-    return framed
+    data, layout = copied_spec(fig)
+    frame = {
+        "type": "rect",
+        "x0": col - 0.5,
+        "x1": col + 0.5,
+        "y0": row - 0.5,
+        "y1": row + 0.5,
+        "line": {"color": MARK_COLOUR, "width": 4},
+        "name": "pointed",
+    }
+    return go.Figure(data=data, layout={**layout, "shapes": [*layout.get("shapes", []), frame]})
 
 
 def clickable(fig: go.Figure) -> go.Figure:
@@ -353,7 +354,8 @@ def clickable(fig: go.Figure) -> go.Figure:
         showlegend=False,
         name="cells",
     )
-    return go.Figure(fig).add_trace(cells).update_layout(hoverdistance=-1, clickmode="event+select")
+    data, layout = copied_spec(fig)
+    return go.Figure(data=[*data, cells], layout={**layout, "hoverdistance": -1, "clickmode": "event+select"})
 
 
 def map_chart(where, fig: go.Figure, chart: str, **kwargs) -> None:

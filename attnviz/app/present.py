@@ -8,6 +8,7 @@ the address bar as ``present=1``, so that a teacher's link opens the students' v
 
 from __future__ import annotations
 
+import functools
 import math
 
 import pandas as pd
@@ -16,7 +17,7 @@ import streamlit as st
 
 from attnviz.app import viewport
 from attnviz.app.text import escape_markdown
-from attnviz.figures.common import TICK_FONT, rows_that_fit
+from attnviz.figures.common import TICK_FONT, copied_spec, rows_that_fit
 
 PRESENT = "present"  # the session key and the URL parameter
 ON = ("1", "true")
@@ -174,49 +175,92 @@ def room(fig: go.Figure) -> go.Figure:
     and an axis title on top, however they turn); a long y-axis title takes two lines, so that a
     short map does not cut it; and the height is at most `PICTURE_MAX_PX`, so that a picture under
     the title fits a 1280x720 screen.
+
+    The copy is changed as plain dicts and made a figure once: plotly's own updates (update_layout,
+    update_xaxes, ...) check every key path anew, and took eight times as long.
     """
     if not presenting():
         return fig
-    fig = go.Figure(fig)
+    data, layout = copied_spec(fig)
     font = {"size": TICK_PX, "color": DARK}
-    fig.update_layout(
-        font=font,  # colour bars, legends, hover and every text without a size of its own
-        title_font={"size": TITLE_PX, "color": DARK},
-        legend_font=font,
-        legend_title_font=font,
-    )
-    if fig.layout.title.subtitle.text:  # plotly sizes a subtitle from the figure's own title font, not the room's
-        fig.update_layout(title_subtitle_font=font)
-    fig.update_xaxes(tickfont=font, title_font={"size": TEXT_PX, "color": DARK})
-    fig.update_yaxes(tickfont=font, title_font={"size": TEXT_PX, "color": DARK})
-    fig.update_traces(textfont=font, selector=lambda trace: "textfont" in trace)
-    fig.update_annotations(font=font)  # subplot titles (16 px by default) and notes
-    for trace in fig.data:  # the colour bars drawn (a trace's own, or its markers')
-        for owner in (trace, getattr(trace, "marker", None)):
-            if owner is not None and "colorbar" in owner and owner.showscale is not False:
-                if owner is trace or owner.showscale:
-                    owner.colorbar.update(tickfont=font, title_font={"size": TEXT_PX, "color": DARK})
-    # plotly labels a log axis's 2..9 between decades at 0.75 of the font: too small for a room
-    fig.update_xaxes(minorloglabels="none", selector={"type": "log"})
-    fig.update_yaxes(minorloglabels="none", selector={"type": "log"})
-    # and writes a "power" exponent (10 to the -16) at 0.7 of 1.25 times the tick font (plotly.js's
-    # formatLog and its <sup> style): the tick font grows so that the exponent is still TICK_PX
-    power = {"type": "log", "exponentformat": "power"}
-    fig.update_xaxes(tickfont_size=math.ceil(TICK_PX / (0.7 * 1.25)), selector=power)
-    fig.update_yaxes(tickfont_size=math.ceil(TICK_PX / (0.7 * 1.25)), selector=power)
-    fig.for_each_yaxis(_two_lines)
-    _rows_apart(fig)
-    _title_on_the_plot(fig)
-    height = fig.layout.height
-    if height is not None:
-        fig.update_layout(height=min(max(height, MIN_HEIGHT_PX), PICTURE_MAX_PX))
-    return fig
+    heading = {"size": TEXT_PX, "color": DARK}
+    # the whole figure's font: colour bars, legends, hover and every text without a size of its own
+    _update(layout, font=font, title={"font": {"size": TITLE_PX, "color": DARK}})
+    _update(layout, legend={"font": font, "title": {"font": font}})
+    # plotly sizes a subtitle from the figure's own title font, not the room's
+    if layout.get("title", {}).get("subtitle", {}).get("text"):
+        _update(layout, title={"subtitle": {"font": font}})
+    xaxes, yaxes = _axes(layout, "xaxis"), _axes(layout, "yaxis")
+    for axis in xaxes + yaxes:
+        _update(axis, tickfont=font, title={"font": heading})
+    for trace in data:
+        if _takes(trace["type"], "textfont"):
+            _update(trace, textfont=font)
+    for note in layout.get("annotations", []):  # subplot titles (16 px by default) and notes
+        _update(note, font=font)
+    for trace in data:  # the colour bars drawn (a trace's own, or its markers')
+        if _takes(trace["type"], "colorbar") and trace.get("showscale") is not False:
+            _update(trace, colorbar={"tickfont": font, "title": {"font": heading}})
+        marker = trace.get("marker", {})
+        if _takes(trace["type"], "marker.colorbar") and marker.get("showscale"):
+            _update(marker, colorbar={"tickfont": font, "title": {"font": heading}})
+    for axis in xaxes + yaxes:
+        if axis.get("type") == "log":
+            # plotly labels a log axis's 2..9 between decades at 0.75 of the font: too small for a room
+            axis["minorloglabels"] = "none"
+            # and writes a "power" exponent (10 to the -16) at 0.7 of 1.25 times the tick font (plotly.js's
+            # formatLog and its <sup> style): the tick font grows so that the exponent is still TICK_PX
+            if axis.get("exponentformat") == "power":
+                _update(axis, tickfont={"size": math.ceil(TICK_PX / (0.7 * 1.25))})
+    for axis in yaxes:
+        _two_lines(axis)
+    _rows_apart(layout)
+    _title_on_the_plot(layout)
+    if layout.get("height") is not None:
+        layout["height"] = min(max(layout["height"], MIN_HEIGHT_PX), PICTURE_MAX_PX)
+    return go.Figure(data=data, layout=layout)
 
 
-def _two_lines(axis) -> None:
+def _update(spec: dict, **changes) -> None:
+    """Set ``changes`` in ``spec`` (a figure's dict, or a part of one) as plotly's ``update`` does: a
+    dict merges into the dict already there, key by key; anything else replaces what was there."""
+    for key, value in changes.items():
+        if isinstance(value, dict) and isinstance(spec.get(key), dict):
+            _update(spec[key], **value)
+        else:
+            spec[key] = _copied(value)
+
+
+def _copied(value):
+    """``value`` with its dicts copied, so that no two places of a figure's dict share one."""
+    return {key: _copied(v) for key, v in value.items()} if isinstance(value, dict) else value
+
+
+def _axes(layout: dict, kind: str) -> list[dict]:
+    """The layout's axes of ``kind`` ("xaxis": xaxis, xaxis2, ...); the first is made when there is
+    none, as plotly's update_xaxes makes it."""
+    names = [key for key in layout if key == kind or (key.startswith(kind) and key[len(kind) :].isdigit())]
+    if not names:
+        layout[kind] = {}
+        names = [kind]
+    return [layout[name] for name in names]
+
+
+@functools.cache
+def _takes(trace_type: str, path: str) -> bool:
+    """Whether a plotly trace of ``trace_type`` has the property ``path`` ("textfont", "marker.colorbar")."""
+    part = go.Figure(data=[{"type": trace_type}]).data[0]
+    for name in path.split("."):
+        if name not in part:
+            return False
+        part = part[name]
+    return True
+
+
+def _two_lines(axis: dict) -> None:
     """A y-axis title longer than `LONG_AXIS_TITLE` characters on two lines (after its colon, if it has
     one, else at the space nearest its middle): drawn along a short map, one line would be cut."""
-    text = axis.title.text
+    text = axis.get("title", {}).get("text")
     if not text or len(text) <= LONG_AXIS_TITLE or "<br>" in text:
         return
     if ": " in text:
@@ -226,34 +270,37 @@ def _two_lines(axis) -> None:
         if not spaces:
             return
         at = min(spaces, key=lambda i: abs(i - len(text) / 2))
-    axis.title.text = text[:at].rstrip() + "<br>" + text[at:].lstrip()
+    axis["title"]["text"] = text[:at].rstrip() + "<br>" + text[at:].lstrip()
 
 
-def _rows_apart(fig: go.Figure) -> None:
+def _rows_apart(layout: dict) -> None:
     """A map's row labels kept apart at the room's size: the labels chosen for the figure's own font and
     height (`attnviz.figures.common.rows_that_fit`) would touch at `TICK_PX` in at most `PICTURE_MAX_PX`,
     so only every n-th of them stays, named by its position as `attnviz.figures.common.ticks` names
     the rows of a thinned axis. Figures with one y axis of listed category ticks only (the maps)."""
-    axis = fig.layout.yaxis
-    if "yaxis2" in fig.layout or axis.type != "category" or axis.tickmode != "array" or axis.tickvals is None:
+    axis = layout.get("yaxis", {})
+    if "yaxis2" in layout or axis.get("type") != "category" or axis.get("tickmode") != "array":
         return
-    values, texts = list(axis.tickvals), list(axis.ticktext or axis.tickvals)
+    if axis.get("tickvals") is None:
+        return
+    values, texts = list(axis["tickvals"]), list(axis.get("ticktext") or axis["tickvals"])
     # The rows keep at least what the figure's margins leave them (the title's automargin,
     # `_title_on_the_plot`, gives the room's larger key labels their height back from the title's own
     # band): an estimate on the short side, so each label is given one line of text, not the figure's
     # more generous pitch (tests/test_row_labels.py measures the drawn labels).
-    margins = (fig.layout.margin.t or 0) + (fig.layout.margin.b or 0)
-    rows_px = min(max(fig.layout.height or PICTURE_MAX_PX, MIN_HEIGHT_PX), PICTURE_MAX_PX) - margins
+    margin = layout.get("margin", {})
+    margins = (margin.get("t") or 0) + (margin.get("b") or 0)
+    rows_px = min(max(layout.get("height") or PICTURE_MAX_PX, MIN_HEIGHT_PX), PICTURE_MAX_PX) - margins
     fit = rows_that_fit(rows_px, TICK_PX, pitch=ROOM_ROW_PITCH)
     if len(values) <= fit:
         return
     step = math.ceil(len(values) / fit)
     token_only = all(str(v).endswith(str(t)) for v, t in zip(values, texts, strict=True))
     shown = values[::step]
-    axis.update(tickvals=shown, ticktext=shown if token_only else texts[::step])
+    axis["tickvals"], axis["ticktext"] = shown, shown if token_only else texts[::step]
 
 
-def _title_on_the_plot(fig: go.Figure) -> None:
+def _title_on_the_plot(layout: dict) -> None:
     """The title at the top with no empty band under it.
 
     Plotly's title automargin stacks key labels and an axis title on top under the title, but only
@@ -261,21 +308,16 @@ def _title_on_the_plot(fig: go.Figure) -> None:
     margin is left small, except over subplot titles (annotations, which push nothing), where it
     holds the title's lines and theirs.
     """
-    title = fig.layout.title
-    if not title.text:
+    title = layout.get("title", {})
+    if not title.get("text"):
         return
-    lines = title.text.count("<br>") + 1 + (1 if title.subtitle.text else 0)
-    above = any(a.yref in (None, "paper") and a.y is not None and a.y >= 1 and a.text for a in fig.layout.annotations)
+    lines = title["text"].count("<br>") + 1 + (1 if title.get("subtitle", {}).get("text") else 0)
+    above = any(
+        a.get("yref") in (None, "paper") and a.get("y") is not None and a["y"] >= 1 and a.get("text")
+        for a in layout.get("annotations", [])
+    )
     top = TITLE_PAD_PX
     if above:
         top += round(LINE * TITLE_PX * lines) + round(LINE * TICK_PX) + 2 * TITLE_PAD_PX
-    fig.update_layout(
-        title={
-            "automargin": True,
-            "yref": "container",
-            "y": 1.0,
-            "yanchor": "top",
-            "pad": {"t": TITLE_PAD_PX, "b": TITLE_PAD_PX},
-        },
-        margin_t=top,
-    )
+    title_place = {"automargin": True, "yref": "container", "y": 1.0, "yanchor": "top"}
+    _update(layout, title={**title_place, "pad": {"t": TITLE_PAD_PX, "b": TITLE_PAD_PX}}, margin={"t": top})

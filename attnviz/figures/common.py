@@ -182,6 +182,21 @@ def above_top_labels(
     }
 
 
+def copied_spec(fig) -> tuple[list[dict], dict]:
+    """A figure's traces and layout as plain dicts (a deep copy), to change and make a new figure of in
+    one go: ``go.Figure(data=traces, layout=layout)``. Plotly's updates on a figure (update_layout,
+    add_shape, ...) check every key path and lay the figure out anew, each taking milliseconds.
+
+    The layout leaves out the template plotly puts in every figure: the new figure takes plotly's
+    default again, as attnviz's figures all do, where handing the template over would check its
+    hundreds of keys once more (about 10 ms). Not ``fig.to_dict()``: that writes numpy arrays as
+    base64 text, which the new figure would then hold in place of its arrays.
+    """
+    layout = fig.layout.to_plotly_json()
+    layout.pop("template", None)
+    return [trace.to_plotly_json() for trace in fig.data], layout
+
+
 def export_config(filename: str, fmt: str) -> dict:
     """The plotly ``config`` for ``st.plotly_chart`` whose camera button downloads ``filename``.``fmt``.
 
