@@ -807,3 +807,52 @@ def test_attention_maps_inside_a_hook_block_are_the_forward_maps_whole():
     for kind in ("encoder", "decoder", "cross"):
         for want, have in zip(getattr(expected, kind), getattr(got, kind), strict=True):
             torch.testing.assert_close(have, want, atol=0, rtol=0)
+
+
+HOLDING_CONFIGS = {
+    "the paper's: sinusoids, shared and tied embeddings": {},
+    "concatenated sinusoids, untied, post-LN": {"pos_encoding": "sinusoidal_concat", "share_embeddings": False},
+    "learned positions, BERT's types and norm, no decoder": {
+        "pos_encoding": "learned",
+        "n_dec_layers": 0,
+        "type_vocab_size": 2,
+        "embed_norm": True,
+        "tie_output": False,
+        "output_bias": True,
+    },
+    "Llama's: rotary, RMSNorm, SwiGLU, grouped heads": {
+        "pos_encoding": "rotary",
+        "n_enc_layers": 0,
+        "norm": "rmsnorm",
+        "ffn": "gated",
+        "n_kv_heads": 2,
+        "norm_first": True,
+        "tie_output": False,
+    },
+}
+
+
+@pytest.mark.parametrize("overrides", HOLDING_CONFIGS.values(), ids=HOLDING_CONFIGS)
+def test_a_model_holding_loaded_tensors_is_the_model_built_and_then_given_them(overrides):
+    """`Transformer.holding` (a loader's model, built on the meta device, random weights never drawn)
+    equals a model built the ordinary way and given the same tensors: parameters, the computed
+    sinusoid table, and the output."""
+    cfg = tiny_config(**overrides)
+    source = seeded_model(cfg, seed=3)
+    tensors = {key: p.detach().clone() for key, p in source.named_parameters()}
+    held = Transformer.holding(cfg, tensors).eval()
+    built = seeded_model(cfg, seed=4)  # other random weights, all overwritten
+    with torch.no_grad():
+        for key, p in built.named_parameters():
+            p.copy_(tensors[key])
+    assert [k for k, _ in held.named_parameters()] == [k for k, _ in built.named_parameters()]
+    for (key, a), b in zip(held.named_parameters(), built.parameters(), strict=True):
+        assert a.device.type == "cpu" and torch.equal(a, b), key
+    for (key, a), b in zip(held.named_buffers(), built.buffers(), strict=True):
+        assert torch.equal(a, b), key
+    if cfg.share_embeddings:
+        assert held.tgt_embed.weight is held.src_embed.weight, "a shared embedding stays one tensor"
+    ids = torch.randint(4, TINY_VOCAB, (2, 7))
+    src, tgt = (None, ids) if cfg.decoder_only else (ids, None) if cfg.encoder_only else (ids, ids)
+    a, b = held(src, tgt, return_attention=True), built(src, tgt, return_attention=True)
+    assert torch.equal(a.memory if cfg.encoder_only else a.logits, b.memory if cfg.encoder_only else b.logits)

@@ -81,10 +81,7 @@ def make_bundle(
     Every importer ends here, once the tensors are known to fit ``cfg``. The bundle is named by
     ``info["name"]``, else by the folder.
     """
-    model = Transformer(cfg)
-    with torch.no_grad():
-        for key, p in model.named_parameters():
-            p.copy_(tensors[key])
+    model = Transformer.holding(cfg, tensors)
     model.eval().requires_grad_(False)
     model = model.to(resolve_device(device))
     folder = weights_file.parent
