@@ -38,14 +38,16 @@ FIRST_TITLE = """() => {
 }"""
 # Of the chart of every head's statistic: the line (not the chosen head's, drawn last) whose last point is drawn
 # farthest from every other line's, as the head its points name, where that point is and how far the next one is.
+# The head's line whose last point lies farthest from any other line's, and that point, in pixels from the
+# chart's top left corner (the click goes through the chart's locator, which waits until the chart stands still).
 A_LINE = """() => {
     const plot = [...document.querySelectorAll('.js-plotly-plot')]
         .find(p => (p.querySelector('.gtitle') || {}).textContent?.startsWith("Every head's"));
-    plot.scrollIntoView({block: 'center'});  // a click lands only on what the window shows
+    const box = plot.getBoundingClientRect();
     const traces = [...plot.querySelectorAll('.scatterlayer .trace')];  // in the order of the data
     const ends = traces.map(t => {
         const dots = t.querySelectorAll('.points path'), b = dots[dots.length - 1].getBoundingClientRect();
-        return [b.left + b.width / 2, b.top + b.height / 2];
+        return [b.left + b.width / 2 - box.left, b.top + b.height / 2 - box.top];
     });
     let best = null;
     for (let i = 0; i < ends.length - 1; i++) {
@@ -139,12 +141,18 @@ def test_play_shift_right_and_a_click_on_a_heads_line(server, browser_tab, where
         settled(page, "after Play")
         assert page.evaluate(SHOWN_STEP) == stopped, "Play switched off stops the steps"
 
-        # a click on a head's line picks that head: the maps show it
+        # a click on a head's line picks that head: the maps show it. The point is found relative to the
+        # chart, and the click goes through the chart's locator: playwright scrolls the chart into view and
+        # waits until it is stable and is what the window shows there, so a page still settling under load
+        # cannot move the line away from a click aimed at window coordinates read a moment before.
+        chart = page.locator(".js-plotly-plot").filter(has=page.locator(".gtitle", has_text="Every head's"))
+        chart.scroll_into_view_if_needed()
         line = page.evaluate(A_LINE)
         assert line["apart"] >= 6, f"every line's last point is within {line['apart']:.0f} px of another's"
         kind, layer, head = formation.parse_head(line["head"])
-        page.mouse.move(line["x"], line["y"])
-        page.mouse.click(line["x"], line["y"])
+        at = {"x": line["x"], "y": line["y"]}
+        chart.hover(position=at)
+        chart.click(position=at)
         wanted = f"{formation.head_name(kind, layer, head)}, step {stopped}"
         page.wait_for_function(f"() => ({FIRST_TITLE})() === {wanted!r}", timeout=60_000)
         settled(page, "a click on a head's line")
