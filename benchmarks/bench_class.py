@@ -844,6 +844,8 @@ def widget_rerun_ms(page: str, alternations: int, present: bool = False) -> floa
     at.run()
     if page != "app.py":
         at.switch_page(page).run()
+    if present and not at.sidebar.toggle(key="present").value:
+        raise RuntimeError(f"{page}: the link's present=1 did not turn presenter mode on")
     root = at.sidebar if key == "src" else at
     times = []
     for i in range(2 * alternations + 4):

@@ -147,10 +147,11 @@ def test_the_widget_rerun_measure_covers_every_page():
     assert set(bench_class.WIDGET_CHANGES) == {page.path for page in PAGES}
 
 
-def test_the_widget_rerun_measure_runs_on_a_page():
+@pytest.mark.parametrize("present", [False, True], ids=["as a visitor sees it", "in presenter mode"])
+def test_the_widget_rerun_measure_runs_on_a_page(present):
     import bench_class
 
-    assert 0 < bench_class.widget_rerun_ms("pages/explorer.py", alternations=1) < 10_000
+    assert 0 < bench_class.widget_rerun_ms("pages/explorer.py", alternations=1, present=present) < 10_000
 
 
 def test_the_methods_benchmark_runs_and_prints_every_line(capsys):
