@@ -448,12 +448,16 @@ def unknown_pieces(bundle: Bundle, src: str, tgt: str | None = None) -> tuple[st
     label. Empty when every character is known, and always for a tokenizer that has no unknown token
     (byte-level BPE, sentencepiece with byte fallback)."""
     tok, cfg = bundle.tokenizer, bundle.config
-    encoded = [tok.encode_source(src)]
+    unread = _unread(tok, tok.encode_source(src))
     if tgt is not None and not (cfg.decoder_only or cfg.encoder_only):
-        encoded.append(tok.encode_target(tgt)[0])  # the decoder's input: every piece of tgt after <s>
+        unread += _unread(tok, tok.encode_target(tgt)[0])  # the decoder's input: every piece of tgt after <s>
+    return unread
+
+
+def _unread(tok, enc) -> tuple[str, ...]:
+    """The unknown pieces of one encoding, as `unknown_pieces` gives them."""
     return tuple(
         label[len("<unk:") : -1] if label.startswith("<unk:") and label.endswith(">") else label
-        for enc in encoded
         for i, label in zip(enc.ids, enc.tokens, strict=True)
         if i == tok.unk_id
     )
@@ -468,8 +472,9 @@ def out_of_domain(bundle: Bundle, src: str) -> str | None:
     ``reverse``, is not flagged for reading letters). The domain named is the card's description.
     """
     tok = bundle.tokenizer
-    unknown = len(unknown_pieces(bundle, src))
-    spelled, share = _spelled(tok.encode_source(src).tokens)
+    enc = tok.encode_source(src)
+    unknown = len(_unread(tok, enc))
+    spelled, share = _spelled(enc.tokens)
     usual = 0.0
     for example in bundle.info.get("examples") or []:
         try:

@@ -227,7 +227,8 @@ def _check_known(bundle, args, src: str, tgt: str | None = None) -> list[str]:
     from attnviz.api import out_of_domain, unknown_pieces
 
     warnings = []
-    unknown = unknown_pieces(bundle, src, tgt)
+    in_source = unknown_pieces(bundle, src)
+    unknown = in_source if tgt is None else unknown_pieces(bundle, src, tgt)
     if unknown:
         distinct = list(dict.fromkeys(u.strip() or u for u in unknown))  # a piece's surface may start with a space
         shown = ", ".join(repr(u) for u in distinct[:UNKNOWN_SHOWN])
@@ -239,7 +240,7 @@ def _check_known(bundle, args, src: str, tgt: str | None = None) -> list[str]:
         )
         if not args.allow_unknown:
             raise InputError(f"the text has {described}; --allow-unknown runs it anyway")
-        if not unknown_pieces(bundle, src):  # the source's own are in the notice below
+        if not in_source:  # the source's own are in the notice below
             warnings.append(f"the target has {described}")
     notice = out_of_domain(bundle, src)
     return [*warnings, notice] if notice else warnings

@@ -626,7 +626,7 @@ class Transformer(nn.Module):
         with torch.no_grad():
             for key, p in model.named_parameters():
                 p.copy_(tensors[key])
-            if isinstance(model.pos.table, Tensor) and not isinstance(model.pos.table, nn.Parameter):
+            if model.pos.kind.startswith("sinusoidal"):
                 model.pos.table.copy_(model.pos.sinusoids())
         return model
 
