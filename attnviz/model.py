@@ -622,7 +622,16 @@ class Transformer(nn.Module):
         """
         with torch.device("meta"):
             model = cls(cfg)
-        model.to_empty(device="cpu")
+        # Memory for each meta tensor, as Module.to_empty gives it, but made by torch.empty: to_empty's
+        # empty_like on the meta device runs torch's Python reference, which imports sympy, 0.2 CPU s
+        # in every process that loads a model. A tensor two modules share is given memory once.
+        given: dict[int, Tensor] = {}
+        for module in model.modules():
+            for name, meta in [*module.named_parameters(recurse=False), *module.named_buffers(recurse=False)]:
+                if id(meta) not in given:
+                    real = torch.empty(meta.shape, dtype=meta.dtype)
+                    given[id(meta)] = nn.Parameter(real, meta.requires_grad) if isinstance(meta, nn.Parameter) else real
+                setattr(module, name, given[id(meta)])
         with torch.no_grad():
             for key, p in model.named_parameters():
                 p.copy_(tensors[key])
