@@ -69,6 +69,72 @@ def test_head_lines_leave_out_heads_where_the_statistic_is_undefined():
         formation.head_lines(heads_table(), "bos", STEPS)
 
 
+def pivoted_lines(heads: pd.DataFrame, statistic: str, steps) -> tuple[list[tuple[str, int, int]], np.ndarray]:
+    """The reference: pandas' pivot table of the statistic (the mean at a step recorded twice), its columns the
+    steps asked for, its rows sorted by site, layer and head, those with no defined value left out."""
+    table = heads.pivot_table(index=["kind", "layer", "head"], columns="step", values=statistic, dropna=False)
+    table = table.reindex(columns=list(steps))
+    order = sorted(table.index, key=lambda k: (formation.SITES.index(k[0]), k[1], k[2]))
+    values = table.loc[order].to_numpy(dtype=np.float64)
+    keep = ~np.all(np.isnan(values), axis=1)
+    return [(str(k), int(la), int(h)) for (k, la, h), ok in zip(order, keep, strict=True) if ok], values[keep]
+
+
+def shipped_heads() -> list[pd.DataFrame]:
+    from attnviz.checkpoints.catalog import pretrained_dir
+    from attnviz.training.history import load_history
+
+    return [load_history(folder).heads for folder in sorted(pretrained_dir().glob("*/history"))]
+
+
+def test_head_lines_and_every_head_agree_with_a_pivot_table():
+    """On the shipped models' histories (every statistic, every record) and on tables with what they lack: steps
+    asked for that were never recorded, in another order, a step recorded twice, and layers past 9."""
+    wide = heads_table(3)
+    wide["layer"] = wide["layer"] * 6  # layers 6 and 12: 12 sorts after 6 as a number, before it as text
+    again = heads_table(4)
+    again = pd.concat([again, again[again["step"] == 100].assign(entropy=lambda t: t["entropy"] + 0.25)])
+    cases = [
+        (table, statistic, sorted(table["step"].unique()))
+        for table in shipped_heads()
+        for statistic in formation.statistics_of(table)
+    ]
+    assert len(cases) >= 3 * 8, "the shipped histories were read"
+    cases += [
+        (wide, "entropy", [400, 0, 50, 250]),  # out of order, 50 never recorded
+        (heads_table(5), "mean_distance", [7, 9]),  # none recorded: every line left out
+        (again, "entropy", list(STEPS)),
+    ]
+    for table, statistic, steps in cases:
+        lines = formation.head_lines(table, statistic, steps)
+        heads, values = pivoted_lines(table, statistic, steps)
+        assert lines.heads == heads, statistic
+        np.testing.assert_allclose(lines.values, values.reshape(len(heads), len(steps)), rtol=1e-15, atol=0)
+        expected = sorted(
+            {(str(k), int(la), int(h)) for k, la, h in table[["kind", "layer", "head"]].to_numpy()},
+            key=lambda k: (formation.SITES.index(k[0]), k[1], k[2]),
+        )
+        assert formation.every_head(table) == [formation.head_id(*h) for h in expected]
+    assert not formation.head_lines(heads_table(5), "mean_distance", [7, 9]).heads
+
+
+def test_the_opening_head_is_the_one_a_sorted_table_puts_first():
+    """On the shipped histories, for every statistic: the highest at the last record, a cross-attention head where
+    there are, the first row of the highest on a tie, as a stable sort of the table puts it."""
+    tied = heads_table(6).assign(previous=0.5)  # every head tied: the first row of the last record's cross heads
+    cases = [(table, statistic) for table in [*shipped_heads(), tied] for statistic in formation.statistics_of(table)]
+    for table, statistic in cases:
+        last = table[table["step"] == table["step"].max()].dropna(subset=[statistic])
+        if (last["kind"] == "cross").any():
+            last = last[last["kind"] == "cross"]
+        if last.empty:
+            expected = formation.every_head(table)[0]
+        else:
+            best = last.sort_values(statistic, ascending=False, kind="stable").iloc[0]
+            expected = formation.head_id(best["kind"], best["layer"], best["head"])
+        assert formation.opening_head(table, statistic) == expected, statistic
+
+
 def test_the_statistics_come_in_the_atlas_order_then_the_others():
     assert formation.statistics_of(heads_table()) == [
         "entropy",

@@ -86,10 +86,29 @@ def _site_order(kind: str, layer: int, head: int) -> tuple[int, int, int]:
     return (SITES.index(kind) if kind in SITES else len(SITES), int(layer), int(head))
 
 
+def _heads_in_order(heads: pd.DataFrame) -> tuple[list[tuple[str, int, int]], np.ndarray]:
+    """Every head of a heads table, (kind, layer, head) in the order of `SITES`, layer and head, and the
+    index among them of each row's head.
+
+    On arrays, not row by row: the page reads them on every rerun, and a set of the rows' tuples and a
+    pivot table took 8.5 ms of a 52 ms rerun of en-de's history (1,800 rows; 2-core AMD EPYC, Zen 4)."""
+    codes, kinds = pd.factorize(heads["kind"].astype(str).to_numpy())
+    by_site = sorted(range(len(kinds)), key=lambda i: (_site_order(kinds[i], 0, 0), kinds[i]))
+    rank = np.empty(len(kinds), dtype=np.int64)
+    rank[by_site] = np.arange(len(kinds))
+    keys = np.stack([rank[codes], heads["layer"].to_numpy(np.int64), heads["head"].to_numpy(np.int64)], axis=1)
+    rows = np.lexsort(keys.T[::-1])  # by site, then layer, then head (np.unique(axis=0) took 1.2 ms here)
+    ordered = keys[rows]
+    first = np.ones(len(rows), dtype=bool)  # each head's first row in that order
+    first[1:] = np.any(ordered[1:] != ordered[:-1], axis=1)
+    row_head = np.empty(len(rows), dtype=np.int64)
+    row_head[rows] = np.cumsum(first) - 1
+    return [(str(kinds[by_site[r]]), int(layer), int(head)) for r, layer, head in ordered[first]], row_head
+
+
 def every_head(heads: pd.DataFrame) -> list[str]:
     """The `head_id` of every head in a heads table: encoder, decoder, cross, then by layer and head."""
-    found = {(str(k), int(la), int(h)) for k, la, h in heads[["kind", "layer", "head"]].itertuples(index=False)}
-    return [head_id(*h) for h in sorted(found, key=lambda h: _site_order(*h))]
+    return [head_id(*h) for h in _heads_in_order(heads)[0]]
 
 
 def opening_head(heads: pd.DataFrame, statistic: str, named: tuple[str, int, int] | None = None) -> str:
@@ -99,12 +118,14 @@ def opening_head(heads: pd.DataFrame, statistic: str, named: tuple[str, int, int
     ids = every_head(heads)
     if named is not None and head_id(*named) in ids:
         return head_id(*named)
-    last = heads[heads["step"] == heads["step"].max()].dropna(subset=[statistic])
-    if (last["kind"] == "cross").any():
-        last = last[last["kind"] == "cross"]
-    if last.empty:
+    step, value = heads["step"].to_numpy(), heads[statistic].to_numpy(np.float64)
+    cross = heads["kind"].to_numpy() == "cross"
+    candidates = (step == step.max()) & ~np.isnan(value)  # the last record's defined values
+    if (candidates & cross).any():
+        candidates &= cross
+    if not candidates.any():
         return ids[0]
-    best = last.sort_values(statistic, ascending=False, kind="stable").iloc[0]
+    best = heads.iloc[np.flatnonzero(candidates)[np.argmax(value[candidates])]]  # the first row of the highest
     return head_id(best["kind"], best["layer"], best["head"])
 
 
@@ -129,13 +150,24 @@ def head_lines(heads: pd.DataFrame, statistic: str, steps: Sequence[int]) -> Hea
     if statistic not in statistics_of(heads):
         raise ValueError(f"the history records no statistic {statistic!r}; it has {', '.join(statistics_of(heads))}")
     steps = np.asarray(steps)
-    table = heads.pivot_table(index=["kind", "layer", "head"], columns="step", values=statistic, dropna=False)
-    table = table.reindex(columns=steps)
-    order = sorted(table.index, key=lambda k: _site_order(*k))
-    table = table.loc[order]
-    values = table.to_numpy(dtype=np.float64)
+    order, row_head = _heads_in_order(heads)
+    recorded, row_step = np.unique(heads["step"].to_numpy(np.int64), return_inverse=True)
+    # The mean of a head's defined values at each recorded step (a step recorded twice: their mean).
+    value = heads[statistic].to_numpy(np.float64)
+    defined = ~np.isnan(value)
+    at = (row_head[defined], row_step.reshape(-1)[defined])
+    sums, counts = np.zeros((len(order), len(recorded))), np.zeros((len(order), len(recorded)))
+    np.add.at(sums, at, value[defined])
+    np.add.at(counts, at, 1)
+    means = np.divide(sums, counts, out=np.full_like(sums, np.nan), where=counts > 0)
+    # ... at the steps asked for, NaN at one not recorded
+    column = np.searchsorted(recorded, steps)
+    found = column < len(recorded)
+    found[found] = recorded[column[found]] == steps[found]
+    values = np.full((len(order), len(steps)), np.nan)
+    values[:, found] = means[:, column[found]]
     keep = ~np.all(np.isnan(values), axis=1)
-    kept = [(str(k), int(layer), int(head)) for (k, layer, head), ok in zip(order, keep, strict=True) if ok]
+    kept = [h for h, ok in zip(order, keep, strict=True) if ok]
     return HeadLines(statistic, steps, kept, values[keep])
 
 
