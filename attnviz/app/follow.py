@@ -35,7 +35,7 @@ from streamlit.runtime.state.session_state_proxy import get_session_state
 
 from attnviz.app import links, registry, rooms
 from attnviz.app.present import room
-from attnviz.figures.common import copied_spec
+from attnviz.figures.common import copied_spec, remade
 
 log = logging.getLogger(__name__)
 
@@ -326,7 +326,7 @@ def marked(fig: go.Figure, chart: str) -> go.Figure:
         "line": {"color": MARK_COLOUR, "width": 4},
         "name": "pointed",
     }
-    return go.Figure(data=data, layout={**layout, "shapes": [*layout.get("shapes", []), frame]})
+    return remade(data, {**layout, "shapes": [*layout.get("shapes", []), frame]})
 
 
 def clickable(fig: go.Figure) -> go.Figure:
@@ -355,7 +355,7 @@ def clickable(fig: go.Figure) -> go.Figure:
         name="cells",
     )
     data, layout = copied_spec(fig)
-    return go.Figure(data=[*data, cells], layout={**layout, "hoverdistance": -1, "clickmode": "event+select"})
+    return remade([*data, cells.to_plotly_json()], {**layout, "hoverdistance": -1, "clickmode": "event+select"})
 
 
 def map_chart(where, fig: go.Figure, chart: str, **kwargs) -> None:

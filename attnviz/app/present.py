@@ -17,7 +17,7 @@ import streamlit as st
 
 from attnviz.app import viewport
 from attnviz.app.text import escape_markdown
-from attnviz.figures.common import TICK_FONT, copied_spec, rows_that_fit
+from attnviz.figures.common import TICK_FONT, copied_spec, remade, rows_that_fit
 
 PRESENT = "present"  # the session key and the URL parameter
 ON = ("1", "true")
@@ -218,7 +218,7 @@ def room(fig: go.Figure) -> go.Figure:
     _title_on_the_plot(layout)
     if layout.get("height") is not None:
         layout["height"] = min(max(layout["height"], MIN_HEIGHT_PX), PICTURE_MAX_PX)
-    return go.Figure(data=data, layout=layout)
+    return remade(data, layout)
 
 
 def _update(spec: dict, **changes) -> None:
