@@ -952,7 +952,7 @@ def main(argv: list[str] | None = None) -> int:
             kind, key, _ = WIDGET_CHANGES[page]
             seen = [widget_rerun_ms(page, args.alternations, present) for present in (False, True)]
             shown = "  ".join(f"{ms:6.1f}  {verdict(ms / 1000, TARGETS['widget'])}" for ms in seen)
-            print(f"  {page:22} {kind} {key:12} {shown} (<= 50)")
+            print(f"  {page:22} {kind + ' ' + key:24} {shown} (<= 50)")
 
     if "memory" in only:
         with app_server() as (port, pid):
