@@ -623,7 +623,7 @@ class Transformer(nn.Module):
         with torch.device("meta"):
             model = cls(cfg)
         # Memory for each meta tensor, as Module.to_empty gives it, but made by torch.empty: to_empty's
-        # empty_like on the meta device runs torch's Python reference, which imports sympy, 0.2 CPU s
+        # empty_like on the meta device runs torch's Python reference, which imports sympy: 0.3 CPU s
         # in every process that loads a model. A tensor two modules share is given memory once.
         given: dict[int, Tensor] = {}
         for module in model.modules():
