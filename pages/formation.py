@@ -167,7 +167,8 @@ def replay(ctx: Context) -> None:
     top.markdown(f"**Step {step}** (record {record + 1} of {len(steps)}), probe: {escape_markdown(probe.text)}")
     left, right = top.columns(2)
     for column, maps, when, at in ((left, maps_now, f"step {step}", record), (right, maps_final, "final", -1)):
-        title = f"{formation.head_name(site, layer, head_number)}, {when}"
+        # the short name: two maps side by side, each title on one line in half of a 1280-pixel screen
+        title = f"{formation.head_name(site, layer, head_number, short=True)}, {when}"
         key = (*version, "formation", probe_index, site, layer, head_number, steps[at])
         matrix = maps[layer - 1, head_number - 1]
         column.plotly_chart(

@@ -88,6 +88,17 @@ MEASURE = r"""([minPx, maxGap, pictureTitle]) => {
             }
         }
 
+        // the chart's title and subtitle: the whole text inside the chart (plotly draws a title wider than
+        // its chart on one line, cut at the chart's edge)
+        for (const head of [title, ...plot.querySelectorAll('.gtitle-subtitle')]) {
+            if (!head || !head.textContent.trim()) continue;
+            const b = box(head);
+            if (b.left < chart.left - 1 || b.right > chart.right + 1)
+                problems.push(`${name}: the title "${shown(head)}" is cut at the chart's edge`
+                              + ` (${Math.round(b.left)}-${Math.round(b.right)} in ${Math.round(chart.left)}`
+                              + `-${Math.round(chart.right)})`);
+        }
+
         // the legend off the plot area and the x axis's labels and title
         for (const [what] of (%LEGEND_COVERS%)(plot)) problems.push(`${name}: the legend covers ${what}`);
 

@@ -153,7 +153,7 @@ def test_play_shift_right_and_a_click_on_a_heads_line(server, browser_tab, where
         at = {"x": line["x"], "y": line["y"]}
         chart.hover(position=at)
         chart.click(position=at)
-        wanted = f"{formation.head_name(kind, layer, head)}, step {stopped}"
+        wanted = f"{formation.head_name(kind, layer, head, short=True)}, step {stopped}"
         page.wait_for_function(f"() => ({FIRST_TITLE})() === {wanted!r}", timeout=60_000)
         settled(page, "a click on a head's line")
         assert f"formation_head={line['head']}" in page.url or line["head"] in page.url

@@ -87,7 +87,7 @@ def test_the_opening_head_is_the_one_whose_statistic_formed(histories):
     assert at.selectbox(key="formation_statistic").value == "induction"
     at.selectbox(key="formation_head").set_value("decoder-L1-H3").run()
     assert_ok(at)
-    assert titles(at)[0] == f"{formation.head_name('decoder', 1, 3)}, step {STEPS[0]}"
+    assert titles(at)[0] == f"{formation.head_name('decoder', 1, 3, short=True)}, step {STEPS[0]}"
 
 
 @pytest.mark.parametrize(("raw", "step"), [("300", 300), ("260", 300), ("250", 200), ("-40", 0), ("99999", 600)])
@@ -110,7 +110,7 @@ def test_a_malformed_step_in_the_link_is_set_aside(histories, raw):
 def test_the_head_and_statistic_are_in_the_link(histories):
     at = open_history(histories["reverse"], formation_head="cross-L2-H1", formation_statistic="diagonal", step="400")
     assert_ok(at)
-    assert titles(at)[0] == f"{formation.head_name('cross', 2, 1)}, step 400"
+    assert titles(at)[0] == f"{formation.head_name('cross', 2, 1, short=True)}, step 400"
     assert "Every head's diagonal over training" in titles(at)
     assert not set_aside(at)
 

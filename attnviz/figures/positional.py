@@ -121,7 +121,7 @@ def wavelength_chart(wavelengths: np.ndarray, base: float) -> go.Figure:
             )
         )
     layout = {
-        "title": "Wavelengths 2π·base^(2i/d_model): a geometric progression",
+        "title": "Wavelengths: a geometric progression",  # on one line in half of a 1280-pixel screen
         "height": 380,
         "margin": MARGIN,
         "xaxis": {"title": "frequency pair i (dimensions 2i and 2i+1)"},

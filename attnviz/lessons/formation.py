@@ -77,9 +77,11 @@ def parse_head(text: str) -> tuple[str, int, int]:
     return parts[0], int(layer), int(head)
 
 
-def head_name(kind: str, layer: int, head: int) -> str:
-    """A head as people read it: ``Cross-attention, layer 2, head 3``."""
-    return f"{TITLES[kind]}, layer {layer}, head {head}"
+def head_name(kind: str, layer: int, head: int, short: bool = False) -> str:
+    """A head as people read it: ``Cross-attention (encoder-decoder), layer 2, head 3``; ``short``: without
+    the kind's note in brackets (``Cross-attention, layer 2, head 3``), for a title in half a screen's width."""
+    kind_title = TITLES[kind].split(" (")[0] if short else TITLES[kind]
+    return f"{kind_title}, layer {layer}, head {head}"
 
 
 def _site_order(kind: str, layer: int, head: int) -> tuple[int, int, int]:
