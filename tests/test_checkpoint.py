@@ -328,7 +328,7 @@ def test_checking_a_configs_shapes_and_loading_a_model_import_neither_dynamo_nor
 
     They cost about 1 CPU s on their first use in a process, which every process that loaded a checkpoint paid:
     the app, each heavy-work worker, each CLI command (model.normal_weights). Module.to_empty brought sympy
-    back (0.2 CPU s a load) until `holding` gave the meta tensors memory itself.
+    back (0.3 CPU s a load) until `holding` gave the meta tensors memory itself.
     """
     import subprocess
     import sys
