@@ -3,8 +3,9 @@
 Home and the explorer, as a visitor opens them on a phone: the first chart is the block right after
 the page's title; the heatmap's plot area keeps at least 60% of the chart's width; no two key
 labels and no two query labels overlap; plotly's toolbar, shown as a finger or a mouse over the
-chart shows it, covers no part of the title; nothing scrolls sideways; a presenter's link
-(``present=1``) opens the same way. The same pages on a 1280x720 screen keep their wide layout.
+chart shows it, covers no part of the title, which is whole inside the chart; nothing scrolls
+sideways; a presenter's link (``present=1``) opens the same way. The same pages on a 1280x720
+screen keep their wide layout.
 The server and the browser set-up are test_browser.py's; screenshots land in test-artifacts/.
 """
 
@@ -97,6 +98,8 @@ def test_on_a_phone_the_map_comes_first_and_keeps_most_of_the_width(server, brow
     assert seen["modebar"] is not None, f"{name}: no toolbar shown"
     toolbar, title = seen["modebar"], seen["chart_title"]
     assert not overlaps(toolbar, title), f"{name}: the toolbar {toolbar} covers the title {title}"
+    # plotly draws a title wider than its chart on one line, cut at the chart's edge
+    assert seen["chart"][0] - 1 <= title[0] and title[2] <= seen["chart"][2] + 1, f"{name}: the title {title} is cut"
     assert seen["sideways"] <= 0, f"{name} scrolls sideways by {seen['sideways']} px"
 
 
