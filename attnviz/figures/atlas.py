@@ -172,7 +172,7 @@ def head_map(
                 name=f"layer {selected[0]}, head {selected[1]}",
             )
         )
-    layout = {  # whole: plotly's update_layout and update_xaxes each check every key path anew
+    layout = {
         "title": f"{TITLES[kind]}: {n} heads, close when they attend alike",
         "showlegend": False,
         "height": 520,

@@ -128,8 +128,6 @@ def attention_heatmap(
                 hovertemplate="query %{y}<br>key %{x}<br>masked<extra></extra>",
             )
         )
-    # The layout is handed to the figure whole: plotly's update_layout and update_xaxes parse and
-    # check every key path anew, and took four fifths of this function's time.
     layout_of = _narrow_layout if narrow else _wide_layout
     return go.Figure(data=traces, layout=layout_of(title or kind_title, x, y, x_title, y_title))
 

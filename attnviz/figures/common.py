@@ -183,6 +183,15 @@ def above_top_labels(
     }
 
 
+def vertical_line(x: float, text: str, line: dict) -> tuple[dict, dict]:
+    """A line up the whole plot at ``x`` and its label at the top, right of the line: the shape and the
+    annotation plotly's ``add_vline(x, annotation_text=text)`` writes, for a layout made whole."""
+    where = {"xref": "x", "yref": "y domain"}
+    shape = {"type": "line", "x0": x, "x1": x, "y0": 0, "y1": 1, "line": line, **where}
+    note = {"text": text, "showarrow": False, "x": x, "y": 1, "xanchor": "left", "yanchor": "top", **where}
+    return shape, note
+
+
 def copied_spec(fig) -> tuple[list[dict], dict]:
     """A figure's traces and layout as plain dicts (a deep copy), to change and make a new figure of in
     one go: ``go.Figure(data=traces, layout=layout)``. Plotly's updates on a figure (update_layout,

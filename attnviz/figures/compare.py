@@ -68,7 +68,7 @@ def difference_heatmap(
             "<extra></extra>"
         ),
     )
-    layout = {  # whole: plotly's update_layout and update_xaxes each check every key path anew
+    layout = {
         "height": max(320, min(900, 24 * a.shape[0] + 250)),
         **above_top_labels(title, list(key_labels), subtitle=f"{kind_title}: red where A is larger, blue where B is"),
         "xaxis": {

@@ -136,7 +136,7 @@ def importance_grid(scores: np.ndarray, kind: str, selected: tuple[int, int] | N
         name="cells",
         showlegend=False,
     )
-    layout = {  # whole: plotly's update_layout and add_shape each lay the figure out again
+    layout = {
         "xaxis": {"type": "category", "side": "top", "title": {"text": "head", "standoff": 4}, "tickangle": 0},
         "yaxis": {"type": "category", "autorange": "reversed", "title": "layer"},
         "title": {"text": TITLES[kind], "y": 0.98, "yanchor": "top"},

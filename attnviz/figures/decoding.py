@@ -48,7 +48,7 @@ def topk_bar(tokens: Sequence[str], probs: Sequence[float], chosen: str | None =
     if chosen is not None:
         where = "red" if chosen in ranked else "not in the top " + str(len(ranked))
         title += f" (chosen: {html.escape(chosen, quote=False)}, {where})"
-    layout = {  # whole: plotly's update_layout and update_xaxes each check every key path anew
+    layout = {
         "title": title,
         "height": 120 + 28 * len(ranked),
         "margin": {"l": 10, "r": 10, "t": 50, "b": 10},

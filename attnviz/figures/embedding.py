@@ -153,7 +153,7 @@ def qk_scatter(
                 hovertemplate="%{hovertext}<extra></extra>",
             )
         )
-    layout = {  # whole: plotly's update_layout and update_xaxes each check every key path anew
+    layout = {
         "title": heading,
         "height": height,
         "margin": margin,

@@ -15,7 +15,7 @@ from collections.abc import Sequence
 import numpy as np
 import plotly.graph_objects as go
 
-from attnviz.figures.common import FOOT_LEGEND, HIGHLIGHT, TICK_FONT
+from attnviz.figures.common import FOOT_LEGEND, HIGHLIGHT, TICK_FONT, vertical_line
 from attnviz.kinds import TITLES
 
 STEP_AXIS = "training step"
@@ -54,17 +54,14 @@ def _marks(step: int | None, drop: tuple[int, int] | None = None) -> dict:
     if drop is not None:
         shapes.append({"type": "rect", "x0": drop[0], "x1": drop[1], **where, **DROP})
     if step is not None:
-        shapes.append({"type": "line", "x0": step, "x1": step, **where, "line": MARK})
-        notes.append(
-            {"showarrow": False, "text": f"step {step}", "x": step, "xanchor": "left", "xref": "x"}
-            | {"y": 1, "yanchor": "top", "yref": "y domain"}
-        )
+        line, note = vertical_line(step, f"step {step}", MARK)
+        shapes.append(line)
+        notes.append(note)
     return {"shapes": shapes, "annotations": notes}
 
 
 def _layout(traces: list, title: str, y_title: str, step: int | None, drop: tuple[int, int] | None = None) -> dict:
-    """A chart's layout, handed to its figure whole: plotly's update_layout, update_xaxes, add_vline
-    and add_vrect each lay the figure out again, and took most of a chart's time."""
+    """A chart's layout, the step marked and the drop shaded, made whole (`attnviz.figures`)."""
     entries = sum(trace.showlegend is not False for trace in traces) if len(traces) > 1 else 0
     axis = {"tickfont": TICK_FONT, "gridcolor": "#e6e6e6", "zeroline": False}
     return {

@@ -59,7 +59,6 @@ def encoding_heatmap(
         colorbar={"title": "PE value"},
         hovertemplate="position %{y}<br>dimension %{x}<br>PE %{z:.4f}<extra></extra>",
     )
-    # Here and below the layout goes to the figure whole: update_layout and update_xaxes re-parse every key path.
     layout = {
         "title": title + _stride_note(s),
         "height": 440,

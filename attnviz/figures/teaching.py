@@ -15,15 +15,23 @@ import pandas as pd
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
-from attnviz.figures.common import FOOT_LEGEND, HIGHLIGHT, MASKED_GREY, WEIGHT_COLORSCALE, plotly_labels
+from attnviz.figures.common import (
+    FOOT_LEGEND,
+    HIGHLIGHT,
+    MASKED_GREY,
+    WEIGHT_COLORSCALE,
+    plotly_labels,
+    vertical_line,
+)
 
 ALLOWED_BLUE = "#2171b5"
 SCALED, UNSCALED = "#2171b5", HIGHLIGHT  # with and without 1/sqrt(d_k), the same on every chart
 MARGIN = {"l": 10, "r": 10, "t": 60, "b": 10}
-# The figures are built whole, traces and layout in one go.Figure call: each of plotly's update_layout,
-# update_xaxes, add_trace and add_shape lays the figure out again, and took most of their time. A grid
-# of subplots is built so too and then handed to make_subplots (``figure=``), which adds its domains
-# and subplot titles.
+
+
+def _subplot(i: int) -> str:
+    """How the i-th subplot's axes are named after "x" and "y", row by row: x and y, x2 and y2, ..."""
+    return str(i + 1) if i else ""
 
 
 def _labels(labels: Sequence[str] | None, n: int) -> list[str]:
@@ -74,7 +82,7 @@ def mask_grid(
         if mask.ndim != 2:
             raise ValueError(f"each mask must be (queries, keys), got shape {mask.shape}")
         x, y = [str(j) for j in range(mask.shape[1])], [str(j) for j in range(mask.shape[0])]
-        n = i + 1 if i else ""  # the i-th subplot's axes, row by row: x and y, x2 and y2, ...
+        n = _subplot(i)
         traces.append(_mask_trace(mask, x, y, showscale=i == 0, legend=legend).update(xaxis=f"x{n}", yaxis=f"y{n}"))
         layout[f"xaxis{n}"] = {"title": x_title, "type": "category"}
         # The row's panels share one query axis: titled once, on the left, where its labels are.
@@ -121,7 +129,7 @@ def scaling_figure(df: pd.DataFrame) -> go.Figure:
     ]
     traces, layout = [], {"height": 640, "margin": MARGIN}
     for i, (_, y_title, series) in enumerate(panels):
-        n = i + 1 if i else ""  # the i-th panel's axes, row by row: x and y, x2 and y2, ...
+        n = _subplot(i)
         for column, color, name in series:
             traces.append(
                 go.Scatter(
@@ -174,24 +182,14 @@ def query_weights_bars(weights: np.ndarray, d_k: int, scale: bool) -> go.Figure:
 
 def lr_curve(df: pd.DataFrame, warmup: int) -> go.Figure:
     """Equation 3's learning rate against the training step, the end of warm-up marked."""
-    end = {"xref": "x", "yref": "y domain"}  # the end of warm-up, a dotted line up the plot as add_vline draws it
+    end, note = vertical_line(warmup, f"warmup_steps = {warmup}", {"dash": "dot"})  # the end of warm-up
     return go.Figure(
         data=[go.Scatter(x=df["step"], y=df["learning rate"], mode="lines", line={"color": ALLOWED_BLUE})],
         layout={
             "title": "lrate = d_model^-0.5 · min(step^-0.5, step · warmup_steps^-1.5)",
             "margin": MARGIN,
-            "shapes": [{"type": "line", "x0": warmup, "x1": warmup, "y0": 0, "y1": 1, "line": {"dash": "dot"}, **end}],
-            "annotations": [
-                {
-                    "text": f"warmup_steps = {warmup}",
-                    "showarrow": False,
-                    "x": warmup,
-                    "y": 1,
-                    "xanchor": "left",
-                    "yanchor": "top",
-                    **end,
-                }
-            ],
+            "shapes": [end],
+            "annotations": [note],
             "xaxis": {"title": "training step"},
             "yaxis": {"title": "learning rate", "exponentformat": "e"},
         },
@@ -268,7 +266,7 @@ def heatmap_row(
     traces, layout = [], {"height": height, "margin": MARGIN}
     for i, z in enumerate(values):
         x, y = _labels(labels, z.shape[1]), _labels(labels, z.shape[0])
-        n = i + 1 if i else ""  # the i-th subplot's axes: x and y, x2 and y2, ...
+        n = _subplot(i)
         traces.append(
             go.Heatmap(
                 z=z,

@@ -59,7 +59,7 @@ def matrix_heatmap(
         colorbar={"title": "value"},
         hovertemplate=f"{row_axis} %{{y}}<br>{col_axis} %{{x}}<br>value %{{z:.6f}}<extra></extra>",
     )
-    layout = {  # whole: plotly's update_layout and update_xaxes each check every key path anew
+    layout = {
         "height": max(260, min(900, 22 * R + 180)),
         **above_top_labels(title, x),
         "xaxis": {"title": col_axis, "side": "top", "tickangle": -60, **ticks(x)},
