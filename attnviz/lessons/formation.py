@@ -117,8 +117,7 @@ def opening_head(heads: pd.DataFrame, statistic: str, named: tuple[str, int, int
     """The `head_id` the page opens on: ``named`` (kind, layer, head: the card's) when the table has it, else the
     head with the highest ``statistic`` at the last record, a cross-attention head where there are (where the
     decoder looks: the alignment forming)."""
-    ids = every_head(heads)
-    if named is not None and head_id(*named) in ids:
+    if named is not None and head_id(*named) in every_head(heads):
         return head_id(*named)
     step, value = heads["step"].to_numpy(), heads[statistic].to_numpy(np.float64)
     cross = heads["kind"].to_numpy() == "cross"
@@ -126,7 +125,7 @@ def opening_head(heads: pd.DataFrame, statistic: str, named: tuple[str, int, int
     if (candidates & cross).any():
         candidates &= cross
     if not candidates.any():
-        return ids[0]
+        return every_head(heads)[0]
     best = heads.iloc[np.flatnonzero(candidates)[np.argmax(value[candidates])]]  # the first row of the highest
     return head_id(best["kind"], best["layer"], best["head"])
 
