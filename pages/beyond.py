@@ -128,7 +128,7 @@ def method_section(picture, asked: Asked, export: AttentionExport, contrast: str
         title = f"Weights, layer {layer}, head {head}"
         weights = getattr(export, kind)[layer - 1, head - 1]
         fig = views.one_head(("beyond", *asked.shown), weights, rows, k_tokens, kind, contrast, mask, title)
-        st.plotly_chart(room(fig), width="stretch", config=export_config(f"{asked.stem}H{head}-weights", "png"))
+        st.plotly_chart(room(fig, 0.5), width="stretch", config=export_config(f"{asked.stem}H{head}-weights", "png"))
     with right:
         which = f"layer {layer}, head {head}" if spec.per_head else f"layer {layer}, all heads"
         fig = shared(
@@ -145,7 +145,7 @@ def method_section(picture, asked: Asked, export: AttentionExport, contrast: str
                 zmax=1.0 if spec.shares else None,
             ),
         )
-        st.plotly_chart(room(fig), width="stretch", config=export_config(f"{asked.stem}-{method}", "png"))
+        st.plotly_chart(room(fig, 0.5), width="stretch", config=export_config(f"{asked.stem}-{method}", "png"))
         if not spec.per_head:
             st.caption("This method gives one map per layer: the heads together, not the head chosen on the left.")
     if "position" in result.manifest:
@@ -258,7 +258,7 @@ def ablation_section(bundle, kinds: list[str], asked: Asked, contrast: str) -> N
         title = f"{TITLES[kind]}, layer {layer}, head {head}: {label}"
         shown = ("beyond-ablation", *ctx.key, heads, mode, asked.words)
         fig = views.one_head((*shown, kind, layer, head), matrix, rows, k_tokens, kind, contrast, mask, title)
-        column.plotly_chart(room(fig), width="stretch")
+        column.plotly_chart(room(fig, 0.5), width="stretch")
     st.caption(
         "Both maps read the same decoder input, so rows line up; the layer and head are those chosen above. "
         "A head switched off still has weights: it is its output that is replaced."
@@ -348,7 +348,7 @@ def importance_section(ctx: Context, bundle, kinds: list[str]) -> None:
             lambda kind=kind, selected=selected: importance_grid(importance.scores[kind], kind, selected=selected),
         )
         column.plotly_chart(
-            room(fig),
+            room(fig, 1 / len(kinds)),
             key=f"_bw_imp_{kind}",
             on_select=lambda kind=kind: apply_importance_click(kind),
             selection_mode="points",

@@ -149,7 +149,7 @@ def draw_one_head(s: Shown, picture) -> None:
         key = (*s.keys[side], layer, head)
         fig = one_head(key, matrix, q_tokens, k_tokens, kind, s.contrast, allowed(kind, *matrix.shape), title)
         column.plotly_chart(
-            room(fig), width="stretch", config=export_config(f"compare-{side}-{kind}-L{layer}H{head}", "png")
+            room(fig, 0.5), width="stretch", config=export_config(f"compare-{side}-{kind}-L{layer}H{head}", "png")
         )
 
 

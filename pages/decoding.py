@@ -234,7 +234,7 @@ def draw_alignment(s: Shown) -> None:
             narrow=narrow,
         ),
     )
-    map_chart(st, fig, "_dec_alignment_map")  # a click on a cell points at it, for a room's followers
+    map_chart(st, fig, "_dec_alignment_map", share=0.5)  # a click on a cell points at it, for a room's followers
     st.caption(
         'The alignment grows by one row per step: the row "a → b" is where the decoder looked while reading a '
         "and writing b."
@@ -258,7 +258,7 @@ def draw_lm_alignment(s: Shown) -> None:
         )  # fmt: skip
 
     fig = shared("decoding-lm-rows", (*s.key, layer, head, s.contrast, narrow), figure)
-    map_chart(st, fig, "_dec_lm_map")  # a click on a cell points at it, for a room's followers
+    map_chart(st, fig, "_dec_lm_map", share=0.5)  # a click on a cell points at it, for a room's followers
     st.caption(
         'One row per step: the row "a → b" is where the model looked while reading a and writing b, over the '
         "prompt and what it has written so far (the prompt was read in one pass, then one token per step)."
@@ -271,7 +271,7 @@ def draw_candidates(s: Shown) -> None:
     labels = [tok.target_token(c.token_id) for c in step.top]
     chosen = tok.target_token(step.token_id)
     top = shared("decoding-top", s.key, lambda: topk_bar(labels, [c.prob for c in step.top], chosen=chosen))
-    st.plotly_chart(room(top), width="stretch")
+    st.plotly_chart(room(top, 0.5), width="stretch")
     if s.teacher:
         predicted = step.top[0]
         verdict = (
@@ -314,7 +314,7 @@ def draw_step_rows(s: Shown) -> None:
             contrast=s.contrast,
         ),
     )
-    map_chart(st, fig, "_dec_self_row_map")
+    map_chart(st, fig, "_dec_self_row_map", share=0.5)
     if step.cross_attn is None:  # a language model has no source to look at
         return
     cross_row = step.cross_attn[layer - 1, head - 1].numpy()[None]
@@ -331,7 +331,7 @@ def draw_step_rows(s: Shown) -> None:
             contrast=s.contrast,
         ),
     )
-    map_chart(st, fig, "_dec_cross_row_map")
+    map_chart(st, fig, "_dec_cross_row_map", share=0.5)
 
 
 def draw_step_grid(s: Shown) -> None:
@@ -346,7 +346,7 @@ def draw_step_grid(s: Shown) -> None:
         s.key,
         lambda: step_rows_grid(rows, keys, title=f"{what} of step {t + 1}, every layer and head", kind=kind),
     )
-    st.plotly_chart(room(grid), width="stretch")
+    st.plotly_chart(room(grid, 0.5), width="stretch")
 
 
 frame(body, intro=INTRO)

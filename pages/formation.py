@@ -172,7 +172,7 @@ def replay(ctx: Context) -> None:
         key = (*version, "formation", probe_index, site, layer, head_number, steps[at])
         matrix = maps[layer - 1, head_number - 1]
         column.plotly_chart(
-            room(views.one_head(key, matrix, rows, columns, site, contrast, mask, title)), width="stretch"
+            room(views.one_head(key, matrix, rows, columns, site, contrast, mask, title), 0.5), width="stretch"
         )
     st.caption(
         f"Left: the head at step {step}; right: the same head at the last record (step {steps[-1]}), on the same "
@@ -188,14 +188,14 @@ def replay(ctx: Context) -> None:
         (*version, step, drop),
         lambda: loss_curves(steps, history.train_loss, history.heldout_loss, step, drop),
     )
-    left.plotly_chart(room(loss), width="stretch")
+    left.plotly_chart(room(loss, 0.5), width="stretch")
     figure = shared(
         "formation-lines",
         (*version, statistic, step, head),
         lambda: statistic_lines(steps, lines.values, lines.heads, lines.ids, statistic, step, head),
     )
     right.plotly_chart(
-        room(figure),
+        room(figure, 0.5),
         width="stretch",
         key=LINES_CHART,
         on_select=lambda: pick_head(LINES_CHART),

@@ -97,7 +97,7 @@ def rotation_section(c: Controls, M: np.ndarray, table: np.ndarray) -> None:
     d_model, k = c.d_model, c.k
     left, right = first("lin_rotation").columns([2, 3])  # M_k and one dimension, first in presenter mode
     rotation = shared("lin-rotation", (d_model, c.base, c.layout, k), lambda: pp.rotation_heatmap(M, k))
-    left.plotly_chart(room(rotation), width="stretch")
+    left.plotly_chart(room(rotation, 0.4), width="stretch")
     left.caption(
         "Each pair (sin pos·ω_i, cos pos·ω_i) is turned by the angle k·ω_i: the 2×2 block "
         "[[cos kω_i, sin kω_i], [−sin kω_i, cos kω_i]]. No entry involves pos. In the concatenated layout "
@@ -121,7 +121,7 @@ def rotation_section(c: Controls, M: np.ndarray, table: np.ndarray) -> None:
             (*c.key, dim),
             lambda: pp.shift_chart(positions, check.predicted[:, dim], check.actual[:, dim], k, label),
         )
-        st.plotly_chart(room(shift), width="stretch")
+        st.plotly_chart(room(shift, 0.6), width="stretch")
         st.caption("The line is the table shifted by k; the markers are M_k applied to the unshifted table.")
     residual = shared(
         "lin-residual",

@@ -163,7 +163,7 @@ def masks_tab() -> None:
     table = mechanics.apply_mask_to_row(scores, masks[kind][row])
     c = st.columns([3, 2])
     bars = shared("mech-row", (n, length, row, kind), lambda: tp.masked_row_bars(table, row))
-    c[0].plotly_chart(room(bars), width="stretch", key="mech_row_chart")
+    c[0].plotly_chart(room(bars, 0.6), width="stretch", key="mech_row_chart")
     c[0].caption(
         f"Query {row} with random scores: grey without the mask, blue after the {kind} mask. Masked keys get "
         "weight 0 and the others grow so that the row still sums to 1."
@@ -189,7 +189,7 @@ def multihead_tab() -> None:
     st.caption(f"Shapes for one sentence: d_k = d_v = {d_model} / {h} = {d_model // h}.")
     c = st.columns(2)
     c[0].plotly_chart(
-        room(shared("mech-cost", (n, d_model, h), lambda: tp.head_cost_bars(cost))),
+        room(shared("mech-cost", (n, d_model, h), lambda: tp.head_cost_bars(cost)), 0.5),
         width="stretch",
         key="mech_cost_chart",
     )

@@ -57,7 +57,7 @@ def curves_section(table: np.ndarray, d_model: int, base: float, layout: str) ->
             labels = [pe.dimension_label(d, d_model, layout) for d in dims]
             key = (d_model, table.shape[0], base, layout, tuple(dims))
             st.plotly_chart(
-                room(shared("pe-curves", key, lambda: pp.dimension_curves(table, dims, labels))), width="stretch"
+                room(shared("pe-curves", key, lambda: pp.dimension_curves(table, dims, labels)), 0.5), width="stretch"
             )
             st.caption(
                 "The Annotated Transformer's chart, interactive: a sine and a cosine share each frequency "
@@ -67,9 +67,8 @@ def curves_section(table: np.ndarray, d_model: int, base: float, layout: str) ->
             st.info("Choose at least one dimension.")
     with right:
         lam = pe.wavelengths(d_model, base)
-        st.plotly_chart(
-            room(shared("pe-wavelengths", (d_model, base), lambda: pp.wavelength_chart(lam, base))), width="stretch"
-        )
+        wavelengths = shared("pe-wavelengths", (d_model, base), lambda: pp.wavelength_chart(lam, base))
+        st.plotly_chart(room(wavelengths, 0.5), width="stretch")
         st.caption(
             f"Pair i has wavelength 2π·base^(2i/d_model): each is {base ** (2 / d_model):.4f} times the one "
             f"before, from {lam[0]:.3f} to {lam[-1]:,.1f} positions, a straight line on this log axis."
@@ -93,8 +92,8 @@ def similarity_view(key: tuple, table: np.ndarray, cosine: bool, name: str, clos
         "pe-similarity", (*key, cosine), lambda: similarity_figures(table, cosine, name, closed_form)
     )
     left, right = st.columns(2)
-    left.plotly_chart(room(heatmap), width="stretch")
-    right.plotly_chart(room(by_offset), width="stretch")
+    left.plotly_chart(room(heatmap, 0.5), width="stretch")
+    right.plotly_chart(room(by_offset, 0.5), width="stretch")
     st.caption(
         f"Left: every pair of positions. Right: the same values grouped by offset k = q − p; the band is "
         f"the range over p. Largest range over p at any offset: **{spread:.2e}**, {relative:.1e} of the "

@@ -106,7 +106,7 @@ def model_tab(ctx: Context) -> None:
                 mask=m,
             ),
         )
-        col.plotly_chart(room(fig), width="stretch", key=f"var_map_{m is None}")
+        col.plotly_chart(room(fig, 0.5), width="stretch", key=f"var_map_{m is None}")
     st.caption(
         "Encoder self-attention of the chosen layer and head, rows are queries and columns keys. In layer 1 the "
         "pattern only renormalises the trained weights over the allowed keys; deeper layers also receive "
@@ -172,7 +172,8 @@ def complexity_tab() -> None:
     if c[0].button("Measure again", key="_var_measure"):
         forget("timing")
     df = computed("timing", None, "cpu", width)
-    c[1].plotly_chart(room(tp.timing_figure(df)), width="stretch", key="var_time_chart")  # re-measured: not shared
+    timing = tp.timing_figure(df)  # re-measured: not shared
+    c[1].plotly_chart(room(timing, 0.75), width="stretch", key="var_time_chart")
     c[1].caption(
         f"Median of 5 runs of one layer of width {width} on one sequence, on this machine's CPU "
         f"({df.attrs.get('threads', '?')} threads). The GRU steps through the n positions one after another; "

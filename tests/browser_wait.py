@@ -26,10 +26,14 @@ RUN_ENDED = f"() => document.querySelector({json.dumps(NOT_RUNNING)}) !== null"
 # laid out again). Plotly (3.x) also draws again on its own after the run, and says so while it waits:
 # for a font still loading (it measured its text in a stand-in font, and draws all again once the font
 # is in: ``_fontLoadToken``; the font comes from the app's server, slow when loaded) and while it
-# redraws for its automatic margins (``_replotting``, ``_redrawFromAutoMarginCount``).
+# redraws for its automatic margins (``_replotting``, ``_redrawFromAutoMarginCount``). And the page
+# has been drawn for the window's size: a resize that changes the main area's width asks for one more
+# run (attnviz.app.viewport), which the app marks by taking ``data-attnviz-drawn`` off <html> at once.
 DRAWN = """() => {
     const main = document.querySelector("[data-testid='stMain']");
     if (!main || main.querySelector("[data-testid='stSkeleton']")) return null;
+    // the page's screen watcher (attnviz.app.viewport) waits for a run drawn for the window's new size
+    if (document.querySelector('.st-key-_viewport') && !document.documentElement.dataset.attnvizDrawn) return null;
     if (document.fonts && document.fonts.status !== 'loaded') return null;
     const charts = [...main.querySelectorAll("[data-testid='stPlotlyChart']")];
     if (charts.some(c => !c.querySelector('.js-plotly-plot .main-svg'))) return null;

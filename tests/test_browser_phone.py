@@ -12,10 +12,11 @@ The server and the browser set-up are test_browser.py's; screenshots land in tes
 from __future__ import annotations
 
 import pytest
-from browser_wait import settled
+from browser_wait import resized, settled
 from test_browser import ARTIFACTS, browser, server  # noqa: F401 - the fixtures: the session's server, one chromium
 
 from attnviz.app.viewport import NARROW_PX
+from attnviz.figures.common import MODEBAR_PX
 
 pytestmark = pytest.mark.slow  # a server and a browser
 
@@ -109,3 +110,39 @@ def test_a_wide_screen_keeps_the_wide_layout(server, browser_tab, name):  # noqa
     seen = open_page(browser_tab, f"{server}/{PAGES[name]}", {"width": 1280, "height": 720}, "wide").evaluate(MEASURE)
     assert seen["after_title"] != "the chart", f"{name}: the wide page lost what comes before its map"
     assert seen["angle"] != -90, f"{name}: the wide map has the phone's upright key labels"
+
+
+# Each chart's title and subtitle as drawn: [text, its box, the chart's box, lines], boxes [left, top, right, bottom].
+CHART_TITLES = """() => [...document.querySelectorAll("[data-testid='stMain'] .js-plotly-plot")].flatMap(p => {
+    const box = el => { const r = el.getBoundingClientRect(); return [r.left, r.top, r.right, r.bottom]; };
+    return [...p.querySelectorAll('.gtitle, .gtitle-subtitle')].filter(t => t.textContent.trim())
+        .map(t => [t.textContent, box(t), box(p), Math.max(1, t.querySelectorAll('tspan.line').length)]);
+})"""
+
+
+def cut(titles: list) -> list[str]:
+    """The titles that run past their chart's left, right or top edge (plotly cuts them there)."""
+    return [text for text, t, c, _ in titles if t[0] < c[0] - 1 or t[2] > c[2] + 1 or t[1] < c[1] - 1]
+
+
+def test_chart_titles_are_broken_to_fit_as_the_window_narrows(server, browser_tab):  # noqa: F811 - the fixtures
+    """The decoding page, its charts two to a row: at 1280x720 every title fits; narrowed to 1024x768 beside
+    the sidebar, the page is drawn again for its narrower columns and the titles that no longer fit break
+    into lines; on a phone every title is whole and starts below plotly's toolbar. Before, plotly drew each
+    title on one line and cut it at the chart's edge: five of the page's titles at 1024x768."""
+    page = open_page(browser_tab, f"{server}/decoding", {"width": 1280, "height": 720}, "wide")
+    titles = page.evaluate(CHART_TITLES)
+    assert len(titles) >= 5 and cut(titles) == [], cut(titles)
+    resized(page, 1024, 768, "the decoding page at 1024x768")  # and drawn for it (browser_wait.DRAWN)
+    titles = page.evaluate(CHART_TITLES)
+    assert cut(titles) == [], f"cut at 1024x768: {cut(titles)}"
+    assert sum(lines > 1 for *_, lines in titles) >= 4, titles
+    page.set_viewport_size(PHONE)
+    page.wait_for_selector("html[data-attnviz-drawn='narrow']", state="attached", timeout=120_000)
+    settled(page, "the decoding page on a phone")
+    titles = page.evaluate(CHART_TITLES)
+    page.screenshot(path=str(ARTIFACTS / "phone-decoding-titles.png"), full_page=True)
+    assert cut(titles) == [], f"cut on a phone: {cut(titles)}"
+    # plotly's toolbar: 24 px buttons 2 px from the chart's top, over its right corner
+    under = [text for text, t, c, _ in titles if t[1] < c[1] + MODEBAR_PX - 10]
+    assert under == [], f"under the toolbar on a phone: {under}"

@@ -47,6 +47,11 @@ def link_id(page: str, params: dict) -> str:
     return page + "?" + "&".join(f"{k}={v}" for k, v in params.items())
 
 
+def unbroken(title: str | None) -> str | None:
+    """A chart's title on one line, as written before it was broken to fit its chart."""
+    return title.replace("<br>", " ") if title else title
+
+
 def opened(page: str, params: dict) -> dict:
     """What the app shows when ``params`` are in the address bar and ``page`` is opened."""
     at = open_from_link(page, params, timeout=180)
@@ -56,7 +61,8 @@ def opened(page: str, params: dict) -> dict:
     return {
         "widgets": {key: json.loads(json.dumps(at.session_state[key], default=str)) for key in params},
         "notices": notices,
-        "titles": [(c.get("layout", {}).get("title") or {}).get("text") for c in charts],
+        # what a title says: where it breaks into lines depends on the screen (attnviz.app.present.room)
+        "titles": [unbroken((c.get("layout", {}).get("title") or {}).get("text")) for c in charts],
         "headings": [h.value for h in [*at.title, *at.header, *at.subheader]],
     }
 

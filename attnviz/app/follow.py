@@ -358,7 +358,7 @@ def clickable(fig: go.Figure) -> go.Figure:
     return remade([*data, cells.to_plotly_json()], {**layout, "hoverdistance": -1, "clickmode": "event+select"})
 
 
-def map_chart(where, fig: go.Figure, chart: str, **kwargs) -> None:
+def map_chart(where, fig: go.Figure, chart: str, share: float = 1.0, **kwargs) -> None:
     """A weight map drawn in ``where``, ``chart`` its key; the room's pointed cell is framed on it.
 
     On a presenter's screen a click on a cell points at it (`point_from_click`). Only there is the
@@ -366,7 +366,7 @@ def map_chart(where, fig: go.Figure, chart: str, **kwargs) -> None:
     12 x 12 map), which every follower would pay on every change and a visitor with no room on
     every rerun, for clicks that change nothing in a room.
     """
-    shown = room(marked(fig, chart))
+    shown = room(marked(fig, chart), share)
     if presenting_room() is None:
         where.plotly_chart(shown, width="stretch", key=chart, **kwargs)
         return

@@ -164,7 +164,8 @@ def draw(run: LiveRun, history: History) -> None:
         room(
             shared(
                 "live-loss", version, lambda: loss_curves(steps, history.train_loss, history.heldout_loss, steps[-1])
-            )
+            ),
+            0.5,
         ),
         width="stretch",
         key=f"_live_loss_{run.id}",
@@ -175,7 +176,8 @@ def draw(run: LiveRun, history: History) -> None:
                 "live-lines",
                 version,
                 lambda: statistic_lines(steps, lines.values, lines.heads, lines.ids, statistic, steps[-1], chosen),
-            )
+            ),
+            0.5,
         ),
         width="stretch",
         key=f"_live_lines_{run.id}",

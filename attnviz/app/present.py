@@ -17,7 +17,15 @@ import streamlit as st
 
 from attnviz.app import viewport
 from attnviz.app.text import escape_markdown
-from attnviz.figures.common import TICK_FONT, copied_spec, remade, rows_that_fit
+from attnviz.figures.common import (
+    MODEBAR_PX,
+    TICK_FONT,
+    copied_spec,
+    fitted_lines,
+    remade,
+    rows_that_fit,
+    text_px,
+)
 
 PRESENT = "present"  # the session key and the URL parameter
 ON = ("1", "true")
@@ -32,6 +40,16 @@ LONG_AXIS_TITLE = 18  # characters: a longer y-axis title goes on two lines
 LINE = 1.3  # a line of text takes its font size times this
 ROOM_ROW_PITCH = 1.2  # a row label's height in the room, in font sizes (see _rows_apart)
 TITLE_PAD_PX = 10
+# A chart's title and subtitle outside presenter mode: the sizes Streamlit's plotly theme gives them
+# (plotly's subtitle is 0.7 of the title), and plotly's top margin where a figure sets none.
+CHART_TITLE_PX, CHART_SUBTITLE_PX, PLOTLY_TOP_MARGIN_PX = 16, 11, 100
+# Plotly.js (3.x) draws a title of several lines hung from its top (``yanchor="top"``) higher than the
+# same title on one line: by 0.7-1.0 of its font size, measured in chromium at 16 to 24 px (its first
+# line loses the CAP_SHIFT that places one line under the anchor); and when the title pushes the top
+# margin (``automargin``, as presenter mode's titles do), by about 2.7 font sizes in all, off the figure
+# (its drawMainTitle raises every line by LINE_SPACING times the lines added, plus MID_SHIFT).
+MULTILINE_RISE = 1.0
+TITLE_INSET_PX = 8  # a title starts a few px in from the chart's left edge, and should end as far from its right
 
 ROOM_TABLE_ROWS = 40  # a longer table stays a scrolling data frame: as a page of HTML it would fill screens
 FIRST = "room_first_"  # the key prefix of containers drawn first in their block (`first`)
@@ -166,8 +184,13 @@ def toggle() -> None:
     )
 
 
-def room(fig: go.Figure) -> go.Figure:
-    """``fig`` as a room sees it: itself outside presenter mode, else a copy with room-sized dark text.
+def room(fig: go.Figure, share: float = 1.0) -> go.Figure:
+    """``fig`` as this screen shows it, ``share`` the part of the page's width it is drawn in (0.5 in one
+    of two columns): outside presenter mode itself, its title broken into lines where it is wider than
+    the chart (`fit_title`, with `attnviz.app.viewport.chart_px`) and, on a phone, below plotly's
+    toolbar; in presenter mode a copy with room-sized dark text, its title on one line (see
+    `MULTILINE_RISE`: the title's automargin, which stacks key labels under it, drew a title of two
+    lines off the figure, and a margin made by hand left the presenter checks' empty bands).
 
     A copy, because the figures pages draw are shared by every session (`attnviz.app.cache.shared`).
     Every text of the figure is at least `TICK_PX`; the title sits right above what the figure
@@ -180,7 +203,18 @@ def room(fig: go.Figure) -> go.Figure:
     update_xaxes, ...) check every key path anew, and took eight times as long.
     """
     if not presenting():
-        return fig
+        width = viewport.chart_px(share) - TITLE_INSET_PX
+        title = fig.layout.title
+        title_px, subtitle_px = title.font.size or CHART_TITLE_PX, title.subtitle.font.size or CHART_SUBTITLE_PX
+        fits = _fits(title.text, width, title_px) and _fits(title.subtitle.text, width, subtitle_px)
+        phone = viewport.narrow() and title.text and (title.pad.t or 0) < MODEBAR_PX
+        if fits and not phone:
+            return fig
+        data, layout = copied_spec(fig)
+        if phone:
+            _below_toolbar(layout)
+        fit_title(layout, width, title_px, subtitle_px)
+        return remade(data, layout)
     data, layout = copied_spec(fig)
     font = {"size": TICK_PX, "color": DARK}
     heading = {"size": TEXT_PX, "color": DARK}
@@ -219,6 +253,53 @@ def room(fig: go.Figure) -> go.Figure:
     if layout.get("height") is not None:
         layout["height"] = min(max(layout["height"], MIN_HEIGHT_PX), PICTURE_MAX_PX)
     return remade(data, layout)
+
+
+def _fits(text: str | None, width: float, font_px: float) -> bool:
+    """Whether every line of a title's ``text`` is at most ``width`` px drawn at ``font_px``."""
+    return not text or all(text_px(line, font_px) <= width for line in text.split("<br>"))
+
+
+def fit_title(layout: dict, width: float, title_px: float, subtitle_px: float) -> None:
+    """The ``layout``'s title and subtitle broken into lines at most ``width`` px wide (`fitted_lines`),
+    drawn at ``title_px`` and ``subtitle_px``. The top margin (and the figure, where it has a height)
+    grows by the lines added, so that what was under the title stays clear of it and the plot keeps
+    its height.
+
+    Plotly draws a title of more than one line hung from its top (``yanchor="top"``) higher than the
+    same title on one line (`MULTILINE_RISE`): a title broken here is moved down by as much.
+    """
+    title = layout.get("title") or {}
+    added = 0.0
+    for part, font_px in ((title, title_px), (title.get("subtitle") or {}, subtitle_px)):
+        text = part.get("text")
+        if not text:
+            continue
+        part["text"] = fitted_lines(text, width, font_px)
+        added += LINE * font_px * (part["text"].count("<br>") - text.count("<br>"))
+        if part is title and title.get("yanchor") == "top" and "<br>" in part["text"] and "<br>" not in text:
+            shift = round(MULTILINE_RISE * font_px)
+            title["pad"] = {**(title.get("pad") or {}), "t": ((title.get("pad") or {}).get("t") or 0) + shift}
+            added += shift
+    if added:
+        _taller_top(layout, round(added))
+
+
+def _below_toolbar(layout: dict) -> None:
+    """The title of ``layout`` moved down below plotly's toolbar, and the figure's top with it: on a phone
+    the toolbar floats over the figure's top right corner, where a long title's first line ends."""
+    title = layout["title"]
+    pad = title.get("pad") or {}
+    title.update(y=1.0, yref="container", yanchor="top", pad={**pad, "t": (pad.get("t") or 0) + MODEBAR_PX})
+    _taller_top(layout, MODEBAR_PX)
+
+
+def _taller_top(layout: dict, px: int) -> None:
+    """``px`` more of top margin, and as much more height where the figure has one: the plot keeps its size."""
+    margin = layout.setdefault("margin", {})
+    margin["t"] = (margin.get("t") if margin.get("t") is not None else PLOTLY_TOP_MARGIN_PX) + px
+    if layout.get("height") is not None:
+        layout["height"] += px
 
 
 def _update(spec: dict, **changes) -> None:
