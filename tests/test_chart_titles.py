@@ -9,6 +9,7 @@ their columns give them. tests/test_browser_phone.py measures the drawn titles i
 
 from __future__ import annotations
 
+import gc
 import itertools
 import json
 import re
@@ -211,3 +212,16 @@ def test_every_page_s_chart_titles_fit_the_width_their_columns_give_them():
                         assert text_px(line, font_px) <= px or alone(line), (page, width, share, line)
                 broken += "<br>" in (title.get("text") or "")
     assert broken >= 10, f"only {broken} titles were broken: the case this test is for is gone"
+
+
+def test_a_shared_figure_s_broken_copy_is_made_once_for_each_width(screen):
+    screen(550)
+    fig = figure(TITLES[0])
+    first = present.room(fig, 0.5)
+    assert present.room(fig, 0.5) is first, "every rerun of every session gets the one copy"
+    assert present.room(fig, 0.4) is not first and present.room(figure(TITLES[0]), 0.5) is not first
+    key = (id(fig), viewport.chart_px(0.5) - present.TITLE_INSET_PX, False)
+    assert key in present._FITTED
+    del fig, first
+    gc.collect()
+    assert key not in present._FITTED, "the copy goes with its figure"

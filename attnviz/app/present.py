@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import functools
 import math
+import weakref
 
 import pandas as pd
 import plotly.graph_objects as go
@@ -210,11 +211,7 @@ def room(fig: go.Figure, share: float = 1.0) -> go.Figure:
         phone = viewport.narrow() and title.text and (title.pad.t or 0) < MODEBAR_PX
         if fits and not phone:
             return fig
-        data, layout = copied_spec(fig)
-        if phone:
-            _below_toolbar(layout)
-        fit_title(layout, width, title_px, subtitle_px)
-        return remade(data, layout)
+        return _fitted(fig, width, bool(phone), title_px, subtitle_px)
     data, layout = copied_spec(fig)
     font = {"size": TICK_PX, "color": DARK}
     heading = {"size": TEXT_PX, "color": DARK}
@@ -253,6 +250,28 @@ def room(fig: go.Figure, share: float = 1.0) -> go.Figure:
     if layout.get("height") is not None:
         layout["height"] = min(max(layout["height"], MIN_HEIGHT_PX), PICTURE_MAX_PX)
     return remade(data, layout)
+
+
+# The copies `room` made with titles broken, by the figure's id, the width and whether for a phone: a
+# shared figure (attnviz.app.cache.shared) is drawn by every session on every rerun, and its copy took
+# 2.3 ms to make. An entry goes with its figure (a copy is as read-only as the figure it was made from).
+_FITTED: dict[tuple[int, float, bool], tuple[weakref.ref, go.Figure]] = {}
+
+
+def _fitted(fig: go.Figure, width: float, phone: bool, title_px: float, subtitle_px: float) -> go.Figure:
+    """``fig``'s copy with its title broken to ``width`` (`fit_title`) and, on a ``phone``, below the toolbar."""
+    key = (id(fig), width, phone)
+    made = _FITTED.get(key)
+    if made is not None and made[0]() is fig:
+        return made[1]
+    data, layout = copied_spec(fig)
+    if phone:
+        _below_toolbar(layout)
+    fit_title(layout, width, title_px, subtitle_px)
+    shown = remade(data, layout)
+    _FITTED[key] = (weakref.ref(fig), shown)
+    weakref.finalize(fig, _FITTED.pop, key, None)
+    return shown
 
 
 def _fits(text: str | None, width: float, font_px: float) -> bool:
