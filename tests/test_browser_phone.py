@@ -5,7 +5,8 @@ the page's title; the heatmap's plot area keeps at least 60% of the chart's widt
 labels and no two query labels overlap; plotly's toolbar, shown as a finger or a mouse over the
 chart shows it, covers no part of the title, which is whole inside the chart; nothing scrolls
 sideways; a presenter's link (``present=1``) opens the same way. The same pages on a 1280x720
-screen keep their wide layout.
+screen keep their wide layout. And the decoding page's chart titles, two charts to a row, fit their
+charts at 1280x720, at 1024x768 and on a phone (attnviz.app.present.room breaks them).
 The server and the browser set-up are test_browser.py's; screenshots land in test-artifacts/.
 """
 
