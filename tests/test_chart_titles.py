@@ -151,12 +151,26 @@ def test_on_a_phone_a_title_starts_below_plotly_s_toolbar(screen):
     assert present.room(below) is below
 
 
-def test_a_presenter_s_title_stays_on_one_line(monkeypatch, screen):
+@pytest.mark.parametrize("subtitle", [None, TITLES[5]])
+def test_a_presenter_s_title_continues_in_its_subtitle_at_the_title_s_size(monkeypatch, screen, subtitle):
     """Presenter mode's title pushes the top margin (its automargin stacks the key labels under it), and
-    plotly then drew a title of two lines above the figure: a presenter's titles are not broken."""
-    screen(550)
+    plotly then drew a title of two lines above the figure: the lines after the first open the subtitle."""
+    screen(None)
     monkeypatch.setattr(present, "presenting", lambda: True)
-    assert "<br>" not in present.room(figure(TITLES[1]), 0.5).layout.title.text
+    fig = figure({"text": TITLES[1], **({"subtitle": {"text": subtitle}} if subtitle else {})})
+    shown = present.room(fig, 0.5).layout.title
+    width = (viewport.ROOM_WIDEST_PX - viewport.COLUMN_GAP_PX) / 2 - present.TITLE_INSET_PX
+    assert text_px(TITLES[1], present.TITLE_PX) > width, "the case: too wide at the room's 24 px in half a screen"
+    assert "<br>" not in shown.text and TITLES[1].startswith(shown.text)
+    continued, *own = shown.subtitle.text.split("<br>")
+    line = re.fullmatch(r"<span style='font-size:(\d+)px'><b>(.*)</b></span>", continued)
+    assert line and int(line[1]) == present.TITLE_PX, continued
+    assert f"{shown.text} {line[2]}" == TITLES[1] and text_px(line[2], present.TITLE_PX) <= width
+    if subtitle:
+        assert " ".join(own) == subtitle and all(text_px(t, present.TICK_PX) <= width for t in own)
+    else:
+        assert own == ["\u00a0"], "a subtitle of several lines, which plotly draws where it belongs"
+    assert shown.subtitle.font.size == present.TICK_PX and shown.subtitle.font.color == present.DARK
 
 
 def test_the_browser_s_report_keeps_only_widths_a_page_could_have(monkeypatch):
@@ -184,20 +198,29 @@ PAGES = ["app.py", *(f"pages/{name}.py" for name in ("explorer", "compare", "dec
 PAGES += [f"pages/{name}.py" for name in ("linearity", "formation", "mechanics", "variants", "walkthrough", "atlas")]
 
 
-@pytest.mark.slow  # AppTest runs every page twice
+def drawn_px(line: str, font_px: float) -> float:
+    """``line`` of a title or subtitle at ``font_px``, or at the size a span around it gives."""
+    size = re.match(r"<span style='font-size:(\d+)px'>", line)
+    return text_px(line, float(size[1]) if size else font_px)
+
+
+@pytest.mark.slow  # AppTest runs every page three times
 @pytest.mark.usefixtures("fresh_streamlit_caches")
 def test_every_page_s_chart_titles_fit_the_width_their_columns_give_them():
-    """A 1024x768 screen beside the sidebar (a main area of 550 px) and a phone (350 px, its columns
-    stacked): every line of every title fits the chart's share of the main area, read from the page's
-    own columns."""
+    """A 1024x768 screen beside the sidebar (a main area of 550 px), a phone (350 px, its columns
+    stacked) and a 1024x768 projector in presenter mode (850 px, the room's fonts): every line of every
+    title fits the chart's share of the main area, read from the page's own columns."""
     from streamlit.testing.v1 import AppTest
 
     broken = 0
-    for width, narrow in ((550, False), (350, True)):
+    for width, narrow, presenting in ((550, False, False), (350, True, False), (850, False, True)):
+        title_px = present.TITLE_PX if presenting else present.CHART_TITLE_PX
+        subtitle_px = present.TICK_PX if presenting else present.CHART_SUBTITLE_PX
         for page in PAGES:
             at = AppTest.from_file("../app.py", default_timeout=120)
             at.session_state[viewport.WIDTH] = width
             at.session_state[viewport.NARROW] = narrow
+            at.session_state[present.PRESENT] = presenting
             at.run()
             if page != "app.py":
                 at.switch_page(page).run()
@@ -206,12 +229,22 @@ def test_every_page_s_chart_titles_fit_the_width_their_columns_give_them():
                 share = 1.0 if narrow else share
                 px = width * share - viewport.COLUMN_GAP_PX * (1 - share) - present.TITLE_INSET_PX
                 title = json.loads(chart.proto.spec)["layout"].get("title") or {}
-                sizes = ((title, present.CHART_TITLE_PX), (title.get("subtitle") or {}, present.CHART_SUBTITLE_PX))
-                for part, font_px in sizes:
+                for part, font_px in ((title, title_px), (title.get("subtitle") or {}, subtitle_px)):
                     for line in (part.get("text") or "").split("<br>"):
-                        assert text_px(line, font_px) <= px or alone(line), (page, width, share, line)
-                broken += "<br>" in (title.get("text") or "")
+                        assert drawn_px(line, font_px) <= px or alone(line), (page, width, share, line)
+                broken += "<br>" in (title.get("text") or "") + ((title.get("subtitle") or {}).get("text") or "")
     assert broken >= 10, f"only {broken} titles were broken: the case this test is for is gone"
+
+
+def test_a_title_hung_from_its_top_is_moved_down_by_what_plotly_raises_it(screen):
+    """Plotly draws a title of several lines hung from its top higher than on one line (the first line
+    rose 12-16 px above where it was, and out of the chart, in chromium): a broken one is moved down."""
+    screen(550)
+    title = {"text": TITLES[0], "y": 1.0, "yref": "container", "yanchor": "top", "pad": {"t": 12}}
+    shown = present.room(figure(title, height=400, margin={"t": 150}), 0.5)
+    rise = round(present.MULTILINE_RISE * present.CHART_TITLE_PX)
+    assert shown.layout.title.text.count("<br>") == 1 and shown.layout.title.pad.t == 12 + rise
+    assert shown.layout.margin.t == 150 + round(present.LINE * present.CHART_TITLE_PX) + rise
 
 
 def test_a_shared_figure_s_broken_copy_is_made_once_for_each_width(screen):

@@ -16,9 +16,9 @@ import plotly.graph_objects as go
 import pytest
 from plotly.subplots import make_subplots
 
-from attnviz.app import present
+from attnviz.app import present, viewport
 from attnviz.app.present import DARK, LINE, LONG_AXIS_TITLE, MIN_HEIGHT_PX, PICTURE_MAX_PX, TITLE_PAD_PX
-from attnviz.figures.common import TICK_FONT, rows_that_fit
+from attnviz.figures.common import TICK_FONT, fitted_lines, rows_that_fit
 
 
 def room_by_plotly(fig: go.Figure) -> go.Figure:
@@ -69,9 +69,21 @@ def room_by_plotly(fig: go.Figure) -> go.Figure:
             step = math.ceil(len(values) / fit)
             token_only = all(str(v).endswith(str(t)) for v, t in zip(values, texts, strict=True))
             axis.update(tickvals=values[::step], ticktext=values[::step] if token_only else texts[::step])
+    width = viewport.chart_px(1.0, room=True) - present.TITLE_INSET_PX  # a 1280-pixel screen's, in the tests
+    if fig.layout.title.text:  # a title too wide: its first line, the rest opening the subtitle at its size
+        lines = fitted_lines(fig.layout.title.text, width, present.TITLE_PX).split("<br>")
+        own = fig.layout.title.subtitle.text
+        own = fitted_lines(own, width, present.TICK_PX) if own else None
+        if len(lines) > 1:
+            rest = [f"<span style='font-size:{present.TITLE_PX}px'><b>{line}</b></span>" for line in lines[1:]]
+            fig.update_layout(title_text=lines[0], title_subtitle_text="<br>".join([*rest, own or "\u00a0"]))
+            fig.update_layout(title_subtitle_font=font)
+        elif own:
+            fig.update_layout(title_subtitle_text=own)
     title = fig.layout.title
     if title.text:
-        lines = title.text.count("<br>") + 1 + (1 if title.subtitle.text else 0)
+        subtitle = title.subtitle.text
+        lines = title.text.count("<br>") + 1 + (subtitle.count("<br>") + 1 if subtitle else 0)
         notes = fig.layout.annotations
         above = any(a.yref in (None, "paper") and a.y is not None and a.y >= 1 and a.text for a in notes)
         top = TITLE_PAD_PX
@@ -122,6 +134,7 @@ def tall_map(ticktext: bool) -> go.Figure:
     return go.Figure(heatmap, layout={"yaxis": axis, "margin": {"t": 100, "b": 10}, "height": 1200, "title": "Map"})
 
 
+LONG = " ".join(["in each map, rows: query: decoder input token; columns: key: source token"] * 3)
 FIGURES = {
     "subplots with log axes, a marker colour bar, bar text": subplots_with_log_axes,
     "a table, no axes": lambda: go.Figure(go.Table(header={"values": ["a"]}, cells={"values": [[1]]}), layout={}),
@@ -137,6 +150,14 @@ FIGURES = {
         },
     ),
     "an empty figure": go.Figure,
+    "a title wider than the room's screen, notes above": lambda: go.Figure(
+        go.Bar(x=[1], y=[2]),
+        layout={
+            "title": {"text": " ".join(["max_d |M_k·PE(pos) − PE(pos + k)|"] * 4), "subtitle": {"text": LONG}},
+            "annotations": [{"x": 0, "y": 1.1, "text": "above", "yref": "paper"}],
+        },
+    ),
+    "a title wider than the room's screen": lambda: go.Figure(layout={"title": " ".join(["Residual max_d"] * 12)}),
     "a 2-D histogram's own colour bar": lambda: go.Figure(go.Histogram2d(x=[1, 2], y=[1, 2], showscale=True)),
     "a heatmap without a scale": lambda: go.Figure(
         go.Heatmap(z=[[1, 2]], showscale=False, colorbar={"title": {"text": "w"}}),

@@ -165,4 +165,4 @@ def frame(
     follow.publish_view()  # after every widget has written its value into the address bar
     follow.drawn()  # a follower's applied view, drawn to the end
     follow.keep_room()
-    viewport.watch()
+    viewport.watch(present.presenting())

@@ -48,7 +48,8 @@ CHART_TITLE_PX, CHART_SUBTITLE_PX, PLOTLY_TOP_MARGIN_PX = 16, 11, 100
 # same title on one line: by 0.7-1.0 of its font size, measured in chromium at 16 to 24 px (its first
 # line loses the CAP_SHIFT that places one line under the anchor); and when the title pushes the top
 # margin (``automargin``, as presenter mode's titles do), by about 2.7 font sizes in all, off the figure
-# (its drawMainTitle raises every line by LINE_SPACING times the lines added, plus MID_SHIFT).
+# (its drawMainTitle raises every line by LINE_SPACING times the lines added, plus MID_SHIFT): so a
+# presenter's title continues in its subtitle (`_title_continued`).
 MULTILINE_RISE = 1.0
 TITLE_INSET_PX = 8  # a title starts a few px in from the chart's left edge, and should end as far from its right
 
@@ -189,9 +190,8 @@ def room(fig: go.Figure, share: float = 1.0) -> go.Figure:
     """``fig`` as this screen shows it, ``share`` the part of the page's width it is drawn in (0.5 in one
     of two columns): outside presenter mode itself, its title broken into lines where it is wider than
     the chart (`fit_title`, with `attnviz.app.viewport.chart_px`) and, on a phone, below plotly's
-    toolbar; in presenter mode a copy with room-sized dark text, its title on one line (see
-    `MULTILINE_RISE`: the title's automargin, which stacks key labels under it, drew a title of two
-    lines off the figure, and a margin made by hand left the presenter checks' empty bands).
+    toolbar; in presenter mode a copy with room-sized dark text, its title broken likewise
+    (`_title_continued`).
 
     A copy, because the figures pages draw are shared by every session (`attnviz.app.cache.shared`).
     Every text of the figure is at least `TICK_PX`; the title sits right above what the figure
@@ -246,6 +246,7 @@ def room(fig: go.Figure, share: float = 1.0) -> go.Figure:
     for axis in yaxes:
         _two_lines(axis)
     _rows_apart(layout)
+    _title_continued(layout, viewport.chart_px(share, room=True) - TITLE_INSET_PX)
     _title_on_the_plot(layout)
     if layout.get("height") is not None:
         layout["height"] = min(max(layout["height"], MIN_HEIGHT_PX), PICTURE_MAX_PX)
@@ -302,6 +303,29 @@ def fit_title(layout: dict, width: float, title_px: float, subtitle_px: float) -
             added += shift
     if added:
         _taller_top(layout, round(added))
+
+
+def _title_continued(layout: dict, width: float) -> None:
+    """A presenter's title broken into lines at most ``width`` px wide: its first line stays the title,
+    and the lines after it open the subtitle, at the title's size and weight, before the subtitle's
+    own lines (broken too). A title of several lines plotly draws off the figure when the title makes
+    room for the key labels under it (its automargin, `MULTILINE_RISE`); a subtitle of several lines
+    it draws in place. A subtitle of one line it sets a line further down, so the subtitle made here
+    always has several: the last is a space where the title had no subtitle."""
+    title = layout.get("title") or {}
+    if not title.get("text"):
+        return
+    lines = fitted_lines(title["text"], width, TITLE_PX).split("<br>")
+    subtitle = title.get("subtitle") or {}
+    own = fitted_lines(subtitle["text"], width, TICK_PX) if subtitle.get("text") else None
+    if len(lines) == 1:
+        if own:
+            subtitle["text"] = own
+        return
+    title["text"] = lines[0]
+    rest = [f"<span style='font-size:{TITLE_PX}px'><b>{line}</b></span>" for line in lines[1:]]
+    title["subtitle"] = {**subtitle, "text": "<br>".join([*rest, own or "\u00a0"])}
+    _update(title, subtitle={"font": {"size": TICK_PX, "color": DARK}})
 
 
 def _below_toolbar(layout: dict) -> None:
@@ -411,7 +435,8 @@ def _title_on_the_plot(layout: dict) -> None:
     title = layout.get("title", {})
     if not title.get("text"):
         return
-    lines = title["text"].count("<br>") + 1 + (1 if title.get("subtitle", {}).get("text") else 0)
+    subtitle = title.get("subtitle", {}).get("text")
+    lines = title["text"].count("<br>") + 1 + (subtitle.count("<br>") + 1 if subtitle else 0)
     above = any(
         a.get("yref") in (None, "paper") and a.get("y") is not None and a["y"] >= 1 and a.get("text")
         for a in layout.get("annotations", [])

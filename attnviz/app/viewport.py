@@ -5,17 +5,17 @@ says nothing of its size. So a small script in the page (`watch`, an ``st.compon
 component with no visible content, drawn at the end of every page) tells the server two things
 when they differ from what it last drew for: whether the window is under `NARROW_PX`, and how
 wide the page's main area is (`main_px`, in steps of `WIDTH_STEP_PX`), unless it is at least as
-wide as a 1280-pixel screen gives it beside the sidebar (`WIDEST_PX`), which is what the server
-assumes until told otherwise: so a wide screen's first run is its only one. One more run then
+wide as a 1280-pixel screen gives it (`WIDEST_PX` beside the sidebar, `ROOM_WIDEST_PX` in presenter
+mode, where the sidebar is folded), which is what the server assumes until told otherwise: so a
+wide screen's first run is its only one. One more run then
 draws the page for that screen. It tells again when the window crosses the line (a phone turned
 sideways) or the main area changes (a resized window, the sidebar folded).
 
 On a narrow screen a page's main picture comes right after the title (`picture_slot`), the
 figures take their narrow layout (``narrow=True`` of `attnviz.figures.attention.attention_heatmap`),
 with room above the title for plotly's toolbar. At `NARROW_PX` and wider nothing changes. On
-any screen but a projector's (presenter mode) a chart's title is broken into lines that fit the
-chart (`chart_px`, `attnviz.app.present.room`): plotly draws a title on one line and cuts it at
-the chart's edge.
+any screen a chart's title is broken into lines that fit the chart (`chart_px`,
+`attnviz.app.present.room`): plotly draws a title on one line and cuts it at the chart's edge.
 """
 
 from __future__ import annotations
@@ -25,9 +25,9 @@ import streamlit as st
 NARROW_PX = 640  # a window narrower than this (a phone, upright or sideways) gets the narrow layout
 NARROW = "_narrow"  # session key: whether the browser said its window is narrow (absent: not yet, drawn wide)
 WIDTH = "_width"  # session key: the main area's width the browser said (absent: at least the widest)
-# The main area of a 1280x720 screen beside the sidebar is 820 px wide. Wider counts as this wide: every
-# chart's title is broken for this width.
-WIDEST_PX = 800
+# The main area of a 1280x720 screen: 820 px beside the sidebar, 1120 px in presenter mode (the sidebar
+# folded). Wider counts as this wide: every chart's title is broken for this width.
+WIDEST_PX, ROOM_WIDEST_PX = 800, 1100
 WIDTH_STEP_PX = 50  # the width is said in steps of this (rounded down): a few more runs as a window is dragged
 COLUMN_GAP_PX = 16  # between two of Streamlit's columns (its default gap, 1rem)
 SLOT = "_picture_slot"  # session key: this run's place for the main picture, right under the title
@@ -93,19 +93,25 @@ def narrow() -> bool:
     return bool(st.session_state.get(NARROW, False))
 
 
-def main_px() -> int:
-    """The width of the page's main area that this session's browser said, at most `WIDEST_PX`."""
+def widest(room: bool = False) -> int:
+    """The main area's width the server assumes until the browser says it is narrower: `ROOM_WIDEST_PX`
+    in presenter mode (``room``), else `WIDEST_PX`."""
+    return ROOM_WIDEST_PX if room else WIDEST_PX
+
+
+def main_px(room: bool = False) -> int:
+    """The width of the page's main area that this session's browser said, at most `widest`."""
     said = st.session_state.get(WIDTH)
-    return WIDEST_PX if said is None else min(said, WIDEST_PX)
+    return widest(room) if said is None else min(said, widest(room))
 
 
-def chart_px(share: float = 1.0) -> float:
+def chart_px(share: float = 1.0, room: bool = False) -> float:
     """About how wide a chart is drawn that takes ``share`` of the main area (a column's weight: 0.5 for
-    one of two columns, 0.4 for the first of ``st.columns([2, 3])``). On a narrow screen Streamlit
-    stacks columns, each the whole width."""
+    one of two columns, 0.4 for the first of ``st.columns([2, 3])``), in presenter mode with ``room``.
+    On a narrow screen Streamlit stacks columns, each the whole width."""
     if narrow():
         share = 1.0
-    return main_px() * share - COLUMN_GAP_PX * (1 - share)
+    return main_px(room) * share - COLUMN_GAP_PX * (1 - share)
 
 
 def _reported() -> None:
@@ -116,16 +122,16 @@ def _reported() -> None:
     # null: at least the widest; else a width a page could have (anything else, what a script sent, is not kept)
     if width is None:
         st.session_state.pop(WIDTH, None)
-    elif isinstance(width, int | float) and not isinstance(width, bool) and 2 * WIDTH_STEP_PX <= width < WIDEST_PX:
+    elif isinstance(width, int | float) and not isinstance(width, bool) and 2 * WIDTH_STEP_PX <= width < ROOM_WIDEST_PX:
         st.session_state[WIDTH] = int(width)
 
 
-def watch() -> None:
-    """Ask the browser about its screen (see the module's text). The frame calls it at the page's end: the
-    component is out of the layout, and the page's own elements keep their places."""
+def watch(room: bool = False) -> None:
+    """Ask the browser about its screen (see the module's text), ``room`` in presenter mode. The frame calls
+    it at the page's end: the component is out of the layout, and the page's own elements keep their places."""
     st.html(_HIDDEN)  # style alone: Streamlit puts it where it takes no space
     width = st.session_state.get(WIDTH)
-    data = {"below": NARROW_PX, "narrow": narrow(), "width": width, "widest": WIDEST_PX, "step": WIDTH_STEP_PX}
+    data = {"below": NARROW_PX, "narrow": narrow(), "width": width, "widest": widest(room), "step": WIDTH_STEP_PX}
     _watcher(key=WATCH_KEY, data=data, on_screen_change=_reported)
 
 
