@@ -253,8 +253,8 @@ def test_a_shared_figure_s_broken_copy_is_made_once_for_each_width(screen):
     first = present.room(fig, 0.5)
     assert present.room(fig, 0.5) is first, "every rerun of every session gets the one copy"
     assert present.room(fig, 0.4) is not first and present.room(figure(TITLES[0]), 0.5) is not first
-    key = (id(fig), viewport.chart_px(0.5) - present.TITLE_INSET_PX, False)
-    assert key in present._FITTED
+    key = (id(fig), False, viewport.chart_px(0.5) - present.TITLE_INSET_PX, False)
+    assert key in present._SHOWN
     del fig, first
     gc.collect()
-    assert key not in present._FITTED, "the copy goes with its figure"
+    assert key not in present._SHOWN, "the copy goes with its figure"

@@ -193,25 +193,53 @@ def room(fig: go.Figure, share: float = 1.0) -> go.Figure:
     toolbar; in presenter mode a copy with room-sized dark text, its title broken likewise
     (`_title_continued`).
 
-    A copy, because the figures pages draw are shared by every session (`attnviz.app.cache.shared`).
-    Every text of the figure is at least `TICK_PX`; the title sits right above what the figure
-    shows (the top margin holds the title, and plotly's title automargin makes room for key labels
-    and an axis title on top, however they turn); a long y-axis title takes two lines, so that a
-    short map does not cut it; and the height is at most `PICTURE_MAX_PX`, so that a picture under
-    the title fits a 1280x720 screen.
+    A copy, because the figures pages draw are shared by every session (`attnviz.app.cache.shared`),
+    made once for each figure and screen (`_SHOWN`). Every text of the figure is at least `TICK_PX`;
+    the title sits right above what the figure shows (the top margin holds the title, and plotly's
+    title automargin makes room for key labels and an axis title on top, however they turn); a long
+    y-axis title takes two lines, so that a short map does not cut it; and the height is at most
+    `PICTURE_MAX_PX`, so that a picture under the title fits a 1280x720 screen.
 
     The copy is changed as plain dicts and made a figure once: plotly's own updates (update_layout,
     update_xaxes, ...) check every key path anew, and took eight times as long.
     """
-    if not presenting():
-        width = viewport.chart_px(share) - TITLE_INSET_PX
-        title = fig.layout.title
-        title_px, subtitle_px = title.font.size or CHART_TITLE_PX, title.subtitle.font.size or CHART_SUBTITLE_PX
-        fits = _fits(title.text, width, title_px) and _fits(title.subtitle.text, width, subtitle_px)
-        phone = viewport.narrow() and title.text and (title.pad.t or 0) < MODEBAR_PX
-        if fits and not phone:
-            return fig
-        return _fitted(fig, width, bool(phone), title_px, subtitle_px)
+    presenting_now, phone = presenting(), viewport.narrow()
+    width = viewport.chart_px(share, room=presenting_now) - TITLE_INSET_PX
+    key = (id(fig), presenting_now, width, phone)
+    made = _SHOWN.get(key)
+    if made is not None and made[0]() is fig:
+        return fig if made[1] is None else made[1]
+    shown = _for_the_room(fig, width) if presenting_now else _fitted(fig, width, phone)
+    _SHOWN[key] = (weakref.ref(fig), None if shown is fig else shown)
+    weakref.finalize(fig, _SHOWN.pop, key, None)
+    return shown
+
+
+# What `room` made of a figure, by the figure's id, presenter mode or not, the chart's width and phone or
+# not (None: the figure as it is). A shared figure (attnviz.app.cache.shared) is drawn by every session on
+# every rerun: the room's copy took 2-6 ms to make, a copy with its title broken 2.3 ms, reading whether
+# the title fits 0.35 ms. An entry goes with its figure; a copy is as read-only as the figure it came from.
+_SHOWN: dict[tuple[int, bool, float, bool], tuple[weakref.ref, go.Figure | None]] = {}
+
+
+def _fitted(fig: go.Figure, width: float, narrow: bool) -> go.Figure:
+    """``fig`` outside presenter mode: itself, or a copy with its title broken to ``width`` (`fit_title`)
+    and, on a phone (``narrow``), below plotly's toolbar."""
+    title = fig.layout.title
+    title_px, subtitle_px = title.font.size or CHART_TITLE_PX, title.subtitle.font.size or CHART_SUBTITLE_PX
+    fits = _fits(title.text, width, title_px) and _fits(title.subtitle.text, width, subtitle_px)
+    phone = narrow and bool(title.text) and (title.pad.t or 0) < MODEBAR_PX
+    if fits and not phone:
+        return fig
+    data, layout = copied_spec(fig)
+    if phone:
+        _below_toolbar(layout)
+    fit_title(layout, width, title_px, subtitle_px)
+    return remade(data, layout)
+
+
+def _for_the_room(fig: go.Figure, width: float) -> go.Figure:
+    """``fig``'s copy for presenter mode (`room`), its title broken to ``width``."""
     data, layout = copied_spec(fig)
     font = {"size": TICK_PX, "color": DARK}
     heading = {"size": TEXT_PX, "color": DARK}
@@ -246,33 +274,11 @@ def room(fig: go.Figure, share: float = 1.0) -> go.Figure:
     for axis in yaxes:
         _two_lines(axis)
     _rows_apart(layout)
-    _title_continued(layout, viewport.chart_px(share, room=True) - TITLE_INSET_PX)
+    _title_continued(layout, width)
     _title_on_the_plot(layout)
     if layout.get("height") is not None:
         layout["height"] = min(max(layout["height"], MIN_HEIGHT_PX), PICTURE_MAX_PX)
     return remade(data, layout)
-
-
-# The copies `room` made with titles broken, by the figure's id, the width and whether for a phone: a
-# shared figure (attnviz.app.cache.shared) is drawn by every session on every rerun, and its copy took
-# 2.3 ms to make. An entry goes with its figure (a copy is as read-only as the figure it was made from).
-_FITTED: dict[tuple[int, float, bool], tuple[weakref.ref, go.Figure]] = {}
-
-
-def _fitted(fig: go.Figure, width: float, phone: bool, title_px: float, subtitle_px: float) -> go.Figure:
-    """``fig``'s copy with its title broken to ``width`` (`fit_title`) and, on a ``phone``, below the toolbar."""
-    key = (id(fig), width, phone)
-    made = _FITTED.get(key)
-    if made is not None and made[0]() is fig:
-        return made[1]
-    data, layout = copied_spec(fig)
-    if phone:
-        _below_toolbar(layout)
-    fit_title(layout, width, title_px, subtitle_px)
-    shown = remade(data, layout)
-    _FITTED[key] = (weakref.ref(fig), shown)
-    weakref.finalize(fig, _FITTED.pop, key, None)
-    return shown
 
 
 def _fits(text: str | None, width: float, font_px: float) -> bool:
@@ -299,7 +305,7 @@ def fit_title(layout: dict, width: float, title_px: float, subtitle_px: float) -
         added += LINE * font_px * (part["text"].count("<br>") - text.count("<br>"))
         if part is title and title.get("yanchor") == "top" and "<br>" in part["text"] and "<br>" not in text:
             shift = round(MULTILINE_RISE * font_px)
-            title["pad"] = {**(title.get("pad") or {}), "t": ((title.get("pad") or {}).get("t") or 0) + shift}
+            _lowered(title, shift)
             added += shift
     if added:
         _taller_top(layout, round(added))
@@ -331,10 +337,15 @@ def _title_continued(layout: dict, width: float) -> None:
 def _below_toolbar(layout: dict) -> None:
     """The title of ``layout`` moved down below plotly's toolbar, and the figure's top with it: on a phone
     the toolbar floats over the figure's top right corner, where a long title's first line ends."""
-    title = layout["title"]
-    pad = title.get("pad") or {}
-    title.update(y=1.0, yref="container", yanchor="top", pad={**pad, "t": (pad.get("t") or 0) + MODEBAR_PX})
+    layout["title"].update(y=1.0, yref="container", yanchor="top")
+    _lowered(layout["title"], MODEBAR_PX)
     _taller_top(layout, MODEBAR_PX)
+
+
+def _lowered(title: dict, px: int) -> None:
+    """A title's padding above it ``px`` more."""
+    pad = title.get("pad") or {}
+    title["pad"] = {**pad, "t": (pad.get("t") or 0) + px}
 
 
 def _taller_top(layout: dict, px: int) -> None:
