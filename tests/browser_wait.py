@@ -10,6 +10,8 @@ from __future__ import annotations
 import contextlib
 import json
 
+from attnviz.app.viewport import WATCH_KEY
+
 NOT_RUNNING = "[data-testid='stApp'][data-test-script-state='notRunning']"
 RUN_ENDS_S = 120  # a slow page on two busy cores
 QUIET_MS = 100  # two reads of the drawn page this far apart must agree
@@ -33,7 +35,7 @@ DRAWN = """() => {
     const main = document.querySelector("[data-testid='stMain']");
     if (!main || main.querySelector("[data-testid='stSkeleton']")) return null;
     // the page's screen watcher (attnviz.app.viewport) waits for a run drawn for the window's new size
-    if (document.querySelector('.st-key-_viewport') && !document.documentElement.dataset.attnvizDrawn) return null;
+    if (document.querySelector('.st-key-%WATCH%') && !document.documentElement.dataset.attnvizDrawn) return null;
     if (document.fonts && document.fonts.status !== 'loaded') return null;
     const charts = [...main.querySelectorAll("[data-testid='stPlotlyChart']")];
     if (charts.some(c => !c.querySelector('.js-plotly-plot .main-svg'))) return null;
@@ -47,7 +49,7 @@ DRAWN = """() => {
                                   ...[...p.querySelectorAll('.gtitle, .nsewdrag, .legend')].map(at)]);
     return JSON.stringify([titles, boxes, n("[data-testid='stDataFrame']"),
                            n("[data-testid='stTable']"), n("[data-testid='stVegaLiteChart']")]);
-}"""
+}""".replace("%WATCH%", WATCH_KEY)
 
 
 def settled(page, what: str, idle: bool = True) -> None:

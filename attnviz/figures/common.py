@@ -12,7 +12,7 @@ from __future__ import annotations
 import html
 import math
 import re
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import numpy as np
 import plotly.graph_objects as go
@@ -159,13 +159,7 @@ def shortened(label: str, chars: int) -> str:
 
 def wrapped(title: str, chars: int = NARROW_TITLE_CHARS) -> str:
     """``title`` broken at spaces into lines of at most ``chars`` characters where it can ("<br>" between)."""
-    lines: list[str] = []
-    for word in title.split(" "):
-        if lines and len(lines[-1]) + 1 + len(word) <= chars:
-            lines[-1] += " " + word
-        else:
-            lines.append(word)
-    return "<br>".join(lines)
+    return "<br>".join(_filled(title.split(" "), lambda line: len(line) <= chars))
 
 
 def text_px(text: str, font_px: float) -> float:
@@ -178,23 +172,27 @@ def fitted_lines(text: str, px: float, font_px: float) -> str:
     """``text`` with each of its lines ("<br>" apart) broken at spaces into lines at most ``px`` wide at
     ``font_px`` (`text_px`), where it can: a word wider than ``px`` keeps a line of its own. A line is
     broken into as few lines as fit, as even as they can be: no last word left alone on a line."""
+
+    def within(width: float) -> Callable[[str], bool]:
+        return lambda line: text_px(line, font_px) <= width
+
     lines: list[str] = []
     for line in text.split("<br>"):
         words = _BREAK.split(line)
-        most = len(_filled(words, px, font_px))
+        most = len(_filled(words, within(px)))
         low, high = 0.0, px  # the narrowest width that still takes no more lines, to a pixel
         while high - low > 1:
             mid = (low + high) / 2
-            low, high = (low, mid) if len(_filled(words, mid, font_px)) <= most else (mid, high)
-        lines += _filled(words, high, font_px)
+            low, high = (low, mid) if len(_filled(words, within(mid))) <= most else (mid, high)
+        lines += _filled(words, within(high))
     return "<br>".join(lines)
 
 
-def _filled(words: list[str], px: float, font_px: float) -> list[str]:
-    """``words`` put in lines one after another, each line as full as ``px`` allows."""
+def _filled(words: list[str], fits: Callable[[str], bool]) -> list[str]:
+    """``words`` put in lines one after another, each line as full as ``fits`` allows."""
     lines: list[str] = []
     for word in words:
-        if lines and text_px(lines[-1] + " " + word, font_px) <= px:
+        if lines and fits(lines[-1] + " " + word):
             lines[-1] += " " + word
         else:
             lines.append(word)
