@@ -176,7 +176,9 @@ def test_a_presenter_s_title_continues_in_its_subtitle_at_the_title_s_size(monke
 def test_the_browser_s_report_keeps_only_widths_a_page_could_have(monkeypatch):
     state = {}
     monkeypatch.setattr(viewport.st, "session_state", state)
-    for said, kept in [(550, 550), (None, None), (10**9, None), (-5, None), (True, None), ("550", None), (350, 350)]:
+    cases = [(550, 550), (None, None), (10**9, None), (-5, None), (True, None), ("550", None), (350, 350)]
+    cases += [(551, None), (550.5, None)]  # not a step: a page's script says widths in steps
+    for said, kept in cases:
         state.pop(viewport.WIDTH, None)
         state[viewport.WATCH_KEY] = {"screen": {"narrow": False, "width": said}}
         viewport._reported()

@@ -119,11 +119,17 @@ def _reported() -> None:
     screen = (st.session_state.get(WATCH_KEY) or {}).get("screen") or {}
     st.session_state[NARROW] = bool(screen.get("narrow"))
     width = screen.get("width")
-    # null: at least the widest; else a width a page could have (anything else, what a script sent, is not kept)
+    # null: at least the widest; else a width a page could have, in steps (anything else, what a script
+    # sent, is not kept: present.room keeps a copy of a figure for each width, so there are few widths)
     if width is None:
         st.session_state.pop(WIDTH, None)
-    elif isinstance(width, int | float) and not isinstance(width, bool) and 2 * WIDTH_STEP_PX <= width < ROOM_WIDEST_PX:
-        st.session_state[WIDTH] = int(width)
+    elif (
+        isinstance(width, int)
+        and not isinstance(width, bool)
+        and 2 * WIDTH_STEP_PX <= width < ROOM_WIDEST_PX
+        and width % WIDTH_STEP_PX == 0
+    ):
+        st.session_state[WIDTH] = width
 
 
 def watch(room: bool = False) -> None:
