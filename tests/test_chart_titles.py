@@ -260,3 +260,15 @@ def test_a_shared_figure_s_broken_copy_is_made_once_for_each_width(screen):
     del fig, first
     gc.collect()
     assert key not in present._SHOWN, "the copy goes with its figure"
+
+
+def test_room_keeps_a_bounded_number_of_figures(monkeypatch, screen):
+    """Thirty visitors at thirty widths keep no more than `present.SHOWN_KEPT` copies, however long the
+    figures live (the shared ones live in the cache)."""
+    screen(550)
+    monkeypatch.setattr(present, "SHOWN_KEPT", 5)
+    monkeypatch.setattr(present, "_SHOWN", {})
+    figures = [figure(TITLES[0]) for _ in range(12)]
+    shown = [present.room(fig, 0.5) for fig in figures]
+    assert len(present._SHOWN) == 5 and all("<br>" in fig.layout.title.text for fig in shown)
+    assert present.room(figures[-1], 0.5) is shown[-1], "the newest are kept"

@@ -8,6 +8,7 @@ the address bar as ``present=1``, so that a teacher's link opens the students' v
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import math
 import weakref
@@ -210,8 +211,12 @@ def room(fig: go.Figure, share: float = 1.0) -> go.Figure:
     if made is not None and made[0]() is fig:
         return fig if made[1] is None else made[1]
     shown = _for_the_room(fig, width) if presenting_now else _fitted(fig, width, phone)
-    _SHOWN[key] = (weakref.ref(fig), None if shown is fig else shown)
-    weakref.finalize(fig, _SHOWN.pop, key, None)
+    _SHOWN[key] = (weakref.ref(fig), None if shown is fig else shown, weakref.finalize(fig, _SHOWN.pop, key, None))
+    if len(_SHOWN) > SHOWN_KEPT:  # the oldest goes (each step one dict call: sessions run in threads)
+        with contextlib.suppress(StopIteration, RuntimeError):
+            oldest = _SHOWN.pop(next(iter(_SHOWN)), None)
+            if oldest is not None:
+                oldest[2].detach()  # its figure may live on: no call left behind for each time it comes back
     return shown
 
 
@@ -219,7 +224,11 @@ def room(fig: go.Figure, share: float = 1.0) -> go.Figure:
 # not (None: the figure as it is). A shared figure (attnviz.app.cache.shared) is drawn by every session on
 # every rerun: the room's copy took 2-6 ms to make, a copy with its title broken 2.3 ms, reading whether
 # the title fits 0.35 ms. An entry goes with its figure; a copy is as read-only as the figure it came from.
-_SHOWN: dict[tuple[int, bool, float, bool], tuple[weakref.ref, go.Figure | None]] = {}
+# At most SHOWN_KEPT, the oldest going first: 40 maps of 100 x 100 tokens, each drawn at every width a
+# page's script says, in both modes and two shares, kept 256 entries in 46 MiB of peak RSS over the maps
+# themselves (without the bound, 10 of them made 720 entries); a few pages on a few screens make ~100.
+SHOWN_KEPT = 256
+_SHOWN: dict[tuple[int, bool, float, bool], tuple[weakref.ref, go.Figure | None, weakref.finalize]] = {}
 
 
 def _fitted(fig: go.Figure, width: float, narrow: bool) -> go.Figure:
