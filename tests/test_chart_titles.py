@@ -29,11 +29,11 @@ TITLES = [
     "in each map, rows: query: decoder input token; columns: key: source token; contrast: linear",
 ]
 
+WORD_BREAK = re.compile(r" (?![^<]*>)")  # a space outside plotly's tags, written anew here
+
 # What chromium drew (the width of each title's box), in Streamlit's theme: titles at 16 px, subtitles
 # at 11 px, presenter mode's titles at 24 px (measured on the app's pages at 2400 px wide, where nothing
 # is broken). The estimate is meant to be a little over, never under.
-WORD_BREAK = re.compile(r" (?![^<]*>)")  # a space outside plotly's tags, written anew here
-
 DRAWN = [
     ("Cross-attention (encoder-decoder), layer 3, head 4", 16, 354.0),
     ("Most likely next tokens (chosen: ▁Donnerstag, red)", 16, 358.2),
