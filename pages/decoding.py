@@ -194,20 +194,15 @@ def draw_figures(s: Shown, top) -> None:
 
 def step_controls(n: int) -> int:
     """The step buttons, the play toggle and the step slider; the step shown, from 0."""
-    b = st.columns([1.9, 1.7, 1.7, 1.9, 1.1, 2.7])
-    for column, (key, label, icon, shortcut, kwargs) in zip(b, step_buttons(n), strict=False):
-        column.button(
-            label,
-            icon=icon,
-            key=key,
-            on_click=move,
-            kwargs=kwargs,
-            shortcut=shortcut,
-            help=shortcut,
-        )
-    b[4].toggle("Play", key="playing", help="advance one step a second")
+    # Each button as wide as its label and its key, wrapping onto a second line where they do not fit: in fixed
+    # columns beside the slider, 1280 px wide with the sidebar open showed "E", "N" and "L" of the labels, and at
+    # 1024 px none.
+    buttons = st.container(horizontal=True)
+    for key, label, icon, shortcut, kwargs in step_buttons(n):
+        buttons.button(label, icon=icon, key=key, on_click=move, kwargs=kwargs, shortcut=shortcut, help=shortcut)
+    buttons.toggle("Play", key="playing", help="advance one step a second")
     if n > 1:
-        bound(b[5].slider, "Step", 1, n, key="step", label_visibility="collapsed")
+        bound(st.slider, "Step", 1, n, key="step", label_visibility="collapsed")
     if st.session_state.get("playing"):
         st.fragment(tick, run_every=1.0)()  # the timer exists only while playing
     return st.session_state.get("step", 1) - 1

@@ -100,8 +100,10 @@ def body(ctx: Context) -> None:
 
 def stage_picker(keys: list[str], titles: dict[str, str]) -> str:
     """Previous, Next and the list of stages: the stage shown."""
-    b = st.columns([1.6, 1.6, 5])
-    b[0].button(
+    # each button as wide as its label and its key, the list in the rest of the row (or the next, where it
+    # does not fit): in fixed columns, 1280 px wide beside the sidebar cut "Previous" short
+    row = st.container(horizontal=True, vertical_alignment="bottom")
+    row.button(
         "Previous",
         icon=":material/chevron_left:",
         key="_wt_prev",
@@ -110,7 +112,7 @@ def stage_picker(keys: list[str], titles: dict[str, str]) -> str:
         shortcut="Shift+Left",
         help="Shift+Left",
     )
-    b[1].button(
+    row.button(
         "Next",
         icon=":material/chevron_right:",
         key="_wt_next",
@@ -119,7 +121,7 @@ def stage_picker(keys: list[str], titles: dict[str, str]) -> str:
         shortcut="Shift+Right",
         help="Shift+Right",
     )
-    return bound(b[2].selectbox, "Stage", keys, format_func=titles.get, key="wt_stage", label_visibility="collapsed")
+    return bound(row.selectbox, "Stage", keys, format_func=titles.get, key="wt_stage", label_visibility="collapsed")
 
 
 def stage_controls(cfg: TransformerConfig, key: str, T: int) -> tuple[int, int, int, int]:

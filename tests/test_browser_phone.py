@@ -6,7 +6,8 @@ labels and no two query labels overlap; plotly's toolbar, shown as a finger or a
 chart shows it, covers no part of the title, which is whole inside the chart; nothing scrolls
 sideways; a presenter's link (``present=1``) opens the same way. The same pages on a 1280x720
 screen keep their wide layout. And the decoding page's chart titles, two charts to a row, fit their
-charts at 1280x720, at 1024x768 and on a phone (attnviz.app.present.room breaks them).
+charts at 1280x720, at 1024x768 and on a phone (attnviz.app.present.room breaks them), and no page's
+row of buttons cuts a label short beside the sidebar at 1280x720 or 1024x768.
 The server and the browser set-up are test_browser.py's; screenshots land in test-artifacts/.
 """
 
@@ -49,6 +50,32 @@ MEASURE = """() => {
         sideways: document.documentElement.scrollWidth - window.innerWidth,
         angle: chart.layout.xaxis.tickangle ?? null,
     };
+}"""
+
+
+# The texts of the main area's buttons and widget labels that their box, or a box around them that clips,
+# does not hold whole: a label cut short by a column too narrow for it (plotly's own buttons left out).
+CUT_LABELS = """() => {
+    const holds = (b, r) =>
+        r.left >= b.left - 1 && r.right <= b.right + 1 && r.top >= b.top - 1 && r.bottom <= b.bottom + 1;
+    const cut = [];
+    for (const box of document.querySelectorAll("[data-testid='stMain'] button, [data-testid='stMain'] label")) {
+        if (!box.offsetParent || box.closest('.js-plotly-plot')) continue;
+        const texts = document.createTreeWalker(box, NodeFilter.SHOW_TEXT);
+        while (texts.nextNode()) {
+            const text = texts.currentNode;
+            if (!text.textContent.trim()) continue;
+            const range = document.createRange();
+            range.selectNodeContents(text);
+            const r = range.getBoundingClientRect();
+            for (let a = text.parentElement; a; a = a.parentElement) {
+                const clips = a === box || getComputedStyle(a).overflowX !== 'visible';
+                if (clips && !holds(a.getBoundingClientRect(), r)) { cut.push(text.textContent.trim()); break; }
+                if (a === box) break;
+            }
+        }
+    }
+    return cut;
 }"""
 
 
@@ -134,6 +161,7 @@ def test_chart_titles_are_broken_to_fit_as_the_window_narrows(server, browser_ta
     page = open_page(browser_tab, f"{server}/decoding", {"width": 1280, "height": 720}, "wide")
     titles = page.evaluate(CHART_TITLES)
     assert len(titles) >= 5 and cut(titles) == [], cut(titles)
+    assert page.evaluate(CUT_LABELS) == [], "the step buttons' labels at 1280x720"
     resized(page, 1024, 768, "the decoding page at 1024x768")  # and drawn for it (browser_wait.DRAWN)
     titles = page.evaluate(CHART_TITLES)
     assert cut(titles) == [], f"cut at 1024x768: {cut(titles)}"
@@ -147,3 +175,16 @@ def test_chart_titles_are_broken_to_fit_as_the_window_narrows(server, browser_ta
     # plotly's toolbar: 24 px buttons 2 px from the chart's top, over its right corner
     under = [text for text, t, c, _ in titles if t[1] < c[1] + MODEBAR_PX - 10]
     assert under == [], f"under the toolbar on a phone: {under}"
+
+
+def test_no_row_of_buttons_cuts_a_label_short_beside_the_sidebar(server, browser_tab):  # noqa: F811 - the fixtures
+    """The pages with rows of buttons, at 1024x768 with the sidebar open: every button's label and key, and every
+    widget's label, whole in its box. Before, the buttons stood in fixed columns: the decoding page showed "E", "N"
+    and "L" of Back, Next and Last at 1280x720 and no label at 1024x768, and the explorer's head buttons, the
+    walkthrough's Previous and Next and the formation page's "Train a small model now" were cut at 1024x768."""
+    shown = {}
+    for path in ("explorer", "decoding", "formation", "walkthrough"):
+        page = open_page(browser_tab, f"{server}/{path}", {"width": 1024, "height": 768}, "wide")
+        shown[path] = page.evaluate(CUT_LABELS)
+        assert page.locator("[data-testid='stMain'] button").count() >= 2, f"{path}: its buttons are drawn"
+    assert shown == {path: [] for path in shown}, f"cut short: {shown}"

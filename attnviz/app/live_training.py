@@ -59,7 +59,8 @@ def section() -> None:
     )
     mine = live_runs.slots().find(st.session_state.get(RUN) or "")
     if mine is None or mine.finished:
-        left, right = st.columns([2, 1], vertical_alignment="bottom")
+        # the button's column wide enough for its label 1024 px wide beside the sidebar ([2, 1] cut it short)
+        left, right = st.columns([3, 2], vertical_alignment="bottom")
         task = bound(left.radio, "Task", list(TASKS), key=TASK, format_func=TASKS.get, horizontal=True)
         left.caption(f"Recipe: {recipe_text(task)}.")
         if right.button("Train a small model now", key="_live_start", icon=":material/model_training:", type="primary"):

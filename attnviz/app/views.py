@@ -85,15 +85,17 @@ def layer_and_head(
     if keyboard:
         steps = (("Previous head", "Shift+Left", -1, False), ("Next head", "Shift+Right", +1, False))
         steps += (("Layer up", "Shift+Up", -1, True), ("Layer down", "Shift+Down", +1, True))
-        for (label, shortcut, delta, whole), column in zip(steps, st.columns(4), strict=True):
-            column.button(
+        # each button as wide as its label and its key: in four equal columns, 1024 px wide beside the sidebar
+        # cut every label short
+        buttons = st.container(horizontal=True)
+        for label, shortcut, delta, whole in steps:
+            buttons.button(
                 label,
                 key=f"_{head_key}_{label.lower().replace(' ', '_')}",
                 on_click=_step_head,
                 args=(keys, n_layers, n_heads, delta, whole),
                 shortcut=shortcut,
                 help=shortcut,
-                width="stretch",
             )
     if (kind, layer, head) == clearest:
         said = which if named else f"this model's clearest {KIND_NAMES[kind]} head (the ? by Layer says why)"
