@@ -6,8 +6,9 @@ labels and no two query labels overlap; plotly's toolbar, shown as a finger or a
 chart shows it, covers no part of the title, which is whole inside the chart; nothing scrolls
 sideways; a presenter's link (``present=1``) opens the same way. The same pages on a 1280x720
 screen keep their wide layout. And the decoding page's chart titles, two charts to a row, fit their
-charts at 1280x720, at 1024x768 and on a phone (attnviz.app.present.room breaks them), and no page's
-row of buttons cuts a label short beside the sidebar at 1280x720 or 1024x768.
+charts at 1280x720, at 1024x768 and on a phone (attnviz.app.present.room breaks them); and the rows of
+buttons of the explorer, decoding, formation and walkthrough pages cut no label short beside the
+sidebar at 1024x768 (the decoding page's at 1280x720 too).
 The server and the browser set-up are test_browser.py's; screenshots land in test-artifacts/.
 """
 
