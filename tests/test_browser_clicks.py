@@ -73,6 +73,29 @@ VIEW_STATE = """() => {
     });
 }"""
 
+# Every map whose side margins the app set for its rows and colour bar (attnviz.app.margins.settled: a
+# figure of heatmaps alone, one showing its scale at the plot's edge with listed labels, on a category
+# y axis with listed labels, its side margins over plotly's 10 px): the margins the figure asked for
+# (left, right, top, bottom), those plotly drew it with, and what plotly's own layout pushed at the
+# sides (its _pushmargin: the pushes at the plot's left edge and at its right). Asked for and drawn
+# are the same when plotly had no margin to widen and the figure to draw again; the pushes are what
+# the estimates are measured against.
+SETTLED_MAPS = """() => [...document.querySelectorAll("[data-testid='stMain'] .js-plotly-plot")].flatMap(p => {
+    const data = p.data || [], layout = p.layout || {}, fl = p._fullLayout;
+    const scales = data.filter(t => t.type === 'heatmap' && t.showscale !== false);
+    const bar = (scales[0] || {}).colorbar || {}, y = layout.yaxis || {}, asked = layout.margin || {};
+    if (!fl || data.some(t => t.type !== 'heatmap') || scales.length !== 1 || bar.x !== 1 || !bar.ticktext
+        || y.type !== 'category' || !y.ticktext || !(asked.l > 10 && asked.r > 10)) return [];
+    const pushed = (side, at) => Math.max(0, ...Object.entries(fl._pushmargin)
+        .filter(([id, push]) => id !== 'base' && push[side] && push[side].val === at)
+        .map(([, push]) => push[side].size));
+    return [{title: (fl.title.text || '').replace(/<[^>]*>/g, ''), asked: [asked.l, asked.r, asked.t, asked.b],
+             drawn: [fl._size.l, fl._size.r, fl._size.t, fl._size.b], pushed: [pushed('l', 0), pushed('r', 1)]}];
+})"""
+# attnviz.app.margins counts a label by its characters' advances, 1.5% over, rounded up and 2 px more;
+# plotly measures the label's drawn box, which leaves out the blank beside its outer glyphs (0.1-0.2 em).
+MARGIN_SLACK_PX = 10
+
 # (model, page's address) of every case: every page with the default model, and the small
 # character-level model on the pages whose first screen depends most on the model.
 CASES = [("en-de", p.url_path) for p in registry.PAGES] + [("reverse", ""), ("reverse", "explorer")]
@@ -122,6 +145,20 @@ def _check(page, what: str) -> None:
     aside = page.locator(f"{MAIN} [data-testid='stCaptionContainer']", has_text=SET_ASIDE).all_inner_texts()
     assert not aside, f"{what}: a set-aside caption, though every link opened was the app's own: {aside}"
     assert page.locator(CONTENT).count() >= 1, f"{what}: the main area is blank (no plot, table or chart)"
+    _check_margins(page, what)
+
+
+def _check_margins(page, what: str) -> int:
+    """Every map with settled margins (SETTLED_MAPS) drawn at the margins it asked for, each side within
+    MARGIN_SLACK_PX of what plotly found its labels and colour bar push; how many maps there were."""
+    maps = page.evaluate(SETTLED_MAPS)
+    for chart in maps:
+        where = f"{what}: the map {chart['title']!r}"
+        assert chart["drawn"] == chart["asked"], f"{where} was widened and drawn again: {chart}"
+        for side, asked, pushed in zip("lr", chart["asked"][:2], chart["pushed"], strict=True):
+            more = asked - pushed
+            assert more <= MARGIN_SLACK_PX, f"{where}: {more:.1f} px more at {side} than it needs: {chart}"
+    return len(maps)
 
 
 def _label(widget) -> str:
@@ -265,6 +302,8 @@ def test_clicking_everything_a_person_can(server, browser_tab, model, path):  # 
     page = _open(browser_tab, f"{server}/{path}")
     try:
         _check(page, f"{where}: the first screen")
+        if path in ("", "explorer"):  # the first screen's map: the check above has a map to measure
+            assert _check_margins(page, where) >= 1, f"{where}: no map with margins for its labels"
         assert not page.evaluate(_TITLE_CLASHES), f"{where}: a title runs into its key labels on the first screen"
         _choose_model(page, model, where)
         _click_examples(page, where)

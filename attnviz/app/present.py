@@ -17,7 +17,7 @@ import pandas as pd
 import plotly.graph_objects as go
 import streamlit as st
 
-from attnviz.app import viewport
+from attnviz.app import margins, viewport
 from attnviz.app.text import escape_markdown
 from attnviz.figures.common import (
     MODEBAR_PX,
@@ -232,15 +232,23 @@ _SHOWN: dict[tuple[int, bool, float, bool], tuple[weakref.ref, go.Figure | None,
 
 
 def _fitted(fig: go.Figure, width: float, narrow: bool) -> go.Figure:
-    """``fig`` outside presenter mode: itself, or a copy with its title broken to ``width`` (`fit_title`)
-    and, on a phone (``narrow``), below plotly's toolbar."""
+    """``fig`` outside presenter mode: itself, or a copy with its title broken to ``width`` (`fit_title`),
+    on a phone (``narrow``) below plotly's toolbar, and a map's side margins wide enough for its rows and
+    colour bar from the first draw (`attnviz.app.margins.settled`)."""
     title = fig.layout.title
     title_px, subtitle_px = title.font.size or CHART_TITLE_PX, title.subtitle.font.size or CHART_SUBTITLE_PX
     fits = _fits(title.text, width, title_px) and _fits(title.subtitle.text, width, subtitle_px)
     phone = narrow and bool(title.text) and (title.pad.t or 0) < MODEBAR_PX
-    if fits and not phone:
+    sides = None
+    if any(trace.type == "heatmap" for trace in fig.data):
+        data, layout = copied_spec(fig)
+        sides = margins.settled(data, layout)
+    if fits and not phone and sides is None:
         return fig
-    data, layout = copied_spec(fig)
+    if sides is None:
+        data, layout = copied_spec(fig)
+    else:
+        layout["margin"] = {**layout.get("margin", {}), **sides}
     if phone:
         _below_toolbar(layout)
     fit_title(layout, width, title_px, subtitle_px)

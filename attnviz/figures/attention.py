@@ -99,10 +99,12 @@ def attention_heatmap(
         values = contrast_values(values, contrast, row_max).astype(np.float32)
     shown = np.where(masked, np.float32(np.nan), values)
     hover_value = "%{customdata:.6f}" if extra else "%{z:.6f}"
+    bar = scale["colorbar"]
     if narrow:  # the colour bar under the map, its title above it
-        bar = scale["colorbar"]
         bar_title = bar["title"] if isinstance(bar["title"], dict) else {"text": bar["title"]}
         scale["colorbar"] = {**bar, **NARROW_COLOUR_BAR, "title": {**bar_title, "side": "top"}}
+    else:  # at the plot's edge, not 2% of its width beyond: the margin it needs is the same at any width
+        scale["colorbar"] = {**bar, "x": 1}
     traces = [
         go.Heatmap(
             z=shown,
