@@ -14,6 +14,7 @@ import numpy as np
 import plotly.graph_objects as go
 
 from attnviz.figures.common import (
+    AT_THE_EDGE,
     HEAD_COLORS,
     KEY_ANGLES,
     MASKED_GREY,
@@ -103,8 +104,8 @@ def attention_heatmap(
     if narrow:  # the colour bar under the map, its title above it
         bar_title = bar["title"] if isinstance(bar["title"], dict) else {"text": bar["title"]}
         scale["colorbar"] = {**bar, **NARROW_COLOUR_BAR, "title": {**bar_title, "side": "top"}}
-    else:  # at the plot's edge, not 2% of its width beyond: the margin it needs is the same at any width
-        scale["colorbar"] = {**bar, "x": 1}
+    else:
+        scale["colorbar"] = {**bar, **AT_THE_EDGE}
     traces = [
         go.Heatmap(
             z=shown,

@@ -36,6 +36,10 @@ TITLE_PX, SUBTITLE_PX, AXIS_TITLE_PX = 44, 22, 28  # the bands a title, its subt
 # width. One placed in the plot's own units (y = -0.2) sat on the axis title, and, hung by its bottom,
 # moved onto the tick labels when a resize changed its rows (tests/test_browser_formation.py).
 FOOT_LEGEND = {"orientation": "h", "yref": "container", "y": 0, "yanchor": "bottom", "x": 0, "xanchor": "left"}
+# A map's colour bar at the plot's right edge, not plotly's 2% of the plot's width beyond it: the margin
+# it takes is then the same at every width, and the app can give it that margin before plotly draws
+# (attnviz.app.margins).
+AT_THE_EDGE = {"x": 1}
 
 # A phone's layout (``narrow``: a window under about 640 px, about 330 to 400 px for the figure).
 # Token labels are cut to a few characters (the whole label stays on hover) so that the map keeps

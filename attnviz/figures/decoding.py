@@ -9,6 +9,7 @@ import numpy as np
 import plotly.graph_objects as go
 
 from attnviz.figures.common import (
+    AT_THE_EDGE,
     HIGHLIGHT,
     KEY_ANGLES,
     WEIGHT_COLORSCALE,
@@ -19,6 +20,7 @@ from attnviz.figures.common import (
     plotly_labels,
     ticks,
 )
+from attnviz.figures.images import colour_bar
 
 
 def topk_bar(tokens: Sequence[str], probs: Sequence[float], chosen: str | None = None) -> go.Figure:
@@ -63,7 +65,8 @@ def step_rows_grid(rows: np.ndarray, key_tokens: Sequence[str], title: str, kind
 
     Row "layer l head h" is what the step's query (the newest decoder position) attends to with that
     head, e.g. `attnviz.decoding.DecodeStep.cross_attn` (``kind`` "cross": keys are source
-    tokens) or ``self_attn`` (``kind`` "decoder": keys are the decoder input so far).
+    tokens) or ``self_attn`` (``kind`` "decoder": keys are the decoder input so far). Its colour bar is
+    the maps' (`attnviz.figures.images.colour_bar`).
     """
     _, _, x_title = kind_titles(kind)
     rows = as_array(rows, "rows", 3)
@@ -78,7 +81,7 @@ def step_rows_grid(rows: np.ndarray, key_tokens: Sequence[str], title: str, kind
         zmin=0.0,
         zmax=1.0,
         colorscale=WEIGHT_COLORSCALE,
-        colorbar={"title": "weight"},
+        colorbar={**colour_bar("linear"), **AT_THE_EDGE},
         hovertemplate="%{y}<br>key %{x}<br>weight %{z:.6f}<extra></extra>",
     )
     layout = {
