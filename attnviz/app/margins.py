@@ -19,9 +19,10 @@ measures both against plotly's own pushes on every page, after every click).
 
 from __future__ import annotations
 
-import html
 import math
 import re
+
+from attnviz.figures.common import drawn_text
 
 # Advance widths of Streamlit's font ("Source Sans", weight 400), in ems, as chromium draws them
 # (measured between two "H"s at 1000 px, so that kerning with a neighbour counts): ASCII, Latin-1 and
@@ -63,7 +64,7 @@ _EM = dict(zip(_SHOWN, (milli / 1000 for milli in _MILLI_EM), strict=True))
 # takes an em, an emoji a little more. Counted wide: too wide costs a few pixels, too narrow a redraw.
 OTHER_EM = 1.25
 LABEL_OVER = 1.015
-_TAG = re.compile(r"<[^>]*>")
+_BR = re.compile(r"<br\s*/?>")
 
 # Streamlit's plotly theme (its PlotlyChart, Streamlit 1.67): tick labels 12 px, axis titles 14 px
 # set 24 px off the labels (``title.standoff``), and the plot 8 px in from its axes (``margin.pad``).
@@ -85,19 +86,12 @@ SLACK_PX = 2
 def label_px(text: str, font_px: float) -> float:
     """How wide plotly draws one line of ``text`` (its HTML-like text: tags and entities as drawn) at
     ``font_px`` in Streamlit's font; a character outside the measured ones counts `OTHER_EM`."""
-    return LABEL_OVER * font_px * sum(_EM.get(ch, OTHER_EM) for ch in html.unescape(_TAG.sub("", text)))
+    return LABEL_OVER * font_px * sum(_EM.get(ch, OTHER_EM) for ch in drawn_text(text))
 
 
 def _lines_px(text: str, font_px: float) -> float:
     """The widest of ``text``'s lines ("<br>" apart) at ``font_px``."""
-    return max(label_px(line, font_px) for line in re.split(r"<br\s*/?>", text))
-
-
-def _title(spec) -> tuple[str, dict]:
-    """A title given as text or as a dict: its text and the dict."""
-    if isinstance(spec, dict):
-        return spec.get("text") or "", spec
-    return spec or "", {}
+    return max(label_px(line, font_px) for line in _BR.split(text))
 
 
 # What a figure may set itself that moves its labels or its colour bar from where they were measured.
@@ -119,12 +113,13 @@ def _left(yaxis: dict) -> float | None:
     labels = [str(label) for label in yaxis["ticktext"]]
     widest = max((label_px(label, font) for label in labels), default=0.0)
     push = widest + ROW_LABEL_GAP_PX + ROW_LABEL_GAP_EM * font
-    text, title = _title(yaxis.get("title"))
+    title = yaxis.get("title") or {}  # plotly's figures hold every title as a dict
+    text = title.get("text")
     if text:
         if "standoff" in title:
             return None
         size = (title.get("font") or {}).get("size") or THEME_AXIS_TITLE_PX
-        extra_lines = len(re.findall(r"<br\s*/?>", text))
+        extra_lines = len(_BR.findall(text))
         push += size * (CAP_SHIFT + extra_lines * LINE_SPACING) + THEME_STANDOFF_PX
     return push
 
@@ -136,7 +131,8 @@ def _right(trace: dict) -> float | None:
         return None
     font = (bar.get("tickfont") or {}).get("size") or THEME_TICK_PX
     push = max((label_px(str(label), font) for label in bar["ticktext"]), default=0.0) + BAR_PX
-    text, title = _title(bar.get("title"))
+    title = bar.get("title") or {}
+    text = title.get("text")
     if text:
         if title.get("side", "top") != "top":
             return None

@@ -239,15 +239,12 @@ def _fitted(fig: go.Figure, width: float, narrow: bool) -> go.Figure:
     title_px, subtitle_px = title.font.size or CHART_TITLE_PX, title.subtitle.font.size or CHART_SUBTITLE_PX
     fits = _fits(title.text, width, title_px) and _fits(title.subtitle.text, width, subtitle_px)
     phone = narrow and bool(title.text) and (title.pad.t or 0) < MODEBAR_PX
-    sides = None
-    if any(trace.type == "heatmap" for trace in fig.data):
-        data, layout = copied_spec(fig)
-        sides = margins.settled(data, layout)
+    spec = copied_spec(fig) if any(trace.type == "heatmap" for trace in fig.data) else None
+    sides = None if spec is None else margins.settled(*spec)
     if fits and not phone and sides is None:
         return fig
-    if sides is None:
-        data, layout = copied_spec(fig)
-    else:
+    data, layout = spec or copied_spec(fig)
+    if sides is not None:
         layout["margin"] = {**layout.get("margin", {}), **sides}
     if phone:
         _below_toolbar(layout)

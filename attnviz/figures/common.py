@@ -166,10 +166,15 @@ def wrapped(title: str, chars: int = NARROW_TITLE_CHARS) -> str:
     return "<br>".join(_filled(title.split(" "), lambda line: len(line) <= chars))
 
 
+def drawn_text(text: str) -> str:
+    """The characters plotly draws for ``text``, its HTML-like text: tags left out, entities read."""
+    return html.unescape(_TAG.sub("", text))
+
+
 def text_px(text: str, font_px: float) -> float:
     """About how wide plotly draws one line of ``text`` (its HTML-like text) at ``font_px`` in Streamlit's
     font: a little over rather than under."""
-    return font_px * sum(_EM.get(ch, OTHER_EM) for ch in html.unescape(_TAG.sub("", text)))
+    return font_px * sum(_EM.get(ch, OTHER_EM) for ch in drawn_text(text))
 
 
 def fitted_lines(text: str, px: float, font_px: float) -> str:
