@@ -5,6 +5,7 @@ from __future__ import annotations
 import functools
 import os
 import sys
+import threading
 from pathlib import Path
 
 import numpy as np
@@ -222,9 +223,39 @@ def _compiled_once(get_bytecode):
     return wrapper
 
 
+def _woken_at_the_end(runner_class):
+    """``runner_class.__init__`` that gives each runner an event set when its script thread shuts down."""
+    init = runner_class.__init__
+
+    @functools.wraps(init)
+    def __init__(self, *args, **kwargs):
+        from streamlit.runtime.scriptrunner import ScriptRunnerEvent
+
+        init(self, *args, **kwargs)
+        self.shut_down = threading.Event()
+
+        def on_event(sender, event, **_) -> None:  # noqa: ARG001 - the signal's signature
+            if event == ScriptRunnerEvent.SHUTDOWN:
+                self.shut_down.set()
+
+        self.on_event.connect(on_event, weak=False)
+
+    __init__.woken = True
+    return __init__
+
+
+def _wait_for_shutdown(runner, timeout: float = 3) -> None:
+    """Streamlit's ``require_widgets_deltas``, waiting on the runner's event instead of looking every millisecond."""
+    if runner.shut_down.wait(timeout):  # every runner is made after both patches (AppTest makes one a run)
+        return
+    runner.request_stop()  # as Streamlit's: stop the script before saying it ran out of time
+    runner.join()
+    raise RuntimeError(f"AppTest script run timed out after {timeout}(s)")
+
+
 def pytest_runtest_setup(item):
     """Once Streamlit is imported, every AppTest reuses one scan of the installed component manifests and
-    one compiling of each page's script.
+    one compiling of each page's script, and waits for its script's end without polling.
 
     Streamlit 1.67 scans every installed distribution's metadata for component manifests on each new
     AppTest's first run (about 700 metadata files parsed: most of the time of an AppTest whose page is
@@ -233,17 +264,28 @@ def pytest_runtest_setup(item):
     own, which compiles app.py and every page it opens again, after rewriting each script's syntax
     tree for Streamlit's "magic": a tenth of the AppTest clicks module's profile on a 2-core AMD EPYC
     with AVX2 only. A script is compiled once per text of it.
+
+    While a script runs, AppTest's own thread looked every millisecond whether it had ended, scanning
+    the run's events each time (one per message the script sent), and took Python's lock from the
+    script's thread to do so: 11% of py-spy's samples of test_app and test_app_clicks, whose 97 tests
+    took 82.8-83.1 CPU s of user time waiting on an event and 83.9-84.8 polling, with a third less
+    system time (2.5-2.7 s against 3.7-4.4; two runs each, alternated, on that EPYC).
     """
     if "streamlit" not in sys.modules:
         return
     from streamlit.components.v2 import manifest_scanner
     from streamlit.runtime.scriptrunner.script_cache import ScriptCache
+    from streamlit.testing.v1 import local_script_runner
 
     scan = manifest_scanner.scan_component_manifests
     if not hasattr(scan, "cache_info"):
         manifest_scanner.scan_component_manifests = functools.cache(scan)
     if not getattr(ScriptCache.get_bytecode, "compiled_once", False):
         ScriptCache.get_bytecode = _compiled_once(ScriptCache.get_bytecode)
+    runner = local_script_runner.LocalScriptRunner
+    if not getattr(runner.__init__, "woken", False):
+        runner.__init__ = _woken_at_the_end(runner)
+        local_script_runner.require_widgets_deltas = _wait_for_shutdown
 
 
 @pytest.fixture
@@ -292,6 +334,66 @@ def one_clearest_head_per_model():
     api.clearest_head = clearest_head
     yield memo
     api.clearest_head = original
+
+
+SCRIPT_THREAD = "ScriptRunner.scriptThread"  # the thread Streamlit runs a page's script in, an AppTest's too
+KEPT_FILES_BYTES = 64 << 20  # a checkpoint folder whose files hold more is loaded afresh each time
+
+
+def _checkpoint_contents(path) -> tuple | None:
+    """(the folder, a digest of its files' names and bytes) for a checkpoint folder of files alone; None
+    for anything else (a folder with folders in it, a hub cache's layout, one over `KEPT_FILES_BYTES`)."""
+    import hashlib
+
+    folder = Path(path)
+    try:
+        entries = sorted(folder.iterdir()) if folder.is_dir() else None
+        if not entries or any(not e.is_file() for e in entries):
+            return None
+        if sum(e.stat().st_size for e in entries) > KEPT_FILES_BYTES:
+            return None
+        digest = hashlib.sha256()
+        for entry in entries:
+            digest.update(entry.name.encode() + b"\0" + entry.read_bytes())
+    except OSError:
+        return None
+    return str(folder.resolve()), digest.hexdigest()
+
+
+@pytest.fixture(scope="session", autouse=True)
+def one_load_per_checkpoint_in_the_app():
+    """A checkpoint the app loads in an AppTest, loaded once per contents in a test process, as in the app's.
+
+    The app keeps each loaded model for its process's life (`attnviz.app.cache.load_bundle`, shared by every
+    session and never changed), but AppTests start from empty caches (`fresh_streamlit_caches`), so each one
+    loaded its models again: 143 loads, 11.4 of about 80 CPU s, in test_app and test_app_clicks on a 2-core
+    AMD EPYC with AVX2 only. Here a load made by a page's script is kept under the folder's path, the digest
+    of every file in it, the device asked for and the loading limits in force (`ATTNVIZ_MAX_*`): a test that
+    writes, breaks or replaces a file, or lowers a limit, gets a load of its own, and a load that fails is
+    never kept. Loads made by anything else (the loaders' own tests, the command line, fixtures) are
+    untouched."""
+    from attnviz import api
+    from attnviz.checkpoints.limits import current_limits
+    from attnviz.errors import CheckpointError
+
+    original, memo = api.load_checkpoint, {}
+
+    def load_checkpoint(path, device="auto"):
+        contents = _checkpoint_contents(path) if threading.current_thread().name == SCRIPT_THREAD else None
+        try:
+            limits = current_limits()
+        except CheckpointError:  # a limit set wrong: the load says so in its own order of checks
+            contents = None
+        if contents is None:
+            return original(path, device)
+        key = (*contents, device, limits)
+        if key not in memo:
+            memo[key] = original(path, device)
+        return memo[key]
+
+    api.load_checkpoint = load_checkpoint
+    yield memo
+    api.load_checkpoint = original
 
 
 @pytest.fixture
