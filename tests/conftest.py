@@ -337,24 +337,28 @@ def one_clearest_head_per_model():
 
 
 SCRIPT_THREAD = "ScriptRunner.scriptThread"  # the thread Streamlit runs a page's script in, an AppTest's too
-KEPT_FILES_BYTES = 64 << 20  # a checkpoint folder whose files hold more is loaded afresh each time
+KEPT_FILES, KEPT_BYTES = 256, 64 << 20  # a checkpoint folder holding more is loaded afresh each time
 
 
 def _checkpoint_contents(path) -> tuple | None:
-    """(the folder, a digest of its files' names and bytes) for a checkpoint folder of files alone; None
-    for anything else (a folder with folders in it, a hub cache's layout, one over `KEPT_FILES_BYTES`)."""
+    """(the folder, a digest of the names and bytes of every file below it) for a folder with a config.json
+    of its own; None for anything else, or for one holding more than `KEPT_FILES` files or `KEPT_BYTES`."""
     import hashlib
 
     folder = Path(path)
     try:
-        entries = sorted(folder.iterdir()) if folder.is_dir() else None
-        if not entries or any(not e.is_file() for e in entries):
+        if not (folder / "config.json").is_file():
             return None
-        if sum(e.stat().st_size for e in entries) > KEPT_FILES_BYTES:
+        files = []
+        for root, _, names in os.walk(folder):
+            files += [Path(root) / name for name in names]
+            if len(files) > KEPT_FILES:
+                return None
+        if sum(f.stat().st_size for f in files) > KEPT_BYTES:
             return None
         digest = hashlib.sha256()
-        for entry in entries:
-            digest.update(entry.name.encode() + b"\0" + entry.read_bytes())
+        for file in sorted(files):
+            digest.update(str(file.relative_to(folder)).encode() + b"\0" + file.read_bytes())
     except OSError:
         return None
     return str(folder.resolve()), digest.hexdigest()
@@ -368,7 +372,7 @@ def one_load_per_checkpoint_in_the_app():
     session and never changed), but AppTests start from empty caches (`fresh_streamlit_caches`), so each one
     loaded its models again: 143 loads, 11.4 of about 80 CPU s, in test_app and test_app_clicks on a 2-core
     AMD EPYC with AVX2 only. Here a load made by a page's script is kept under the folder's path, the digest
-    of every file in it, the device asked for and the loading limits in force (`ATTNVIZ_MAX_*`): a test that
+    of every file below it, the device asked for and the loading limits in force (`ATTNVIZ_MAX_*`): a test that
     writes, breaks or replaces a file, or lowers a limit, gets a load of its own, and a load that fails is
     never kept. Loads made by anything else (the loaders' own tests, the command line, fixtures) are
     untouched."""

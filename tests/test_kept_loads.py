@@ -82,6 +82,25 @@ def test_a_lowered_limit_refuses_what_was_loaded(folder, monkeypatch):
         _in_a_script(folder)
 
 
-def test_a_folder_holding_a_folder_is_loaded_each_time(folder):
-    (folder / "model").mkdir()  # a layout whose files a loader may read from below the folder
-    assert _in_a_script(folder) is not _in_a_script(folder)
+def test_a_file_added_below_the_folder_loads_it_again(folder):
+    first = _in_a_script(folder)
+    (folder / "history").mkdir()  # what a loader may read below its folder counts too
+    (folder / "history" / "history.json").write_text("{}")
+    assert _in_a_script(folder) is not first
+
+
+def test_a_folder_without_its_own_config_or_holding_too_much_is_never_kept(folder, tmp_path, monkeypatch):
+    import conftest
+
+    assert conftest._checkpoint_contents(folder) is not None
+    package = tmp_path / "package"  # a hub cache or a Python package's model/: the files are found below
+    package.mkdir()
+    (package / "model").symlink_to(folder)
+    assert conftest._checkpoint_contents(package) is None
+    assert conftest._checkpoint_contents(tmp_path / "nowhere") is None
+    files = sum(1 for p in folder.rglob("*") if p.is_file())
+    monkeypatch.setattr(conftest, "KEPT_FILES", files - 1)
+    assert conftest._checkpoint_contents(folder) is None
+    monkeypatch.setattr(conftest, "KEPT_FILES", files)
+    monkeypatch.setattr(conftest, "KEPT_BYTES", (folder / WEIGHTS_FILE).stat().st_size)
+    assert conftest._checkpoint_contents(folder) is None
