@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import os
 import sys
@@ -294,6 +295,28 @@ def visitor_roots(monkeypatch, tmp_path_factory):
     monkeypatch.setenv("ATTNVIZ_MODEL_ROOTS", str(tmp_path_factory.getbasetemp()))
 
 
+@contextlib.contextmanager
+def _kept(owner, name: str, key_of):
+    """``owner.<name>`` replaced, inside the block, by one that keeps each answer under ``key_of(*args,
+    **kwargs)`` (None: asked afresh each time) and hands it back when asked again; yields the answers kept."""
+    original, memo = getattr(owner, name), {}
+
+    @functools.wraps(original)
+    def kept(*args, **kwargs):
+        key = key_of(*args, **kwargs)
+        if key is None:
+            return original(*args, **kwargs)
+        if key not in memo:
+            memo[key] = original(*args, **kwargs)
+        return memo[key]
+
+    setattr(owner, name, kept)
+    try:
+        yield memo
+    finally:
+        setattr(owner, name, original)
+
+
 @pytest.fixture(scope="session", autouse=True)
 def one_clearest_head_per_model():
     """`attnviz.api.clearest_head`, computed once per model in a test process, as in the app's.
@@ -309,31 +332,18 @@ def one_clearest_head_per_model():
     """
     from attnviz import api
 
-    original, memo = api.clearest_head, {}
-
     def stamp(folder: Path) -> tuple:
         files = [(p.name, p.stat()) for p in folder.iterdir() if p.is_file()]
         return tuple(sorted((name, s.st_size, s.st_mtime_ns) for name, s in files))
 
-    def clearest_head(bundle, kind=None):
+    def key(bundle, kind=None) -> tuple | None:
         if not bundle.sha256 or not Path(bundle.path).is_dir():
-            return original(bundle, kind)
-        key = (
-            bundle.sha256,
-            repr(bundle.info),
-            repr(bundle.config),
-            stamp(Path(bundle.path)),
-            str(bundle.device),
-            kind,
-            api.CLEAREST_SENTENCES,
-        )
-        if key not in memo:
-            memo[key] = original(bundle, kind)
-        return memo[key]
+            return None
+        info, config, files = repr(bundle.info), repr(bundle.config), stamp(Path(bundle.path))
+        return bundle.sha256, info, config, files, str(bundle.device), kind, api.CLEAREST_SENTENCES
 
-    api.clearest_head = clearest_head
-    yield memo
-    api.clearest_head = original
+    with _kept(api, "clearest_head", key) as memo:
+        yield memo
 
 
 SCRIPT_THREAD = "ScriptRunner.scriptThread"  # the thread Streamlit runs a page's script in, an AppTest's too
@@ -380,24 +390,18 @@ def one_load_per_checkpoint_in_the_app():
     from attnviz.checkpoints.limits import current_limits
     from attnviz.errors import CheckpointError
 
-    original, memo = api.load_checkpoint, {}
-
-    def load_checkpoint(path, device="auto"):
-        contents = _checkpoint_contents(path) if threading.current_thread().name == SCRIPT_THREAD else None
+    def key(path, device="auto") -> tuple | None:
+        if threading.current_thread().name != SCRIPT_THREAD:
+            return None
         try:
             limits = current_limits()
         except CheckpointError:  # a limit set wrong: the load says so in its own order of checks
-            contents = None
-        if contents is None:
-            return original(path, device)
-        key = (*contents, device, limits)
-        if key not in memo:
-            memo[key] = original(path, device)
-        return memo[key]
+            return None
+        contents = _checkpoint_contents(path)
+        return None if contents is None else (*contents, device, limits)
 
-    api.load_checkpoint = load_checkpoint
-    yield memo
-    api.load_checkpoint = original
+    with _kept(api, "load_checkpoint", key) as memo:
+        yield memo
 
 
 @pytest.fixture
