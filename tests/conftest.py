@@ -355,6 +355,8 @@ def _checkpoint_contents(path) -> tuple | None:
     of its own; None for anything else, or for one holding more than `KEPT_FILES` files or `KEPT_BYTES`."""
     import hashlib
 
+    from attnviz.checkpoints.bundle import sha256_file
+
     folder = Path(path)
     try:
         if not (folder / "config.json").is_file():
@@ -368,7 +370,7 @@ def _checkpoint_contents(path) -> tuple | None:
             return None
         digest = hashlib.sha256()
         for file in sorted(files):
-            digest.update(str(file.relative_to(folder)).encode() + b"\0" + file.read_bytes())
+            digest.update(f"{file.relative_to(folder)}\0{sha256_file(file)}\0".encode())
     except OSError:
         return None
     return str(folder.resolve()), digest.hexdigest()
