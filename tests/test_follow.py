@@ -9,6 +9,8 @@ The browser tests (test_browser_follow.py) check the same in chromium, within th
 
 from __future__ import annotations
 
+import contextlib
+import functools
 import io
 import json
 import logging
@@ -422,6 +424,87 @@ def test_a_run_replaced_before_its_end_leaves_the_view_pending_and_the_next_poll
     clock.now += 10 * follow.RETRY_S
     follower.run()
     assert calls == ["pages/decoding.py"] * 2, "drawn to its end: applied no more"
+
+
+@contextlib.contextmanager
+def _fragment_run(at, fragment: str, pages: list):
+    """The AppTest's next run is the fragment named ``fragment`` alone, as its timer starts it in a browser
+    (AppTest runs the whole page otherwise): the run's request names the fragment, as Streamlit's does, and
+    the run keeps the pages the last whole run registered (``pages``: `recorded_pages`), as a server's session
+    does (AppTest makes them anew for each run, and a fragment's run alone registers none). Streamlit 1.67's
+    internals; the test below fails if they change."""
+    from streamlit.testing.v1 import app_test, local_script_runner
+
+    store = at._fragment_storage._fragments  # MemoryFragmentStorage, by fragment id
+    ids = [i for i, f in store.items() if fragment in [getattr(c.cell_contents, "__name__", "") for c in f.__closure__]]
+    assert len(ids) == 1, f"the fragment {fragment!r} among {store!r}"
+    whole, made = local_script_runner.RerunData, app_test.PagesManager
+    local_script_runner.RerunData = functools.partial(whole, fragment_id_queue=ids, is_fragment_scoped_rerun=True)
+    app_test.PagesManager = lambda *args, **kwargs: pages[-1]
+    try:
+        yield
+    finally:
+        local_script_runner.RerunData, app_test.PagesManager = whole, made
+
+
+@pytest.fixture
+def recorded_pages(monkeypatch) -> list:
+    """Every PagesManager the AppTests of a test make, in order (the pages each run registered)."""
+    from streamlit.testing.v1 import app_test
+
+    made, pages = app_test.PagesManager, []
+    monkeypatch.setattr(
+        app_test, "PagesManager", lambda *args, **kwargs: pages.append(made(*args, **kwargs)) or pages[-1]
+    )
+    return pages
+
+
+def test_a_view_a_stopped_run_left_undrawn_is_applied_again_by_the_next_poll(room_store, monkeypatch, recorded_pages):
+    """A whole run that starts with the room's view and stops before its end leaves the view pending and
+    marked as being drawn (`follow.DRAWING`); the polls that follow are the fragment's runs alone, and in
+    those the mark is stale: after `follow.RETRY_S` the view is applied again (a fresh clone's browser run
+    once left a follower on a blank page for 60 s, its polls going on, nothing in the log)."""
+    clock, calls, stopped = _Clock(), [], [0]
+    monkeypatch.setattr(follow, "time", clock)
+    switch, drawn = follow.open_link, follow.drawn
+
+    def open_link(target, params):
+        calls.append(target)
+        switch(target, params)
+
+    def drawn_unless_stopped():  # the run stopped before its end: `drawn` never came
+        if stopped[0]:
+            stopped[0] -= 1
+            return
+        drawn()
+
+    whole, runs = follow._whole_run, []  # what each poll found the run to be (streamlit's run context)
+    monkeypatch.setattr(follow, "_whole_run", lambda: runs.append(whole()) or runs[-1])
+    monkeypatch.setattr(follow, "open_link", open_link)
+    monkeypatch.setattr(follow, "drawn", drawn_unless_stopped)
+    mine = rooms.open_room(_view("explorer", head="2"))
+    follower = open_from_link("app.py", {"follow": mine.code})
+    assert follower.title[0].value == "Attention explorer" and calls == ["pages/explorer.py"]
+
+    stopped[0] = 1
+    rooms.publish(mine.code, mine.secret, _view("decoding", step="3"))
+    follower.run()
+    assert calls == ["pages/explorer.py", "pages/decoding.py"] and not stopped[0]
+    assert runs and all(runs), "whole runs"
+    pending = follower.session_state[follow.FOLLOWING]["pending"]
+    assert follower.session_state[follow.DRAWING] == pending, "left by the run that stopped"
+    clock.now += follow.RETRY_S / 2
+    with _fragment_run(follower, "_poll", recorded_pages):
+        follower.run()
+    assert len(calls) == 2, "not again before RETRY_S"
+    assert runs[-1] is False, "a fragment's run is told from a whole page's"
+    clock.now += follow.RETRY_S
+    with _fragment_run(follower, "_poll", recorded_pages):
+        follower.run()
+    assert not follower.exception, follower.exception
+    assert calls[2:] == ["pages/decoding.py"], "applied again: the mark was the stopped run's"
+    assert follower.title[0].value == "Decoding, step by step"
+    assert "pending" not in follower.session_state[follow.FOLLOWING], "drawn to its end this time"
 
 
 @pytest.mark.slow  # 1.5 s or more in the quick tier on a 2-core AMD EPYC with AVX2 only

@@ -421,6 +421,19 @@ def _page_lost() -> bool:
     return now is not None and st.session_state.get(links.PAGE_STATE, now) != now
 
 
+def _whole_run() -> bool:
+    """Whether this run is the whole page's, not a fragment's alone (streamlit 1.67: a fragment's run lists its
+    fragments in the run's context; tests/test_follow.py checks that it still does).
+
+    A fragment's run comes between whole runs, never during one: a `DRAWING` it finds was left by a whole run
+    that stopped before its end, and the view it names is not drawn.
+    """
+    from streamlit.runtime.scriptrunner import get_script_run_ctx
+
+    ctx = get_script_run_ctx(suppress_warning=True)
+    return ctx is None or not ctx.fragment_ids_this_run
+
+
 def drawn() -> None:
     """At the end of a follower's run: the view applied (`apply_state`) is drawn if this run started with it.
 
@@ -572,9 +585,8 @@ def _poll() -> None:
         following.update(version=seen.version, applied=now, tries=1)
         apply_state(seen.state, code)
     pending, lost = following.get("pending"), _page_lost()
-    if not lost and (
-        pending is None or pending == st.session_state.get(DRAWING) or now - following["applied"] < RETRY_S
-    ):
+    drawing = pending == st.session_state.get(DRAWING) and _whole_run()
+    if not lost and (pending is None or drawing or now - following["applied"] < RETRY_S):
         return
     # Applied, yet no run of the page has drawn it to its end (and this run, if a whole page's, is not
     # drawing it): Streamlit folds a rerun the browser asks for (this fragment's own timer) into a
