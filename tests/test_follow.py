@@ -436,7 +436,8 @@ def _fragment_run(at, fragment: str, pages: list):
     from streamlit.testing.v1 import app_test, local_script_runner
 
     store = at._fragment_storage._fragments  # MemoryFragmentStorage, by fragment id
-    ids = [i for i, f in store.items() if fragment in [getattr(c.cell_contents, "__name__", "") for c in f.__closure__]]
+    names = {i: [getattr(c.cell_contents, "__name__", "") for c in f.__closure__ or ()] for i, f in store.items()}
+    ids = [i for i, held in names.items() if fragment in held]  # the function each wrapper holds
     assert len(ids) == 1, f"the fragment {fragment!r} among {store!r}"
     whole, made = local_script_runner.RerunData, app_test.PagesManager
     local_script_runner.RerunData = functools.partial(whole, fragment_id_queue=ids, is_fragment_scoped_rerun=True)
