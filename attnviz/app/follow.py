@@ -30,6 +30,7 @@ from typing import Any
 import numpy as np
 import plotly.graph_objects as go
 import streamlit as st
+from streamlit.runtime.scriptrunner import get_script_run_ctx
 from streamlit.runtime.state.query_params import QueryParams
 from streamlit.runtime.state.session_state_proxy import get_session_state
 
@@ -428,8 +429,6 @@ def _whole_run() -> bool:
     A fragment's run comes between whole runs, never during one: a `DRAWING` it finds was left by a whole run
     that stopped before its end, and the view it names is not drawn.
     """
-    from streamlit.runtime.scriptrunner import get_script_run_ctx
-
     ctx = get_script_run_ctx(suppress_warning=True)
     return ctx is None or not ctx.fragment_ids_this_run
 
