@@ -426,6 +426,19 @@ def test_a_run_replaced_before_its_end_leaves_the_view_pending_and_the_next_poll
     assert calls == ["pages/decoding.py"] * 2, "drawn to its end: applied no more"
 
 
+@pytest.fixture
+def switches(monkeypatch) -> list[str]:
+    """The page of every switch `follow.open_link` makes, in order (the switch itself goes ahead)."""
+    seen, switch = [], follow.open_link
+
+    def open_link(target, params):
+        seen.append(target)
+        switch(target, params)
+
+    monkeypatch.setattr(follow, "open_link", open_link)
+    return seen
+
+
 @contextlib.contextmanager
 def _fragment_run(at, fragment: str, pages: list):
     """The AppTest's next run is the fragment named ``fragment`` alone, as its timer starts it in a browser
@@ -460,18 +473,16 @@ def recorded_pages(monkeypatch) -> list:
     return pages
 
 
-def test_a_view_a_stopped_run_left_undrawn_is_applied_again_by_the_next_poll(room_store, monkeypatch, recorded_pages):
+def test_a_view_a_stopped_run_left_undrawn_is_applied_again_by_the_next_poll(
+    room_store, monkeypatch, recorded_pages, switches
+):
     """A whole run that starts with the room's view and stops before its end leaves the view pending and
     marked as being drawn (`follow.DRAWING`); the polls that follow are the fragment's runs alone, and in
     those the mark is stale: after `follow.RETRY_S` the view is applied again (a fresh clone's browser run
     once left a follower on a blank page for 60 s, its polls going on, nothing in the log)."""
-    clock, calls, stopped = _Clock(), [], [0]
+    clock, calls, stopped = _Clock(), switches, [0]
     monkeypatch.setattr(follow, "time", clock)
-    switch, drawn = follow.open_link, follow.drawn
-
-    def open_link(target, params):
-        calls.append(target)
-        switch(target, params)
+    drawn = follow.drawn
 
     def drawn_unless_stopped():  # the run stopped before its end: `drawn` never came
         if stopped[0]:
@@ -481,7 +492,6 @@ def test_a_view_a_stopped_run_left_undrawn_is_applied_again_by_the_next_poll(roo
 
     whole, runs = follow._whole_run, []  # what each poll found the run to be (streamlit's run context)
     monkeypatch.setattr(follow, "_whole_run", lambda: runs.append(whole()) or runs[-1])
-    monkeypatch.setattr(follow, "open_link", open_link)
     monkeypatch.setattr(follow, "drawn", drawn_unless_stopped)
     mine = rooms.open_room(_view("explorer", head="2"))
     follower = open_from_link("app.py", {"follow": mine.code})
@@ -509,19 +519,15 @@ def test_a_view_a_stopped_run_left_undrawn_is_applied_again_by_the_next_poll(roo
 
 
 @pytest.mark.slow  # 1.5 s or more in the quick tier on a 2-core AMD EPYC with AVX2 only
-def test_a_session_moved_off_the_rooms_page_by_a_fragments_run_is_taken_back(room_store, monkeypatch, caplog):
+def test_a_session_moved_off_the_rooms_page_by_a_fragments_run_is_taken_back(room_store, monkeypatch, caplog, switches):
     """Streamlit runs a fragment's rerun on the page the browser asked from, and a follower's browser can ask
     from the page before a switch reached it: the session is then on the old page though its last whole
     run drew the room's (a fresh clone's browser run once kept a follower off the room's page for 60 s).
     The next poll takes it back at once. A follower who opens another page itself (a whole run) stays there."""
     caplog.set_level(logging.INFO, logger=follow.log.name)
-    clock, calls, stale = _Clock(), [], [0]
+    clock, calls, stale = _Clock(), switches, [0]
     monkeypatch.setattr(follow, "time", clock)
-    switch, start = follow.open_link, links.start
-
-    def open_link(target, params):
-        calls.append(target)
-        switch(target, params)
+    start = links.start
 
     def start_of():  # a fragment's run on another page draws no whole page: the last whole run's hash stays
         kept = links.st.session_state.get(links.PAGE_STATE)
@@ -530,7 +536,6 @@ def test_a_session_moved_off_the_rooms_page_by_a_fragments_run_is_taken_back(roo
             stale[0] -= 1
             links.st.session_state[links.PAGE_STATE] = kept
 
-    monkeypatch.setattr(follow, "open_link", open_link)
     monkeypatch.setattr(links, "start", start_of)
     mine = rooms.open_room(_view("decoding", step="2"))
     follower = open_from_link("app.py", {"follow": mine.code})
