@@ -10,7 +10,8 @@ lines (3 to 8 letters, the `reverse` model's task) and prints that process's pea
 (``ru_maxrss``). ``--stub`` replaces the model's batch function with one that returns arrays of the
 right shapes at once: everything the driver holds (reading, tokenising, sorting, shards, the
 merge into the final tables) at full size, in less time than the model takes (1,000,000 lines
-with the model: 21.6 minutes on a quiet 2-core AMD EPYC with avx512_bf16, hours on a loaded one).
+with the model: 21.6 minutes over a kill and a resume on a quiet 2-core AMD EPYC with avx512_bf16,
+hours on a loaded one).
 The CPU is printed.
 """
 
