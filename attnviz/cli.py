@@ -1,5 +1,5 @@
-"""The `attnviz` command: translate, attention, attribute, atlas, diff, evaluate, train, history. A stable contract
-for scripts.
+"""The `attnviz` command: translate, generate, attention, attribute, atlas, diff, evaluate, train, history. A
+stable contract for scripts.
 
 Results go to standard output. `attnviz diff` exits 0 when two exports are equal within the
 tolerance and 1 when they differ. Any bad input (an argument out of range, text that is not Unicode,
