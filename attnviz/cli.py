@@ -660,7 +660,7 @@ def _train_arguments(p: argparse.ArgumentParser) -> None:
         "--resume",
         action="store_true",
         help="continue the training stopped in OUT from its last saved state (saved at each history record), "
-        "keeping its history",
+        "keeping its history and recording on at its interval",
     )
     p.add_argument(
         "--history-every",
@@ -668,7 +668,7 @@ def _train_arguments(p: argparse.ArgumentParser) -> None:
         default=0,
         metavar="N",
         help="record the training's history into OUT/history every N steps and at the last (docs/history.md); "
-        "0: none (default)",
+        "0: none (default; with --resume, the stopped run's interval)",
     )
 
 

@@ -18,7 +18,7 @@ from attnviz.atlas import compute_atlas
 from attnviz.atlas.stats import STATISTICS
 from attnviz.cli import main
 from attnviz.errors import InputError
-from attnviz.training import History, HistoryWriter, formation_step, load_history, loss_drop
+from attnviz.training import History, HistoryWriter, formation_step, load_history, loop, loss_drop
 from attnviz.training.data import get_task
 from attnviz.training.formation import rise
 from attnviz.training.history import FORMAT_VERSION, HISTORY, MANIFEST, MAPS, RECORDS
@@ -106,13 +106,21 @@ def test_recording_does_not_change_the_training(reverse_runs):
 
 
 @pytest.mark.slow
-def test_resuming_keeps_the_records_and_writes_none_twice(tmp_path, reverse_runs):
+@pytest.mark.parametrize("resumed_with", ["the same flag", "no flag", "no flag, a state saved without it"])
+def test_resuming_keeps_the_records_and_writes_none_twice(tmp_path, reverse_runs, resumed_with, capsys):
     out = tmp_path / "run"
     _train(out, steps=4)
     records = out / HISTORY / RECORDS
     before = {p.name: p.stat().st_mtime_ns for p in records.iterdir()}
     assert sorted(before) == ["00000002", "00000004"] and (out / STATE_FILE).is_file()
-    _train(out, steps=6, resume=True)
+    if resumed_with.endswith("without it"):  # as saved before the state kept it: the history's manifest says it
+        state = torch.load(out / STATE_FILE, weights_only=True)
+        del state["history_every"]
+        torch.save(state, out / STATE_FILE)
+    capsys.readouterr()
+    _train(out, steps=6, resume=True, every=2 if resumed_with == "the same flag" else 0)
+    said = capsys.readouterr().err
+    assert ("a record every 2 steps, as before" in said) == resumed_with.startswith("no flag"), said
     after = {p.name: p.stat().st_mtime_ns for p in records.iterdir()}
     assert sorted(after) == ["00000002", "00000004", "00000006"]
     assert all(after[name] == time for name, time in before.items()), "an earlier record was written again"
@@ -124,11 +132,26 @@ def test_resuming_keeps_the_records_and_writes_none_twice(tmp_path, reverse_runs
 
 
 @pytest.mark.slow
-def test_resume_refuses_another_recipe(tmp_path):
+def test_resume_refuses_another_recipe_or_history_interval(tmp_path):
     out = tmp_path / "run"
     _train(out, steps=2)
     with pytest.raises(InputError, match="another recipe"):
         _train(out, steps=4, resume=True, d_ff=64)
+    with pytest.raises(InputError, match="records its history every 2 steps: resume with --history-every 2"):
+        _train(out, steps=4, resume=True, every=3)
+    assert sorted(p.name for p in (out / HISTORY / RECORDS).iterdir()) == ["00000002"]
+
+
+@pytest.mark.slow
+def test_a_run_without_history_may_begin_one_when_resumed(tmp_path, monkeypatch):
+    monkeypatch.setattr(loop, "STATE_EVERY", 2)  # a run without history saves its state every STATE_EVERY steps
+    out = tmp_path / "run"
+    _train(out, steps=2, every=0)
+    assert not (out / HISTORY).exists() and (out / STATE_FILE).is_file()
+    _train(out, steps=4, every=0, resume=True)  # no flag, no history before: none now either
+    assert not (out / HISTORY).exists()
+    _train(out, steps=6, every=2, resume=True)
+    assert load_history(out).step.tolist() == [6]
 
 
 # ---------------------------------------------------------------------------------------------

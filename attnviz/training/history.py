@@ -321,6 +321,15 @@ def _find(folder: Path) -> Path:
     )
 
 
+def recorded_every(out: Path) -> int:
+    """How many steps apart the history in a training's ``out`` was recorded: its manifest's ``every``, 0 for none."""
+    folder = _history_folder(out)
+    if not (folder / MANIFEST).exists():
+        return 0
+    every = _read_manifest(folder).get("every", 0)
+    return every if type(every) is int and every > 0 else 0
+
+
 def _read_manifest(folder: Path) -> dict:
     path = _checked_file(folder, MANIFEST, MAX_MANIFEST_BYTES, "the history")
     try:

@@ -35,7 +35,7 @@ from attnviz.model import Transformer
 from attnviz.training import lm, seq2seq
 from attnviz.training.data import Task, get_task
 from attnviz.training.formation import lm_section, seq2seq_section
-from attnviz.training.history import load_history
+from attnviz.training.history import load_history, recorded_every
 from attnviz.training.optim import paper_optimizer
 from attnviz.training.recipes import RECIPES, Recipe
 from attnviz.training.recording import TrainingRecorder
@@ -135,6 +135,21 @@ def load_state(path: Path, recipe: Recipe, seed: int) -> dict:
     return state
 
 
+def _resumed_every(out: Path, state: dict, asked: int) -> int:
+    """The history interval a resumed training records at: the stopped run's, which ``asked`` (the flag) may
+    leave out (0) but not change; a run that recorded none may begin with ``asked``."""
+    saved = state.get("history_every")  # states written before it was kept: the history's own manifest
+    saved = recorded_every(out) if saved is None else int(saved)
+    if saved and asked and asked != saved:
+        raise InputError(
+            f"the training in {out} records its history every {saved} steps: resume with --history-every {saved} "
+            "or without the flag"
+        )
+    if saved and not asked:
+        print(f"resuming its history: a record every {saved} steps, as before", file=sys.stderr)
+    return asked or saved
+
+
 def train(
     task_name: str,
     out_dir: str | Path,
@@ -151,7 +166,8 @@ def train(
 
     ``history_every`` > 0 records the training's history into ``out_dir/history`` every that many
     steps and at the last (docs/history.md). ``resume`` continues a training stopped in ``out_dir``
-    from its last saved state (``--steps`` may be raised), keeping its history's records.
+    from its last saved state (``--steps`` may be raised), keeping its history's records and
+    recording on at the stopped run's interval (``history_every`` 0 takes it; another is refused).
     """
     task = get_task(task_name)
     recipe = dataclasses.replace(RECIPES[task_name], **{k: v for k, v in overrides.items() if v is not None})
@@ -181,6 +197,7 @@ def train(
         start -= elapsed
         if done >= recipe.steps:
             raise InputError(f"the training in {out} stopped at step {done}: raise --steps to train on")
+        history_every = _resumed_every(out, state, history_every)
         kind.texts = itertools.islice(kind.texts, done, None)  # the data of the steps done, drawn and left
     recorder = None
     if history_every:
@@ -203,6 +220,7 @@ def train(
             "seconds": time.time() - start,
             "recipe": dataclasses.asdict(recipe),
             "seed": seed,
+            "history_every": history_every,
         }
 
     extra = ""
