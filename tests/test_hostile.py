@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import pickle
 import subprocess
 import sys
 import textwrap
@@ -26,6 +27,7 @@ import attnviz
 from attnviz.checkpoints import load_checkpoint
 from attnviz.checkpoints.files import all_finite
 from attnviz.checkpoints.native import CONFIG_FILE, SPM_FILE, WEIGHTS_FILE, save_checkpoint
+from attnviz.cli import main
 from attnviz.errors import CheckpointError
 
 pytest.importorskip("transformers")
@@ -71,6 +73,20 @@ def _config_is_a_device(d: Path) -> None:
     (d / CONFIG_FILE).symlink_to("/dev/zero")
 
 
+def _config_is_a_link_loop(d: Path) -> None:
+    (d / CONFIG_FILE).unlink()
+    (d / CONFIG_FILE).symlink_to(CONFIG_FILE)
+
+
+def _config_is_a_dangling_link(d: Path) -> None:
+    (d / CONFIG_FILE).unlink()
+    (d / CONFIG_FILE).symlink_to("nowhere.json")
+
+
+def _spm_is_empty(d: Path) -> None:
+    (d / SPM_FILE).write_bytes(b"")
+
+
 def _config_is_a_fifo(d: Path) -> None:
     (d / CONFIG_FILE).unlink()
     os.mkfifo(d / CONFIG_FILE)
@@ -113,6 +129,9 @@ HOSTILE = {
     "2.6 billion parameters": (_huge_width, "parameters is"),
     "config is /dev/zero": (_config_is_a_device, "outside the checkpoint folder"),
     "config is a fifo": (_config_is_a_fifo, "not a regular file"),
+    "config is a link to itself": (_config_is_a_link_loop, "config.json is missing or unreadable (Symlink loop"),
+    "config is a dangling link": (_config_is_a_dangling_link, "config.json is missing or unreadable (No such file"),
+    "spm is empty": (_spm_is_empty, "spm.model is empty"),
     "config of 1 GiB": (_config_is_huge, "1,073,741,824 bytes, above attnviz's limit"),
     "spm of 2 GiB": (_spm_is_huge, "2,147,483,648 bytes, above attnviz's limit"),
     "JSON nested 200000 deep": (_nested_json, "too deeply"),
@@ -240,3 +259,29 @@ def test_a_pickle_that_is_not_a_state_dict_never_suggests_unsafe_loading(marian_
     with pytest.raises(CheckpointError) as info:
         attnviz.load(str(folder), device="cpu")
     assert "weights_only=False" not in str(info.value) and "never loads it any other way" in str(info.value)
+
+
+class _Runs:
+    """A pickle that would run a command when unpickled by anything but weights_only."""
+
+    def __init__(self, marker: Path):
+        self.marker = marker
+
+    def __reduce__(self):
+        return (os.system, (f"touch {self.marker}",))
+
+
+def test_the_command_line_gives_one_line_for_a_pickle_and_runs_nothing_from_it(marian_bin, tmp_path, capsys):
+    folder, marker = tmp_path / "evil", tmp_path / "ran"
+    folder.mkdir()
+    for f in marian_bin.iterdir():
+        (folder / f.name).write_bytes(f.read_bytes())
+    (folder / "pytorch_model.bin").write_bytes(pickle.dumps({"weight": _Runs(marker)}, protocol=4))
+    assert main(["translate", "--model", str(folder), "a b"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("attnviz: error:") and "not a plain PyTorch state dict" in err[0], err
+    assert not marker.exists()
+    # a pickled state dict that loads: one warning line, then the answer
+    assert main(["translate", "--model", str(marian_bin), "a b"]) == 0
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("attnviz: warning:") and "is a pickle file" in err[0], err

@@ -15,8 +15,10 @@ from __future__ import annotations
 import importlib.util
 import json
 import logging
+import os
 import pickle
 import stat
+import warnings
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from contextvars import ContextVar
@@ -65,7 +67,8 @@ def regular_file(file: Path, max_bytes: int | None = None, setting: str = "ATTNV
         info = real.stat()
         root = checkpoint_root(file.parent).resolve()
     except (OSError, RuntimeError) as e:  # missing, a dangling or looping link, a name too long
-        raise CheckpointError(f"{file} is missing or unreadable ({e.strerror or e})", BAD_FILE) from None
+        why = getattr(e, "strerror", None) or e  # a RuntimeError (a link loop, Python < 3.13) has no strerror
+        raise CheckpointError(f"{file} is missing or unreadable ({why})", BAD_FILE) from None
     if not real.is_relative_to(root):
         raise CheckpointError(
             f"{file} is a link to outside the checkpoint folder: attnviz does not follow it", BAD_FILE
@@ -172,7 +175,7 @@ def read_config(path: Path) -> dict:
     `one_read`, parsed once."""
     file = path / CONFIG_FILE
     parsed = _PARSED.get()
-    key = str(file.resolve()) if parsed is not None else ""
+    key = os.path.realpath(file) if parsed is not None else ""  # never raises: a symlink loop is read_json's to refuse
     if parsed is not None and key in parsed:
         if isinstance(parsed[key], CheckpointError):
             raise parsed[key]
@@ -232,7 +235,7 @@ def read_hf_config(path: Path, model_type: str, expected: str) -> dict:
     ``expected`` names the files such a folder holds and what it is, for the messages.
     """
     config_file = path / CONFIG_FILE
-    if not config_file.exists():
+    if not config_file.exists() and not config_file.is_symlink():  # a broken link: read_config says what it is
         found = folder_listing(path)
         raise CheckpointError(f"{config_file} is missing: {expected}; found {found or 'nothing'}", NO_CONFIG)
     hf = read_config(path)
@@ -274,7 +277,7 @@ def unrecognised(path: Path, expected: Sequence[str]) -> CheckpointError:
     """The error for a folder no importer recognises, saying what it holds and what would be read."""
     config_file = path / CONFIG_FILE
     kinds = "; or ".join(expected)
-    if not config_file.exists():
+    if not config_file.exists() and not config_file.is_symlink():  # a broken link: read_config says what it is
         found = folder_listing(path) or "nothing"
         return CheckpointError(f"{config_file} is missing: found {found}; expected {kinds}", NO_CONFIG)
     config = read_config(path)
@@ -334,11 +337,10 @@ class WeightsFile:
                 "(safetensors.torch.save_file) on a machine you trust, or upgrade torch",
                 PICKLE_REFUSED,
             )
-        log.warning(
-            "%s is a pickle file; loading it with torch.load(weights_only=True). Prefer model.safetensors", self.file
-        )
         try:
-            data = torch.load(str(real), map_location="cpu", weights_only=True)
+            with warnings.catch_warnings():  # torch's own, about a pickle it did not write: the error below says more
+                warnings.simplefilter("ignore")
+                data = torch.load(str(real), map_location="cpu", weights_only=True)
         except (pickle.UnpicklingError, RuntimeError, OSError, EOFError, ValueError, TypeError, AttributeError):
             # torch's own message suggests weights_only=False, which would run code from the file: not repeated.
             raise CheckpointError(
@@ -348,6 +350,7 @@ class WeightsFile:
             ) from None
         if not isinstance(data, dict) or not all(isinstance(v, torch.Tensor) for v in data.values()):
             raise CheckpointError(f"{self.file} does not hold a dictionary of tensors (a state dict)", BAD_WEIGHTS)
+        log.warning("%s is a pickle file; read with torch.load(weights_only=True). Prefer model.safetensors", self.file)
         self._tensors = data
         return list(data)
 

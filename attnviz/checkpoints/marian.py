@@ -289,6 +289,8 @@ def _read_tokenizer(path: Path, cfg: TransformerConfig) -> MarianTokenizer:
         if not file.exists():
             raise CheckpointError(f"{file} is missing: one of Marian's two sentencepiece models")
         models[name] = read_bytes(file)
+        if not models[name]:  # sentencepiece would write its own log lines about it to stderr
+            raise CheckpointError(f"{file} is empty: one of Marian's two sentencepiece models")
         if sentencepiece_growth(models[name]) > MAX_GROWTH:
             continue  # MarianTokenizer refuses it, with the reason, before the library reads it
         try:

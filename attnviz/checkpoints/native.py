@@ -72,6 +72,8 @@ def _read_tokenizer(path: Path, data: dict, cfg: TransformerConfig) -> SentenceP
         if not file.exists():
             raise CheckpointError(f"{file} is missing: the {side} sentencepiece model of this checkpoint")
         models[side], files[side] = read_bytes(file), file
+        if not models[side]:  # sentencepiece would write its own log lines about it to stderr
+            raise CheckpointError(f"{file} is empty: the {side} sentencepiece model of this checkpoint")
     for side in ("source", "target"):
         try:
             sp = SentencePieceTokenizer(models[side])
