@@ -228,6 +228,10 @@ def test_a_history_of_another_training_is_refused(tmp_path):
         ("manifest_tokens_mismatch", "does not match its tokens"),
         ("linked_maps", "link"),
         ("wrong_step", "one row, of step"),
+        ("loss_as_text", "other values than numbers in train_loss"),
+        ("statistic_as_text", "other values than numbers in induction"),
+        ("layer_out_of_range", "outside the model's 2 layers of 2"),
+        ("unknown_kind", "names the kind 'sideways'"),
     ],
 )
 def test_hostile_or_damaged_histories_are_refused_with_a_clear_message(tmp_path, damage, message, monkeypatch):
@@ -262,6 +266,19 @@ def test_hostile_or_damaged_histories_are_refused_with_a_clear_message(tmp_path,
         frame = pd.read_parquet(record / "losses.parquet")
         frame["step"] = 99
         frame.to_parquet(record / "losses.parquet", index=False)
+    elif damage == "loss_as_text":
+        frame = pd.read_parquet(record / "losses.parquet")
+        frame["train_loss"] = "x"
+        frame.to_parquet(record / "losses.parquet", index=False)
+    else:  # a head's row: a statistic as text, a layer the model lacks, a kind that does not exist
+        frame = pd.read_parquet(record / "heads.parquet")
+        column, value = {
+            "statistic_as_text": ("induction", "0.5"),
+            "layer_out_of_range": ("layer", 99),
+            "unknown_kind": ("kind", "sideways"),
+        }[damage]
+        frame[column] = [value] + frame[column].astype(type(value)).tolist()[1:]
+        frame.to_parquet(record / "heads.parquet", index=False)
     with pytest.raises(InputError, match=message):
         load_history(tmp_path)
 

@@ -399,7 +399,11 @@ def _read_table(folder: Path, name: str, columns: Sequence[str], what: str) -> p
         missing = [c for c in columns if c not in names]
         if missing:
             raise InputError(f"{what}: {name} lacks the columns {', '.join(missing)}")
-        return pd.read_parquet(path)
+        table = pd.read_parquet(path)
+        words = [c for c in table.columns if c != "kind" and table[c].dtype.kind not in "iuf"]
+        if words:  # every column but a head's kind holds numbers
+            raise InputError(f"{what}: {name} holds other values than numbers in {', '.join(map(str, words[:4]))}")
+        return table
     except InputError:
         raise
     except Exception as e:  # noqa: BLE001 - pyarrow raises its own errors for a damaged file
@@ -443,6 +447,16 @@ def _read_maps(folder: Path, expected: dict[str, tuple[int, ...]], budget: int, 
         raise InputError(f"{what}: {MAPS} cannot be read ({type(e).__name__}): it is corrupt") from None
 
 
+def _check_heads(table: pd.DataFrame, sizes: dict[str, tuple[int, int]], what: str) -> None:
+    """Every row names a kind of the history's model and a layer and head it has (from 1)."""
+    for kind, rows in table.groupby("kind", sort=False):
+        if kind not in sizes:
+            raise InputError(f"{what}: {HEADS} names the kind {str(kind)[:40]!r}, not one of {', '.join(sizes)}")
+        layers, heads = sizes[kind]
+        if not (rows["layer"].between(1, layers).all() and rows["head"].between(1, heads).all()):
+            raise InputError(f"{what}: {HEADS} names a {kind} head outside the model's {layers} layers of {heads}")
+
+
 def load_history(folder: str | Path) -> History:
     """The history in ``folder`` (a training's --out, or its history/ folder), every record stacked by step.
 
@@ -474,6 +488,7 @@ def load_history(folder: str | Path) -> History:
         table = _read_table(record, HEADS, HEAD_COLUMNS, what)
         if len(table) and (table["step"] != int(name)).any():
             raise InputError(f"{what}: {HEADS} holds rows of another step")
+        _check_heads(table, {site: expected[f"p0_{site}"][:2] for site in sites}, what)
         arrays, size = _read_maps(record, expected, budget, what)
         budget -= size
         losses.append(loss)
