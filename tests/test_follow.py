@@ -144,7 +144,12 @@ def test_detach_keeps_the_view_and_rejoin_takes_the_presenters(room_store, reads
     [
         ("not a code!", "is not a room code"),
         ("K7QX2M", "K7QX2M"),  # well formed, but no room has it
+        # trimmed to what is kept of a code: the next run's link must still count as the same room
+        (" K7QX2M", "K7QX2M"),
+        ("K7QX2M ", "K7QX2M"),
+        ("x" * 65, "is not a room code"),
     ],
+    ids=["not a code", "no such room", "a space before", "a space after", "65 characters"],
 )
 def test_a_bad_code_gets_one_line_the_page_works_and_polling_stops(room_store, reads, code, says):
     at = open_from_link("app.py", {"follow": code})

@@ -397,12 +397,13 @@ def start(page: str) -> None:
     if code is None:
         return
     following = st.session_state.get(FOLLOWING)
-    if following is not None and following["code"] == code:
+    if following is not None and following.get("link") == code:  # the link as given: "code" is trimmed
         wanted = following.get("pending")
         if wanted is not None and wanted == (page_path(page), _view_params(_address_bar())):
             st.session_state[DRAWING] = wanted  # drawn once this run reaches its end (`drawn`)
         return
     st.session_state[FOLLOWING] = {
+        "link": code,
         "code": code.strip()[:64],
         "version": None,
         "detached": False,
