@@ -160,8 +160,8 @@ def relevance(asked: Asked, export: AttentionExport, result) -> None:
         "beyond-relevance",
         (*asked.ctx.key, asked.words, asked.method, asked.position),
         lambda: relevance_bars(
-            export.src_tokens,
-            result.extras["source_relevance"],
+            export.src_tokens,  # None for a language model, as its source_relevance
+            result.extras.get("source_relevance"),
             export.tgt_tokens,
             result.extras["target_relevance"],
             html.escape(explained, quote=False),

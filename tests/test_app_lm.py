@@ -166,6 +166,19 @@ def test_beyond_the_weights_hints_heads_the_model_has(model, kind, visitor_roots
     assert set(hinted) <= {shown.split()[0] for shown in box.options}, (hinted, box.options)  # "cross:3 (the whole…"
 
 
+def test_beyond_the_weights_draws_every_method_for_a_language_model(visitor_roots):
+    """Each contribution method, and grad-attention's relevance of a language model's tokens (it has no source)."""
+    from attnviz.methods import METHODS
+
+    at = open_app("pages/beyond.py", "induction")
+    for method, spec in METHODS.items():
+        at.radio(key="bw_method").set_value(method).run()
+        assert not _errors(at), (method, _errors(at))
+        if spec.uses_position:
+            (bars,) = [c for c in at.get("plotly_chart") if "Relevance for" in c.proto.spec]
+            assert '"tokens"' in bars.proto.spec and "source tokens" not in bars.proto.spec
+
+
 def test_the_walkthrough_opens_a_language_model_on_its_last_position(visitor_roots):
     """Step 1 of a prompt reads one token (1x1 maps); the last position reads the whole prompt."""
     at = open_app("pages/walkthrough.py")  # en-de first: a model chosen later opens on its own step

@@ -52,3 +52,10 @@ def test_relevance_bars_label_both_sides():
     assert "Relevance for 'y'" in fig.layout.title.text
     with pytest.raises(ValueError, match="source"):
         relevance_bars(["a"], np.array([0.1, 0.2]), ["x"], np.array([1.0]), "x")
+
+
+def test_relevance_bars_of_a_language_model_have_one_side():
+    (tokens,) = relevance_bars(None, None, ["<s>", "x", "y"], np.array([0.0, 1.0, 0.5]), "'y'").data
+    assert list(tokens.y) == ["0 &lt;s&gt;", "1 x", "2 y"] and list(tokens.x) == [0.0, 1.0, 0.5]
+    with pytest.raises(ValueError, match="together"):
+        relevance_bars(None, np.array([0.1]), ["x"], np.array([1.0]), "x")

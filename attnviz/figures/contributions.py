@@ -54,24 +54,30 @@ def contribution_heatmap(
 
 
 def relevance_bars(
-    source_tokens: Sequence[str],
-    source_relevance: np.ndarray,
+    source_tokens: Sequence[str] | None,
+    source_relevance: np.ndarray | None,
     target_tokens: Sequence[str],
     target_relevance: np.ndarray,
     explained: str,
 ) -> go.Figure:
-    """Two bar charts side by side: each source token's and each decoder input token's relevance.
+    """Bar charts side by side: each source token's and each decoder input token's relevance.
 
-    ``explained`` names the prediction, e.g. "'ein' predicted at decoder position 2".
+    ``explained`` names the prediction, e.g. "'ein' predicted at decoder position 2". A language
+    model has no source: with ``source_tokens`` and ``source_relevance`` None, one chart of its tokens.
     """
-    source_relevance = as_array(source_relevance, "source_relevance", 1)
-    target_relevance = as_array(target_relevance, "target_relevance", 1)
-    check_tokens(len(source_relevance), source_tokens, "source")
-    check_tokens(len(target_relevance), target_tokens, "target")
-    fig = make_subplots(rows=1, cols=2, subplot_titles=("source tokens", "decoder input tokens"))
-    for col, (tokens, relevance) in enumerate(
-        [(source_tokens, source_relevance), (target_tokens, target_relevance)], start=1
-    ):
+    if (source_tokens is None) != (source_relevance is None):
+        raise ValueError("give the source's tokens and relevance together, or neither (a language model)")
+    sides = [("tokens", "target", target_tokens, target_relevance)]  # (title, axis, tokens, relevance)
+    if source_tokens is not None:
+        sides = [
+            ("source tokens", "source", source_tokens, source_relevance),
+            ("decoder input tokens", "target", target_tokens, target_relevance),
+        ]
+    sides = [(title, tokens, as_array(r, f"{axis}_relevance", 1), axis) for title, axis, tokens, r in sides]
+    for _, tokens, relevance, axis in sides:
+        check_tokens(len(relevance), tokens, axis)
+    fig = make_subplots(rows=1, cols=len(sides), subplot_titles=[title for title, *_ in sides])
+    for col, (_, tokens, relevance, _) in enumerate(sides, start=1):
         labels = plotly_labels(tokens)
         fig.add_trace(
             go.Bar(
@@ -89,7 +95,7 @@ def relevance_bars(
         fig.update_xaxes(title="relevance", row=1, col=col)
     fig.update_layout(
         title=f"Relevance for {explained}",
-        height=160 + 22 * max(len(source_tokens), len(target_tokens)),
+        height=160 + 22 * max(len(tokens) for _, tokens, *_ in sides),
         margin={"l": 10, "r": 10, "t": 90, "b": 10},
     )
     return fig
