@@ -143,3 +143,24 @@ def test_every_shipped_history_opens_and_steps(model):
     link = open_from_link(PAGE, {"model": model, "step": str(middle + 1)})
     assert_ok(link)
     assert shown_step(link) == middle, "a step just past a record opens on it"
+
+
+def test_a_moved_step_survives_another_model_and_another_pages_step():
+    """The step slider is bound to the link's step: a run within the visit never rewrites that parameter (Streamlit
+    refuses it), the page moves the slider onto the new history's nearest record instead."""
+    at = open_app(PAGE, "en-de")
+    steps = [int(s) for s in at.select_slider(key="step").options]
+    at.select_slider(key="step").set_value(str(steps[1])).run()
+    assert_ok(at)
+    at.sidebar.selectbox(key="model").set_value("induction").run()
+    assert_ok(at)
+    induction = [int(s) for s in at.select_slider(key="step").options]
+    assert shown_step(at) == min(induction, key=lambda s: (abs(s - steps[1]), s))
+    # the decoding page's step (the same parameter), then this page's slider moved
+    at.switch_page("pages/decoding.py").run()
+    at.slider(key="step").set_value(3).run()
+    at.switch_page(PAGE).run()
+    assert_ok(at)
+    at.select_slider(key="step").set_value(str(induction[-1])).run()
+    assert_ok(at)
+    assert shown_step(at) == induction[-1]

@@ -190,7 +190,13 @@ def nearest_from_link(key: str, options: Sequence[int]) -> None:
     """Let a link name any number for a select slider ``key`` over the whole numbers ``options`` (a history's
     recorded steps): a finite number that is not one of them is rewritten to the nearest (the smaller on a
     tie) before the slider reads it. Anything else is left to the slider, which sets it aside.
+
+    Only a run that opens the page from a link reads it (`start`): within a visit the parameter is the
+    slider's own, which Streamlit does not let a page set, and the page clamps the slider's value.
     """
+    link = st.session_state.get(LINK_STATE) or {}
+    if key not in link.get("raw", {}):
+        return
     raw = st.query_params.get(key)
     try:
         wanted = float(raw) if raw is not None else math.nan
@@ -204,9 +210,7 @@ def nearest_from_link(key: str, options: Sequence[int]) -> None:
     st.query_params[key] = str(nearest)
     with get_session_state().query_params() as params:
         params.set_initial_query_params_from_current()
-    link = st.session_state.get(LINK_STATE) or {}
-    if key in link.get("raw", {}):  # the link's step, moved onto a record: shown, not set aside
-        link["raw"][key] = str(nearest)
+    link["raw"][key] = str(nearest)  # the link's step, moved onto a record: shown, not set aside
 
 
 def _usable_number(raw: str | None) -> bool:
