@@ -114,3 +114,33 @@ def test_a_link_value_that_is_neither_key_nor_label_is_set_aside(fresh_streamlit
     assert at.session_state["view"] == "one"
     assert any("view='gird'" in t.proto.body for t in at.get("toast"))
     assert "view" not in at.query_params
+
+
+def _set_aside(at) -> list[str]:
+    return [c.value for c in at.caption if c.value.startswith("Set aside from the link")]
+
+
+@pytest.mark.parametrize("raw", ["20000", "2e4", "20000.0", "1"])
+def test_a_number_written_otherwise_is_taken_not_set_aside(raw, fresh_streamlit_caches):
+    """A float input shows 20000.0 for a link's 20000: the same number, so no notice that it was not."""
+    at = open_from_link("pages/positional.py", {"pe_base": raw})
+    assert not at.exception, [e.value for e in at.exception]
+    assert at.number_input(key="pe_base").value == float(raw)
+    assert not _set_aside(at) and not at.get("toast")
+
+
+@pytest.mark.parametrize(
+    ("page", "key", "values", "taken", "aside"),
+    [
+        ("pages/explorer.py", "layer", ["1", "2"], 2, "layer='1'"),
+        ("pages/explorer.py", "view", ["grid", "stats"], "stats", "view='grid'"),
+        ("pages/mechanics.py", "mech_scale", ["false", "true"], True, "mech_scale='false'"),
+    ],
+)
+def test_a_repeated_parameter_takes_the_last_and_sets_the_others_aside(
+    page, key, values, taken, aside, fresh_streamlit_caches
+):
+    at = open_from_link(page, {key: values})
+    assert not at.exception, [e.value for e in at.exception]
+    assert at.session_state[key] == taken
+    assert [f"Set aside from the link (not available here): {aside}."] == _set_aside(at)

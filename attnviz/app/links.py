@@ -53,7 +53,9 @@ def start() -> None:
     st.session_state[PAGE_STATE] = page
     # A multiselect writes one parameter per value (?heads=1&heads=3); read them as the list it is.
     raw = {key: ",".join(st.query_params.get_all(key)) for key in st.query_params} if opened else {}
-    st.session_state[LINK_STATE] = {"raw": raw, "shown": {}}
+    # A parameter given more than once: a one-value widget takes the last (Streamlit's query_params.get).
+    repeats = {key: st.query_params.get_all(key) for key in raw if len(st.query_params.get_all(key)) > 1}
+    st.session_state[LINK_STATE] = {"raw": raw, "shown": {}, "repeats": repeats}
 
 
 def page_hash() -> str | None:
@@ -265,6 +267,21 @@ def _as_url(value, shown: Callable) -> set[str]:
     return {shown(value), str(value)}
 
 
+def _taken(raw: str, value, shown: Callable) -> bool:
+    """Whether the link's ``raw`` is the widget's ``value``: written as the widget writes it, or, for a number
+    (or a range of numbers), the same number however written (20000, 2e4 and 20000.0 for a base of 20000.0)."""
+    if raw in _as_url(value, shown):
+        return True
+    values = list(value) if isinstance(value, (list, tuple)) else [value]
+    if not values or not all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in values):
+        return False
+    try:
+        numbers = [float(part) for part in raw.split(",")]
+    except ValueError:
+        return False
+    return numbers == [float(v) for v in values]
+
+
 def set_aside() -> list[tuple[str, str]]:
     """(parameter, value) of the link that this page's widgets could not take.
 
@@ -280,7 +297,10 @@ def set_aside() -> list[tuple[str, str]]:
             continue  # a parameter of another page (or of no widget): none of this page's business
         if raw in seen.get(key, ()):
             continue  # the page's own value, from the run before: its widget may since have moved on
-        if raw not in _as_url(st.session_state[key], shown):
+        value, repeated = st.session_state[key], link.get("repeats", {}).get(key)
+        if repeated and not isinstance(value, (list, tuple)) and _taken(repeated[-1], value, shown):
+            aside.append((key, ",".join(repeated[:-1])))  # the last was taken: the ones before it were not
+        elif not _taken(raw, value, shown):
             aside.append((key, raw))
     return aside
 
@@ -304,9 +324,7 @@ def footer() -> None:
     _drop_unshown_keyed()
     if aside:  # the link's values are a visitor's text: shown as typed, never as markdown
         values = ", ".join(f"{key}={escape_markdown(repr(raw))}" for key, raw in aside)
-        st.toast(
-            f"This link's {values} cannot be shown here: the default is shown instead.", icon=":material/link_off:"
-        )
+        st.toast(f"This link's {values} cannot be shown here, so another value is shown.", icon=":material/link_off:")
         st.caption(f"Set aside from the link (not available here): {values}.")
     st.caption(
         ":material/link: Every choice on this page is in the address bar: copy it to share this exact view "
