@@ -16,6 +16,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
+from attnviz.errors import NonFiniteError
 from attnviz.kvcache import LayerCache
 from attnviz.model import Transformer
 
@@ -51,6 +52,30 @@ def _start(model: Transformer, src: Tensor, src_valid: Tensor | None) -> tuple[T
 
 
 @torch.no_grad()
+def _overflowed(t: int) -> NonFiniteError:
+    return NonFiniteError(
+        f"the model's numbers overflow at output step {t + 1} (NaN or infinity in its keys, values or output), "
+        "so nothing is given rather than a wrong output"
+    )
+
+
+def _newest(logits: Tensor, cache: list[LayerCache], t: int) -> Tensor:
+    """The logits of the newest position (n, V), checked with the keys and values this step added: a model whose
+    numbers overflow (finite weights can: 3e38 in a projection) would pick its tokens from NaN, or from what a
+    fused attention kernel makes of infinite keys. A -inf logit is a token never chosen."""
+    last = logits[:, -1]
+    if bool((torch.isnan(last) | torch.isposinf(last)).any() or torch.isneginf(last).all(-1).any()):
+        raise _overflowed(t)
+    if t == 0:  # every key and value so far: a language model's prompt, the encoder's (projected once)
+        added = [x for c in cache for x in (c.self_attn.k, c.self_attn.v, c.cross_attn.k, c.cross_attn.v)]
+    else:
+        added = [x[:, :, -1:] for c in cache for x in (c.self_attn.k, c.self_attn.v)]
+    added = [x for x in added if x is not None]
+    if not all(bool(torch.isfinite(x).all()) for x in added):
+        raise _overflowed(t)
+    return last
+
+
 def greedy_decode(
     model: Transformer,
     src: Tensor,
@@ -67,9 +92,9 @@ def greedy_decode(
     cache = _new_cache(model)
     done = torch.zeros(B, dtype=torch.bool, device=src.device)
     out = []
-    for _ in range(max_len):
+    for t in range(max_len):
         logits, _, _ = model.decode(token, memory, src_valid, cache=cache)
-        token = logits[:, -1].argmax(-1, keepdim=True)  # (B, 1)
+        token = _newest(logits, cache, t).argmax(-1, keepdim=True)  # (B, 1)
         out.append(token)
         done |= token[:, 0] == cfg.eos_id
         if bool(done.all()):
@@ -152,7 +177,7 @@ def step_through(
         last = torch.tensor([[b.ids[-1]] for b in live], device=src.device) if t else first
         memory_n = None if memory is None else memory.expand(n, -1, -1)
         logits, self_w, cross_w = model.decode(last, memory_n, return_attention=True, cache=cache)
-        logp = torch.log_softmax(logits[:, -1].float(), dim=-1)  # (n, V)
+        logp = torch.log_softmax(_newest(logits, cache, t).float(), dim=-1)  # (n, V)
         self_rows = torch.stack([w[:, :, -1] for w in self_w], dim=1)  # (n, L, H, t+1): the newest query's row
         cross_rows = None if memory is None else torch.stack([w[:, :, -1] for w in cross_w], dim=1)  # (n, L, H, S)
         top_p, top_i = logp.exp().topk(min(top_k, logp.shape[-1]), dim=-1)

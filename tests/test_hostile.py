@@ -285,3 +285,47 @@ def test_the_command_line_gives_one_line_for_a_pickle_and_runs_nothing_from_it(m
     assert main(["translate", "--model", str(marian_bin), "a b"]) == 0
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith("attnviz: warning:") and "is a pickle file" in err[0], err
+
+
+@pytest.fixture
+def overflowing(good) -> Path:
+    """Finite weights whose forward overflows: every cross-attention key of the first decoder layer is infinite."""
+    _edit_weights(good, "decoder_layers.0.cross_attn.k_proj.weight", lambda t: torch.full_like(t, BIG))
+    return good
+
+
+def test_a_model_whose_numbers_overflow_gives_no_output_rather_than_a_wrong_one(overflowing, tmp_path, capsys):
+    """Each path that hides the attention weights (the fused greedy decoding, value-zeroing, the atlas's statistics)
+    refuses such a model as `attention` does, where it had given an output (exit 0) or a traceback (exit 3)."""
+    from attnviz.atlas import compute_atlas
+    from attnviz.errors import NonFiniteError
+
+    bundle = load_checkpoint(overflowing, device="cpu")
+    with pytest.raises(NonFiniteError):
+        attnviz.attention(bundle, "a b", "b a")  # the weights themselves: refused before this change too
+    for beam in (1, 3):
+        with pytest.raises(NonFiniteError, match="overflow at output step 1"):
+            attnviz.translate(bundle, "a b c", beam=beam)
+    with pytest.raises(NonFiniteError, match="value-zeroing"):
+        attnviz.attribute(bundle, "a b", "b a", method="value-zeroing")
+    with pytest.raises(NonFiniteError, match="attention of line 1"):
+        compute_atlas(bundle, ["a b", "b a"], ["b a", "a b"])
+    assert main(["translate", "--model", str(overflowing), "a b c"]) == 2
+    assert len(capsys.readouterr().err.strip().splitlines()) == 1
+    # the same folder before the edit: every one of these answers
+    intact = load_checkpoint(_unedited(overflowing, tmp_path), device="cpu")
+    attnviz.translate(intact, "a b c", beam=3)
+    attnviz.attribute(intact, "a b", "b a", method="value-zeroing")
+    compute_atlas(intact, ["a b", "b a"], ["b a", "a b"])
+
+
+def _unedited(folder: Path, tmp_path: Path) -> Path:
+    """A copy of ``folder`` with the edited key projection put back to the seeded model's."""
+    copy = tmp_path / "intact"
+    copy.mkdir()
+    for f in folder.iterdir():
+        (copy / f.name).write_bytes(f.read_bytes())
+    name = "decoder_layers.0.cross_attn.k_proj.weight"
+    seeded = seeded_model(tiny_config()).state_dict()[name]
+    _edit_weights(copy, name, lambda t: seeded.clone())
+    return copy

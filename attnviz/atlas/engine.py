@@ -31,7 +31,7 @@ from attnviz.atlas.stats import js_divergences, sentence_statistics, stack_heads
 from attnviz.checkpoints import Bundle
 from attnviz.decoding import greedy_decode, output_limit
 from attnviz.devices import fast_bfloat16
-from attnviz.errors import InputError
+from attnviz.errors import InputError, NonFiniteError
 from attnviz.tokenizer import pad_batch
 
 log = logging.getLogger(__name__)
@@ -148,6 +148,14 @@ def _result(sentences: list[Sentence], attn, sides: dict) -> BatchResult:
     stats, divergences = {}, {}
     for kind, (query_valid, key_valid, (special, punctuation)) in sides.items():
         maps = getattr(attn, kind)
+        for m in maps:  # before stack_heads, whose threshold would make NaN a 0; weights sum to at most H * Q
+            bad = ~torch.isfinite(m.sum(dim=(1, 2, 3), dtype=torch.float32))  # (B,): one pass, no mask tensor
+            if bool(bad.any()):
+                line = sentences[int(bad.nonzero()[0, 0])].line
+                raise NonFiniteError(
+                    f"the {kind} attention of line {line} holds NaN or infinite values: the model's numbers overflow "
+                    "for it, so the atlas stops here rather than hold wrong numbers"
+                )
         p = stack_heads(maps)  # one float32 copy for both
         stats[kind] = sentence_statistics(maps, kind, query_valid, key_valid, special, punctuation, p).cpu().numpy()
         divergences[kind] = js_divergences(maps, query_valid, p, kind == "decoder", key_valid).cpu().numpy()

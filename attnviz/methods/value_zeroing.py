@@ -28,6 +28,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from attnviz.errors import NonFiniteError
 from attnviz.hooks import Edit, Recorder, act_name, attention_site
 from attnviz.kinds import causal_mask
 from attnviz.kvcache import KVCache, LayerCache
@@ -113,6 +114,11 @@ def value_zeroing(
         names |= {act_name(attention_site("cross", i), part) for i in range(model.cfg.n_dec_layers) for part in "kv"}
     with Recorder(names) as rec:
         model(src, tgt, return_logits=False)
+    if not all(bool(torch.isfinite(t).all()) for t in rec.tensors.values()):  # keys of 3e38 weights: infinite
+        raise NonFiniteError(
+            "the model's layer inputs, keys or values hold NaN or infinite values for this input: its numbers "
+            "overflow, so no value-zeroing scores are given rather than wrong ones"
+        )
     T = 0 if tgt is None else tgt.shape[1]
     masks = attention_masks(None, None, tgt_len=T, device=(tgt if src is None else src).device)
     maps = {}
@@ -124,6 +130,7 @@ def value_zeroing(
             if kind == "decoder":  # a later token's values never reach this query: exactly 0, not rounding noise
                 scores = scores * torch.from_numpy(causal_mask(T)).to(scores.device)
             sums = scores.sum(dim=-1, keepdim=True)
-            per_layer.append(torch.where(sums > 0, scores / sums.clamp_min(torch.finfo(torch.float64).tiny), 0.0))
+            # a row of zeros stays zeros; a NaN (a model whose numbers overflow) stays NaN, for the caller to refuse
+            per_layer.append(torch.where(sums == 0, 0.0, scores / sums.clamp_min(torch.finfo(torch.float64).tiny)))
         maps[kind] = torch.stack(per_layer).float().cpu().numpy()
     return Contributions(maps)
