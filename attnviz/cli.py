@@ -357,6 +357,7 @@ READING_AFTER_S = 2.0
 def _atlas(args) -> None:
     from attnviz.api import load
     from attnviz.atlas import heads_per_sentence, write_atlas
+    from attnviz.atlas.corpus import skipped_words
     from attnviz.kinds import KINDS
 
     bundle = load(args.model, args.device)
@@ -380,12 +381,13 @@ def _atlas(args) -> None:
             progress=bar,
             ray_device=args.device,
             reading=reading,
+            allow_unknown=args.allow_unknown,
         )
     finally:
         reader.close()
         bar.close()
     counts = manifest["counts"]
-    skipped = ", ".join(f"{n} {why.replace('_', ' ')}" for why, n in counts["skipped"].items() if n) or "none"
+    skipped = skipped_words(counts["skipped"]) or "none"
     kinds = [kind for kind in KINDS if bundle.config.n_layers_of(kind)]
     print(
         f"wrote {args.out}: {counts['sentences']} sentences of {counts['lines']} lines (skipped: {skipped}), "
@@ -636,6 +638,12 @@ def _atlas_arguments(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument("--engine", choices=ENGINES, default="local", help="ray: Ray Data batch inference (RAY_ADDRESS)")
     p.add_argument("--limit", type=int_in(1, 10**9), help="read only the first N lines")
+    p.add_argument(
+        "--allow-unknown",
+        action="store_true",
+        help="keep lines with characters the model's tokenizer cannot read (each becomes its unknown token); "
+        "without it they are skipped and counted as 'unknown'",
+    )
 
 
 def _evaluate_arguments(p: argparse.ArgumentParser) -> None:

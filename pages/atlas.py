@@ -12,6 +12,7 @@ from attnviz.app.frame import Context, frame
 from attnviz.app.present import folded, picture_area, room
 from attnviz.app.widgets import escape_markdown
 from attnviz.atlas import STATISTICS, Atlas, typical_sentences
+from attnviz.atlas.corpus import skipped_words
 from attnviz.figures.atlas import STATISTIC_LABELS, head_map
 from attnviz.figures.attention import attention_heatmap
 from attnviz.figures.common import export_config
@@ -163,7 +164,7 @@ def choose(atlas: Atlas) -> Chosen:
     skipped = sum(counts["skipped"].values())
     st.caption(
         f"Model {escape_markdown(repr(manifest['model']['name']))}, {counts['sentences']} sentences"
-        + (f" ({skipped} lines skipped)" if skipped else "")
+        + (f" ({skipped} lines skipped: {escape_markdown(skipped_words(counts['skipped']))})" if skipped else "")
         + f", decoder input: {escape_markdown(manifest['tgt_from'])}, {escape_markdown(manifest['precision'])}."
     )
     kind = views.kind_choice(atlas.kinds, "at_kind", prefer=None)

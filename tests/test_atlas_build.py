@@ -119,9 +119,44 @@ def test_bad_lines_are_skipped_and_counted(bundle):
         bundle.tokenizer, ["ok", "", None, "x " * 3000, "fine", "twenty"], ["a", "b", "c", "d", "", "x " * 3000]
     )
     assert [s.line for s in corpus.sentences] == [1]
-    assert corpus.skipped == {"empty": 1, "too_long": 1, "not_utf8": 1, "empty_target": 1, "target_too_long": 1}
+    assert corpus.skipped == {
+        "empty": 1,
+        "too_long": 1,
+        "not_utf8": 1,
+        "empty_target": 1,
+        "target_too_long": 1,
+        "unknown": 0,
+        "unknown_target": 0,
+    }
     with pytest.raises(InputError, match="one target line per source line"):
         tokenize(bundle.tokenizer, ["a", "b"], ["a"])
+
+
+def test_lines_the_tokenizer_cannot_read_are_skipped_unless_allowed(bundle):
+    """As the other commands refuse such a text: the model reads every unknown piece as one token."""
+    sources, targets = ["twenty-one", "☃ snow", "seven"], ["einundzwanzig", "Schnee", "sieben ☃"]
+    assert attnviz.api.unknown_pieces(bundle, "☃ snow") and not attnviz.api.unknown_pieces(bundle, "twenty-one")
+    corpus = tokenize(bundle.tokenizer, sources, targets)
+    assert [s.line for s in corpus.sentences] == [1]
+    assert (corpus.skipped["unknown"], corpus.skipped["unknown_target"]) == (1, 1)
+    kept = tokenize(bundle.tokenizer, sources, targets, allow_unknown=True)
+    assert [s.line for s in kept.sentences] == [1, 2, 3] and not any(kept.skipped.values())
+    assert compute_atlas(bundle, sources).manifest["counts"]["sentences"] == 2
+    assert compute_atlas(bundle, sources, allow_unknown=True).manifest["unknown"] == "kept"
+
+
+def test_an_atlas_resumes_only_as_it_treated_unknown_characters(bundle, corpus, tmp_path, capsys):
+    out = tmp_path / "out"
+    build_atlas(bundle, corpus, out, batch_size=4, limit=2)
+    args = ["atlas", "--corpus", str(corpus), "--out", str(out), "--limit", "2"]
+    assert main([*args, "--allow-unknown"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "skipped the lines" in err and "leave out --allow-unknown" in err, err
+    manifest = json.loads((out / "manifest.json").read_text())
+    del manifest["plan"]["unknown"]  # as the plan was before such lines could be skipped: they were kept
+    (out / "manifest.json").write_text(json.dumps(manifest))
+    assert main(args) == 2 and "add --allow-unknown" in capsys.readouterr().err
+    assert main([*args, "--allow-unknown"]) == 0
 
 
 def test_shards_hold_sentences_by_length_and_batches_bound_their_cells():
@@ -177,7 +212,15 @@ def test_a_corpus_gives_every_file_and_manifest(bundle, corpus, tmp_path):
     assert manifest["counts"] == {
         "lines": 11,
         "sentences": USABLE,
-        "skipped": {"empty": 2, "too_long": 1, "not_utf8": 1, "empty_target": 0, "target_too_long": 0},
+        "skipped": {
+            "empty": 2,
+            "too_long": 1,
+            "not_utf8": 1,
+            "empty_target": 0,
+            "target_too_long": 0,
+            "unknown": 0,
+            "unknown_target": 0,
+        },
     }
     assert manifest["tgt_from"] == "greedy output of the model"
     assert set(manifest["versions"]) >= {"attnviz", "torch", "numpy", "pandas", "pyarrow"}

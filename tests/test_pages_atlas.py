@@ -100,7 +100,7 @@ def test_an_atlas_folder_opens_and_a_head_shows_its_sentences(atlas_root):
     at.radio(key="at_source").set_value("folder").run()
     at.text_input(key="at_folder").set_value("demo").run()
     assert_ok(at)
-    assert any("3 sentences (1 lines skipped)" in c.value for c in at.caption)
+    assert any("3 sentences (1 lines skipped: 1 empty)" in c.value for c in at.caption), [c.value for c in at.caption]
     at.selectbox(key="at_layer").set_value(3).run()
     assert_ok(at)
     assert len(charts(at)) >= 3

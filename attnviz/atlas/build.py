@@ -20,6 +20,7 @@ from attnviz.atlas.corpus import (
     file_sha256,
     read_chunks,
     shards,
+    skipped_words,
     survey,
     tokenize,
 )
@@ -77,7 +78,7 @@ def _check_model(bundle: Bundle, has_targets: bool) -> None:
 def _check_usable(corpus: Corpus | Survey, bundle: Bundle, has_targets: bool) -> None:
     _check_model(bundle, has_targets)
     if not _counts(corpus)["sentences"]:
-        reasons = ", ".join(f"{n} {why}" for why, n in corpus.skipped.items() if n) or "it is empty"
+        reasons = skipped_words(corpus.skipped) or "it is empty"
         raise InputError(f"no usable sentence in the corpus ({corpus.lines} lines: {reasons})")
 
 
@@ -121,9 +122,14 @@ def compute_atlas(
     batch_size: int = 32,
     precision: str = "fp32",
     progress: Progress | None = None,
+    allow_unknown: bool = False,
 ) -> Atlas:
-    """The atlas of a list of sentences, in memory (the app); bad lines skipped and counted in the manifest."""
-    corpus = tokenize(bundle.tokenizer, list(sources), None if targets is None else list(targets))
+    """The atlas of a list of sentences, in memory (the app); bad lines skipped and counted in the manifest.
+
+    A line with characters the model's tokenizer cannot read is one of them, unless ``allow_unknown``."""
+    corpus = tokenize(
+        bundle.tokenizer, list(sources), None if targets is None else list(targets), allow_unknown=allow_unknown
+    )
     _check_usable(corpus, bundle, targets is not None)
     done = 0
 
@@ -146,6 +152,7 @@ def compute_atlas(
         "corpus": {"file": None, "sha256": hashlib.sha256(text).hexdigest(), "lines": corpus.lines},
         "tgt_from": _tgt_from(bundle, targets is not None),
         "counts": _counts(corpus),
+        "unknown": "kept" if allow_unknown else "skipped",
         "engine": "local",
         "precision": precision,
         "device": str(bundle.device),
@@ -180,14 +187,16 @@ def build_atlas(
     progress: Progress | None = None,
     ray_device: str | None = None,
     chunk_lines: int | None = None,
+    allow_unknown: bool = False,
 ) -> Atlas:
     """The atlas of a corpus file (one sentence per line) written to the folder ``out``, resuming what
     is there, then read back whole (`write_atlas` writes it without reading it back).
 
     ``targets`` (one decoder input per line) replaces the model's greedy output; ``limit`` reads
-    the first lines only. Shards already in ``out`` from an interrupted run with the same plan are
-    kept; a finished atlas is read back without computing anything. The Ray engine's actors run on
-    ``ray_device`` (auto, cpu or cuda: default, the bundle's device), wherever the cluster has it.
+    the first lines only; ``allow_unknown`` keeps lines with characters the tokenizer cannot read.
+    Shards already in ``out`` from an interrupted run with the same plan are kept; a finished atlas
+    is read back without computing anything. The Ray engine's actors run on ``ray_device`` (auto,
+    cpu or cuda: default, the bundle's device), wherever the cluster has it.
     """
     write_atlas(
         bundle,
@@ -202,6 +211,7 @@ def build_atlas(
         progress,
         ray_device,
         chunk_lines,
+        allow_unknown=allow_unknown,
     )
     return load_atlas(out)
 
@@ -231,6 +241,7 @@ def write_atlas(
     ray_device: str | None = None,
     chunk_lines: int | None = None,
     reading: Progress | None = None,
+    allow_unknown: bool = False,
 ) -> dict:
     """The finished manifest of the atlas of a corpus file written to the folder ``out`` (as `build_atlas`),
     in memory bounded whatever the corpus's size: the corpus is read ``chunk_lines`` lines at a time
@@ -247,9 +258,8 @@ def write_atlas(
     corpus, targets = Path(corpus), None if targets is None else Path(targets)
     chunk_lines = chunk_lines or max(shard_size, CHUNK_ROWS // heads_per_sentence(bundle))
     tokenizer = bundle.tokenizer
-    found = survey(
-        tokenizer, corpus, targets, limit, chunk_lines, shard_size, _maps_weight(bundle, targets is not None), reading
-    )
+    weight = _maps_weight(bundle, targets is not None)
+    found = survey(tokenizer, corpus, targets, limit, chunk_lines, shard_size, weight, reading, allow_unknown)
     _check_usable(found, bundle, targets is not None)
     _check_size(found, bundle)
     plan = {
@@ -260,6 +270,7 @@ def write_atlas(
         "precision": precision,
         "shard_size": shard_size,
         "chunk_lines": chunk_lines,
+        "unknown": "kept" if allow_unknown else "skipped",  # lines with characters the tokenizer cannot read
     }
     sizes = found.shard_sizes
     run = {"engine": engine, "device": str(bundle.device), "batch": batch_size}
@@ -269,6 +280,7 @@ def write_atlas(
         "targets": None if targets is None else {"file": targets.name, "sha256": plan["targets_sha256"]},
         "tgt_from": _tgt_from(bundle, targets is not None),
         "counts": _counts(found),
+        "unknown": plan["unknown"],
         "limit": limit,
         "precision": precision,
         "shards": len(sizes),
@@ -295,7 +307,7 @@ def write_atlas(
     def todo() -> Iterator[dict[int, tuple]]:
         """Per chunk, its shards not yet written (the second pass: only one chunk read at a time)."""
         first = 0
-        for chunk in read_chunks(tokenizer, corpus, targets, limit, chunk_lines):
+        for chunk in read_chunks(tokenizer, corpus, targets, limit, chunk_lines, allow_unknown):
             cut = shards(chunk.sentences, shard_size)
             yield {first + i: shard for i, shard in enumerate(cut) if first + i not in done_shards}
             first += len(cut)

@@ -1,7 +1,8 @@
 """A corpus for the atlas: one sentence per line, tokenised once, bad lines counted, work cut to size.
 
-A line that cannot be used (empty, too long for the model, not UTF-8, or whose target line is
-empty or too long) is skipped and counted by reason, never fatal. The usable sentences are sorted
+A line that cannot be used (empty, too long for the model, not UTF-8, with characters the model's
+tokenizer cannot read unless they are allowed, or whose target line is empty, too long or unreadable
+so) is skipped and counted by reason, never fatal. The usable sentences are sorted
 by length and cut into shards (the unit of work written to disk, and of resuming) and batches
 (sentences of similar length run together, so padding stays small).
 
@@ -23,7 +24,18 @@ from pathlib import Path
 from attnviz.errors import InputError
 from attnviz.tokenizer import Tokenizer
 
-SKIP_REASONS = ("empty", "too_long", "not_utf8", "empty_target", "target_too_long")
+SKIP_REASONS = ("empty", "too_long", "not_utf8", "empty_target", "target_too_long", "unknown", "unknown_target")
+SKIP_WORDS = {  # each reason as a count of lines says it: "3 too long", "2 with characters the tokenizer cannot read"
+    "unknown": "with characters the tokenizer cannot read",
+    "unknown_target": "whose target has characters the tokenizer cannot read",
+}
+
+
+def skipped_words(skipped: dict[str, int]) -> str:
+    """'2 empty, 1 with characters the tokenizer cannot read': the reasons lines were skipped, or ''."""
+    return ", ".join(f"{n} {SKIP_WORDS.get(why, why.replace('_', ' '))}" for why, n in skipped.items() if n)
+
+
 # Cells (sentences x query x key positions) of one head's maps in a batch: a batch of long
 # sentences holds fewer of them, so that its maps (cells x layers x heads x 4 bytes per kind)
 # stay in memory. 2**19 cells is 96 MB of maps per kind for the base model's 6 x 8 heads.
@@ -131,11 +143,15 @@ def tokenize(
     sources: Sequence[str | None],
     targets: Sequence[str | None] | None = None,
     first_line: int = 1,
+    allow_unknown: bool = False,
 ) -> Corpus:
     """The usable sentences of ``sources`` (and their ``targets``, line by line), and why the others were skipped.
 
     ``first_line`` is the line number of ``sources[0]`` in its file (a chunk of a corpus starts further on).
+    A line with characters the tokenizer cannot read (its unknown token) is skipped unless ``allow_unknown``:
+    the model would read them all as one and the same token, as the other commands refuse such a text.
     """
+    unknown = -1 if allow_unknown else tokenizer.unk_id  # -1: a tokenizer without an unknown token
     if targets is not None and len(targets) != len(sources):
         raise InputError(
             f"the targets have {len(targets)} lines but the corpus has {len(sources)}; give one target line per "
@@ -156,6 +172,9 @@ def tokenize(
         except InputError:
             skipped["too_long"] += 1
             continue
+        if unknown >= 0 and unknown in enc.ids:
+            skipped["unknown"] += 1
+            continue
         tgt_ids = tgt_tokens = None
         if tgt is not None:
             if not tgt.strip():
@@ -165,6 +184,9 @@ def tokenize(
                 dec, _ = tokenizer.encode_target(tgt)
             except InputError:
                 skipped["target_too_long"] += 1
+                continue
+            if unknown >= 0 and unknown in dec.ids:
+                skipped["unknown_target"] += 1
                 continue
             tgt_ids, tgt_tokens = dec.ids, dec.tokens
         sentences.append(Sentence(first_line + index, src, enc.ids, enc.tokens, tgt_ids, tgt_tokens))
@@ -183,7 +205,12 @@ def shards(sentences: Iterable[Sentence], shard_size: int) -> list[tuple[Sentenc
 
 
 def read_chunks(
-    tokenizer: Tokenizer, corpus: Path, targets: Path | None, limit: int | None, chunk_lines: int
+    tokenizer: Tokenizer,
+    corpus: Path,
+    targets: Path | None,
+    limit: int | None,
+    chunk_lines: int,
+    allow_unknown: bool = False,
 ) -> Iterator[Corpus]:
     """The corpus file (and its targets, line by line) read and tokenised ``chunk_lines`` lines at a
     time: one `Corpus` per chunk, its sentences numbered by their line in the file. Only one chunk's
@@ -193,7 +220,7 @@ def read_chunks(
     first = 1
     while src := list(islice(sources, chunk_lines)):
         tgt = None if given is None else list(islice(given, chunk_lines))
-        yield tokenize(tokenizer, src, tgt, first_line=first)
+        yield tokenize(tokenizer, src, tgt, first_line=first, allow_unknown=allow_unknown)
         first += len(src)
 
 
@@ -236,6 +263,7 @@ def survey(
     shard_size: int,
     weight: Callable[[Sentence], int],
     reading: Callable[[int, int], None] | None = None,
+    allow_unknown: bool = False,
 ) -> Survey:
     """One pass over the corpus in chunks (`read_chunks`): counts, the shards each chunk is cut into
     (`shards`), and the sentence of the largest ``weight``; the targets' line count checked first.
@@ -251,7 +279,7 @@ def survey(
             )
     lines, usable, skipped = 0, 0, Counter(dict.fromkeys(SKIP_REASONS, 0))
     chunk_shards, heaviest = [], None
-    for chunk in read_chunks(tokenizer, corpus, targets, limit, chunk_lines):
+    for chunk in read_chunks(tokenizer, corpus, targets, limit, chunk_lines, allow_unknown):
         lines, usable = lines + chunk.lines, usable + len(chunk.sentences)
         skipped.update(chunk.skipped)
         full, rest = divmod(len(chunk.sentences), shard_size)

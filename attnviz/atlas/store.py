@@ -104,8 +104,17 @@ class AtlasFolder:
         existing = self.folder / MANIFEST
         if existing.is_file():
             before = read_manifest(self.folder)
+            if isinstance(before.get("plan"), dict) and "unknown" not in before["plan"]:
+                before["plan"] = {**before["plan"], "unknown": "kept"}  # what attnviz did before it could skip them
             if before.get("plan") != plan:
                 changed = sorted(k for k in {*plan, *before.get("plan", {})} if plan.get(k) != before["plan"].get(k))
+                if changed == ["unknown"]:
+                    kept = before["plan"]["unknown"] == "kept"
+                    raise AtlasError(
+                        f"{self.folder} holds an atlas that {'kept' if kept else 'skipped'} the lines with characters "
+                        f"the model's tokenizer cannot read: {'add' if kept else 'leave out'} --allow-unknown to "
+                        "resume or read it, or choose another --out folder"
+                    )
                 if "chunk_lines" in changed and "chunk_lines" not in before.get("plan", {}):
                     raise AtlasError(
                         f"{self.folder} holds an atlas written by an older attnviz, which read the corpus whole: "
