@@ -60,11 +60,21 @@ ARRAY_KINDS = {  # what each standard array's dtype must be: numpy's kind letter
 
 
 def max_export_bytes() -> int:
-    """The most bytes a file's arrays may hold once decompressed: ``ATTNVIZ_MAX_EXPORT_MB``, else 512 MB."""
-    try:
-        return int(float(os.environ.get("ATTNVIZ_MAX_EXPORT_MB", MAX_EXPORT_MB)) * 2**20)
-    except ValueError:
+    """The most bytes a file's arrays may hold once decompressed: ``ATTNVIZ_MAX_EXPORT_MB``, else 512 MB.
+
+    A setting that is not a positive number is an ExportError, as the checkpoints' ``ATTNVIZ_MAX_*``
+    limits: read as 512 MB or as a negative bound, it would allow or refuse what its operator did not mean.
+    """
+    text = os.environ.get("ATTNVIZ_MAX_EXPORT_MB")
+    if text is None:
         return MAX_EXPORT_MB * 2**20
+    try:
+        mb = float(text)
+    except ValueError:
+        mb = math.nan
+    if not (math.isfinite(mb) and mb > 0):
+        raise ExportError(f"ATTNVIZ_MAX_EXPORT_MB={text!r} is not a positive number of MB")
+    return int(mb * 2**20)
 
 
 def maps_bytes(cfg, src_len: int, tgt_len: int | None = None) -> int:
@@ -313,7 +323,7 @@ def load_export(path: str | Path) -> AttentionExport:
                 raise ExportError(f"{path}: its manifest nests deeper than {MAX_JSON_DEPTH} levels")
             _check_format_version(path, manifest)
             get = lambda name: z[name] if name in z.files else None  # noqa: E731
-            return AttentionExport(
+            export = AttentionExport(
                 encoder=get("encoder"),
                 decoder=get("decoder"),
                 cross=get("cross"),
@@ -324,9 +334,30 @@ def load_export(path: str | Path) -> AttentionExport:
                 manifest=manifest,
                 extras={name: z[name] for name in z.files if name not in STANDARD_ARRAYS},
             )
+            _check_sizes(path, export)
+            return export
     except (ValueError, KeyError, EOFError, zipfile.BadZipFile, zlib.error, NotImplementedError) as e:
         # numpy's own messages for these speak of pickles and zip members; say what the user has.
         raise ExportError(f"{path} is not a readable attnviz export (.npz): {type(e).__name__}: {e}") from None
+
+
+def _check_sizes(path: Path, export: AttentionExport) -> None:
+    """An ExportError where a map's last two axes disagree with the tokens of its queries and keys (a diff
+    would call such a file another text). The ids may outnumber the tokens: a file of word maps (--words)
+    keeps the pieces' ids."""
+    for kind in KINDS:
+        maps = getattr(export, kind)
+        if maps is None:
+            continue
+        queries = export.src_tokens if kind == "encoder" else export.tgt_tokens
+        keys = export.tgt_tokens if kind == "decoder" else export.src_tokens
+        if queries is None or keys is None:
+            raise ExportError(f"{path} is inconsistent: it has {kind} maps but not the tokens of their axes")
+        if np.ndim(maps) < 2 or tuple(np.shape(maps)[-2:]) != (len(queries), len(keys)):
+            raise ExportError(
+                f"{path} is inconsistent: its {kind} maps are shaped {np.shape(maps)} for {len(queries)} query "
+                f"and {len(keys)} key tokens"
+            )
 
 
 def _check_format_version(path: Path, manifest: dict) -> None:

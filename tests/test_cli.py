@@ -532,6 +532,11 @@ def test_attention_of_a_text_whose_maps_are_over_the_export_limit_is_exit_2_befo
     assert not out.exists()
     monkeypatch.setenv("ATTNVIZ_MAX_EXPORT_MB", str(2 * size / 2**20))
     assert main(["attention", "--model", "reverse", "--src", text, "--tgt", "h g f e d c b a", "--out", str(out)]) == 0
+    for setting in ("abc", "-1", "0", "nan", "inf"):  # the operator's mistake, never read as 512 MB or as no room
+        monkeypatch.setenv("ATTNVIZ_MAX_EXPORT_MB", setting)
+        assert main(["attention", "--model", "reverse", "--src", text, "--out", str(out)]) == 2
+        err = capsys.readouterr().err.strip()
+        assert err == f"attnviz: error: ATTNVIZ_MAX_EXPORT_MB={setting!r} is not a positive number of MB", err
 
 
 def test_maps_size_of_a_language_model_counts_the_generated_tokens():

@@ -297,11 +297,23 @@ def test_atlases_of_other_sentences_are_not_compared_head_by_head(tmp_path):
         (lambda f: (f / "heads.parquet").write_bytes(b"PAR1 not really"), "not a readable Parquet table"),
         (lambda f: pd.DataFrame({"kind": ["encoder"]}).to_parquet(f / "heads.parquet"), "no layer, head column"),
         (lambda f: (f / "manifest.json").write_text("{"), "manifest.json is not valid JSON"),
+        (lambda f: (f / "manifest.json").write_text('{"complete": false}'), "holds an unfinished atlas"),
     ],
-    ids=["no heads", "not parquet", "no key columns", "bad manifest"],
+    ids=["no heads", "not parquet", "no key columns", "bad manifest", "unfinished"],
 )
 def test_a_broken_atlas_is_one_clear_error(tmp_path, damage, message):
     a, b = make_atlas(tmp_path / "a"), make_atlas(tmp_path / "b")
     damage(b)
     with pytest.raises(ExportError, match=message):
         compare_paths(a, b)
+
+
+def test_a_statistic_stored_as_text_or_gone_infinite_differs(tmp_path):
+    """'0.5' and 0.5 print alike, so text against numbers is its own finding; an infinite gap reads inf."""
+    a, b, c = make_atlas(tmp_path / "a"), make_atlas(tmp_path / "b"), make_atlas(tmp_path / "c")
+    rewrite_heads(b, lambda h: h.assign(entropy=h["entropy"].astype(str)))
+    (finding,) = compare_atlases(a, b, DEFAULT_ATOL).findings
+    assert finding.text.startswith("heads.parquet entropy: numbers in A, ") and "in B" in finding.text
+    rewrite_heads(c, lambda h: h.assign(entropy=[np.inf] + h["entropy"].tolist()[1:]))
+    (finding,) = compare_atlases(a, c, DEFAULT_ATOL).findings
+    assert finding.text.endswith("largest |A - B| inf"), finding.text

@@ -57,6 +57,8 @@ def test_the_limit_is_the_operators(tmp_path, monkeypatch):
         (lambda e: dataclasses.replace(e, cross=e.cross.astype(np.complex64)), "complex64 values, not real"),
         (lambda e: dataclasses.replace(e, src_ids=e.src_ids.astype(np.float32)), "not integers"),
         (lambda e: dataclasses.replace(e, manifest={"a": json.loads("[" * 40 + "]" * 40)}), "nests deeper"),
+        (lambda e: dataclasses.replace(e, src_tokens=e.src_tokens[:-1]), "its encoder maps are shaped"),
+        (lambda e: dataclasses.replace(e, tgt_tokens=e.tgt_tokens + ("x",)), "its decoder maps are shaped"),
     ],
 )
 def test_maps_that_are_not_real_floats_and_nested_manifests_are_refused(tmp_path, change, message):

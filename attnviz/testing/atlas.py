@@ -52,6 +52,8 @@ def read_atlas(folder: Path) -> tuple[pd.DataFrame, pd.DataFrame | None, dict]:
             raise ExportError(f"{manifest_file} is not valid JSON: {e}") from None
         if not isinstance(manifest, dict):
             raise ExportError(f"{manifest_file} is not a JSON object")
+        if manifest.get("complete") is False:  # a run stopped part-way: its tables are not the atlas
+            raise ExportError(f"{folder} holds an unfinished atlas: run its command again to finish it")
     return heads.set_index(HEAD_KEYS).sort_index(), sentences, manifest
 
 
@@ -65,12 +67,17 @@ def _column_differences(
 ) -> tuple[Finding | None, str]:
     """A finding for the rows where ``a`` and ``b`` differ (aligned series), or None and a line on what was equal."""
     numeric = pd.api.types.is_numeric_dtype(a) and pd.api.types.is_numeric_dtype(b)
+    if pd.api.types.is_numeric_dtype(a) != pd.api.types.is_numeric_dtype(b):  # "0.5" and 0.5 print alike
+        kinds = ["numbers" if pd.api.types.is_numeric_dtype(s) else f"{s.dtype} values" for s in (a, b)]
+        text = f"{table} {column}: {kinds[0]} in A, {kinds[1]} in B"
+        return Finding("values", f"{table}:{column}", text, (), {"table": table, "column": column}), ""
     if numeric:
         x, y = a.to_numpy(dtype=np.float64), b.to_numpy(dtype=np.float64)
         with np.errstate(invalid="ignore"):
             off = ~np.isclose(x, y, atol=atol, rtol=rtol, equal_nan=True)
             gap = np.abs(x - y)
-        gap = np.where(off, np.nan_to_num(gap, nan=np.inf), np.nan_to_num(gap, nan=0.0))  # NaN against a number: inf
+        # NaN against a number: inf; an infinite gap stays inf (nan_to_num would make it 1.8e308)
+        gap = np.where(off, np.nan_to_num(gap, nan=np.inf, posinf=np.inf), np.nan_to_num(gap, nan=0.0, posinf=0.0))
     else:
         x, y = a.astype(str).to_numpy(), b.astype(str).to_numpy()
         off = x != y
