@@ -51,7 +51,6 @@ def _start(model: Transformer, src: Tensor, src_valid: Tensor | None) -> tuple[T
     return memory, torch.full((src.shape[0], 1), model.cfg.bos_id, dtype=torch.long, device=src.device)
 
 
-@torch.no_grad()
 def _overflowed(t: int) -> NonFiniteError:
     return NonFiniteError(
         f"the model's numbers overflow at output step {t + 1} (NaN or infinity in its keys, values or output), "
@@ -76,6 +75,7 @@ def _newest(logits: Tensor, cache: list[LayerCache], t: int) -> Tensor:
     return last
 
 
+@torch.no_grad()
 def greedy_decode(
     model: Transformer,
     src: Tensor,

@@ -199,3 +199,15 @@ def test_step_through_refuses_a_batch(model, sources):
 def test_length_penalty_is_gnmt_with_alpha_0_6():
     assert length_penalty(1) == 1.0
     assert length_penalty(7) == pytest.approx(2**0.6)
+
+
+def test_decoding_builds_no_autograd_graph(tiny_cfg, sources, monkeypatch):
+    """Both decoders run without gradients, whatever the caller's mode (a model whose parameters require them,
+    as a training's does, would otherwise keep every step's graph)."""
+    model = seeded_model(tiny_cfg, seed=0).eval()  # parameters that require gradients
+    modes = []
+    decode = model.decode
+    monkeypatch.setattr(model, "decode", lambda *a, **k: modes.append(torch.is_grad_enabled()) or decode(*a, **k))
+    greedy_decode(model, sources[0], max_len=3)
+    step_through(model, sources[0], beam_size=2, max_len=3)
+    assert modes and not any(modes)
