@@ -1,9 +1,9 @@
 """A corpus for the atlas: one sentence per line, tokenised once, bad lines counted, work cut to size.
 
 A line that cannot be used (empty, too long for the model, not UTF-8, with characters the model's
-tokenizer cannot read unless they are allowed, or whose target line is empty, too long or unreadable
-so) is skipped and counted by reason, never fatal. The usable sentences are sorted
-by length and cut into shards (the unit of work written to disk, and of resuming) and batches
+tokenizer cannot read unless they are allowed, or whose target line is empty, too long or has such
+characters) is skipped and counted by reason, never fatal. The usable sentences are sorted by
+length and cut into shards (the unit of work written to disk, and of resuming) and batches
 (sentences of similar length run together, so padding stays small).
 
 A corpus file is read in chunks of a bounded number of lines (`read_chunks`), never whole: the
