@@ -74,6 +74,14 @@ class Asked:
     def stem(self) -> str:
         return f"{self.ctx.model.replace('/', '_')}-{self.kind}-L{self.layer}"
 
+    @property
+    def view_name(self) -> str:
+        """The method's files (CSV, figure): the head where the method has one map per head, the position it
+        explains where it explains one; a method per layer covers every head at once."""
+        head = f"H{self.head}" if self.spec.per_head else ""
+        position = f"-position{self.position}" if self.position is not None else ""
+        return f"{self.stem}{head}-{self.method}{position}"
+
 
 def method_controls(
     ctx: Context, export: AttentionExport, pieces: AttentionExport, kinds: list[str], words: bool
@@ -145,7 +153,7 @@ def method_section(picture, asked: Asked, export: AttentionExport, contrast: str
                 zmax=1.0 if spec.shares else None,
             ),
         )
-        st.plotly_chart(room(fig, 0.5), width="stretch", config=export_config(f"{asked.stem}-{method}", "png"))
+        st.plotly_chart(room(fig, 0.5), width="stretch", config=export_config(asked.view_name, "png"))
         if not spec.per_head:
             st.caption("This method gives one map per layer: the heads together, not the head chosen on the left.")
     if "position" in result.manifest:
@@ -179,17 +187,18 @@ def method_downloads(asked: Asked, shape: tuple[int, ...], q_tokens, k_tokens, r
     spec, layer, method = asked.spec, asked.layer, asked.method
     heads = [asked.head] if spec.per_head else None
     shape = shape if spec.per_head else (shape[0], 1, *shape[1:])
-    size = analysis.long_form_csv_size(shape, q_tokens, k_tokens, [layer], heads, spec.value_name)
+    names = None if spec.per_head else ([layer], ["all"])  # one map per layer: its "head" is every head at once
+    size = analysis.long_form_csv_size(shape, q_tokens, k_tokens, [layer], heads, spec.value_name, names)
 
     def write(out) -> None:
         values = getattr(asked.result(), asked.kind)
         values = values if spec.per_head else values[:, None]
         tokens = (asked.ctx.export(True) if asked.words else asked.ctx.export(False)).tokens(asked.kind)
-        analysis.long_form_csv(out, values, *tokens, [layer], heads, spec.value_name)
+        analysis.long_form_csv(out, values, *tokens, [layer], heads, spec.value_name, names)
 
     cols = st.columns(2)
     download(
-        cols[0], "CSV of what is shown", Download(size, write), f"{asked.stem}-{method}.csv", "text/csv", key="_bw_csv"
+        cols[0], "CSV of what is shown", Download(size, write), f"{asked.view_name}.csv", "text/csv", key="_bw_csv"
     )
     download(
         cols[1],

@@ -192,7 +192,8 @@ def body(ctx: Context) -> None:
         key, matrix, title, rows, columns, scores = drawn.zoom
         mask = None if scores else picked.mask()
         zoom("", key, matrix, rows, columns, kind, contrast, mask, title, scores=scores)
-    download_buttons(drawn.table, export_download(lambda: ctx.export(words), export), fmt, drawn.name)
+    npz_name = f"{ctx.model.replace('/', '_')}" + ("-words" if words else "") + "-attention"  # every map: no view
+    download_buttons(drawn.table, export_download(lambda: ctx.export(words), export), fmt, drawn.name, npz_name)
 
 
 def choose(ctx: Context, kinds: list[str], layers_heads: Callable[[str], tuple[int, int]]) -> tuple[str, str, int, int]:
@@ -224,6 +225,7 @@ def draw_one(p: Picked) -> Drawn:
     pieces = p.ctx.export() if p.words else p.export
     if p.words:
         st.info("Scores are per piece (a word has no single score): the words toggle merges weights only.")
+    name = f"{p.stem.removesuffix('-words')}-scores-L{p.layer}H{p.head}"  # per piece, whatever the toggle
     scores = p.ctx.on_text("scores")[p.kind]
     matrix = scores[p.layer - 1, p.head - 1]
     rows, columns = p.labels(pieces)

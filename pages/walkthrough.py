@@ -72,7 +72,7 @@ def show_matrix(m: wk.Matrix, k: int, i: int, shown_stage: tuple) -> None:
         st,
         f"CSV of the full {m.source}",
         Download(size, write),
-        f"{m.source.replace('[', '_').replace(']', '')}.csv",
+        f"{m.file_name}.csv",
         "text/csv",
         key=f"_wt_csv_{i}",
         on_click="ignore",

@@ -104,8 +104,8 @@ def test_tensor_csv_streamed_and_bounded():
     np.testing.assert_array_equal(frame["value"].to_numpy(np.float32).reshape(tensor.shape), tensor)
     assert frame["token"].tolist() == [t for _ in range(2) for t in labels for _ in range(3)]
     index = np.indices(tensor.shape).reshape(3, -1)
-    for i, column in enumerate(("head", "source_position", "d_k")):
-        np.testing.assert_array_equal(frame[column].to_numpy(), index[i])
+    for i, column in enumerate(("head", "source_position", "d_k")):  # heads from 1, as the app counts them
+        np.testing.assert_array_equal(frame[column].to_numpy(), index[i] + (column == "head"))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -295,3 +295,53 @@ def test_closed_tabs_benchmark_prints_its_contract_and_stays_bounded():
     assert found, last
     before, after = (int(v) for v in found.groups())
     assert before > 100 and after - before <= cache + 100, last
+
+
+@pytest.fixture
+def named(monkeypatch):
+    """Every download button the app draws: its file name -> (label, data)."""
+    drawn = {}
+    real, on_main = DeltaGenerator.download_button, st.download_button
+
+    def record(self, label, data, file_name=None, *args, **kwargs):
+        drawn[file_name] = (label, data)
+        return real(self, label, data, file_name, *args, **kwargs)
+
+    def record_main(label, data, file_name=None, *args, **kwargs):
+        drawn[file_name] = (label, data)
+        return on_main(label, data, file_name, *args, **kwargs)
+
+    monkeypatch.setattr(DeltaGenerator, "download_button", record)
+    monkeypatch.setattr(st, "download_button", record_main)
+    return drawn
+
+
+@pytest.mark.slow
+@pytest.mark.usefixtures("fresh_streamlit_caches")
+def test_each_file_is_named_for_what_it_holds(named):
+    """The model's whole name, the head of a per-head method, the position explained, pieces for scores, and a
+    per-layer method's 'head' written as all of them: no two views download under one name."""
+    at = open_app("pages/explorer.py")
+    at.radio(key="kind").set_value("cross").run()
+    at.selectbox(key="layer").set_value(2).run()
+    at.selectbox(key="head").set_value(3).run()
+    assert {"en-de-cross-L2H3.csv", "en-de-attention.npz"} <= set(named), sorted(named)
+    at.toggle(key="words").set_value(True).run()
+    assert {"en-de-cross-words-L2H3.csv", "en-de-words-attention.npz"} <= set(named), sorted(named)
+    at.toggle(key="scores").set_value(True).run()
+    scores = read(named["en-de-cross-scores-L2H3.csv"][1]())
+    assert list(scores.columns)[-1] == "score" and "▁Thursday" in set(scores["key_token"]), "pieces, not words"
+
+    named.clear()
+    at = open_app("pages/beyond.py")
+    at.radio(key="bw_kind").set_value("cross").run()
+    at.selectbox(key="bw_layer").set_value(2).run()
+    at.selectbox(key="bw_head").set_value(3).run()
+    assert "en-de-cross-L2H3-norm.csv" in named, sorted(named)
+    at.radio(key="bw_method").set_value("value-zeroing").run()
+    per_layer = read(named["en-de-cross-L2-value-zeroing.csv"][1]())
+    assert set(per_layer["layer"]) == {2} and set(per_layer["head"]) == {"all"}
+    at.radio(key="bw_method").set_value("grad-attention").run()
+    at.selectbox(key="bw_position").set_value(2).run()
+    assert "en-de-cross-L2-grad-attention-position2.csv" in named, sorted(named)
+    assert not at.exception, [e.value for e in at.exception]

@@ -283,6 +283,9 @@ def test_full_tensor_csv_has_every_entry(case):
     assert len(frame) == q.full.size
     np.testing.assert_allclose(frame["value"].to_numpy().reshape(q.full.shape), q.full, rtol=1e-6)
     assert list(frame["token"][:: q.full.shape[2]][: len(wt.src_tokens)]) == list(wt.src_tokens)
+    assert sorted(set(frame["head"])) == list(range(1, q.full.shape[0] + 1)), "heads from 1, as the app counts"
+    assert frame["source_position"].min() == 0, "positions from 0, as the maps' axis labels"
+    assert q.source.startswith("encoder.0.") and q.file_name.startswith("encoder-layer1-"), q.file_name
 
 
 def test_figures_label_axes_and_hover_values(case):

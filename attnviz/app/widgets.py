@@ -141,8 +141,11 @@ def export_download(make_export: Callable[[], AttentionExport], shown: Attention
     return Download(size, lambda out: make_export().write(out))
 
 
-def download_buttons(table: Download, npz: Download | None, image_format: str | None, name: str) -> None:
-    """CSV of the matrix shown, NPZ of every tensor, and the image format of the figure's camera button.
+def download_buttons(
+    table: Download, npz: Download | None, image_format: str | None, name: str, npz_name: str = "attention"
+) -> None:
+    """CSV of the matrix shown (``name``.csv), NPZ of every tensor (``npz_name``.npz), and the image format of the
+    figure's camera button.
 
     The files are built only when a button is clicked, each bounded (`download`): a long form of
     every head of a 500-token sentence has millions of rows, too many to build on every rerun.
@@ -162,7 +165,7 @@ def download_buttons(table: Download, npz: Download | None, image_format: str | 
             cols[1],
             "NPZ of every map",
             npz,
-            f"{name.split('-')[0]}-attention.npz",
+            f"{npz_name}.npz",
             "application/octet-stream",
             hint="`attnviz attention --out` writes it from the command line, where its user sets the bound.",
             help="The same file as `attnviz attention`: encoder, decoder, cross, ids, tokens and a manifest.",

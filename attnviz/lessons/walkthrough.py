@@ -89,6 +89,15 @@ class Matrix:
         return " x ".join(self.full_axes) + " = " + " x ".join(str(n) for n in self.full.shape)
 
     @property
+    def file_name(self) -> str:
+        """The CSV's name: the recorded name with its layer counted from 1, as the app and the file's own head
+        column count (``decoder.1.cross_attn.weights`` gives ``decoder-layer2-cross_attn-weights``)."""
+        stack, _, rest = self.source.partition(".")
+        index, _, point = rest.partition(".")
+        name = f"{stack}-layer{int(index) + 1}-{point}" if index.isdigit() else self.source
+        return name.replace(".", "-").replace("[", "_").replace("]", "")
+
+    @property
     def recorded_layer(self) -> str | None:
         """'decoder layer 1' for a tensor recorded as ``decoder.0.…``: its stack and layer counted from 1,
         as every label of the app counts them; None for a tensor of no layer (``memory``, ``logits``)."""
@@ -151,6 +160,13 @@ def tensor_csv(tensor: np.ndarray, axes: Sequence[str], row_labels: Sequence[str
     return out.getvalue().decode("utf-8")
 
 
+COUNTED_FROM_1 = ("head", "layer")  # axes whose index a file writes as the app counts them; positions count from 0
+
+
+def _first_index(axes: Sequence[str]) -> list[int]:
+    return [1 if name in COUNTED_FROM_1 else 0 for name in axes]
+
+
 def _tensor_columns(ndim: int, axes: Sequence[str], row_labels: Sequence[str] | None) -> list[str]:
     if len(axes) != ndim or ndim < 1:
         raise ValueError(f"{len(axes)} axis names for a tensor of {ndim} axes")
@@ -166,8 +182,9 @@ def tensor_csv_size(shape: tuple[int, ...], axes: Sequence[str], row_labels: Seq
     columns = _tensor_columns(len(shape), axes, row_labels)
     n = math.prod(shape)
     size = len((",".join(csv_field(c) for c in columns) + "\n").encode()) + n * (len(columns) + CSV_VALUE_CHARS)
-    for length in shape:  # each index value appears n / length times
-        digits = sum(len(str(i)) for i in range(length)) if length < 10**6 else len(str(length)) * length
+    for length, first in zip(shape, _first_index(axes), strict=True):  # each index value appears n / length times
+        last = length - 1 + first
+        digits = sum(len(str(i)) for i in range(first, last + 1)) if length < 10**6 else len(str(last)) * length
         size += digits * (n // max(length, 1))
     if "token" in columns:
         size += sum(len(csv_field(str(t)).encode()) for t in row_labels) * (n // max(shape[-2], 1))
@@ -187,13 +204,15 @@ def write_tensor_csv(out, tensor: np.ndarray, axes: Sequence[str], row_labels: S
         labels = [csv_field(str(t)) for t in row_labels]
         if len(labels) != tensor.shape[-2]:
             raise ValueError(f"{len(labels)} row labels for {tensor.shape[-2]} rows")
-    parts = [f"{j},{{:.9g}}\n" for j in range(tensor.shape[-1])]
+    first = _first_index(axes)
+    parts = [f"{j + first[-1]},{{:.9g}}\n" for j in range(tensor.shape[-1])]
     step = max(1, CSV_BLOCK_ROWS // max(tensor.shape[-1], 1))
     for start in range(0, rows.shape[0], step):
         lines = []
         for r, row in enumerate(rows[start : start + step].tolist(), start):
             index = np.unravel_index(r, leading) if leading else ()
-            prefix = "".join(f"{int(i)}," for i in index) + (f"{labels[int(index[-1])]}," if labels else "")
+            prefix = "".join(f"{int(i) + f}," for i, f in zip(index, first, strict=False))
+            prefix += f"{labels[int(index[-1])]}," if labels else ""
             lines.append(prefix + prefix.join([part.format(v) for part, v in zip(parts, row, strict=True)]))
         out.write("".join(lines).encode("utf-8"))
 
