@@ -334,17 +334,17 @@ def load_export(path: str | Path) -> AttentionExport:
                 manifest=manifest,
                 extras={name: z[name] for name in z.files if name not in STANDARD_ARRAYS},
             )
-            _check_sizes(path, export)
+            check_sizes(export, str(path))
             return export
     except (ValueError, KeyError, EOFError, zipfile.BadZipFile, zlib.error, NotImplementedError) as e:
         # numpy's own messages for these speak of pickles and zip members; say what the user has.
         raise ExportError(f"{path} is not a readable attnviz export (.npz): {type(e).__name__}: {e}") from None
 
 
-def _check_sizes(path: Path, export: AttentionExport) -> None:
+def check_sizes(export: AttentionExport, what: str) -> None:
     """An ExportError where a map's last two axes disagree with the tokens of its queries and keys (a diff
-    would call such a file another text). The ids may outnumber the tokens: a file of word maps (--words)
-    keeps the pieces' ids."""
+    would call such a file another text, a view would label it wrongly); ``what`` names the export. The ids
+    may outnumber the tokens: a file of word maps (--words) keeps the pieces' ids."""
     for kind in KINDS:
         maps = getattr(export, kind)
         if maps is None:
@@ -352,10 +352,10 @@ def _check_sizes(path: Path, export: AttentionExport) -> None:
         queries = export.src_tokens if kind == "encoder" else export.tgt_tokens
         keys = export.tgt_tokens if kind == "decoder" else export.src_tokens
         if queries is None or keys is None:
-            raise ExportError(f"{path} is inconsistent: it has {kind} maps but not the tokens of their axes")
+            raise ExportError(f"{what} is inconsistent: it has {kind} maps but not the tokens of their axes")
         if np.ndim(maps) < 2 or tuple(np.shape(maps)[-2:]) != (len(queries), len(keys)):
             raise ExportError(
-                f"{path} is inconsistent: its {kind} maps are shaped {np.shape(maps)} for {len(queries)} query "
+                f"{what} is inconsistent: its {kind} maps are shaped {np.shape(maps)} for {len(queries)} query "
                 f"and {len(keys)} key tokens"
             )
 

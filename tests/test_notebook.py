@@ -133,10 +133,9 @@ def test_an_encoder_decoders_plain_maps_and_their_checks():
     )
     assert view.spec["kinds"] == ["encoder", "decoder", "cross"] and view.frame["kind"] == "cross"
     np.testing.assert_array_equal(frame_weights(view), export.cross[0, 0])
+    three = export.encoder[:, :, :3, :3] / export.encoder[:, :, :3, :3].sum(-1, keepdims=True)  # rows of weights
     with pytest.raises(InputError, match="cross-attention is 4 x 5 but the encoder has 3"):
-        plain_export(
-            encoder=export.encoder[:, :, :3, :3], cross=export.cross, src_tokens=TOY_SRC[:3], tgt_tokens=TOY_TGT
-        )
+        plain_export(encoder=three, cross=export.cross, src_tokens=TOY_SRC[:3], tgt_tokens=TOY_TGT)
     with pytest.raises(InputError, match="4 tokens were given"):
         plain_export(cross=export.cross, src_tokens=TOY_SRC[:4], tgt_tokens=TOY_TGT)
 
@@ -403,3 +402,40 @@ def test_the_docs_page_of_the_quickstart_is_the_notebook():
         "docs/notebooks/quickstart.md is not the notebook's cells: write tests.test_notebook.quickstart_page's "
         "output into it"
     )
+
+
+def _changed(export, **arrays):
+    import dataclasses
+
+    return dataclasses.replace(export, **arrays)
+
+
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        (lambda e: {"encoder": np.where(np.eye(5, dtype=bool), np.nan, e.encoder)}, "NaN or infinite"),
+        (lambda e: {"encoder": e.encoder * 5}, "not the scores"),
+        (lambda e: {"cross": e.cross[..., ::-1, :].copy() * 0.5}, r"sums to 0\.5, not 1"),
+        (lambda e: {"decoder": np.swapaxes(e.decoder, -1, -2).copy()}, "sums to|above the diagonal"),
+        (lambda e: {"src_tokens": e.src_tokens[:-1]}, "its encoder maps are shaped"),
+        (lambda e: {"manifest": {**e.manifest, "method": "norm"}}, "the 'norm' method's maps"),
+    ],
+    ids=["NaN", "scores", "rows of half", "transposed decoder", "a token short", "a method's maps"],
+)
+def test_an_export_is_checked_as_plain_maps_are(change, message, tmp_path):
+    """An attnviz export or .npz is drawn only if its maps are weights of its tokens, as plain maps must be:
+    NaN had been drawn as 0, scores as weights, a token short raised an IndexError when displayed."""
+    bad = _changed(toy_export(), **change(toy_export()))
+    with pytest.raises(InputError, match=message):
+        head_view(bad, mode="widget")
+    if "method" not in bad.manifest and bad.src_tokens == toy_export().src_tokens:  # the file: load_export's own
+        path = bad.save(tmp_path / "bad.npz")
+        with pytest.raises(InputError, match=message):
+            head_view(str(path), mode="widget")
+    head_view(toy_export(), mode="widget")  # the same export, unchanged, is drawn
+
+
+def test_plain_maps_given_keys_by_queries_are_refused():
+    attentions = tuple(np.swapaxes(a, -1, -2).copy() for a in hf_attentions())  # causal, transposed: columns sum to 1
+    with pytest.raises(InputError, match="transposed"):
+        head_view(attentions, tokens=[f"t{i}" for i in range(6)], kind="encoder")

@@ -21,8 +21,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from attnviz.errors import InputError
-from attnviz.export import AXES, AttentionExport
+from attnviz.errors import ExportError, InputError
+from attnviz.export import AXES, AttentionExport, check_sizes
 from attnviz.kinds import KINDS
 from attnviz.tiles import TiledAttention
 
@@ -101,6 +101,49 @@ def _check_weights(maps: np.ndarray, what: str) -> None:
         )
 
 
+ROW_SLACK = 1e-2  # a softmax row sums to 1; float16 maps of thousands of keys round to within a few 1e-4
+
+
+def _check_rows(maps: np.ndarray, what: str) -> None:
+    """Every row a query's weights: summing to 1, or to 0 where the query saw no key (a padded or masked one).
+    A map given keys by queries (transposed) has columns that sum to 1, and is refused here, not drawn."""
+    sums = maps.sum(axis=-1, dtype=np.float64)
+    off = (np.abs(sums - 1) > ROW_SLACK) & (sums > ROW_SLACK)
+    if off.any():
+        where = tuple(int(i) for i in np.argwhere(off)[0])
+        raise InputError(
+            f"{what}: the row at index {where} sums to {float(sums[where]):.3g}, not 1; a view takes post-softmax "
+            "weights with rows as queries and columns as keys (is the map transposed, or taken in training mode?)"
+        )
+
+
+def check_export(export: AttentionExport) -> AttentionExport:
+    """``export`` itself, checked as plain maps are: weights in 0..1, finite, rows summing to 1, a causal
+    decoder, and as many tokens as each map's axes (`attnviz.export.check_sizes`); an InputError otherwise."""
+    method = export.manifest.get("method")
+    if method is not None:
+        raise InputError(
+            f"this export holds the {method!r} method's maps, not attention weights: the views draw weights; "
+            "attnviz.figures.contributions.contribution_heatmap draws a method's maps"
+        )
+    try:
+        check_sizes(export, "the export")
+    except ExportError as e:
+        raise InputError(str(e)) from None
+    for kind in KINDS:
+        maps = getattr(export, kind)
+        if maps is None:
+            continue
+        what = f"the export's {kind} maps"
+        if np.ndim(maps) != 4:
+            raise InputError(f"{what} must be (layers, heads, queries, keys); got shape {np.shape(maps)}")
+        _check_weights(maps, what)
+        _check_rows(maps, what)
+        if kind == "decoder" and not is_causal(maps):
+            raise InputError(f"{what} have weight above the diagonal: a decoder's self-attention is causal")
+    return export
+
+
 def _tokens(tokens, n: int, what: str, axis: str) -> tuple[str, ...]:
     if tokens is None:
         raise InputError(f"{what}: give the tokens of its {axis} ({n} of them)")
@@ -144,6 +187,7 @@ def plain_export(
         if kind not in ("auto", "encoder", "decoder"):
             raise InputError(f"kind must be 'auto', 'encoder' or 'decoder'; got {kind!r}")
         _check_weights(maps, "attentions")
+        _check_rows(maps, "attentions")
         if maps.shape[-1] != maps.shape[-2]:
             raise InputError(
                 f"attentions are self-attention, one token per query and key, but the maps are {maps.shape[-2]} x "
@@ -171,6 +215,7 @@ def plain_export(
     for name, maps in stacked.items():
         if maps is not None:
             _check_weights(maps, name)
+            _check_rows(maps, name)
     S = T = None
     if stacked["encoder"] is not None:
         S = _square(stacked["encoder"], "encoder")
@@ -261,11 +306,9 @@ def as_source(data=None, tokens=None, *, text=None, tgt=None, generate: int = 0,
     if isinstance(data, (AttentionExport, TiledAttention)):
         if tokens is not None or plain:
             raise InputError("an attnviz export carries its own tokens: pass it alone")
-        return Source(data)
+        return Source(data if isinstance(data, TiledAttention) else check_export(data))
     if _is_bundle(data):
         return from_model(bundle=data, text=text if text is not None else tokens, tgt=tgt, generate=generate)
-    if isinstance(data, str) and data.endswith(".npz"):
-        return Source(load_export(data))
-    if hasattr(data, "__fspath__"):
-        return Source(load_export(data))
+    if (isinstance(data, str) and data.endswith(".npz")) or hasattr(data, "__fspath__"):
+        return Source(check_export(load_export(data)))
     return Source(plain_export(data, tokens, batch=batch, kind=kind, **plain))
