@@ -79,6 +79,11 @@ def _source_tensor(bundle: Bundle, text: str) -> torch.Tensor:
     return torch.tensor([bundle.tokenizer.encode_source(text).ids], device=bundle.device)
 
 
+def _check_beam(beam) -> None:
+    if not isinstance(beam, int) or isinstance(beam, bool) or not 1 <= beam <= 64:
+        raise InputError(f"the beam size must be a whole number from 1 to 64, got {beam!r}")
+
+
 LM_TRANSLATES = "this model is a language model: it continues a prompt rather than translating it; use generate"
 
 
@@ -136,6 +141,7 @@ def translate(bundle: Bundle, text: str, beam: int = 1, ablate: str | Ablation |
     """
     if bundle.config.decoder_only:
         raise InputError(LM_TRANSLATES)
+    _check_beam(beam)
     src = _source_tensor(bundle, text)
     ablation = _ablation(bundle, ablate)
     with _ablated(bundle, ablation, src, None):
@@ -183,8 +189,7 @@ def generate(
     [`translate`][attnviz.api.translate]. The text returned is the continuation alone, without the prompt."""
     if not bundle.config.decoder_only:
         raise InputError("generate continues a language model's prompt; this model translates: use translate")
-    if not isinstance(beam, int) or isinstance(beam, bool) or not 1 <= beam <= 64:
-        raise InputError(f"the beam size must be from 1 to 64, got {beam!r}")
+    _check_beam(beam)
     prompt_ids = _source_tensor(bundle, prompt)
     ablation = _ablation(bundle, ablate)
     with _ablated(bundle, ablation, prompt_ids, None):
@@ -206,6 +211,7 @@ def step_through(
     that step's decoder self-attention and cross-attention rows for every layer and head.
     ``ablate``: heads switched off, as in [`translate`][attnviz.api.translate].
     """
+    _check_beam(beam)
     src = _source_tensor(bundle, text)
     ablation = _ablation(bundle, ablate)
     forced = None
@@ -544,6 +550,8 @@ def clearest_head(bundle: Bundle, kind: str | None = None) -> HeadChoice:
     the induction head that reads its output), and says what to look for in that head's map.
     """
     kind = kind or ("encoder" if bundle.config.encoder_only else "decoder" if bundle.config.decoder_only else "cross")
+    if kind not in KINDS or not bundle.config.n_layers_of(kind):
+        raise InputError(f"this model has no {kind!r} attention; kind is one of {', '.join(KINDS)} that it has")
     named = named_heads(bundle) if bundle.config.decoder_only and kind == "decoder" else {}
     if named:
         role, (layer, head) = list(named.items())[-1]
@@ -743,6 +751,9 @@ def head_importance(
     own greedy outputs. See `attnviz.methods.importance`.
     """
     tok = bundle.tokenizer
+    for what, texts in (("sentences", sentences), ("references", references)):
+        if isinstance(texts, str):  # list() of it would measure one-character sentences
+            raise InputError(f"{what} must be a list of texts, not one string: [{texts[:40]!r}]")
     sentences = list(bundle.info.get("examples") or []) if sentences is None else list(sentences)
     if not sentences:
         raise InputError("no sentences: this model has no examples, so give the sentences to measure over")

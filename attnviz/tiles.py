@@ -398,8 +398,9 @@ class TiledAttention:
     def head(self, kind: str, layer: int, head: int) -> HeadQK:
         """Head ``head`` of layer ``layer`` (both from 1)."""
         L, H, _, _ = self.shape(kind)
-        if not (1 <= layer <= L and 1 <= head <= H):
-            raise ValueError(f"{kind} has {L} layers of {H} heads, counted from 1; got layer {layer}, head {head}")
+        whole = all(isinstance(v, (int, np.integer)) and not isinstance(v, bool) for v in (layer, head))
+        if not (whole and 1 <= layer <= L and 1 <= head <= H):
+            raise ValueError(f"{kind} has {L} layers of {H} heads, counted from 1; got layer {layer!r}, head {head!r}")
         group = H // self.keys[kind].shape[1]
         q = self.queries[kind][layer - 1, head - 1]
         k = self.keys[kind][layer - 1, (head - 1) // group]

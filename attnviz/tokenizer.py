@@ -390,6 +390,8 @@ def sentencepiece_growth(model: bytes) -> float:
 def check_growth(text: str, growth: float, side: str) -> None:
     """Refuse ``text`` when its worst-case normalised length (``growth`` times its own) passes
     `MAX_NORMALIZED_CHARS`, before any native library reads it."""
+    if not isinstance(text, str):  # as check_text says it, which comes after
+        raise InputError(f"the {side} text must be a string, got {type(text).__name__}")
     if len(text) * growth > MAX_NORMALIZED_CHARS:
         raise InputError(
             f"the {side} text has {len(text):,} characters, and this model's tokenizer can lengthen a text "

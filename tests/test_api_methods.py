@@ -138,3 +138,25 @@ def test_compare_ablation_on_an_encoder_only_model():
     assert side.intact_output is None and side.steps is None and side.ablated.decoder is None
     assert np.array_equal(side.intact.encoder[0], side.ablated.encoder[0]), "layer 1's weights come before its heads"
     assert not np.allclose(side.intact.encoder[1], side.ablated.encoder[1])
+
+
+@pytest.mark.parametrize(
+    ("call", "message"),
+    [
+        (lambda b: attnviz.attention(b, "twenty-one", 5), "target text must be a string, got int"),
+        (lambda b: attnviz.attention(b, None), "source text must be a string, got NoneType"),
+        (lambda b: attnviz.queries_keys(b, 5), "must be a string"),
+        (lambda b: attnviz.translate(b, "seven", beam=2.0), "whole number from 1 to 64, got 2.0"),
+        (lambda b: attnviz.translate(b, "seven", beam=True), "got True"),
+        (lambda b: attnviz.step_through(b, "seven", beam="3"), "got '3'"),
+        (lambda b: attnviz.translate(b, "seven", ablate=5), "ablate takes text"),
+        (lambda b: attnviz.clearest_head(b, "bogus"), "no 'bogus' attention"),
+        (lambda b: attnviz.head_importance(b, "twenty-one"), "a list of texts, not one string"),
+    ],
+    ids=["tgt int", "src None", "queries_keys int", "beam float", "beam bool", "beam str", "ablate int", "kind", "str"],
+)
+def test_a_wrong_argument_is_an_input_error_not_a_traceback_or_a_guess(en_de, call, message):
+    """head_importance('twenty-one') had measured ten one-character sentences; the others raised TypeErrors from
+    deep inside, or (beam=True) ran as beam 1."""
+    with pytest.raises(InputError, match=message):
+        call(en_de)

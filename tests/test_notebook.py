@@ -439,3 +439,42 @@ def test_plain_maps_given_keys_by_queries_are_refused():
     attentions = tuple(np.swapaxes(a, -1, -2).copy() for a in hf_attentions())  # causal, transposed: columns sum to 1
     with pytest.raises(InputError, match="transposed"):
         head_view(attentions, tokens=[f"t{i}" for i in range(6)], kind="encoder")
+
+
+def test_wrong_arguments_are_clear_errors_not_tracebacks_or_guesses():
+    """A float or bool layer had raised an IndexError or been drawn as 'layer True'; an unknown kind and a
+    batch of a model were ignored; a step view given a source token short read its rows with the wrong stride."""
+    import traitlets
+
+    from attnviz.decoding import step_through
+    from attnviz.notebook import step_view
+
+    export = toy_export()
+    for bad in ({"layer": 1.0}, {"layer": True}, {"head": "1"}, {"kind": "bogus"}):
+        with pytest.raises(InputError, match="whole number|kind must be"):
+            head_view(export, mode="widget", **bad)
+    with pytest.raises(InputError, match="holds one text already"):
+        head_view(export, batch=0, mode="widget")
+    view = head_view(export, mode="widget")
+    for name, value in (("contrast", "bogus"), ("zoom", [0, 1]), ("zoom", [3, 1, 2, 0]), ("zoom", [-5, -1, 0, 4])):
+        with pytest.raises(traitlets.TraitError):
+            setattr(view, name, value)
+    assert (view.contrast, view.zoom) == ("linear", [])  # refused values leave the view drawable
+    view.zoom = [0, 2, 0, 3]
+    assert not view.error and view.frame["region"] == [0, 2, 0, 3]
+
+    from conftest import seeded_model, tiny_config
+
+    model = seeded_model(tiny_config()).eval()
+    import torch
+
+    decoding = step_through(model, torch.tensor([[5, 6, 7, 2]]), max_len=3)
+    src, prefix = ["a", "b", "c", "</s>"], ["<s>"] + [f"t{i}" for i in range(3)]
+    step_view(decoding, src_tokens=src, tgt_tokens=prefix, id_to_token=str, mode="widget")
+    for bad, message in (
+        ({"src_tokens": src[:-1]}, "reads 4 source tokens; src_tokens gives 3"),
+        ({"src_tokens": None}, "src_tokens gives none"),
+        ({"id_to_token": 5}, "id_to_token must be a function"),
+    ):
+        with pytest.raises(InputError, match=message):
+            step_view(decoding, **{"src_tokens": src, "tgt_tokens": prefix, "id_to_token": str, **bad}, mode="widget")

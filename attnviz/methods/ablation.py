@@ -89,7 +89,14 @@ class Ablation:
             return ablate
         if isinstance(ablate, str):
             return cls.parse(ablate, mode)
-        return cls(frozenset(ablate), mode)
+        try:
+            heads = frozenset(ablate)
+        except TypeError:
+            raise InputError(
+                f"ablate takes text such as 'cross:1.2', an Ablation, or (kind, layer, head) tuples; got "
+                f"{type(ablate).__name__}"
+            ) from None
+        return cls(heads, mode)
 
     def __bool__(self) -> bool:
         return bool(self.heads)

@@ -18,9 +18,11 @@ instead (no widget manager: VS Code and Colab offline; ``mode="auto"`` chooses i
 from __future__ import annotations
 
 from attnviz.errors import InputError
-from attnviz.notebook.data import Source, as_source, plain_export, stack_layers
+from attnviz.export import AttentionExport
+from attnviz.notebook.data import Source, _is_bundle, as_source, plain_export, stack_layers
 from attnviz.notebook.frames import step_data
 from attnviz.notebook.widgets import AtlasView, HeadView, ModelView, StepView
+from attnviz.tiles import TiledAttention
 
 __all__ = [
     "AtlasView",
@@ -119,8 +121,6 @@ def step_view(
     [`attnviz.decoding.Decoding`][] with its ``src_tokens`` (None for a language model), the decoder
     input's ``tgt_tokens`` and ``id_to_token`` (a function from an id to its token).
     """
-    from attnviz.notebook.data import _is_bundle
-
     if _is_bundle(data):
         from attnviz import api
 
@@ -152,10 +152,15 @@ def atlas_view(atlas, mode: str = "auto") -> AtlasView:
 
 
 def _first_kind(kind: str | None) -> str | None:
-    return kind if kind in ("encoder", "decoder", "cross") else None
+    if kind is not None and kind not in ("encoder", "decoder", "cross"):
+        raise InputError(f"kind must be 'encoder', 'decoder' or 'cross' (or None: the view chooses); got {kind!r}")
+    return kind
 
 
 def _source(data, tokens, text, tgt, generate, encoder, decoder, cross, src_tokens, tgt_tokens, kind, batch) -> Source:
+    _first_kind(kind)
+    if batch is not None and (isinstance(data, (Source, AttentionExport, TiledAttention)) or _is_bundle(data)):
+        raise InputError("batch picks one text of plain maps; a model or an export holds one text already")
     plain = {
         name: value
         for name, value in (

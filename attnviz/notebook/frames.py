@@ -52,6 +52,9 @@ def palette_bytes() -> bytes:
 
 def check_pick(source: Source, kind: str, layer: int, head: int) -> tuple[int, int, int, int]:
     """(L, H, Q, K) of ``kind``, after checking that ``kind``, ``layer`` and ``head`` (from 1) exist."""
+    for name, value in (("layer", layer), ("head", head)):
+        if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
+            raise InputError(f"{name} must be a whole number, counted from 1; got {value!r}")
     if kind not in source.kinds:
         raise InputError(f"these maps have no {kind} attention; they have {', '.join(source.kinds)}")
     L, H, Q, K = source.shape(kind)
@@ -274,6 +277,11 @@ def step_data(decoding, src_tokens, tgt_tokens, id_to_token) -> dict:
     steps = decoding.steps
     if not steps:
         raise InputError("this decoding has no steps")
+    if not callable(id_to_token):
+        raise InputError(f"id_to_token must be a function from an id to its token; got {type(id_to_token).__name__}")
+    for what, tokens in (("src_tokens", src_tokens), ("tgt_tokens", tgt_tokens)):
+        if isinstance(tokens, str):
+            raise InputError(f"{what} must be a list of strings, one per position, not one string")
     first = steps[0].self_attn.detach().float().cpu().numpy()
     L, H = first.shape[:2]
     lengths = [int(s.self_attn.shape[-1]) for s in steps]
@@ -282,6 +290,13 @@ def step_data(decoding, src_tokens, tgt_tokens, id_to_token) -> dict:
     for i, s in enumerate(steps):
         self_rows[i, :, :, : lengths[i]] = s.self_attn.detach().float().cpu().numpy()
     has_cross = steps[0].cross_attn is not None
+    if has_cross:  # each step's cross row has one weight per source token: the view reads them by that count
+        S = int(steps[0].cross_attn.shape[-1])
+        if src_tokens is None or len(src_tokens) != S:
+            given = "none" if src_tokens is None else len(src_tokens)
+            raise InputError(f"this decoding's cross-attention reads {S} source tokens; src_tokens gives {given}")
+    elif src_tokens:
+        raise InputError("this decoding has no cross-attention (a language model's): give no src_tokens")
     cross_rows = (
         np.stack([s.cross_attn.detach().float().cpu().numpy() for s in steps]).astype(np.float32)
         if has_cross

@@ -196,6 +196,22 @@ class HeadView(View):
         self._show(first)
         self.observe(self._chosen, names=["kind", "layer", "head", "contrast", "words", "zoom"])
 
+    @traitlets.validate("contrast")
+    def _valid_contrast(self, proposal) -> str:  # a value refused keeps the one before: the view stays drawable
+        if proposal["value"] not in CONTRASTS:
+            raise traitlets.TraitError(f"contrast must be one of {', '.join(CONTRASTS)}; got {proposal['value']!r}")
+        return proposal["value"]
+
+    @traitlets.validate("zoom")
+    def _valid_zoom(self, proposal) -> list:
+        zoom = list(proposal["value"])
+        if zoom and (len(zoom) != 4 or not (0 <= zoom[0] < zoom[1] and 0 <= zoom[2] < zoom[3])):
+            raise traitlets.TraitError(
+                f"zoom is [] (the whole map) or [first row, row after the last, first column, column after the last], "
+                f"from 0 and half-open; got {zoom}"
+            )
+        return zoom
+
     def _show(self, frame: dict) -> None:
         frame = dict(frame)
         indices, weights = frame.pop("indices"), frame.pop("weights")
