@@ -367,8 +367,19 @@ CSV_VALUE_CHARS = 16
 CSV_BLOCK_ROWS = 1 << 18
 
 
+FORMULA_STARTS = ("=", "+", "-", "@", "\t", "\r")  # what a spreadsheet reads as the start of a formula
+
+
 def csv_field(text: str) -> str:
-    """``text`` as one CSV field: quoted, its quotes doubled, when it holds a comma, a quote or a line break."""
+    """``text`` as one CSV field: quoted, its quotes doubled, when it holds a comma, a quote or a line break.
+
+    A field of two characters or more that begins as a formula does (``=HYPERLINK(...)``, ``@SUM(A1)``,
+    ``+1``) gets a leading apostrophe, which a spreadsheet shows as text rather than runs (OWASP's advice
+    on CSV injection): the app's files hold a visitor's text, and a shared link's text reaches every
+    visitor who downloads. A lone ``-`` or ``+`` piece is left as it is: no spreadsheet runs it.
+    """
+    if len(text) > 1 and text.startswith(FORMULA_STARTS):
+        text = "'" + text
     return '"' + text.replace('"', '""') + '"' if any(c in text for c in ',"\n\r') else text
 
 

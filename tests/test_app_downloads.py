@@ -76,6 +76,21 @@ def test_percent_signs_in_tokens_and_names_are_written_as_they_are():
         assert got[column].astype(str).tolist() == want[column].astype(str).tolist(), column
 
 
+def test_a_token_that_reads_as_a_formula_is_written_as_text():
+    """A spreadsheet runs a cell that begins with = + - or @ (CSV injection): such a token, from a visitor's or
+    a shared link's text, is written with a leading apostrophe; a lone - or + piece stays as it is."""
+    maps = np.full((1, 1, 2, 5), 0.2, dtype=np.float32)
+    keys = ['=HYPERLINK("http://x","y")', "@SUM(A1)", "+1", "-", "-2"]
+    out = io.BytesIO()
+    analysis.long_form_csv(out, maps, ["▁a", "\tb"], keys)
+    assert len(out.getvalue()) <= analysis.long_form_csv_size(maps.shape, ["▁a", "\tb"], keys)
+    got = read(out.getvalue())
+    assert got["key_token"].tolist()[:5] == ['\'=HYPERLINK("http://x","y")', "'@SUM(A1)", "'+1", "-", "'-2"]
+    assert set(got["query_token"]) == {"▁a", "'\tb"}
+    text = wk.tensor_csv(np.zeros((1, 2, 1)), ("head", "source position", "d_k"), ["=1", "x"])
+    assert pd.read_csv(io.StringIO(text))["token"].tolist() == ["'=1", "x"]
+
+
 def test_the_csv_is_written_a_block_at_a_time(monkeypatch):
     monkeypatch.setattr(analysis, "CSV_BLOCK_ROWS", 10)
     sizes = []
