@@ -297,15 +297,14 @@ def load_export(path: str | Path) -> AttentionExport:
     check_regular_file(path)
     with open(path, "rb") as f:
         magic = f.read(6)
-    if not magic.startswith(b"PK") and magic != b"\x93NUMPY":  # np.load would try it as a pickle
+    if magic == b"\x93NUMPY":  # one bare array, whose header may declare any size: refused before np.load reads it
+        raise ExportError(f"{path} holds one array (.npy), not an attnviz export (an .npz of several arrays)")
+    if not magic.startswith(b"PK"):  # np.load would try it as a pickle
         raise ExportError(f"{path} is not an .npz file: an attnviz export is a zip archive of arrays")
     try:
-        if magic.startswith(b"PK"):
-            with zipfile.ZipFile(path) as archive:
-                _check_members(path, archive)
+        with zipfile.ZipFile(path) as archive:
+            _check_members(path, archive)
         z = np.load(path, allow_pickle=False)
-        if not isinstance(z, np.lib.npyio.NpzFile):  # a .npy file: one bare array
-            raise ExportError(f"{path} holds one array, not an attnviz export (an .npz of several arrays)")
         with z:
             lm = "encoder" not in z.files and "decoder" in z.files  # a language model's export (version 3)
             required = ("decoder", "tgt_ids", "tgt_tokens") if lm else ("encoder", "src_ids", "src_tokens")

@@ -317,3 +317,30 @@ def test_a_statistic_stored_as_text_or_gone_infinite_differs(tmp_path):
     rewrite_heads(c, lambda h: h.assign(entropy=[np.inf] + h["entropy"].tolist()[1:]))
     (finding,) = compare_atlases(a, c, DEFAULT_ATOL).findings
     assert finding.text.endswith("largest |A - B| inf"), finding.text
+
+
+@pytest.mark.parametrize(
+    "extra",
+    [np.array([1 + 2j]), np.zeros(2, dtype="V4"), np.zeros(2, dtype=[("x", "<f4"), ("y", "<i4")])],
+    ids=["complex", "void", "records"],
+)
+def test_an_extra_array_of_no_real_numbers_is_one_clear_error(extra):
+    """Complex values were compared by their real part alone (1+2j equal to 1+5j), void and records crashed."""
+    a, b = toy_export(), toy_export()
+    a, b = dataclasses.replace(a, extras={"x": extra}), dataclasses.replace(b, extras={"x": extra.copy()})
+    with pytest.raises(ExportError, match="x in A holds .* values: attnviz compares real numbers and strings only"):
+        compare_exports(a, b)
+
+
+def test_an_infinite_or_nan_gap_reads_inf_and_shares_read_as_shares():
+    golden = toy_export()
+    cross = golden.cross.copy()
+    cross[0, 0, 0, 0] = np.inf
+    (finding,) = values_findings(compare_exports(golden, dataclasses.replace(golden, cross=cross)))
+    assert finding.text.endswith("largest |A - B| inf") and "|A - B| inf" in finding.details[0], finding.text
+    assert finding.data["largest"] == np.inf
+    cross[0, 0, 0, 0] = np.nan
+    (finding,) = values_findings(compare_exports(golden, dataclasses.replace(golden, cross=cross)))
+    assert finding.text.endswith("largest |A - B| inf") and "|A - B| inf" in finding.details[0], finding.details
+    every = compare_exports(golden, dataclasses.replace(golden, cross=golden.cross * 0.5))
+    assert "cells differ (100%)" in values_findings(every)[0].text

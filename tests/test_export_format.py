@@ -128,6 +128,10 @@ def _corrupt(kind: str, tmp_path: Path) -> Path:
         arrays = toy_export().arrays()
         arrays["manifest"] = np.array("{not json")
         np.savez(path, **arrays)
+    elif kind == "npy declaring 7 TiB":
+        header = "{'descr': '<f8', 'fortran_order': False, 'shape': (1000000000000,), }"
+        header += " " * (118 - len(header)) + "\n"
+        path.write_bytes(b"\x93NUMPY\x01\x00" + len(header).to_bytes(2, "little") + header.encode() + bytes(100))
     elif kind == "flipped bytes":
         data = bytearray(good)
         start = data.index(b"encoder.npy") + 200  # inside the compressed member
@@ -142,6 +146,7 @@ CORRUPT = {
     "truncated": "not a readable attnviz export",
     "foreign npz": "is not an attnviz export: no encoder",
     "npy": "holds one array",
+    "npy declaring 7 TiB": "holds one array",  # its header alone: refused before numpy allocates it
     "pickled manifest": "not a readable attnviz export",
     "manifest not json": "not a readable attnviz export",
     "flipped bytes": "not a readable attnviz export",

@@ -248,3 +248,74 @@ def test_the_plugin_can_be_switched_off(project):
     result = project.runpytest("-p", "no:attnviz")
     result.assert_outcomes(errors=1)
     result.stdout.fnmatch_lines(["*fixture 'attention_snapshot' not found*"])
+
+
+def test_bad_tolerances_names_and_paths_are_one_clear_error(project):
+    """A tolerance that is not a number of 0 or more (inf passed every change) is a usage error; a name= is a file
+    name in the snapshot folder, never a path out of it; a relative path= is the project's, wherever pytest runs."""
+    project.makepyfile(
+        test_user_args="""
+        import pytest
+        from test_user_maps import toy
+
+        @pytest.mark.parametrize("atol", ["abc", -1.0, float("nan"), True])
+        def test_atol(attention_snapshot, atol):
+            attention_snapshot(toy(), atol=atol)
+
+        def test_name(attention_snapshot):
+            attention_snapshot(toy(), name="../../escaped")
+
+        def test_path(attention_snapshot):
+            attention_snapshot(toy(), path="golden/relative.npz")
+        """
+    )
+    result = project.runpytest("test_user_args.py", "--attnviz-update")
+    result.assert_outcomes(passed=1, errors=0, failed=5)
+    result.stdout.fnmatch_lines(["*attention_snapshot's atol must be a finite number of 0 or more; got 'abc'*"])
+    result.stdout.fnmatch_lines(["*name='../../escaped' must be letters, digits and*"])
+    assert not list(project.path.parent.glob("escaped*")) and (project.path / "golden" / "relative.npz").is_file()
+    project.makeini("[pytest]\nattnviz_atol = inf\n")
+    result = project.runpytest("test_user_maps.py")
+    result.assert_outcomes(failed=1)
+    result.stdout.fnmatch_lines(["*the ini setting attnviz_atol must be a finite number of 0 or more; got 'inf'*"])
+    assert "Traceback" not in result.stdout.str()
+
+
+def test_parameters_told_apart_by_odd_characters_keep_their_own_golden_files(project):
+    project.makepyfile(
+        test_user_ids="""
+        import pytest
+        from test_user_maps import toy
+
+        @pytest.mark.parametrize("case", ["a/b", "a_b", "a b"])
+        def test_p(attention_snapshot, case):
+            attention_snapshot(toy())
+        """
+    )
+    project.runpytest("test_user_ids.py", "--attnviz-update").assert_outcomes(passed=3)
+    written = sorted(p.name for p in (project.path / "__snapshots__" / "test_user_ids").iterdir())
+    assert len(written) == 3 and "test_p[a_b].npz" in written, written
+    project.runpytest("test_user_ids.py").assert_outcomes(passed=3)
+
+
+def test_update_refuses_to_keep_maps_that_are_not_attention_weights(project):
+    project.makepyfile(
+        test_user_bad="""
+        import dataclasses
+        from test_user_maps import toy
+
+        def test_rows(attention_snapshot):
+            export = toy()
+            attention_snapshot(dataclasses.replace(export, cross=export.cross * 0.5))
+        """
+    )
+    result = project.runpytest("test_user_bad.py", "--attnviz-update")
+    result.assert_outcomes(failed=1)
+    result.stdout.fnmatch_lines(["*refusing to write the golden file*: this run's maps are not attention weights*"])
+    assert not (project.path / "__snapshots__" / "test_user_bad").exists()
+
+
+def test_the_update_summary_lists_what_xdist_workers_wrote(project):
+    pytest.importorskip("xdist")
+    result = project.runpytest("-n", "2", "-p", "xdist", "--attnviz-update")
+    result.stdout.fnmatch_lines(["*attnviz snapshots*", f"wrote {GOLDEN}", "1 golden file(s) written*"])

@@ -23,6 +23,7 @@ from pathlib import Path
 
 import numpy as np
 
+from attnviz.errors import ExportError
 from attnviz.export import DEFAULT_ATOL, AttentionExport, load_export
 from attnviz.kinds import KIND_SIDES, KINDS, axis_names, causal_mask
 from attnviz.testing.report import MAX_GROUPS_SHOWN, Finding, Report, manifest_context
@@ -148,6 +149,14 @@ def _compare_side(side: str, a: AttentionExport, b: AttentionExport) -> Finding 
 # Values
 
 
+def _percent(part: int, whole: int) -> str:
+    """'8.3%', '0.042%', '100%': two figures, never 100% unless every one, never 1e+02%."""
+    if part == whole:
+        return "100%"
+    share = 100 * part / whole
+    return f"{share:.2g}%" if share < 10 else f"{min(share, 99.9):.1f}%" if share >= 99.5 else f"{share:.0f}%"
+
+
 def _compare_values(
     name: str, a: np.ndarray, b: np.ndarray, atol: float, rtol: float, b_export: AttentionExport
 ) -> tuple[Finding | None, str]:
@@ -159,12 +168,18 @@ def _compare_values(
         where = tuple(int(i) for i in np.argwhere(off)[0]) if off.ndim else ()
         text = f"{name}: {_n(int(off.sum()))} of {_n(off.size)} strings differ, first at {where}"
         return Finding("values", name, text, data={"array": name, "cells_off": int(off.sum()), "cells": off.size}), ""
+    for side, array in (("A", a), ("B", b)):
+        if array.dtype.kind not in "biuf":  # complex would compare its real part alone; void or records not at all
+            raise ExportError(
+                f"{name} in {side} holds {array.dtype} values: attnviz compares real numbers and strings only"
+            )
     a64, b64 = a.astype(np.float64), b.astype(np.float64)
     with np.errstate(invalid="ignore"):
         close = np.isclose(a64, b64, atol=atol, rtol=rtol, equal_nan=True)
         gap = np.abs(a64 - b64)
     off = ~close
-    gap = np.where(off, np.nan_to_num(gap, nan=np.inf), np.nan_to_num(gap, nan=0.0))  # NaN against a number: inf
+    # NaN against a number, or an infinity against anything else: an infinite gap (nan_to_num would make it 1.8e308)
+    gap = np.where(off, np.nan_to_num(gap, nan=np.inf, posinf=np.inf), np.nan_to_num(gap, nan=0.0, posinf=0.0))
     largest = float(gap.max()) if gap.size else 0.0
     if not off.any():
         return None, f"{name}: {_n(off.size)} cells, largest |A - B| {largest:.1e}"
@@ -179,7 +194,7 @@ def _compare_values(
     group_word = "head" if "head" in axes[:lead] else "layer" if "layer" in axes[:lead] else "group"
     where = f" in {len(order)} of {groups} {group_word}s" if lead else ""
     text = (
-        f"{name}: {_n(n_off)} of {_n(off.size)} cells differ ({100 * n_off / off.size:.2g}%){where}; "
+        f"{name}: {_n(n_off)} of {_n(off.size)} cells differ ({_percent(n_off, off.size)}){where}; "
         f"largest |A - B| {largest:.2e}"
     )
     details, groups_data = [], []
@@ -194,7 +209,7 @@ def _compare_values(
             if lead
             else ""
         )
-        details.append(f"{per}worst at {cell}: A {va:.6g}, B {vb:.6g}, |A - B| {abs(va - vb):.2e}")
+        details.append(f"{per}worst at {cell}: A {va:.6g}, B {vb:.6g}, |A - B| {float(gap[index]):.2e}")
         groups_data.append({"index": list(index), "cell": label, "cells_off": int(counts[g]), "a": va, "b": vb})
     if len(order) > MAX_GROUPS_SHOWN:
         details.append(f"... and {len(order) - MAX_GROUPS_SHOWN} more {group_word}s")
@@ -360,8 +375,6 @@ def compare_paths(
 
     ``labels`` name A and B in the report (default: the paths).
     """
-    from attnviz.errors import ExportError
-
     a, b = Path(a), Path(b)
     labels = labels or (str(a), str(b))
     if a.is_dir() and b.is_dir():

@@ -18,6 +18,8 @@ folder for an atlas). A missing golden file fails the test and names the flag; `
 
 from __future__ import annotations
 
+import hashlib
+import math
 import os
 import re
 import shutil
@@ -48,9 +50,27 @@ def in_ci() -> bool:
 
 
 def _file_name(nodeid: str) -> str:
-    """A file name for a test: 'TestX::test_y[en-de]' -> 'TestX.test_y[en-de]', other characters as '_'."""
+    """A file name for a test: 'TestX::test_y[en-de]' -> 'TestX.test_y[en-de]', other characters as '_'.
+
+    A name that lost characters so ends with 8 hex digits of the test's own id, so that parameters
+    told apart only by those characters ('a/b' and 'a b') keep golden files of their own.
+    """
     name = nodeid.split("::", 1)[1] if "::" in nodeid else nodeid
-    return re.sub(r"[^\w.\[\]=+-]", "_", name.replace("::", "."))
+    safe = re.sub(r"[^\w.\[\]=+-]", "_", name.replace("::", "."))
+    if safe != name.replace("::", "."):
+        safe += "-" + hashlib.sha256(name.encode("utf-8")).hexdigest()[:8]
+    return safe
+
+
+def _tolerance_value(value, where: str) -> float:
+    """``value`` as a tolerance: a finite number of 0 or more; the test fails with one line otherwise."""
+    try:
+        number = float(value)
+    except (TypeError, ValueError):
+        number = math.nan
+    if isinstance(value, bool) or not (math.isfinite(number) and number >= 0):
+        pytest.fail(f"attention_snapshot: {where} must be a finite number of 0 or more; got {value!r}", pytrace=False)
+    return number
 
 
 class AttentionSnapshot:
@@ -67,9 +87,9 @@ class AttentionSnapshot:
 
     def _tolerance(self, name: str, given: float | None, default: float) -> float:
         if given is not None:
-            return given
+            return _tolerance_value(given, f"attention_snapshot's {name.removeprefix('attnviz_')}")
         configured = self._request.config.getini(name)
-        return float(configured) if configured else default
+        return _tolerance_value(configured, f"the ini setting {name}") if configured else default
 
     def __call__(
         self, actual, name: str | None = None, *, atol: float | None = None, rtol: float | None = None, path=None
@@ -107,12 +127,18 @@ class AttentionSnapshot:
                     actual = load_export(actual_path)
             except ExportError as e:
                 pytest.fail(f"attention_snapshot: the export this test made cannot be read: {e}", pytrace=False)
+        if name is not None and (not isinstance(name, str) or not re.fullmatch(r"[\w.=+-]+", name) or ".." in name):
+            pytest.fail(
+                f"attention_snapshot: name={name!r} must be letters, digits and . _ = + - (a file name in the test's "
+                "snapshot folder); path= puts a golden file anywhere",
+                pytrace=False,
+            )
         if path is None:
             stem = _file_name(self._request.node.nodeid)
             stem += f"-{name}" if name else (f"-{self._calls}" if self._calls > 1 else "")
             golden = self.folder / (stem if is_atlas else f"{stem}.npz")
-        else:
-            golden = Path(path)
+        else:  # a relative path is the project's (pytest's rootdir), wherever pytest was started
+            golden = Path(path) if Path(path).is_absolute() else self._request.config.rootpath / path
         shown = self._relative(golden)
         update = self._request.config.getoption(UPDATE_FLAG)
         if not golden.exists():
@@ -151,10 +177,11 @@ class AttentionSnapshot:
         )
 
     def _relative(self, path: Path) -> str:
-        try:
-            return str(path.resolve().relative_to(self._request.config.rootpath.resolve()))
-        except ValueError:
-            return str(path)
+        """``path`` as the report shows it: from the project's root where it lies inside (never resolving a link,
+        which may loop)."""
+        root = os.path.abspath(self._request.config.rootpath)
+        absolute = os.path.abspath(path)
+        return os.path.relpath(absolute, root) if absolute.startswith(root + os.sep) else str(path)
 
     def _write(self, actual, golden: Path, action: str, report: str = "") -> None:
         if in_ci():
@@ -165,7 +192,15 @@ class AttentionSnapshot:
                 pytrace=False,
             )
         from attnviz.errors import ExportError
+        from attnviz.export import AttentionExport
+        from attnviz.testing.compare import check_invariants
 
+        if isinstance(actual, AttentionExport) and (broken := check_invariants(actual, "this run")):
+            pytest.fail(  # a golden file that breaks them would fail every run after, however often rewritten
+                f"refusing to write the golden file {self._relative(golden)}: this run's maps are not attention "
+                "weights\n" + "\n".join(f"- {finding.text}" for finding in broken),
+                pytrace=False,
+            )
         golden.parent.mkdir(parents=True, exist_ok=True)
         try:
             if isinstance(actual, (str, Path)):  # an atlas folder
@@ -205,6 +240,19 @@ def _replace_folder(source: Path, golden: Path) -> None:
 def attention_snapshot(request: pytest.FixtureRequest) -> AttentionSnapshot:
     """Compare an attention export with this test's golden file: ``attention_snapshot(export)``."""
     return AttentionSnapshot(request)
+
+
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    """In a pytest-xdist worker: hand the golden files it wrote to the controller, whose summary lists them."""
+    output = getattr(session.config, "workeroutput", None)
+    if output is not None:
+        output["attnviz_written"] = session.config.stash.get(_written, [])
+
+
+@pytest.hookimpl(optionalhook=True)  # pytest-xdist's hook: absent without it
+def pytest_testnodedown(node, error) -> None:
+    written = getattr(node, "workeroutput", {}).get("attnviz_written", [])
+    node.config.stash.setdefault(_written, []).extend(written)
 
 
 def pytest_terminal_summary(terminalreporter, exitstatus, config: pytest.Config) -> None:
