@@ -63,6 +63,9 @@ def pasted_sentences(ctx: Context) -> list[str] | None:
         st.info("Paste some sentences, one per line.")
         return None
     kept = [line for line in lines if len(line) <= MAX_CHARACTERS][:MAX_SENTENCES]
+    if not kept:  # the atlas would then say its corpus is empty, which the box is not
+        st.info(f"Every line is longer than {MAX_CHARACTERS} characters: paste shorter sentences, one per line.")
+        return None
     if len(kept) < len(lines):
         st.warning(
             f"Using {len(kept)} of {len(lines)} lines: at most {MAX_SENTENCES}, each at most {MAX_CHARACTERS} "

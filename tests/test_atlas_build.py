@@ -465,6 +465,24 @@ def test_load_atlas_says_what_is_wrong_without_naming_paths(tmp_path):
         assert str(tmp_path) not in str(err.value)
 
 
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        (lambda h: pd.concat([h, h.iloc[:1]]), "more than one row for"),
+        (lambda h: h.drop(columns=["entropy"]), "lacks the statistics entropy"),
+    ],
+    ids=["a head twice", "no entropy"],
+)
+def test_a_heads_table_that_disagrees_with_its_atlas_is_refused(bundle, corpus, tmp_path, change, message):
+    """The app had averaged a head given twice, and failed on a missing statistic with its catch-all line."""
+    out = tmp_path / "out"
+    build_atlas(bundle, corpus, out, batch_size=4, limit=2)
+    heads = pd.read_parquet(out / "heads.parquet")
+    change(heads).to_parquet(out / "heads.parquet", index=False)
+    with pytest.raises(AtlasError, match=message):
+        load_atlas(out)
+
+
 # ---------------------------------------------------------------------------------------------
 # The tables
 

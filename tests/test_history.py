@@ -232,6 +232,12 @@ def test_a_history_of_another_training_is_refused(tmp_path):
         ("statistic_as_text", "other values than numbers in induction"),
         ("layer_out_of_range", "outside the model's 2 layers of 2"),
         ("unknown_kind", "names the kind 'sideways'"),
+        ("fractional_layer", "other values than whole numbers"),
+        ("head_twice", "more than one row for decoder layer 1 head 1"),
+        ("no_heads", "has no row"),
+        ("nan_loss", "NaN or infinite loss"),
+        ("step_twice", "two records of step 20"),
+        ("records_linked", "records folder is a link"),
     ],
 )
 def test_hostile_or_damaged_histories_are_refused_with_a_clear_message(tmp_path, damage, message, monkeypatch):
@@ -270,6 +276,23 @@ def test_hostile_or_damaged_histories_are_refused_with_a_clear_message(tmp_path,
         frame = pd.read_parquet(record / "losses.parquet")
         frame["train_loss"] = "x"
         frame.to_parquet(record / "losses.parquet", index=False)
+    elif damage == "fractional_layer":
+        frame = pd.read_parquet(record / "heads.parquet")
+        frame["layer"] = frame["layer"].astype(float) + 0.5
+        frame.to_parquet(record / "heads.parquet", index=False)
+    elif damage in ("head_twice", "no_heads"):
+        frame = pd.read_parquet(record / "heads.parquet")
+        frame = pd.concat([frame, frame.iloc[:1]]) if damage == "head_twice" else frame.iloc[:0]
+        frame.to_parquet(record / "heads.parquet", index=False)
+    elif damage == "nan_loss":
+        frame = pd.read_parquet(record / "losses.parquet")
+        frame["heldout_loss"] = np.nan
+        frame.to_parquet(record / "losses.parquet", index=False)
+    elif damage == "step_twice":  # the same step under a longer name
+        shutil.copytree(record, folder / RECORDS / "000000020")
+    elif damage == "records_linked":  # a visitor's folder whose records lie elsewhere
+        shutil.move(folder / RECORDS, tmp_path / "elsewhere")
+        os.symlink(tmp_path / "elsewhere", folder / RECORDS)
     else:  # a head's row: a statistic as text, a layer the model lacks, a kind that does not exist
         frame = pd.read_parquet(record / "heads.parquet")
         column, value = {

@@ -64,6 +64,9 @@ def test_pasted_sentences_are_bounded_and_give_an_atlas():
     assert_ok(at)
     assert any("Using 3 of 4 lines" in w.value for w in at.warning)
     assert at.dataframe and charts(at)
+    at.text_area(key="at_pasted").set_value("x" * 10_000).run()  # not "the corpus is empty"
+    assert_ok(at)
+    assert any("Every line is longer than" in i.value for i in at.info), [i.value for i in at.info]
 
 
 @pytest.fixture(scope="module")

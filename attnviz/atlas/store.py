@@ -346,6 +346,8 @@ def _check_finished_manifest(manifest: dict) -> None:
         and all(type(v) is int for v in counts["skipped"].values()),
         "tgt_from": isinstance(manifest.get("tgt_from"), str),
         "precision": isinstance(manifest.get("precision"), str),
+        "statistics": isinstance(manifest.get("statistics"), list)
+        and all(isinstance(s, str) for s in manifest["statistics"]),
     }
     wrong = [name for name, ok in fields.items() if not ok]
     if wrong:
@@ -381,4 +383,13 @@ def load_atlas(folder: str | Path) -> Atlas:
     if not manifest.get("complete"):
         raise AtlasError("this atlas is not finished: run the same `attnviz atlas` command again to complete it")
     _check_finished_manifest(manifest)
-    return Atlas(manifest=manifest, **{name: _read_table(folder, name) for name in TABLES})
+    atlas = Atlas(manifest=manifest, **{name: _read_table(folder, name) for name in TABLES})
+    heads = atlas.heads
+    missing = [s for s in manifest["statistics"] if s not in heads.columns or f"{s}_std" not in heads.columns]
+    if missing:  # the manifest names what the app's pages draw of each head
+        raise AtlasError(f"the atlas's heads.parquet lacks the statistics {', '.join(missing[:4])}: compute it again")
+    twice = heads.duplicated(["kind", "layer", "head"])
+    if twice.any():
+        kind, layer, head = heads.loc[twice, ["kind", "layer", "head"]].iloc[0]
+        raise AtlasError(f"the atlas's heads.parquet has more than one row for {kind} layer {layer} head {head}")
+    return atlas

@@ -314,6 +314,9 @@ def _find(folder: Path) -> Path:
     folder = Path(folder)
     for candidate in (folder / HISTORY, folder):
         if (candidate / MANIFEST).is_file() and (candidate / RECORDS).is_dir():
+            for linked in (candidate, candidate / RECORDS):  # a link could lead out of the folders a visitor may open
+                if linked.is_symlink():
+                    raise InputError(f"the history's {linked.name} folder is a link; a history holds plain folders")
             return candidate
     raise InputError(
         f"no training history in {folder}: a history is written by `attnviz train TASK --out DIR --history-every N` "
@@ -447,8 +450,19 @@ def _read_maps(folder: Path, expected: dict[str, tuple[int, ...]], budget: int, 
         raise InputError(f"{what}: {MAPS} cannot be read ({type(e).__name__}): it is corrupt") from None
 
 
-def _check_heads(table: pd.DataFrame, sizes: dict[str, tuple[int, int]], what: str) -> None:
-    """Every row names a kind of the history's model and a layer and head it has (from 1)."""
+def _check_heads(table: pd.DataFrame, sizes: dict[str, tuple[int, int]], statistics: Sequence[str], what: str) -> None:
+    """Rows of the history's model's heads, one at most for each, each naming a kind it has and a whole layer
+    and head (from 1), with every statistic the manifest names."""
+    missing = [c for c in statistics if c not in table.columns]
+    if missing:
+        raise InputError(f"{what}: {HEADS} lacks the statistics {', '.join(map(str, missing[:4]))}")
+    if table["layer"].dtype.kind not in "iu" or table["head"].dtype.kind not in "iu":
+        raise InputError(f"{what}: {HEADS} numbers layers and heads with other values than whole numbers")
+    if table.duplicated(["kind", "layer", "head"]).any():
+        kind, layer, head = table.loc[table.duplicated(["kind", "layer", "head"]), ["kind", "layer", "head"]].iloc[0]
+        raise InputError(f"{what}: {HEADS} has more than one row for {kind} layer {layer} head {head}")
+    if table.empty:
+        raise InputError(f"{what}: {HEADS} has no row: a record measures the model's heads")
     for kind, rows in table.groupby("kind", sort=False):
         if kind not in sizes:
             raise InputError(f"{what}: {HEADS} names the kind {str(kind)[:40]!r}, not one of {', '.join(sizes)}")
@@ -470,6 +484,9 @@ def load_history(folder: str | Path) -> History:
     names = sorted(p.name for p in (folder / RECORDS).iterdir() if RECORD_NAME.match(p.name))
     if not names:
         raise InputError(f"the history in {folder} holds no record yet: train with --history-every N")
+    if len({int(n) for n in names}) != len(names):  # 00000400 and 000000400: two records of one step
+        step = next(int(n) for n in names if sum(int(m) == int(n) for m in names) > 1)
+        raise InputError(f"the history holds two records of step {step}; a step has one record")
     if len(names) > MAX_RECORDS:
         raise InputError(f"the history holds {len(names):,} records, over the limit of {MAX_RECORDS:,}")
     expected = {
@@ -485,10 +502,13 @@ def load_history(folder: str | Path) -> History:
         loss = _read_table(record, LOSSES, LOSS_COLUMNS, what)
         if len(loss) != 1 or int(loss["step"].iloc[0]) != int(name):
             raise InputError(f"{what}: {LOSSES} must hold one row, of step {int(name)}")
+        if not np.isfinite(loss[list(LOSS_COLUMNS)].to_numpy(np.float64)).all():  # a training stops before that
+            raise InputError(f"{what}: {LOSSES} holds a NaN or infinite loss or learning rate")
         table = _read_table(record, HEADS, HEAD_COLUMNS, what)
         if len(table) and (table["step"] != int(name)).any():
             raise InputError(f"{what}: {HEADS} holds rows of another step")
-        _check_heads(table, {site: expected[f"p0_{site}"][:2] for site in sites}, what)
+        sizes = {site: expected[f"p0_{site}"][:2] for site in sites}  # (layers, heads) of each kind
+        _check_heads(table, sizes, manifest.get("statistics") or (), what)
         arrays, size = _read_maps(record, expected, budget, what)
         budget -= size
         losses.append(loss)
