@@ -435,6 +435,13 @@ def test_an_export_is_checked_as_plain_maps_are(change, message, tmp_path):
     head_view(toy_export(), mode="widget")  # the same export, unchanged, is drawn
 
 
+def test_layers_of_other_shapes_name_the_layer():
+    attentions = list(hf_attentions())
+    attentions[1] = attentions[1][:, :, :5, :5]
+    with pytest.raises(InputError, match=r"layer 1 \(from 0\) is \(1, \d+, 5, 5\)"):
+        head_view(attentions, tokens=[f"t{i}" for i in range(6)])
+
+
 def test_plain_maps_given_keys_by_queries_are_refused():
     attentions = tuple(np.swapaxes(a, -1, -2).copy() for a in hf_attentions())  # causal, transposed: columns sum to 1
     with pytest.raises(InputError, match="transposed"):

@@ -55,6 +55,12 @@ def stack_layers(maps, what: str, batch: int | None = None) -> np.ndarray:
                 f"{what}: no layers given (an empty tuple: was the model run with output_attentions=True?)"
             )
         layers = [_numpy(layer, f"{what}[{i}]") for i, layer in enumerate(maps)]
+        other = next((i for i, layer in enumerate(layers) if layer.shape != layers[0].shape), None)
+        if other is not None:
+            raise InputError(
+                f"{what}: every layer's maps must have one shape; layer {other} (from 0) is {layers[other].shape}, "
+                f"layer 0 {layers[0].shape}"
+            )
         ranks = {layer.ndim for layer in layers}
         if ranks == {4}:
             array = np.stack(layers, axis=0)  # (L, B, H, Q, K)
