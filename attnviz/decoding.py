@@ -53,8 +53,8 @@ def _start(model: Transformer, src: Tensor, src_valid: Tensor | None) -> tuple[T
 
 def _overflowed(t: int) -> NonFiniteError:
     return NonFiniteError(
-        f"the model's numbers overflow at output step {t + 1} (NaN or infinity in its keys, values or output), "
-        "so nothing is given rather than a wrong output"
+        f"the model's keys, values or output hold NaN or infinite values at output step {t + 1}: its numbers "
+        "overflow for this input, so nothing is given rather than a wrong output"
     )
 
 

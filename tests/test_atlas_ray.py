@@ -63,7 +63,15 @@ def test_the_ray_engine_equals_the_local_engine(local_ray, tmp_path):
         == {
             "lines": 7,
             "sentences": 6,
-            "skipped": {"empty": 1, "too_long": 0, "not_utf8": 0, "empty_target": 0, "target_too_long": 0},
+            "skipped": {
+                "empty": 1,
+                "too_long": 0,
+                "not_utf8": 0,
+                "empty_target": 0,
+                "target_too_long": 0,
+                "unknown": 0,
+                "unknown_target": 0,
+            },
         }
     )
     assert ray.is_initialized(), "a Ray the caller started is left running"
