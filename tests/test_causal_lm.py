@@ -172,6 +172,46 @@ def test_llama3_rope_scaling_equals_transformers(tmp_path):
         torch.testing.assert_close(bundle.model(None, ids).logits, reference(ids).logits, atol=1e-4, rtol=0)
 
 
+def _as_mistral(config: dict) -> None:
+    config.update(model_type="mistral", architectures=["MistralForCausalLM"], sliding_window=None, attention_bias=True)
+
+
+@pytest.mark.parametrize(
+    ("family", "edit"),
+    [
+        ("llama", lambda c: c.update(rope_parameters={"rope_type": "default"}, rope_theta=50.0)),  # theta at the top
+        ("qwen2", lambda c: c.update(mlp_bias=True)),  # Qwen2 reads no mlp_bias
+        ("llama", _as_mistral),  # Mistral reads no attention_bias
+    ],
+    ids=["theta at the top level", "qwen2 mlp_bias", "mistral attention_bias"],
+)
+def test_config_fields_are_read_as_transformers_reads_them(tmp_path, family, edit):
+    """Fields a family's transformers class ignores, or takes from another place, gave other maps (an audit found
+    up to 0.09 apart) or a refusal that blamed the weights file."""
+    import transformers
+
+    build(family, tmp_path / "m")
+    config = json.loads((tmp_path / "m" / "config.json").read_text())
+    edit(config)
+    (tmp_path / "m" / "config.json").write_text(json.dumps(config))
+    reference = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "m", attn_implementation="eager").eval()
+    bundle = load_checkpoint(tmp_path / "m", "cpu")
+    ids = _prompt(bundle)
+    with torch.no_grad():
+        torch.testing.assert_close(bundle.model(None, ids).logits, reference(ids).logits, atol=ATOL, rtol=0)
+
+
+def test_an_old_style_rope_scaling_wins_over_rope_parameters_as_in_transformers(tmp_path):
+    """transformers applies a rope_scaling it finds beside rope_parameters: linear here, which attnviz refuses
+    rather than import as plain RoPE."""
+    build("llama", tmp_path / "m")
+    config = json.loads((tmp_path / "m" / "config.json").read_text())
+    config["rope_scaling"] = {"type": "linear", "factor": 4.0}
+    (tmp_path / "m" / "config.json").write_text(json.dumps(config))
+    with pytest.raises(CheckpointError, match="'linear' is not implemented"):
+        load_checkpoint(tmp_path / "m", "cpu")
+
+
 def test_a_partial_rotary_factor_is_ignored_as_transformers_ignores_it_for_llama(tmp_path, caplog):
     """transformers' Llama and Qwen2 rotate every dimension whatever partial_rotary_factor says."""
     reference = build("llama", tmp_path / "partial", partial_rotary_factor=0.5)

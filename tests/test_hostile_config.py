@@ -55,7 +55,7 @@ NUMBERS = {"gpt2": ["layer_norm_epsilon"], "llama": ["rms_norm_eps"], "qwen2": [
 FLAGS = {
     "gpt2": ["tie_word_embeddings", "scale_attn_weights"],
     "llama": ["tie_word_embeddings", "mlp_bias", "attention_bias"],
-    "qwen2": ["tie_word_embeddings", "mlp_bias", "use_sliding_window"],
+    "qwen2": ["tie_word_embeddings", "use_sliding_window"],  # transformers' Qwen2 reads no mlp_bias, nor attnviz
 }
 TOKEN_IDS = {family: ["eos_token_id", "bos_token_id"] for family in FAMILIES}
 

@@ -3,9 +3,11 @@
 These are the paper's decoder without cross-attention, with the later parts of `attnviz.later`:
 pre-norm RMSNorm layers and a final RMSNorm, rotary positions (RoPE, half-split, with the config's
 theta, and Llama 3.1's ``llama3`` frequency scaling), a SwiGLU feed-forward network, grouped-query
-attention (``num_key_value_heads``), no biases unless ``attention_bias`` / ``mlp_bias`` say so,
-and an output layer tied to the embedding or not. Parameter names follow transformers'
-LlamaForCausalLM; the Linear weights are stored (out, in), as attnviz's.
+attention (``num_key_value_heads``), no biases unless ``attention_bias`` / ``mlp_bias`` say so
+(Llama's: transformers' Mistral reads neither, and has none), and an output layer tied to the
+embedding or not. The RoPE fields are read as transformers 5 reads them: a ``rope_scaling`` wins
+over ``rope_parameters``, and a ``rope_theta`` missing from it comes from the top level. Parameter
+names follow transformers' LlamaForCausalLM; the Linear weights are stored (out, in), as attnviz's.
 
 Refused, with the key named, before any weight is read: a RoPE scaling type other than llama3
 (linear, dynamic, yarn, longrope, ...), a head size other than hidden_size / num_attention_heads,
@@ -57,11 +59,12 @@ def rope_settings(f: Fields) -> dict:
     of at least 1, low_freq_factor below high_freq_factor), but refused rather than warned about; each
     is finite and at most `MAX_ROPE_FACTOR`.
     """
-    params = f.object("rope_parameters")
-    theta_from = params
-    if params is None:
-        params = f.object("rope_scaling") or Fields({}, f.fail, "rope_scaling.")
-        theta_from = params if "rope_theta" in params.hf else f
+    # As transformers 5 reads them (PreTrainedConfig.convert_rope_params_to_dict): a non-empty rope_scaling wins
+    # over rope_parameters, and a rope_theta missing from the one used comes from the top level.
+    scaling = f.object("rope_scaling")
+    params = scaling if scaling is not None and scaling.hf else f.object("rope_parameters")
+    params = params if params is not None else Fields({}, f.fail, "rope_parameters.")
+    theta_from = params if "rope_theta" in params.hf else f
     kind_key = "rope_type" if "rope_type" in params.hf else "type"
     kind = params.hf.get(kind_key) or "default"
     if kind not in ROPE_TYPES:
@@ -82,15 +85,23 @@ def rope_settings(f: Fields) -> dict:
             "rope_factor": params.number("factor", 8.0, 1.0, MAX_ROPE_FACTOR),
             "rope_low_freq_factor": low,
             "rope_high_freq_factor": high,
-            "rope_original_max_len": params.int("original_max_position_embeddings", 8192, high=MAX_CLAIMED_POSITIONS),
+            # transformers: a top-level original_max_position_embeddings wins, else the params', else the model's
+            "rope_original_max_len": (f if "original_max_position_embeddings" in f.hf else params).int(
+                "original_max_position_embeddings",
+                f.int("max_position_embeddings", 2048, high=MAX_CLAIMED_POSITIONS),
+                high=MAX_CLAIMED_POSITIONS,
+            ),
         }
     return settings
 
 
-def llama_style_config(hf: dict, source: str, family: str, attn_bias: bool, attn_out_bias: bool) -> TransformerConfig:
+def llama_style_config(
+    hf: dict, source: str, family: str, attn_bias: bool, attn_out_bias: bool, mlp_bias_read: bool = True
+) -> TransformerConfig:
     """Our config for a Llama-style ``config.json``: Llama, Mistral, SmolLM, and Qwen2 with its biases.
 
-    Every field is checked (`attnviz.checkpoints.fields`) before any is used.
+    Every field is checked (`attnviz.checkpoints.fields`) before any is used. ``mlp_bias_read``: whether
+    the family reads ``mlp_bias`` (Llama does; transformers' Mistral and Qwen2 never have MLP biases).
     """
 
     def fail(what: str) -> CheckpointError:
@@ -118,7 +129,7 @@ def llama_style_config(hf: dict, source: str, family: str, attn_bias: bool, attn
         "n_dec_layers": f.int("num_hidden_layers", 32),
         "n_kv_heads": f.int("num_key_value_heads", n_heads, nullable=True),
         "d_ff": f.int("intermediate_size", 11008),
-        "ffn_bias": f.flag("mlp_bias", False),
+        "ffn_bias": f.flag("mlp_bias", False) if mlp_bias_read else False,
         "max_len": positions(f.int("max_position_embeddings", 2048, high=MAX_CLAIMED_POSITIONS), rotary=True),
         "tie_output": f.flag("tie_word_embeddings", False),
         "ln_eps": f.number("rms_norm_eps", 1e-6, 0.0, 1.0, low_open=True),
@@ -158,14 +169,16 @@ def llama_config(hf: dict, source: str = CONFIG_FILE) -> TransformerConfig:
         return CheckpointError(f"{source}: {what}; attnviz cannot load this Llama-family model faithfully")
 
     f = Fields(hf, fail)
-    if hf.get("model_type") == "mistral":
+    mistral = hf.get("model_type") == "mistral"
+    if mistral:
         window = f.int("sliding_window", None, nullable=True)
         if window is not None:
             raise fail(
                 f'"sliding_window": {window} asks for a sliding attention window, which attnviz does not implement'
             )
-    bias = f.flag("attention_bias", False)
-    return llama_style_config(hf, source, "Llama-family", bias, bias)
+    # transformers' Mistral has no biases whatever attention_bias and mlp_bias say: it reads neither
+    bias = False if mistral else f.flag("attention_bias", False)
+    return llama_style_config(hf, source, "Llama-family", bias, bias, mlp_bias_read=not mistral)
 
 
 def _rename(name: str) -> str:

@@ -32,7 +32,7 @@ def qwen2_config(hf: dict, source: str = CONFIG_FILE) -> TransformerConfig:
             f'{source}: "use_sliding_window": true asks for a sliding attention window, which attnviz does not '
             "implement; attnviz cannot load this Qwen2 model faithfully"
         )
-    return llama_style_config(hf, source, "Qwen2", attn_bias=True, attn_out_bias=False)
+    return llama_style_config(hf, source, "Qwen2", attn_bias=True, attn_out_bias=False, mlp_bias_read=False)
 
 
 QWEN2 = Family(
