@@ -560,3 +560,23 @@ def test_a_session_moved_off_the_rooms_page_by_a_fragments_run_is_taken_back(roo
         clock.now += 10 * follow.RETRY_S
         follower.run()
     assert follower.title[0].value == "Attention explorer" and calls == ["pages/decoding.py"] * 2
+
+
+def test_a_follow_links_text_is_shown_as_text_never_as_markdown(room_store, reads):
+    """A crafted code had been drawn as a link (or an image fetched from elsewhere) in the follower's warning."""
+    for code in ("[Log in again](https://ev.il)", "![x](https://ev.il/x.png)", "**ABC** :red[X]"):
+        at = open_from_link("app.py", {"follow": code})
+        assert not at.exception, at.exception
+        (warning,) = [w.value for w in at.warning]
+        assert code not in warning and "\\" in warning, warning  # its markdown characters escaped
+
+
+def test_a_presenter_whose_address_bar_has_a_foreign_parameter_still_opens_and_publishes(room_store):
+    """?utm-source=mail (a mail's tracking) or ?Ref=x is no parameter of the app: left out of the view, not a
+    reason to refuse the whole room."""
+    presenter = open_from_link("pages/explorer.py", {"utm-source": "mail", "Ref": "x"})
+    mine = _open_room(presenter)
+    state = rooms.read(mine.code).state
+    assert "utm-source" not in state and "Ref" not in state and state[follow.PAGE_KEY] == "explorer", state
+    presenter.selectbox(key="head").set_value(3).run()
+    assert rooms.read(mine.code).state.get("head") == "3"

@@ -278,6 +278,45 @@ def test_room_creations_per_minute_are_bounded(store):
     rooms_.open_room(STATE)
 
 
+def test_an_open_refused_counts_for_nothing_per_minute(store):
+    """A presenter refused because the server's rooms are all open had still used the minute's allowance."""
+    rooms_ = make_rooms(store, rooms_open=1, per_minute=3)
+    first = rooms_.open_room(STATE)
+    for _ in range(2):
+        raises("limit", rooms_.open_room, STATE)  # the open rooms' bound
+    rooms_.end(first.code, first.secret)
+    rooms_.open_room(STATE)  # the second opening of this minute, not the fourth
+
+
+@pytest.mark.parametrize(
+    "damage",
+    [{"expires": "inf"}, {"updated": None}, {"expires": float("nan")}, {"ended": "no"}],
+    ids=["expires as text", "no update time", "expires NaN", "ended as text"],
+)
+def test_a_record_of_the_wrong_types_is_one_line(store, damage):
+    """A record a person wrote into the store by hand: one line, never a TypeError in the page."""
+    rooms_ = make_rooms(store)
+    mine = rooms_.open_room(STATE)
+    key = f"room:{mine.code}"
+    revision, text = store.get(key)
+    record = {**json.loads(text), **damage}
+    store.put(key, json.dumps(record), 3600, expect=revision)
+    raises("other", rooms_.read, mine.code)
+
+
+def test_a_revision_that_is_no_number_is_one_line(store):
+    """Written by hand into a shared store: the rooms say they are not available, never a ValueError."""
+    if isinstance(store, MemoryStore):
+        pytest.skip("the memory store holds Python ints: nobody writes into it by hand")
+    rooms_ = make_rooms(store)
+    mine = rooms_.open_room(STATE)
+    if isinstance(store, SQLiteStore):
+        store._connect().execute("UPDATE records SET revision = 'abc' WHERE key = ?", (f"room:{mine.code}",))
+    else:
+        store._redis.hset(f"attnviz:rooms:room:{mine.code}", "revision", "abc")
+    raises("unavailable", rooms_.read, mine.code)
+
+
 def test_followers_per_room_are_bounded(store):
     rooms_ = make_rooms(store, followers=2)
     code = rooms_.open_room(STATE).code

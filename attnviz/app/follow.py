@@ -36,6 +36,8 @@ from streamlit.runtime.state.session_state_proxy import get_session_state
 
 from attnviz.app import links, registry, rooms
 from attnviz.app.present import room
+from attnviz.app.rooms.room import STATE_KEY
+from attnviz.app.text import escape_markdown
 from attnviz.figures.common import copied_spec, remade
 
 log = logging.getLogger(__name__)
@@ -87,8 +89,9 @@ def view_state() -> dict[str, Any]:
     """
     state: dict[str, Any] = {}
     for key, values in _address_bar().items():
-        if key not in OWN_PARAMS and key not in (PAGE_KEY, POINT_KEY):
-            state[key] = values[0] if len(values) == 1 else values
+        if key in OWN_PARAMS or key in (PAGE_KEY, POINT_KEY) or not STATE_KEY.fullmatch(key):
+            continue  # not one of the app's parameters (?utm-source=...): no part of the view, as a link's is set aside
+        state[key] = values[0] if len(values) == 1 else values
     point = st.session_state.get(POINT)
     state[PAGE_KEY] = page_name()
     state[POINT_KEY] = [point["chart"], point["x"], point["y"]] if point else None
@@ -233,7 +236,7 @@ def presenter_panel() -> None:
     st.divider()
     error = st.session_state.pop("_room_error", None)
     if error:
-        st.warning(error)
+        st.warning(escape_markdown(error))  # a room's errors quote what they refuse: a visitor's text
     mine = presenting_room()
     if mine is None:
         st.button(
@@ -259,7 +262,7 @@ def _followers(code: str) -> None:
     try:
         seen = rooms.read(code)
     except rooms.RoomError as e:
-        st.warning(str(e))
+        st.warning(escape_markdown(str(e)))
         return
     st.caption(f":material/group: {seen.followers} screen{'s' if seen.followers != 1 else ''} following")
 
@@ -282,11 +285,14 @@ def publish_view() -> None:
         if getattr(e, "reason", "") in GONE + ("secret",):
             st.session_state.pop(ROOM_STATE, None)
             st.session_state[KEPT] = "forget"
-            st.warning(str(e))
+            st.warning(escape_markdown(str(e)))
         elif getattr(e, "reason", "") == "state":
-            st.warning(f"{e} The class keeps the view before.")
+            st.warning(f"{escape_markdown(str(e))} The class keeps the view before.")
         else:  # the store: the next change tries again
-            st.warning(f"{e} Your screen keeps presenting; the class sees your view when the store answers.")
+            st.warning(
+                f"{escape_markdown(str(e))} Your screen keeps presenting; the class sees your view when the store "
+                "answers."
+            )
         return
     st.session_state[PUBLISHED_STATE] = state
 
@@ -544,9 +550,9 @@ def follower_bar() -> None:
     if following is None:
         return
     if following.get("gone"):
-        st.warning(following["gone"])
+        st.warning(escape_markdown(following["gone"]))
         return
-    code = following["code"]
+    code = escape_markdown(following["code"])  # the link's text, as typed: never markdown
     line = st.container(horizontal=True, vertical_alignment="center")
     if following["detached"]:
         line.markdown(f":material/explore: Exploring on my own: room **{code}** goes on")
@@ -579,7 +585,9 @@ def _poll() -> None:
         if getattr(e, "reason", "") in GONE:
             following["gone"] = f"{e} This page is yours to explore."
             st.rerun()  # the whole page: the line is drawn outside this fragment, which stops polling
-        st.warning(f"{e} This page works on its own meanwhile; it follows again when the room answers.")
+        st.warning(
+            f"{escape_markdown(str(e))} This page works on its own meanwhile; it follows again when the room answers."
+        )
         return
     if seen.version != following["version"]:
         following.update(version=seen.version, applied=now, tries=1)

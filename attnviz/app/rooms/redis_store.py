@@ -17,6 +17,7 @@ import time
 from collections.abc import Callable
 
 from attnviz.app.rooms.store import StoreError
+from attnviz.app.rooms.store import revision_of as _revision
 
 PREFIX = "attnviz:rooms:"
 TIMEOUT_S = 0.5  # connecting, and waiting for an answer: loopback or a LAN answers in milliseconds
@@ -80,7 +81,7 @@ class RedisStore:
         found = self._call(lambda: self._redis.hmget(PREFIX + key, "revision", "value"))
         if found[0] is None or found[1] is None:
             return None
-        return int(found[0]), found[1]
+        return _revision(found[0]), found[1]
 
     def put(self, key: str, value: str, ttl: float, expect: int | None = None) -> int | None:
         args = [value, max(1, math.ceil(ttl * 1000)), "" if expect is None else str(expect)]

@@ -186,8 +186,9 @@ class Rooms:
         text = check_state(state, limits.state_bytes)
         store = self._open_store()
         lifetime = limits.hours * 3600
+        opening = secrets.token_hex(8)  # this attempt, counted among the minute's; let go if no room opens
         with _unavailable_as_room_error():
-            if not store.join("opened", secrets.token_hex(8), 60.0, most=limits.per_minute):
+            if not store.join("opened", opening, 60.0, most=limits.per_minute):
                 _refuse(
                     f"{limits.per_minute} rooms were opened on this server in the last minute, the most it allows "
                     "(ATTNVIZ_ROOMS_PER_MINUTE): try again in a minute.",
@@ -196,6 +197,7 @@ class Rooms:
             for _ in range(OPEN_TRIES):
                 code = "".join(secrets.choice(ALPHABET) for _ in range(CODE_LENGTH))
                 if not store.join("open", code, lifetime, most=limits.rooms_open):
+                    store.leave("opened", opening)  # refused: no room was opened this minute by it
                     _refuse(
                         f"This server already has {limits.rooms_open} rooms open, the most it allows "
                         "(ATTNVIZ_ROOMS_OPEN): end a room that is over, or try again later.",
@@ -215,6 +217,7 @@ class Rooms:
                     log.info("room %s opened, for %.1f hours", code, limits.hours)
                     return Room(code, secret)
                 store.leave("open", code)  # the code is taken (a live or recently ended room): draw another
+            store.leave("opened", opening)
         raise RoomError("No free room code was found; try again.")
 
     def read(self, code: str) -> RoomView:
@@ -390,8 +393,9 @@ def _record(code: str, text: str) -> dict:
     try:
         record = json.loads(text)
         if isinstance(record, dict) and isinstance(record.get("state"), dict):
-            float(record["updated"]), float(record["expires"])  # noqa: B018  (they must be numbers)
-            if isinstance(record.get("secret"), str) and isinstance(record.get("ended"), bool):
+            times = (record.get("updated"), record.get("expires"))
+            numbers = all(isinstance(t, (int, float)) and not isinstance(t, bool) and math.isfinite(t) for t in times)
+            if numbers and isinstance(record.get("secret"), str) and isinstance(record.get("ended"), bool):
                 return record
     except (ValueError, KeyError, TypeError):
         pass

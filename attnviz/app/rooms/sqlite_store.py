@@ -19,6 +19,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from attnviz.app.rooms.store import StoreError
+from attnviz.app.rooms.store import revision_of as _revision
 
 FILE_NAME = "rooms.sqlite3"
 BUSY_MS = 2000  # a writer waits this long for another process's transaction before giving up
@@ -85,14 +86,14 @@ class SQLiteStore:
             ).fetchone()
 
         found = self._run(work, write=False)
-        return (int(found[0]), str(found[1])) if found else None
+        return (_revision(found[0]), str(found[1])) if found else None
 
     def put(self, key: str, value: str, ttl: float, expect: int | None = None) -> int | None:
         now = self.clock()
 
         def work(db):
             found = db.execute("SELECT revision FROM records WHERE key = ? AND expires > ?", (key, now)).fetchone()
-            revision = int(found[0]) if found else 0
+            revision = _revision(found[0]) if found else 0
             if expect is not None and expect != revision:
                 return None
             db.execute(

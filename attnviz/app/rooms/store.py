@@ -16,6 +16,7 @@ chooses one from the operator's configuration.
 
 from __future__ import annotations
 
+import re
 import threading
 import time
 from collections.abc import Callable
@@ -111,3 +112,14 @@ class MemoryStore:
         for gone in [m for m, expires in members.items() if expires <= now]:
             del members[gone]
         return members
+
+
+def revision_of(raw) -> int:
+    """A record's revision as the store gave it, a whole number; `StoreError` for anything else (a store
+    someone wrote into by hand), which the rooms turn into one line for the visitor."""
+    if type(raw) is int:
+        return raw
+    text = raw.decode("ascii", "replace") if isinstance(raw, bytes) else raw
+    if isinstance(text, str) and re.fullmatch(r"\s*-?[0-9]{1,19}\s*", text):
+        return int(text)
+    raise StoreError(f"the store holds a revision that is not a whole number: {str(raw)[:40]!r}")
