@@ -12,6 +12,7 @@ import pandas as pd
 import pytest
 
 import attnviz
+import attnviz.api
 from attnviz.atlas import STATISTICS, build_atlas, compute_atlas, load_atlas, typical_sentences
 from attnviz.atlas.corpus import Sentence, batches, by_width, read_lines, shards, split_lines, tokenize
 from attnviz.atlas.store import TABLES
@@ -439,6 +440,21 @@ def test_an_unusable_corpus_is_refused_before_anything_is_written(bundle, tmp_pa
     with pytest.raises(InputError, match=r"no usable sentence in the corpus \(3 lines: 3 empty\)"):
         build_atlas(bundle, tmp_path / "empty.txt", tmp_path / "out")
     assert not (tmp_path / "out").exists()
+
+
+def test_a_language_models_rows_are_its_texts_tokens_and_its_previous_token_head_is_positional():
+    """A language model's text is read by its decoder: its sentences' queries and keys had been 0, and the pooled
+    positional flag, weighted by them, NA for every head (found by an independent recomputation)."""
+    bundle = attnviz.load("induction", device="cpu")
+    texts = ["q w e r t y q w e r t y", "a b c d a b c d"]
+    atlas = compute_atlas(bundle, texts)
+    counts = {line: len(bundle.tokenizer.encode_source(t).ids) for line, t in enumerate(texts, 1)}
+    rows = atlas.sentences
+    assert (rows["queries"] == rows["line"].map(counts)).all() and (rows["keys"] == rows["queries"]).all()
+    named = attnviz.api.named_heads(bundle)["previous-token"]  # (layer, head) from the model's card
+    head = atlas.heads.set_index(["layer", "head"]).loc[named]
+    assert bool(head["positional"]) and head["positional_offset"] == -1
+    assert atlas.heads["positional"].notna().all()
 
 
 def test_an_encoder_only_model_has_an_encoder_atlas_and_takes_no_targets(tmp_path):

@@ -49,7 +49,8 @@ def stats_frame(result: BatchResult) -> pd.DataFrame:
     Columns: line, kind, layer, head, queries, keys, every statistic, positional.
     """
     frames = []
-    lengths = np.array([(len(s.src_ids), len(s.tgt_ids or ())) for s in result.sentences])  # (B, 2)
+    # (B, 2): a language model's one text (src_ids, read by its decoder) is its decoder side as well
+    lengths = np.array([(len(s.src_ids), len(s.src_ids if s.tgt_ids is None else s.tgt_ids)) for s in result.sentences])
     lines = np.array([s.line for s in result.sentences])
     for kind, values in result.stats.items():
         B, L, H, _ = values.shape
