@@ -405,6 +405,13 @@ def _evaluate(args) -> None:
     if not task_name:
         raise AttnvizError(f"model {bundle.name!r} was not trained on a generated task: nothing to evaluate")
     pairs = get_task(task_name).pairs(args.n, args.seed, "heldout")
+    if bundle.config.decoder_only:  # a language model's card gives its accuracy on the repeated half
+        from attnviz.training.lm import repeat_accuracy
+
+        accuracy = repeat_accuracy(bundle.model, bundle.tokenizer, [text for text, _ in pairs])
+        print(f"model={bundle.name} task={task_name} n={args.n} seed={args.seed} held-out texts")
+        print(f"repeat_accuracy={accuracy:.4f}")
+        return
     em, misses = exact_match(bundle.model, bundle.tokenizer, pairs)
     for src, ref, out in misses[: args.show_misses]:
         print(f"miss: {src!r} -> {out!r} (expected {ref!r})")
@@ -707,7 +714,11 @@ COMMANDS = {
         _diff,
     ),
     "atlas": ("every head's statistics over a corpus, written as Parquet files to a folder", _atlas_arguments, _atlas),
-    "evaluate": ("exact match on freshly generated held-out pairs", _evaluate_arguments, _evaluate),
+    "evaluate": (
+        "exact match on freshly generated held-out pairs (a language model: accuracy on the repeated half)",
+        _evaluate_arguments,
+        _evaluate,
+    ),
     "train": ("train a model from scratch on generated data", _train_arguments, _train),
     "history": (
         "write a training's history (attnviz train --history-every) as .npz or .csv",

@@ -80,6 +80,20 @@ def test_attention_without_tgt_uses_the_greedy_output(tmp_path):
     assert export.manifest["tgt"] is None
 
 
+@pytest.mark.slow  # about 2 s: a thousand texts
+def test_evaluate_gives_a_language_models_accuracy_on_the_repeated_half_as_its_card_does(capsys):
+    """`attnviz evaluate` had refused both shipped language models (it decoded with an encoder), so the tables'
+    figures for them could not be checked from the command line."""
+    import json
+
+    from attnviz.checkpoints.catalog import pretrained_dir
+
+    assert main(["evaluate", "--model", "induction", "--n", "1000", "--seed", "1"]) in (0, None)
+    last = capsys.readouterr().out.strip().splitlines()[-1]
+    card = json.loads((pretrained_dir() / "induction" / "config.json").read_text())["metrics"]
+    assert (card["n"], card["seed"]) == (1000, 1) and last == f"repeat_accuracy={card['repeat_accuracy']:.4f}", last
+
+
 def test_evaluate_last_line(capsys):
     assert main(["evaluate", "--model", "reverse", "--n", "50", "--seed", "5"]) == 0
     last = capsys.readouterr().out.strip().splitlines()[-1]
