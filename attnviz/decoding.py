@@ -58,21 +58,29 @@ def _overflowed(t: int) -> NonFiniteError:
     )
 
 
-def _newest(logits: Tensor, cache: list[LayerCache], t: int) -> Tensor:
-    """The logits of the newest position (n, V), checked with the keys and values this step added: a model whose
-    numbers overflow (finite weights can: 3e38 in a projection) would pick its tokens from NaN, or from what a
-    fused attention kernel makes of infinite keys. A -inf logit is a token never chosen."""
+def _newest(logits: Tensor, t: int) -> Tensor:
+    """The logits of the newest position (n, V), or NonFiniteError: a model whose numbers overflow (finite
+    weights can: 3e38 in a projection) would pick its tokens from NaN. One reduction a step: a row's largest
+    logit is NaN if any is, +inf if any is, and -inf only if every token is (a -inf logit alone is a token
+    never chosen)."""
     last = logits[:, -1]
-    if bool((torch.isnan(last) | torch.isposinf(last)).any() or torch.isneginf(last).all(-1).any()):
-        raise _overflowed(t)
-    if t == 0:  # every key and value so far: a language model's prompt, the encoder's (projected once)
-        added = [x for c in cache for x in (c.self_attn.k, c.self_attn.v, c.cross_attn.k, c.cross_attn.v)]
-    else:
-        added = [x[:, :, -1:] for c in cache for x in (c.self_attn.k, c.self_attn.v)]
-    added = [x for x in added if x is not None]
-    if not all(bool(torch.isfinite(x).all()) for x in added):
+    if not bool(torch.isfinite(last.amax(-1)).all()):
         raise _overflowed(t)
     return last
+
+
+def _check_cache(cache: list[LayerCache], first_len: int) -> None:
+    """After a decoding, once: every key and value it made, finite. A fused attention kernel makes finite logits
+    of infinite keys, which `_newest` cannot see. ``first_len``: the positions the first step read (the start
+    token, or a language model's prompt), to name the output step of the first bad position."""
+    for c in cache:
+        for x in (c.cross_attn.k, c.cross_attn.v, c.self_attn.k, c.self_attn.v):
+            if x is None:
+                continue
+            bad = ~torch.isfinite(x).flatten(end_dim=1).all(0).all(-1)  # (positions,): any batch row or head
+            if bool(bad.any()):
+                position = int(bad.nonzero()[0, 0]) if x is c.self_attn.k or x is c.self_attn.v else 0
+                raise _overflowed(max(position - (first_len - 1), 0))
 
 
 @torch.no_grad()
@@ -92,13 +100,15 @@ def greedy_decode(
     cache = _new_cache(model)
     done = torch.zeros(B, dtype=torch.bool, device=src.device)
     out = []
+    first_len = token.shape[1]
     for t in range(max_len):
         logits, _, _ = model.decode(token, memory, src_valid, cache=cache)
-        token = _newest(logits, cache, t).argmax(-1, keepdim=True)  # (B, 1)
+        token = _newest(logits, t).argmax(-1, keepdim=True)  # (B, 1)
         out.append(token)
         done |= token[:, 0] == cfg.eos_id
         if bool(done.all()):
             break
+    _check_cache(cache, first_len)
     ids = torch.cat(out, dim=1).tolist()
     return [seq[: seq.index(cfg.eos_id)] if cfg.eos_id in seq else seq for seq in ids]
 
@@ -177,7 +187,7 @@ def step_through(
         last = torch.tensor([[b.ids[-1]] for b in live], device=src.device) if t else first
         memory_n = None if memory is None else memory.expand(n, -1, -1)
         logits, self_w, cross_w = model.decode(last, memory_n, return_attention=True, cache=cache)
-        logp = torch.log_softmax(_newest(logits, cache, t).float(), dim=-1)  # (n, V)
+        logp = torch.log_softmax(_newest(logits, t).float(), dim=-1)  # (n, V)
         self_rows = torch.stack([w[:, :, -1] for w in self_w], dim=1)  # (n, L, H, t+1): the newest query's row
         cross_rows = None if memory is None else torch.stack([w[:, :, -1] for w in cross_w], dim=1)  # (n, L, H, S)
         top_p, top_i = logp.exp().topk(min(top_k, logp.shape[-1]), dim=-1)
@@ -216,6 +226,7 @@ def step_through(
         live = new_live
         index = torch.tensor(parents, device=src.device)
         cache = [c.select(index) for c in cache]
+    _check_cache(cache, first.shape[1])
     truncated = not finished
     if truncated:  # ran out of length: the live hypotheses compete as they are
         last_t = len(history) - 1
