@@ -17,7 +17,7 @@ import numpy as np
 import pandas as pd
 
 from attnviz.errors import ExportError
-from attnviz.testing.report import MAX_GROUPS_SHOWN, Finding, Report, manifest_context
+from attnviz.testing.report import MAX_GROUPS_SHOWN, Finding, Report, differences, manifest_context
 
 HEAD_KEYS = ["kind", "layer", "head"]
 
@@ -73,11 +73,7 @@ def _column_differences(
         return Finding("values", f"{table}:{column}", text, (), {"table": table, "column": column}), ""
     if numeric:
         x, y = a.to_numpy(dtype=np.float64), b.to_numpy(dtype=np.float64)
-        with np.errstate(invalid="ignore"):
-            off = ~np.isclose(x, y, atol=atol, rtol=rtol, equal_nan=True)
-            gap = np.abs(x - y)
-        # NaN against a number: inf; an infinite gap stays inf (nan_to_num would make it 1.8e308)
-        gap = np.where(off, np.nan_to_num(gap, nan=np.inf, posinf=np.inf), np.nan_to_num(gap, nan=0.0, posinf=0.0))
+        off, gap = differences(x, y, atol, rtol)
     else:
         x, y = a.astype(str).to_numpy(), b.astype(str).to_numpy()
         off = x != y

@@ -26,7 +26,7 @@ import numpy as np
 from attnviz.errors import ExportError
 from attnviz.export import DEFAULT_ATOL, AttentionExport, load_export
 from attnviz.kinds import KIND_SIDES, KINDS, axis_names, causal_mask
-from attnviz.testing.report import MAX_GROUPS_SHOWN, Finding, Report, manifest_context
+from attnviz.testing.report import MAX_GROUPS_SHOWN, Finding, Report, differences, manifest_context
 
 ROW_SUM_ATOL = 1e-5  # how far a row of float32 weights may sum from 1 (or atol, when larger)
 MAX_TOKENS_SHOWN = 12  # tokens listed around the first changed one
@@ -174,12 +174,7 @@ def _compare_values(
                 f"{name} in {side} holds {array.dtype} values: attnviz compares real numbers and strings only"
             )
     a64, b64 = a.astype(np.float64), b.astype(np.float64)
-    with np.errstate(invalid="ignore"):
-        close = np.isclose(a64, b64, atol=atol, rtol=rtol, equal_nan=True)
-        gap = np.abs(a64 - b64)
-    off = ~close
-    # NaN against a number, or an infinity against anything else: an infinite gap (nan_to_num would make it 1.8e308)
-    gap = np.where(off, np.nan_to_num(gap, nan=np.inf, posinf=np.inf), np.nan_to_num(gap, nan=0.0, posinf=0.0))
+    off, gap = differences(a64, b64, atol, rtol)
     largest = float(gap.max()) if gap.size else 0.0
     if not off.any():
         return None, f"{name}: {_n(off.size)} cells, largest |A - B| {largest:.1e}"

@@ -98,6 +98,16 @@ class Report:
         )
 
 
+def differences(a: np.ndarray, b: np.ndarray, atol: float, rtol: float) -> tuple[np.ndarray, np.ndarray]:
+    """(off, gap) of two float64 arrays: which cells differ by more than ``atol + rtol |B|`` (NaN equals NaN), and
+    |A - B| as a report states it: where a cell differs, NaN against a number and any infinite gap are inf
+    (nan_to_num alone would make an infinity 1.8e308); where it does not, 0 for NaN and infinite pairs."""
+    with np.errstate(invalid="ignore"):
+        off = ~np.isclose(a, b, atol=atol, rtol=rtol, equal_nan=True)
+        gap = np.abs(a - b)
+    return off, np.where(off, np.nan_to_num(gap, nan=np.inf, posinf=np.inf), np.nan_to_num(gap, nan=0.0, posinf=0.0))
+
+
 def _json_safe(value):
     if isinstance(value, float) and not np.isfinite(value):
         return str(value)  # "nan", "inf", "-inf": JSON has no such numbers
