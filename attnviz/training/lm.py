@@ -263,7 +263,8 @@ Trained in {info["train_minutes"]:.1f} minutes on {info["hardware"]}.
 **Loss** (running mean, nats per token, every {CURVE_EVERY} steps; the drop is the phase change in which
 the induction head forms): {curve}
 {formation}
-**Evaluation.** Greedy next-token prediction on {m["n"]} freshly generated held-out texts (seed {m["seed"]}):
+**Evaluation.** Next-token prediction from the true prefix (the top token at each position of one
+teacher-forced pass) on {m["n"]} freshly generated held-out texts (seed {m["seed"]}):
 accuracy on the repeated half, all but its first {unit}, **{m["repeat_accuracy"]:.4f}** (target
 {recipe.target_exact_match}: {status}).
 
@@ -321,7 +322,8 @@ with the explorer's long view (`attnviz.tiled_attention(...).statistics("decoder
 by tile from the queries and keys), each head's mean over every query of the weight on the
 previous token, on the token after the current token's latest earlier occurrence (induction: the
 repeated half's queries, whose target is {half - 1:,} tokens back) and on `<s>` (bos). Layer {pl} head {ph} and
-layer {il} head {ih} are the card's heads. Greedy next-token prediction on the repeated half of this text,
+layer {il} head {ih} are the card's heads. Next-token prediction from the true prefix (the top token at
+each position of one teacher-forced pass) on the repeated half of this text,
 all but its first word: **{long["repeat_accuracy"]:.4f}**.
 
 | head | previous | induction | bos |
