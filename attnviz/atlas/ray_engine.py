@@ -188,6 +188,8 @@ def run_ray(
         local = {} if address else {"include_dashboard": False}
         ray.init(address=address or None, logging_level=logging.ERROR, log_to_driver=False, **local)
     try:
+        import ray.data  # first: importing it configures its logger, at DEBUG with a console handler
+
         logging.getLogger("ray.data").setLevel(logging.ERROR)  # its plan and timings; failures still raise
         ray.data.DataContext.get_current().enable_progress_bars = False  # the CLI draws its own
         plan = plan_actors(_live_nodes(), device)
