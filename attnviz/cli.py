@@ -668,7 +668,9 @@ def _train_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--seed", type=int_in(0, 2**32 - 1), default=0)
     device_arg(p)
     p.add_argument("--steps", type=int_in(1, 10_000_000), help="override the recipe's number of steps")
-    p.add_argument("--batch-size", type=int_in(1, 4096), help="override the recipe's sequences per step (64-96)")
+    p.add_argument(
+        "--batch-size", type=int_in(1, 4096), help="override the recipe's sequences per step (32 to 96, by task)"
+    )
     p.add_argument("--lr-scale", type=float_in(1e-6, 1e3), help="multiplies the learning rate of equation 3")
     p.add_argument("--eval-n", type=int_in(1, 1_000_000), default=1000)
     p.add_argument(

@@ -118,7 +118,7 @@ def is_long(model: str, device: str, src: str, tgt: str | None = None) -> bool:
 
 
 def size_text(n_bytes: float) -> str:
-    """'69 GB', '576 MB': a size for people."""
+    """'67.5 GB', '576 MB': a size for people, in binary units (2**30 and 2**20 bytes), as every limit is."""
     return f"{n_bytes / 2**30:,.1f} GB" if n_bytes >= 2**30 else f"{n_bytes / 2**20:,.0f} MB"
 
 
