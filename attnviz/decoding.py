@@ -150,7 +150,13 @@ class Decoding:
     ids: tuple[int, ...]  # the output, without start and end tokens
     steps: tuple[DecodeStep, ...]  # one per output token, the end token included
     score: float  # summed log-probability of the output (with the end token)
-    truncated: bool = False  # no hypothesis ended within max_len: the output is cut at the length limit
+    truncated: bool = False  # the output did not end within max_len: it is cut at the length limit
+
+
+def best_reachable(live: list[Beam], max_len: int) -> float:
+    """The highest length-normalised score any of ``live`` could still finish with: its log-probability
+    so far (each further token only lowers it) over the largest penalty, at ``max_len`` tokens."""
+    return max(b.score for b in live) / length_penalty(max_len)
 
 
 @torch.no_grad()
@@ -164,15 +170,21 @@ def step_through(
 ) -> Decoding:
     """Decode one source sentence (src: (1, S)) and record every step of the best hypothesis.
 
-    ``beam_size`` 1 is greedy. With ``forced`` (target ids ending with the end token) the decoder
-    is teacher-forced: each step takes the given token and records the model's own prediction in
-    ``top``. Beam search keeps ``beam_size`` live hypotheses, finishes those that emit the end
-    token, and returns the best by the GNMT length-normalised score.
+    ``beam_size`` 1 is greedy: it stops at the first end token. With ``forced`` (target ids ending with
+    the end token) the decoder is teacher-forced: each step takes the given token and records the
+    model's own prediction in ``top``. Beam search keeps ``beam_size`` live hypotheses (of the
+    ``2 beam_size`` best extensions, the first ``beam_size`` that do not end), finishes those that end
+    before the last of them, and returns the best by the GNMT length-normalised score, the hypotheses
+    still live at the length limit included (``truncated``: the best is one of them). It stops once no
+    live hypothesis can overtake the best finished one (`best_reachable`), so stopping never changes
+    the answer.
     """
     if src.dim() != 2 or src.shape[0] != 1:
         raise ValueError(f"step_through decodes one sentence: src must be (1, S), got {tuple(src.shape)}")
     if not 1 <= beam_size <= 64:
         raise ValueError(f"beam_size must be between 1 and 64, got {beam_size}")
+    if max_len < 1:
+        raise ValueError(f"max_len must be at least 1, got {max_len}")
     if forced is not None:
         beam_size, max_len = 1, len(forced)
     cfg = model.cfg
@@ -218,21 +230,24 @@ def step_through(
             else:
                 new_live.append(beam)
                 parents.append(parent)
-            if len(new_live) == beam_size or len(finished) >= beam_size:
+            if len(new_live) == beam_size:
                 break
         history[-1]["parents"] = parents
-        if len(finished) >= beam_size or not new_live:
+        if not new_live:
             break
         live = new_live
+        if finished and (beam_size == 1 or max(f[0] for f in finished) >= best_reachable(live, max_len)):
+            break  # greedy has ended, or no live hypothesis can overtake the best finished one
         index = torch.tensor(parents, device=src.device)
         cache = [c.select(index) for c in cache]
-    _check_cache(cache, first.shape[1])
-    truncated = not finished
-    if truncated:  # ran out of length: the live hypotheses compete as they are
+    else:  # ran out of length: the live hypotheses compete as they are, unfinished
         last_t = len(history) - 1
-        for i, beam in enumerate(live if history[-1]["parents"] else []):
-            finished.append((beam.score / length_penalty(len(beam.ids)), beam, last_t, history[-1]["parents"][i]))
+        for i, beam in enumerate(live):
+            unfinished = (beam.score / length_penalty(len(beam.ids)), beam, last_t, history[-1]["parents"][i])
+            finished.append(unfinished)
+    _check_cache(cache, first.shape[1])
     _, best, t_end, parent = max(finished, key=lambda f: f[0])
+    truncated = not (best.ids and best.ids[-1] == cfg.eos_id) and forced is None
     # Walk back from the end: at each step, which live beam did the best hypothesis extend?
     chain = [0] * (t_end + 1)
     chain[t_end] = parent

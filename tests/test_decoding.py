@@ -179,6 +179,99 @@ def test_beam_is_at_least_as_good_as_greedy_when_greedy_stops(model, sources):
     assert compared >= 3
 
 
+def _plain_beam_search(model: Transformer, src: torch.Tensor, beam_size: int, max_len: int):
+    """Beam search without a cache and without stopping early: every step a whole forward pass over each
+    live prefix (log-softmax in float64), run to the length limit. Of the 2k best extensions, those that end
+    before the k-th one that does not are finished, the first k that do not stay live; the best of the
+    finished and of the live ones at the limit, by the GNMT score. (ids without the end token, summed
+    log-probability, ended)."""
+    eos, prompt = model.cfg.eos_id, src[0].tolist()
+    live, finished = [((), 0.0)], []
+    for _ in range(max_len):
+        candidates = []
+        for ids, score in live:
+            if model.cfg.decoder_only:
+                logits = model(None, torch.tensor([[*prompt, *ids]])).logits[0, -1]
+            else:
+                logits = model(src, torch.tensor([[model.cfg.bos_id, *ids]])).logits[0, -1]
+            logp = torch.log_softmax(logits.double(), dim=-1).tolist()
+            candidates += [(score + lp, ids + (token,)) for token, lp in enumerate(logp)]
+        candidates.sort(key=lambda c: -c[0])
+        live = []
+        for score, ids in candidates[: 2 * beam_size]:
+            if ids[-1] == eos:
+                finished.append((score / length_penalty(len(ids)), ids, score))
+            elif len(live) < beam_size:
+                live.append((ids, score))
+            if len(live) == beam_size:
+                break
+        if not live:
+            break
+    finished += [(score / length_penalty(len(ids)), ids, score) for ids, score in live]
+    _, ids, score = max(finished, key=lambda f: f[0])
+    ended = ids[-1:] == (eos,)
+    return (ids[:-1] if ended else ids), score, ended
+
+
+@pytest.mark.slow  # a whole forward pass per live prefix and step
+@pytest.mark.parametrize("beam_size", [2, 3, 5])
+def test_beam_search_equals_a_plain_one_that_never_stops_early(model, sources, beam_size):
+    """Stopping once no live hypothesis can overtake the best finished one never changes the answer, and
+    hypotheses still live at the length limit compete: the cached search against a plain one run to the end."""
+    outcomes = set()
+    for src in sources:
+        for max_len in (MAX_LEN, 4):  # the second one cuts most of these outputs short
+            decoding = step_through(model, src, beam_size=beam_size, max_len=max_len)
+            ids, score, ended = _plain_beam_search(model, src, beam_size, max_len)
+            assert decoding.ids == ids and decoding.truncated is not ended, (beam_size, max_len, decoding.ids, ids)
+            assert decoding.score == pytest.approx(score, abs=1e-4)
+            outcomes.add(ended)
+    assert outcomes == {True, False}, "outputs that end and outputs cut at the limit were both compared"
+
+
+@pytest.mark.slow  # a whole forward pass per live prefix and step
+def test_beam_search_on_the_shipped_translator_equals_a_plain_one():
+    """The same on en-de, where an unlikely early end among the first 2k extensions is common."""
+    import attnviz
+
+    en_de = attnviz.load("en-de", device="cpu")
+    for text in ("12:00", "1998 twenty", "twenty-one", "Thursday, July 2, 1998"):
+        src = torch.tensor([en_de.tokenizer.encode_source(text).ids])
+        for beam_size in (3, 4):
+            decoding = step_through(en_de.model, src, beam_size=beam_size, max_len=40)
+            ids, score, ended = _plain_beam_search(en_de.model, src, beam_size, 40)
+            assert (decoding.ids, decoding.truncated) == (ids, not ended), (text, beam_size)
+            assert decoding.score == pytest.approx(score, abs=1e-4)
+
+
+def test_a_wide_beam_is_not_won_by_an_unlikely_early_end_on_the_shipped_models():
+    """At step 0 a beam of 2k >= V extensions holds the end token however unlikely it is; it must not win
+    over live hypotheses far more likely (the induction model, a vocabulary of 30), nor stop the search while
+    a live hypothesis is far ahead of every finished one (en-de's "12:00": greedy gives "00:00")."""
+    import attnviz
+
+    lm = attnviz.load("induction", device="cpu")
+    greedy = attnviz.generate(lm, "a b c a b", max_new=5)
+    assert greedy == "c a b c a"
+    for beam in (4, 32):
+        assert attnviz.generate(lm, "a b c a b", max_new=5, beam=beam) == greedy, beam
+    prompt = torch.tensor([lm.tokenizer.encode_source("a b c a b").ids])
+    decoding = step_through(lm.model, prompt, beam_size=32, max_len=5)
+    ids, _, ended = _plain_beam_search(lm.model, prompt, 32, 5)
+    assert decoding.ids == ids and decoding.truncated and not ended
+    en_de = attnviz.load("en-de", device="cpu")
+    for text in ("12:00", "1998 twenty"):
+        src = torch.tensor([en_de.tokenizer.encode_source(text).ids])
+        greedy_ids = greedy_decode(en_de.model, src, max_len=40)[0]
+        greedy_norm = _log_prob(en_de.model, src, [*greedy_ids, en_de.model.cfg.eos_id]) / length_penalty(
+            len(greedy_ids) + 1
+        )
+        for beam in (3, 4):
+            decoding = step_through(en_de.model, src, beam_size=beam, max_len=40)
+            assert not decoding.truncated
+            assert decoding.score / length_penalty(len(decoding.steps)) >= greedy_norm - 1e-5, (text, beam)
+
+
 def test_top_candidates_are_sorted_and_their_probabilities_sum_to_at_most_one(model, sources):
     for beam_size in (1, 4):
         decoding = step_through(model, sources[0], beam_size=beam_size, top_k=5, max_len=MAX_LEN)
