@@ -1,9 +1,9 @@
 """Folder paths as a person who just ran ``streamlit run`` types them, and what a refusal tells them.
 
 A relative path is looked up under the model roots and under the working folder, and opens only
-when it resolves under a root; a folder wins over a hub id of the same spelling. Whoever the app
-counts as the machine's own user (downloads allowed) is told that a folder lies outside the roots;
-anyone else learns nothing about the server.
+when it resolves under a root; a folder wins over a hub id of the same spelling. A refusal names
+only what was typed, and is the same for a folder outside the roots and for no folder at all,
+whatever the server allows: a visitor learns nothing about the server.
 """
 
 from __future__ import annotations
@@ -16,7 +16,10 @@ from attnviz.errors import CheckpointError
 REPO_ROOT = pretrained_dir().parent  # `streamlit run app.py` starts here
 SHIPPED = (pretrained_dir() / "en-de").resolve()
 REFUSED = "is not a model folder this server lets visitors open"
-OUTSIDE = "is a folder outside the model folders this server offers"
+REFUSAL = (
+    "{typed} is not a model folder this server lets visitors open; choose one of the listed models, or type the "
+    "path of a folder under the model folders it offers (its operator names them in ATTNVIZ_MODEL_ROOTS)"
+)
 
 
 @pytest.fixture
@@ -53,22 +56,25 @@ def test_from_elsewhere_the_same_paths_are_refused_clearly(default_roots, tmp_pa
     assert default_roots == []
 
 
-@pytest.mark.parametrize("typed", ["pretrained/en-de", "./pretrained/en-de"])
-def test_a_folder_outside_the_roots_is_named_as_such_only_to_a_local_user(default_roots, tmp_path, monkeypatch, typed):
+@pytest.mark.parametrize("downloads", ["0", "1"])
+def test_a_folder_outside_the_roots_is_refused_as_a_missing_one_is(default_roots, tmp_path, monkeypatch, downloads):
+    """Whether a folder outside the roots exists is not told, even where downloads are allowed: a class server
+    may allow them, so that setting does not mean the visitor owns the machine."""
     mine = tmp_path / "pretrained" / "en-de"
     mine.mkdir(parents=True)
     (mine / "config.json").write_text('{"secret": "hunter2"}')
     monkeypatch.chdir(tmp_path)
-    with pytest.raises(CheckpointError) as info:
-        visitor_model(typed)
-    assert OUTSIDE not in info.value.public, "a visitor of a hosted app is not told what exists on the server"
-    monkeypatch.setenv("ATTNVIZ_ALLOW_DOWNLOADS", "1")
-    with pytest.raises(CheckpointError) as info:
-        visitor_model(typed)
-    public = info.value.public
-    assert OUTSIDE in public and "ATTNVIZ_MODEL_ROOTS" in public and "hub" not in public
+    monkeypatch.setenv("ATTNVIZ_ALLOW_DOWNLOADS", downloads)
+    said = {}
+    for typed in (str(mine), str(tmp_path / "pretrained" / "nothing"), "./pretrained/en-de", "./pretrained/none"):
+        with pytest.raises(CheckpointError) as info:
+            visitor_model(typed)
+        said[typed] = info.value.public.replace(repr(typed), "TYPED")
+    assert len(set(said.values())) == 1, said
+    public = next(iter(said.values()))
+    assert REFUSED in public and "ATTNVIZ_MODEL_ROOTS" in public, public
     assert str(tmp_path) not in public and str(pretrained_dir()) not in public and "hunter2" not in public
-    assert default_roots == [], "a folder of that name wins over the hub id: no download starts"
+    assert default_roots == [], "none of them is a hub id: no request to the hub"
 
 
 @pytest.fixture
@@ -95,7 +101,7 @@ def test_escapes_from_the_working_folder_stay_refused(roots, monkeypatch, typed,
         visitor_path(typed)
     public = info.value.public
     assert str(root) not in public and str(outside) not in public and "hunter2" not in public
-    assert (OUTSIDE in public) == (downloads == "1"), "only a local user learns that it exists"
+    assert public == REFUSAL.format(typed=repr(typed)), "the same words as for a folder that is not there"
 
 
 def test_a_relative_path_from_a_working_folder_inside_a_root_opens(roots):

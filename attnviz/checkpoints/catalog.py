@@ -5,8 +5,7 @@ and a Hugging Face hub id (``Helsinki-NLP/opus-mt-en-de``) is downloaded into th
 read from it offline (`attnviz.checkpoints.hub`). A path a visitor of the app types is opened
 only under the folders the operator lists in ``ATTNVIZ_MODEL_ROOTS`` (`visitor_path`), and a
 hub id only from the cache under them, unless the operator allows downloads (`visitor_model`);
-then the visitor counts as the machine's own user (`local_user`) and is told why a model
-cannot be had.
+then a visitor is told why the hub cannot give a model, and still nothing about the server's folders.
 """
 
 from __future__ import annotations
@@ -48,22 +47,6 @@ def model_roots() -> list[Path]:
     return [root.expanduser().resolve() for root in roots]
 
 
-def local_user() -> bool:
-    """Whether the app may tell its user about this machine: why the hub failed, which typed folders exist.
-
-    True where the operator allows downloads (``ATTNVIZ_ALLOW_DOWNLOADS=1``, `downloads_allowed`):
-    that is the setting of a person running ``streamlit run`` on their own machine, who is both the
-    operator and the only visitor. Whether a browser is on the server's machine cannot be told
-    reliably from the server (behind a proxy every visitor comes from loopback), so the operator's
-    setting stands for it.
-    """
-    return downloads_allowed()
-
-
-class _OutsideRoots(CheckpointError):
-    """A typed path names a folder of this machine that lies outside every model root (told to local users only)."""
-
-
 def _typed_folders(text: str, roots: list[Path]) -> list[Path]:
     """Where a visitor's ``text`` may name a folder: itself when absolute, else under each root, then under
     the working folder (where ``streamlit run`` started, so that ``pretrained/en-de`` means what it
@@ -88,34 +71,26 @@ def visitor_path(typed: str) -> Path:
     one is looked up under each root in turn, then under the working folder, and a hub id
     (``owner/name``) also as the hub cache's folder for it, ``models--owner--name``, in each root;
     whichever it is, what it resolves to must lie under a root. The error names only what the
-    visitor typed: never a root, never what a folder holds; a `local_user` is also told when
-    the path names a folder outside the roots.
+    visitor typed: never a root, never what a folder holds, and not whether a folder outside the roots
+    exists: it is the same for one that does and one that does not, whatever the server's settings
+    (a class server may allow downloads, so that setting cannot stand for "the visitor owns this machine").
     """
     text = typed.strip()
     message = (
         f"{text!r} is not a model folder this server lets visitors open; choose one of the listed models, or type "
-        "the path of a folder under the model folders it offers"
+        "the path of a folder under the model folders it offers (its operator names them in ATTNVIZ_MODEL_ROOTS)"
     )
     refusal = CheckpointError(message, public=message)  # it names only what the visitor typed
     if not text or len(text) > 1024 or "\0" in text:
         raise refusal
     roots = model_roots()
-    outside = False
     for candidate in _typed_folders(text, roots):
         try:
             resolved = candidate.resolve()
-            if resolved.is_dir():
-                if any(resolved.is_relative_to(root) for root in roots):
-                    return resolved
-                outside = True
+            if resolved.is_dir() and any(resolved.is_relative_to(root) for root in roots):
+                return resolved
         except (OSError, RuntimeError):  # a name too long, a symlink loop: not a folder we can open
             continue
-    if outside and local_user():
-        message = (
-            f"{text!r} is a folder outside the model folders this server offers, so it does not open it; its "
-            "operator can add a folder to them with ATTNVIZ_MODEL_ROOTS"
-        )
-        raise _OutsideRoots(message, public=message)
     raise refusal
 
 
@@ -131,8 +106,6 @@ def visitor_model(typed: str) -> Path:
     text = typed.strip()
     try:
         return visitor_path(text)
-    except _OutsideRoots:
-        raise
     except CheckpointError:
         if not is_hub_id(text):
             raise
