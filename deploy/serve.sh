@@ -99,6 +99,7 @@ error_log $work/nginx-error.log warn;
 events { worker_connections 4096; }
 http {
     access_log off;
+    server_tokens off;  # no nginx version in headers and error pages
     client_body_temp_path $work/temp/body;
     proxy_temp_path $work/temp/proxy;
     fastcgi_temp_path $work/temp/fastcgi;

@@ -107,6 +107,68 @@ def test_a_browser_keeps_its_session_on_its_replica(served):
     assert all(asyncio.run(check())), "with its cookie, a browser must come back to its own session"
 
 
+def test_no_file_is_uploaded_though_a_session_is_open(served):
+    """The app has no file uploader, and Streamlit's upload endpoint, which keeps every file it takes for an
+    open session (200 MB each by default), refuses any file with content (server.maxUploadSize 0)."""
+    import time
+    import urllib.error
+
+    import websockets
+    from streamlit.proto.BackMsg_pb2 import BackMsg
+    from streamlit.proto.ForwardMsg_pb2 import ForwardMsg
+
+    port, _ = served
+    token = f"2|00000000|{'ab' * 16}|{int(time.time())}"  # the form Streamlit's XSRF cookie takes
+    cookie = f"attnviz_route=upload; _streamlit_xsrf={token}"
+    boundary = "attnvizBoundary"
+    body = (
+        (
+            f'--{boundary}\r\nContent-Disposition: form-data; name="file"; filename="x.bin"\r\n'
+            "Content-Type: application/octet-stream\r\n\r\n"
+        ).encode()
+        + b"\0" * 4096
+        + f"\r\n--{boundary}--\r\n".encode()
+    )
+
+    async def upload() -> tuple[str, list[int]]:
+        async with websockets.connect(
+            f"ws://127.0.0.1:{port}/_stcore/stream",
+            subprotocols=["streamlit", token],
+            additional_headers={"Cookie": cookie},
+        ) as ws:
+            msg = BackMsg()
+            msg.rerun_script.page_name = ""
+            await ws.send(msg.SerializeToString())
+            session = None
+            async with asyncio.timeout(120):
+                while session is None:
+                    reply = ForwardMsg()
+                    reply.ParseFromString(await ws.recv())
+                    if reply.WhichOneof("type") == "new_session":
+                        session = reply.new_session.initialize.session_id
+            statuses = []
+            for name in ("a", "b"):
+                request = urllib.request.Request(
+                    f"http://127.0.0.1:{port}/_stcore/upload_file/{session}/{name}",
+                    data=body,
+                    method="PUT",
+                    headers={
+                        "Content-Type": f"multipart/form-data; boundary={boundary}",
+                        "Cookie": cookie,
+                        "X-Xsrftoken": token,
+                    },
+                )
+                try:
+                    with await asyncio.to_thread(urllib.request.urlopen, request, timeout=30) as response:
+                        statuses.append(response.status)
+                except urllib.error.HTTPError as e:
+                    statuses.append(e.code)
+            return session, statuses
+
+    session, statuses = asyncio.run(upload())
+    assert session and statuses == [413, 413], statuses
+
+
 def _replica_pid(port: int) -> int | None:
     """The process id of the Streamlit server listening on ``port`` (serve.sh's replica), or None."""
     for entry in Path("/proc").iterdir():
