@@ -72,7 +72,7 @@ class Asked:
 
     @property
     def stem(self) -> str:
-        return f"{self.ctx.model.replace('/', '_')}-{self.kind}-L{self.layer}"
+        return f"{self.ctx.file_stem}-{self.kind}-L{self.layer}"
 
     @property
     def view_name(self) -> str:
@@ -204,7 +204,7 @@ def method_downloads(asked: Asked, shape: tuple[int, ...], q_tokens, k_tokens, r
         cols[1],
         f"NPZ of every {spec.title.lower()} array",
         export_download(asked.result, result),
-        f"{asked.ctx.model.replace('/', '_')}-{method}.npz",
+        f"{asked.ctx.file_stem}-{method}.npz",
         "application/octet-stream",
         hint=f"`attnviz attribute --method {method} --out` writes it from the command line.",
         help=f"The same file as `attnviz attribute --method {method}`: its arrays, ids, tokens and a manifest.",

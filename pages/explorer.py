@@ -120,7 +120,7 @@ class Picked:
 
     @property
     def stem(self) -> str:
-        return f"{self.ctx.model.replace('/', '_')}-{self.kind}" + ("-words" if self.words else "")
+        return f"{self.ctx.file_stem}-{self.kind}" + ("-words" if self.words else "")
 
     @property
     def title(self) -> str:
@@ -192,7 +192,7 @@ def body(ctx: Context) -> None:
         key, matrix, title, rows, columns, scores = drawn.zoom
         mask = None if scores else picked.mask()
         zoom("", key, matrix, rows, columns, kind, contrast, mask, title, scores=scores)
-    npz_name = f"{ctx.model.replace('/', '_')}" + ("-words" if words else "") + "-attention"  # every map: no view
+    npz_name = f"{ctx.file_stem}" + ("-words" if words else "") + "-attention"  # every map: no view
     download_buttons(drawn.table, export_download(lambda: ctx.export(words), export), fmt, drawn.name, npz_name)
 
 
@@ -512,7 +512,7 @@ def long_grid(p: LongPicked) -> None:
     p.picture.plotly_chart(
         room(fig),
         width="stretch",
-        config=export_config(f"{p.ctx.model.replace('/', '_')}-{p.kind}-all-heads", fmt),
+        config=export_config(f"{p.ctx.file_stem}-{p.kind}-all-heads", fmt),
         key="_grid_chart",
         on_select=open_head_from_grid,
         selection_mode="points",
@@ -527,7 +527,7 @@ def long_stats(p: LongPicked) -> None:
             [row for rows in p.layers("long-statistics", tiles.LayerTiles.statistics) for row in rows], p.kind
         ),
     )
-    stats_table(table, f"{p.ctx.model.replace('/', '_')}-{p.kind}", p.key)
+    stats_table(table, f"{p.ctx.file_stem}-{p.kind}", p.key)
 
 
 LONG_DRAW: dict[str, Callable[[LongPicked], None]] = {"one": long_one, "grid": long_grid, "stats": long_stats}

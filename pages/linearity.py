@@ -1,5 +1,6 @@
 """Relative-position linearity: PE(pos + k) = M_k PE(pos), the claim of section 3.5, checked."""
 
+import html
 from dataclasses import dataclass
 
 import numpy as np
@@ -8,7 +9,7 @@ import streamlit as st
 from attnviz.app import bound, clamp_state, keep_in_range, load_bundle, shared, sinusoid_inputs
 from attnviz.app.frame import Context, frame
 from attnviz.app.present import data_table, first, room
-from attnviz.app.widgets import guarded
+from attnviz.app.widgets import escape_markdown, guarded
 from attnviz.errors import InputError
 from attnviz.figures import positional as pp
 from attnviz.lessons import positional as pe
@@ -210,11 +211,11 @@ def add_model(ctx: Context, ks: tuple[int, ...], series: dict) -> str:
     try:
         kind, residual = model_fit(ctx.model, ctx.device, ks)
     except InputError as e:  # a position table too short for these offsets
-        return f"{ctx.model}: {e}"
+        return f"{escape_markdown(ctx.label)}: {e}"
     if kind == "none":
-        return f"{ctx.model} has no positional encoding, so it has no table to fit."
+        return f"{escape_markdown(ctx.label)} has no positional encoding, so it has no table to fit."
     if residual is not None:
-        series[f"{ctx.model} ({kind})"] = residual
+        series[f"{html.escape(ctx.label, quote=False)} ({kind})"] = residual  # a legend: plotly reads HTML
     return ""
 
 

@@ -1,12 +1,14 @@
 """Positional encoding: the sinusoids of section 3.5, their wavelengths, similarities and two layouts."""
 
+import html
+
 import numpy as np
 import streamlit as st
 
 from attnviz.app import bound, shared, sinusoid_inputs
 from attnviz.app.frame import Context, frame
 from attnviz.app.present import first, room
-from attnviz.app.widgets import guarded
+from attnviz.app.widgets import escape_markdown, guarded
 from attnviz.figures import positional as pp
 from attnviz.lessons import positional as pe
 
@@ -125,16 +127,17 @@ def model_similarity(ctx: Context, table: np.ndarray, cosine: bool) -> None:
     kind, model_table = pe.model_positions(ctx.bundle.model)
     if model_table is None:
         st.info(
-            f"{ctx.model} adds no positional encoding (kind '{kind}'): its attention sees the tokens as a "
-            "set, and only a causal mask or the data could tell order."
+            f"{escape_markdown(ctx.label)} adds no positional encoding (kind '{kind}'): its attention sees the "
+            "tokens as a set, and only a causal mask or the data could tell order."
         )
         return
     n = min(table.shape[0], model_table.shape[0])
     st.caption(
-        f"{ctx.model}: {kind} positions, a table of {model_table.shape[0]} × {model_table.shape[1]}; "
+        f"{escape_markdown(ctx.label)}: {kind} positions, a table of {model_table.shape[0]} × {model_table.shape[1]}; "
         f"the first {n} positions, as many as chosen above."
     )
-    similarity_view((ctx.model, ctx.device, n), model_table[:n], cosine, f"{ctx.model} ({kind})")
+    title = f"{html.escape(ctx.label, quote=False)} ({kind})"  # plotly reads HTML in a title
+    similarity_view((ctx.model, ctx.device, n), model_table[:n], cosine, title)
 
 
 def layout_figure(d_model: int, n: int, base: float):

@@ -237,25 +237,43 @@ def test_encoder_only_model_in_every_page():
     assert at.sidebar.text_input(key="tgt").disabled
 
 
+def everything_shown(at: AppTest) -> str:
+    """Every element's whole message, sidebar included: texts, chart specs and their export names, widgets."""
+    shown = []
+
+    def walk(node) -> None:
+        if getattr(node, "proto", None) is not None:
+            shown.append(str(node.proto))
+        for child in getattr(node, "children", {}).values():
+            walk(child)
+
+    walk(at._tree)
+    return "\n".join(shown)
+
+
 @pytest.mark.slow
-def test_marian_folder_in_every_page(tmp_path, visitor_roots):
-    """A Hugging Face Marian folder, chosen by path, works on every page (a small random one)."""
+def test_marian_folder_in_every_page(tmp_path, tmp_path_factory, visitor_roots):
+    """A Hugging Face Marian folder, chosen by its path under the model root, works on every page (a small
+    random one), and no page shows the server's path to it: not in a caption, a chart or an export's name."""
     pytest.importorskip("transformers")
     from test_marian import make_marian
 
     folder = tmp_path / "opus-mt-tiny"
     make_marian(folder, shared=True, activation="swish", d_model=48, heads=3, enc=2, dec=2)
+    root = tmp_path_factory.getbasetemp()  # the one model root (visitor_roots)
     teaching = ["pages/mechanics.py", "pages/variants.py", "pages/positional.py", "pages/linearity.py"]
     for page in PAGES + teaching:
         at = open_app("app.py")
         at.sidebar.selectbox(key="model").set_value(CUSTOM_PATH).run()
-        at.sidebar.text_input(key="model_path").set_value(str(folder)).run()
+        at.sidebar.text_input(key="model_path").set_value(str(folder.relative_to(root))).run()
         at.sidebar.text_area(key="src").set_value("a b c").run()
         if page != "app.py":
             at.switch_page(page).run()
         assert_ok(at)
         assert not at.error, [e.value for e in at.error]
         assert shows_content(at), page
+        shown = everything_shown(at)
+        assert str(root) not in shown and str(root).replace("/", "_") not in shown, page  # file names: "_" for "/"
 
 
 @pytest.mark.slow

@@ -4,6 +4,7 @@ when a model has no history."""
 from __future__ import annotations
 
 import json
+import shutil
 
 import pytest
 from conftest import open_app, open_from_link
@@ -122,6 +123,19 @@ def test_a_model_without_a_history_gets_one_line():
     said = [i.value for i in at.info]
     assert len(said) == 1 and "has no training history" in said[0], said
     assert not at.get("plotly_chart")
+
+
+def test_a_history_without_a_record_gets_one_line_that_names_no_server_path(tmp_path):
+    """A training killed before its first record leaves a manifest and no record: the page says so, and a
+    visitor does not learn where the folder is on the server."""
+    folder = write_history("reverse", tmp_path)
+    for record in (folder / "history" / "records").iterdir():
+        shutil.rmtree(record)
+    at = open_history(str(folder.relative_to(tmp_path.parent)))
+    assert not at.exception, [e.value for e in at.exception]
+    said = [e.value for e in at.error]
+    assert len(said) == 1 and "training history holds no record yet" in said[0], said
+    assert str(tmp_path.parent) not in said[0], said
 
 
 @pytest.mark.slow

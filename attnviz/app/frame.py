@@ -24,6 +24,7 @@ them (see the facts on Streamlit's ``pages/`` folder in the architecture notes).
 from __future__ import annotations
 
 import inspect
+import re
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -65,7 +66,20 @@ class Context:
 
     @property
     def model(self) -> str:
+        """The model's key: a shipped model's name, or the path of a typed folder on the server. Never shown:
+        a page names the model by `label`."""
         return self._chosen().model
+
+    @property
+    def label(self) -> str:
+        """The model's name as the sidebar's caption gives it (its card's name, or its folder's): what a page
+        shows, never the server's path to it."""
+        return self.bundle.name
+
+    @property
+    def file_stem(self) -> str:
+        """`label` fit for a file name: anything but letters, digits, '.', '_' and '-' becomes '_'."""
+        return re.sub(r"[^\w.-]", "_", self.label, flags=re.ASCII)
 
     @property
     def device(self) -> str:

@@ -318,9 +318,9 @@ def _find(folder: Path) -> Path:
                 if linked.is_symlink():
                     raise InputError(f"the history's {linked.name} folder is a link; a history holds plain folders")
             return candidate
+    how = "a history is written by `attnviz train TASK --out DIR --history-every N` into DIR/history"
     raise InputError(
-        f"no training history in {folder}: a history is written by `attnviz train TASK --out DIR --history-every N` "
-        "into DIR/history"
+        f"no training history in {folder}: {how}", public=f"this model folder has no training history: {how}"
     )
 
 
@@ -483,7 +483,8 @@ def load_history(folder: str | Path) -> History:
     kind, sites = manifest["kind"], SITES[manifest["kind"]]
     names = sorted(p.name for p in (folder / RECORDS).iterdir() if RECORD_NAME.match(p.name))
     if not names:
-        raise InputError(f"the history in {folder} holds no record yet: train with --history-every N")
+        empty = "holds no record yet: train with --history-every N"
+        raise InputError(f"the history in {folder} {empty}", public=f"the model's training history {empty}")
     if len({int(n) for n in names}) != len(names):  # 00000400 and 000000400: two records of one step
         step = next(int(n) for n in names if sum(int(m) == int(n) for m in names) > 1)
         raise InputError(f"the history holds two records of step {step}; a step has one record")
