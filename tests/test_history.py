@@ -128,6 +128,10 @@ def test_resuming_keeps_the_records_and_writes_none_twice(tmp_path, reverse_runs
     assert (out / "model.safetensors").read_bytes() == (reverse_runs / "recorded" / "model.safetensors").read_bytes()
     resumed, whole = load_history(out), load_history(reverse_runs / "recorded")
     np.testing.assert_array_equal(resumed.heldout_loss, whole.heldout_loss)
+    recipes = [
+        json.loads((run / HISTORY / "manifest.json").read_text())["recipe"] for run in (out, reverse_runs / "recorded")
+    ]
+    assert recipes[0] == recipes[1] and recipes[0]["steps"] == 6, "the manifest names the steps run to, not the first 4"
     np.testing.assert_array_equal(resumed.probes[1].maps["cross"], whole.probes[1].maps["cross"])
 
 

@@ -175,6 +175,11 @@ class HistoryWriter:
         if (self.folder / MANIFEST).exists():
             self.manifest = _read_manifest(self.folder)
             self._check_same(self.manifest)
+            # A resumed training may run to more steps: the manifest then says what the history now records.
+            given = json.loads(json.dumps(self.extra, ensure_ascii=False, allow_nan=False))  # as JSON stores it
+            if any(self.manifest.get(key) != value for key, value in given.items()):
+                self.manifest = {**self.manifest, **given}
+                _write_json(self.folder / MANIFEST, self.manifest)
         self.steps = {int(p.name) for p in self.records.iterdir() if RECORD_NAME.match(p.name) and p.is_dir()}
 
     def _clean_temporary(self) -> None:
