@@ -13,7 +13,7 @@ import pytest
 
 import attnviz
 import attnviz.api
-from attnviz.atlas import STATISTICS, build_atlas, compute_atlas, load_atlas, typical_sentences
+from attnviz.atlas import STATISTICS, build_atlas, compute_atlas, load_atlas, summary, typical_sentences
 from attnviz.atlas.corpus import Sentence, batches, by_width, read_lines, shards, split_lines, tokenize
 from attnviz.atlas.store import TABLES
 from attnviz.atlas.summary import classical_mds, head_table
@@ -539,6 +539,29 @@ def test_the_positional_flag_pools_query_rows_over_the_corpus():
     assert table.loc[3, "positional"] and table.loc[3, "positional_offset"] == 1
     cross = rows.assign(kind="cross", argmax_previous=math.nan, argmax_next=math.nan)
     assert head_table(cross)["positional"].isna().all(), "no relative position in cross-attention"
+
+
+def test_a_head_exactly_at_the_positional_share_is_positional_though_shares_are_float32():
+    """36 of 40 rows is 90%: the rows store 36/40 in float32, and 0.9f x 40 is 35.99999988 (an audit found the
+    induction model's layer 1 head 3 so flagged not positional); 35 of 40 stays under."""
+    rows = pd.DataFrame(
+        {
+            "kind": "decoder",
+            "layer": 1,
+            "head": [1, 2, 3, 3],
+            "queries": [41, 41, 11, 11],
+            "argmax_previous": np.array([36 / 40, 35 / 40, 9 / 10, 9 / 10], dtype=np.float32),
+            "argmax_next": np.float32(0.0),
+            **{name: np.float32(0.0) for name in STATISTICS if not name.startswith("argmax")},
+        }
+    )
+    assert float(np.float32(36 / 40)) * 40 < 36, "the rounding this test is about"
+    table = head_table(rows).set_index("head")
+    assert table.loc[1, "positional"] and table.loc[1, "argmax_previous"] == pytest.approx(0.9)
+    assert not table.loc[2, "positional"]
+    assert table.loc[3, "positional"], "18 of 20 rows over two sentences"
+    flags = summary._positional(rows["argmax_previous"], rows["argmax_next"])  # each sentence's own flag
+    assert flags.tolist() == [True, False, True, True]
 
 
 def test_classical_mds_recovers_points_up_to_rotation():
