@@ -214,6 +214,8 @@ def add_model(ctx: Context, ks: tuple[int, ...], series: dict) -> str:
         return f"{escape_markdown(ctx.label)}: {e}"
     if kind == "none":
         return f"{escape_markdown(ctx.label)} has no positional encoding, so it has no table to fit."
+    if kind == "rotary":
+        return f"{escape_markdown(ctx.label)} uses rotary positions: no table to fit; its rotation is the last section."
     if residual is not None:
         series[f"{html.escape(ctx.label, quote=False)} ({kind})"] = residual  # a legend: plotly reads HTML
     return ""

@@ -125,6 +125,14 @@ def similarity_section(ctx: Context, table: np.ndarray, d_model: int, base: floa
 def model_similarity(ctx: Context, table: np.ndarray, cosine: bool) -> None:
     """The similarity of the loaded model's positions, over as many positions as ``table`` has."""
     kind, model_table = pe.model_positions(ctx.bundle.model)
+    if kind == "rotary":  # no table to add, yet its attention depends on positions
+        st.info(
+            f"{escape_markdown(ctx.label)} uses rotary positions (RoPE): it adds no table to its embeddings, but "
+            "turns each query and key by its position's angles inside attention, so that a score depends on the "
+            "offset between query and key. The page on the linearity of relative positions shows that rotation "
+            "on this model."
+        )
+        return
     if model_table is None:
         st.info(
             f"{escape_markdown(ctx.label)} adds no positional encoding (kind '{kind}'): its attention sees the "

@@ -158,6 +158,17 @@ def test_pages_with_the_reverse_model(page):
     assert "reverse (sinusoidal)" in chart_names(at)
 
 
+@pytest.mark.slow
+@pytest.mark.parametrize("page", [POSITIONAL, LINEARITY])
+def test_a_rotary_model_is_not_said_to_see_a_set(page):
+    """induction-long adds no table, yet its attention depends on positions: said so, not 'sees a set'."""
+    at = open_app(page)
+    at.sidebar.selectbox(key="model").set_value("induction-long").run()
+    assert_ok(at)
+    said = texts(at)
+    assert "uses rotary positions" in said and "as a set" not in said and "no positional encoding" not in said
+
+
 @pytest.mark.slow  # two seconds or more on a 2-core AMD EPYC with AVX2 only
 def test_positional_with_learned_and_without_positions(tiny_checkpoints):
     at = open_app(POSITIONAL)
