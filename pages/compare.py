@@ -1,15 +1,17 @@
 """Compare: the same view for two sentences or two models, side by side, and their difference."""
 
+import html
 from dataclasses import dataclass
 
 import numpy as np
 import streamlit as st
 
 from attnviz.app import CUSTOM_PATH, bound, domain_notice, shared, truncation_notice, views
-from attnviz.app.cache import computed
+from attnviz.app.cache import computed, load_bundle
 from attnviz.app.frame import Context, frame
 from attnviz.app.present import picture_area, room
 from attnviz.app.views import EXACT_MAX, one_head, words_and_contrast
+from attnviz.app.widgets import escape_markdown
 from attnviz.checkpoints.catalog import list_models, visitor_model
 from attnviz.export import AttentionExport
 from attnviz.figures.common import export_config
@@ -48,6 +50,7 @@ class Shown:
     layer: int
     head: int
     contrast: str
+    names: dict[str, str]  # side: its model's name when the sides' models differ, else ""
 
 
 def next_example(ctx: Context) -> str:
@@ -124,7 +127,10 @@ def body(ctx: Context) -> None:
         (c1, c2), kind, n_layers, n_heads, ctx.clearest_head(), keys=("cmp_layer", "cmp_head"), keyboard=False
     )
     keys = {"A": (*ctx.key, kind, words), "B": (b.model, ctx.device, b.src, b.tgt, kind, words)}
-    shown = Shown(kind, maps, tokens, keys, layer, head, contrast)
+    names = {"A": "", "B": ""}
+    if b.model != ctx.model:  # two models: each side says which, by the name the sidebar gives it
+        names = {"A": ctx.label, "B": load_bundle(b.model, ctx.device).name}
+    shown = Shown(kind, maps, tokens, keys, layer, head, contrast, names)
     blocked = why_no_difference(kind, maps["A"].shape, maps["B"].shape)
     if view == "one":
         draw_one_head(shown, picture)
@@ -145,7 +151,8 @@ def draw_one_head(s: Shown, picture) -> None:
     for side, column in zip(SIDES, picture.columns(2), strict=True):
         matrix = s.maps[side][layer - 1, head - 1]
         q_tokens, k_tokens = s.tokens[side]
-        title = f"{side}: {TITLES[kind]}, layer {layer}, head {head}"
+        named = f" ({html.escape(s.names[side], quote=False)})" if s.names[side] else ""  # plotly reads HTML
+        title = f"{side}{named}: {TITLES[kind]}, layer {layer}, head {head}"
         key = (*s.keys[side], layer, head)
         fig = one_head(key, matrix, q_tokens, k_tokens, kind, s.contrast, allowed(kind, *matrix.shape), title)
         column.plotly_chart(
@@ -166,7 +173,7 @@ def draw_all_heads(s: Shown) -> None:
                 maps, q_tokens, k_tokens, kind, contrast, allowed(kind, *maps.shape[-2:])
             ),
         )
-        st.markdown(f"**{side}**")
+        st.markdown(f"**{side}**" + (f" ({escape_markdown(s.names[side])})" if s.names[side] else ""))
         st.plotly_chart(room(fig), width="stretch", config=export_config(f"compare-{side}-{kind}-all-heads", "png"))
 
 

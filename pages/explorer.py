@@ -279,6 +279,7 @@ def draw_lines(p: Picked) -> Drawn | None:
             p.kind,
             contrast=p.contrast,
             max_lines=LONG_LINES if long else 3000,
+            layer=p.layer,
         ),
     )
     st.caption("Queries on the left, keys on the right; a line's opacity is the weight (under 0.01 not drawn).")

@@ -460,6 +460,11 @@ def test_compare_two_models_says_why_there_is_no_difference():
     assert len(at.get("plotly_chart")) == 2, "A and B side by side"
     assert any("A has 3 layers, B has 2" in i.value for i in at.info)
     assert at.selectbox(key="cmp_layer").options == ["1", "2"], "only the layers both have"
+    titles = [json.loads(c.proto.spec)["layout"]["title"]["text"] for c in at.get("plotly_chart")]
+    assert titles[0].startswith("A (en-de): ") and titles[1].startswith("B (reverse): "), titles
+    at.selectbox(key="cmp_view").set_value("grid").run()
+    assert_ok(at)
+    assert [m.value for m in at.markdown if m.value.startswith("**")][:2] == ["**A** (en-de)", "**B** (reverse)"]
 
 
 @pytest.mark.slow

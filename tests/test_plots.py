@@ -173,7 +173,8 @@ def drawn_lines(fig: go.Figure) -> dict[tuple[int, int, int], tuple[float, str]]
 def test_lines_view_draws_one_line_per_weight_above_threshold(cross):
     heads = [1, 3]
     chosen = cross[1][[h - 1 for h in heads]]  # layer 2, heads 1 and 3: (2, T, S)
-    fig = lines_view(chosen, TGT, SRC, heads, "cross", threshold=0.05)
+    fig = lines_view(chosen, TGT, SRC, heads, "cross", threshold=0.05, layer=2)
+    assert fig.layout.title.text.endswith("layer 2, heads 1, 3"), fig.layout.title.text
     lines = drawn_lines(fig)
     expected = {(heads[i], q, k): chosen[i, q, k] for i, q, k in zip(*np.nonzero(chosen >= 0.05), strict=True)}
     assert set(lines) == set(expected) and len(expected) > 0

@@ -187,10 +187,12 @@ def lines_view(
     threshold: float = 0.01,
     max_lines: int = 3000,
     contrast: str = "linear",
+    layer: int | None = None,
 ) -> go.Figure:
     """Attention as lines from query tokens (left) to key tokens (right), as in BertViz's head view.
 
-    ``maps_heads`` (H_selected, Q, K) holds some heads of one layer, ``heads`` their numbers from 1.
+    ``maps_heads`` (H_selected, Q, K) holds some heads of one layer (``layer``, from 1, named in the title),
+    ``heads`` their numbers from 1.
     One line per (query, key, head) whose weight is at least ``threshold``, with
     opacity = the weight under ``contrast`` (linear: the weight; log; or the weight over its row's
     largest), to the nearest 1/`OPACITY_LEVELS` and at least that, and one colour per head; hover gives
@@ -284,7 +286,7 @@ def lines_view(
     head_list = ", ".join(str(h) for h in heads)
     layout = {
         "title": {
-            "text": f"{kind_title}, heads {head_list}",
+            "text": f"{kind_title}, {'' if layer is None else f'layer {layer}, '}heads {head_list}",
             "subtitle": {"text": note},
         },
         "height": 160 + 22 * max(Q, K, 1),

@@ -122,7 +122,7 @@ def scaling_figure(df: pd.DataFrame) -> go.Figure:
     both = lambda stem: [(f"{stem}, scaled", SCALED, "scaled"), (f"{stem}, unscaled", UNSCALED, "unscaled")]
     variance = [("variance of q·k", UNSCALED, "unscaled"), ("variance of q·k / √d_k", SCALED, "scaled")]
     panels = [
-        ("Variance of q·k", "variance", variance),
+        ("Variance of q·k", "variance (log scale)", variance),
         ("Softmax entropy", "entropy (nats)", both("entropy")),
         ("Largest weight", "mean largest weight", both("largest weight")),
         ("Softmax gradient", "‖diag(p) − p pᵀ‖", both("softmax gradient norm")),
