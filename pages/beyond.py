@@ -348,7 +348,7 @@ def importance_section(ctx: Context, bundle, kinds: list[str]) -> None:
     columns = st.columns(len(kinds))
     for column, kind in zip(columns, kinds, strict=True):
         selected = None
-        if len(chosen) == 1 and chosen[0].startswith(kind + ":"):
+        if len(chosen) == 1 and chosen[0].startswith(kind + ":") and "." in chosen[0]:  # one head, not a layer
             (_, layer, head) = next(iter(Ablation.parse(chosen[0]).heads))
             selected = (layer + 1, head + 1)
         fig = shared(

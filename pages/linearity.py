@@ -183,7 +183,8 @@ def fit_section(c: Controls, ctx: Context) -> None:
     note = notes[0] if notes else ""
     fit = shared(
         "lin-fit",
-        (d_model, c.base, c.layout, c.precision, k_max, tuple(series)),
+        # the loaded model's own curve is named by its card, which two folders may share: keyed by the model
+        (d_model, c.base, c.layout, c.precision, k_max, tuple(series), ctx.model if ctx.ready else None),
         lambda: pp.residual_chart(
             ks,
             series,

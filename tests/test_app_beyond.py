@@ -159,6 +159,11 @@ def test_clicking_an_importance_cell_applies_that_ablation():
     click_cell(at, "cross", 2, 4)
     assert_ok(at)
     assert at.multiselect(key="bw_ablate").value == ["cross:2.4"]
+    at.multiselect(key="bw_ablate").set_value(["cross:1"]).run()  # a whole layer: no cell outlined, no error
+    assert_ok(at)
+    assert len(importance_charts(at)) == 3
+    assert not json.loads(importance_charts(at)["cross"].proto.spec)["layout"].get("shapes")
+    click_cell(at, "cross", 2, 4)
     assert (at.radio(key="bw_kind").value, at.selectbox(key="bw_layer").value, at.selectbox(key="bw_head").value) == (
         "cross",
         2,

@@ -159,6 +159,27 @@ def test_pages_with_the_reverse_model(page):
 
 
 @pytest.mark.slow
+def test_two_models_of_one_name_each_get_their_own_fit(tmp_path_factory, tiny_spm):
+    """The fit chart is shared between sessions by what it shows: two folders whose cards give one name (two
+    students' trainings of one task) must not share a curve (an audit: the second got the first's)."""
+    import json
+
+    curves = []
+    for seed in (0, 1):
+        out = tmp_path_factory.mktemp("twin")
+        save_checkpoint(
+            seeded_model(tiny_config(pos_encoding="learned"), seed=seed), out, tiny_spm, {"name": "twin"}, ""
+        )
+        at = open_app(LINEARITY)
+        use_checkpoint(at, str(out))
+        at.slider(key="lin_k_max").set_value(16).run()
+        assert_ok(at)
+        traces = [t for c in at.get("plotly_chart") for t in json.loads(c.proto.spec)["data"]]
+        curves.append(next(t["y"] for t in traces if t.get("name") == "twin (learned)"))
+    assert curves[0] != curves[1]
+
+
+@pytest.mark.slow
 @pytest.mark.parametrize("page", [POSITIONAL, LINEARITY])
 def test_a_rotary_model_is_not_said_to_see_a_set(page):
     """induction-long adds no table, yet its attention depends on positions: said so, not 'sees a set'."""
