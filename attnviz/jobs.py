@@ -41,6 +41,7 @@ from attnviz.startup import imports_kept
 with imports_kept(own_process=__name__ == "__main__"):
     from attnviz import api
     from attnviz.atlas.engine import head_map
+    from attnviz.checkpoints.catalog import checkpoint_stamp
     from attnviz.errors import AttnvizError
     from attnviz.lessons import mechanics, rotary, variants
 
@@ -305,7 +306,7 @@ def serve(read: Callable[[int], bytes], out: IO[bytes]) -> None:
 
 
 def _answer(read: Callable[[int], bytes], out: IO[bytes]) -> None:
-    models: OrderedDict[tuple[str, str], Any] = OrderedDict()
+    models: OrderedDict[tuple[str, str, tuple], Any] = OrderedDict()
     send(out, ("ready",))
     while (message := receive(read)) is not None:
         _, name, model, device, args, settings = message
@@ -313,7 +314,7 @@ def _answer(read: Callable[[int], bytes], out: IO[bytes]) -> None:
             _apply_settings(settings)
             if name not in JOBS:
                 raise ValueError(f"no job named {name!r}")
-            key = (model, device)
+            key = (model, device, checkpoint_stamp(model) if model is not None else ())  # a rewritten folder: again
             if model is not None and key not in models:
                 models[key] = api.load(model, device)
                 while len(models) > MODELS_KEPT:

@@ -490,6 +490,36 @@ def test_compare_against_a_checkpoint_of_the_same_shape(tmp_path, visitor_roots)
     assert "Which heads changed" in at.get("plotly_chart")[2].proto.spec
 
 
+@pytest.mark.slow
+def test_a_model_folder_rewritten_on_disk_is_read_again(tmp_path, visitor_roots):
+    """A training resumed into a folder the server offers rewrites its weights: the next session sees the new
+    model (as the formation page sees the new history), not the maps of the one loaded before."""
+    from safetensors.torch import load_file, save_file
+
+    from attnviz.app.cache import RESULTS
+    from attnviz.checkpoints.catalog import pretrained_dir
+
+    folder = tmp_path / "en-de-training"
+    shutil.copytree(pretrained_dir() / "en-de", folder, ignore=shutil.ignore_patterns("history"))
+
+    def first_map() -> str:
+        at = open_app("pages/explorer.py")
+        at.sidebar.selectbox(key="model").set_value(CUSTOM_PATH).run()
+        at.sidebar.text_input(key="model_path").set_value(str(folder)).run()
+        assert_ok(at)
+        return at.get("plotly_chart")[0].proto.spec
+
+    before = first_map()
+    assert first_map() == before, "the same folder, the same map"
+    tensors = load_file(folder / "model.safetensors")
+    tensors = {name: value * 1.5 if "q_proj.weight" in name else value for name, value in tensors.items()}
+    save_file(tensors, folder / "model.safetensors", metadata={"format": "attnviz"})
+    after = first_map()
+    assert after != before, "the rewritten weights give other maps"
+    RESULTS.drop(lambda key: True)  # what a server started now would draw
+    assert first_map() == after
+
+
 def test_a_link_reopens_a_comparison_with_words_and_contrast():
     params = {"cmp_what": "another sentence", "cmp_src": "Thursday, July 3, 1998", "words": "true"}
     params["contrast"] = "logarithmic"  # as the radio shows it, like every bound widget's value in a link

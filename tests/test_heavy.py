@@ -822,3 +822,30 @@ def test_a_fork_server_whose_server_has_ended_ends_quietly(monkeypatch):
         assert not thread.is_alive() and not raised, raised
     finally:
         theirs.close()
+
+
+@pytest.mark.slow  # a worker process and two loads
+def test_a_worker_reads_a_rewritten_model_folder_again(tmp_path):
+    """A worker keeps the models it loaded, by folder and by the folder's version (`checkpoint_stamp`):
+    weights rewritten on disk (a training resumed into the folder) are read again, not answered from memory."""
+    import shutil
+
+    from safetensors.torch import load_file, save_file
+
+    from attnviz.checkpoints.catalog import checkpoint_stamp, pretrained_dir
+
+    folder = tmp_path / "en-de-training"
+    shutil.copytree(pretrained_dir() / "en-de", folder, ignore=shutil.ignore_patterns("history"))
+    worker = heavy.Worker()
+    try:
+        ask = lambda: worker.call("attention", str(folder), "cpu", ("twenty-one", None), 120, None, lambda: None)
+        before, stamp = ask().cross, checkpoint_stamp(folder)
+        tensors = load_file(folder / "model.safetensors")
+        tensors = {name: value * 1.5 if "q_proj.weight" in name else value for name, value in tensors.items()}
+        save_file(tensors, folder / "model.safetensors", metadata={"format": "attnviz"})
+        assert checkpoint_stamp(folder) != stamp
+        after = ask().cross
+    finally:
+        worker.kill()
+    want = api.attention(api.load(str(folder), "cpu"), "twenty-one").cross
+    assert not np.allclose(after, before) and np.allclose(after, want, atol=1e-6)

@@ -21,7 +21,7 @@ from attnviz import api, jobs
 from attnviz.app import heavy
 from attnviz.app.budget import ByteBudget
 from attnviz.checkpoints import Bundle
-from attnviz.checkpoints.catalog import visitor_path
+from attnviz.checkpoints.catalog import checkpoint_stamp, visitor_path
 from attnviz.errors import AtlasError, CheckpointError, InputError
 from attnviz.training.history import HISTORY, History, load_history
 
@@ -31,15 +31,41 @@ T = TypeVar("T")
 RESULTS = ByteBudget()  # every session's computed results and figures, under ATTNVIZ_CACHE_MB
 
 
-@st.cache_resource(show_spinner="Loading the model…", max_entries=4)
-def load_bundle(model: str, device: str) -> Bundle:
-    """One loaded model per (model, device) for the whole process; never mutated.
+_STAMPS: dict[str, tuple] = {}  # model -> its folder's `checkpoint_stamp` when last loaded
+_STAMPS_LOCK = threading.Lock()
 
-    The heavy-work processes load it too, in the background, while the first page is read.
+
+def load_bundle(model: str, device: str) -> Bundle:
+    """One loaded model per (model, device) and version of its folder for the whole process; never mutated.
+
+    A folder rewritten on disk (a training resumed into it) is read again, and what was computed from
+    the version before is dropped (`forget_model`); the heavy-work processes check the same.
     """
+    stamp = checkpoint_stamp(model)
+    with _STAMPS_LOCK:
+        before = _STAMPS.get(model, stamp)
+        _STAMPS[model] = stamp
+    if before != stamp:
+        forget_model(model)
+    return _load_bundle(model, device, stamp)
+
+
+@st.cache_resource(show_spinner="Loading the model…", max_entries=4)
+def _load_bundle(model: str, device: str, stamp: tuple) -> Bundle:
+    """`load_bundle`'s load; the heavy-work processes load it too, in the background, while the first page is read."""
     bundle = api.load(model, device)
     heavy.pool().warm(model, device)
     return bundle
+
+
+def _mentions(key: Any, model: str) -> bool:
+    return key == model or (isinstance(key, tuple) and any(_mentions(part, model) for part in key))
+
+
+def forget_model(model: str) -> None:
+    """Drop every result and figure computed from ``model``, and every clearest head: its folder has changed."""
+    RESULTS.drop(lambda key: _mentions(key, model))
+    clearest_head.clear()
 
 
 @st.cache_resource(show_spinner="Finding the clearest head…", max_entries=8)

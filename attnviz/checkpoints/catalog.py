@@ -128,6 +128,21 @@ def list_models() -> list[str]:
     return names + ([MINILM] if minilm_dir() is not None else [])
 
 
+def checkpoint_stamp(name_or_dir: str | Path) -> tuple:
+    """What tells one version of a model's folder from another, in a few system calls: the name, size and
+    time of last change of each file directly in it (config, weights, tokenizer). () for a model that is no
+    folder here (a hub id not yet resolved, MiniLM's package). A training resumed into a folder changes it."""
+    text = str(name_or_dir).strip()
+    shipped = pretrained_dir() / text
+    folder = shipped if text and "/" not in text and os.sep not in text and shipped.is_dir() else Path(text)
+    try:
+        with os.scandir(folder) as entries:
+            files = [(entry.name, entry.stat()) for entry in entries if entry.is_file()]
+    except OSError:  # no such folder, or one we may not read: nothing to tell versions apart by
+        return ()
+    return tuple(sorted((name, s.st_size, s.st_mtime_ns) for name, s in files))
+
+
 def resolve_model(name_or_dir: str | Path) -> Path:
     """The checkpoint directory for a shipped model's name, a path, or a Hugging Face hub id.
 
