@@ -63,9 +63,13 @@ def _mentions(key: Any, model: str) -> bool:
 
 
 def forget_model(model: str) -> None:
-    """Drop every result and figure computed from ``model``, and every clearest head: its folder has changed."""
+    """Drop every result, figure and atlas computed from ``model``, and every clearest head: its folder changed."""
     RESULTS.drop(lambda key: _mentions(key, model))
     clearest_head.clear()
+    memo, lock = _computed_atlases()
+    with lock:
+        for key in [key for key in memo if key[0] == model]:
+            del memo[key]
 
 
 @st.cache_resource(show_spinner="Finding the clearest head…", max_entries=8)
