@@ -76,6 +76,17 @@ def check_text(text: str, side: str, max_tokens: int, count: Callable[[str], int
         )
 
 
+def check_read(n_pieces: int, side: str) -> None:
+    """InputError when the tokenizer read ``side``'s text as nothing: it held only what its normaliser drops or
+    reads as a space (zero-width characters, SentencePiece's own word mark "▁"), so the model would see its
+    special tokens alone."""
+    if n_pieces == 0:
+        raise InputError(
+            f"the {side} text is empty once this model's tokenizer has read it (it holds only spaces, word "
+            "marks ▁ or characters the tokenizer drops, such as zero-width ones): type a sentence"
+        )
+
+
 @dataclass(frozen=True)
 class Word:
     """One word of an encoded sequence: the pieces at positions ``start`` to ``stop`` (exclusive) and its text.
@@ -342,6 +353,9 @@ class TokenizersFile:
         self.tok = HFTokenizer.from_str(tokenizer_json)  # after the check: added tokens go through the normalizer
         self.tok.no_padding()
         self.tok.no_truncation()
+        # A special token's text typed by a person ("[CLS]", "<|endoftext|>") is read as text, as attnviz's own
+        # tokenizer reads "<s>": the model's special tokens are the ones its input adds, never the user's.
+        self.tok.encode_special_tokens = True
         return spec
 
     def _encode(self, text: str, side: str):
@@ -435,6 +449,7 @@ class SentencePieceTokenizer:
         check_text(text, side, self.max_tokens, lambda part: len(sp.encode(part)))
         ids, tokens = [], []
         pieces = sp.encode(text, return_type="proto").pieces
+        check_read(len(pieces), side)
         for piece in pieces:
             ids.append(piece.id)
             # An unknown character keeps its own text in the label, marked, so a map never shows

@@ -145,6 +145,12 @@ def test_tokenizer_labels_and_refusals(tiny_bert):
         tok.encode_target("the cat")
     with pytest.raises(InputError, match="empty"):
         tok.encode_source("   ")
+    with pytest.raises(InputError, match="empty once this model's tokenizer has read it"):
+        tok.encode_source("\u200b\ufeff")  # the normaliser drops both: nothing but [CLS] [SEP] would be left
+    typed = tok.encode_source("[CLS] the [SEP]")  # a special token's text, typed, is read as text
+    assert typed.tokens[0] == "[CLS]" and typed.tokens[-1] == "[SEP]" and len(typed.tokens) > 3
+    specials = set(tok.special_ids.values()) - {tok.unk_id}  # "[" is unknown to this tiny vocabulary: [UNK]
+    assert [i for i in typed.ids if i in specials] == [typed.ids[0], typed.ids[-1]], typed.tokens
     with pytest.raises(InputError, match="at most 64"):
         tok.encode_source("the cat " * 40)
 

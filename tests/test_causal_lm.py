@@ -235,6 +235,11 @@ def test_ids_are_exactly_the_tokenizers_with_the_bos_a_post_processor_adds(lm):
     encoded = bundle.tokenizer.encode_source(PROMPT)
     assert list(encoded.ids) == expected
     assert (encoded.tokens[0] == "<s>") == (family == "llama")
+    # The special tokens' text typed in a prompt is read as text: the only special ids are those the input adds.
+    specials = bundle.tokenizer.special
+    typed = " ".join(bundle.tokenizer.label(i) for i in sorted(specials))
+    added = [i for i in encoded.ids if i in specials]
+    assert [i for i in bundle.tokenizer.encode_source(f"{typed} {PROMPT}").ids if i in specials] == added, typed
 
 
 def test_byte_level_pieces_read_as_text_and_merge_into_words(lm):

@@ -106,6 +106,8 @@ def test_evaluate_last_line(capsys):
     [
         (["translate", "--model", "no-such-model", "hi"], "no model named 'no-such-model'"),
         (["translate", "--model", "en-de", "   "], "source text is empty"),
+        (["translate", "--model", "en-de", "\u2581 \u2581"], "source text is empty once"),  # SentencePiece's word mark
+        (["generate", "--model", "induction", "\u2581"], "prompt text is empty once"),
         (["translate", "--model", "en-de", "x" * 50_000], "at most"),
         (["attention", "--model", "/nonexistent/dir", "--src", "a", "--out", "x.npz"], "no model named"),
     ],
