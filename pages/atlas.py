@@ -12,7 +12,7 @@ from attnviz.app.frame import Context, frame
 from attnviz.app.present import folded, picture_area, room
 from attnviz.app.widgets import escape_markdown
 from attnviz.atlas import STATISTICS, Atlas, typical_sentences
-from attnviz.atlas.corpus import skipped_words
+from attnviz.atlas.corpus import skipped_words, text_lines
 from attnviz.figures.atlas import STATISTIC_LABELS, head_map
 from attnviz.figures.attention import attention_heatmap
 from attnviz.figures.common import export_config
@@ -58,7 +58,7 @@ def pasted_sentences(ctx: Context) -> list[str] | None:
         key="at_pasted",
         height=160,
     )
-    lines = [line.strip() for line in text.splitlines() if line.strip()]
+    lines = text_lines(text)  # as `attnviz atlas` splits a file
     if not lines:
         st.info("Paste some sentences, one per line.")
         return None

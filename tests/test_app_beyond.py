@@ -185,6 +185,7 @@ def test_importance_sentences_and_references():
 
 def test_sentence_pairs_reads_lines_and_references():
     assert sentence_pairs("a\n\n b \n", 5) == (("a", "b"), None)
+    assert sentence_pairs("a\u2028b\nc\r\nd\re", 5) == (("a\u2028b", "c", "d\re"), None), "lines as the CLI splits them"
     assert sentence_pairs("a ||| x\nb|||y", 5) == (("a", "b"), ("x", "y"))
     for bad, message in (("", "at least one"), ("a|||x\nb", "every line"), ("||| x", "source sentence")):
         with pytest.raises(InputError, match=message):

@@ -541,6 +541,16 @@ def test_the_positional_flag_pools_query_rows_over_the_corpus():
     assert head_table(cross)["positional"].isna().all(), "no relative position in cross-attention"
 
 
+def test_pasted_lines_are_the_lines_the_command_line_reads_from_a_file():
+    """The app's pasted corpus and the CLI's file: the same text, the same sentences (an audit found 8 in the
+    app where the CLI read 5 lines: str.splitlines also splits at U+2028, U+0085 and a lone \\r)."""
+    from attnviz.atlas.corpus import split_lines, text_lines
+
+    text = "twenty-one\ntwenty\u2028one\r\n  \ntwenty\rone\nseven\x85eight\n"
+    from_file = [line.strip() for line in split_lines(text.encode("utf-8")) if line.strip()]
+    assert text_lines(text) == from_file == ["twenty-one", "twenty\u2028one", "twenty\rone", "seven\x85eight"]
+
+
 def test_a_head_exactly_at_the_positional_share_is_positional_though_shares_are_float32():
     """36 of 40 rows is 90%: the rows store 36/40 in float32, and 0.9f x 40 is 35.99999988 (an audit found the
     induction model's layer 1 head 3 so flagged not positional); 35 of 40 stays under."""

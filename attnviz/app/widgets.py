@@ -185,7 +185,9 @@ def sentence_pairs(text: str, limit: int) -> tuple[tuple[str, ...], tuple[str, .
     Returns (sources, references or None). References must be given for every line or for none;
     blank lines are skipped; more than ``limit`` lines is an InputError, as is no line at all.
     """
-    lines = [line.strip() for line in text.splitlines() if line.strip()]
+    from attnviz.atlas.corpus import text_lines  # here: the atlas package imports torch, which widgets does not
+
+    lines = text_lines(text)  # as `attnviz atlas` splits a file
     if not lines:
         raise InputError("type at least one sentence, one per line")
     if len(lines) > limit:

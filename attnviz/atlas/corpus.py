@@ -120,6 +120,13 @@ def read_lines(path: Path, limit: int | None = None) -> list[str | None]:
     return list(iter_lines(path, limit))
 
 
+def text_lines(text: str) -> list[str]:
+    """The non-blank lines of typed or pasted ``text``, stripped, split as `split_lines` splits a file: only
+    ``\n`` ends a line (``\r\n`` too), so a Unicode line separator or a lone ``\r`` stays inside its sentence,
+    and the app and the command line read the same text as the same sentences."""
+    return [line.strip() for line in text.split("\n") if line.strip()]
+
+
 def split_lines(data: bytes, limit: int | None = None) -> list[str | None]:
     """The lines of a file's bytes (a final newline ends the last line; "\\r\\n" counts as one newline).
 
