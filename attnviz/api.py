@@ -266,9 +266,12 @@ def _lm_inputs(bundle: Bundle, prompt: Encoded, tgt: str | None, generate: int) 
     tok = bundle.tokenizer
     prompt_ids = torch.tensor([prompt.ids], device=bundle.device)
     ids = (*prompt.ids, *_continuation(bundle, prompt_ids, generate))
-    tokens = tuple(tok.target_token(i) for i in ids)
+    # The prompt's labels as its tokenizer read them ("<unk:☃>" says what an unknown piece stood for); the
+    # tokens the model wrote by their ids.
+    tokens = (*prompt.tokens, *(tok.target_token(i) for i in ids[len(prompt.ids) :]))
+    words = prompt.words if len(ids) == len(prompt.ids) else tok.target_words(ids)
     tensor = torch.tensor([ids], device=bundle.device)
-    return _Inputs(None, None, tensor, ids, tokens, tok.target_words(ids), False, len(ids) - len(prompt.ids))
+    return _Inputs(None, None, tensor, ids, tokens, words, False, len(ids) - len(prompt.ids))
 
 
 def _inputs(bundle: Bundle, src: str, tgt: str | None, src_enc: Encoded | None = None, generate: int = 0) -> _Inputs:

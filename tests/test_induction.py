@@ -140,3 +140,16 @@ def test_the_explorers_induction_statistic_is_the_plain_loop_on_a_clean_repeat(b
     np.testing.assert_allclose(table["induction"].to_numpy().reshape(induction.shape), induction, atol=1e-6)
     layer, head = heads["induction"]
     assert induction[layer - 1, head - 1] > 0.5, "the card's induction head does it on this text too"
+
+
+def test_an_unknown_piece_of_a_prompt_keeps_its_text_in_the_maps_labels(bundle):
+    """The labels of a prompt's maps are the tokens its tokenizer read: an unknown piece says what it stood for,
+    as the decoding page says it, and as its own word (an audit found '<unk>', and '☃' folded into 'b')."""
+    read = bundle.tokenizer.encode_source("a b ☃ c")
+    unknown = next(t for t in read.tokens if t.startswith("<unk:"))
+    queries, keys = attnviz.attention(bundle, "a b ☃ c").tokens("decoder")
+    assert queries == keys == read.tokens and unknown in queries
+    words, _ = attnviz.attention(bundle, "a b ☃ c", words=True).tokens("decoder")
+    assert words == ("<s>", "a", "b", "☃", "c"), words
+    generated, _ = attnviz.attention(bundle, "a b ☃ c", generate=2).tokens("decoder")
+    assert generated[: len(read.tokens)] == read.tokens and len(generated) == len(read.tokens) + 2
