@@ -65,10 +65,16 @@ def text_facts(bundle, src: str, tgt: str | None) -> TextFacts:
     cfg = bundle.config
     try:
         source, size = api.maps_size(bundle, src, tgt)
-        target = 0
+        target, unread = 0, ()
         if tgt is not None and not (cfg.decoder_only or cfg.encoder_only):
-            target = len(bundle.tokenizer.encode_target(tgt)[0].ids)
+            decoder_input = bundle.tokenizer.encode_target(tgt)[0]
+            target = len(decoder_input.ids)
+            unread = tuple(i for i in decoder_input.ids if i == bundle.tokenizer.unk_id)
         notice = api.out_of_domain(bundle, src)
+        if unread:  # the target is the model's input too: the command line refuses it, the app says so
+            n = f"{len(unread)} piece{'s' if len(unread) > 1 else ''}"
+            said = f"The target has {n} the model cannot read (characters it never saw), read as its unknown token."
+            notice = f"{notice} {said}" if notice else said
     except AttnvizError as e:
         return TextFacts(0, 0, 0, None, refused=str(e))
     return TextFacts(source, max(source, target), size, notice)

@@ -163,6 +163,20 @@ def test_bad_source_text_gives_a_message(page, text):
         assert "empty" in at.error[0].value or "at most" in at.error[0].value
 
 
+def test_unknown_characters_in_the_target_are_said_as_in_the_source():
+    """The target is the decoder's input: a character the model never saw there is named, as the command line
+    refuses it (an audit: the app said nothing about 'fünf' typed with a combining diaeresis)."""
+    at = open_app("pages/explorer.py")
+    at.sidebar.text_area(key="src").set_value("five").run()
+    at.sidebar.text_input(key="tgt").set_value("fu\u0308nf").run()
+    assert_ok(at)
+    assert any("The target has 1 piece the model cannot read" in w.value for w in at.warning), [
+        w.value for w in at.warning
+    ]
+    at.sidebar.text_input(key="tgt").set_value("fünf").run()
+    assert not any("The target has" in w.value for w in at.warning)
+
+
 @pytest.mark.slow
 def test_a_visitor_opens_only_folders_under_the_roots_and_learns_nothing_else(tmp_path, monkeypatch):
     roots, outside = tmp_path / "roots", tmp_path / "outside"
