@@ -551,6 +551,15 @@ def test_pasted_lines_are_the_lines_the_command_line_reads_from_a_file():
     assert text_lines(text) == from_file == ["twenty-one", "twenty\u2028one", "twenty\rone", "seven\x85eight"]
 
 
+def test_a_byte_order_mark_is_no_character_of_the_first_line(tmp_path):
+    """A corpus saved by a Windows editor starts with U+FEFF: its first line is read, not skipped as unknown."""
+    from attnviz.atlas.corpus import read_lines, split_lines
+
+    data = "\ufefftwenty-one\r\nfive\n".encode()
+    (tmp_path / "corpus.txt").write_bytes(data)
+    assert read_lines(tmp_path / "corpus.txt") == split_lines(data) == ["twenty-one", "five"]
+
+
 def test_a_head_exactly_at_the_positional_share_is_positional_though_shares_are_float32():
     """36 of 40 rows is 90%: the rows store 36/40 in float32, and 0.9f x 40 is 35.99999988 (an audit found the
     induction model's layer 1 head 3 so flagged not positional); 35 of 40 stays under."""

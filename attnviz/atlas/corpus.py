@@ -88,9 +88,13 @@ def file_sha256(path: Path) -> str:
 MAX_LINE_BYTES = 1 << 20  # a longer line is read this far only: no sentence a model reads is longer
 
 
+UTF8_BOM = b"\xef\xbb\xbf"
+
+
 def iter_lines(path: Path, limit: int | None = None) -> Iterator[str | None]:
     """The first ``limit`` lines of the file at ``path`` (all without it), read one at a time, as
-    `split_lines` splits them: ``--limit 10`` reads ten lines of a 100 MB corpus, not the file.
+    `split_lines` splits them (a byte-order mark before the first dropped): ``--limit 10`` reads ten lines
+    of a 100 MB corpus, not the file.
 
     A line is read up to `MAX_LINE_BYTES`, its rest skipped unread into memory: such a line is
     too long for any model, and is skipped later for that reason.
@@ -102,6 +106,8 @@ def iter_lines(path: Path, limit: int | None = None) -> Iterator[str | None]:
             if not chunk:
                 break
             count += 1
+            if count == 1:  # a byte-order mark, as Windows editors write one, is no character of the first line
+                chunk = chunk.removeprefix(UTF8_BOM)
             if chunk.endswith(b"\n"):
                 chunk = chunk[:-1]
             elif len(chunk) == MAX_LINE_BYTES:  # cut: skip the rest of this line in blocks
@@ -122,18 +128,19 @@ def read_lines(path: Path, limit: int | None = None) -> list[str | None]:
 
 def text_lines(text: str) -> list[str]:
     """The non-blank lines of typed or pasted ``text``, stripped, split as `split_lines` splits a file: only
-    ``\n`` ends a line (``\r\n`` too), so a Unicode line separator or a lone ``\r`` stays inside its sentence,
+    ``\\n`` ends a line (``\\r\\n`` too), so a Unicode line separator or a lone ``\\r`` stays inside its sentence,
     and the app and the command line read the same text as the same sentences."""
     return [line.strip() for line in text.split("\n") if line.strip()]
 
 
 def split_lines(data: bytes, limit: int | None = None) -> list[str | None]:
-    """The lines of a file's bytes (a final newline ends the last line; "\\r\\n" counts as one newline).
+    """The lines of a file's bytes (a final newline ends the last line; "\\r\\n" counts as one newline; a
+    byte-order mark before the first is dropped).
 
     A line that is not UTF-8 is None. Only ``\\n`` ends a line, so text with Unicode line
     separators inside stays one sentence.
     """
-    raw = data.split(b"\n")
+    raw = data.removeprefix(UTF8_BOM).split(b"\n")
     if raw and raw[-1] == b"":
         raw.pop()
     lines = []
