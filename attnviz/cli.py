@@ -231,7 +231,7 @@ def _check_known(bundle, args, src: str, tgt: str | None = None) -> list[str]:
     unknown = in_source if tgt is None else unknown_pieces(bundle, src, tgt)
     if unknown:
         distinct = list(dict.fromkeys(u.strip() or u for u in unknown))  # a piece's surface may start with a space
-        shown = ", ".join(repr(u) for u in distinct[:UNKNOWN_SHOWN])
+        shown = ", ".join(repr(u if len(u) <= 40 else u[:39] + "…") for u in distinct[:UNKNOWN_SHOWN])  # one line
         more = f" and {len(distinct) - UNKNOWN_SHOWN:,} more" if len(distinct) > UNKNOWN_SHOWN else ""
         pieces = "1 piece" if len(unknown) == 1 else f"{len(unknown):,} pieces"
         described = (

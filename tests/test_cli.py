@@ -340,6 +340,9 @@ def test_a_text_the_tokenizer_cannot_read_is_refused_in_one_line_unless_allowed(
         err = capsys.readouterr().err
         assert err.count("\n") == 1 and "cannot read: " in err and "'☃'" in err, err
     assert not list(tmp_path.iterdir())
+    assert main(["translate", "--model", "en-de", "☃" * 3000]) == 2  # one piece of 3,000 characters
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and len(err) < 300 and "☃…'" in err, err[:400]
 
     # Allowed, the work is done, the maps label the piece with its text, and a warning follows the output.
     maps = tmp_path / "maps.npz"

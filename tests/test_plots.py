@@ -6,6 +6,8 @@ base64 typed arrays.
 
 from __future__ import annotations
 
+import html
+
 import numpy as np
 import plotly.graph_objects as go
 import pytest
@@ -70,6 +72,21 @@ def test_repeated_tokens_keep_distinct_ticks_in_order():
     assert len(set(categories)) == 4 and categories == plotly_labels(tokens) == list(fig.data[0].x)
     assert list(fig.layout.yaxis.tickvals) == list(fig.data[0].y) == plotly_labels(tokens)
     assert list(fig.layout.xaxis.ticktext) == ["▁the", "▁cat", "▁the", "&lt;/s&gt;"], "no position before a token"
+
+
+def test_a_very_long_token_is_cut_in_its_tick_and_kept_whole_in_the_hover():
+    """A 10,000-letter word the tokenizer cannot read is one token: its tick would have pushed the map out of
+    the figure (a left margin of 71,722 px asked for, an audit). Ticks show at most MAX_TICK_CHARS."""
+    from attnviz.app.margins import _left
+    from attnviz.figures.common import MAX_TICK_CHARS
+
+    tokens = ["<unk:" + "a" * 10_000 + ">", "▁b"]
+    fig = attention_heatmap(random_maps(2, 2), tokens, tokens, "encoder")
+    for axis in (fig.layout.xaxis, fig.layout.yaxis):
+        shown = [html.unescape(text) for text in axis.ticktext]  # as plotly shows them
+        assert max(map(len, shown)) <= MAX_TICK_CHARS and shown[0].endswith("…"), shown
+    assert list(fig.data[0].y) == plotly_labels(tokens), "the hover names the whole token"
+    assert _left(fig.layout.yaxis.to_plotly_json()) < 600
 
 
 def test_digit_tokens_are_not_read_as_positions():

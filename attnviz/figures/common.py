@@ -124,19 +124,22 @@ def check_mask(mask, Q: int, K: int) -> np.ndarray | None:
     return mask
 
 
+MAX_TICK_CHARS = 40  # a tick label shows at most this many characters: a 10,000-letter word is one token too
+
+
 def ticks(labels: list[str], tokens: bool = False, most: int = MAX_TICK_LABELS, chars: int | None = None) -> dict:
     """Axis settings that label every position, or every n-th one beyond ``most`` labels.
 
     With ``tokens`` the labels are position labels (`plotly_labels`): the categories keep the
     position, so that repeated tokens stay apart and hover names the position, but when every
-    position is labelled the tick shows the token alone ("4 2" read as two numbers). With ``chars``
-    (a phone's layout) a tick shows at most that many characters, in `NARROW_TICK_FONT`.
+    position is labelled the tick shows the token alone ("4 2" read as two numbers). A tick shows at
+    most `MAX_TICK_CHARS` characters, and with ``chars`` (a phone's layout) at most that many, in
+    `NARROW_TICK_FONT`; the hover keeps the whole label.
     """
     step = max(1, math.ceil(len(labels) / most))
     shown = labels[::step]
     text = [label_text(label) for label in shown] if tokens and step == 1 else shown
-    if chars is not None:
-        text = [shortened(label, chars) for label in text]
+    text = [shortened(label, min(chars or MAX_TICK_CHARS, MAX_TICK_CHARS)) for label in text]
     settings = {"type": "category", "tickmode": "array", "tickvals": shown, "ticktext": text}
     font = TICK_FONT if chars is None else NARROW_TICK_FONT
     return {**settings, "tickfont": font} if tokens else settings
