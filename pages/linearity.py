@@ -10,6 +10,7 @@ from attnviz.app import bound, clamp_state, keep_in_range, load_bundle, shared, 
 from attnviz.app.frame import Context, frame
 from attnviz.app.present import data_table, first, room
 from attnviz.app.widgets import escape_markdown, guarded
+from attnviz.checkpoints.catalog import checkpoint_stamp
 from attnviz.errors import InputError
 from attnviz.figures import positional as pp
 from attnviz.lessons import positional as pe
@@ -43,8 +44,9 @@ def random_fit(d_model: int, n: int, ks: tuple[int, ...]) -> np.ndarray:
 
 
 @st.cache_data(show_spinner="Fitting the model's positions…", max_entries=16)
-def model_fit(model: str, device: str, ks: tuple[int, ...]) -> tuple[str, np.ndarray | None]:
-    """The loaded model's position kind and its fit residual per offset (None without a table)."""
+def model_fit(model: str, device: str, ks: tuple[int, ...], stamp: tuple) -> tuple[str, np.ndarray | None]:
+    """The loaded model's position kind and its fit residual per offset (None without a table); ``stamp``, the
+    folder's version (`checkpoint_stamp`), keys it: a folder rewritten while the server runs is fitted again."""
     kind, table = pe.model_positions(load_bundle(model, device).model)
     return kind, None if table is None else pe.fit_residual_by_offset(table, ks)
 
@@ -210,7 +212,7 @@ def add_model(ctx: Context, ks: tuple[int, ...], series: dict) -> str:
     if not ctx.ready:
         return "Choose a model in the sidebar to add its positions."
     try:
-        kind, residual = model_fit(ctx.model, ctx.device, ks)
+        kind, residual = model_fit(ctx.model, ctx.device, ks, checkpoint_stamp(ctx.model))
     except InputError as e:  # a position table too short for these offsets
         return f"{escape_markdown(ctx.label)}: {e}"
     if kind == "none":

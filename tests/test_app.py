@@ -510,6 +510,7 @@ def test_a_model_folder_rewritten_on_disk_is_read_again(tmp_path, visitor_roots)
     model (as the formation page sees the new history), not the maps of the one loaded before."""
     from safetensors.torch import load_file, save_file
 
+    from attnviz.app import cache
     from attnviz.app.cache import RESULTS, _computed_atlases
     from attnviz.checkpoints.catalog import pretrained_dir
 
@@ -526,13 +527,13 @@ def test_a_model_folder_rewritten_on_disk_is_read_again(tmp_path, visitor_roots)
     before = first_map()
     assert first_map() == before, "the same folder, the same map"
     atlases, _ = _computed_atlases()
-    atlases[(str(folder.resolve()), "cpu", ("twenty-one",))] = "an atlas of the weights before"
+    atlases[(cache._EPOCH[0], str(folder.resolve()), "cpu", ("twenty-one",))] = "an atlas of the weights before"
     tensors = load_file(folder / "model.safetensors")
     tensors = {name: value * 1.5 if "q_proj.weight" in name else value for name, value in tensors.items()}
     save_file(tensors, folder / "model.safetensors", metadata={"format": "attnviz"})
     after = first_map()
     assert after != before, "the rewritten weights give other maps"
-    assert not [key for key in atlases if key[0] == str(folder.resolve())], "nor an atlas of the old weights"
+    assert not [key for key in atlases if key[1] == str(folder.resolve())], "nor an atlas of the old weights"
     RESULTS.drop(lambda key: True)  # what a server started now would draw
     assert first_map() == after
 

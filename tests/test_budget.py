@@ -130,3 +130,24 @@ def test_distinct_long_inputs_one_after_another_stay_under_the_operators_budget(
         assert 0 < len(cache.RESULTS) < 12, "the oldest were dropped"
     finally:
         cache.RESULTS.clear()
+
+
+def test_a_result_made_while_a_model_folder_changes_is_not_handed_out_after():
+    """A figure being made from the old weights when the folder changes is kept under the old epoch, where
+    nobody asks for it (a review: dropping what was kept missed what was being made)."""
+    from attnviz.app import cache
+
+    started, release = threading.Event(), threading.Event()
+
+    def slow() -> str:
+        started.set()
+        release.wait(30)
+        return "made from the old weights"
+
+    making = threading.Thread(target=lambda: cache.shared("race", ("key",), slow))
+    making.start()
+    assert started.wait(30)
+    cache.forget_model("a model whose folder changed")
+    release.set()
+    making.join(30)
+    assert cache.shared("race", ("key",), lambda: "made from the new weights") == "made from the new weights"

@@ -849,3 +849,20 @@ def test_a_worker_reads_a_rewritten_model_folder_again(tmp_path):
         worker.kill()
     want = api.attention(api.load(str(folder), "cpu"), "twenty-one").cross
     assert not np.allclose(after, before) and np.allclose(after, want, atol=1e-6)
+
+
+def test_a_folders_version_is_its_checkpoints_files_not_a_trainings_saved_state(tmp_path):
+    """A resumed training rewrites train_state.pt at every record: that is not a new model to load again."""
+    import shutil
+
+    from attnviz.checkpoints.catalog import checkpoint_stamp, pretrained_dir
+
+    folder = tmp_path / "run"
+    shutil.copytree(pretrained_dir() / "reverse", folder, ignore=shutil.ignore_patterns("history"))
+    stamp = checkpoint_stamp(folder)
+    assert {name for name, *_ in stamp} >= {"config.json", "model.safetensors"}
+    (folder / "train_state.pt").write_bytes(b"state")
+    assert checkpoint_stamp(folder) == stamp
+    (folder / "config.json").write_text((folder / "config.json").read_text() + " ")
+    assert checkpoint_stamp(folder) != stamp
+    assert checkpoint_stamp("reverse") == checkpoint_stamp(pretrained_dir() / "reverse") != ()

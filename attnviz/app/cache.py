@@ -33,6 +33,9 @@ RESULTS = ByteBudget()  # every session's computed results and figures, under AT
 
 _STAMPS: dict[str, tuple] = {}  # model -> its folder's `checkpoint_stamp` when last loaded
 _STAMPS_LOCK = threading.Lock()
+# Every key of what is kept holds the epoch it was made in; a model folder that changes starts a new one. A result
+# made from the old weights while that happened is kept under the old epoch, where nobody asks for it.
+_EPOCH = [0]
 
 
 def load_bundle(model: str, device: str) -> Bundle:
@@ -58,24 +61,30 @@ def _load_bundle(model: str, device: str, stamp: tuple) -> Bundle:
     return bundle
 
 
-def _mentions(key: Any, model: str) -> bool:
-    return key == model or (isinstance(key, tuple) and any(_mentions(part, model) for part in key))
-
-
 def forget_model(model: str) -> None:
-    """Drop every result, figure and atlas computed from ``model``, and every clearest head: its folder changed."""
-    RESULTS.drop(lambda key: _mentions(key, model))
-    clearest_head.clear()
+    """``model``'s folder changed: start a new epoch, so that nothing computed before is handed out again (results,
+    figures, atlases and clearest heads of every model: a rare event, and the simplest rule that cannot miss one
+    computed at that very moment), and drop what the old epochs kept."""
+    with _STAMPS_LOCK:
+        _EPOCH[0] += 1
+        epoch = _EPOCH[0]
+    RESULTS.drop(lambda key: key[0] != epoch)
     memo, lock = _computed_atlases()
     with lock:
-        for key in [key for key in memo if key[0] == model]:
+        for key in [key for key in memo if key[0] != epoch]:
             del memo[key]
 
 
-@st.cache_resource(show_spinner="Finding the clearest head…", max_entries=8)
 def clearest_head(model: str, device: str) -> api.HeadChoice:
-    """(kind, layer, head) the pages open on for ``model`` ([`attnviz.api.clearest_head`][]), once per process."""
-    return api.clearest_head(load_bundle(model, device))
+    """(kind, layer, head) the pages open on for ``model`` ([`attnviz.api.clearest_head`][]), once per process
+    and version of its folder."""
+    bundle = load_bundle(model, device)  # first: it starts a new epoch when the folder has changed
+    return _clearest_head(model, device, _EPOCH[0], bundle)
+
+
+@st.cache_resource(show_spinner="Finding the clearest head…", max_entries=8)
+def _clearest_head(model: str, device: str, epoch: int, _bundle: Bundle) -> api.HeadChoice:
+    return api.clearest_head(_bundle)
 
 
 LIGHT_TOKENS = 64  # ATTNVIZ_LIGHT_TOKENS: one forward pass over at most this many tokens runs at once, in place
@@ -105,7 +114,7 @@ def text_facts(model: str, device: str, src: str, tgt: str | None = None) -> job
         light = len(src) + len(tgt or "") <= LIGHT_CHARS
         return compute("text_facts", "Reading the text", model, device, (src, tgt), light, lane=heavy.TEXT)
 
-    return RESULTS.get(("text", model, device, src, tgt), make)
+    return RESULTS.get((_EPOCH[0], "text", model, device, src, tgt), make)
 
 
 def within_limit(model: str, device: str, src: str, tgt: str | None = None) -> jobs.TextFacts:
@@ -268,12 +277,12 @@ def computed(name: str, model: str | None, device: str, *args) -> Any:
             light = rule is not None and model is not None and rule(model, device, *args)
             return compute(name, what, model, device, args, light)
 
-    return RESULTS.get(("computed", name, model, device, args), make)
+    return RESULTS.get((_EPOCH[0], "computed", name, model, device, args), make)
 
 
 def forget(name: str) -> None:
     """Drop every kept result of job ``name`` (the timing lesson's "Measure again")."""
-    RESULTS.drop(lambda key: key[:2] == ("computed", name))
+    RESULTS.drop(lambda key: key[1:3] == ("computed", name))
 
 
 def shared(kind: str, key: tuple, build: Callable[[], T]) -> T:
@@ -284,7 +293,7 @@ def shared(kind: str, key: tuple, build: Callable[[], T]) -> T:
     hit, which is what makes a rerun cheap; so the result is read-only (st.plotly_chart and st.table
     only read it). Bounded with the computed results, by bytes (`RESULTS`).
     """
-    return RESULTS.get(("shared", kind, key), build)
+    return RESULTS.get((_EPOCH[0], "shared", kind, key), build)
 
 
 @st.cache_resource
@@ -302,7 +311,7 @@ def computed_atlas(
     by every session and must be treated as read-only.
     """
     memo, lock = _computed_atlases()
-    key = (model, device, sentences)
+    key = (_EPOCH[0], model, device, sentences)
     with lock:
         if key in memo:
             return memo[key]

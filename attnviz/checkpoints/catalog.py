@@ -128,16 +128,24 @@ def list_models() -> list[str]:
     return names + ([MINILM] if minilm_dir() is not None else [])
 
 
+CHECKPOINT_SUFFIXES = (".json", ".safetensors", ".bin", ".model", ".spm", ".txt")  # what a model is read from
+
+
 def checkpoint_stamp(name_or_dir: str | Path) -> tuple:
     """What tells one version of a model's folder from another, in a few system calls: the name, size and
-    time of last change of each file directly in it (config, weights, tokenizer). () for a model that is no
-    folder here (a hub id not yet resolved, MiniLM's package). A training resumed into a folder changes it."""
+    time of last change of each of its checkpoint's files (`CHECKPOINT_SUFFIXES`: config, weights,
+    tokenizer; not a training's saved state, which a resumed training rewrites at every record). () for a
+    model that is no folder here (a hub id not yet resolved, MiniLM's package)."""
     text = str(name_or_dir).strip()
     shipped = pretrained_dir() / text
     folder = shipped if text and "/" not in text and os.sep not in text and shipped.is_dir() else Path(text)
     try:
         with os.scandir(folder) as entries:
-            files = [(entry.name, entry.stat()) for entry in entries if entry.is_file()]
+            files = [
+                (entry.name, entry.stat())
+                for entry in entries
+                if entry.name.endswith(CHECKPOINT_SUFFIXES) and entry.is_file()
+            ]
     except OSError:  # no such folder, or one we may not read: nothing to tell versions apart by
         return ()
     return tuple(sorted((name, s.st_size, s.st_mtime_ns) for name, s in files))
