@@ -33,6 +33,7 @@ attnviz.attention(lm, "The capital of France is", generate=5).decoder.shape
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import platform
 from dataclasses import dataclass
@@ -269,7 +270,11 @@ def _lm_inputs(bundle: Bundle, prompt: Encoded, tgt: str | None, generate: int) 
     # The prompt's labels as its tokenizer read them ("<unk:☃>" says what an unknown piece stood for); the
     # tokens the model wrote by their ids.
     tokens = (*prompt.tokens, *(tok.target_token(i) for i in ids[len(prompt.ids) :]))
-    words = prompt.words if len(ids) == len(prompt.ids) else tok.target_words(ids)
+    written = tok.target_words(ids[len(prompt.ids) :])  # the model's own words, after the prompt's
+    words = (
+        *prompt.words,
+        *(dataclasses.replace(w, start=w.start + len(prompt.ids), stop=w.stop + len(prompt.ids)) for w in written),
+    )
     tensor = torch.tensor([ids], device=bundle.device)
     return _Inputs(None, None, tensor, ids, tokens, words, False, len(ids) - len(prompt.ids))
 

@@ -76,12 +76,16 @@ def check_text(text: str, side: str, max_tokens: int, count: Callable[[str], int
         )
 
 
+class ReadAsNothing(InputError):
+    """A text its tokenizer reads as no piece at all (`check_read`): as good as empty."""
+
+
 def check_read(n_pieces: int, side: str) -> None:
     """InputError when the tokenizer read ``side``'s text as nothing: it held only what its normaliser drops or
     reads as a space (zero-width characters, SentencePiece's own word mark "▁"), so the model would see its
     special tokens alone."""
     if n_pieces == 0:
-        raise InputError(
+        raise ReadAsNothing(
             f"the {side} text is empty once this model's tokenizer has read it (it holds only spaces, word "
             "marks ▁ or characters the tokenizer drops, such as zero-width ones): type a sentence"
         )

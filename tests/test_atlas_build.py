@@ -558,6 +558,16 @@ def test_a_byte_order_mark_is_no_character_of_the_first_line(tmp_path):
     data = "\ufefftwenty-one\r\nfive\n".encode()
     (tmp_path / "corpus.txt").write_bytes(data)
     assert read_lines(tmp_path / "corpus.txt") == split_lines(data) == ["twenty-one", "five"]
+    from attnviz.atlas.corpus import text_lines
+
+    assert text_lines("\ufefftwenty-one\nfive") == ["twenty-one", "five"], "pasted, as read from a file"
+
+
+def test_a_line_the_tokenizer_reads_as_nothing_is_skipped_as_empty(bundle):
+    """'▁' is SentencePiece's word mark, read as a space: such a line or target is empty, not too long."""
+    atlas = compute_atlas(bundle, ["twenty-one", "\u2581", "five"], ["einundzwanzig", "zwei", "\u2581"])
+    skipped = atlas.manifest["counts"]["skipped"]
+    assert skipped["empty"] == 1 and skipped["empty_target"] == 1 and skipped["too_long"] == 0, skipped
 
 
 def test_a_head_exactly_at_the_positional_share_is_positional_though_shares_are_float32():

@@ -153,3 +153,5 @@ def test_an_unknown_piece_of_a_prompt_keeps_its_text_in_the_maps_labels(bundle):
     assert words == ("<s>", "a", "b", "☃", "c"), words
     generated, _ = attnviz.attention(bundle, "a b ☃ c", generate=2).tokens("decoder")
     assert generated[: len(read.tokens)] == read.tokens and len(generated) == len(read.tokens) + 2
+    words, _ = attnviz.attention(bundle, "a b ☃ c", generate=2, words=True).tokens("decoder")
+    assert words[:5] == ("<s>", "a", "b", "☃", "c") and len(words) == 7, words  # the model wrote two more

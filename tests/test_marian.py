@@ -22,7 +22,7 @@ transformers = pytest.importorskip("transformers")
 from attnviz.checkpoints import marian  # noqa: E402
 from attnviz.checkpoints.marian import marian_config  # noqa: E402
 from attnviz.decoding import greedy_decode  # noqa: E402
-from attnviz.errors import CheckpointError  # noqa: E402
+from attnviz.errors import CheckpointError, InputError  # noqa: E402
 from attnviz.tokenizer import train_sentencepiece  # noqa: E402
 
 SOURCE = [
@@ -196,6 +196,9 @@ def test_tokenizer_matches_transformers(pair):
     assert inp.ids[0] == tok.pad_id == tok.bos_id and labels.ids[-1] == tok.eos_id
     assert inp.ids[1:] == labels.ids[:-1]
     assert tok.decode(labels.ids) == "die katze"
+    for side in (tok.encode_source, tok.encode_target):  # SentencePiece's word mark alone is read as nothing
+        with pytest.raises(InputError, match="empty once"):
+            side("\u2581 \u2581")
 
 
 def test_pickled_weights_load_with_weights_only(marian_dir, tmp_path, caplog, monkeypatch):

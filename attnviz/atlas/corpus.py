@@ -22,7 +22,7 @@ from itertools import islice
 from pathlib import Path
 
 from attnviz.errors import InputError
-from attnviz.tokenizer import Tokenizer
+from attnviz.tokenizer import ReadAsNothing, Tokenizer
 
 SKIP_REASONS = ("empty", "too_long", "not_utf8", "empty_target", "target_too_long", "unknown", "unknown_target")
 SKIP_WORDS = {  # each reason as a count of lines says it: "3 too long", "2 with characters the tokenizer cannot read"
@@ -130,7 +130,7 @@ def text_lines(text: str) -> list[str]:
     """The non-blank lines of typed or pasted ``text``, stripped, split as `split_lines` splits a file: only
     ``\\n`` ends a line (``\\r\\n`` too), so a Unicode line separator or a lone ``\\r`` stays inside its sentence,
     and the app and the command line read the same text as the same sentences."""
-    return [line.strip() for line in text.split("\n") if line.strip()]
+    return [line.strip() for line in text.removeprefix("\ufeff").split("\n") if line.strip()]
 
 
 def split_lines(data: bytes, limit: int | None = None) -> list[str | None]:
@@ -181,8 +181,11 @@ def tokenize(
         if not src.strip():
             skipped["empty"] += 1
             continue
-        try:  # the only InputError a tokenizer raises for non-empty text is about its length
+        try:  # besides a text read as nothing, the only InputError a tokenizer raises is about its length
             enc = tokenizer.encode_source(src)
+        except ReadAsNothing:
+            skipped["empty"] += 1
+            continue
         except InputError:
             skipped["too_long"] += 1
             continue
@@ -196,6 +199,9 @@ def tokenize(
                 continue
             try:
                 dec, _ = tokenizer.encode_target(tgt)
+            except ReadAsNothing:
+                skipped["empty_target"] += 1
+                continue
             except InputError:
                 skipped["target_too_long"] += 1
                 continue

@@ -43,6 +43,7 @@ from attnviz.tokenizer import (
     Encoded,
     Word,
     check_growth,
+    check_read,
     check_text,
     model_words,
     sentencepiece_growth,
@@ -204,6 +205,7 @@ class MarianTokenizer:
             words.append(Word(first, first + 1, tag, special=True))  # a tag is no word of the sentence
             text = LANGUAGE_CODE.sub("", text)
         pieces = sp.encode(text, return_type="proto").pieces
+        check_read(len(pieces), side)  # a language tag alone is no sentence either
         for piece in pieces:
             ids.append(vocab.get(piece.piece, self.unk_id))
             tokens.append(f"<unk:{piece.surface}>" if ids[-1] == self.unk_id else piece.piece)
