@@ -58,6 +58,23 @@ def test_the_room_thins_a_long_maps_row_labels_and_keeps_a_sentences(Q, monkeypa
         assert list(axis.ticktext) == list(axis.tickvals)
 
 
+def test_thinned_rows_keep_their_positions_though_a_long_token_is_cut(monkeypatch):
+    """A 300-letter token's tick is cut ("…"); thinned in presenter mode, the rows are still named by position
+    (a review found them named by the cut tokens alone, their positions gone)."""
+    from attnviz.app import present
+    from attnviz.figures.common import MAX_TICK_CHARS
+
+    monkeypatch.setattr(present, "presenting", lambda: True)
+    Q = 60
+    weights = np.tril(np.ones((Q, Q))) / np.arange(1, Q + 1)[:, None]
+    rows = [f"▁w{i}" if i else "▁" + "w" * 300 for i in range(Q)]
+    fig = present.room(attention_heatmap(weights, rows, rows, "decoder", mask=np.tril(np.ones((Q, Q), bool))))
+    axis = fig.layout.yaxis
+    assert len(axis.tickvals) < Q, "thinned"
+    assert all(text.split(" ", 1)[0].isdigit() for text in axis.ticktext), list(axis.ticktext)[:3]
+    assert max(len(text) for text in axis.ticktext) <= MAX_TICK_CHARS
+
+
 # The boxes of a drawn figure's y tick labels, top to bottom.
 LABEL_BOXES = """() => [...document.querySelectorAll('.ytick text')].map(t => {
     const b = t.getBoundingClientRect(); return [b.top, b.bottom, t.textContent];

@@ -20,12 +20,14 @@ import streamlit as st
 from attnviz.app import margins, viewport
 from attnviz.app.text import escape_markdown
 from attnviz.figures.common import (
+    MAX_TICK_CHARS,
     MODEBAR_PX,
     TICK_FONT,
     copied_spec,
     fitted_lines,
     remade,
     rows_that_fit,
+    shortened,
     text_px,
 )
 
@@ -444,9 +446,12 @@ def _rows_apart(layout: dict) -> None:
     if len(values) <= fit:
         return
     step = math.ceil(len(values) / fit)
-    token_only = all(str(v).endswith(str(t)) for v, t in zip(values, texts, strict=True))
+    # The ticks show tokens alone (every row labelled): thinned, they show positions too. A token's tick
+    # may be cut ("…", `ticks`), which its value, the whole label, is not.
+    token_only = all(str(v).endswith(str(t)) or str(t).endswith("…") for v, t in zip(values, texts, strict=True))
     shown = values[::step]
-    axis["tickvals"], axis["ticktext"] = shown, shown if token_only else texts[::step]
+    axis["tickvals"] = shown
+    axis["ticktext"] = [shortened(str(v), MAX_TICK_CHARS) for v in shown] if token_only else texts[::step]
 
 
 def _title_on_the_plot(layout: dict) -> None:

@@ -13,7 +13,7 @@ import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
 from attnviz.figures.attention import attention_heatmap
-from attnviz.figures.common import HIGHLIGHT, as_array, check_tokens, plotly_labels
+from attnviz.figures.common import HIGHLIGHT, MAX_TICK_CHARS, as_array, check_tokens, plotly_labels, shortened
 from attnviz.kinds import TITLES
 
 CONTRIBUTION_COLORSCALE = "Purples"  # not the weights' Blues: a contribution is not a weight
@@ -91,7 +91,8 @@ def relevance_bars(
             row=1,
             col=col,
         )
-        fig.update_yaxes(type="category", autorange="reversed", tickvals=labels, ticktext=labels, row=1, col=col)
+        ticktext = [shortened(label, MAX_TICK_CHARS) for label in labels]  # the hover keeps the whole label
+        fig.update_yaxes(type="category", autorange="reversed", tickvals=labels, ticktext=ticktext, row=1, col=col)
         fig.update_xaxes(title="relevance", row=1, col=col)
     fig.update_layout(
         title=f"Relevance for {explained}",

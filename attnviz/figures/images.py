@@ -31,6 +31,7 @@ from attnviz.analysis import downsample
 from attnviz.figures.common import (
     HIGHLIGHT,
     MASKED_GREY,
+    MAX_TICK_CHARS,
     SCORE_COLORSCALE,
     WEIGHT_COLORSCALE,
     above_top_labels,
@@ -39,6 +40,7 @@ from attnviz.figures.common import (
     check_tokens,
     kind_titles,
     plotly_labels,
+    shortened,
 )
 
 CONTRASTS = {
@@ -158,7 +160,11 @@ def position_ticks(labels: list[str], max_labels: int = 40, span: tuple[int, int
     start, stop = span or (0, len(labels))
     step = max(1, math.ceil((stop - start) / max_labels))
     positions = list(range(start, stop, step))
-    return {"tickmode": "array", "tickvals": positions, "ticktext": [labels[i] for i in positions]}
+    return {
+        "tickmode": "array",
+        "tickvals": positions,
+        "ticktext": [shortened(labels[i], MAX_TICK_CHARS) for i in positions],
+    }
 
 
 def map_image(
