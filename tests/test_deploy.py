@@ -7,6 +7,7 @@ nginx; under CI (CI=true) a missing nginx is a failure, so the check cannot sile
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import re
 import shutil
@@ -60,14 +61,13 @@ def served():
             proc.wait(timeout=30)
 
 
-async def _session_id(port: int, cookie: str, existing: str | None = None) -> str:
-    """Open the app through nginx with a route cookie (resuming ``existing``); the session's id."""
+@contextlib.asynccontextmanager
+async def _session(port: int, protocols: list[str], headers: dict[str, str]):
+    """A session of the app through nginx, open while the block runs: its id, once its first run has finished."""
     import websockets
     from streamlit.proto.BackMsg_pb2 import BackMsg
     from streamlit.proto.ForwardMsg_pb2 import ForwardMsg
 
-    protocols = ["streamlit", "no-xsrf-token", *([existing] if existing else [])]  # as the browser sends them
-    headers = {"Cookie": f"attnviz_route={cookie}"}
     async with websockets.connect(
         f"ws://127.0.0.1:{port}/_stcore/stream", subprotocols=protocols, additional_headers=headers, max_size=None
     ) as ws:
@@ -82,7 +82,15 @@ async def _session_id(port: int, cookie: str, existing: str | None = None) -> st
                 if reply.WhichOneof("type") == "new_session":
                     session = reply.new_session.initialize.session_id or session
                 if reply.WhichOneof("type") == "script_finished":
-                    return session
+                    break
+        yield session
+
+
+async def _session_id(port: int, cookie: str, existing: str | None = None) -> str:
+    """Open the app through nginx with a route cookie (resuming ``existing``); the session's id."""
+    protocols = ["streamlit", "no-xsrf-token", *([existing] if existing else [])]  # as the browser sends them
+    async with _session(port, protocols, {"Cookie": f"attnviz_route={cookie}"}) as session:
+        return session
 
 
 def test_the_page_is_served_with_a_route_cookie(served):
@@ -110,12 +118,7 @@ def test_a_browser_keeps_its_session_on_its_replica(served):
 def test_no_file_is_uploaded_though_a_session_is_open(served):
     """The app has no file uploader, and Streamlit's upload endpoint, which keeps every file it takes for an
     open session (200 MB each by default), refuses any file with content (server.maxUploadSize 0)."""
-    import time
     import urllib.error
-
-    import websockets
-    from streamlit.proto.BackMsg_pb2 import BackMsg
-    from streamlit.proto.ForwardMsg_pb2 import ForwardMsg
 
     port, _ = served
     token = f"2|00000000|{'ab' * 16}|{int(time.time())}"  # the form Streamlit's XSRF cookie takes
@@ -131,21 +134,7 @@ def test_no_file_is_uploaded_though_a_session_is_open(served):
     )
 
     async def upload() -> tuple[str, list[int]]:
-        async with websockets.connect(
-            f"ws://127.0.0.1:{port}/_stcore/stream",
-            subprotocols=["streamlit", token],
-            additional_headers={"Cookie": cookie},
-        ) as ws:
-            msg = BackMsg()
-            msg.rerun_script.page_name = ""
-            await ws.send(msg.SerializeToString())
-            session = None
-            async with asyncio.timeout(120):
-                while session is None:
-                    reply = ForwardMsg()
-                    reply.ParseFromString(await ws.recv())
-                    if reply.WhichOneof("type") == "new_session":
-                        session = reply.new_session.initialize.session_id
+        async with _session(port, ["streamlit", token], {"Cookie": cookie}) as session:
             statuses = []
             for name in ("a", "b"):
                 request = urllib.request.Request(
