@@ -128,6 +128,12 @@ def list_models() -> list[str]:
     return names + ([MINILM] if minilm_dir() is not None else [])
 
 
+def _shipped(text: str) -> Path | None:
+    """The shipped model's folder when ``text`` is a bare name of one (no path separator), else None."""
+    folder = pretrained_dir() / text
+    return folder if text and "/" not in text and os.sep not in text and folder.is_dir() else None
+
+
 CHECKPOINT_SUFFIXES = (".json", ".safetensors", ".bin", ".model", ".spm", ".txt")  # what a model is read from
 
 
@@ -137,8 +143,7 @@ def checkpoint_stamp(name_or_dir: str | Path) -> tuple:
     tokenizer; not a training's saved state, which a resumed training rewrites at every record). () for a
     model that is no folder here (a hub id not yet resolved, MiniLM's package)."""
     text = str(name_or_dir).strip()
-    shipped = pretrained_dir() / text
-    folder = shipped if text and "/" not in text and os.sep not in text and shipped.is_dir() else Path(text)
+    folder = _shipped(text) or Path(text)
     try:
         with os.scandir(folder) as entries:
             files = [
@@ -171,8 +176,8 @@ def resolve_model(name_or_dir: str | Path) -> Path:
             )
         return found
     try:
-        if bare and (pretrained_dir() / text).is_dir():
-            return pretrained_dir() / text
+        if shipped := _shipped(text):
+            return shipped
         path = Path(text).expanduser()
         if path.is_dir():
             return path
