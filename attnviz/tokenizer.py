@@ -367,6 +367,12 @@ class TokenizersFile:
         check_growth(text, self.text_growth, side)
         return self.tok.encode(text)
 
+    def _encode_text(self, text: str, side: str):
+        """`_encode`, and an InputError (`check_read`) when no piece is the text's own, only special tokens."""
+        enc = self._encode(text, side)
+        check_read(sum(1 for special in enc.special_tokens_mask if not special), side)
+        return enc
+
     def _decode(self, ids: Sequence[int], skip_special_tokens: bool) -> str:
         """The library's decoding of ``ids``, once its worst-case length is within bounds."""
         ids = [int(i) for i in ids]

@@ -33,7 +33,7 @@ from attnviz.checkpoints.files import (
 )
 from attnviz.errors import CheckpointError, ConfigError, InputError
 from attnviz.model import TransformerConfig
-from attnviz.tokenizer import Encoded, TokenizersFile, Word, check_read, check_text
+from attnviz.tokenizer import Encoded, TokenizersFile, Word, check_text
 
 log = logging.getLogger(__name__)
 
@@ -167,8 +167,7 @@ class BertWordPieceTokenizer(TokenizersFile):
     def encode_source(self, text: str) -> Encoded:
         """Encoder input: ``[CLS]``, the WordPiece pieces (``##`` marks a word's continuation), ``[SEP]``."""
         check_text(text, "source", self.max_tokens, lambda part: len(self._encode(part, "source").ids))
-        enc = self._encode(text, "source")
-        check_read(sum(1 for special in enc.special_tokens_mask if not special), "source")
+        enc = self._encode_text(text, "source")
         tokens = []
         groups: list[list[int]] = []  # the positions of each word's pieces
         for position, (i, piece, (start, end), special) in enumerate(

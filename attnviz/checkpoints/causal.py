@@ -45,7 +45,7 @@ from attnviz.checkpoints.files import (
 from attnviz.checkpoints.limits import current_limits
 from attnviz.config import TransformerConfig
 from attnviz.errors import CheckpointError, ConfigError, InputError, describe
-from attnviz.tokenizer import Encoded, TokenizersFile, Word, check_read, check_text
+from attnviz.tokenizer import Encoded, TokenizersFile, Word, check_text
 
 log = logging.getLogger(__name__)
 
@@ -132,9 +132,7 @@ class CausalLMTokenizer(TokenizersFile):
     def encode_source(self, text: str) -> Encoded:
         """The prompt: ids exactly as ``tokenizers`` gives them (a BOS where the post-processor adds one)."""
         check_text(text, "prompt", self.max_tokens, lambda part: len(self._encode(part, "prompt").ids))
-        enc = self._encode(text, "prompt")
-        check_read(sum(1 for special in enc.special_tokens_mask if not special), "prompt")
-        ids = tuple(enc.ids)
+        ids = tuple(self._encode_text(text, "prompt").ids)
         if len(ids) > self.max_tokens:
             raise InputError(f"the prompt is {len(ids):,} tokens long; this model takes at most {self.max_tokens:,}")
         return Encoded(ids, tuple(self.label(i) for i in ids), self.target_words(ids))
