@@ -9,6 +9,7 @@ and shared by every session as it is: read-only.
 from __future__ import annotations
 
 import inspect
+import logging
 import os
 import threading
 from collections.abc import Callable
@@ -27,6 +28,7 @@ from attnviz.training.history import HISTORY, History, load_history
 
 ATLAS_MEMORY = 8  # atlases computed in the app, kept for every session (the oldest goes first)
 
+log = logging.getLogger(__name__)
 T = TypeVar("T")
 RESULTS = ByteBudget()  # every session's computed results and figures, under ATTNVIZ_CACHE_MB
 
@@ -65,6 +67,7 @@ def forget_model(model: str) -> None:
     """``model``'s folder changed: start a new epoch, so that nothing computed before is handed out again (results,
     figures, atlases and clearest heads of every model: a rare event, and the simplest rule that cannot miss one
     computed at that very moment), and drop what the old epochs kept."""
+    log.info("the model folder %s changed: what was computed before is dropped, for every model", model)
     with _STAMPS_LOCK:
         _EPOCH[0] += 1
         epoch = _EPOCH[0]
