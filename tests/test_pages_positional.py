@@ -183,8 +183,7 @@ def test_two_models_of_one_name_each_get_their_own_fit(tmp_path_factory, tiny_sp
 @pytest.mark.parametrize("page", [POSITIONAL, LINEARITY])
 def test_a_rotary_model_is_not_said_to_see_a_set(page):
     """induction-long adds no table, yet its attention depends on positions: said so, not 'sees a set'."""
-    at = open_app(page)
-    at.sidebar.selectbox(key="model").set_value("induction-long").run()
+    at = open_app(page, "induction-long")
     assert_ok(at)
     said = texts(at)
     assert "uses rotary positions" in said and "as a set" not in said and "no positional encoding" not in said
