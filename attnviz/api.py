@@ -48,7 +48,7 @@ from attnviz import analysis
 from attnviz.atlas import Atlas, build_atlas, compute_atlas, load_atlas  # noqa: F401 - public (attnviz.public)
 from attnviz.checkpoints import Bundle, load_checkpoint
 from attnviz.checkpoints.catalog import DEFAULT_MODEL, MINILM, list_models, resolve_model  # noqa: F401 - public (attnviz.public)
-from attnviz.decoding import Decoding, greedy_decode, output_limit
+from attnviz.decoding import MAX_OUTPUT_TOKENS, Decoding, greedy_decode, output_limit
 from attnviz.decoding import step_through as _step_through
 from attnviz.devices import device_name
 from attnviz.errors import InputError, NonFiniteError
@@ -89,7 +89,30 @@ LM_TRANSLATES = "this model is a language model: it continues a prompt rather th
 
 
 def _max_output(bundle: Bundle, src_len: int) -> int:
-    return output_limit(src_len, bundle.config.max_len)
+    """How many tokens decoding may write after ``src_len`` input tokens. A language model's output
+    follows its prompt in the same positions: it may fill those the prompt leaves, at most
+    `MAX_OUTPUT_TOKENS`; a prompt that leaves none is refused."""
+    cfg = bundle.config
+    if not cfg.decoder_only:
+        return output_limit(src_len, cfg.max_len)
+    room = cfg.max_len - src_len
+    if room < 1:
+        raise InputError(
+            f"the prompt is {src_len} tokens and this model reads at most {cfg.max_len}: it leaves no position "
+            "for a next token; shorten the prompt"
+        )
+    return min(MAX_OUTPUT_TOKENS, room)
+
+
+MAX_TOP_K = 64  # candidates kept at each step of a decoding
+
+
+def _check_top_k(bundle: Bundle, top_k) -> None:
+    most = min(MAX_TOP_K, bundle.config.tgt_vocab_size)
+    if not isinstance(top_k, int) or isinstance(top_k, bool) or not 1 <= top_k <= most:
+        raise InputError(
+            f"top_k, the candidates kept at each step, must be a whole number from 1 to {most}, got {top_k!r}"
+        )
 
 
 def _say_truncated(limit: int) -> None:
@@ -157,6 +180,7 @@ def translate(bundle: Bundle, text: str, beam: int = 1, ablate: str | Ablation |
 
 
 MAX_NEW_TOKENS = 256  # the most tokens generate appends to a prompt
+GENERATE_IS_AN_LM_S = "generate applies to language models; this model's decoder input is its translation"
 
 
 def _new_tokens(bundle: Bundle, prompt_len: int, max_new: int) -> int:
@@ -213,6 +237,7 @@ def step_through(
     ``ablate``: heads switched off, as in [`translate`][attnviz.api.translate].
     """
     _check_beam(beam)
+    _check_top_k(bundle, top_k)
     src = _source_tensor(bundle, text)
     ablation = _ablation(bundle, ablate)
     forced = None
@@ -290,7 +315,7 @@ def _inputs(bundle: Bundle, src: str, tgt: str | None, src_enc: Encoded | None =
     if bundle.config.decoder_only:
         return _lm_inputs(bundle, src_enc, tgt, generate)
     if generate:
-        raise InputError("generate applies to language models; this model's decoder input is its translation")
+        raise InputError(GENERATE_IS_AN_LM_S)
     src_ids = torch.tensor([src_enc.ids], device=bundle.device)
     if bundle.config.encoder_only:
         if tgt is not None:
@@ -636,6 +661,7 @@ def compare_ablation(
     With ``words`` the two exports' maps are over words, as [`attention`][attnviz.api.attention] gives them; the steps
     stay pieces, as the decoder writes them.
     """
+    _check_top_k(bundle, top_k)
     ablation = _ablation(bundle, ablate)
     inputs = _inputs(bundle, src, tgt)
     src_ids = inputs.src
@@ -814,9 +840,13 @@ def maps_size(bundle: Bundle, src: str, tgt: str | None = None, generate: int = 
     takes in float32, before any is made. A model that writes its own output is taken to write as
     many tokens as it reads; a language model's ``generate`` tokens are counted."""
     cfg, tok = bundle.config, bundle.tokenizer
+    if generate and not cfg.decoder_only:
+        raise InputError(GENERATE_IS_AN_LM_S)
     S = len(tok.encode_source(src).ids)
     T = len(tok.encode_target(tgt)[0].ids) if tgt and not (cfg.decoder_only or cfg.encoder_only) else None
-    return S, maps_bytes(cfg, S + generate if cfg.decoder_only else S, T)
+    if cfg.decoder_only:
+        return S, maps_bytes(cfg, S + _new_tokens(bundle, S, generate), T)
+    return S, maps_bytes(cfg, S, T)
 
 
 @torch.no_grad()

@@ -81,6 +81,7 @@ def text_facts(bundle, src: str, tgt: str | None) -> TextFacts:
 
 
 def _decoding(bundle, src: str, beam: int, tgt: str | None, top_k: int = 8):
+    top_k = min(top_k, bundle.config.tgt_vocab_size)  # a model of fewer tokens shows them all
     return api.step_through(bundle, src, beam=beam, top_k=top_k, target=tgt)
 
 
@@ -124,7 +125,10 @@ def torch_ids(bundle, src: str):
 def _rotary(bundle, src: str, tgt, layer: int, max_offset: int):
     """(the shift check, the score by offset) of a rotary language model's layer, on the prompt ``src``."""
     ids = torch_ids(bundle, src)
-    last, first = ids.shape[1] - 1, 1 if ids.shape[1] > 1 else 0  # the last token's query, the first word's key
+    # the last token's query, the first word's key: after the start token where the tokenizer adds one (Llama),
+    # the prompt's first token where it adds none (GPT-2, Qwen2)
+    starts = ids.shape[1] > 1 and int(ids[0, 0]) == bundle.tokenizer.bos_id
+    last, first = ids.shape[1] - 1, 1 if starts else 0
     return rotary.shift_check(bundle, ids, layer), rotary.score_by_offset(bundle, ids, layer, last, first, max_offset)
 
 

@@ -562,3 +562,17 @@ def test_maps_size_of_a_language_model_counts_the_generated_tokens():
     lm = attnviz.load("induction", device="cpu")
     export = attnviz.attention(lm, "q w e r t y q w", generate=3)
     assert attnviz.maps_size(lm, "q w e r t y q w", generate=3)[1] == export.decoder.nbytes
+
+
+def test_maps_size_refuses_a_generate_that_attention_refuses():
+    """A negative count, one beyond the model's positions, or one given to a translator: the size of the
+    maps attention would refuse to make is not reported (it was, of |S + generate| tokens)."""
+    from attnviz.errors import InputError
+
+    lm, translator = attnviz.load("induction", device="cpu"), attnviz.load("reverse", device="cpu")
+    for bundle, generate in ((lm, -100), (lm, 2.5), (lm, 60), (translator, 5)):
+        with pytest.raises(InputError) as size_error:
+            attnviz.maps_size(bundle, "q w e r t y", generate=generate)
+        with pytest.raises(InputError) as maps_error:
+            attnviz.attention(bundle, "q w e r t y", generate=generate)
+        assert str(size_error.value) == str(maps_error.value)

@@ -304,3 +304,41 @@ def test_decoding_builds_no_autograd_graph(tiny_cfg, sources, monkeypatch):
     greedy_decode(model, sources[0], max_len=3)
     step_through(model, sources[0], beam_size=2, max_len=3)
     assert modes and not any(modes)
+
+
+def test_a_language_models_step_through_fills_the_positions_its_prompt_leaves():
+    """A prompt of 21 tokens on a model of 64 positions: 43 steps, the last cut by the limit, each step's rows
+    those of one full forward pass over the prompt and every token before it (the independent check); a
+    prompt that fills every position is refused before any step, as generate refuses one."""
+    import attnviz
+    from attnviz.errors import InputError
+
+    lm = attnviz.load("induction", device="cpu")
+    prompt = " ".join(("q w e r t y u i o p " * 3).split()[:20])
+    ids = lm.tokenizer.encode_source(prompt).ids
+    room = lm.config.max_len - len(ids)
+    assert room == 43
+    decoding = attnviz.step_through(lm, prompt)  # stopped at the model's last position: it read "shorten the input"
+    assert len(decoding.steps) == room and decoding.truncated
+    written = torch.tensor([[*ids, *decoding.ids]])
+    assert written.shape[1] == lm.config.max_len
+    with torch.no_grad():
+        full = lm.model(None, written[:, :-1], return_attention=True).attention.decoder  # L x (1, H, T, T)
+    for i in (0, room // 2, room - 1):  # step i's query row is position P - 1 + i, over the keys up to it
+        q = len(ids) - 1 + i
+        rows = torch.stack([layer[0, :, q, : q + 1] for layer in full])
+        torch.testing.assert_close(decoding.steps[i].self_attn, rows, atol=1e-5, rtol=0)
+    with pytest.raises(InputError, match="leaves no position for a next token"):
+        attnviz.step_through(lm, " ".join(("q w e r t y u i o p " * 7).split()[:63]))
+
+
+@pytest.mark.parametrize("top_k", [0, -1, 2.5, True, 31])
+def test_a_top_k_that_is_not_a_count_of_the_models_tokens_is_refused(top_k):
+    import attnviz
+    from attnviz.errors import InputError
+
+    lm = attnviz.load("induction", device="cpu")  # 30 tokens
+    for call in (attnviz.step_through, lambda *a, **k: attnviz.compare_ablation(*a, "decoder:1.1", **k)):
+        with pytest.raises(InputError, match="top_k, the candidates kept at each step, must be a whole number"):
+            call(lm, "q w e r q w", top_k=top_k)
+    assert len(attnviz.step_through(lm, "q w e r q w", top_k=30).steps[0].top) == 30

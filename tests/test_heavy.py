@@ -866,3 +866,26 @@ def test_a_folders_version_is_its_checkpoints_files_not_a_trainings_saved_state(
     (folder / "config.json").write_text((folder / "config.json").read_text() + " ")
     assert checkpoint_stamp(folder) != stamp
     assert checkpoint_stamp("reverse") == checkpoint_stamp(pretrained_dir() / "reverse") != ()
+
+
+@pytest.mark.parametrize("family", ["llama", "qwen2"])
+def test_the_rotary_offset_chart_reads_the_first_words_key_with_or_without_a_start_token(family, tmp_path, monkeypatch):
+    """The linearity page's chart: the prompt's last query against its first word's key. Llama's tokenizer starts
+    a prompt with <s>, Qwen2's with the first word: the key is the first piece that is not the start token."""
+    pytest.importorskip("transformers")
+    from lm_models import build
+
+    from attnviz.checkpoints import load_checkpoint
+    from attnviz.lessons import rotary
+
+    build(family, tmp_path / family)
+    bundle = load_checkpoint(tmp_path / family, "cpu")
+    prompt = "the cat sat on the mat"
+    tokens = bundle.tokenizer.encode_source(prompt).tokens
+    first_word = next(i for i, t in enumerate(tokens) if t != "<s>")
+    assert first_word == (1 if family == "llama" else 0)
+    seen = []
+    real = rotary.score_by_offset
+    monkeypatch.setattr(rotary, "score_by_offset", lambda *a: seen.append(a[3:5]) or real(*a))
+    jobs._rotary(bundle, prompt, None, 0, 8)
+    assert seen == [(len(tokens) - 1, first_word)], tokens
