@@ -232,6 +232,11 @@ def test_methods_refuse_a_batch(model):
         norm_based(model, SRC.repeat(2, 1), TGT.repeat(2, 1))
 
 
+def test_methods_refuse_no_source_on_a_model_that_reads_one(model):
+    with pytest.raises(InputError, match="reads a source sentence"):
+        norm_based(model, None, TGT)
+
+
 # ---------------------------------------------------------------------------------------------
 # Ablation
 

@@ -69,6 +69,8 @@ def check_pair(model: Transformer, src: Tensor | None, tgt: Tensor | None, needs
         if src is not None or tgt is None or tgt.dim() != 2 or tgt.shape[0] != 1 or tgt.shape[1] == 0:
             raise InputError("a language model's method explains one prompt: src None and tgt shaped (1, T)")
         return
+    if src is None:
+        raise InputError("this model reads a source sentence: src must be shaped (1, S), not None")
     if src.dim() != 2 or src.shape[0] != 1 or src.shape[1] == 0:
         raise InputError(f"a method explains one sentence: src must be shaped (1, S), got {tuple(src.shape)}")
     if tgt is not None and (model.cfg.encoder_only or tgt.dim() != 2 or tgt.shape[0] != 1 or tgt.shape[1] == 0):
