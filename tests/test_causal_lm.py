@@ -172,6 +172,14 @@ def test_llama3_rope_scaling_equals_transformers(tmp_path):
         torch.testing.assert_close(bundle.model(None, ids).logits, reference(ids).logits, atol=1e-4, rtol=0)
 
 
+LLAMA3 = {"rope_type": "llama3", "rope_theta": 10000.0, "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0}
+
+
+def _without_lengths(config: dict) -> None:
+    config.pop("max_position_embeddings")
+    config["rope_parameters"].pop("original_max_position_embeddings", None)
+
+
 def _as_mistral(config: dict) -> None:
     config.update(model_type="mistral", architectures=["MistralForCausalLM"], sliding_window=None, attention_bias=True)
 
@@ -199,6 +207,53 @@ def test_config_fields_are_read_as_transformers_reads_them(tmp_path, family, edi
     ids = _prompt(bundle)
     with torch.no_grad():
         torch.testing.assert_close(bundle.model(None, ids).logits, reference(ids).logits, atol=ATOL, rtol=0)
+
+
+@pytest.mark.parametrize(
+    ("family", "overrides", "edit", "read"),
+    [
+        ("qwen2", {"rope_parameters": LLAMA3}, _without_lengths, ("rope_original_max_len", 32768)),
+        (
+            "llama",
+            {"rope_parameters": LLAMA3},
+            lambda c: (_as_mistral(c), _without_lengths(c)),
+            ("rope_original_max_len", 131072),
+        ),
+        (
+            "llama",
+            {"num_attention_heads": 16, "num_key_value_heads": 8, "head_dim": 4},
+            lambda c: (_as_mistral(c), c.pop("num_key_value_heads")),
+            ("kv_heads", 8),
+        ),
+        (
+            "qwen2",
+            {"hidden_size": 128, "num_attention_heads": 64, "num_key_value_heads": 32},
+            lambda c: c.pop("num_key_value_heads"),
+            ("kv_heads", 32),
+        ),
+    ],
+    ids=["qwen2 llama3 length", "mistral llama3 length", "mistral key/value heads", "qwen2 key/value heads"],
+)
+def test_a_key_config_json_leaves_out_is_the_familys_own_default_as_in_transformers(
+    tmp_path, family, overrides, edit, read
+):
+    """transformers fills a missing key from the family's config class (MistralConfig: 8 key/value heads and 131072
+    positions, Qwen2Config: 32 and 32768), where attnviz took Llama's for every family: llama3's original length was
+    2048 (logits 0.05 apart over 200 tokens, an audit found), and the key/value heads num_attention_heads (a refusal
+    that blamed the weights file)."""
+    import transformers
+
+    build(family, tmp_path / "m", **overrides)
+    config = json.loads((tmp_path / "m" / "config.json").read_text())
+    edit(config)
+    (tmp_path / "m" / "config.json").write_text(json.dumps(config))
+    reference = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "m", attn_implementation="eager").eval()
+    bundle = load_checkpoint(tmp_path / "m", "cpu")
+    field, value = read
+    assert getattr(bundle.config, field) == value
+    ids = torch.randint(2, 300, (1, 200), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        torch.testing.assert_close(bundle.model(None, ids).logits, reference(ids).logits, atol=1e-4, rtol=0)
 
 
 def test_an_old_style_rope_scaling_wins_over_rope_parameters_as_in_transformers(tmp_path):
@@ -307,6 +362,46 @@ REFUSALS = {
         "linear",
     ),
     "mistral window": ("llama", lambda c: c.update(model_type="mistral", sliding_window=4096), "sliding_window"),
+    # transformers' MistralConfig reads an absent sliding_window as 4096; only null is no window
+    "mistral window absent": ("llama", lambda c: c.update(model_type="mistral"), "sliding_window"),
+    # transformers applies it to llama3's frequencies, then fails on the shapes
+    "llama3 partial rotary": (
+        "llama",
+        lambda c: c.update(rope_parameters=dict(LLAMA3), partial_rotary_factor=0.5),
+        "partial_rotary_factor",
+    ),
+    "llama3 partial rotary in rope_parameters": (
+        "qwen2",
+        lambda c: c.update(rope_parameters={**LLAMA3, "partial_rotary_factor": 0.5}),
+        "rope_parameters.partial_rotary_factor",
+    ),
+    # transformers finds no RoPE for a null type: KeyError
+    "null rope_type": (
+        "llama",
+        lambda c: c.update(rope_scaling={"type": "linear", "rope_type": None, "factor": 4.0}),
+        "rope_scaling.rope_type",
+    ),
+    "null type": (
+        "qwen2",
+        lambda c: c.update(rope_parameters={"type": None, "rope_theta": 1e4}),
+        "rope_parameters.type",
+    ),
+    # quantized values read without their scales: every projection wrong
+    "fp8": (
+        "llama",
+        lambda c: c.update(quantization_config={"quant_method": "fp8", "weight_block_size": [16, 16]}),
+        "'fp8'",
+    ),
+    "gpt2 8-bit": (
+        "gpt2",
+        lambda c: c.update(quantization_config={"quant_method": "bitsandbytes", "load_in_8bit": True}),
+        "'bitsandbytes'",
+    ),
+    "compression_config": (
+        "qwen2",
+        lambda c: c.update(compression_config={"quant_method": "compressed-tensors"}),
+        "compression_config",
+    ),
     "moe": ("llama", lambda c: c.update(num_local_experts=8), "mixture of experts"),
     "soft-capping": ("llama", lambda c: c.update(attn_logit_softcapping=50.0), "soft-capped"),
     "qk-norm": ("llama", lambda c: c.update(use_qk_norm=True), "QK-norm"),

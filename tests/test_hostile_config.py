@@ -21,7 +21,9 @@ import textwrap
 from pathlib import Path
 
 import pytest
+import torch
 from conftest import seeded_model, tiny_config
+from safetensors.torch import load_file, save_file
 
 from attnviz.checkpoints import causal, files, load_checkpoint
 from attnviz.checkpoints.bundle import sha256_file
@@ -236,6 +238,15 @@ def test_an_encoder_config_field_of_the_wrong_type_or_range_is_refused_naming_it
     assert f'"{key}"' in message and len(message) < 1000 and HUGE_STRING[:100] not in message, message
 
 
+@pytest.mark.parametrize("family", ["bert", "marian"])
+@pytest.mark.parametrize("key", ["quantization_config", "compression_config"])
+def test_a_quantized_encoder_config_is_refused_naming_its_method(family, key, encoder_configs):
+    """Every importer refuses a quantized model: its values mean nothing without the scales attnviz does not apply."""
+    with pytest.raises(CheckpointError, match=f"\"{key}\".*'fp8'") as info:
+        _encoder_config(family, {**encoder_configs[family], key: {"quant_method": "fp8"}})
+    assert "\n" not in str(info.value)
+
+
 NATIVE = {
     "d_model a string": ("d_model", "128"),
     "d_model 64.5": ("d_model", 64.5),
@@ -315,6 +326,25 @@ def test_valid_llama3_parameters_still_load(folders, tmp_path):
     folder = _edited(folders["llama"], tmp_path, lambda c: c.update(rope_parameters=dict(LLAMA3)))
     cfg = load_checkpoint(folder, "cpu").config
     assert (cfg.rope_scaling, cfg.rope_factor, cfg.rope_original_max_len) == ("llama3", 8.0, 64)
+
+
+FLOAT8 = ("float8_e4m3fn", "float8_e5m2", "float8_e4m3fnuz", "float8_e5m2fnuz", "float8_e8m0fnu")
+
+
+@pytest.mark.parametrize("dtype", [name for name in FLOAT8 if hasattr(torch, name)])
+def test_float8_weights_are_refused_naming_the_tensor_and_its_dtype(dtype, folders, tmp_path, capsys):
+    """A quantized file's float8 values mean something only with their scales (``weight_scale_inv``), and its config
+    may not say it is quantized: read as they were, every projection was wrong (logits 2.5 apart, an audit found)."""
+    folder = _edited(folders["llama"], tmp_path, lambda c: None)
+    tensors = load_file(folder / "model.safetensors")
+    name = "model.layers.0.self_attn.q_proj.weight"
+    tensors[name] = tensors[name].to(getattr(torch, dtype))
+    save_file(tensors, folder / "model.safetensors")
+    with pytest.raises(CheckpointError, match=f"'{name}'.* torch.{dtype}\\b"):
+        load_checkpoint(folder, "cpu")
+    assert main(["generate", "--model", str(folder), "--device", "cpu", "--max-new", "1", "hello"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and dtype in err, err
 
 
 def test_a_config_over_1_mb_is_refused_before_it_is_parsed(folders, tmp_path, monkeypatch):

@@ -41,6 +41,7 @@ from attnviz.checkpoints.files import (
     read_config,
     read_json,
     read_tokenizer_json,
+    refuse_quantized,
 )
 from attnviz.checkpoints.limits import current_limits
 from attnviz.config import TransformerConfig
@@ -264,12 +265,13 @@ class Family:
         return any(has_model_type(path, t) for t in self.model_types)
 
     def read_config(self, path: Path) -> tuple[dict, str]:
-        """(config.json's JSON, its file name for messages), checked to be of this family."""
+        """(config.json's JSON, its file name for messages), checked to be of this family and not quantized."""
         path = model_folder(path)
         hf = read_config(path)
         source = str(path / CONFIG_FILE)
         if not isinstance(hf, dict) or hf.get("model_type") not in self.model_types:
             raise CheckpointError(f"{source} is not a {self.description} config")
+        refuse_quantized(hf, source)
         return hf, source
 
     def probe(self, path: Path) -> TransformerConfig:

@@ -45,6 +45,9 @@ BAD_FILE = "one of its files is a link out of the folder, a special file, or lar
 BAD_WEIGHTS = "its weights file is missing, unreadable, or does not fit its config"
 NON_FINITE = "its weights hold NaN or infinite values"
 PICKLE_REFUSED = "its weights are a pickle file, which this server does not load: convert them to safetensors"
+QUANTIZED = "its weights are quantized (FP8 or another low-precision format), which attnviz does not load"
+# Where a Hugging Face config.json says its weights are quantized (compression_config: older compressed-tensors files)
+QUANTIZATION_KEYS = ("quantization_config", "compression_config")
 
 
 def checkpoint_root(folder: Path) -> Path:
@@ -203,10 +206,29 @@ def has_model_type(path: Path, model_type: str) -> bool:
         return False
 
 
+def refuse_quantized(hf: dict, source: str) -> None:
+    """Refuse a Hugging Face config that says its weights are quantized (FP8, GPTQ, AWQ, bitsandbytes...).
+
+    Such weights are stored in a low-precision format beside scales that give them their values;
+    read as plain tensors, every matrix would be wrong. Every Hugging Face importer calls this
+    before any other file is read; `WeightsFile.get` also refuses float8 tensors, which a config
+    may leave unmentioned.
+    """
+    for key in QUANTIZATION_KEYS:
+        if hf.get(key) is not None:
+            method = hf[key].get("quant_method") if isinstance(hf[key], dict) else None
+            named = f"quant_method {describe(method)}" if method is not None else "no quant_method named"
+            raise CheckpointError(
+                f'{source}: "{key}" says the model is quantized ({named}); attnviz reads '
+                "only unquantized models (float32, float16 or bfloat16): load the model this one was quantized from",
+                QUANTIZED,
+            )
+
+
 def hf_config_check(
     hf: object, model_type: str, fixed_flags: Mapping[str, tuple[object, str]], source: str, family: str
 ) -> Callable[[str], CheckpointError]:
-    """Refuse a Hugging Face config that is not of ``model_type`` or sets a flag we cannot run.
+    """Refuse a Hugging Face config that is not of ``model_type``, is quantized, or sets a flag we cannot run.
 
     ``fixed_flags`` maps a config key to the value the family always has and what another value
     would ask for. Returns the ``fail`` function for the family's own checks: it names ``source``.
@@ -217,6 +239,7 @@ def hf_config_check(
 
     if not isinstance(hf, dict):
         raise CheckpointError(f"{source} must hold a JSON object")
+    refuse_quantized(hf, source)
     if hf.get("model_type") != model_type:
         raise fail(f'"model_type" is {describe(hf.get("model_type"))}, expected "{model_type}"')
     for key, (value, meaning) in fixed_flags.items():
@@ -380,6 +403,13 @@ class WeightsFile:
         if not t.is_floating_point():
             raise CheckpointError(
                 f"{self.file}: tensor '{stored}' has dtype {t.dtype}; weights must be floating point", BAD_WEIGHTS
+            )
+        if t.dtype.itemsize < 2:  # float8 (e4m3fn, e5m2, their fnuz forms, e8m0fnu) and smaller: quantized formats
+            raise CheckpointError(
+                f"{self.file}: tensor '{stored}' is stored as {t.dtype}, a quantized format whose values mean "
+                "something only with scales attnviz does not apply; load the model's unquantized weights (float32, "
+                "float16 or bfloat16)",
+                QUANTIZED,
             )
         t = t.float()
         if not all_finite(t):

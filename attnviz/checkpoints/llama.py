@@ -9,12 +9,18 @@ embedding or not. The RoPE fields are read as transformers 5 reads them: a ``rop
 over ``rope_parameters``, and a ``rope_theta`` missing from it comes from the top level. Parameter
 names follow transformers' LlamaForCausalLM; the Linear weights are stored (out, in), as attnviz's.
 
-Refused, with the key named, before any weight is read: a RoPE scaling type other than llama3
-(linear, dynamic, yarn, longrope, ...), a head size other than hidden_size / num_attention_heads,
-an active sliding window, soft-capping, QK-norm, experts, and any activation but SiLU. A
-``partial_rotary_factor`` is read as transformers reads it for these families: ignored, every
-dimension rotated (transformers applies it only to GPT-NeoX, Phi, StableLM and a few others), and
-a warning says so.
+A key config.json leaves out takes the default of the family's transformers config class, which
+differ: Mistral's are 8 key/value heads, 131072 positions and a sliding window of 4096 (only
+``"sliding_window": null`` is none), Qwen2's 32 key/value heads and 32768 positions, and Llama's
+as many key/value heads as query heads and 2048 positions.
+
+Refused, with the key named, before any weight is read: a quantized model, a RoPE scaling type
+other than llama3 (linear, dynamic, yarn, longrope, ...) or a null one, a head size other than
+hidden_size / num_attention_heads, an active sliding window, soft-capping, QK-norm, experts, and
+any activation but SiLU. A ``partial_rotary_factor`` is read as transformers reads it for these
+families with plain RoPE: ignored, every dimension rotated (transformers applies it only to
+GPT-NeoX, Phi, StableLM and a few others), and a warning says so; with llama3 scaling, which
+transformers applies it to (and then fails), it is refused.
 """
 
 from __future__ import annotations
@@ -40,6 +46,11 @@ DESCRIPTION = (
 ROPE_TYPES = ("default", "llama3")
 MAX_ROPE_THETA = 1e12  # real bases are 1e4 to 1e6; beyond this every frequency but the first is nearly 0
 MAX_ROPE_FACTOR = 1e6  # llama3's factors are 8, 1 and 4 in Llama 3.1; far beyond any real scaling
+# transformers 5's defaults (LlamaConfig, MistralConfig) for the keys where the families differ; None: as many
+# key/value heads as query heads. An explicit null is that in every family.
+LLAMA_DEFAULTS = {"max_position_embeddings": 2048, "num_key_value_heads": None}
+MISTRAL_DEFAULTS = {"max_position_embeddings": 4096 * 32, "num_key_value_heads": 8}
+MISTRAL_WINDOW = 4096  # MistralConfig's sliding_window when config.json has no such key
 UNSUPPORTED = {
     "attn_logit_softcapping": lambda v: None if v is None else "soft-capped attention scores",
     "final_logit_softcapping": lambda v: None if v is None else "soft-capped logits",
@@ -50,14 +61,15 @@ UNSUPPORTED = {
 }
 
 
-def rope_settings(f: Fields) -> dict:
+def rope_settings(f: Fields, max_positions: int, partial: float) -> dict:
     """The rotary fields of our config from config.json, each checked before use.
 
     transformers 5 keeps them in ``rope_parameters`` (``rope_type``, ``rope_theta`` and the scaling's
     values); older files say ``rope_theta`` and ``rope_scaling`` (with ``type`` or ``rope_type``).
     llama3's values are checked as transformers' ``_validate_llama3_parameters`` states them (a factor
     of at least 1, low_freq_factor below high_freq_factor), but refused rather than warned about; each
-    is finite and at most `MAX_ROPE_FACTOR`.
+    is finite and at most `MAX_ROPE_FACTOR`. ``max_positions`` is the model's max_position_embeddings,
+    llama3's original length when no other is given; ``partial`` the top-level partial_rotary_factor.
     """
     # As transformers 5 reads them (PreTrainedConfig.convert_rope_params_to_dict): a non-empty rope_scaling wins
     # over rope_parameters, and a rope_theta missing from the one used comes from the top level.
@@ -66,13 +78,22 @@ def rope_settings(f: Fields) -> dict:
     params = params if params is not None else Fields({}, f.fail, "rope_parameters.")
     theta_from = params if "rope_theta" in params.hf else f
     kind_key = "rope_type" if "rope_type" in params.hf else "type"
-    kind = params.hf.get(kind_key) or "default"
+    kind = params.hf.get(kind_key, "default")
+    if kind is None:  # transformers looks a null type up among its RoPE functions and fails (KeyError: None)
+        raise f.fail(f'"{params.where}{kind_key}" is null, which names no RoPE type: name one, or leave the key out')
     if kind not in ROPE_TYPES:
         raise f.fail(
             f"the RoPE scaling type {describe(kind)} is not implemented (attnviz implements {', '.join(ROPE_TYPES)})"
         )
     settings = {"rope_theta": theta_from.number("rope_theta", 10000.0, 1.0, MAX_ROPE_THETA, low_open=True)}
     if kind == "llama3":
+        # transformers rotates part of each head then (rope_parameters' factor, else the top level's), and fails
+        if params.number("partial_rotary_factor", partial, 0.0, 1.0, low_open=True, nullable=True) != 1.0:
+            where = params.where if "partial_rotary_factor" in params.hf else ""
+            raise f.fail(
+                f'"{where}partial_rotary_factor" with llama3 scaling asks for rotary positions on part of each head, '
+                "which attnviz does not implement (transformers applies it there, and fails)"
+            )
         low = params.number("low_freq_factor", 1.0, 0.0, MAX_ROPE_FACTOR, low_open=True)
         high = params.number("high_freq_factor", 4.0, 0.0, MAX_ROPE_FACTOR, low_open=True)
         if not low < high:
@@ -87,21 +108,27 @@ def rope_settings(f: Fields) -> dict:
             "rope_high_freq_factor": high,
             # transformers: a top-level original_max_position_embeddings wins, else the params', else the model's
             "rope_original_max_len": (f if "original_max_position_embeddings" in f.hf else params).int(
-                "original_max_position_embeddings",
-                f.int("max_position_embeddings", 2048, high=MAX_CLAIMED_POSITIONS),
-                high=MAX_CLAIMED_POSITIONS,
+                "original_max_position_embeddings", max_positions, high=MAX_CLAIMED_POSITIONS
             ),
         }
     return settings
 
 
 def llama_style_config(
-    hf: dict, source: str, family: str, attn_bias: bool, attn_out_bias: bool, mlp_bias_read: bool = True
+    hf: dict,
+    source: str,
+    family: str,
+    attn_bias: bool,
+    attn_out_bias: bool,
+    mlp_bias_read: bool = True,
+    defaults: Mapping[str, int | None] = LLAMA_DEFAULTS,
 ) -> TransformerConfig:
     """Our config for a Llama-style ``config.json``: Llama, Mistral, SmolLM, and Qwen2 with its biases.
 
     Every field is checked (`attnviz.checkpoints.fields`) before any is used. ``mlp_bias_read``: whether
     the family reads ``mlp_bias`` (Llama does; transformers' Mistral and Qwen2 never have MLP biases).
+    ``defaults``: the family's own max_position_embeddings and num_key_value_heads, for a config.json
+    without them (`LLAMA_DEFAULTS`).
     """
 
     def fail(what: str) -> CheckpointError:
@@ -110,6 +137,8 @@ def llama_style_config(
     f = Fields(hf, fail)
     refuse_unsupported(hf, fail, UNSUPPORTED)
     partial = f.number("partial_rotary_factor", 1.0, 0.0, 1.0, low_open=True, nullable=True)
+    max_positions = f.int("max_position_embeddings", defaults["max_position_embeddings"], high=MAX_CLAIMED_POSITIONS)
+    rope = rope_settings(f, max_positions, partial)
     if partial != 1.0:
         log.warning(
             "%s: partial_rotary_factor %g is ignored, as transformers ignores it for %s: every dimension is rotated",
@@ -125,15 +154,17 @@ def llama_style_config(
     vocab = f.int("vocab_size", 32000)
     eos = f.token_id("eos_token_id", 0)
     bos = f.token_id("bos_token_id", eos)
+    # as transformers reads it: absent, the family's default; null, as many as the query heads in every family
+    kv_heads = defaults["num_key_value_heads"] if "num_key_value_heads" not in hf else None
     fields = {
         "n_dec_layers": f.int("num_hidden_layers", 32),
-        "n_kv_heads": f.int("num_key_value_heads", n_heads, nullable=True),
+        "n_kv_heads": f.int("num_key_value_heads", kv_heads, nullable=True) or n_heads,
         "d_ff": f.int("intermediate_size", 11008),
         "ffn_bias": f.flag("mlp_bias", False) if mlp_bias_read else False,
-        "max_len": positions(f.int("max_position_embeddings", 2048, high=MAX_CLAIMED_POSITIONS), rotary=True),
+        "max_len": positions(max_positions, rotary=True),
         "tie_output": f.flag("tie_word_embeddings", False),
         "ln_eps": f.number("rms_norm_eps", 1e-6, 0.0, 1.0, low_open=True),
-        **rope_settings(f),
+        **rope,
     }
     return checked(
         fail,
@@ -171,6 +202,11 @@ def llama_config(hf: dict, source: str = CONFIG_FILE) -> TransformerConfig:
     f = Fields(hf, fail)
     mistral = hf.get("model_type") == "mistral"
     if mistral:
+        if "sliding_window" not in hf:
+            raise fail(
+                f'"sliding_window" is missing, which transformers\' Mistral reads as {MISTRAL_WINDOW}: a sliding '
+                'attention window, which attnviz does not implement (a model without one says "sliding_window": null)'
+            )
         window = f.int("sliding_window", None, nullable=True)
         if window is not None:
             raise fail(
@@ -178,7 +214,15 @@ def llama_config(hf: dict, source: str = CONFIG_FILE) -> TransformerConfig:
             )
     # transformers' Mistral has no biases whatever attention_bias and mlp_bias say: it reads neither
     bias = False if mistral else f.flag("attention_bias", False)
-    return llama_style_config(hf, source, "Llama-family", bias, bias, mlp_bias_read=not mistral)
+    return llama_style_config(
+        hf,
+        source,
+        "Llama-family",
+        bias,
+        bias,
+        mlp_bias_read=not mistral,
+        defaults=MISTRAL_DEFAULTS if mistral else LLAMA_DEFAULTS,
+    )
 
 
 def _rename(name: str) -> str:

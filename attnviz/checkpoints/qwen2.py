@@ -3,7 +3,8 @@
 Qwen2 is `llama`'s decoder with biases on the query, key and value
 projections and none on W^O, usually a tied output layer, and a sliding window that its configs
 may name but switch off (``use_sliding_window: false``: no window is used, as transformers reads
-it). A window that is switched on is refused, as is anything the Llama importer refuses.
+it). A window that is switched on is refused, as is anything the Llama importer refuses. A key
+config.json leaves out takes Qwen2Config's default (32 key/value heads, 32768 positions).
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from attnviz.errors import CheckpointError
 from attnviz.model import TransformerConfig
 
 FAMILY = "qwen2"
+QWEN2_DEFAULTS = {"max_position_embeddings": 32768, "num_key_value_heads": 32}  # transformers 5's Qwen2Config
 DESCRIPTION = (
     f"a Hugging Face Qwen2 language model such as Qwen/Qwen2.5-0.5B ({CONFIG_FILE}, {SAFETENSORS_FILE}, tokenizer.json)"
 )
@@ -32,7 +34,9 @@ def qwen2_config(hf: dict, source: str = CONFIG_FILE) -> TransformerConfig:
             f'{source}: "use_sliding_window": true asks for a sliding attention window, which attnviz does not '
             "implement; attnviz cannot load this Qwen2 model faithfully"
         )
-    return llama_style_config(hf, source, "Qwen2", attn_bias=True, attn_out_bias=False, mlp_bias_read=False)
+    return llama_style_config(
+        hf, source, "Qwen2", attn_bias=True, attn_out_bias=False, mlp_bias_read=False, defaults=QWEN2_DEFAULTS
+    )
 
 
 QWEN2 = Family(
