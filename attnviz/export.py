@@ -1,7 +1,13 @@
 """What one sentence's forward pass gives back as plain numpy data, and the .npz export of its maps.
 
 The export holds only numbers, unicode strings and a JSON manifest, so ``numpy.load(path,
-allow_pickle=False)`` reads it and nothing in it is ever unpickled.
+allow_pickle=False)`` reads it and nothing in it is ever unpickled. numpy's unicode arrays drop a
+string's trailing NUL characters, so when a token ends in NUL the file also holds each token's
+length (``src_token_lengths``, ``tgt_token_lengths``), from which the reader restores them; a
+file without them reads as before.
+
+Maps from another library (`attnviz.notebook.data.plain_export`) have tokens but no ids, and their
+files hold no ``src_ids`` or ``tgt_ids``: the tokens are what labels a map's rows and columns.
 
 The manifest's ``format_version`` says which layout a file has (`FORMAT_VERSIONS`). A file
 without one is version 1. [`load_export`][attnviz.export.load_export] reads every version attnviz has
@@ -14,6 +20,7 @@ import io
 import json
 import math
 import os
+import secrets
 import stat
 import zipfile
 import zlib
@@ -27,7 +34,18 @@ import numpy as np
 from attnviz.errors import ExportError
 from attnviz.kinds import KINDS, axis_names, check_kind, writing_labels
 
-STANDARD_ARRAYS = ("encoder", "decoder", "cross", "src_ids", "tgt_ids", "src_tokens", "tgt_tokens", "manifest")
+STANDARD_ARRAYS = (
+    "encoder",
+    "decoder",
+    "cross",
+    "src_ids",
+    "tgt_ids",
+    "src_tokens",
+    "tgt_tokens",
+    "src_token_lengths",  # only when a source token ends in NUL: each token's length in characters
+    "tgt_token_lengths",
+    "manifest",
+)
 # Every layout of the .npz file attnviz has written; load_export reads them all.
 FORMAT_VERSIONS = {
     1: "the arrays and a JSON manifest; the manifest has no format_version",
@@ -55,6 +73,8 @@ ARRAY_KINDS = {  # what each standard array's dtype must be: numpy's kind letter
     "tgt_ids": "iu",
     "src_tokens": "U",
     "tgt_tokens": "U",
+    "src_token_lengths": "iu",
+    "tgt_token_lengths": "iu",
     "manifest": "U",
 }
 
@@ -112,11 +132,19 @@ def write_atomically(path: Path, data: bytes) -> Path:
     """Write ``data`` to ``path`` through a temporary file in its folder and a rename, so that a killed
     run never leaves a truncated file, and an earlier good file stays until the new one is whole."""
     path = Path(path)
-    if path.exists() or path.is_symlink():
+    if path.is_symlink() and not path.exists():
+        raise ExportError(
+            f"{path} is a dangling symbolic link (to {os.readlink(path)}, which does not exist): remove the link or "
+            "name another file"
+        )
+    if path.exists():
         check_regular_file(path, "output")  # never write into a FIFO, a device or a folder
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    # A short name of its own ("x": never someone else's file): ".NAME.tmp" passes the 255-byte limit on a file
+    # name when NAME comes near it. open(), not mkstemp: the file keeps the permissions the umask gives.
+    tmp = path.with_name(f".attnviz-{os.getpid()}-{secrets.token_hex(4)}.tmp")
+    f = open(tmp, "xb")
     try:
-        with open(tmp, "wb") as f:
+        with f:
             f.write(data)
             f.flush()
             os.fsync(f.fileno())
@@ -219,12 +247,13 @@ class AttentionExport:
 
     ``encoder`` (L, H, S, S), ``decoder`` (L, H, T, T), ``cross`` (L, H, T, S), float32: rows are
     queries, columns are keys. ``tgt_ids`` is exactly the decoder input, starting with the start token.
+    Maps from another library (`attnviz.notebook.data.plain_export`) have no ids: their tokens label them.
     """
 
     encoder: np.ndarray | None  # None for a language model (decoder-only), like cross, src_ids, src_tokens
     decoder: np.ndarray | None  # None for an encoder-only model, like cross, tgt_ids, tgt_tokens
     cross: np.ndarray | None
-    src_ids: np.ndarray | None
+    src_ids: np.ndarray | None  # None, like tgt_ids, for maps from another library: they come with tokens alone
     tgt_ids: np.ndarray | None
     src_tokens: tuple[str, ...] | None
     tgt_tokens: tuple[str, ...] | None
@@ -261,11 +290,11 @@ class AttentionExport:
             "cross": self.cross,
             "src_ids": self.src_ids,
             "tgt_ids": self.tgt_ids,
-            "src_tokens": None if self.src_tokens is None else np.array(self.src_tokens, dtype=str),
-            "tgt_tokens": None if self.tgt_tokens is None else np.array(self.tgt_tokens, dtype=str),
+            **_token_arrays("src", self.src_tokens),
+            **_token_arrays("tgt", self.tgt_tokens),
             "manifest": np.array(json.dumps(manifest, ensure_ascii=False)),
         }
-        clash = sorted(set(arrays) & set(self.extras))
+        clash = sorted(set(STANDARD_ARRAYS) & set(self.extras))
         if clash:
             raise ValueError(f"extra arrays may not reuse the export's own names {clash}")
         return {name: a for name, a in {**arrays, **self.extras}.items() if a is not None}
@@ -286,9 +315,46 @@ class AttentionExport:
         np.savez_compressed(out, **self.arrays())
 
 
+def _token_arrays(side: str, tokens: tuple[str, ...] | None) -> dict[str, np.ndarray]:
+    """``{side}_tokens`` as a unicode array and, when a token ends in NUL (which numpy's unicode arrays drop),
+    ``{side}_token_lengths``: each token's length in characters. The array is as wide as the longest token, NULs
+    included, so that a reader can bound the lengths by its width."""
+    if tokens is None:
+        return {}
+    width = max((len(t) for t in tokens), default=1) or 1
+    arrays = {f"{side}_tokens": np.array(tokens, dtype=f"<U{width}")}
+    if any(t.endswith("\x00") for t in tokens):
+        arrays[f"{side}_token_lengths"] = np.array([len(t) for t in tokens], dtype=np.int64)
+    return arrays
+
+
+def _read_tokens(z, side: str, path: Path) -> tuple[str, ...] | None:
+    """The tokens of ``side`` ("src" or "tgt") in the open file ``z``, their trailing NULs restored; None if none."""
+    name, lengths_name = f"{side}_tokens", f"{side}_token_lengths"
+    if name not in z.files:
+        return None
+    array = z[name]
+    tokens = tuple(array.tolist())
+    if lengths_name not in z.files:
+        return tokens
+    lengths = z[lengths_name]
+    width = array.dtype.itemsize // 4
+    if lengths.shape != (len(tokens),) or any(
+        not len(t) <= n <= width for t, n in zip(tokens, lengths.tolist(), strict=True)
+    ):
+        raise ExportError(
+            f"{path} is not a readable attnviz export: {lengths_name} does not give a length for each of its "
+            f"{len(tokens)} {name} within the array's {width} characters"
+        )
+    return tuple(t + "\x00" * (n - len(t)) for t, n in zip(tokens, lengths.tolist(), strict=True))
+
+
 def load_export(path: str | Path) -> AttentionExport:
     """Read a file written by [`AttentionExport.save`][attnviz.export.AttentionExport.save], in any format
     version (never unpickles).
+
+    The ids are optional (maps from another library have none); a file needs its maps, the tokens of their
+    axes and a manifest.
 
     Raises [`ExportError`][attnviz.errors.ExportError] for a file that is not an attnviz export (corrupt,
     truncated, another program's .npz, pickled data) or that a newer attnviz wrote.
@@ -306,11 +372,16 @@ def load_export(path: str | Path) -> AttentionExport:
             _check_members(path, archive)
         z = np.load(path, allow_pickle=False)
         with z:
-            lm = "encoder" not in z.files and "decoder" in z.files  # a language model's export (version 3)
-            required = ("decoder", "tgt_ids", "tgt_tokens") if lm else ("encoder", "src_ids", "src_tokens")
+            found = ", ".join(z.files[:8]) or "none"
+            kinds = [kind for kind in KINDS if kind in z.files]
+            if not kinds:
+                raise ExportError(
+                    f"{path} is not an attnviz export: no encoder, decoder or cross maps in it (it has: {found})"
+                )
+            sides = {"src": {"encoder", "cross"}, "tgt": {"decoder", "cross"}}  # whose tokens label each kind's axes
+            required = [f"{side}_tokens" for side, users in sides.items() if users & set(kinds)]
             missing = [name for name in (*required, "manifest") if name not in z.files]
             if missing:
-                found = ", ".join(z.files[:8]) or "none"
                 raise ExportError(f"{path} is not an attnviz export: no {', '.join(missing)} in it (it has: {found})")
             try:
                 manifest = json.loads(str(z["manifest"]))
@@ -328,8 +399,8 @@ def load_export(path: str | Path) -> AttentionExport:
                 cross=get("cross"),
                 src_ids=get("src_ids"),
                 tgt_ids=get("tgt_ids"),
-                src_tokens=None if get("src_tokens") is None else tuple(z["src_tokens"].tolist()),
-                tgt_tokens=None if get("tgt_tokens") is None else tuple(z["tgt_tokens"].tolist()),
+                src_tokens=_read_tokens(z, "src", path),
+                tgt_tokens=_read_tokens(z, "tgt", path),
                 manifest=manifest,
                 extras={name: z[name] for name in z.files if name not in STANDARD_ARRAYS},
             )

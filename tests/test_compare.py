@@ -344,3 +344,16 @@ def test_an_infinite_or_nan_gap_reads_inf_and_shares_read_as_shares():
     assert finding.text.endswith("largest |A - B| inf") and "|A - B| inf" in finding.details[0], finding.details
     every = compare_exports(golden, dataclasses.replace(golden, cross=golden.cross * 0.5))
     assert "cells differ (100%)" in values_findings(every)[0].text
+
+
+def test_maps_from_another_library_are_compared_by_their_tokens():
+    """Plain maps (attnviz.notebook.plain_export) have tokens and no ids: two texts with equal maps are not equal."""
+    from attnviz.notebook.data import plain_export
+
+    maps = [np.tril(np.ones((1, 2, 3, 3), np.float32)) / np.arange(1, 4, dtype=np.float32)[:, None]]
+    a = plain_export(maps, ["the", "cat", "sat"], kind="decoder")
+    assert compare_exports(a, plain_export(maps, ["the", "cat", "sat"], kind="decoder")).equal
+    report = compare_exports(a, plain_export(maps, ["the", "dog", "sat"], kind="decoder"))
+    assert not report.equal
+    texts = [f.text for f in report.findings if f.what == "inputs"]
+    assert any("tokens differ from position 1" in text for text in texts), texts

@@ -16,6 +16,7 @@ from conftest import toy_export
 import attnviz
 from attnviz.errors import ExportError
 from attnviz.export import FORMAT_VERSION, FORMAT_VERSIONS, AttentionExport, load_export
+from attnviz.kinds import KINDS
 from attnviz.linear import use_onednn
 
 # Files written in export format 1 (the shipped models' golden snapshots before they were retrained in
@@ -83,6 +84,99 @@ def test_resaving_an_old_file_writes_the_current_version(tmp_path):
     write_format_1(toy_export(), tmp_path / "old.npz")
     load_export(tmp_path / "old.npz").save(tmp_path / "again.npz")
     assert load_export(tmp_path / "again.npz").format_version == FORMAT_VERSION
+
+
+def _plain_exports() -> dict[str, AttentionExport]:
+    """What the notebook views make of other libraries' maps: tokens and no ids."""
+    from attnviz.notebook import plain_export
+
+    toy = toy_export()
+    tokens = {"src_tokens": toy.src_tokens, "tgt_tokens": toy.tgt_tokens}
+    return {
+        "language model": plain_export(toy.decoder, toy.tgt_tokens),
+        "encoder": plain_export(toy.encoder, toy.src_tokens),
+        "encoder-decoder": plain_export(encoder=toy.encoder, decoder=toy.decoder, cross=toy.cross, **tokens),
+        "cross-attention alone": plain_export(cross=toy.cross, **tokens),
+    }
+
+
+@pytest.mark.parametrize("name", _plain_exports())
+def test_a_plain_export_round_trips_through_its_file(name, tmp_path, capsys):
+    """A view's export of plain maps has no ids: load_export, head_view(path) and attnviz diff had all refused
+    the file its own save() wrote."""
+    from attnviz.cli import main
+    from attnviz.notebook import head_view
+
+    export = _plain_exports()[name]
+    assert export.src_ids is None and export.tgt_ids is None
+    path = export.save(tmp_path / "plain.npz")
+    loaded = load_export(path)
+    assert_same_export(loaded, export)
+    view = head_view(path, mode="widget")
+    assert view.spec["kinds"] == [kind for kind in KINDS if getattr(export, kind) is not None]
+    assert main(["diff", str(path), str(path)]) == 0
+    assert "EQUAL" in capsys.readouterr().out
+
+
+def test_a_file_with_maps_but_not_their_tokens_is_still_refused(tmp_path):
+    path = tmp_path / "ids only.npz"
+    arrays = toy_export().arrays()
+    del arrays["src_tokens"]
+    np.savez_compressed(path, **arrays)
+    with pytest.raises(ExportError, match="is not an attnviz export: no src_tokens in it"):
+        load_export(path)
+    arrays = {"decoder": toy_export().decoder, "manifest": np.array("{}")}  # neither ids nor tokens
+    np.savez_compressed(path, **arrays)
+    with pytest.raises(ExportError, match="is not an attnviz export: no tgt_tokens in it"):
+        load_export(path)
+
+
+def test_token_labels_keep_their_nul_characters(tmp_path):
+    """numpy's unicode arrays drop a string's trailing NULs: a typed word "cat\\x00" had come back as "cat"."""
+    tokens = ("cat\x00", "\x00", "a\x00b", "sat\x00\x00", "</s>")
+    export = dataclasses.replace(toy_export(), src_tokens=tokens)
+    loaded = load_export(export.save(tmp_path / "nul.npz"))
+    assert loaded.src_tokens == tokens and loaded.tgt_tokens == export.tgt_tokens
+    assert "tgt_token_lengths" not in np.load(tmp_path / "nul.npz").files  # only where a token needs it
+    write_format_1(export, tmp_path / "old.npz")  # a file written before: read as it was, NULs and all dropped
+    assert load_export(tmp_path / "old.npz").src_tokens == ("cat", "", "a\x00b", "sat", "</s>")
+
+
+@pytest.mark.parametrize(
+    "lengths", [[4, 1, 3, 99, 4], [4, 1, 3, 5], [2, 1, 3, 5, 4], [-1, 1, 3, 5, 4]], ids=["wide", "few", "short", "-1"]
+)
+def test_token_lengths_that_do_not_fit_the_tokens_are_refused(lengths, tmp_path):
+    export = dataclasses.replace(toy_export(), src_tokens=("cat\x00", "\x00", "a\x00b", "sat\x00\x00", "</s>"))
+    arrays = export.arrays()
+    arrays["src_token_lengths"] = np.array(lengths)
+    np.savez_compressed(tmp_path / "bad.npz", **arrays)
+    with pytest.raises(ExportError, match="src_token_lengths does not give a length for each of its 5 src_tokens"):
+        load_export(tmp_path / "bad.npz")
+
+
+def test_the_writer_keeps_its_temporary_name_short(tmp_path):
+    """The temporary file had been ".NAME.PID.tmp": past the 255-byte limit when NAME came near it, an error
+    naming a file the user never typed."""
+    from attnviz.export import write_atomically
+
+    path = tmp_path / ("a" * 250 + ".npz")
+    assert toy_export().save(path) == path
+    assert load_export(path).src_tokens == toy_export().src_tokens
+    assert sorted(p.name for p in tmp_path.iterdir()) == [path.name], "no temporary file left"
+    write_atomically(path, b"new")
+    assert path.read_bytes() == b"new"
+
+
+def test_a_dangling_link_as_the_output_is_named_as_one(tmp_path, capsys):
+    from attnviz.cli import main
+
+    link = tmp_path / "maps.npz"
+    link.symlink_to(tmp_path / "gone" / "maps.npz")
+    with pytest.raises(ExportError, match=r"maps.npz is a dangling symbolic link \(to .*gone/maps.npz"):
+        toy_export().save(link)
+    assert main(["attention", "--model", "reverse", "--device", "cpu", "--src", "a b", "--out", str(link)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "is a dangling symbolic link" in err, err
 
 
 def _with_manifest(tmp_path: Path, **changes) -> Path:

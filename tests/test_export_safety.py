@@ -47,7 +47,7 @@ def test_the_limit_is_the_operators(tmp_path, monkeypatch):
     with pytest.raises(ExportError, match="over the limit of 16 MB"):
         load_export(bomb)
     monkeypatch.setenv("ATTNVIZ_MAX_EXPORT_MB", "64")
-    with pytest.raises(ExportError, match="no src_ids"):  # past the bound: read, and found not to be an export
+    with pytest.raises(ExportError, match="no src_tokens"):  # past the bound: read, and found not to be an export
         load_export(bomb)
 
 

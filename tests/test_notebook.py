@@ -140,6 +140,110 @@ def test_an_encoder_decoders_plain_maps_and_their_checks():
         plain_export(cross=export.cross, src_tokens=TOY_SRC[:4], tgt_tokens=TOY_TGT)
 
 
+def test_a_bare_4d_array_with_batch_is_refused_not_read_as_layers():
+    """One layer's (batch, heads, Q, K) tensor, passed bare, had its texts shown as layers: a bare 4-D array is
+    (layers, heads, Q, K), so batch= beside one is a sign it is not, and is refused; in a list it is one layer."""
+    layer = hf_attentions(layers=1, batch=2, heads=3, T=5)[0]  # outputs.attentions[0]: (batch, heads, Q, K)
+    tokens = [f"t{i}" for i in range(5)]
+    for batch in (0, 1):
+        with pytest.raises(InputError, match=r"one 4-D array \(2, 3, 5, 5\).*pass it in a list, \[t\]"):
+            plain_export(layer, tokens, batch=batch)
+    np.testing.assert_array_equal(plain_export([layer], tokens, batch=1).decoder, layer[None, 1])
+    assert plain_export(layer, tokens).decoder.shape == (2, 3, 5, 5)  # without batch: attnviz's own layout
+
+
+def test_auto_kind_refuses_a_mix_of_causal_and_other_maps_and_names_the_first():
+    """A decoder with one head that sees the future (a padding query spread over every key) had been shown,
+    every head of it, as an encoder's maps."""
+    attentions = [a.copy() for a in hf_attentions(layers=3, T=5)]
+    attentions[1][0, 1, 0, :] = 1 / 5  # layer 1, head 1 (from 0): its first query attends to all 5 keys
+    tokens = list("abcde")
+    with pytest.raises(InputError, match=r"some are not, first layer 1, head 1 \(from 0\).*kind='encoder'"):
+        head_view(attentions, tokens=tokens, mode="widget")
+    with pytest.raises(InputError, match=r"first layer 1, head 1 \(from 0\): they are not causal"):
+        plain_export(attentions, tokens, kind="decoder")
+    assert head_view(attentions, tokens=tokens, kind="encoder", mode="widget").frame["kind"] == "encoder"
+    assert plain_export(hf_attentions(causal=False), [f"t{i}" for i in range(6)]).encoder is not None
+
+
+def _zero_rows(maps: np.ndarray, *rows: int) -> np.ndarray:
+    maps = maps.copy()
+    maps[..., rows, :] = 0
+    return maps
+
+
+@pytest.mark.parametrize(
+    ("maps", "kind", "message"),
+    [
+        (np.zeros((1, 1, 2, 8, 8), np.float32), "auto", r"every row of layer 0, head 0 \(from 0\) sums to 0"),
+        (
+            np.random.default_rng(0).random((1, 1, 2, 200, 200), np.float32) / 20_000,  # normalised over the map
+            "auto",
+            r"sums to 0\.00\d+, not 1",
+        ),
+        (_zero_rows(hf_attentions(layers=1, T=4)[0], 2), "decoder", r"index \(0, 0, 2\) sums to 0.*sees at least"),
+        (_zero_rows(hf_attentions(layers=1, T=4)[0], 0), "auto", r"index \(0, 0, 0\) sums to 0.*sees at least"),
+    ],
+    ids=["all zeros", "normalised over the whole map", "a decoder's zero row", "a causal map's zero first row"],
+)
+def test_rows_summing_to_about_zero_are_not_taken_for_masked_queries(maps, kind, message):
+    """A row summing to at most 0.01 had counted as a query that saw no key: an all-zero map, rows of 1/200 each
+    and a decoder's zero rows were drawn. Only a row summing to about 0 (1e-6) is one now."""
+    with pytest.raises(InputError, match=message):
+        plain_export(maps, [f"t{i}" for i in range(maps.shape[-1])], kind=kind)
+
+
+def test_an_encoders_masked_query_rows_are_still_drawn():
+    maps = _zero_rows(hf_attentions(layers=2, T=6, causal=False)[1], 5)  # the padding query at the end
+    export = plain_export([maps, maps], [f"t{i}" for i in range(6)], kind="encoder")
+    assert not export.encoder[..., 5, :].any()
+
+
+def test_token_arguments_no_map_uses_are_refused():
+    """src_tokens beside attentions, or beside decoder maps alone, had been ignored without a word."""
+    export = toy_export()
+    attentions = hf_attentions()
+    tokens = [f"t{i}" for i in range(6)]
+    with pytest.raises(InputError, match="attentions takes its tokens as tokens="):
+        plain_export(attentions, tokens, src_tokens=tokens)
+    with pytest.raises(InputError, match="attentions takes its tokens as tokens="):
+        head_view(attentions, tokens=tokens, tgt_tokens=tokens)
+    with pytest.raises(InputError, match="src_tokens label the source, which only encoder= and cross= maps have"):
+        plain_export(decoder=export.decoder, src_tokens=TOY_SRC, tgt_tokens=TOY_TGT)
+    with pytest.raises(InputError, match="tgt_tokens label the decoder input"):
+        plain_export(encoder=export.encoder, src_tokens=TOY_SRC, tgt_tokens=TOY_TGT)
+    assert plain_export(decoder=export.decoder, tgt_tokens=TOY_TGT).decoder is not None
+
+
+def test_plain_maps_past_the_bound_are_refused_before_they_are_converted(monkeypatch):
+    from attnviz.notebook import data
+
+    attentions = hf_attentions(layers=3, heads=2, T=6)  # 3 x 2 x 6 x 6 float32: 864 bytes
+    monkeypatch.setattr(data, "MAX_PLAIN_MB", 800 / 2**20)
+    for maps in (attentions, np.stack(attentions)):
+        with pytest.raises(InputError, match=r"3 layers x 2 heads of 6 x 6 weights take 0 MB.*tile by tile"):
+            head_view(maps, tokens=[f"t{i}" for i in range(6)])
+    monkeypatch.setattr(data, "MAX_PLAIN_MB", 864 / 2**20)
+    assert plain_export(attentions, [f"t{i}" for i in range(6)]).decoder.nbytes == 864
+
+
+def test_plain_maps_are_converted_without_a_second_copy_of_them_all():
+    """Converting each layer, stacking, then checking causality on a copy of every map had taken twice the
+    maps' float32 size; now a layer at a time into one array, and the causality a head at a time."""
+    import tracemalloc
+
+    attentions = tuple(a.astype(np.float16) for a in hf_attentions(layers=4, heads=4, T=256))
+    maps_bytes = 4 * 4 * 4 * 256 * 256
+    tracemalloc.start()
+    try:
+        export = plain_export(attentions, [f"t{i}" for i in range(256)])
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert export.decoder.nbytes == maps_bytes
+    assert peak < 1.5 * maps_bytes, f"{peak / maps_bytes:.2f} x the maps' size at the peak"
+
+
 # ---------------------------------------------------------------------------------------------
 # State and binary traits: what the widget sends is the app's picture
 
@@ -285,6 +389,27 @@ def test_html_mode_is_one_self_contained_document_in_an_iframe():
     assert len(frames["head"]) == 3 * 2 * 4 * 3  # every kind, layer, head and contrast fit in the budget
 
 
+def test_the_html_pages_budget_counts_each_kinds_frames_at_their_own_size():
+    """The budget had been the current frame's size times the number of frames: opened on a short target's
+    cross-attention, a long source's S x S encoder frames were all embedded, past PAGE_BUDGET."""
+    from attnviz.notebook.standalone import PAGE_BUDGET
+
+    rng = np.random.default_rng(0)
+    L, H, S, T = 2, 4, 600, 4
+    encoder, cross = _softmax(rng.normal(size=(L, 1, H, S, S))), _softmax(rng.normal(size=(L, 1, H, T, S)))
+    src, tgt = [f"s{i}" for i in range(S)], [f"t{i}" for i in range(T)]
+    for kind in ("cross", "encoder"):
+        view = head_view(encoder=encoder, cross=cross, src_tokens=src, tgt_tokens=tgt, kind=kind, mode="html")
+        frames = view.frames_for_page()
+        embedded = sum(len(f["indices"]) + len(f["weights"]) for f in frames["head"].values())
+        assert embedded <= PAGE_BUDGET, f"{embedded / 2**20:.1f} MB of frames embedded (opened on {kind})"
+        assert not frames["complete"] and len(frames["head"]) == 3  # this head under each contrast
+        for one in frames["head"].values():
+            assert len(one["indices"]) + len(one["weights"]) == view._frames.frame_bytes(one["kind"])
+    tiled = head_view(long_tiled(T=2000), mode="widget")  # pooled 2 x 2: the size comes from the shape alone
+    assert len(tiled.indices) + len(tiled.weights) == tiled._frames.frame_bytes("decoder") == 1000 * 1000 * 5
+
+
 def test_save_writes_svg_and_html(tmp_path):
     export = toy_export()
     view = head_view(export, kind="cross", mode="widget")
@@ -299,6 +424,22 @@ def test_save_writes_svg_and_html(tmp_path):
     assert html.startswith("<!DOCTYPE html>")
     with pytest.raises(InputError, match=".html or .svg"):
         view.save(tmp_path / "head.pdf")
+
+
+def test_labels_xml_forbids_are_shown_visibly_and_every_file_is_written(tmp_path):
+    """A control character in a token made the SVG not well-formed (browsers refuse the whole file), and a lone
+    surrogate made save() raise UnicodeEncodeError for .svg and .html."""
+    attentions = hf_attentions(layers=1, T=4)
+    tokens = ["a", "b\x0c", "c\x1b[0m\x00", "d\ufffe"]
+    svg = head_view(attentions, tokens=tokens, mode="widget").save(tmp_path / "controls.svg")
+    texts = [t.text for t in ET.parse(svg).getroot().iter("{http://www.w3.org/2000/svg}text")]
+    assert {"b␌", "c␛[0m␀", "d\\ufffe"} <= set(texts), texts
+    view = head_view(attentions, tokens=["a", "b\udcff", "c", "d"], mode="widget")
+    svg = view.save(tmp_path / "surrogate.svg")
+    assert "b\\udcff" in [t.text for t in ET.parse(svg).getroot().iter("{http://www.w3.org/2000/svg}text")]
+    doc = view.save(tmp_path / "surrogate.html").read_text(encoding="utf-8")
+    frames = json.loads(re.search(r"const ATTNVIZ_FRAMES = (.*);\n", doc).group(1))
+    assert frames["labels"]["decoder|0"][1][1] == "b\udcff"  # the script reads the label as it was given
 
 
 def test_the_script_ships_in_the_package_and_imports_nothing():
@@ -319,7 +460,7 @@ def test_the_step_view_holds_each_steps_rows_and_tokens(tiny_model):
     src = torch.tensor([[5, 9, 7, 11, 2]])
     decoding = step_through(tiny_model, src, max_len=6)
     n = len(decoding.steps)
-    prefix = ["<s>", *(f"t{i}" for i in decoding.ids), "</s>"]
+    prefix = ["<s>", *(f"t{s.token_id}" for s in decoding.steps)]  # the decoder input and the last token written
     view = step_view(
         decoding,
         src_tokens=[f"s{i}" for i in range(5)],
@@ -341,6 +482,30 @@ def test_the_step_view_holds_each_steps_rows_and_tokens(tiny_model):
     assert "<img" in view.fallback_html()
     with pytest.raises(InputError, match="needs tgt_tokens"):
         step_view(decoding, src_tokens=["s"] * 5)
+
+
+def test_the_step_views_decoder_input_is_checked_against_what_each_step_wrote(tiny_model):
+    """Labels past the decoder input had been cut off without a word, and labels shifted by one (what each step
+    writes, not what it reads) had been drawn as the prefix."""
+    import torch
+
+    from attnviz.decoding import step_through
+    from attnviz.notebook import step_view
+
+    decoding = step_through(tiny_model, torch.tensor([[5, 9, 7, 11, 2]]), forced=[6, 8, 10, 2])  # teacher-forced
+    written = [f"t{s.token_id}" for s in decoding.steps]
+    assert written == ["t6", "t8", "t10", "t2"]
+    P = len(decoding.steps)  # the start token, then every token written but the last
+    given = {"src_tokens": [f"s{i}" for i in range(5)], "id_to_token": lambda i: f"t{i}", "mode": "widget"}
+    for right in (["<s>", *written[:-1]], ["<s>", *written]):  # P, or P + 1 with the last token written
+        assert step_view(decoding, tgt_tokens=right, **given).spec["prefix"] == ["<s>", *written[: P - 1]]
+    with pytest.raises(InputError, match=rf"reads {P} decoder input tokens but tgt_tokens gives {P + 3}"):
+        step_view(decoding, tgt_tokens=["<s>", *written, "x", "y"], **given)
+    with pytest.raises(InputError, match=rf"reads {P} decoder input tokens but tgt_tokens gives {P - 1}"):
+        step_view(decoding, tgt_tokens=["<s>", *written[:-2]], **given)
+    shifted = [*written, "</s>"]
+    with pytest.raises(InputError, match=r"tgt_tokens\[1\] is 't8', but step 0 \(from 0\) wrote 't6' \(id 6\)"):
+        step_view(decoding, tgt_tokens=shifted, **given)
 
 
 @pytest.mark.slow
@@ -476,7 +641,7 @@ def test_wrong_arguments_are_clear_errors_not_tracebacks_or_guesses():
     import torch
 
     decoding = step_through(model, torch.tensor([[5, 6, 7, 2]]), max_len=3)
-    src, prefix = ["a", "b", "c", "</s>"], ["<s>"] + [f"t{i}" for i in range(3)]
+    src, prefix = ["a", "b", "c", "</s>"], ["<s>"] + [str(s.token_id) for s in decoding.steps]
     step_view(decoding, src_tokens=src, tgt_tokens=prefix, id_to_token=str, mode="widget")
     for bad, message in (
         ({"src_tokens": src[:-1]}, "reads 4 source tokens; src_tokens gives 3"),
@@ -485,3 +650,21 @@ def test_wrong_arguments_are_clear_errors_not_tracebacks_or_guesses():
     ):
         with pytest.raises(InputError, match=message):
             step_view(decoding, **{"src_tokens": src, "tgt_tokens": prefix, "id_to_token": str, **bad}, mode="widget")
+
+
+def test_an_export_path_refuses_what_it_would_ignore(tmp_path):
+    """An export given as a path had dropped tokens=, batch=, maps and src_tokens/tgt_tokens without a word, where
+    the same export as an object refuses them."""
+    path = toy_export().save(tmp_path / "toy.npz")
+    for name in (path, str(path)):
+        for extra, message in (
+            ({"tokens": list("wxyz")}, "carries its own tokens: pass it alone"),
+            ({"cross": np.eye(3, dtype=np.float32)}, "carries its own tokens: pass it alone"),
+            ({"src_tokens": TOY_SRC}, "carries its own tokens: pass it alone"),
+            ({"batch": 0}, "holds one text already"),
+        ):
+            with pytest.raises(InputError, match=message):
+                head_view(name, mode="widget", **extra)
+            with pytest.raises(InputError, match=message):
+                model_view(name, mode="widget", **extra)
+    assert head_view(path, mode="widget").frame["cols"] == list(TOY_SRC)

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from attnviz.errors import InputError
 from attnviz.export import AttentionExport
-from attnviz.notebook.data import Source, _is_bundle, as_source, plain_export, stack_layers
+from attnviz.notebook.data import Source, _is_bundle, as_source, is_export_path, plain_export, stack_layers
 from attnviz.notebook.frames import step_data
 from attnviz.notebook.widgets import AtlasView, HeadView, ModelView, StepView
 from attnviz.tiles import TiledAttention
@@ -70,9 +70,11 @@ def head_view(
     ``outputs.attentions`` or a TransformerLens pattern (`attnviz.notebook.data`). An
     encoder-decoder's plain maps go in ``encoder``, ``decoder``, ``cross`` with ``src_tokens`` and
     ``tgt_tokens``. ``kind`` is the kind shown first; for plain self-attention it also says whether the
-    maps are an ``"encoder"``'s or a ``"decoder"``'s (default: causal maps are a decoder's).
-    ``batch`` picks one text of a batch. ``dtype`` ("float32" or "float16") is how the weights travel
-    to the browser. ``mode``: "widget", "html" (one self-contained document) or "auto".
+    maps are an ``"encoder"``'s or a ``"decoder"``'s (default: a decoder's when every map is exactly 0
+    above its diagonal, an encoder's when none is; a mix is refused). ``batch`` picks one text of a batch
+    (a tuple of layers, or a 5-D stack: a bare 4-D array is (layers, heads, queries, keys), one text).
+    ``dtype`` ("float32" or "float16") is how the weights travel to the browser. ``mode``: "widget",
+    "html" (one self-contained document) or "auto".
     """
     source = _source(data, tokens, text, tgt, generate, encoder, decoder, cross, src_tokens, tgt_tokens, kind, batch)
     return HeadView(
@@ -119,7 +121,9 @@ def step_view(
 
     ``data`` is an attnviz model (a ``Bundle``) with ``text`` (greedy, or ``beam`` search), or an
     [`attnviz.decoding.Decoding`][] with its ``src_tokens`` (None for a language model), the decoder
-    input's ``tgt_tokens`` and ``id_to_token`` (a function from an id to its token).
+    input's ``tgt_tokens`` and ``id_to_token`` (a function from an id to its token). ``tgt_tokens`` is
+    the start token or the prompt, then every token written but the last (P, what the last step reads),
+    or with the last one too (P + 1); each token a step wrote must be ``id_to_token`` of its id.
     """
     if _is_bundle(data):
         from attnviz import api
@@ -159,7 +163,8 @@ def _first_kind(kind: str | None) -> str | None:
 
 def _source(data, tokens, text, tgt, generate, encoder, decoder, cross, src_tokens, tgt_tokens, kind, batch) -> Source:
     _first_kind(kind)
-    if batch is not None and (isinstance(data, (Source, AttentionExport, TiledAttention)) or _is_bundle(data)):
+    exported = isinstance(data, (Source, AttentionExport, TiledAttention)) or is_export_path(data)
+    if batch is not None and (exported or _is_bundle(data)):
         raise InputError("batch picks one text of plain maps; a model or an export holds one text already")
     plain = {
         name: value

@@ -7,7 +7,9 @@ attnviz model and a text, or plain data from another library:
 - Hugging Face's ``outputs.attentions`` (and ``encoder_attentions``, ``decoder_attentions``,
   ``cross_attentions``): one (batch, heads, query, key) tensor per layer;
 - a TransformerLens pattern: ``cache["pattern", layer]`` (batch, head, query_pos, key_pos) per layer
-  in a list, or ``cache.stack_activation("pattern")`` (layer, batch, head, query_pos, key_pos).
+  in a list, or ``cache.stack_activation("pattern")`` (layer, batch, head, query_pos, key_pos);
+- attnviz's own layout, one bare (layer, head, query, key) array. A bare 4-D array is always read so:
+  one layer's (batch, heads, query, key) tensor goes in a list, ``[t]``.
 
 Plain data becomes an [`AttentionExport`][attnviz.export.AttentionExport] with no ids, so every view reads
 one type and names rows and columns one way (`attnviz.export.row_labels`). Shape letters: L layers,
@@ -16,6 +18,7 @@ B batch, H heads, Q queries, K keys.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -28,6 +31,9 @@ from attnviz.tiles import TiledAttention
 
 LONG_TOKENS = 1024  # a model's text longer than this is opened tile by tile (attnviz.tiles), not as whole maps
 WEIGHT_SLACK = 1e-3  # post-softmax weights lie in 0..1; a little float error either side is allowed
+# The most MB one kind's plain maps (all layers and heads of one text, as float32) may take: a view holds them
+# whole, and GPT-2 medium's 24 layers x 16 heads at 1024 tokens take 1.5 GB. Past it, tiles (docs/notebooks.md).
+MAX_PLAIN_MB = 2048
 
 
 def _numpy(value, what: str) -> np.ndarray:
@@ -41,47 +47,74 @@ def _numpy(value, what: str) -> np.ndarray:
     return array
 
 
+def _shaped(value, what: str):
+    """``value`` as it is when it has a shape (a tensor or an array: converted later, a layer at a time), else
+    as float32 numpy (nested lists)."""
+    return value if hasattr(value, "shape") and hasattr(value, "__getitem__") else _numpy(value, what)
+
+
+def _check_size(shape: tuple[int, ...], what: str) -> None:
+    """Nothing, or an InputError when (L, H, Q, K) float32 maps of ``shape`` would pass `MAX_PLAIN_MB`."""
+    mb = 4 * math.prod(shape) / 2**20
+    if mb > MAX_PLAIN_MB:
+        L, H, Q, K = shape
+        raise InputError(
+            f"{what}: {L} layers x {H} heads of {Q} x {K} weights take {mb:,.0f} MB as float32, over the "
+            f"{MAX_PLAIN_MB:,} MB a view holds whole: pass fewer layers (e.g. attentions[-4:]) or a shorter text. "
+            "A long text opens tile by tile from its queries and keys: attnviz.tiled_attention (head_view(model, "
+            "text) does so by itself), or an attnviz.tiles.TiledAttention of your own"
+        )
+
+
 def stack_layers(maps, what: str, batch: int | None = None) -> np.ndarray:
     """(L, H, Q, K) float32 from per-layer maps as other libraries give them.
 
     ``maps`` is a tuple or list with one entry per layer, each (B, H, Q, K) (Hugging Face,
     TransformerLens per layer) or (H, Q, K); or one array (L, B, H, Q, K) (TransformerLens'
     ``stack_activation``) or (L, H, Q, K) (attnviz's own layout). With a batch axis of more than one
-    text, ``batch`` says which text (from 0); without it the maps are refused.
+    text, ``batch`` says which text (from 0); without it the maps are refused. A bare 4-D array has no
+    batch axis, so ``batch`` with one is refused: one layer's (B, H, Q, K) tensor goes in a list, ``[t]``.
+    Maps over `MAX_PLAIN_MB` are refused before any is converted; the rest are converted a layer at a
+    time into one preallocated array, so the input is never copied whole more than once.
     """
     if isinstance(maps, (tuple, list)):
         if not maps:
             raise InputError(
                 f"{what}: no layers given (an empty tuple: was the model run with output_attentions=True?)"
             )
-        layers = [_numpy(layer, f"{what}[{i}]") for i, layer in enumerate(maps)]
-        other = next((i for i, layer in enumerate(layers) if layer.shape != layers[0].shape), None)
+        layers = [_shaped(layer, f"{what}[{i}]") for i, layer in enumerate(maps)]
+        shapes = [tuple(layer.shape) for layer in layers]
+        other = next((i for i, shape in enumerate(shapes) if shape != shapes[0]), None)
         if other is not None:
             raise InputError(
-                f"{what}: every layer's maps must have one shape; layer {other} (from 0) is {layers[other].shape}, "
-                f"layer 0 {layers[0].shape}"
+                f"{what}: every layer's maps must have one shape; layer {other} (from 0) is {shapes[other]}, "
+                f"layer 0 {shapes[0]}"
             )
-        ranks = {layer.ndim for layer in layers}
-        if ranks == {4}:
-            array = np.stack(layers, axis=0)  # (L, B, H, Q, K)
-        elif ranks == {3}:
-            array = np.stack(layers, axis=0)[:, None]  # (L, 1, H, Q, K)
-        else:
-            shapes = ", ".join(str(layer.shape) for layer in layers[:4])
+        if len(shapes[0]) not in (3, 4):
+            shown = ", ".join(str(shape) for shape in shapes[:4])
             raise InputError(
-                f"{what}: each layer must be (batch, heads, queries, keys) or (heads, queries, keys); got {shapes}"
+                f"{what}: each layer must be (batch, heads, queries, keys) or (heads, queries, keys); got {shown}"
             )
     else:
-        array = _numpy(maps, what)
-        if array.ndim == 4:
-            array = array[:, None]
-        elif array.ndim != 5:
+        array = _shaped(maps, what)
+        shape = tuple(array.shape)
+        if len(shape) == 4 and batch is not None:
+            raise InputError(
+                f"{what} is one 4-D array {shape}, which a view reads as (layers, heads, queries, keys) with no batch "
+                f"axis, but batch={batch!r} was given: is it one layer's (batch, heads, queries, keys) tensor? Then "
+                "pass it in a list, [t] (Hugging Face's outputs.attentions is a tuple of them), or every layer as "
+                "one 5-D (layers, batch, heads, queries, keys) array"
+            )
+        if len(shape) not in (4, 5):
             raise InputError(
                 f"{what} must be one map per layer: a tuple of (batch, heads, queries, keys) tensors (Hugging Face's "
                 f"outputs.attentions), or one (layers, batch, heads, queries, keys) or (layers, heads, queries, keys) "
-                f"array; got an array of shape {array.shape}"
+                f"array; got an array of shape {shape}"
             )
-    n_texts = array.shape[1]
+        layers = [array[i] for i in range(shape[0])]  # (B, H, Q, K) or (H, Q, K) each: views, not copies
+        shapes = [shape[1:]] * shape[0]
+    has_batch = len(shapes[0]) == 4
+    n_texts = shapes[0][0] if has_batch else 1
     if batch is None:
         if n_texts != 1:
             raise InputError(
@@ -91,13 +124,18 @@ def stack_layers(maps, what: str, batch: int | None = None) -> np.ndarray:
         batch = 0
     if isinstance(batch, bool) or not isinstance(batch, (int, np.integer)) or not 0 <= batch < n_texts:
         raise InputError(f"batch must be a text's index from 0 to {n_texts - 1}; got {batch!r}")
-    return np.ascontiguousarray(array[:, batch])
+    stacked_shape = (len(layers), *shapes[0][-3:])  # (L, H, Q, K)
+    _check_size(stacked_shape, what)
+    stacked = np.empty(stacked_shape, dtype=np.float32)
+    for i, layer in enumerate(layers):
+        stacked[i] = _numpy(layer[batch] if has_batch else layer, f"{what}[{i}]")  # one text of one layer
+    return stacked
 
 
 def _check_weights(maps: np.ndarray, what: str) -> None:
     if maps.size == 0:
         raise InputError(f"{what} is empty: shape {maps.shape}")
-    if not np.isfinite(maps).all():
+    if not all(np.isfinite(layer).all() for layer in maps):  # a layer at a time: no mask the size of every map
         raise InputError(f"{what} holds NaN or infinite values: these are not attention weights")
     low, high = float(maps.min()), float(maps.max())
     if low < -WEIGHT_SLACK or high > 1 + WEIGHT_SLACK:
@@ -108,18 +146,36 @@ def _check_weights(maps: np.ndarray, what: str) -> None:
 
 
 ROW_SLACK = 1e-2  # a softmax row sums to 1; float16 maps of thousands of keys round to within a few 1e-4
+NO_KEY = 1e-6  # a row summing to at most this is a query that saw no key (a padded or masked one), not a row of weights
 
 
-def _check_rows(maps: np.ndarray, what: str) -> None:
+def _check_rows(maps: np.ndarray, what: str, causal: bool = False) -> None:
     """Every row a query's weights: summing to 1, or to 0 where the query saw no key (a padded or masked one).
-    A map given keys by queries (transposed) has columns that sum to 1, and is refused here, not drawn."""
-    sums = maps.sum(axis=-1, dtype=np.float64)
-    off = (np.abs(sums - 1) > ROW_SLACK) & (sums > ROW_SLACK)
+    A map given keys by queries (transposed) has columns that sum to 1, and is refused here, not drawn; so is a
+    map no row of which sums to 1 (all zeros, or normalised over the whole map), and, in a decoder's (``causal``)
+    maps, a row that sums to 0: a causal query always sees itself."""
+    sums = maps.sum(axis=-1, dtype=np.float64)  # (L, H, Q)
+    no_key = sums <= NO_KEY
+    off = (np.abs(sums - 1) > ROW_SLACK) & ~no_key
     if off.any():
         where = tuple(int(i) for i in np.argwhere(off)[0])
         raise InputError(
             f"{what}: the row at index {where} sums to {float(sums[where]):.3g}, not 1; a view takes post-softmax "
-            "weights with rows as queries and columns as keys (is the map transposed, or taken in training mode?)"
+            "weights with rows as queries and columns as keys (is the map transposed, normalised over the whole "
+            "map, or taken in training mode?)"
+        )
+    blank = no_key.all(axis=-1)  # (L, H)
+    if blank.any():
+        layer, head = (int(i) for i in np.argwhere(blank)[0])
+        raise InputError(
+            f"{what}: every row of layer {layer}, head {head} (from 0) sums to 0: no query saw any key, so it holds "
+            "no weights to draw (is it all zeros?)"
+        )
+    if causal and no_key.any():
+        where = tuple(int(i) for i in np.argwhere(no_key)[0])
+        raise InputError(
+            f"{what}: the row at index {where} sums to 0, but a decoder's (causal) query sees at least itself, so "
+            "each of its rows sums to 1 (was a padding query's row zeroed? pass the maps of the text without padding)"
         )
 
 
@@ -144,9 +200,9 @@ def check_export(export: AttentionExport) -> AttentionExport:
         if np.ndim(maps) != 4:
             raise InputError(f"{what} must be (layers, heads, queries, keys); got shape {np.shape(maps)}")
         _check_weights(maps, what)
-        _check_rows(maps, what)
-        if kind == "decoder" and not is_causal(maps):
-            raise InputError(f"{what} have weight above the diagonal: a decoder's self-attention is causal")
+        _check_rows(maps, what, causal=kind == "decoder")
+        if kind == "decoder":
+            _check_causal(maps, what)
     return export
 
 
@@ -161,9 +217,32 @@ def _tokens(tokens, n: int, what: str, axis: str) -> tuple[str, ...]:
     return tokens
 
 
+def causal_heads(maps: np.ndarray) -> np.ndarray:
+    """(L, H) bool: whether each map of (L, H, T, T) is exactly 0 above its diagonal (a decoder's, causal).
+    One head at a time, so the check never copies every map."""
+    L, H, Q, K = maps.shape
+    if Q != K:
+        return np.zeros((L, H), dtype=bool)
+    return np.array([[not np.triu(maps[la, h], k=1).any() for h in range(H)] for la in range(L)], bool).reshape(L, H)
+
+
 def is_causal(maps: np.ndarray) -> bool:
     """Whether every map (L, H, T, T) is exactly 0 above its diagonal: a decoder's (causal) self-attention."""
-    return maps.shape[-1] == maps.shape[-2] and not np.triu(maps, k=1).any()
+    return bool(causal_heads(maps).all())
+
+
+def _first_not_causal(causal: np.ndarray) -> str:
+    layer, head = (int(i) for i in np.argwhere(~causal)[0])
+    return f"layer {layer}, head {head} (from 0)"
+
+
+def _check_causal(maps: np.ndarray, what: str) -> None:
+    causal = causal_heads(maps)
+    if not causal.all():
+        raise InputError(
+            f"{what} have weight above the diagonal, first in {_first_not_causal(causal)}: a decoder's "
+            "self-attention is causal"
+        )
 
 
 def plain_export(
@@ -182,27 +261,43 @@ def plain_export(
 
     One model's self-attention (``attentions`` with ``tokens``): a decoder-only model's
     (``kind="decoder"``) or an encoder's such as BERT (``kind="encoder"``); with ``kind="auto"``
-    maps that are exactly 0 above the diagonal are a decoder's. An encoder-decoder: ``encoder``
-    (S, S), ``decoder`` (T, T) and ``cross`` (T, S) per layer, any of them, with ``src_tokens``
-    and ``tgt_tokens``. Each map is as [`stack_layers`][attnviz.notebook.data.stack_layers] takes it.
+    the maps are a decoder's when every one is exactly 0 above its diagonal, an encoder's when none is,
+    and refused when some are and some are not (a decoder's leaking head, or a mask gone wrong). An
+    encoder-decoder: ``encoder`` (S, S), ``decoder`` (T, T) and ``cross`` (T, S) per layer, any of
+    them, with ``src_tokens`` and ``tgt_tokens``, each given only when a map has its positions. Each
+    map is as [`stack_layers`][attnviz.notebook.data.stack_layers] takes it.
     """
     if attentions is not None:
         if any(m is not None for m in (encoder, decoder, cross)):
             raise InputError("give either attentions (one model's self-attention) or encoder/decoder/cross, not both")
-        maps = stack_layers(attentions, "attentions", batch)
+        if src_tokens is not None or tgt_tokens is not None:
+            raise InputError(
+                "attentions takes its tokens as tokens=; src_tokens and tgt_tokens go with encoder=, decoder=, cross="
+            )
         if kind not in ("auto", "encoder", "decoder"):
             raise InputError(f"kind must be 'auto', 'encoder' or 'decoder'; got {kind!r}")
+        maps = stack_layers(attentions, "attentions", batch)
         _check_weights(maps, "attentions")
-        _check_rows(maps, "attentions")
         if maps.shape[-1] != maps.shape[-2]:
             raise InputError(
                 f"attentions are self-attention, one token per query and key, but the maps are {maps.shape[-2]} x "
                 f"{maps.shape[-1]}; for cross-attention pass encoder=, decoder=, cross= with src_tokens and tgt_tokens"
             )
+        causal = causal_heads(maps)
+        if kind == "auto" and causal.any() and not causal.all():
+            raise InputError(
+                f"attentions: some maps are 0 above the diagonal (a decoder's) and some are not, first "
+                f"{_first_not_causal(causal)}: a decoder's maps are all causal. Pass kind='encoder' if they are an "
+                "encoder's; else fix that map's mask (a padding query's row spread over every key?)"
+            )
         if kind == "auto":
-            kind = "decoder" if is_causal(maps) else "encoder"
-        if kind == "decoder" and not is_causal(maps):
-            raise InputError("kind='decoder' but these maps have weight above the diagonal: they are not causal")
+            kind = "decoder" if causal.all() else "encoder"
+        if kind == "decoder" and not causal.all():
+            raise InputError(
+                f"kind='decoder' but these maps have weight above the diagonal, first {_first_not_causal(causal)}: "
+                "they are not causal"
+            )
+        _check_rows(maps, "attentions", causal=kind == "decoder")
         toks = _tokens(tokens, maps.shape[-1], "attentions", "query and key")
         if kind == "decoder":
             return _export(None, maps, None, None, toks, "a language model's self-attention, from plain data")
@@ -214,6 +309,12 @@ def plain_export(
             "no maps given: pass attentions (e.g. outputs.attentions) with tokens, or encoder=, decoder=, cross= with "
             "src_tokens and tgt_tokens"
         )
+    if src_tokens is not None and encoder is None and cross is None:
+        raise InputError("src_tokens label the source, which only encoder= and cross= maps have: give them or neither")
+    if tgt_tokens is not None and decoder is None and cross is None:
+        raise InputError(
+            "tgt_tokens label the decoder input, which only decoder= and cross= maps have: give them or neither"
+        )
     stacked = {
         name: None if value is None else stack_layers(value, name, batch)
         for name, value in (("encoder", encoder), ("decoder", decoder), ("cross", cross))
@@ -221,14 +322,20 @@ def plain_export(
     for name, maps in stacked.items():
         if maps is not None:
             _check_weights(maps, name)
-            _check_rows(maps, name)
     S = T = None
     if stacked["encoder"] is not None:
         S = _square(stacked["encoder"], "encoder")
     if stacked["decoder"] is not None:
         T = _square(stacked["decoder"], "decoder")
-        if not is_causal(stacked["decoder"]):
-            raise InputError("decoder self-attention must be causal (0 above the diagonal); these maps are not")
+        causal = causal_heads(stacked["decoder"])
+        if not causal.all():
+            raise InputError(
+                f"decoder self-attention must be causal (0 above the diagonal); these maps are not, first "
+                f"{_first_not_causal(causal)}"
+            )
+    for name, maps in stacked.items():
+        if maps is not None:
+            _check_rows(maps, name, causal=name == "decoder")
     if stacked["cross"] is not None:
         T_cross, S_cross = stacked["cross"].shape[-2:]
         for name, want, got in (("decoder", T, T_cross), ("encoder", S, S_cross)):
@@ -303,18 +410,25 @@ def from_model(bundle, text: str, tgt: str | None = None, generate: int = 0) -> 
     return Source(pieces, words)
 
 
+def is_export_path(data) -> bool:
+    """Whether ``data`` names an exported .npz file: a path object, or a string ending in ".npz"."""
+    return (isinstance(data, str) and data.endswith(".npz")) or hasattr(data, "__fspath__")
+
+
 def as_source(data=None, tokens=None, *, text=None, tgt=None, generate: int = 0, batch=None, kind="auto", **plain):
     """A [`Source`][attnviz.notebook.data.Source] from anything a view takes (the module's docstring lists them)."""
     from attnviz.export import load_export
 
-    if isinstance(data, Source):
-        return data
-    if isinstance(data, (AttentionExport, TiledAttention)):
-        if tokens is not None or plain:
+    if isinstance(data, (Source, AttentionExport, TiledAttention)) or is_export_path(data):
+        if tokens is not None or plain:  # a path as an object: its own tokens and maps, never others beside them
             raise InputError("an attnviz export carries its own tokens: pass it alone")
-        return Source(data if isinstance(data, TiledAttention) else check_export(data))
+        if batch is not None:
+            raise InputError("batch picks one text of plain maps; an export holds one text already")
+        if isinstance(data, Source):
+            return data
+        if isinstance(data, TiledAttention):
+            return Source(data)
+        return Source(check_export(data if isinstance(data, AttentionExport) else load_export(data)))
     if _is_bundle(data):
         return from_model(bundle=data, text=text if text is not None else tokens, tgt=tgt, generate=generate)
-    if (isinstance(data, str) and data.endswith(".npz")) or hasattr(data, "__fspath__"):
-        return Source(check_export(load_export(data)))
     return Source(plain_export(data, tokens, batch=batch, kind=kind, **plain))

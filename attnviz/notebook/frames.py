@@ -105,6 +105,13 @@ class HeadFrames:
         maps = self.source.words if words else self.source.pieces
         return [shown_token(t) for t in row_labels(maps, kind)], [shown_token(t) for t in maps.tokens(kind)[1]]
 
+    def frame_bytes(self, kind: str, words: bool = False) -> int:
+        """The bytes of palette indices and weights in a frame of ``kind``'s whole map (any layer, head or
+        contrast), from its shape alone: one pixel per weight up to `OVERVIEW` a side, else max-pooled."""
+        Q, K = (getattr(self.source.words, kind).shape if words else self.source.shape(kind))[-2:]
+        h, w = math.ceil(Q / tiles.block_size(Q, OVERVIEW)), math.ceil(K / tiles.block_size(K, OVERVIEW))
+        return h * w * (1 + np.dtype(self.dtype).itemsize)
+
     def frame(self, kind: str, layer: int, head: int, contrast: str, words: bool = False, zoom=None) -> dict:
         """What the head view draws for this choice: see the module's docstring."""
         check_contrast(contrast)
@@ -272,7 +279,8 @@ def step_data(decoding, src_tokens, tgt_tokens, id_to_token) -> dict:
 
     Returns JSON values and two float32 buffers: ``self_rows`` (steps, L, H, P) with P the longest
     prefix (zero-padded past each step's own), ``cross_rows`` (steps, L, H, S) or empty for a
-    language model. ``tgt_tokens`` is the decoder input (the start token or the prompt, then the output).
+    language model. ``tgt_tokens`` is the decoder input (the start token or the prompt, then the output): P
+    tokens, or P + 1 with the last token written. Each token a step wrote is checked against it.
     """
     steps = decoding.steps
     if not steps:
@@ -303,8 +311,19 @@ def step_data(decoding, src_tokens, tgt_tokens, id_to_token) -> dict:
         else np.zeros((0,), dtype=np.float32)
     )
     prefix = list(tgt_tokens)
-    if len(prefix) < P:
-        raise InputError(f"the decoder input has {len(prefix)} tokens but the last step reads {P}")
+    if len(prefix) not in (P, P + 1):
+        raise InputError(
+            f"the last step reads {P} decoder input tokens but tgt_tokens gives {len(prefix)}: give the decoder "
+            f"input (the start token or the prompt, then each token written but the last), {P} tokens, or {P + 1} "
+            "with the last token written"
+        )
+    for i, (step, n) in enumerate(zip(steps, lengths, strict=True)):  # step i writes position n of the input
+        if n < len(prefix) and str(prefix[n]) != str(id_to_token(step.token_id)):
+            raise InputError(
+                f"tgt_tokens[{n}] is {prefix[n]!r}, but step {i} (from 0) wrote {id_to_token(step.token_id)!r} "
+                f"(id {step.token_id}) there: tgt_tokens must be the decoder input, from its first token, as "
+                "id_to_token names the tokens (a list shifted by one holds what each step writes instead)"
+            )
     return {
         "n_steps": len(steps),
         "n_layers": int(L),

@@ -18,6 +18,7 @@ import base64
 import html
 import io
 import json
+import re
 from itertools import product
 from pathlib import Path
 
@@ -35,8 +36,27 @@ SVG_CELLS = 128 * 128  # up to this many cells an SVG draws one rectangle per ce
 TOP_WEIGHTS = 8  # the fallback's table: the strongest weights of the map shown
 
 
+# What no file of ours may hold as it is: the characters XML 1.0 forbids (C0 controls but tab, newline and
+# carriage return; U+FFFE, U+FFFF), which make an SVG not well-formed, and lone surrogates, which UTF-8 cannot
+# encode (a text decoded with errors="surrogateescape"). Python strings never pair surrogates, so all are lone.
+UNWRITABLE = re.compile("[\x00-\x08\x0b\x0c\x0e-\x1f\ufffe\uffff\ud800-\udfff]")
+SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+def _stand_in(match: re.Match) -> str:
+    code = ord(match.group())
+    return chr(0x2400 + code) if code < 0x20 else f"\\u{code:04x}"  # a C0 control as its control picture: ␀ ␌ ␛
+
+
+def visible(text: str) -> str:
+    """``text`` with each `UNWRITABLE` character shown as a visible stand-in: a C0 control as its Unicode control
+    picture (U+2400 + its code: "\\x0c" as "␌"), the others as "\\uXXXX"."""
+    return UNWRITABLE.sub(_stand_in, text)
+
+
 def escape(text: str) -> str:
-    return html.escape(text, quote=True)
+    """``text`` for HTML and SVG: `visible`, then HTML-escaped (quotes included)."""
+    return html.escape(visible(text), quote=True)
 
 
 def _encode(value):
@@ -53,8 +73,10 @@ def _encode(value):
 
 
 def _script_json(value) -> str:
-    """JSON safe inside a <script> element: no "</" can close it early."""
-    return json.dumps(_encode(value), ensure_ascii=False).replace("</", "<\\/").replace("<!--", "<\\!--")
+    """JSON safe inside a <script> element: no "</" can close it early, and a lone surrogate (only ever inside a
+    string) written as its escape, which UTF-8 can encode and the script reads back as the same string."""
+    text = json.dumps(_encode(value), ensure_ascii=False).replace("</", "<\\/").replace("<!--", "<\\!--")
+    return SURROGATE.sub(lambda m: f"\\u{ord(m.group()):04x}", text)
 
 
 def script() -> str:
@@ -99,13 +121,11 @@ def frame_key(kind: str, layer: int, head: int, contrast: str, words: bool) -> s
     return f"{kind}|{layer}|{head}|{contrast}|{int(bool(words))}"
 
 
-def _size(frame: dict) -> int:
-    return len(frame["indices"]) + len(frame["weights"])
-
-
 def head_frames(frames, source, state: dict) -> dict:
     """The head view's frames for a page: every choice if they fit in `PAGE_BUDGET`, else the fewest
-    choices around the current one (this head under each contrast, then this head alone)."""
+    choices around the current one (this head under each contrast, then this head alone). Each frame
+    counts at its own kind's and wording's size: a short target's cross-attention frames are small, but
+    every encoder frame beside them is S x S."""
     kind, layer, head = state["kind"], state["layer"], state["head"]
     contrast, words = state["contrast"], state["words"]
     wordings = [False, True] if source.words is not None else [False]
@@ -116,12 +136,12 @@ def head_frames(frames, source, state: dict) -> dict:
         for c in CONTRASTS
         for w in wordings
     ]
-    one = frames.frame(kind, layer, head, contrast, words)
-    per_frame = _size(one)
-    if per_frame * len(every) <= PAGE_BUDGET:
+    size = {(k, w): frames.frame_bytes(k, w) for k in source.kinds for w in wordings}
+    this_head = [(kind, layer, head, c, w) for c in CONTRASTS for w in wordings]
+    if sum(size[k, w] for k, _, _, _, w in every) <= PAGE_BUDGET:
         chosen = every
-    elif per_frame * len(CONTRASTS) * len(wordings) <= PAGE_BUDGET:
-        chosen = [(kind, layer, head, c, w) for c in CONTRASTS for w in wordings]
+    elif sum(size[k, w] for k, _, _, _, w in this_head) <= PAGE_BUDGET:
+        chosen = this_head
     else:
         chosen = [(kind, layer, head, contrast, words)]
     table = {}

@@ -106,8 +106,22 @@ def _compare_side(side: str, a: AttentionExport, b: AttentionExport) -> Finding 
     ids_name, tokens_name, text_key = SIDES[side]
     a_ids, b_ids = getattr(a, ids_name), getattr(b, ids_name)
     a_tok, b_tok = getattr(a, tokens_name), getattr(b, tokens_name)
-    if a_ids is None and b_ids is None:
+    if a_tok is None and b_tok is None:
         return None
+    if (a_ids is None or b_ids is None) and a_tok is not None and b_tok is not None:
+        # maps from another library (attnviz.notebook.plain_export) have tokens and no ids: their tokens say the text
+        if tuple(a_tok) == tuple(b_tok):
+            return None
+        first = next(
+            (i for i, (x, y) in enumerate(zip(a_tok, b_tok, strict=False)) if x != y), min(len(a_tok), len(b_tok))
+        )
+        details = (
+            f"A ({len(a_tok)} tokens): {_tokens_excerpt(a_tok, first)}",
+            f"B ({len(b_tok)} tokens): {_tokens_excerpt(b_tok, first)}",
+        )
+        data = {"side": side, "first_difference": first, "a_tokens": list(a_tok), "b_tokens": list(b_tok)}
+        why = f"the {side} tokens differ from position {first} (a file without ids is compared by its tokens)"
+        return Finding("inputs", side, why, details, {**data, "cause": "tokens"})
     if a_ids is None or b_ids is None:
         which, other = ("A", b) if b_ids is None else ("B", a)
         kind = "a language model" if other.src_ids is None else "encoder-only"
