@@ -297,24 +297,34 @@ def ablation_outputs(ctx: Context, comparison, heads: str) -> None:
 
 
 def importance_controls(ctx: Context, bundle) -> str | None:
-    """The sentences to measure over and the toggle that measures: the sentences' text, None until measured."""
-    examples = bundle.info.get("examples") or [ctx.choices.src]
+    """The sentences to measure over and the toggle that measures: the sentences' text, None until measured.
+
+    Both are in the link (and a room's view) where they differ from the model's own: its examples, and
+    measuring at once for a small model. A newly chosen model starts from its own; a page opened from a
+    link takes the link's (Streamlit seeds a widget from the address bar over the value set here).
+    """
+    examples = "\n".join(bundle.info.get("examples") or [ctx.choices.src])
     if st.session_state.get("bw_imp_for") != ctx.model:  # a new model: start from its own examples
-        st.session_state["bw_imp_text"] = "\n".join(examples)
+        st.session_state["bw_imp_text"] = examples
         st.session_state["bw_imp_for"] = ctx.model
-    text = st.text_area(
+    text = bound(
+        st.text_area,
         "Sentences, one per line (optionally `source ||| reference`)",
+        value=examples,
         key="bw_imp_text",
         height=120,
         help=f"Up to {MAX_IMPORTANCE_SENTENCES}. Without references the model's own outputs are scored.",
     )
     cfg = bundle.config
     n_heads = (cfg.n_enc_layers + 2 * cfg.n_dec_layers) * cfg.n_heads
-    if st.session_state.get("bw_imp_on_for") != ctx.model:  # small models measure at once, large ones on request
-        st.session_state["bw_imp_on"] = n_heads <= AUTO_IMPORTANCE_HEADS
+    at_once = n_heads <= AUTO_IMPORTANCE_HEADS  # small models measure at once, large ones on request
+    if st.session_state.get("bw_imp_on_for") != ctx.model:
+        st.session_state["bw_imp_on"] = at_once
         st.session_state["bw_imp_on_for"] = ctx.model
-    measure = st.toggle(
+    measure = bound(
+        st.toggle,
         f"Measure all {n_heads} heads",
+        value=at_once,
         key="bw_imp_on",
         help="Every head is switched off in turn, over every sentence: a few seconds for a small model, "
         "a minute or more for one of the paper's base size.",

@@ -4,9 +4,10 @@ import numpy as np
 import pandas as pd
 import streamlit as st
 
-from attnviz.app import bound, clamp_state, keep_in_range, lazy_tabs, number_table, shared
+from attnviz.app import bound, clamp_state, keep_in_range, lazy_tabs, links, number_table, shared
 from attnviz.app.frame import Context, frame
 from attnviz.app.present import data_table, first, folded, presenting, room
+from attnviz.app.widgets import escape_markdown
 from attnviz.figures import teaching as tp
 from attnviz.lessons import mechanics
 
@@ -24,6 +25,10 @@ MATRICES = {  # key suffix: (title, default, row label, column label, rows can b
     "WK": ("W_K", mechanics.DEFAULT_W_K, "dim", "k", False),
     "WV": ("W_V", mechanics.DEFAULT_W_V, "dim", "v", False),
 }
+# A link (and a room's view) carries each matrix that is not the example's, as mech_x=1,0,1,0;0,2,0,2;...: rows
+# separated by ";", numbers by ",", an empty cell as nan. X has 1 to MOST_ROWS rows (a room's view holds 64 KB);
+# each W keeps the example's shape.
+MOST_ROWS = 64
 PAPER_D_K = 64  # d_k = d_model / h = 512 / 8 in the paper's base model (section 3.2.2)
 
 
@@ -34,19 +39,95 @@ def scaling(d_ks: tuple[int, ...], n_keys: int, seed: int) -> pd.DataFrame:
 
 def reset_example() -> None:
     for name in MATRICES:
-        st.session_state.pop(f"_mech_{name}", None)
+        st.session_state.pop(f"_mech_start_{name}", None)
+    let_go_of_edits()
+
+
+def editor_key(name: str) -> str:
+    """The key of matrix ``name``'s editor: ``_mech_X`` and so on, with a number once its edits were let go."""
+    generation = st.session_state.get("_mech_generation", 0)
+    return f"_mech_{name}_{generation}" if generation else f"_mech_{name}"
+
+
+def let_go_of_edits() -> None:
+    """Drop the edits made in the matrix editors: the next run draws them under new keys. (A browser keeps a data
+    editor's edits, and sends them with every rerun, while its key stays: taking the edits out of the session
+    undid them for one run only, measured in chromium.)"""
+    if any(any((st.session_state.get(editor_key(name)) or {}).values()) for name in MATRICES):
+        st.session_state["_mech_generation"] = st.session_state.get("_mech_generation", 0) + 1
+
+
+def link_key(name: str) -> str:
+    """The URL parameter that carries matrix ``name`` of `MATRICES`: mech_x, mech_wq, mech_wk, mech_wv."""
+    return f"mech_{name.lower()}"
+
+
+def matrix_text(matrix: np.ndarray) -> str:
+    """``matrix`` as a link writes it: ``1,0,1,0;0,2.5,0,2`` (a whole number without its decimal point)."""
+    return ";".join(",".join(str(int(v)) if float(v).is_integer() else repr(float(v)) for v in row) for row in matrix)
+
+
+def matrix_from_text(name: str, text: str) -> np.ndarray | None:
+    """The matrix ``name`` that a link's ``text`` writes (`matrix_text`): numbers, no infinity, in the example's
+    shape (X: any number of rows from 1 to MOST_ROWS); None for anything else."""
+    _, default, _, _, dynamic = MATRICES[name]
+    rows, columns = np.shape(default)
+    lines = text.split(";")
+    if len(lines) != rows and not (dynamic and len(lines) <= MOST_ROWS):
+        return None
+    try:
+        matrix = np.array([[float(v) for v in line.split(",")] for line in lines])
+    except ValueError:  # a word, an empty number, or rows of different lengths
+        return None
+    if matrix.shape != (len(lines), columns) or np.isinf(matrix).any():
+        return None
+    return matrix
+
+
+def matrices_from_link() -> None:
+    """On a run that opens the page from a link (a follower's page each time it takes the room's view), the
+    worked example starts from the link's matrices, and from the example's where the link has none: edits made
+    before (a follower's, while exploring on its own) give way, as every other choice does. A matrix the
+    example cannot take is set aside, in one line."""
+    opened = (st.session_state.get(links.LINK_STATE) or {}).get("raw")
+    if not opened:
+        return
+    aside = []
+    for name, (_, default, *_) in MATRICES.items():
+        text = opened.get(link_key(name), "")
+        matrix = matrix_from_text(name, text) if text else None
+        if text and matrix is None:
+            aside.append(f"{link_key(name)}={escape_markdown(repr(text[:40]))}")
+        st.session_state[f"_mech_start_{name}"] = np.asarray(default, dtype=float) if matrix is None else matrix
+    let_go_of_edits()
+    if aside:
+        st.caption(f"Set aside from the link (not matrices of numbers this example can take): {', '.join(aside)}.")
+
+
+def link_matrices(inputs: dict[str, np.ndarray]) -> None:
+    """Write the worked example's matrices into the address bar (`link_key`), so that a link and a room's view
+    carry them; a matrix that is the example's is left out."""
+    for name, matrix in inputs.items():
+        default = np.asarray(MATRICES[name][1], dtype=float)
+        kept = matrix.shape == default.shape and np.array_equal(matrix, default)
+        text = None if kept or not len(matrix) else matrix_text(matrix)
+        if text is None:
+            st.query_params.pop(link_key(name), None)
+        elif st.query_params.get(link_key(name)) != text:
+            st.query_params[link_key(name)] = text
 
 
 def matrix_editor(name: str, container) -> np.ndarray:
     title, default, row_label, col_label, dynamic = MATRICES[name]
-    default = np.asarray(default, dtype=float)
-    table = pd.DataFrame(default, columns=[f"{col_label} {j}" for j in range(default.shape[1])])
+    start = st.session_state.get(f"_mech_start_{name}")  # the link's matrix (`matrices_from_link`), if any
+    start = np.asarray(default, dtype=float) if start is None else start
+    table = pd.DataFrame(start, columns=[f"{col_label} {j}" for j in range(start.shape[1])])
     if not dynamic:
-        table.index = [f"{row_label} {i}" for i in range(default.shape[0])]
+        table.index = [f"{row_label} {i}" for i in range(start.shape[0])]
     container.markdown(f"**{title}**")
     edited = container.data_editor(
         table,
-        key=f"_mech_{name}",
+        key=editor_key(name),
         num_rows="dynamic" if dynamic else "fixed",
         hide_index=dynamic or None,
         column_config={col: st.column_config.NumberColumn(width=56) for col in table.columns},
@@ -71,6 +152,7 @@ def worked_example_tab() -> None:
         cols = st.columns([5, 4, 4, 4])
         inputs = {name: matrix_editor(name, col) for name, col in zip(MATRICES, cols, strict=True)}
         st.button("Reset to the example's matrices", on_click=reset_example, key="_mech_reset")
+    link_matrices(inputs)
     if presenting():
         for name, col in zip(MATRICES, shown_inputs.columns([5, 4, 4, 4]), strict=True):
             title, _, rows, columns, _ = MATRICES[name]
@@ -298,6 +380,7 @@ def learning_rate_tab() -> None:
 
 
 def body(ctx: Context) -> None:
+    matrices_from_link()  # on any tab: the link's matrices are read as the page opens
     lazy_tabs(
         "mech_tab",
         {

@@ -14,6 +14,7 @@ import functools
 import io
 import json
 import logging
+import time
 
 import numpy as np
 import plotly.graph_objects as go
@@ -21,6 +22,7 @@ import pytest
 from conftest import open_app, open_from_link
 
 from attnviz.app import follow, links, rooms
+from attnviz.app.rooms.store import StoreError
 
 
 @pytest.fixture
@@ -137,6 +139,83 @@ def test_detach_keeps_the_view_and_rejoin_takes_the_presenters(room_store, reads
     assert not follower.exception, follower.exception
     assert follower.session_state["head"] == 4
     assert f"Following room **{mine.code}**" in _texts(follower)
+
+
+@pytest.mark.slow  # two seconds or more on a 2-core AMD EPYC with AVX2 only
+def test_a_follower_measures_over_the_presenters_importance_sentences(room_store):
+    """Beyond the weights: the sentences head importance is measured over, and the switch that measures, are the
+    presenter's on every follower's screen (they had been each screen's own: followers measured the model's
+    examples). The model's own examples, the page's default, stay out of the link."""
+    presenter = open_app("pages/beyond.py")
+    mine = _open_room(presenter)
+    assert "bw_imp_text" not in presenter.query_params
+    presenter.toggle(key="bw_imp_on").set_value(False).run()
+    presenter.text_area(key="bw_imp_text").set_value("the teacher's own sentence").run()
+    assert not presenter.exception, presenter.exception
+    follower = open_from_link("app.py", {"follow": mine.code})
+    assert not follower.exception, follower.exception
+    assert follower.title[0].value == presenter.title[0].value
+    shown = (follower.session_state["bw_imp_on"], follower.session_state["bw_imp_text"])
+    assert shown == (False, "the teacher's own sentence"), shown
+
+
+def _worked_example(at) -> list[str]:
+    """The Mechanics page's tables of the worked example, as text: Q, K, V, the scores, weights and output."""
+    tables = [str(t.value) for t in at.table]
+    assert len(tables) > 6, "the worked example's tab is open"
+    return tables[:6]
+
+
+def _edited(column: str, value: float) -> dict:
+    """A data editor's state after its first row's cell in ``column`` was typed over (as the browser sends it)."""
+    return {"edited_rows": {0: {column: value}}, "added_rows": [], "deleted_rows": []}
+
+
+def test_a_follower_shows_the_presenters_matrices_and_takes_them_back_on_rejoining(room_store):
+    """Mechanics: the worked example's matrices the presenter edited are every follower's; a follower who edited
+    them while exploring on its own gets the presenter's back with the class (it had kept its own, while the
+    rest of the page followed)."""
+    presenter = open_app("pages/mechanics.py")
+    mine = _open_room(presenter)
+    example = _worked_example(presenter)
+    presenter.session_state["_mech_X"] = _edited("dim 0", 9.0)
+    presenter.run()
+    assert not presenter.exception, presenter.exception
+    edited = _worked_example(presenter)
+    assert edited != example
+    follower = open_from_link("app.py", {"follow": mine.code})
+    assert not follower.exception, follower.exception
+    assert follower.title[0].value == presenter.title[0].value
+    assert _worked_example(follower) == edited
+
+    follower.button(key="_follow_detach").click().run()
+    follower.session_state["_mech_WQ"] = _edited("q 0", -5.0)
+    follower.run()
+    assert _worked_example(follower) not in (edited, example), "the follower's own matrices"
+    follower.button(key="_follow_rejoin").click().run()
+    assert not follower.exception, follower.exception
+    assert _worked_example(follower) == edited
+
+
+def test_a_matrix_a_link_gives_is_numbers_of_the_examples_shape_or_set_aside(room_store):
+    """A follower's (or a link's) matrix for the worked example is read as numbers: X in rows of 4 (at most 64
+    rows), each W 4 x 3. Anything else gives the example's matrix and one line, never an error."""
+    example = _worked_example(open_app("pages/mechanics.py"))
+    for link in (
+        {
+            "mech_x": "1,2,3",
+            "mech_wq": "a,b,c;1,0,0;0,0,1;0,1,1",
+            "mech_wk": "1e400,0,1;1,1,0;0,1,0;1,1,0",
+            "mech_wv": "0,2,0;0,3,0;1,0,3",
+        },
+        {"mech_x": "1,0,1,0;" * 64 + "1,0,1,0", "mech_wq": ";", "mech_wk": "1,0,1;1,1,0,0;0,1,0;1,1,0"},
+    ):
+        at = open_from_link("pages/mechanics.py", link)
+        assert not at.exception, at.exception
+        assert _worked_example(at) == example
+        (said,) = [c.value for c in at.caption if "Set aside" in c.value and "mech_" in c.value]
+        assert all(key in said for key in link), said
+        assert not any(key in at.query_params for key in link), "the example's matrices: out of the address bar"
 
 
 @pytest.mark.parametrize(
@@ -386,6 +465,57 @@ def test_a_redis_that_goes_away_tells_followers_and_the_presenter_keeps_presenti
     finally:
         server.proc.send_signal(signal.SIGCONT)
         server.stop()
+
+
+class _HeldStore:
+    """The rooms' store, with a clock the test moves (``now``) and writes that fail while ``failing`` (``failed``
+    counts them)."""
+
+    def __init__(self, store):
+        self._store, self.now = store, time.time()
+        self.failing, self.failed = False, 0
+
+    def clock(self) -> float:
+        return self.now
+
+    def put(self, *args, **kwargs):
+        if self.failing:
+            self.failed += 1
+            raise StoreError("the rooms' Redis does not answer: Timeout reading from socket")
+        return self._store.put(*args, **kwargs)
+
+    def __getattr__(self, name: str):
+        return getattr(self._store, name)
+
+
+def _eventually(condition, seconds: float = 5.0) -> None:
+    """Wait until ``condition()`` holds (a timer's work, in another thread); the test fails after ``seconds``."""
+    deadline = time.monotonic() + seconds
+    while not condition():
+        assert time.monotonic() < deadline, f"not within {seconds} s"
+        time.sleep(0.01)
+
+
+def test_a_coalesced_change_the_store_fails_to_take_is_sent_again_and_the_presenter_is_told(room_store, monkeypatch):
+    """A change the rooms coalesce is written by a timer after the presenter's run, which had counted it as
+    published: when the store fails just then, the presenter's room panel says the change has not reached the
+    class, and the change reaches it when the store answers (it had been lost until the presenter's next one)."""
+    monkeypatch.setenv("ATTNVIZ_ROOM_PUBLISHES_PER_S", "10")
+    held = _HeldStore(rooms.ROOMS._store())
+    monkeypatch.setattr(rooms.ROOMS, "_store", lambda: held)
+    presenter = open_app("pages/explorer.py")
+    mine = _open_room(presenter)
+    held.failing = True
+    presenter.selectbox(key="head").set_value(3).run()  # within the interval: coalesced, written by a timer
+    assert not presenter.warning, _texts(presenter)
+    held.now += 1
+    _eventually(lambda: held.failed >= 1)
+    presenter.run()
+    assert any("has not reached the class yet" in w.value for w in presenter.sidebar.warning), _texts(presenter)
+    held.failing = False
+    _eventually(lambda: rooms.read(mine.code).state.get("head") == "3")
+    presenter.run()
+    assert not presenter.warning, _texts(presenter)
 
 
 @pytest.mark.slow  # 1.5 s or more in the quick tier on a 2-core AMD EPYC with AVX2 only

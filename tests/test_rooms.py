@@ -7,8 +7,12 @@ record's own expiry is real time, and its test waits a fraction of a second for 
 
 from __future__ import annotations
 
+import functools
 import json
+import logging
+import math
 import signal
+import sqlite3
 import threading
 import time
 
@@ -16,7 +20,7 @@ import pytest
 from rooms_servers import RedisServer
 
 from attnviz.app import rooms
-from attnviz.app.rooms import FOLLOW_WINDOW_S, Limits, RoomError, Rooms
+from attnviz.app.rooms import FOLLOW_WINDOW_S, Limits, RoomError, Rooms, settings, sqlite_store
 from attnviz.app.rooms.redis_store import RedisStore
 from attnviz.app.rooms.room import ALPHABET, CODE_LENGTH, LIST_ITEMS, STATE_KEYS, UNAVAILABLE
 from attnviz.app.rooms.settings import ENDED_KEPT_S
@@ -72,6 +76,50 @@ def raises(reason: str, call, *args) -> RoomError:
     assert error.reason == reason, str(error)
     assert "\n" not in str(error) and len(str(error)) < 300 and str(error) == error.public
     return error
+
+
+def eventually(condition, seconds: float = 5.0) -> None:
+    """Wait until ``condition()`` holds (a timer's work, in another thread); the test fails after ``seconds``."""
+    deadline = time.monotonic() + seconds
+    while not condition():
+        assert time.monotonic() < deadline, f"not within {seconds} s"
+        time.sleep(0.01)
+
+
+class Failing:
+    """``store`` whose ``methods`` fail while ``fail`` counts calls to fail (a Redis that times out, a SQLite file
+    busy for more than 2 s); ``failed`` counts the calls that failed."""
+
+    def __init__(self, store, *methods: str):
+        self._store, self._methods = store, methods
+        self.clock = store.clock
+        self.fail, self.failed = 0, 0
+
+    def __getattr__(self, name: str):
+        found = getattr(self._store, name)
+        if name not in self._methods:
+            return found
+
+        def call(*args, **kwargs):
+            if self.fail > 0:
+                self.fail -= 1
+                self.failed += 1
+                raise StoreError("the rooms' Redis does not answer: Timeout reading from socket")
+            return found(*args, **kwargs)
+
+        return call
+
+
+def flush_now(rooms_: Rooms, code: str) -> None:
+    """Do now what the timers of ``rooms_`` do for ``code``'s coalesced change, until none is pending: before each
+    write the clock moves past the writes' interval (the timers are cancelled, the tests' intervals are long)."""
+    for _ in range(3):
+        if code not in rooms_._timers:
+            return
+        rooms_._timers[code].cancel()
+        rooms_._store().clock.advance(60)
+        rooms_._flush(code)
+    pytest.fail(f"room {code}'s change is still pending")
 
 
 # The store contract
@@ -288,6 +336,17 @@ def test_an_open_refused_counts_for_nothing_per_minute(store):
     rooms_.open_room(STATE)  # the second opening of this minute, not the fourth
 
 
+def test_a_store_error_while_opening_leaves_nothing_counted(store):
+    """The store fails between counting a room and writing it: neither the open rooms nor the minute's count it
+    (each such failure had been an open room for the room's whole lifetime, until none could open)."""
+    failing = Failing(store, "put")
+    rooms_ = make_rooms(failing, rooms_open=1, per_minute=1)
+    failing.fail = 1
+    raises("unavailable", rooms_.open_room, STATE)
+    assert (store.count("open"), store.count("opened")) == (0, 0)
+    rooms_.open_room(STATE)  # the one room this server allows, in the same minute
+
+
 @pytest.mark.parametrize(
     "damage",
     [{"expires": "inf"}, {"updated": None}, {"expires": float("nan")}, {"ended": "no"}],
@@ -314,6 +373,18 @@ def test_a_revision_that_is_no_number_is_one_line(store):
     else:
         store._redis.hset(f"attnviz:rooms:room:{mine.code}", "revision", "abc")
     raises("unavailable", rooms_.read, mine.code)
+
+
+@pytest.mark.parametrize("store", ["redis"], indirect=True)  # the one store that holds bytes
+def test_a_record_that_is_not_text_is_one_line(store):
+    """Bytes that are no UTF-8 (another program on the same Redis database, a hand edit): a record that is not a
+    room's, never a UnicodeDecodeError in the follower's page."""
+    rooms_ = make_rooms(store)
+    mine = rooms_.open_room(STATE)
+    store._redis.hset(f"attnviz:rooms:room:{mine.code}", "value", b"\xff\xfe not UTF-8")
+    assert "cannot be read" in str(raises("other", rooms_.read, mine.code))
+    raises("other", rooms_.follow, mine.code, "session")
+    raises("other", rooms_.publish, mine.code, mine.secret, STATE)
 
 
 def test_followers_per_room_are_bounded(store):
@@ -404,6 +475,64 @@ def test_a_direct_change_replaces_a_coalesced_one(store):
     assert rooms_.read(room.code).state == {"page": "new"}
 
 
+def test_a_coalesced_change_that_fails_to_be_written_is_written_when_the_store_answers(store):
+    """The store blips just when a coalesced change is written (the presenter's page had already counted it as
+    published): the change is kept and tried again, sooner than a presenter would notice, until it lands."""
+    failing = Failing(store, "put")
+    rooms_ = make_rooms(failing, publishes_per_s=10)
+    room = rooms_.open_room(STATE)
+    store.clock.advance(1)
+    rooms_.publish(room.code, room.secret, {"page": "a"})
+    rooms_.publish(room.code, room.secret, {"page": "b"})  # coalesced: written once the interval has passed
+    failing.fail = math.inf
+    store.clock.advance(0.2)
+    eventually(lambda: failing.failed >= 1)  # the timer's write failed
+    failing.fail = 0
+    eventually(lambda: rooms_.read(room.code).state == {"page": "b"})
+    assert rooms_.unwritten(room.code) is None
+
+
+def test_of_two_replicas_coalesced_changes_the_later_one_stays(store):
+    """The presenter's reload lands on another replica within the coalescing interval of a change made on the
+    first: each replica holds a coalesced change, and whichever timer writes last, the later change stays."""
+    first, second = make_rooms(store, publishes_per_s=0.2), make_rooms(store, publishes_per_s=0.2)
+    room = first.open_room(STATE)
+    store.clock.advance(0.1)
+    first.publish(room.code, room.secret, {"page": "older"})  # coalesced: written 5 s after the room opened
+    store.clock.advance(0.1)
+    second.resume(room.code, room.secret)
+    second.publish(room.code, room.secret, {"page": "newer"})
+    flush_now(second, room.code)
+    flush_now(first, room.code)  # the older change's timer comes last
+    assert first.read(room.code).state == {"page": "newer"}
+
+
+def test_a_record_without_the_time_of_its_change_takes_a_coalesced_change(store):
+    """A room that an earlier attnviz wrote (no time of the change in its record) takes the presenter's changes."""
+    rooms_ = make_rooms(store, publishes_per_s=0.2)
+    room = rooms_.open_room(STATE)
+    key = f"room:{room.code}"
+    revision, text = store.get(key)
+    earlier = {k: v for k, v in json.loads(text).items() if k != "changed"}
+    store.put(key, json.dumps(earlier), 3600, expect=revision)
+    store.clock.advance(0.1)
+    rooms_.publish(room.code, room.secret, {"page": "next"})
+    flush_now(rooms_, room.code)
+    assert rooms_.read(room.code).state == {"page": "next"}
+
+
+def test_a_room_no_call_is_using_holds_no_lock(store):
+    """The lock that keeps one writer at a time per room lives while a call uses it: rooms that expire, or whose
+    presenter closes the tab without ending them, leave nothing behind in a replica."""
+    rooms_ = make_rooms(store)
+    for _ in range(5):
+        room = rooms_.open_room(STATE)
+        store.clock.advance(1)
+        rooms_.publish(room.code, room.secret, {"page": "next"})
+    store.clock.advance(4 * 3600)
+    assert len(rooms_._locks) == 0
+
+
 # Configuration, and a store that goes away
 
 
@@ -445,6 +574,27 @@ def test_the_operators_limits_come_from_the_environment(environment):
     raises("limit", rooms.open_room, STATE)
 
 
+@pytest.mark.parametrize("where", ["sqlite", "redis"])
+def test_the_operators_limits_are_bounded_and_a_value_beyond_is_said_once(environment, caplog, request, where):
+    """A lifetime of 1e306 hours became infinity (rooms that opened and could not be read, or a traceback on
+    Redis); half a room open at once became none."""
+    if where == "redis":
+        environment.setenv("ATTNVIZ_ROOMS_URL", request.getfixturevalue("redis_server").url)
+    environment.setattr(settings, "_said", set())  # what this process has said so far
+    caplog.set_level(logging.WARNING, logger=settings.__name__)
+    environment.setenv("ATTNVIZ_ROOM_HOURS", "1e306")
+    most = settings.MOST_HOURS
+    assert Limits.from_environment().hours == most
+    room = rooms.open_room({})
+    assert rooms.read(room.code).state == {}
+    said = [r.getMessage() for r in caplog.records if "ATTNVIZ_ROOM_HOURS" in r.getMessage()]
+    assert len(said) == 1 and f"{most:g}" in said[0], said  # once, not on every call
+    for name in ("ATTNVIZ_ROOMS_OPEN", "ATTNVIZ_ROOMS_PER_MINUTE", "ATTNVIZ_ROOM_FOLLOWERS", "ATTNVIZ_ROOM_STATE_KB"):
+        environment.setenv(name, "0.5")
+    limits = Limits.from_environment()
+    assert (limits.rooms_open, limits.per_minute, limits.followers, limits.state_bytes) == (1, 1, 1, 1024)
+
+
 @pytest.mark.parametrize("setting", [("ATTNVIZ_ROOMS_URL", "ftp://example.org"), ("ATTNVIZ_ROOMS_DIR", "FILE")])
 def test_a_store_that_cannot_be_used_gives_one_line(environment, tmp_path, setting):
     name, value = setting
@@ -463,6 +613,39 @@ def test_store_errors_are_store_errors(tmp_path):
     (tmp_path / "a-file").write_text("")
     with pytest.raises(StoreError):
         SQLiteStore(tmp_path / "a-file" / "rooms").check()
+
+
+def test_a_writer_stalled_in_another_process_holds_up_no_other_call_of_this_one(tmp_path, monkeypatch):
+    """Another process holds the file's write lock (a replica stopped mid-write, a backup): each writer of this
+    replica waits for it on its own, and its reads go on (WAL). Every room call of the replica had queued behind
+    the first writer's wait, two seconds each: a poll of the k-th session took k x 2 s."""
+    waiting = []  # a connection's thread each time it starts waiting for the write lock
+
+    class Noted(sqlite3.Connection):
+        def execute(self, sql, *args):
+            if sql == "BEGIN IMMEDIATE":
+                waiting.append(threading.current_thread())
+            return super().execute(sql, *args)
+
+    plain = sqlite3.connect
+    monkeypatch.setattr(sqlite3, "connect", functools.partial(plain, factory=Noted))
+    monkeypatch.setattr(sqlite_store, "BUSY_MS", 5000)
+    store = SQLiteStore(tmp_path / "rooms")
+    store.put("k", "v", 60)
+    holder = plain(store.path, isolation_level=None)
+    holder.execute("BEGIN IMMEDIATE")  # the other process's writer, stalled
+    waiting.clear()
+    writers = [threading.Thread(target=store.put, args=("k", "w", 60), daemon=True) for _ in range(2)]
+    for writer in writers:
+        writer.start()
+    try:
+        eventually(lambda: len(set(waiting)) == 2, seconds=2.5)  # both wait at once, neither behind the other
+        assert within(2.5, store.get, "k") == (1, "v")
+    finally:
+        holder.execute("ROLLBACK")
+        for writer in writers:
+            writer.join(10)
+    assert store.get("k") == (3, "w")
 
 
 def within(seconds: float, call, *args):

@@ -258,7 +258,11 @@ def presenter_panel() -> None:
 
 @st.fragment(run_every=COUNT_S)
 def _followers(code: str) -> None:
-    """How many screens follow room ``code``, refreshed every `COUNT_S` seconds."""
+    """How many screens follow room ``code``, and whether the presenter's latest change is still to reach them
+    (its write failed and is tried again: `rooms.unwritten`), refreshed every `COUNT_S` seconds."""
+    unwritten = rooms.unwritten(code)
+    if unwritten:
+        st.warning(unwritten)
     try:
         seen = rooms.read(code)
     except rooms.RoomError as e:
@@ -270,8 +274,9 @@ def _followers(code: str) -> None:
 def publish_view() -> None:
     """At the end of a presenter's run: publish the page's view when it changed since the last one.
 
-    A store that does not answer leaves the presenter presenting, with a warning; a room that ended
-    (its time limit) is let go.
+    A store that does not answer leaves the presenter presenting, with a warning, and the next run
+    tries again; a change the rooms coalesced is theirs to write, again until it lands (the room
+    panel says so meanwhile: `_followers`). A room that ended (its time limit) is let go.
     """
     mine = presenting_room()
     if mine is None:
@@ -463,9 +468,12 @@ def apply_state(state: dict[str, Any], code: str) -> None:
     """Make this page show the room's ``state`` as its link would open it; reruns (on its page).
 
     Every kept widget value goes, the room's parameters become the address bar's and the page reads
-    them as a link (`attnviz.app.links.start`): the same checks, the same values set aside. What it
-    asks for is noted in the session's `FOLLOWING` as ``pending`` (the page's file and the
-    parameters) until a run of the page that started with them reaches its end (`start`, `drawn`).
+    them as a link (`attnviz.app.links.start`): the same checks, the same values set aside. A page
+    that keeps part of a view under a key of its own ("_"-named, which stays: the worked example's
+    matrices) takes that part from the link as it opens, so a follower coming back to the class
+    shows the presenter's, not its own. What it asks for is noted in the session's `FOLLOWING` as
+    ``pending`` (the page's file and the parameters) until a run of the page that started with
+    them reaches its end (`start`, `drawn`).
     """
     for key in list(st.session_state.keys()):
         if not key.startswith(("_", "$$")) and key not in OWN_KEYS:

@@ -6,6 +6,7 @@ one machine (the default), Redis where ``ATTNVIZ_ROOMS_URL=redis://...`` is set.
 
 - `open_room` (presenter): a `Room`, its code to show and the secret to keep in the session;
 - `publish` (presenter, with the secret): the view's new version;
+- `unwritten` (presenter): None, or one line while a change of the presenter's waits to be written again;
 - `resume` (presenter, with the secret): the `Room` again, in a new session of the same tab;
 - `read` (follower): a `RoomView`, the presenter's latest view and how many screens follow;
 - `follow` (follower, about once a second): the heartbeat that counts a screen;
@@ -38,6 +39,7 @@ __all__ = [
     "read",
     "resume",
     "store_status",
+    "unwritten",
 ]
 
 ROOMS = Rooms(store)  # the server's rooms, in the store its configuration names
@@ -51,6 +53,12 @@ def open_room(state: dict) -> Room:
 def publish(code: str, secret: str, state: dict) -> int:
     """The room's version once ``state`` is its view; `RoomError` on a wrong secret, an ended or unknown room."""
     return ROOMS.publish(code, secret, state)
+
+
+def unwritten(code: str) -> str | None:
+    """None, or one line for the presenter while a change of theirs to room ``code`` failed to be written and waits
+    to be tried again (in this process: the replica that holds the presenter's session)."""
+    return ROOMS.unwritten(code)
 
 
 def resume(code: str, secret: str) -> Room:

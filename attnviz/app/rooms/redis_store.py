@@ -8,6 +8,10 @@ whatever the number of replicas.
 A Redis that goes away must cost a visitor about a second, not a page that hangs: the client uses
 short socket timeouts and no retries (redis-py 8 otherwise retries a failed command for about
 4.5 s), and every failure becomes a `StoreError`.
+
+Answers come as bytes, and `get` decodes a record's value itself: bytes that are not UTF-8 (another
+program on the same database, a hand edit) are a record that is not a room's, which the rooms say
+in one line, not a UnicodeDecodeError.
 """
 
 from __future__ import annotations
@@ -20,6 +24,7 @@ from attnviz.app.rooms.store import StoreError
 from attnviz.app.rooms.store import revision_of as _revision
 
 PREFIX = "attnviz:rooms:"
+NOT_TEXT = ""  # `get`'s value for bytes that are not UTF-8: no record of the rooms' is empty, none reads as one
 TIMEOUT_S = 0.5  # connecting, and waiting for an answer: loopback or a LAN answers in milliseconds
 
 PUT = """
@@ -64,7 +69,6 @@ class RedisStore:
                 socket_connect_timeout=TIMEOUT_S,
                 retry=Retry(NoBackoff(), 0),
                 retry_on_timeout=False,
-                decode_responses=True,
             )
         except ValueError as e:
             raise StoreError(f"ATTNVIZ_ROOMS_URL is not a Redis address: {e}") from e
@@ -81,7 +85,11 @@ class RedisStore:
         found = self._call(lambda: self._redis.hmget(PREFIX + key, "revision", "value"))
         if found[0] is None or found[1] is None:
             return None
-        return _revision(found[0]), found[1]
+        try:
+            value = found[1].decode("utf-8")
+        except UnicodeDecodeError:
+            value = NOT_TEXT
+        return _revision(found[0]), value
 
     def put(self, key: str, value: str, ttl: float, expect: int | None = None) -> int | None:
         args = [value, max(1, math.ceil(ttl * 1000)), "" if expect is None else str(expect)]

@@ -10,6 +10,12 @@ Every bound (see `attnviz.app.rooms.settings.Limits`) is checked here, in the st
 across replicas: rooms open at once, rooms opened per minute, followers per room, writes per second
 per room (a faster presenter is coalesced: the latest view is written when the interval has passed)
 and the size and shape of the shared view (`check_state`).
+
+A coalesced change is written by a timer, after the presenter's page has gone on: a write that fails
+(the store does not answer) is tried again, at growing intervals, until it lands or the room is
+gone, and `unwritten` tells the presenter's page meanwhile. Each change carries the time it was made
+(the store's clock, the same for every replica), so that of two replicas' coalesced changes the
+later one stays, whichever timer writes last.
 """
 
 from __future__ import annotations
@@ -26,6 +32,7 @@ import re
 import secrets
 import threading
 import time
+import weakref
 from collections.abc import Callable
 
 from attnviz.app.rooms.settings import ENDED_KEPT_S, FOLLOW_WINDOW_S, Limits
@@ -51,8 +58,18 @@ WRITE_TRIES = 8  # compare-and-set attempts when other writers keep getting in f
 # AMD EPYC. The waits add up to 0.13 s at most, and only under contention.
 BACKOFF_S = 0.001
 BACKOFF_MAX_S = 0.064
+# A coalesced change whose write failed is tried again after 0.25 s, then 0.5, 1, 2, 4, 8, 8, ... s: a blip of
+# the store costs the class a quarter of a second, a store that is down costs one write per room every 8 s.
+RETRY_S = 0.25
+RETRY_MAX_S = 8.0
+# RoomError reasons after which a coalesced change is dropped: its room is gone, or it can never be written.
+DROPPED = ("code", "unknown", "ended", "expired", "secret", "state")
 _ANYONE = object()  # `Rooms._live` without a secret: a follower's read
 UNAVAILABLE = "Rooms are not available right now: the server's room store does not answer. Try again in a moment."
+UNWRITTEN = (
+    "Your latest change has not reached the class yet: the server's room store did not take it. It is sent "
+    "again every few seconds; the class keeps the view before meanwhile."
+)
 
 
 def _back_off(attempt: int) -> None:
@@ -84,6 +101,17 @@ class Room:
 
     code: str
     secret: str = dataclasses.field(repr=False)  # repr leaves it out: a log line never holds it
+
+
+@dataclasses.dataclass
+class _Change:
+    """A presenter's change coalesced and not yet written (`Rooms._coalesce`), held by the replica that got it."""
+
+    secret: str = dataclasses.field(repr=False)
+    state: dict
+    made: float  # the store's clock when the presenter made it: the later of two replicas' changes stays
+    failures: int = 0  # its writes that failed, in a row: the next one waits longer (RETRY_S)
+    since: float = 0.0  # time.monotonic() of the first failure: tried again for a room's lifetime at most
 
 
 @dataclasses.dataclass(frozen=True)
@@ -175,9 +203,11 @@ class Rooms:
     def __init__(self, store: Callable[[], Store], limits: Callable[[], Limits] = Limits.from_environment):
         self._store = store
         self._limits = limits
-        self._pending: dict[str, tuple[str, dict]] = {}  # code -> (secret, state) coalesced, not yet written
+        self._pending: dict[str, _Change] = {}  # code -> the change coalesced, not yet written
         self._timers: dict[str, threading.Timer] = {}
-        self._locks: dict[str, threading.Lock] = {}  # one writer at a time per room in this process
+        # One writer at a time per room in this process; a room's lock lives while a call holds it, so a room
+        # that expires, or that its presenter leaves without ending it, leaves nothing behind.
+        self._locks: weakref.WeakValueDictionary[str, threading.Lock] = weakref.WeakValueDictionary()
         self._lock = threading.Lock()
 
     def open_room(self, state: dict) -> Room:
@@ -194,30 +224,43 @@ class Rooms:
                     "(ATTNVIZ_ROOMS_PER_MINUTE): try again in a minute.",
                     "limit",
                 )
-            for _ in range(OPEN_TRIES):
-                code = "".join(secrets.choice(ALPHABET) for _ in range(CODE_LENGTH))
-                if not store.join("open", code, lifetime, most=limits.rooms_open):
-                    store.leave("opened", opening)  # refused: no room was opened this minute by it
-                    _refuse(
-                        f"This server already has {limits.rooms_open} rooms open, the most it allows "
-                        "(ATTNVIZ_ROOMS_OPEN): end a room that is over, or try again later.",
-                        "limit",
-                    )
-                secret = secrets.token_urlsafe(24)
-                now = store.clock()
-                record = {
-                    "secret": _hash(secret),
-                    "state": json.loads(text),
-                    "created": now,
-                    "updated": now,
-                    "expires": now + lifetime,
-                    "ended": False,
-                }
-                if store.put(_key(code), json.dumps(record), lifetime + ENDED_KEPT_S, expect=0) is not None:
-                    log.info("room %s opened, for %.1f hours", code, limits.hours)
-                    return Room(code, secret)
-                store.leave("open", code)  # the code is taken (a live or recently ended room): draw another
-            store.leave("opened", opening)
+            code = None  # the code counted among the open rooms, while its record is not written
+            try:
+                for _ in range(OPEN_TRIES):
+                    code = "".join(secrets.choice(ALPHABET) for _ in range(CODE_LENGTH))
+                    if not store.join("open", code, lifetime, most=limits.rooms_open):
+                        code = None
+                        store.leave("opened", opening)  # refused: no room was opened this minute by it
+                        _refuse(
+                            f"This server already has {limits.rooms_open} rooms open, the most it allows "
+                            "(ATTNVIZ_ROOMS_OPEN): end a room that is over, or try again later.",
+                            "limit",
+                        )
+                    secret = secrets.token_urlsafe(24)
+                    now = store.clock()
+                    record = {
+                        "secret": _hash(secret),
+                        "state": json.loads(text),
+                        "created": now,
+                        "updated": now,
+                        "changed": now,
+                        "expires": now + lifetime,
+                        "ended": False,
+                    }
+                    if store.put(_key(code), json.dumps(record), lifetime + ENDED_KEPT_S, expect=0) is not None:
+                        log.info("room %s opened, for %.1f hours", code, limits.hours)
+                        return Room(code, secret)
+                    store.leave("open", code)  # the code is taken (a live or recently ended room): draw another
+                    code = None
+                store.leave("opened", opening)
+            except StoreError:
+                # No room opened: it must not count as open for its lifetime, nor this minute (best effort: the
+                # store has just failed; the minute's count goes by itself).
+                with contextlib.suppress(StoreError):
+                    if code is not None:
+                        store.leave("open", code)
+                    store.leave("opened", opening)
+                raise
         raise RoomError("No free room code was found; try again.")
 
     def read(self, code: str) -> RoomView:
@@ -259,7 +302,15 @@ class Rooms:
         code = normal_code(code)
         text = check_state(state, self._limits().state_bytes)
         with self._room_lock(code), _unavailable_as_room_error():
-            return self._write(code, secret, json.loads(text))
+            store = self._store()
+            return self._write(store, code, _Change(secret, json.loads(text), store.clock()))
+
+    def unwritten(self, code: str) -> str | None:
+        """None unless a change of the presenter's to room ``code``, coalesced in this process, failed to be written
+        and waits to be tried again; then one line for the presenter's page."""
+        with self._lock:
+            change = self._pending.get(code)
+        return UNWRITTEN if change is not None and change.failures else None
 
     def resume(self, code: str, secret: str) -> Room:
         """The presenter's `Room` again, for a new session of the presenter (a reload, a restarted replica).
@@ -293,7 +344,6 @@ class Rooms:
         with self._lock:
             self._pending.pop(code, None)
             timer = self._timers.pop(code, None)
-            self._locks.pop(code, None)
         if timer is not None:
             timer.cancel()
         log.info("room %s ended by its presenter", code)
@@ -328,20 +378,24 @@ class Rooms:
             _refuse(f"Room {code} has ended: it reached the time limit this server sets for rooms.", "expired")
         return version, record
 
-    def _write(self, code: str, secret: str, state: dict) -> int:
-        store = self._store()  # inside the caller's _unavailable_as_room_error
+    def _write(self, store: Store, code: str, change: _Change, delayed: bool = False) -> int:
+        """The room's version once ``change`` is its view, or once it is coalesced (`_coalesce`).
+
+        ``delayed``: a coalesced change that its timer writes, dropped when the view stored was made after it
+        (by another replica, whose coalesced change was written first). A change written at once is the latest.
+        """
         for attempt in range(WRITE_TRIES):
             _back_off(attempt)
-            version, record = self._live(store, code, secret)
-            if record["state"] == state:
+            version, record = self._live(store, code, change.secret)
+            if record["state"] == change.state or (delayed and _made(record) > change.made):
                 self._forget_pending(code)
                 return version
             now = store.clock()
             wait = float(record["updated"]) + 1 / self._limits().publishes_per_s - now
             if wait > 0:
-                self._coalesce(code, secret, state, wait)
+                self._coalesce(code, change, wait)
                 return version
-            record.update(state=state, updated=now)
+            record.update(state=change.state, updated=now, changed=change.made)
             ttl = float(record["expires"]) + ENDED_KEPT_S - now
             written = store.put(_key(code), json.dumps(record), ttl, expect=version)
             if written is not None:
@@ -349,9 +403,12 @@ class Rooms:
                 return written
         raise RoomError(f"Room {code} is changing too fast to publish to; try again.")
 
-    def _coalesce(self, code: str, secret: str, state: dict, wait: float) -> None:
+    def _coalesce(self, code: str, change: _Change, wait: float) -> None:
         with self._lock:
-            self._pending[code] = (secret, state)
+            held = self._pending.get(code)
+            if held is not None and held.failures:  # the new change takes the place of one that failed
+                change.failures, change.since = held.failures, held.since
+            self._pending[code] = change
             if code in self._timers:
                 return
             timer = threading.Timer(wait, self._flush, args=(code,))
@@ -360,17 +417,39 @@ class Rooms:
         timer.start()
 
     def _flush(self, code: str) -> None:
+        """The timer's work: write the room's coalesced change; if the store fails, keep it and try again later."""
         with self._room_lock(code):
             with self._lock:
                 self._timers.pop(code, None)
-                pending = self._pending.pop(code, None)
-            if pending is None:
+                change = self._pending.pop(code, None)
+            if change is None:
                 return
             try:
                 with _unavailable_as_room_error():
-                    self._write(code, *pending)
+                    self._write(self._store(), code, change, delayed=True)
             except RoomError as e:
-                log.warning("room %s: a coalesced change was not written: %s", code, e)
+                if e.reason in DROPPED:
+                    log.warning("room %s: a coalesced change was not written: %s", code, e)
+                else:
+                    self._try_again(code, change, e)
+                return
+            with self._lock:
+                written = code not in self._pending  # else coalesced again: another replica had just written
+            if written and change.failures:
+                log.info("room %s: a coalesced change was written after %d failed writes", code, change.failures)
+
+    def _try_again(self, code: str, change: _Change, error: RoomError) -> None:
+        """Keep ``change`` pending after a failed write, and write it again after a wait that grows (RETRY_S)."""
+        now = time.monotonic()
+        change.failures += 1
+        change.since = change.since or now
+        if now - change.since > self._limits().hours * 3600:  # its room has ended by now, whatever the store says
+            log.error("room %s: a coalesced change was given up after %d failed writes", code, change.failures)
+            return
+        wait = min(RETRY_MAX_S, RETRY_S * 2 ** (change.failures - 1))
+        if change.failures == 1:  # said once: a store that is down fails every room's writes every few seconds
+            log.warning("room %s: a coalesced change was not written, tried again until it is: %s", code, error)
+        self._coalesce(code, change, wait)
 
     def _forget_pending(self, code: str) -> None:
         with self._lock:
@@ -383,6 +462,15 @@ class Rooms:
 
 def _key(code: str) -> str:
     return "room:" + code
+
+
+def _made(record: dict) -> float:
+    """When the presenter made the view ``record`` holds (the store's clock); -inf for a record that does not say
+    (written by an earlier attnviz): any change is newer."""
+    made = record.get("changed")
+    if isinstance(made, (int, float)) and not isinstance(made, bool) and math.isfinite(made):
+        return float(made)
+    return -math.inf
 
 
 def _followers(code: str) -> str:

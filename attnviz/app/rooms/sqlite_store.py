@@ -5,6 +5,11 @@ go on while one process writes; ``busy_timeout`` makes a writer wait for another
 transaction instead of failing; each call is one short transaction (``BEGIN IMMEDIATE`` for a
 write, so that a compare-and-set reads and writes under the same lock). A process killed half-way
 loses nothing that was committed: the file, not a process, holds the rooms.
+
+Within a process, each call borrows a connection of its own (`SQLiteStore._borrow`) for its
+transaction: a writer that waits for another process's lock waits alone, and the replica's other
+calls go on. One connection shared under a lock had made every room call of a replica queue behind
+such a wait, two seconds each, reads too.
 """
 
 from __future__ import annotations
@@ -24,6 +29,7 @@ from attnviz.app.rooms.store import revision_of as _revision
 FILE_NAME = "rooms.sqlite3"
 BUSY_MS = 2000  # a writer waits this long for another process's transaction before giving up
 PURGE_ONE_IN = 50  # one write in this many also deletes every expired record
+IDLE_KEPT = 8  # connections a process keeps open between calls (more are opened while more calls run at once)
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS records (key TEXT PRIMARY KEY, revision INTEGER NOT NULL, value TEXT NOT NULL,
@@ -39,13 +45,12 @@ class SQLiteStore:
     def __init__(self, folder: str | os.PathLike, clock: Callable[[], float] = time.time):
         self.clock = clock
         self.path = Path(folder) / FILE_NAME
-        self._lock = threading.Lock()  # one connection per process, used by one thread at a time
-        self._db: sqlite3.Connection | None = None
-        self._pid = -1
+        self._lock = threading.Lock()  # guards the idle connections only, never a transaction
+        self._idle: list[sqlite3.Connection] = []  # connections no call is using, of process _pid
+        self._pid = os.getpid()
 
     def _connect(self) -> sqlite3.Connection:
-        if self._db is not None and self._pid == os.getpid():
-            return self._db
+        """A new connection to the file (made, with its tables, if there is none)."""
         try:
             self.path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
             db = sqlite3.connect(self.path, timeout=BUSY_MS / 1000, isolation_level=None, check_same_thread=False)
@@ -55,27 +60,44 @@ class SQLiteStore:
             db.executescript(SCHEMA)
         except (OSError, sqlite3.Error) as e:
             raise StoreError(f"cannot open the rooms' file {self.path}: {e}") from e
-        self._db, self._pid = db, os.getpid()  # a forked child opens its own connection
         return db
 
-    def _run(self, work: Callable[[sqlite3.Connection], object], write: bool):
+    def _borrow(self) -> sqlite3.Connection:
+        """A connection for one call's transaction: an idle one, or a new one (opened outside the lock)."""
         with self._lock:
-            db = self._connect()
+            if self._pid != os.getpid():  # a forked child opens its own connections
+                self._idle, self._pid = [], os.getpid()
+            if self._idle:
+                return self._idle.pop()
+        return self._connect()
+
+    def _give_back(self, db: sqlite3.Connection) -> None:
+        with self._lock:
+            if self._pid == os.getpid() and len(self._idle) < IDLE_KEPT:
+                self._idle.append(db)
+                return
+        db.close()
+
+    def _run(self, work: Callable[[sqlite3.Connection], object], write: bool):
+        db = self._borrow()
+        try:
+            db.execute("BEGIN IMMEDIATE" if write else "BEGIN")
             try:
-                db.execute("BEGIN IMMEDIATE" if write else "BEGIN")
-                try:
-                    result = work(db)
-                    db.execute("COMMIT")
-                except BaseException:
-                    if db.in_transaction:
-                        db.execute("ROLLBACK")
-                    raise
-                return result
-            except sqlite3.Error as e:
-                self._db = None  # the next call opens the file afresh (it may have been replaced or repaired)
-                with contextlib.suppress(sqlite3.Error):
-                    db.close()
-                raise StoreError(f"the rooms' file {self.path} cannot be used: {e}") from e
+                result = work(db)
+                db.execute("COMMIT")
+            except BaseException:
+                if db.in_transaction:
+                    db.execute("ROLLBACK")
+                raise
+        except sqlite3.Error as e:
+            with contextlib.suppress(sqlite3.Error):  # a later call opens the file afresh (it may have been replaced)
+                db.close()
+            raise StoreError(f"the rooms' file {self.path} cannot be used: {e}") from e
+        except BaseException:
+            self._give_back(db)  # rolled back: the connection is sound
+            raise
+        self._give_back(db)
+        return result
 
     def get(self, key: str) -> tuple[int, str] | None:
         now = self.clock()
