@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 import subprocess
 import sys
 
@@ -357,7 +358,9 @@ def test_cpu_flags_are_the_flags_line_of_cpuinfo():
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("tamper", ["values", "columns", "rows", "unreadable", "record", "no record"])
+@pytest.mark.parametrize(
+    "tamper", ["values", "columns", "rows", "unreadable", "record", "no record", "a record of a huge number"]
+)
 def test_a_shard_that_does_not_match_its_record_is_computed_again_never_merged(
     bundle, corpus, tmp_path, tamper, caplog
 ):
@@ -378,6 +381,8 @@ def test_a_shard_that_does_not_match_its_record_is_computed_again_never_merged(
         (out / "shards" / "00001.record.json").write_text(json.dumps(record))
     elif tamper == "no record":  # killed between its files and its record: not done
         (out / "shards" / "00001.record.json").unlink()
+    elif tamper == "a record of a huge number":  # json raises a plain ValueError past 4,300 digits: it had escaped
+        (out / "shards" / "00001.record.json").write_text('{"inputs": {"rows": ' + "9" * 5000 + "}}")
     else:
         frame.to_parquet(shard, index=False)
     seen = []
@@ -409,6 +414,51 @@ def test_a_finished_atlas_is_read_back_not_recomputed(bundle, corpus, tmp_path):
     again = build_atlas(bundle, corpus, tmp_path / "a", shard_size=4, progress=lambda d, t: calls.append(d))
     assert calls == []
     _frames_equal(again, first)
+
+
+def test_a_folder_marked_finished_without_its_tables_is_computed_again(bundle, corpus, tmp_path, caplog):
+    """The command had said it wrote such a folder, without computing or reading anything, and load_atlas then
+    found no sentences.parquet."""
+    out = tmp_path / "out"
+    first = build_atlas(bundle, corpus, out, batch_size=4, limit=2)
+    (out / "sentences.parquet").unlink()
+    (out / "heads.parquet").unlink()
+    seen = []
+    with caplog.at_level("WARNING", logger="attnviz"):
+        again = build_atlas(bundle, corpus, out, batch_size=4, limit=2, progress=lambda d, t: seen.append(d))
+    assert seen == [0, 2], "both sentences computed again"
+    assert any("lacks sentences.parquet, heads.parquet: it is computed again" in r.getMessage() for r in caplog.records)
+    _frames_equal(again, first)
+
+
+def test_a_run_that_computes_nothing_is_not_added_to_the_runs(bundle, corpus, tmp_path):
+    """docs/atlas.md: `runs`, each run that wrote into the folder; a run that found it finished had been one."""
+    out = tmp_path / "out"
+    build_atlas(bundle, corpus, out, batch_size=4, limit=2)
+    build_atlas(bundle, corpus, out, batch_size=4, limit=2)
+    assert len(json.loads((out / "manifest.json").read_text())["runs"]) == 1
+    assert sorted(p.name for p in out.iterdir()) == sorted(["manifest.json", *(f"{name}.parquet" for name in TABLES)])
+
+
+@pytest.mark.parametrize(
+    ("table", "column", "value", "words"),
+    [
+        ("heads", "kind", ["encoder"], "heads.parquet holds other values than text in kind"),
+        ("heads", "entropy", "high", "heads.parquet holds other values than numbers in entropy"),
+        ("sentences", "line", "one", "sentences.parquet holds other values than whole numbers in line"),
+        ("sentences", "kind", None, "sentences.parquet has a row with no kind"),
+        ("inputs", "src", 5, "inputs.parquet holds other values than text in src"),
+    ],
+)
+def test_a_table_of_values_of_the_wrong_type_is_refused(bundle, corpus, tmp_path, table, column, value, words):
+    """The atlas page had shown its catch-all "Something went wrong" (a TypeError, a ValueError, a KeyError)."""
+    out = tmp_path / "out"
+    build_atlas(bundle, corpus, out, batch_size=4, limit=2)
+    frame = pd.read_parquet(out / f"{table}.parquet")
+    frame[column] = [value] * len(frame) if value is not None else [None, *frame[column][1:]]
+    frame.to_parquet(out / f"{table}.parquet", index=False)
+    with pytest.raises(AtlasError, match=re.escape(words)):
+        load_atlas(out)
 
 
 def test_a_folder_of_another_run_or_of_other_files_is_refused(bundle, corpus, tmp_path):
@@ -541,14 +591,55 @@ def test_the_positional_flag_pools_query_rows_over_the_corpus():
     assert head_table(cross)["positional"].isna().all(), "no relative position in cross-attention"
 
 
-def test_pasted_lines_are_the_lines_the_command_line_reads_from_a_file():
-    """The app's pasted corpus and the CLI's file: the same text, the same sentences (an audit found 8 in the
-    app where the CLI read 5 lines: str.splitlines also splits at U+2028, U+0085 and a lone \\r)."""
-    from attnviz.atlas.corpus import split_lines, text_lines
+def test_pasted_lines_are_the_lines_the_command_line_reads_from_a_file(bundle, tmp_path):
+    """The app's pasted corpus and the CLI's file: the same text, the same sentences. An audit found 8 in the
+    app where the CLI read 5 lines (str.splitlines also splits at U+2028, U+0085 and a lone \\r); a later one
+    found the CLI skipping as unknown, or keeping with their spaces, lines the app read without the white space
+    around them (a tab, U+3000, a trailing U+001C): this test had stripped the file's lines itself."""
+    from attnviz.atlas.corpus import read_chunks, text_lines
 
-    text = "twenty-one\ntwenty\u2028one\r\n  \ntwenty\rone\nseven\x85eight\n"
-    from_file = [line.strip() for line in split_lines(text.encode("utf-8")) if line.strip()]
-    assert text_lines(text) == from_file == ["twenty-one", "twenty\u2028one", "twenty\rone", "seven\x85eight"]
+    text = "twenty-one\n\ttwenty-one \r\n  \n\u2028twenty\u2028one\x1c\ntwenty\rone\n\u3000seven\x85eight\n\x85five\n"
+    path = tmp_path / "corpus.txt"
+    path.write_bytes(text.encode("utf-8"))
+    (from_file,) = read_chunks(bundle.tokenizer, path, None, None, chunk_lines=100)
+    pasted = tokenize(bundle.tokenizer, text_lines(text))
+
+    def read(corpus) -> list[tuple]:
+        return [(s.src, s.src_ids, s.src_tokens) for s in corpus.sentences]
+
+    assert text_lines(text) == [
+        "twenty-one",
+        "twenty-one",
+        "twenty\u2028one",
+        "twenty\rone",
+        "seven\x85eight",
+        "five",
+    ]
+    assert read(from_file) == read(pasted) and [s.src for s in pasted.sentences] == ["twenty-one"] * 2 + ["five"]
+    assert from_file.skipped == {**pasted.skipped, "empty": 1}, "the file's blank line is skipped, and counted"
+    assert pasted.skipped["unknown"] == 3, "en-de's tokenizer reads no U+2028, \\r or U+0085, either way"
+    # A file's sentence keeps its line's number in the file; a pasted one counts the sentences, blank lines not
+    assert [s.line for s in from_file.sentences] == [1, 2, 7] and [s.line for s in pasted.sentences] == [1, 2, 6]
+
+
+def test_a_line_cut_at_the_size_limit_that_is_not_utf8_is_counted_as_not_utf8(bundle, tmp_path, monkeypatch):
+    """A line over the limit had been decoded with its bad bytes dropped, and skipped as too long."""
+    import attnviz.atlas.corpus as corpus
+
+    monkeypatch.setattr(corpus, "MAX_LINE_BYTES", 64)
+    path = tmp_path / "corpus.txt"
+    lines = [
+        b"\xff" + b"a" * 100,  # a bad byte before the cut
+        b"a" * 100 + b"\xff",  # after it
+        b"a" * 100 + b"\xc3",  # a character left unfinished at the line's end
+        b"a" * 63 + "\u00e9".encode() + b"a" * 10,  # UTF-8, cut inside a character: the characters before it
+        b"a" * 200,
+        b"next",
+    ]
+    path.write_bytes(b"\n".join(lines) + b"\n")
+    assert read_lines(path) == [None, None, None, "a" * 63, "a" * 64, "next"]
+    assert corpus.count_lines(path) == 6
+    assert tokenize(bundle.tokenizer, read_lines(path)).skipped["not_utf8"] == 3
 
 
 def test_a_byte_order_mark_is_no_character_of_the_first_line(tmp_path):
@@ -688,6 +779,38 @@ def test_a_folder_of_another_run_is_exit_2_and_one_line(corpus, tmp_path):
     result = run_cli("atlas", "--corpus", str(corpus), "--out", str(out), "--limit", "3")
     assert result.returncode == 2
     assert result.stderr.count("\n") == 1 and "differs in: limit" in result.stderr
+
+
+@pytest.mark.parametrize(
+    ("damage", "words"),
+    [
+        ("plan a list", "manifest.json is damaged (its plan is a list of 2 items)"),
+        ("plan null", "manifest.json is damaged (its plan is null)"),
+        ("runs an object", "manifest.json is damaged (its runs is an object of 0 keys)"),
+        ("no counts", "has the wrong type for: counts.lines, counts.sentences, counts.skipped"),
+        ("a huge integer", "the atlas's manifest.json cannot be read (ValueError)"),
+    ],
+)
+def test_an_out_folder_whose_manifest_is_damaged_is_exit_2_and_one_line(
+    bundle, corpus, tmp_path, capsys, damage, words
+):
+    """Each had been exit 3, "unexpected": an AttributeError, a TypeError, a KeyError, a ValueError."""
+    out = tmp_path / "out"
+    build_atlas(bundle, corpus, out, batch_size=4, limit=2)
+    manifest = json.loads((out / "manifest.json").read_text())
+    if damage.startswith("plan"):
+        manifest["plan"] = [1, 2] if damage == "plan a list" else None
+    elif damage == "runs an object":
+        manifest["runs"] = {}
+    elif damage == "no counts":
+        del manifest["counts"]
+    text = json.dumps(manifest)
+    if damage == "a huge integer":  # json raises a plain ValueError past 4,300 digits
+        text = text[:-1] + ', "batch": ' + "9" * 5000 + "}"
+    (out / "manifest.json").write_text(text)
+    assert main(["atlas", "--corpus", str(corpus), "--out", str(out), "--limit", "2"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("attnviz: error:") and err.count("\n") == 1 and words in err, err
 
 
 def test_a_folder_of_an_attnviz_that_read_the_corpus_whole_is_one_clear_line(bundle, corpus, tmp_path, capsys):

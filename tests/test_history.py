@@ -7,22 +7,25 @@ import json
 import os
 import shutil
 import zipfile
+from dataclasses import asdict, replace
 
 import numpy as np
 import pandas as pd
 import pytest
 import torch
+from safetensors.torch import load_file
 
 import attnviz
 from attnviz.atlas import compute_atlas
 from attnviz.atlas.stats import STATISTICS
 from attnviz.cli import main
 from attnviz.errors import InputError
-from attnviz.training import History, HistoryWriter, formation_step, load_history, loop, loss_drop
+from attnviz.training import History, HistoryWriter, formation_step, load_history, loop, loss_drop, seq2seq
 from attnviz.training.data import get_task
 from attnviz.training.formation import rise
 from attnviz.training.history import FORMAT_VERSION, HISTORY, MANIFEST, MAPS, RECORDS
 from attnviz.training.loop import STATE_FILE, train
+from attnviz.training.recipes import RECIPES
 from attnviz.training.recording import STATISTICS_PROBES, STATISTICS_SEED, anti_diagonal_share
 
 TINY = dict(d_model=16, n_layers=1, n_heads=2, d_ff=32, batch_size=8, warmup=10, eval_n=10)
@@ -162,9 +165,14 @@ def test_a_run_without_history_may_begin_one_when_resumed(tmp_path, monkeypatch)
 # The writer and reader on synthetic records (fast)
 
 
-def _write(folder, steps=(10, 20, 30), kind="language model", values=None):
+def _write(folder, steps=(10, 20, 30), kind="language model", values=None, manifest=None):
     writer = HistoryWriter(
-        folder, kind, "induction", [("a b a b", None)], {"every": 10}, tokens=[(None, ["<s>", "a", "b", "a", "b"])]
+        folder,
+        kind,
+        "induction",
+        [("a b a b", None)],
+        manifest or {"every": 10},
+        tokens=[(None, ["<s>", "a", "b", "a", "b"])],
     )
     rng = np.random.default_rng(0)
     for i, step in enumerate(steps):
@@ -242,6 +250,12 @@ def test_a_history_of_another_training_is_refused(tmp_path):
         ("nan_loss", "NaN or infinite loss"),
         ("step_twice", "two records of step 20"),
         ("records_linked", "records folder is a link"),
+        ("manifest_huge_integer", "manifest.json cannot be read"),
+        ("statistics_a_number", "statistics must be a list of names"),
+        ("statistics_lists", "statistics must be a list of names"),
+        ("step_not_whole", "numbers its step with other values than a whole number"),
+        ("kind_null", "has a row with no kind"),
+        ("kind_a_list", "names kinds with other values than text"),
     ],
 )
 def test_hostile_or_damaged_histories_are_refused_with_a_clear_message(tmp_path, damage, message, monkeypatch):
@@ -297,6 +311,19 @@ def test_hostile_or_damaged_histories_are_refused_with_a_clear_message(tmp_path,
     elif damage == "records_linked":  # a visitor's folder whose records lie elsewhere
         shutil.move(folder / RECORDS, tmp_path / "elsewhere")
         os.symlink(tmp_path / "elsewhere", folder / RECORDS)
+    elif damage == "manifest_huge_integer":  # json raises a plain ValueError past 4,300 digits
+        (folder / MANIFEST).write_text(json.dumps(manifest)[:-1] + ', "every": ' + "9" * 5000 + "}")
+    elif damage.startswith("statistics_"):
+        manifest["statistics"] = 5 if damage == "statistics_a_number" else [["induction"]]
+        (folder / MANIFEST).write_text(json.dumps(manifest))
+    elif damage == "step_not_whole":
+        frame = pd.read_parquet(record / "losses.parquet")
+        frame["step"] = np.nan
+        frame.to_parquet(record / "losses.parquet", index=False)
+    elif damage.startswith("kind_"):  # a null kind had been averaged into another head by the page
+        frame = pd.read_parquet(record / "heads.parquet")
+        frame["kind"] = [None, *frame["kind"][1:]] if damage == "kind_null" else [["decoder"]] * len(frame)
+        frame.to_parquet(record / "heads.parquet", index=False)
     else:  # a head's row: a statistic as text, a layer the model lacks, a kind that does not exist
         frame = pd.read_parquet(record / "heads.parquet")
         column, value = {
@@ -308,6 +335,44 @@ def test_hostile_or_damaged_histories_are_refused_with_a_clear_message(tmp_path,
         frame.to_parquet(record / "heads.parquet", index=False)
     with pytest.raises(InputError, match=message):
         load_history(tmp_path)
+
+
+def test_probes_whose_maps_have_other_layers_or_heads_are_refused(tmp_path):
+    """The page had drawn probe 0's heads from probe 1's maps of one layer: an IndexError, and the page's end lost."""
+    tokens = (None, ["<s>", "a", "b"])
+    probes = [("a b", None), ("b a", None)]
+    writer = HistoryWriter(tmp_path, "language model", "induction", probes, {"every": 10}, tokens=[tokens] * 2)
+    heads = pd.DataFrame({"kind": "decoder", "layer": [1, 1, 2, 2], "head": [1, 2, 1, 2], "induction": 0.5})
+    maps = [{"decoder": np.full((2, 2, 3, 3), 1 / 3)}, {"decoder": np.full((1, 2, 3, 3), 1 / 3)}]
+    writer.record(10, 1.0, 1.0, 1e-3, maps, heads)
+    with pytest.raises(InputError, match="probe 1's decoder maps have 1 layers of 2 heads, probe 0's 2 of 2"):
+        load_history(tmp_path)
+
+
+def test_the_head_rows_of_all_records_together_are_bounded_before_they_are_read(tmp_path, monkeypatch):
+    """Each record's rows were bounded, not their sum: a 1 MB history of many heads took 474 MB to read."""
+    from attnviz.training import history as history_module
+
+    _write(tmp_path)  # 3 records of 4 heads
+    monkeypatch.setattr(history_module, "MAX_HISTORY_ROWS", 12)
+    assert len(load_history(tmp_path).heads) == 12
+    monkeypatch.setattr(history_module, "MAX_HISTORY_ROWS", 11)
+    read, real = [], pd.read_parquet
+    monkeypatch.setattr(pd, "read_parquet", lambda path, *a, **k: read.append(path) or real(path, *a, **k))
+    with pytest.raises(InputError, match="4 rows, over the 3 left of the 11 head rows a history may hold in all"):
+        load_history(tmp_path)
+    assert tmp_path / HISTORY / RECORDS / "00000030" / "heads.parquet" not in read, "the row count is the metadata's"
+
+
+@pytest.mark.parametrize("extra", [{"seed": 1}, {"recipe": {"d_ff": 64, "steps": 30}}], ids=["seed", "recipe"])
+def test_a_history_of_another_seed_or_recipe_is_refused(tmp_path, extra):
+    """A second training into the same folder had kept the first one's records under its own manifest."""
+    first = {"every": 10, "seed": 0, "recipe": {"d_ff": 32, "steps": 30}}
+    _write(tmp_path, manifest=first)
+    with pytest.raises(InputError, match="another training"):
+        _write(tmp_path, steps=(40,), manifest={**first, **extra})
+    resumed = _write(tmp_path, steps=(40,), manifest={**first, "recipe": {"d_ff": 32, "steps": 40}})
+    assert sorted(resumed.steps) == [10, 20, 30, 40], "a resumed training may run to more steps"
 
 
 def test_the_reader_never_unpickles(tmp_path, monkeypatch):
@@ -406,3 +471,71 @@ def test_cli_history_bad_input_is_one_line_and_exit_2(tmp_path, capsys):
     _write(tmp_path)
     assert main(["history", str(tmp_path), "--out", str(tmp_path / "f.txt")]) == 2
     assert ".npz" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("damage", ["a huge integer", "statistics a number"])
+def test_cli_history_of_a_damaged_manifest_is_one_line_and_exit_2(tmp_path, capsys, damage):
+    _write(tmp_path)
+    path = tmp_path / HISTORY / MANIFEST
+    manifest = json.loads(path.read_text())
+    if damage == "a huge integer":
+        path.write_text(json.dumps(manifest)[:-1] + ', "every": ' + "9" * 5000 + "}")
+    else:
+        path.write_text(json.dumps({**manifest, "statistics": 5}))
+    assert main(["history", str(tmp_path), "--out", str(tmp_path / "f.npz")]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("attnviz: error: the history's manifest") and err.count("\n") == 1, err
+
+
+# ---------------------------------------------------------------------------------------------
+# attnviz train: a folder that holds a training, a saved state, a training stopped after its last step
+
+SMALL = ["--steps", "1", "--batch-size", "1", "--eval-n", "1"]
+
+
+@pytest.mark.parametrize("held", [HISTORY, STATE_FILE, "model.safetensors"])
+def test_train_refuses_a_folder_that_holds_a_training_unless_resumed(tmp_path, capsys, held):
+    """A second training into the same --out had left the first one's history under the second's manifest."""
+    out = tmp_path / "run"
+    out.mkdir()
+    (out / HISTORY).mkdir() if held == HISTORY else (out / held).write_bytes(b"the first training's")
+    assert main(["train", "reverse", "--out", str(out), *SMALL]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("attnviz: error:") and err.count("\n") == 1, err
+    assert f"holds a training ({held})" in err and "--resume" in err and "another --out" in err, err
+    assert sorted(p.name for p in out.iterdir()) == [held], "nothing is written"
+
+
+@pytest.mark.parametrize(
+    "state",
+    [[1, 2, 3], {"recipe": "xyz"}, {"recipe": asdict(replace(RECIPES["reverse"], batch_size=1)), "seed": 0}],
+    ids=["a list", "a recipe of text", "the recipe and seed alone"],
+)
+def test_a_saved_state_that_is_not_a_trainings_is_exit_2_and_one_line(tmp_path, capsys, state):
+    out = tmp_path / "run"
+    out.mkdir()
+    torch.save(state, out / STATE_FILE)
+    assert main(["train", "reverse", "--out", str(out), "--resume", *SMALL]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("attnviz: error:") and err.count("\n") == 1 and "not a training's saved state" in err, err
+
+
+def test_a_training_stopped_after_its_last_step_is_finished_by_resume(tmp_path, monkeypatch):
+    """Killed in its final evaluation, a training had its state and history but no model, and --resume refused."""
+    out = tmp_path / "run"
+
+    def killed(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(seq2seq, "evaluate", killed)
+    with pytest.raises(KeyboardInterrupt):
+        _train(out, steps=4)
+    assert sorted(p.name for p in out.iterdir()) == [HISTORY, STATE_FILE]
+    monkeypatch.undo()
+    _train(out, steps=4, resume=True)  # the same flags
+    saved = torch.load(out / STATE_FILE, weights_only=True)["model"]
+    weights = load_file(out / "model.safetensors")
+    assert weights and all(torch.equal(tensor, saved[name]) for name, tensor in weights.items())
+    assert load_history(out).step.tolist() == [2, 4] and (out / "README.md").read_text().strip()
+    with pytest.raises(InputError, match="stopped at step 4: raise --steps to train on"):
+        _train(out, steps=4, resume=True)  # finished: nothing is left to do

@@ -110,6 +110,25 @@ def test_the_operator_sets_how_many_at_once_and_can_turn_it_off(stand_in, monkey
         assert LiveSettings.from_environment().trainings == 1
 
 
+def test_settings_that_are_not_finite_or_past_their_bound_fall_back_and_say_so(monkeypatch, caplog):
+    """Infinity had passed: int(inf) broke the page's live-training section, and setitimer(inf) the worker."""
+    for value in ("inf", "-inf", "nan", "1e400"):
+        monkeypatch.setenv("ATTNVIZ_LIVE_TRAININGS", value)
+        monkeypatch.setenv("ATTNVIZ_LIVE_TRAINING_CPU_SECONDS", value)
+        caplog.clear()
+        with caplog.at_level("WARNING", logger="attnviz"):
+            settings = LiveSettings.from_environment()
+        assert (settings.trainings, settings.cpu_seconds) == (1, 120), value
+        assert sum("is not a finite number" in r.getMessage() for r in caplog.records) == 2, value
+    monkeypatch.setenv("ATTNVIZ_LIVE_TRAININGS", "1e9")
+    monkeypatch.setenv("ATTNVIZ_LIVE_TRAINING_CPU_SECONDS", "1e12")
+    caplog.clear()
+    with caplog.at_level("WARNING", logger="attnviz"):
+        settings = LiveSettings.from_environment()
+    assert (settings.trainings, settings.cpu_seconds) == (live_runs.MAX_TRAININGS, live_runs.MAX_CPU_SECONDS)
+    assert sum("more than the most" in r.getMessage() for r in caplog.records) == 2
+
+
 @pytest.mark.slow  # 1.5 s or more in the quick tier on a 2-core AMD EPYC with AVX2 only
 def test_a_run_whose_visitor_stops_beating_is_stopped_its_folder_deleted_and_its_slot_freed(stand_in):
     settings = LiveSettings(trainings=1, cpu_seconds=120, left_after=0.5)

@@ -6,11 +6,12 @@ CPU minutes show its heads form. It is a heavy job (`attnviz.app.heavy`, job ``l
 `attnviz.jobs`): it waits in the same queue as every atlas and beam search and runs in a worker
 process, never in the server's threads. It is bounded three ways:
 
-- at most ``ATTNVIZ_LIVE_TRAININGS`` (default 1; 0 turns the button off) run at once in a server
-  process; a visitor who presses the button while they are taken is told so and may watch the one
-  that runs (`Slots`);
-- by the worker process's CPU time, ``ATTNVIZ_LIVE_TRAINING_CPU_SECONDS`` (default 120), not by wall
-  time: a busy server makes it slower, never longer. It then stops and keeps what it recorded;
+- at most ``ATTNVIZ_LIVE_TRAININGS`` (default 1; 0 turns the button off; at most `MAX_TRAININGS`) run
+  at once in a server process; a visitor who presses the button while they are taken is told so and
+  may watch the one that runs (`Slots`);
+- by the worker process's CPU time, ``ATTNVIZ_LIVE_TRAINING_CPU_SECONDS`` (default 120, at most
+  `MAX_CPU_SECONDS`), not by wall time: a busy server makes it slower, never longer. It then stops
+  and keeps what it recorded;
 - by its visitor: the page's fragment calls `LiveRun.beat` every few seconds while the tab shows it.
   A run with no beat for `LEFT_AFTER_S` whose tab has closed (its session no longer connected, as
   `LiveRun.connected` tells), or with no beat for `LEFT_PAGE_S` at all (its visitor went to another
@@ -35,6 +36,7 @@ import collections
 import dataclasses
 import json
 import logging
+import math
 import os
 import shutil
 import tempfile
@@ -72,6 +74,11 @@ FINISHED_KEPT = 8  # finished runs kept in memory for their visitors (each a few
 # priority than the server, and on 2 cores busy with other work 15 CPU seconds took over 180 s here.
 WALL_FACTOR, WALL_EXTRA_S = 10, 300
 QUEUED, RUNNING, DONE, LEFT, FAILED = "queued", "running", "done", "left", "failed"
+# The most the operator's settings may ask; more is taken as this, with a warning. A setting that is no finite
+# number falls back to its default: infinity had passed, and broke the page's section (int(inf)) and the
+# worker's CPU timer (setitimer).
+MAX_TRAININGS = 64  # live trainings at once: each is a worker process
+MAX_CPU_SECONDS = 3600.0  # a run's CPU time: an hour, a long class
 
 
 class SlotTaken(AttnvizError):
@@ -89,13 +96,14 @@ class LiveSettings:
     @classmethod
     def from_environment(cls) -> LiveSettings:
         return cls(
-            trainings=int(_number("ATTNVIZ_LIVE_TRAININGS", 1, minimum=0)),
-            cpu_seconds=_number("ATTNVIZ_LIVE_TRAINING_CPU_SECONDS", 120, minimum=1),
+            trainings=int(_number("ATTNVIZ_LIVE_TRAININGS", 1, minimum=0, maximum=MAX_TRAININGS)),
+            cpu_seconds=_number("ATTNVIZ_LIVE_TRAINING_CPU_SECONDS", 120, minimum=1, maximum=MAX_CPU_SECONDS),
         )
 
 
-def _number(name: str, default: float, minimum: float) -> float:
-    """The setting ``name``, or ``default`` when unset or not a number of at least ``minimum`` (logged)."""
+def _number(name: str, default: float, minimum: float, maximum: float) -> float:
+    """The setting ``name``: ``default`` when unset or not a finite number of at least ``minimum``, ``maximum``
+    when it is more (each logged)."""
     text = os.environ.get(name, "").strip()
     if not text:
         return default
@@ -103,9 +111,12 @@ def _number(name: str, default: float, minimum: float) -> float:
         value = float(text)
     except ValueError:
         value = float("nan")
-    if not value >= minimum:
-        log.warning("%s=%r is not a number of at least %g: %g is used", name, text, minimum, default)
+    if not (math.isfinite(value) and value >= minimum):
+        log.warning("%s=%r is not a finite number of at least %g: %g is used", name, text, minimum, default)
         return default
+    if value > maximum:
+        log.warning("%s=%r is more than the most it may be: %g is used", name, text, maximum)
+        return maximum
     return value
 
 

@@ -195,8 +195,9 @@ def build_atlas(
     ``targets`` (one decoder input per line) replaces the model's greedy output; ``limit`` reads
     the first lines only; ``allow_unknown`` keeps lines with characters the tokenizer cannot read.
     Shards already in ``out`` from an interrupted run with the same plan are kept; a finished atlas
-    is read back without computing anything. The Ray engine's actors run on ``ray_device`` (auto,
-    cpu or cuda: default, the bundle's device), wherever the cluster has it.
+    is read back without computing anything (one marked finished whose tables are gone is computed
+    again). The Ray engine's actors run on ``ray_device`` (auto, cpu or cuda: default, the bundle's
+    device), wherever the cluster has it.
     """
     write_atlas(
         bundle,

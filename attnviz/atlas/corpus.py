@@ -1,6 +1,8 @@
 """A corpus for the atlas: one sentence per line, tokenised once, bad lines counted, work cut to size.
 
-A line that cannot be used (empty, too long for the model, not UTF-8, with characters the model's
+A line is read as its sentence without the white space around it (`sentence_text`), whether it comes
+from a file (the CLI) or is pasted (the app), so both read the same text as the same sentences. A line
+that cannot be used (empty, too long for the model, not UTF-8, with characters the model's
 tokenizer cannot read unless they are allowed, or whose target line is empty, too long or has such
 characters) is skipped and counted by reason, never fatal. The usable sentences are sorted by
 length and cut into shards (the unit of work written to disk, and of resuming) and batches
@@ -13,6 +15,7 @@ being consecutive lines, is also a run of the final tables in corpus order.
 
 from __future__ import annotations
 
+import codecs
 import hashlib
 import unicodedata
 from collections import Counter
@@ -96,8 +99,9 @@ def iter_lines(path: Path, limit: int | None = None) -> Iterator[str | None]:
     `split_lines` splits them (a byte-order mark before the first dropped): ``--limit 10`` reads ten lines
     of a 100 MB corpus, not the file.
 
-    A line is read up to `MAX_LINE_BYTES`, its rest skipped unread into memory: such a line is
-    too long for any model, and is skipped later for that reason.
+    A line is read up to `MAX_LINE_BYTES`, its rest read in blocks to check that it is UTF-8 and never
+    held whole: such a line is too long for any model, and is skipped later for that reason (or as not
+    UTF-8, None, when it is not).
     """
     count = 0
     with open(path, "rb") as f:
@@ -110,10 +114,8 @@ def iter_lines(path: Path, limit: int | None = None) -> Iterator[str | None]:
                 chunk = chunk.removeprefix(UTF8_BOM)
             if chunk.endswith(b"\n"):
                 chunk = chunk[:-1]
-            elif len(chunk) == MAX_LINE_BYTES:  # cut: skip the rest of this line in blocks
-                while (rest := f.readline(MAX_LINE_BYTES)) and not rest.endswith(b"\n"):
-                    pass
-                yield chunk.decode("utf-8", errors="ignore")
+            elif len(chunk) == MAX_LINE_BYTES:  # cut: the rest of this line is read in blocks, then dropped
+                yield _cut_line(chunk, f)
                 continue
             try:
                 yield chunk.removesuffix(b"\r").decode("utf-8")
@@ -121,16 +123,44 @@ def iter_lines(path: Path, limit: int | None = None) -> Iterator[str | None]:
                 yield None
 
 
+def _cut_line(first: bytes, f) -> str | None:
+    """A line longer than `MAX_LINE_BYTES` whose ``first`` bytes were read from ``f``: those decoded (a
+    character cut at their end left out), or None when the line, read on to its end one block at a time,
+    is not UTF-8."""
+    decoder = codecs.getincrementaldecoder("utf-8")()
+    block = first
+    try:
+        text = decoder.decode(first)
+        while not block.endswith(b"\n") and (block := f.readline(MAX_LINE_BYTES)):
+            decoder.decode(block.removesuffix(b"\n"))  # checked, then dropped
+        decoder.decode(b"", final=True)
+    except UnicodeDecodeError:
+        while block and not block.endswith(b"\n"):  # the rest of the line, unread into memory
+            block = f.readline(MAX_LINE_BYTES)
+        return None
+    return text
+
+
 def read_lines(path: Path, limit: int | None = None) -> list[str | None]:
     """The lines `iter_lines` gives, as a list."""
     return list(iter_lines(path, limit))
 
 
+def sentence_text(line: str | None) -> str | None:
+    """The sentence a corpus line holds: the line without the white space around it (Python's
+    `str.strip`: spaces, tabs, a ``\\r``, U+2028, U+0085, U+3000 and the rest), or None for a line that
+    is not UTF-8. Both the command line (`tokenize`, on each line of a file) and the app (`text_lines`,
+    on pasted text) read a line through it, so both read the same text as the same sentences."""
+    return None if line is None else line.strip()
+
+
 def text_lines(text: str) -> list[str]:
-    """The non-blank lines of typed or pasted ``text``, stripped, split as `split_lines` splits a file: only
-    ``\\n`` ends a line (``\\r\\n`` too), so a Unicode line separator or a lone ``\\r`` stays inside its sentence,
-    and the app and the command line read the same text as the same sentences."""
-    return [line.strip() for line in text.removeprefix("\ufeff").split("\n") if line.strip()]
+    """The sentences of typed or pasted ``text``, split as `split_lines` splits a file (only ``\\n`` ends a line,
+    ``\\r\\n`` too, so a Unicode line separator or a lone ``\\r`` stays inside its sentence) and read by
+    `sentence_text`, blank lines dropped: the sentences `tokenize` reads from a file of that text. A file's
+    blank line is skipped as empty but keeps its number, so there ``line`` is the line's number in the
+    file; pasted text has no file, and ``line`` counts these sentences, blank lines not counted."""
+    return [s for line in text.removeprefix("\ufeff").split("\n") if (s := sentence_text(line))]
 
 
 def split_lines(data: bytes, limit: int | None = None) -> list[str | None]:
@@ -162,7 +192,8 @@ def tokenize(
     """The usable sentences of ``sources`` (and their ``targets``, line by line), and why the others were skipped.
 
     ``first_line`` is the line number of ``sources[0]`` in its file (a chunk of a corpus starts further on).
-    A line with characters the tokenizer cannot read (its unknown token) is skipped unless ``allow_unknown``:
+    Each line and target is read by `sentence_text`, as the app reads pasted text. A line with characters
+    the tokenizer cannot read (its unknown token) is skipped unless ``allow_unknown``:
     the model would read them all as one and the same token, as the other commands refuse such a text.
     """
     unknown = -1 if allow_unknown else tokenizer.unk_id  # -1: a tokenizer without an unknown token
@@ -173,12 +204,12 @@ def tokenize(
         )
     skipped: Counter[str] = Counter(dict.fromkeys(SKIP_REASONS, 0))
     sentences = []
-    for index, src in enumerate(sources):
-        tgt = None if targets is None else targets[index]
+    for index, line in enumerate(sources):
+        src, tgt = sentence_text(line), None if targets is None else sentence_text(targets[index])
         if src is None or (targets is not None and tgt is None):
             skipped["not_utf8"] += 1
             continue
-        if not src.strip():
+        if not src:
             skipped["empty"] += 1
             continue
         try:  # besides a text read as nothing, the only InputError a tokenizer raises is about its length
@@ -194,7 +225,7 @@ def tokenize(
             continue
         tgt_ids = tgt_tokens = None
         if tgt is not None:
-            if not tgt.strip():
+            if not tgt:
                 skipped["empty_target"] += 1
                 continue
             try:

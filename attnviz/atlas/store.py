@@ -41,7 +41,7 @@ from attnviz.atlas.summary import (
     sort_heads,
     sort_sentences,
 )
-from attnviz.errors import AtlasError
+from attnviz.errors import AtlasError, describe
 
 FORMAT = "attnviz-atlas/1"
 MANIFEST = "manifest.json"
@@ -95,16 +95,26 @@ class AtlasFolder:
     """A folder an atlas is written into, shard by shard; a second run with the same plan resumes it.
 
     ``plan`` holds everything the results depend on (model and corpus hashes, limit, precision,
-    shard size): a folder written under another plan is refused, never mixed with.
+    shard size): a folder written under another plan is refused, never mixed with. A folder marked
+    finished is trusted only with its five tables: without them it is computed again. This run joins
+    the manifest's ``runs`` when it writes into the folder (a folder it begins, a shard, the final
+    tables), not when it finds the atlas finished.
     """
 
     def __init__(self, folder: Path, plan: dict, manifest: dict):
         self.folder = Path(folder)
         self.shards = self.folder / SHARDS
+        self.run = manifest.get("runs", [])
         existing = self.folder / MANIFEST
         if existing.is_file():
             before = read_manifest(self.folder)
-            if isinstance(before.get("plan"), dict) and "unknown" not in before["plan"]:
+            for field, kind, default in (("plan", dict, None), ("runs", list, [])):
+                if not isinstance(before.get(field, default), kind):  # read below as what it should be
+                    raise AtlasError(
+                        f"{self.folder} holds an atlas whose manifest.json is damaged (its {field} is "
+                        f"{describe(before.get(field))}): remove that folder or choose another --out folder"
+                    )
+            if "unknown" not in before["plan"]:
                 before["plan"] = {**before["plan"], "unknown": "kept"}  # what attnviz did before it could skip them
             if before.get("plan") != plan:
                 changed = sorted(k for k in {*plan, *before.get("plan", {})} if plan.get(k) != before["plan"].get(k))
@@ -124,13 +134,38 @@ class AtlasFolder:
                     f"{self.folder} holds an atlas of another model, corpus or settings (differs in: "
                     f"{', '.join(changed)}); choose another --out folder or remove that one"
                 )
-            self.manifest = {**before, "runs": before.get("runs", []) + manifest.get("runs", [])}
+            self.manifest, self.run_added = before, False
+            if self.complete:
+                self._check_finished()
         elif self.folder.exists() and any(self.folder.iterdir()):
             raise AtlasError(f"{self.folder} is not empty and holds no atlas: choose an empty or new --out folder")
         else:
-            self.manifest = {"format": FORMAT, "complete": False, "plan": plan, **manifest}
-        self.shards.mkdir(parents=True, exist_ok=True)
+            self.manifest, self.run_added = {"format": FORMAT, "complete": False, "plan": plan, **manifest}, True
+        if not self.complete:
+            self.shards.mkdir(parents=True, exist_ok=True)
         write_json(self.folder / MANIFEST, self.manifest)
+
+    def _check_finished(self) -> None:
+        """A folder marked finished: refused when its manifest cannot be read as a finished atlas's, marked
+        unfinished (to be computed again, with a warning) when a table is missing."""
+        try:
+            _check_finished_manifest(self.manifest)
+        except AtlasError as e:
+            raise AtlasError(
+                f"{self.folder} holds a finished atlas that cannot be read ({e}): remove that folder or choose another "
+                "--out folder"
+            ) from None
+        missing = [f"{name}.parquet" for name in TABLES if not (self.folder / f"{name}.parquet").is_file()]
+        if missing:
+            log.warning("%s is marked finished but lacks %s: it is computed again", self.folder, ", ".join(missing))
+            self.manifest = {**self.manifest, "complete": False}
+
+    def _add_run(self) -> None:
+        """This run among the manifest's runs, once, as it first writes into the folder."""
+        if not self.run_added:
+            self.manifest = {**self.manifest, "runs": [*self.manifest.get("runs", []), *self.run]}
+            self.run_added = True
+            write_json(self.folder / MANIFEST, self.manifest)
 
     @property
     def complete(self) -> bool:
@@ -149,10 +184,13 @@ class AtlasFolder:
             if not path.is_file() or path.stat().st_size > MAX_RECORD_BYTES:
                 return None
             record = json.loads(path.read_text(encoding="utf-8"))
-        except (OSError, UnicodeDecodeError, json.JSONDecodeError):
+        except (OSError, ValueError, RecursionError):  # ValueError: JSONDecodeError, an integer of 4,300 digits
             return None
         well_formed = isinstance(record, dict) and all(
-            isinstance(record.get(part), dict) and {"rows", "sha256"} <= record[part].keys() for part in PARTS
+            isinstance(record.get(part), dict)
+            and type(record[part].get("rows")) is int
+            and isinstance(record[part].get("sha256"), str)
+            for part in PARTS
         )
         return record if well_formed else None
 
@@ -190,6 +228,7 @@ class AtlasFolder:
 
     def write_shard(self, index: int, sentences: pd.DataFrame, inputs: pd.DataFrame, sums: dict) -> None:
         """One finished shard: its three files, then their rows and hashes in its record (the mark of done)."""
+        self._add_run()
         pairs = pd.concat(
             [
                 pd.DataFrame({"kind": kind, "pair": np.arange(total.size), "js_sum": total.ravel(), "count": count})
@@ -208,6 +247,7 @@ class AtlasFolder:
         (``chunks``: the shard numbers of each chunk of the corpus, in corpus order), mark the manifest
         complete, remove the shards; the finished manifest. A shard that no longer matches is
         refused: never merged."""
+        self._add_run()
         n_shards = sum(len(chunk) for chunk in chunks)
         for index in range(n_shards):
             why = self._matches(index, None)
@@ -278,6 +318,11 @@ def summarise(
 MAX_MANIFEST_BYTES = 1 << 20
 MAX_ATLAS_MB = 256  # per table file; ATTNVIZ_MAX_ATLAS_MB changes it
 MAX_ATLAS_ROWS = 2_000_000  # per table, read from the file's metadata first; ATTNVIZ_MAX_ATLAS_ROWS changes it
+# The types of the columns the app and the CLI read (pandas' categories of strings are text too); every other
+# column of COLUMNS, and each statistic of the heads' table, holds numbers. Lists (src_ids, ...) are not checked.
+TEXT_COLUMNS = frozenset({"kind", "src"})
+WHOLE_COLUMNS = frozenset({"line", "layer", "head", "layer_a", "head_a", "layer_b", "head_b", "queries", "keys"})
+LIST_COLUMNS = frozenset({"src_ids", "src_tokens", "tgt_ids", "tgt_tokens"})
 COLUMNS = {  # what each table must hold for the app and the CLI to read it
     "sentences": ("line", "kind", "layer", "head", *STATISTICS),
     "heads": ("kind", "layer", "head", "sentences"),
@@ -327,7 +372,7 @@ def read_manifest(folder: Path) -> dict:
     path = _checked_file(Path(folder), MANIFEST, MAX_MANIFEST_BYTES)
     try:
         manifest = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError, RecursionError) as e:
+    except (OSError, ValueError, RecursionError) as e:  # ValueError: JSONDecodeError, an integer of 4,300 digits
         raise AtlasError(f"the atlas's manifest.json cannot be read ({type(e).__name__})") from None
     if not isinstance(manifest, dict) or manifest.get("format") != FORMAT:
         raise AtlasError(f"manifest.json is not an attnviz atlas manifest (format {FORMAT})")
@@ -340,6 +385,7 @@ def _check_finished_manifest(manifest: dict) -> None:
     fields = {
         "model.name": isinstance(model, dict) and isinstance(model.get("name"), str),
         "model.checkpoint_sha256": isinstance(model, dict) and isinstance(model.get("checkpoint_sha256"), str),
+        "counts.lines": isinstance(counts, dict) and type(counts.get("lines")) is int,
         "counts.sentences": isinstance(counts, dict) and type(counts.get("sentences")) is int,
         "counts.skipped": isinstance(counts, dict)
         and isinstance(counts.get("skipped"), dict)
@@ -354,8 +400,30 @@ def _check_finished_manifest(manifest: dict) -> None:
         raise AtlasError(f"the atlas's manifest.json lacks, or has the wrong type for: {', '.join(wrong)}")
 
 
-def _read_table(folder: Path, name: str) -> pd.DataFrame:
-    """One table, after its size, its row count (from the file's own metadata) and its columns are checked."""
+def _is_text(kind) -> bool:
+    """Whether an Arrow type holds text: a string column, or pandas' categories of strings."""
+    import pyarrow as pa
+
+    if pa.types.is_dictionary(kind):
+        kind = kind.value_type
+    return pa.types.is_string(kind) or pa.types.is_large_string(kind) or pa.types.is_string_view(kind)
+
+
+def _wrong_type(column: str, kind) -> str | None:
+    """What ``column`` should hold when its Arrow type ``kind`` does not hold it ("text", "whole numbers",
+    "numbers"), else None."""
+    import pyarrow as pa
+
+    if column in TEXT_COLUMNS:
+        return None if _is_text(kind) else "text"
+    if column in WHOLE_COLUMNS:
+        return None if pa.types.is_integer(kind) else "whole numbers"
+    return None if pa.types.is_integer(kind) or pa.types.is_floating(kind) else "numbers"
+
+
+def _read_table(folder: Path, name: str, numbers: tuple[str, ...] = ()) -> pd.DataFrame:
+    """One table, after its size, its row count (from the file's own metadata), its columns and their types are
+    checked (``numbers``: more columns that, where the table has them, hold numbers)."""
     import pyarrow.parquet as pq
 
     path = _checked_file(folder, f"{name}.parquet", _limit("ATTNVIZ_MAX_ATLAS_MB", MAX_ATLAS_MB) * 2**20)
@@ -368,7 +436,17 @@ def _read_table(folder: Path, name: str) -> pd.DataFrame:
         missing = [c for c in COLUMNS[name] if c not in columns]
         if missing:
             raise AtlasError(f"the atlas's {name}.parquet lacks the columns {', '.join(missing)}: compute it again")
-        return pd.read_parquet(path)
+        schema = meta.schema_arrow
+        for column in [c for c in (*COLUMNS[name], *numbers) if c in columns and c not in LIST_COLUMNS]:
+            if want := _wrong_type(column, schema.field(column).type):  # the pages had failed on a list or a word
+                raise AtlasError(
+                    f"the atlas's {name}.parquet holds other values than {want} in {column}: compute it again"
+                )
+        table = pd.read_parquet(path)
+        for column in [c for c in COLUMNS[name] if c in TEXT_COLUMNS | WHOLE_COLUMNS]:
+            if table[column].isna().any():
+                raise AtlasError(f"the atlas's {name}.parquet has a row with no {column}: compute it again")
+        return table
     except AtlasError:
         raise
     except Exception as e:  # noqa: BLE001 - pyarrow raises its own errors for a damaged file
@@ -383,7 +461,8 @@ def load_atlas(folder: str | Path) -> Atlas:
     if not manifest.get("complete"):
         raise AtlasError("this atlas is not finished: run the same `attnviz atlas` command again to complete it")
     _check_finished_manifest(manifest)
-    atlas = Atlas(manifest=manifest, **{name: _read_table(folder, name) for name in TABLES})
+    numbers = {"heads": tuple(f"{s}{std}" for s in manifest["statistics"] for std in ("", "_std"))}
+    atlas = Atlas(manifest=manifest, **{name: _read_table(folder, name, numbers.get(name, ())) for name in TABLES})
     heads = atlas.heads
     missing = [s for s in manifest["statistics"] if s not in heads.columns or f"{s}_std" not in heads.columns]
     if missing:  # the manifest names what the app's pages draw of each head

@@ -35,7 +35,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from attnviz.errors import InputError
+from attnviz.errors import InputError, describe
 from attnviz.export import max_export_bytes
 
 HISTORY = "history"  # the folder inside a training's --out
@@ -57,6 +57,9 @@ MAX_PROBES = 16
 MAX_MANIFEST_BYTES = 1 << 20
 MAX_TABLE_BYTES = 16 << 20  # per Parquet file of one record: a real one is a few kB
 MAX_HEAD_ROWS = 100_000  # per record: heads of every kind
+# The head rows of all records together, counted from each table's metadata before it is read: a history is read
+# whole, at about 100 bytes a row (en-de's 50 records are 1,800 rows; 2,000,000 are about 200 MB).
+MAX_HISTORY_ROWS = 2_000_000
 
 log = logging.getLogger(__name__)
 
@@ -174,9 +177,9 @@ class HistoryWriter:
         self.manifest: dict | None = None
         if (self.folder / MANIFEST).exists():
             self.manifest = _read_manifest(self.folder)
-            self._check_same(self.manifest)
-            # A resumed training may run to more steps: the manifest then says what the history now records.
             given = json.loads(json.dumps(self.extra, ensure_ascii=False, allow_nan=False))  # as JSON stores it
+            self._check_same(self.manifest, given)
+            # A resumed training may run to more steps: the manifest then says what the history now records.
             if any(self.manifest.get(key) != value for key, value in given.items()):
                 self.manifest = {**self.manifest, **given}
                 _write_json(self.folder / MANIFEST, self.manifest)
@@ -189,12 +192,27 @@ class HistoryWriter:
                 if path.name.startswith(TEMP_PREFIX):
                     shutil.rmtree(path) if path.is_dir() and not path.is_symlink() else path.unlink()
 
-    def _check_same(self, manifest: dict) -> None:
+    def _check_same(self, manifest: dict, given: dict) -> None:
+        """Refuse the history of another training than the one ``given`` (this writer's manifest, as JSON stores
+        it) describes: another task, kind, probe set, seed or recipe (its number of steps aside: a resumed
+        training may run to more)."""
         probes = [(p.get("text"), p.get("target")) for p in manifest.get("probes", [])]
-        if manifest.get("kind") != self.kind or manifest.get("task") != self.task or probes != self.probes:
+
+        def recipe(m: dict) -> dict | None:
+            return {k: v for k, v in m["recipe"].items() if k != "steps"} if isinstance(m.get("recipe"), dict) else None
+
+        same = (
+            manifest.get("kind") == self.kind
+            and manifest.get("task") == self.task
+            and probes == self.probes
+            and manifest.get("seed") == given.get("seed")
+            and recipe(manifest) == recipe(given)
+        )
+        if not same:
             raise InputError(
                 f"{self.folder} holds the history of another training (task {manifest.get('task')!r}, "
-                f"{manifest.get('kind')}, other probes): write this one into another --out"
+                f"{manifest.get('kind')}, seed {describe(manifest.get('seed'))}, or other probes or recipe): write "
+                "this one into another --out"
             )
 
     def _first_manifest(self, maps: Sequence[Mapping[str, np.ndarray]], statistics: list[str]) -> dict:
@@ -342,7 +360,7 @@ def _read_manifest(folder: Path) -> dict:
     path = _checked_file(folder, MANIFEST, MAX_MANIFEST_BYTES, "the history")
     try:
         manifest = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError, RecursionError) as e:
+    except (OSError, ValueError, RecursionError) as e:  # ValueError: JSONDecodeError, an integer of 4,300 digits
         raise InputError(f"the history's manifest.json cannot be read ({type(e).__name__})") from None
     if not isinstance(manifest, dict) or manifest.get("format") != FORMAT:
         raise InputError(f"manifest.json is not an attnviz history's manifest (format {FORMAT!r})")
@@ -369,6 +387,9 @@ def _check_manifest(manifest: dict) -> None:
         raise InputError(f"the history's manifest names no known kind of model (kind {kind!r})")
     if not isinstance(manifest.get("task"), str):
         raise InputError("the history's manifest names no task")
+    statistics = manifest.get("statistics")
+    if not (isinstance(statistics, list) and all(isinstance(name, str) for name in statistics)):
+        raise InputError(f"the history's manifest: its statistics must be a list of names; got {describe(statistics)}")
     if not isinstance(probes, list) or not 1 <= len(probes) <= MAX_PROBES:
         raise InputError(f"the history's manifest must list 1 to {MAX_PROBES} probes")
     for p, probe in enumerate(probes):
@@ -393,20 +414,41 @@ def _check_manifest(manifest: dict) -> None:
         for site in SITES[kind]:
             if tuple(probe["shapes"][site][2:]) != expected[site]:
                 raise InputError(f"the history's manifest: probe {p}'s {site} shape does not match its tokens")
+            (layers, heads), (layers_0, heads_0) = probe["shapes"][site][:2], probes[0]["shapes"][site][:2]
+            if (layers, heads) != (layers_0, heads_0):  # one model reads every probe
+                raise InputError(
+                    f"the history's manifest: probe {p}'s {site} maps have {layers} layers of {heads} heads, probe 0's "
+                    f"{layers_0} of {heads_0}: every probe's maps are of the same model"
+                )
 
 
-def _read_table(folder: Path, name: str, columns: Sequence[str], what: str) -> pd.DataFrame:
+def _is_text(kind) -> bool:
+    """Whether an Arrow type holds text: a string column, or pandas' categories of strings."""
+    import pyarrow as pa
+
+    if pa.types.is_dictionary(kind):
+        kind = kind.value_type
+    return pa.types.is_string(kind) or pa.types.is_large_string(kind) or pa.types.is_string_view(kind)
+
+
+def _read_table(
+    folder: Path, name: str, columns: Sequence[str], what: str, max_rows: int = MAX_HEAD_ROWS, over: str = ""
+) -> pd.DataFrame:
+    """One record's table, after its size, its row count (at most ``max_rows``; ``over`` says what that bound
+    is) and its columns' names and types are checked from its metadata."""
     import pyarrow.parquet as pq
 
     path = _checked_file(folder, name, MAX_TABLE_BYTES, what)
     try:
         meta = pq.ParquetFile(path)
-        rows, names = meta.metadata.num_rows, set(meta.schema_arrow.names)
-        if rows > MAX_HEAD_ROWS:
-            raise InputError(f"{what}: {name} has {rows:,} rows, over the limit of {MAX_HEAD_ROWS:,}")
-        missing = [c for c in columns if c not in names]
+        rows, schema = meta.metadata.num_rows, meta.schema_arrow
+        if rows > max_rows:
+            raise InputError(f"{what}: {name} has {rows:,} rows, over {over or f'the limit of {max_rows:,}'}")
+        missing = [c for c in columns if c not in schema.names]
         if missing:
             raise InputError(f"{what}: {name} lacks the columns {', '.join(missing)}")
+        if "kind" in columns and not _is_text(schema.field("kind").type):  # a list had reached pandas' groupby
+            raise InputError(f"{what}: {name} names kinds with other values than text")
         table = pd.read_parquet(path)
         words = [c for c in table.columns if c != "kind" and table[c].dtype.kind not in "iuf"]
         if words:  # every column but a head's kind holds numbers
@@ -468,6 +510,8 @@ def _check_heads(table: pd.DataFrame, sizes: dict[str, tuple[int, int]], statist
         raise InputError(f"{what}: {HEADS} has more than one row for {kind} layer {layer} head {head}")
     if table.empty:
         raise InputError(f"{what}: {HEADS} has no row: a record measures the model's heads")
+    if table["kind"].isna().any():  # groupby would leave the row out, and the page file it under another head
+        raise InputError(f"{what}: {HEADS} has a row with no kind")
     for kind, rows in table.groupby("kind", sort=False):
         if kind not in sizes:
             raise InputError(f"{what}: {HEADS} names the kind {str(kind)[:40]!r}, not one of {', '.join(sizes)}")
@@ -498,7 +542,7 @@ def load_history(folder: str | Path) -> History:
     expected = {
         f"p{p}_{site}": tuple(probe["shapes"][site]) for p, probe in enumerate(manifest["probes"]) for site in sites
     }
-    budget = max_export_bytes()
+    budget, rows_left = max_export_bytes(), MAX_HISTORY_ROWS
     losses, heads, maps = [], [], []
     for name in sorted(names, key=int):
         record = folder / RECORDS / name
@@ -506,11 +550,18 @@ def load_history(folder: str | Path) -> History:
         if record.is_symlink() or not record.is_dir():
             raise InputError(f"{what} is not a folder")
         loss = _read_table(record, LOSSES, LOSS_COLUMNS, what)
+        if loss["step"].dtype.kind not in "iu":
+            raise InputError(f"{what}: {LOSSES} numbers its step with other values than a whole number")
         if len(loss) != 1 or int(loss["step"].iloc[0]) != int(name):
             raise InputError(f"{what}: {LOSSES} must hold one row, of step {int(name)}")
         if not np.isfinite(loss[list(LOSS_COLUMNS)].to_numpy(np.float64)).all():  # a training stops before that
             raise InputError(f"{what}: {LOSSES} holds a NaN or infinite loss or learning rate")
-        table = _read_table(record, HEADS, HEAD_COLUMNS, what)
+        if rows_left < MAX_HEAD_ROWS:  # the history is read whole: its records' rows are bounded together
+            over = f"the {rows_left:,} left of the {MAX_HISTORY_ROWS:,} head rows a history may hold in all"
+            table = _read_table(record, HEADS, HEAD_COLUMNS, what, rows_left, over)
+        else:
+            table = _read_table(record, HEADS, HEAD_COLUMNS, what)
+        rows_left -= len(table)
         if len(table) and (table["step"] != int(name)).any():
             raise InputError(f"{what}: {HEADS} holds rows of another step")
         sizes = {site: expected[f"p0_{site}"][:2] for site in sites}  # (layers, heads) of each kind

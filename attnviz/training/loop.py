@@ -28,20 +28,36 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from attnviz.checkpoints.native import WEIGHTS_FILE, save_checkpoint
+from attnviz.checkpoints.native import CARD_FILE, WEIGHTS_FILE, save_checkpoint
 from attnviz.devices import resolve_device
 from attnviz.errors import InputError
 from attnviz.model import Transformer
 from attnviz.training import lm, seq2seq
 from attnviz.training.data import Task, get_task
 from attnviz.training.formation import lm_section, seq2seq_section
-from attnviz.training.history import load_history, recorded_every
+from attnviz.training.history import HISTORY, load_history, recorded_every
 from attnviz.training.optim import paper_optimizer
 from attnviz.training.recipes import RECIPES, Recipe
 from attnviz.training.recording import TrainingRecorder
 
 STATE_FILE = "train_state.pt"  # the state a resumed training continues from; not part of the checkpoint
 STATE_EVERY = 500  # steps between saved states when no history is recorded
+# What a saved state holds, and of which type: anything else is a damaged file, refused before it is used.
+STATE_TYPES = {
+    "step": int,
+    "model": dict,
+    "optimizer": dict,
+    "schedule": dict,
+    "rng": torch.Tensor,
+    "loss_avg": (float, type(None)),
+    "curve": list,
+    "seconds": (int, float),
+    "recipe": dict,
+    "seed": int,
+    "history_every": (int, type(None)),  # None: a state saved before it was kept
+}
+# What a training writes into its --out: a new training there, not resumed, would mix its files with these.
+TRAINING_FILES = (HISTORY, STATE_FILE, WEIGHTS_FILE)
 CURVE_EVERY = lm.CURVE_EVERY
 
 
@@ -127,12 +143,38 @@ def load_state(path: Path, recipe: Recipe, seed: int) -> dict:
         state = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as e:  # noqa: BLE001 - torch raises many kinds for a damaged file
         raise InputError(f"{STATE_FILE} cannot be read ({type(e).__name__}): it is corrupt; train again") from None
-    saved = dict(state.get("recipe", {}))
+    if not isinstance(state, dict):
+        wrong = ["it is not a dictionary"]
+    else:
+        wrong = [key for key, kind in STATE_TYPES.items() if not isinstance(state.get(key), kind)]
+    if wrong:
+        raise InputError(
+            f"{STATE_FILE} is not a training's saved state (missing or of the wrong type: {', '.join(wrong)}): it is "
+            "damaged; train again"
+        )
+    saved = dict(state["recipe"])
     wanted = dataclasses.asdict(recipe)
     saved.pop("steps", None), wanted.pop("steps")
     if saved != wanted or state.get("seed") != seed:
         raise InputError(f"{STATE_FILE} is the state of another recipe or seed: resume with the same flags")
     return state
+
+
+def _check_fresh(out: Path) -> None:
+    """Refuse an --out that holds a training already (its history, its saved state or its checkpoint): a new
+    training there would keep the first one's history records under its own manifest."""
+    held = [name for name in TRAINING_FILES if (out / name).exists() or (out / name).is_symlink()]
+    if held:
+        raise InputError(
+            f"{out} holds a training ({', '.join(held)}): add --resume to continue it, or choose another --out for a "
+            "new one"
+        )
+
+
+def _finished(out: Path) -> bool:
+    """Whether the training in ``out`` wrote its checkpoint to the end: its weights, and its card, written last."""
+    card = out / CARD_FILE
+    return (out / WEIGHTS_FILE).is_file() and card.is_file() and card.stat().st_size > 0
 
 
 def _resumed_every(out: Path, state: dict, asked: int) -> int:
@@ -167,12 +209,18 @@ def train(
     ``history_every`` > 0 records the training's history into ``out_dir/history`` every that many
     steps and at the last (docs/history.md). ``resume`` continues a training stopped in ``out_dir``
     from its last saved state (``--steps`` may be raised), keeping its history's records and
-    recording on at the stopped run's interval (``history_every`` 0 takes it; another is refused).
+    recording on at the stopped run's interval (``history_every`` 0 takes it; another is refused);
+    a training stopped after its last step, before its checkpoint was written, goes straight to its
+    final evaluation. Without ``resume``, an ``out_dir`` that holds a training is refused.
     """
     task = get_task(task_name)
     recipe = dataclasses.replace(RECIPES[task_name], **{k: v for k, v in overrides.items() if v is not None})
-    dev = resolve_device(device)
     out = Path(out_dir)
+    if resume:  # before the tokenizer is trained: a refusal comes at once
+        state = load_state(out / STATE_FILE, recipe, seed)
+    else:
+        _check_fresh(out)
+    dev = resolve_device(device)
     torch.manual_seed(seed)
     start = time.time()
     side = lm if task.decoder_only else seq2seq
@@ -183,19 +231,21 @@ def train(
     monitor = None if task.decoder_only else seq2seq.Monitor(task, tok, seed, recipe.steps)
     loss_avg, curve, done, elapsed = None, [], 0, 0.0
     if resume:
-        state = load_state(out / STATE_FILE, recipe, seed)
-        model.load_state_dict(state["model"])
-        optimizer.load_state_dict(state["optimizer"])
-        schedule.load_state_dict(state["schedule"])
-        torch.set_rng_state(state["rng"])
-        done, loss_avg, curve, elapsed = (
-            state["step"],
-            state["loss_avg"],
-            [tuple(p) for p in state["curve"]],
-            state["seconds"],
-        )
+        try:
+            model.load_state_dict(state["model"])
+            optimizer.load_state_dict(state["optimizer"])
+            schedule.load_state_dict(state["schedule"])
+            torch.set_rng_state(state["rng"])
+            curve = [tuple(p) for p in state["curve"]]
+        except (RuntimeError, TypeError, ValueError, KeyError) as e:
+            raise InputError(
+                f"{STATE_FILE} does not fit this training's model ({type(e).__name__}): it is damaged; train again"
+            ) from None
+        done, loss_avg, elapsed = state["step"], state["loss_avg"], state["seconds"]
         start -= elapsed
-        if done >= recipe.steps:
+        # Stopped at its last step with no checkpoint yet (killed in its final evaluation): the loop below
+        # runs no step, and the training ends as it would have.
+        if done > recipe.steps or (done == recipe.steps and _finished(out)):
             raise InputError(f"the training in {out} stopped at step {done}: raise --steps to train on")
         history_every = _resumed_every(out, state, history_every)
         kind.texts = itertools.islice(kind.texts, done, None)  # the data of the steps done, drawn and left
