@@ -1,7 +1,7 @@
 """A live training in a real browser: started from "How attention forms", stopped when its tab closes.
 
 A person presses "Train a small model now" and closes the tab: the run loses its heartbeat (the
-page's fragment no longer reruns), so the server stops it within `LEFT_AFTER_S` and a little more,
+page's fragment no longer reruns), so the server stops it within its ATTNVIZ_LIVE_LEFT_AFTER_SECONDS and a little more,
 deletes its temporary folder and frees the slot, which a second tab then takes. Headless Debian
 chromium via playwright; the server and browser set-up are test_browser.py's, the page's history
 tests/formation_histories.py's (the page shows its section under a model's history).
@@ -19,7 +19,6 @@ from formation_histories import write_history
 from test_browser import ARTIFACTS, CHROMIUM, CHROMIUM_ARGS, _need_browser, running_app
 
 from attnviz.app import CUSTOM_PATH
-from attnviz.app.live_runs import LEFT_AFTER_S
 from attnviz.checkpoints.catalog import pretrained_dir
 
 pytestmark = pytest.mark.slow  # a server, a browser and a training
@@ -27,6 +26,7 @@ pytestmark = pytest.mark.slow  # a server, a browser and a training
 BUTTON = "[data-testid='stMain'] button:has-text('Train a small model now')"
 MINE = "[data-testid='stMain'] :text('Your model')"
 REFUSED = "[data-testid='stMain'] :text('A class model is training on this server already')"
+LEFT_AFTER_S = 3  # the server's ATTNVIZ_LIVE_LEFT_AFTER_SECONDS (see `server`)
 
 
 @pytest.fixture(scope="module")
@@ -39,6 +39,9 @@ def server(tmp_path_factory):
         **os.environ,
         "ATTNVIZ_MODEL_ROOTS": os.pathsep.join([str(pretrained_dir()), str(models)]),
         "ATTNVIZ_LIVE_TRAINING_CPU_SECONDS": "600",  # it must still run when the tab closes
+        # A closed tab's run is stopped after LEFT_AFTER_S of silence, not the default 10: the training spends a
+        # core for as long as the test waits, twice (a tab still open is not stopped for silence alone: 2 minutes).
+        "ATTNVIZ_LIVE_LEFT_AFTER_SECONDS": str(LEFT_AFTER_S),
         "TMPDIR": str(temporary),
     }
     with running_app(env) as url:

@@ -96,8 +96,13 @@ def test_a_second_live_training_is_refused_while_one_runs_and_allowed_after(stan
 def test_the_operator_sets_how_many_at_once_and_can_turn_it_off(stand_in, monkeypatch):
     monkeypatch.setenv("ATTNVIZ_LIVE_TRAININGS", "2")
     monkeypatch.setenv("ATTNVIZ_LIVE_TRAINING_CPU_SECONDS", "30")
+    monkeypatch.setenv("ATTNVIZ_LIVE_LEFT_AFTER_SECONDS", "3")
     settings = LiveSettings.from_environment()
-    assert (settings.trainings, settings.cpu_seconds) == (2, 30)
+    assert (settings.trainings, settings.cpu_seconds, settings.left_after) == (2, 30, 3)
+    for left_after, taken in (("0.1", live_runs.LEFT_AFTER_S), ("1e6", live_runs.LEFT_PAGE_S)):
+        monkeypatch.setenv("ATTNVIZ_LIVE_LEFT_AFTER_SECONDS", left_after)
+        assert LiveSettings.from_environment().left_after == taken
+    monkeypatch.setenv("ATTNVIZ_LIVE_LEFT_AFTER_SECONDS", "3")
     live_runs.start("reverse", settings)
     live_runs.start("reverse", settings)
     with pytest.raises(SlotTaken, match="at most 2 live trainings at once"):

@@ -91,6 +91,7 @@ class LiveSettings:
 
     trainings: int  # ATTNVIZ_LIVE_TRAININGS: live trainings at once per server process (0: none)
     cpu_seconds: float  # ATTNVIZ_LIVE_TRAINING_CPU_SECONDS: the worker's CPU time a run may spend
+    # ATTNVIZ_LIVE_LEFT_AFTER_SECONDS: the silence after which a run whose tab has closed is stopped (1 to LEFT_PAGE_S)
     left_after: float = LEFT_AFTER_S
 
     @classmethod
@@ -98,6 +99,7 @@ class LiveSettings:
         return cls(
             trainings=int(_number("ATTNVIZ_LIVE_TRAININGS", 1, minimum=0, maximum=MAX_TRAININGS)),
             cpu_seconds=_number("ATTNVIZ_LIVE_TRAINING_CPU_SECONDS", 120, minimum=1, maximum=MAX_CPU_SECONDS),
+            left_after=_number("ATTNVIZ_LIVE_LEFT_AFTER_SECONDS", LEFT_AFTER_S, minimum=1, maximum=LEFT_PAGE_S),
         )
 
 
