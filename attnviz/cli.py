@@ -360,7 +360,8 @@ def _atlas(args) -> None:
     from attnviz.atlas.corpus import skipped_words
     from attnviz.kinds import KINDS
 
-    bundle = load(args.model, args.device)
+    # On Ray the nodes run the model on --device: this machine only tokenises and writes, on its CPU
+    bundle = load(args.model, "cpu" if args.engine == "ray" else args.device)
     reader, bar = ProgressBar("reading", unit="lines", after_s=READING_AFTER_S), ProgressBar("atlas")
 
     def reading(done: int, total: int) -> None:

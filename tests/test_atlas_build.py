@@ -893,6 +893,8 @@ def test_the_final_tables_are_written_a_chunk_at_a_time(bundle, corpus, tmp_path
         ([{"CPU": 4, "GPU": 2}, {"CPU": 4}], "auto", ({"num_gpus": 1, "num_cpus": 1}, 2, 1)),
         ([{"CPU": 4, "GPU": 2}, {"CPU": 4}], "cpu", ({"num_cpus": 4}, 2, 4)),
         ([{"CPU": 2}], "auto", ({"num_cpus": 2}, 1, 2)),
+        ([{"CPU": 2, "GPU": 4}], "auto", ({"num_gpus": 1, "num_cpus": 1}, 2, 1)),  # a CPU beside each GPU's actor
+        ([{"CPU": 1, "GPU": 4}, {"CPU": 8, "GPU": 1}], "cuda", ({"num_gpus": 1, "num_cpus": 1}, 2, 1)),
     ],
 )
 def test_ray_actors_are_sized_from_the_nodes_not_the_clusters_total(nodes, device, want):
@@ -900,8 +902,11 @@ def test_ray_actors_are_sized_from_the_nodes_not_the_clusters_total(nodes, devic
 
     plan = plan_actors(nodes, device)
     assert (plan.resources, plan.actors, plan.threads) == want
-    if "num_gpus" not in plan.resources:  # every actor fits a node: Ray places it only where all it asks for is
-        assert plan.actors <= sum(node["CPU"] // plan.resources["num_cpus"] for node in nodes)
+    # every actor fits a node: Ray places it only where all it asks for is
+    fits = [min(node["CPU"] // plan.resources["num_cpus"], node.get("GPU", 0)) for node in nodes]
+    if "num_gpus" not in plan.resources:
+        fits = [node["CPU"] // plan.resources["num_cpus"] for node in nodes]
+    assert plan.actors <= sum(fits)
 
 
 @pytest.mark.parametrize(
@@ -910,6 +915,8 @@ def test_ray_actors_are_sized_from_the_nodes_not_the_clusters_total(nodes, devic
         ([{"CPU": 0}, {"CPU": 0}], "cpu", "no node of the Ray cluster has a CPU"),
         ([], "auto", "no node of the Ray cluster has a CPU for an actor (nodes: none)"),
         ([{"CPU": 2}], "cuda", "no node of the Ray cluster has a GPU"),
+        ([{"CPU": 0, "GPU": 2}], "cuda", "no node of the Ray cluster has a GPU and a CPU"),
+        ([{"CPU": 4}], "mps", "the Ray engine runs its actors on CPUs or CUDA GPUs, not mps"),
     ],
 )
 def test_a_cluster_no_actor_fits_is_one_clear_error(nodes, device, words):
@@ -917,6 +924,73 @@ def test_a_cluster_no_actor_fits_is_one_clear_error(nodes, device, words):
 
     with pytest.raises(AtlasError, match=words.replace("(", r"\(").replace(")", r"\)")):
         plan_actors(nodes, device)
+
+
+@pytest.mark.parametrize(
+    ("address", "where"),
+    [
+        ("auto", None),
+        ("10.0.0.5:6379", ("10.0.0.5", 6379)),
+        ("head.example:6379", ("head.example", 6379)),
+        ("[::1]:6379", ("::1", 6379)),
+    ],
+)
+def test_ray_address_is_read_as_ray_reads_it(address, where):
+    from attnviz.atlas.ray_engine import _where
+
+    assert _where(address) == where
+
+
+@pytest.mark.parametrize("address", ["http://head:8265", "head", "head:port", "head:99999", ":6379"])
+def test_a_ray_address_of_no_form_ray_takes_is_one_line(address):
+    from attnviz.atlas.ray_engine import _where
+
+    with pytest.raises(AtlasError, match="RAY_ADDRESS must be auto or HOST:PORT"):
+        _where(address)
+
+
+@pytest.mark.parametrize("address", ["ray://head:10001", "ray://head"])
+def test_ray_client_addresses_are_refused_with_what_to_do_instead(address):
+    """Ray Data's executor needs the driver on a node: through Ray Client its first dataset fails with
+    "'Worker' object has no attribute 'core_worker'" (Ray 2.60, seen on a two-node cluster here)."""
+    from attnviz.atlas.ray_engine import _where
+
+    with pytest.raises(
+        AtlasError, match=r"Ray Data does not run through Ray Client .*RAY_ADDRESS=auto.*ray job submit"
+    ):
+        _where(address)
+
+
+@pytest.mark.parametrize("value", ["ten", "nan", "inf", "0", "-5"])
+def test_a_no_progress_limit_that_is_no_number_of_seconds_is_one_line(value, monkeypatch):
+    from attnviz.atlas.ray_engine import NO_PROGRESS, _no_progress_s
+
+    monkeypatch.setenv(NO_PROGRESS, value)
+    with pytest.raises(AtlasError, match=f"{NO_PROGRESS} must be a number of seconds, or -1 for no limit"):
+        _no_progress_s()
+    monkeypatch.setenv(NO_PROGRESS, "-1")  # Ray's own: no limit
+    assert _no_progress_s() == -1
+
+
+def test_a_run_into_a_folder_another_run_is_writing_is_refused(corpus, tmp_path, capsys):
+    """Two runs in one --out would compute the same shards into the same temporary files: the second
+    is refused before it writes anything, and the folder is free again once the first ends."""
+    import os
+
+    from attnviz.atlas.store import _lock
+
+    out = tmp_path / "out"
+    args = ["atlas", "--corpus", str(corpus), "--out", str(out), "--limit", "2"]
+    held = _lock(out)  # what a run holds while it writes
+    try:
+        assert main(args) == 2
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and "another run is writing the atlas in" in err, err
+        assert not any(out.iterdir()), "nothing written while another run holds the folder"
+    finally:
+        os.close(held)
+    assert main(args) == 0
+    assert json.loads((out / "manifest.json").read_text())["complete"]
 
 
 @pytest.mark.slow

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import os
@@ -18,8 +19,10 @@ import pandas as pd
 import pytest
 
 import attnviz
-from attnviz.atlas import build_atlas
-from attnviz.atlas.ray_engine import LOCAL_ONLY
+from attnviz.atlas import build_atlas, write_atlas
+from attnviz.atlas.ray_engine import LOCAL_ONLY, NO_PROGRESS, connected
+from attnviz.cli import main
+from attnviz.errors import AtlasError
 
 os.environ.setdefault(LOCAL_ONLY, "0")  # Ray's servers on 127.0.0.1 only; read when Ray is imported
 ray = pytest.importorskip("ray", reason='the Ray engine needs Ray: pip install -e ".[ray]"')
@@ -35,11 +38,15 @@ def _alive(pid: int) -> bool:
     return True
 
 
+def _ray_pids() -> list[int]:
+    node = ray._private.worker._global_node
+    return [p.process.pid for procs in node.all_processes.values() for p in procs]
+
+
 @pytest.fixture
 def local_ray():
-    ray.init(num_cpus=2, include_dashboard=False, logging_level=logging.ERROR, log_to_driver=False)
-    node = ray._private.worker._global_node
-    pids = [p.process.pid for procs in node.all_processes.values() for p in procs]
+    ray.init(num_cpus=2, num_gpus=0, include_dashboard=False, logging_level=logging.ERROR, log_to_driver=False)
+    pids = _ray_pids()
     try:
         yield
     finally:
@@ -83,6 +90,93 @@ def test_the_ray_engine_equals_the_local_engine(local_ray, tmp_path):
         np.testing.assert_allclose(got, want, atol=1e-5, rtol=0, err_msg=name)
 
 
+@pytest.mark.slow
+def test_an_error_raised_in_an_actor_ends_the_run_with_its_own_line(local_ray, tmp_path):
+    """A node that sees another model folder (its checkpoint's hash is not the driver's): the actor's own
+    AtlasError, one line naming the node; not "the cluster gave up", and no traceback."""
+    corpus = tmp_path / "corpus.txt"
+    _reverse_corpus(corpus, 5)
+    bundle = attnviz.load("reverse", device="cpu")
+    elsewhere = dataclasses.replace(bundle, sha256="0" * 64)  # the driver's model is not the one the nodes load
+    with pytest.raises(AtlasError) as caught:
+        write_atlas(elsewhere, corpus, tmp_path / "out", engine="ray", batch_size=2)
+    message = str(caught.value)
+    assert "\n" not in message and "Traceback" not in message, message
+    assert message.startswith("on node 127.0.0.1: the model folder ") and "is not the driver's" in message, message
+
+
+@pytest.mark.slow
+def test_a_cluster_whose_cpus_other_work_holds_stops_with_a_line_to_act_on(local_ray, tmp_path, monkeypatch):
+    """Every CPU held by another job: the actors wait to be placed. The run stops once no batch came back
+    for the set time (Ray Data's own default: 30 minutes), saying what each actor asks for."""
+
+    @ray.remote(num_cpus=2)
+    class Holder:
+        def ready(self) -> bool:
+            return True
+
+    holder = Holder.remote()
+    ray.get(holder.ready.remote())
+    corpus = tmp_path / "corpus.txt"
+    _reverse_corpus(corpus, 5)
+    monkeypatch.setenv(NO_PROGRESS, "5")
+    try:
+        with pytest.raises(AtlasError) as caught:
+            write_atlas(attnviz.load("reverse", device="cpu"), corpus, tmp_path / "out", engine="ray")
+    finally:
+        ray.kill(holder)
+    message = str(caught.value)
+    assert "\n" not in message, message
+    assert message.startswith("no batch came back from the Ray cluster for 5 s (ExecutionTimeoutError)"), message
+    assert "each of 1 actors asks for 2 CPU" in message and message.endswith("run the same command again to resume")
+
+
+@pytest.mark.slow
+def test_device_cuda_on_a_cluster_without_gpus_is_refused_before_anything_is_written(local_ray, tmp_path, capsys):
+    """The driver needs no GPU of its own (the nodes run the model), and the plan comes before the folder."""
+    corpus, out = tmp_path / "corpus.txt", tmp_path / "out"
+    _reverse_corpus(corpus, 5)
+    args = ["atlas", "--model", "reverse", "--device", "cuda", "--engine", "ray", "--corpus", str(corpus)]
+    assert main([*args, "--out", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "no node of the Ray cluster has a GPU and a CPU (nodes: 2 CPUs and 0 GPUs)" in err
+    assert not out.exists()
+
+
+def test_an_address_where_nothing_answers_is_one_line_without_waiting_on_ray(monkeypatch):
+    """Ray itself would try to reach a GCS that is not there again and again."""
+    from ray_cluster import free_port
+
+    monkeypatch.setenv("RAY_ADDRESS", f"127.0.0.1:{free_port()}")
+    with pytest.raises(AtlasError, match=r"^nothing answers at RAY_ADDRESS=.*127\.0\.0\.1:\d+ \(Connection refused\)"):
+        with connected("cpu"):
+            pass
+    assert not ray.is_initialized()
+
+
+@pytest.mark.slow
+def test_without_ray_address_a_ray_of_its_own_starts_never_the_last_ray_starts(monkeypatch):
+    """ray.init() with no address joins the cluster the last `ray start` on the machine wrote down (or waits
+    on it when it is gone): the engine starts a Ray of its own, and stops every process of it."""
+    from ray_cluster import free_port
+
+    folder = Path(tempfile.mkdtemp(prefix="ray-"))  # short: Ray's socket paths must fit
+    gone = f"127.0.0.1:{free_port()}"
+    (folder / "ray").mkdir()
+    (folder / "ray" / "ray_current_cluster").write_text(gone)  # left by a `ray start` since stopped
+    monkeypatch.setenv("RAY_TMPDIR", str(folder))
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    try:
+        with connected("cpu") as plan:
+            assert ray.get_runtime_context().gcs_address != gone
+            assert plan.device == "cpu" and plan.actors >= 1
+            pids = _ray_pids()
+        assert not ray.is_initialized()
+        assert not [pid for pid in pids if _alive(pid)], "the Ray it started is stopped"
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
+
+
 def test_a_failed_ray_run_ends_with_one_line_that_says_what_to_do():
     from ray.data.exceptions import ExecutionTimeoutError
 
@@ -96,6 +190,8 @@ def test_a_failed_ray_run_ends_with_one_line_that_says_what_to_do():
     theirs = AtlasError("the model folder m on this node is not the driver's (checkpoint hash differs)")
     wrapped = ray.exceptions.RayTaskError("AtlasWorker.__init__", "Traceback ...\nlong", theirs)
     assert str(one_line(wrapped)) == str(theirs), "an actor's own attnviz error keeps its message"
+    both = wrapped.as_instanceof_cause()  # Ray's copy, an AtlasError too, whose text is the traceback
+    assert isinstance(both, AtlasError) and str(one_line(both)) == str(theirs)
     try:
         try:
             raise theirs

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Callable, Iterable, Iterator, Sequence
+from contextlib import ExitStack
 from pathlib import Path
 
 import pandas as pd
@@ -254,89 +255,96 @@ def write_atlas(
     """
     if engine not in ENGINES:
         raise InputError(f"engine must be one of {', '.join(ENGINES)}; got {engine!r}")
-    check_precision(precision, bundle.device)
+    # On Ray the model runs on the nodes' devices, not the driver's: only the name is checked here
+    check_precision(precision, bundle.device if engine == "local" else None)
     _check_model(bundle, targets is not None)
-    corpus, targets = Path(corpus), None if targets is None else Path(targets)
-    chunk_lines = chunk_lines or max(shard_size, CHUNK_ROWS // heads_per_sentence(bundle))
-    tokenizer = bundle.tokenizer
-    weight = _maps_weight(bundle, targets is not None)
-    found = survey(tokenizer, corpus, targets, limit, chunk_lines, shard_size, weight, reading, allow_unknown)
-    _check_usable(found, bundle, targets is not None)
-    _check_size(found, bundle)
-    plan = {
-        "checkpoint_sha256": bundle.sha256,
-        "corpus_sha256": file_sha256(corpus),
-        "targets_sha256": None if targets is None else file_sha256(targets),
-        "limit": limit,
-        "precision": precision,
-        "shard_size": shard_size,
-        "chunk_lines": chunk_lines,
-        "unknown": "kept" if allow_unknown else "skipped",  # lines with characters the tokenizer cannot read
-    }
-    sizes = found.shard_sizes
-    run = {"engine": engine, "device": str(bundle.device), "batch": batch_size}
-    manifest = {
-        "model": _model(bundle),
-        "corpus": {"file": corpus.name, "sha256": plan["corpus_sha256"], "lines": found.lines},
-        "targets": None if targets is None else {"file": targets.name, "sha256": plan["targets_sha256"]},
-        "tgt_from": _tgt_from(bundle, targets is not None),
-        "counts": _counts(found),
-        "unknown": plan["unknown"],
-        "limit": limit,
-        "precision": precision,
-        "shards": len(sizes),
-        "statistics": list(STATISTICS),
-        "versions": _versions(engine),
-        **run,
-        "runs": [run],
-    }
-    folder = AtlasFolder(Path(out), plan, manifest)
-    if folder.complete:
-        return folder.manifest
-    done_shards = folder.done(dict(enumerate(sizes)))
-    total = found.sentences
-    done = sum(sizes[i] for i in done_shards)
-    if progress is not None:
-        progress(done, total)
+    with ExitStack() as stack:
+        actors = None
+        if engine == "ray":  # joined, and the actors planned, before any reading or writing
+            from attnviz.atlas.ray_engine import connected
 
-    def step(n: int) -> None:
-        nonlocal done
-        done += n
+            actors = stack.enter_context(connected(ray_device or bundle.device.type))
+        corpus, targets = Path(corpus), None if targets is None else Path(targets)
+        chunk_lines = chunk_lines or max(shard_size, CHUNK_ROWS // heads_per_sentence(bundle))
+        tokenizer = bundle.tokenizer
+        weight = _maps_weight(bundle, targets is not None)
+        found = survey(tokenizer, corpus, targets, limit, chunk_lines, shard_size, weight, reading, allow_unknown)
+        _check_usable(found, bundle, targets is not None)
+        _check_size(found, bundle)
+        plan = {
+            "checkpoint_sha256": bundle.sha256,
+            "corpus_sha256": file_sha256(corpus),
+            "targets_sha256": None if targets is None else file_sha256(targets),
+            "limit": limit,
+            "precision": precision,
+            "shard_size": shard_size,
+            "chunk_lines": chunk_lines,
+            "unknown": "kept" if allow_unknown else "skipped",  # lines with characters the tokenizer cannot read
+        }
+        sizes = found.shard_sizes
+        device = str(bundle.device) if actors is None else actors.device  # on Ray, the nodes'
+        run = {"engine": engine, "device": device, "batch": batch_size}
+        manifest = {
+            "model": _model(bundle),
+            "corpus": {"file": corpus.name, "sha256": plan["corpus_sha256"], "lines": found.lines},
+            "targets": None if targets is None else {"file": targets.name, "sha256": plan["targets_sha256"]},
+            "tgt_from": _tgt_from(bundle, targets is not None),
+            "counts": _counts(found),
+            "unknown": plan["unknown"],
+            "limit": limit,
+            "precision": precision,
+            "shards": len(sizes),
+            "statistics": list(STATISTICS),
+            "versions": _versions(engine),
+            **run,
+            "runs": [run],
+        }
+        folder = stack.enter_context(AtlasFolder(Path(out), plan, manifest))  # this run's alone until it ends
+        if folder.complete:
+            return folder.manifest
+        done_shards = folder.done(dict(enumerate(sizes)))
+        total = found.sentences
+        done = sum(sizes[i] for i in done_shards)
         if progress is not None:
             progress(done, total)
 
-    def todo() -> Iterator[dict[int, tuple]]:
-        """Per chunk, its shards not yet written (the second pass: only one chunk read at a time)."""
-        first = 0
-        for chunk in read_chunks(tokenizer, corpus, targets, limit, chunk_lines, allow_unknown):
-            cut = shards(chunk.sentences, shard_size)
-            yield {first + i: shard for i, shard in enumerate(cut) if first + i not in done_shards}
-            first += len(cut)
+        def step(n: int) -> None:
+            nonlocal done
+            done += n
+            if progress is not None:
+                progress(done, total)
 
-    def write(index: int, results) -> None:
-        sums: dict = {}
-        for result in results:
-            add_sums(sums, divergence_sums(result))
-        sentences = [s for result in results for s in result.sentences]
-        folder.write_shard(index, pd.concat([stats_frame(r) for r in results]), inputs_frame(sentences), sums)
+        def todo() -> Iterator[dict[int, tuple]]:
+            """Per chunk, its shards not yet written (the second pass: only one chunk read at a time)."""
+            first = 0
+            for chunk in read_chunks(tokenizer, corpus, targets, limit, chunk_lines, allow_unknown):
+                cut = shards(chunk.sentences, shard_size)
+                yield {first + i: shard for i, shard in enumerate(cut) if first + i not in done_shards}
+                first += len(cut)
 
-    if done < total:
-        if engine == "local":  # batch after batch across shards: no core idles at a shard's end
-            results = []
-            for (index, last), result in run_tagged(bundle, _shard_batches(todo(), batch_size), precision, step):
-                results.append(result)
-                if last:
+        def write(index: int, results) -> None:
+            sums: dict = {}
+            for result in results:
+                add_sums(sums, divergence_sums(result))
+            sentences = [s for result in results for s in result.sentences]
+            folder.write_shard(index, pd.concat([stats_frame(r) for r in results]), inputs_frame(sentences), sums)
+
+        if done < total:
+            if engine == "local":  # batch after batch across shards: no core idles at a shard's end
+                results = []
+                for (index, last), result in run_tagged(bundle, _shard_batches(todo(), batch_size), precision, step):
+                    results.append(result)
+                    if last:
+                        write(index, results)
+                        results = []
+            else:
+                from attnviz.atlas.ray_engine import run_ray
+
+                for index, results in run_ray(actors, bundle.path, bundle.sha256, todo(), batch_size, precision, step):
                     write(index, results)
-                    results = []
-        else:
-            from attnviz.atlas.ray_engine import run_ray
-
-            device = ray_device or bundle.device.type
-            for index, results in run_ray(bundle.path, bundle.sha256, todo(), batch_size, precision, device, step):
-                write(index, results)
-    roles, how = _roles(bundle)
-    chunks, first = [], 0
-    for chunk in found.chunk_shards:
-        chunks.append(list(range(first, first + len(chunk))))
-        first += len(chunk)
-    return folder.finish(chunks, bundle.config.n_heads, {"counts": _counts(found), "roles": how}, roles)
+        roles, how = _roles(bundle)
+        chunks, first = [], 0
+        for chunk in found.chunk_shards:
+            chunks.append(list(range(first, first + len(chunk))))
+            first += len(chunk)
+        return folder.finish(chunks, bundle.config.n_heads, {"counts": _counts(found), "roles": how}, roles)

@@ -52,9 +52,13 @@ class BatchResult:
     divergences: dict[str, np.ndarray]
 
 
-def check_precision(precision: str, device: torch.device) -> None:
+def check_precision(precision: str, device: torch.device | None) -> None:
+    """InputError for a precision of no known name, or bf16 on a device without it; a warning where
+    bf16 is emulated. ``device`` None: the name only (Ray's nodes, on CPUs or CUDA GPUs, not this one)."""
     if precision not in PRECISIONS:
         raise InputError(f"precision must be one of {', '.join(PRECISIONS)}; got {precision!r}")
+    if device is None:
+        return
     if precision == "bf16" and device.type not in ("cpu", "cuda"):
         raise InputError(f"bf16 runs on the CPU or a CUDA GPU, not on {device.type}; use --precision fp32")
     if precision == "bf16":

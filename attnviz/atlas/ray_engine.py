@@ -13,12 +13,14 @@ hold one chunk's batches at a time.
 Actors are sized from the nodes, never from the cluster's total: Ray places an actor only on a
 node that holds everything it asks for (`plan_actors` says how).
 
-Without ``RAY_ADDRESS`` in the environment a local Ray is started (dashboard off, every server
-on 127.0.0.1 only) and stopped at the end; with it, Ray connects to that cluster
-(``ray://head:10001`` through Ray Client, or ``auto`` on a node of the cluster). A Ray the caller
-has already started with ``ray.init`` is used as it is, and left running. Every node must see the
-model folder at the same path (a shared file system), and have attnviz and Ray installed:
-``pip install "attnviz[ray]"``.
+Without ``RAY_ADDRESS`` in the environment a local Ray of its own is started (dashboard off, every
+server on 127.0.0.1 only; never a cluster some earlier ``ray start`` left running) and stopped at the
+end; with it, Ray joins that cluster (``auto`` or the head's ``HOST:PORT``, from a node of the
+cluster: Ray Data does not run through Ray Client's ``ray://``), after checking that something
+answers there. A Ray the caller has already started with ``ray.init`` is used as it is, and left
+running. `connected` does all that, and plans the actors, before the caller reads any corpus or
+writes anything. Every node must see the model folder at the same path (a shared file system), and
+have attnviz and Ray installed: ``pip install "attnviz[ray]"``.
 """
 
 from __future__ import annotations
@@ -27,8 +29,10 @@ import io
 import json
 import logging
 import os
+import socket
 from collections import defaultdict
 from collections.abc import Callable, Iterable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -43,6 +47,12 @@ from attnviz.errors import AtlasError, AttnvizError
 
 CPUS_PER_ACTOR = 4  # torch threads per CPU actor: fewer, larger actors hold fewer copies of the model
 LOCAL_ONLY = "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"
+# How long a run may go without a batch coming back before it stops with a line to act on: Ray Data's
+# own default is 30 minutes, as long as a dataset whose actors no node has room for stays silent. Ray's
+# own variable, where it is set, wins.
+NO_PROGRESS_S = 600
+NO_PROGRESS = "RAY_DATA_EXECUTION_NO_PROGRESS_TIMEOUT_S"
+REACH_S = 5  # seconds to wait for RAY_ADDRESS to answer before saying nothing does
 
 log = logging.getLogger(__name__)
 
@@ -91,21 +101,39 @@ def _rows(shards: dict[int, Sequence[Sentence]], batch_size: int) -> list[dict]:
     ]
 
 
+def _node_address() -> str:
+    try:
+        import ray
+
+        return ray.util.get_node_ip_address()
+    except Exception:  # noqa: BLE001 - only a name for the message
+        return "?"
+
+
 class AtlasWorker:
     """A Ray actor holding one copy of the model; called by ``map_batches`` with rows that are batches."""
 
     def __init__(self, checkpoint: str, sha256: str, device: str, precision: str, threads: int):
-        torch.set_num_threads(threads)
-        self.bundle = load_checkpoint(checkpoint, device)
-        if self.bundle.sha256 != sha256:
-            raise AtlasError(
-                f"the model folder {checkpoint} on this node is not the driver's (checkpoint hash differs): "
-                "every node must see the same model"
-            )
+        # An attnviz error here is kept and raised by the first call: raised in the constructor it
+        # reaches the driver as the actor's death, its message lost (Ray 2.60), where a call's error
+        # comes back as it is (raise_original_map_exception).
+        self.error = None
+        try:
+            torch.set_num_threads(threads)
+            self.bundle = load_checkpoint(checkpoint, device)
+            if self.bundle.sha256 != sha256:
+                raise AtlasError(
+                    f"the model folder {checkpoint} on this node is not the driver's (checkpoint hash differs): "
+                    "every node must see the same model"
+                )
+        except AttnvizError as e:
+            self.error = f"on node {_node_address()}: {e}"
         self.precision = precision
 
     def __call__(self, rows: pd.DataFrame) -> pd.DataFrame:
         """Each row's batch run as it is (``map_batches`` hands over one row at a time)."""
+        if self.error is not None:
+            raise AtlasError(self.error)
         results = [
             run_batch(self.bundle, _sentences_from_json(str(text)), self.precision) for text in rows["sentences"]
         ]
@@ -127,18 +155,22 @@ def plan_actors(nodes: Sequence[dict], device: str) -> ActorPlan:
     """The actors for live nodes whose resources are ``nodes`` (each ``{"CPU": n, "GPU": m}``, as
     ``ray.nodes()`` gives them), on ``device`` ("cpu", "cuda" or "auto"); AtlasError when none fits.
 
-    On GPUs, one actor per GPU of any node (and one CPU beside it). On CPUs every actor has the same
-    size, the largest of at most `CPUS_PER_ACTOR` CPUs that leaves the fewest CPUs idle over all the
-    nodes: nodes of 4 and 2 CPUs get 3 actors of 2, nodes of 1 CPU one actor each, nodes of 3 and 4
-    CPUs 7 actors of 1 (each holds its own copy of the model: more copies, no CPU idle). Actors of
-    one size fit the nodes exactly (each node takes its CPUs // size of them), which Ray Data's pool,
-    of one size, needs.
+    On GPUs, one actor per GPU of any node with a CPU beside each (a node of 4 GPUs and 2 CPUs holds
+    2). On CPUs every actor has the same size, the largest of at most `CPUS_PER_ACTOR` CPUs that
+    leaves the fewest CPUs idle over all the nodes: nodes of 4 and 2 CPUs get 3 actors of 2, nodes of
+    1 CPU one actor each, nodes of 3 and 4 CPUs 7 actors of 1 (each holds its own copy of the model:
+    more copies, no CPU idle). Actors of one size fit the nodes exactly (each node takes its CPUs //
+    size of them), which Ray Data's pool, of one size, needs.
     """
+    if device not in ("auto", "cpu", "cuda"):
+        raise AtlasError(
+            f"the Ray engine runs its actors on CPUs or CUDA GPUs, not {device}: use --device cpu, cuda or auto"
+        )
     cpus = [int(node.get("CPU", 0)) for node in nodes]
     gpus = [int(node.get("GPU", 0)) for node in nodes]
     shapes = ", ".join(f"{c} CPUs and {g} GPUs" for c, g in zip(cpus, gpus, strict=True)) or "none"
     if device in ("cuda", "auto"):
-        on_gpus = sum(g for c, g in zip(cpus, gpus, strict=True) if c >= 1)
+        on_gpus = sum(min(c, g) for c, g in zip(cpus, gpus, strict=True))  # each actor: a GPU and a CPU
         if on_gpus:
             return ActorPlan({"num_gpus": 1, "num_cpus": 1}, on_gpus, 1, "cuda")
         if device == "cuda":
@@ -159,22 +191,56 @@ def _live_nodes() -> list[dict]:
     return [node["Resources"] for node in ray.nodes() if node.get("Alive")]
 
 
-def run_ray(
-    checkpoint: Path,
-    sha256: str,
-    chunks: Iterable[dict[int, Sequence[Sentence]]],
-    batch_size: int,
-    precision: str,
-    device: str,
-    on_batch: Callable[[int], None] | None = None,
-) -> Iterator[tuple[int, list[BatchResult]]]:
-    """(shard number, its batches' results) for every shard of ``chunks`` (per chunk of the corpus,
-    its shards by number), as each one completes: one Ray dataset per chunk, chunks read one at a time.
+def _where(address: str) -> tuple[str, int] | None:
+    """The host and port ``RAY_ADDRESS`` names, to check that something answers there; None for
+    ``auto`` (Ray finds the cluster this machine is a node of). AtlasError for an address of no form
+    Ray takes, and for Ray Client's ``ray://``, through which Ray Data does not run."""
+    if address == "auto":
+        return None
+    if address.startswith("ray://"):
+        # Ray 2.60's Ray Data stops at its first dataset ("'Worker' object has no attribute 'core_worker'"):
+        # its executor needs the driver on a node (ray-project/ray#48682, a maintainer's answer)
+        raise AtlasError(
+            f"Ray Data does not run through Ray Client (RAY_ADDRESS={address}): run attnviz on a node of the "
+            "cluster with RAY_ADDRESS=auto, or hand it to the cluster with ray job submit (docs/atlas.md)"
+        )
+    host, colon, port = address.rpartition(":")
+    host = host.strip("[]")  # an IPv6 address in brackets
+    if not colon or not host or not port.isdigit() or not 0 < int(port) < 65536 or "/" in address:
+        raise AtlasError(
+            f"RAY_ADDRESS must be auto or HOST:PORT (the head node's, e.g. its 6379), on a node of the "
+            f"cluster; got {address!r}"
+        )
+    return host, int(port)
 
-    The actors are planned (`plan_actors`) before any chunk is read: a cluster where none fits is
-    one AtlasError before any work.
-    """
-    address = os.environ.get("RAY_ADDRESS")
+
+def _check_reachable(address: str) -> None:
+    """One line when nothing answers at ``RAY_ADDRESS``: Ray itself would try again for minutes."""
+    where = _where(address)
+    if where is None:
+        return
+    try:
+        socket.create_connection(where, timeout=REACH_S).close()
+    except OSError as e:
+        raise AtlasError(
+            f"nothing answers at RAY_ADDRESS={address} ({e.strerror or type(e).__name__}): start the cluster "
+            "(ray start --head) or correct the address; without RAY_ADDRESS a local Ray is started"
+        ) from None
+
+
+def _first_line(error: BaseException) -> str:
+    lines = [line.strip() for line in str(error).splitlines() if line.strip()]
+    return (lines[0] if lines else type(error).__name__)[:300]
+
+
+@contextmanager
+def connected(device: str) -> Iterator[ActorPlan]:
+    """Ray ready for the atlas (connected or started, as the module says) and the actors planned for
+    its live nodes on ``device`` (`plan_actors`): AtlasError of one line for a Ray not installed, an
+    address of no form Ray Data can use, one where nothing answers or that Ray refuses, or a cluster
+    no actor fits. Ray Data's settings for the run (progress bars off, an actor's own errors raised
+    as they are, `NO_PROGRESS_S`) hold inside only; a Ray started here is stopped at the end."""
+    address = os.environ.get("RAY_ADDRESS", "").strip()
     if not address:
         # Ray's own switch for a single-machine Ray (meant for laptops): its node address becomes
         # 127.0.0.1 and every server it starts listens there only. Read when Ray is imported.
@@ -185,45 +251,122 @@ def run_ray(
         raise AtlasError('the Ray engine needs Ray: pip install "attnviz[ray]" (or pip install ray)') from None
     started = not ray.is_initialized()
     if started:
+        if address:
+            _check_reachable(address)
+        # "local": a Ray of its own, never the cluster the last `ray start` on this machine wrote down
+        # (ray.init() would join that one, or wait on it when it is gone).
         local = {} if address else {"include_dashboard": False}
-        ray.init(address=address or None, logging_level=logging.ERROR, log_to_driver=False, **local)
+        try:
+            ray.init(address=address or "local", logging_level=logging.ERROR, log_to_driver=False, **local)
+        except Exception as e:  # noqa: BLE001 - Ray's own refusals (ConnectionError, RuntimeError, ValueError, ...)
+            where = f"the Ray cluster at RAY_ADDRESS={address}" if address else "a local Ray"
+            raise AtlasError(f"could not start or join {where}: {_first_line(e)}") from None
     try:
         import ray.data  # first: importing it configures its logger, at DEBUG with a console handler
 
-        logging.getLogger("ray.data").setLevel(logging.ERROR)  # its plan and timings; failures still raise
-        ray.data.DataContext.get_current().enable_progress_bars = False  # the CLI draws its own
-        plan = plan_actors(_live_nodes(), device)
-        log.info("Ray engine: %d actors of %s", plan.actors, plan.resources)
-        from ray.data.exceptions import ExecutionTimeoutError
-
-        for shards in chunks:
-            if shards:
-                try:
-                    yield from _run_chunk(ray, plan, checkpoint, sha256, shards, batch_size, precision, on_batch)
-                except (ray.exceptions.RayError, ExecutionTimeoutError) as e:  # a node lost for good, a stuck dataset
-                    raise one_line(e) from None
+        # Ray Data's plan, timings and its own account of a failure (a traceback) to its log file only:
+        # the failure reaches the caller as an exception, and the command prints one line of it
+        consoles = [h for h in logging.getLogger("ray.data").handlers if isinstance(h, logging.StreamHandler)]
+        levels = [h.level for h in consoles]
+        for handler in consoles:
+            handler.setLevel(logging.CRITICAL + 1)
+        context = ray.data.DataContext.get_current()
+        settings = {
+            "enable_progress_bars": False,  # the CLI draws its own
+            "raise_original_map_exception": True,  # an actor's AtlasError, not Ray's UserCodeException
+            "execution_no_progress_timeout_s": _no_progress_s(),
+        }
+        before = {name: getattr(context, name) for name in settings}
+        for name, value in settings.items():
+            setattr(context, name, value)
+        try:
+            plan = plan_actors(_live_nodes(), device)
+            log.info("Ray engine: %d actors of %s", plan.actors, plan.resources)
+            yield plan
+        finally:
+            for name, value in before.items():
+                setattr(context, name, value)
+            for handler, level in zip(consoles, levels, strict=True):
+                handler.setLevel(level)
     finally:
         if started:
             ray.shutdown()
 
 
-def one_line(error: BaseException) -> AtlasError:
+def run_ray(
+    plan: ActorPlan,
+    checkpoint: Path,
+    sha256: str,
+    chunks: Iterable[dict[int, Sequence[Sentence]]],
+    batch_size: int,
+    precision: str,
+    on_batch: Callable[[int], None] | None = None,
+) -> Iterator[tuple[int, list[BatchResult]]]:
+    """(shard number, its batches' results) for every shard of ``chunks`` (per chunk of the corpus,
+    its shards by number), as each one completes: one Ray dataset per chunk, chunks read one at a
+    time, on the actors of ``plan`` (inside `connected`, which made it)."""
+    import ray
+    from ray.data.exceptions import ExecutionTimeoutError
+
+    for shards in chunks:
+        if shards:
+            try:
+                yield from _run_chunk(ray, plan, checkpoint, sha256, shards, batch_size, precision, on_batch)
+            except (ray.exceptions.RayError, ExecutionTimeoutError) as e:  # a node lost for good, a stuck dataset
+                raise one_line(e, plan) from None
+            except AttnvizError as e:  # an actor's own, raised as it is
+                raise AtlasError(_own_line(e)) from None
+
+
+def one_line(error: BaseException, plan: ActorPlan | None = None) -> AtlasError:
     """The one line a failed Ray run ends with: an attnviz error raised in an actor (a node that sees
-    another model) with its own message, anything else (a node lost for good, a dataset Ray gave up
-    on) as a failure of the cluster, whose written shards the same command resumes from."""
+    another model) with its own message; no batch back for `NO_PROGRESS_S` as what to check; anything
+    else (a node lost for good, a dataset Ray gave up on) as a failure of the cluster, whose written
+    shards the same command resumes from."""
+    import ray
+    from ray.data.exceptions import ExecutionTimeoutError
+
     seen, todo = set(), [error]
     while todo:
         e = todo.pop()
         if e is None or id(e) in seen:
             continue
         seen.add(id(e))
-        if isinstance(e, AttnvizError):
-            return AtlasError(str(e))
-        todo += [getattr(e, "cause", None), e.__cause__, e.__context__]
-    return AtlasError(
-        f"the Ray cluster gave up on the work ({type(error).__name__}); the shards written are kept: "
-        "run the same command again to resume"
-    )
+        cause = getattr(e, "cause", None)  # a RayTaskError's: the actor's exception itself
+        if isinstance(cause, AttnvizError):
+            return AtlasError(_own_line(cause))
+        if isinstance(e, AttnvizError) and not isinstance(e, ray.exceptions.RayError):  # Ray's copy has a traceback
+            return AtlasError(_own_line(e))
+        todo += [cause, e.__cause__, e.__context__]
+    resume = "the shards written are kept: run the same command again to resume"
+    if isinstance(error, ExecutionTimeoutError):
+        asks = "" if plan is None else f" (each of {plan.actors} actors asks for {_asks(plan)})"
+        return AtlasError(
+            f"no batch came back from the Ray cluster for {_no_progress_s():g} s (ExecutionTimeoutError): "
+            f"no node may have room for an actor{asks} while other work holds its CPUs, or a node stopped "
+            f"answering (set {NO_PROGRESS} to wait longer); {resume}"
+        )
+    return AtlasError(f"the Ray cluster gave up on the work ({type(error).__name__}: {_first_line(error)}); {resume}")
+
+
+def _own_line(error: AttnvizError) -> str:
+    """An attnviz error's own message (one line), without what Ray Data adds below it (how often it tried)."""
+    return str(error).split("\n", 1)[0]
+
+
+def _no_progress_s() -> float:
+    text = os.environ.get(NO_PROGRESS, "").strip()
+    try:
+        seconds = float(text) if text else float(NO_PROGRESS_S)
+    except ValueError:
+        seconds = float("nan")
+    if not (seconds == -1 or 0 < seconds < float("inf")):
+        raise AtlasError(f"{NO_PROGRESS} must be a number of seconds, or -1 for no limit; got {text[:40]!r}")
+    return seconds
+
+
+def _asks(plan: ActorPlan) -> str:
+    return " and ".join(f"{n} {what.removeprefix('num_').upper()}" for what, n in plan.resources.items())
 
 
 def _run_chunk(ray, plan: ActorPlan, checkpoint, sha256, shards, batch_size, precision, on_batch):

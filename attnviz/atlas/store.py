@@ -17,6 +17,7 @@ table from sums that add up over chunks (`attnviz.atlas.summary.add_head_parts`)
 
 from __future__ import annotations
 
+import fcntl
 import json
 import logging
 import os
@@ -91,6 +92,27 @@ class _TableWriter:
         os.replace(self.tmp, self.path)
 
 
+def _lock(folder: Path) -> int:
+    """The folder, made if need be, locked for this run (an open descriptor): AtlasError when another
+    run holds it. Two runs in one folder would compute the same shards into the same temporary files
+    and each rewrite the manifest over the other's. The lock goes with the process (kill -9 included);
+    a file system that keeps no locks (some network ones) checks nothing."""
+    if folder.exists() and not folder.is_dir():
+        raise AtlasError(f"{folder} is a file: name a folder for the atlas")
+    folder.mkdir(parents=True, exist_ok=True)
+    fd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        os.close(fd)
+        raise AtlasError(
+            f"another run is writing the atlas in {folder}: wait for it to end, or choose another --out folder"
+        ) from None
+    except OSError:  # no locks there: nothing to hold
+        pass
+    return fd
+
+
 class AtlasFolder:
     """A folder an atlas is written into, shard by shard; a second run with the same plan resumes it.
 
@@ -103,6 +125,26 @@ class AtlasFolder:
 
     def __init__(self, folder: Path, plan: dict, manifest: dict):
         self.folder = Path(folder)
+        self._lock = _lock(self.folder)
+        try:
+            self._open(plan, manifest)
+        except BaseException:
+            self.close()
+            raise
+
+    def close(self) -> None:
+        """Let another run into the folder (a run that ends, however it ends, lets it in by itself)."""
+        if self._lock is not None:
+            os.close(self._lock)
+            self._lock = None
+
+    def __enter__(self) -> AtlasFolder:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def _open(self, plan: dict, manifest: dict) -> None:
         self.shards = self.folder / SHARDS
         self.run = manifest.get("runs", [])
         existing = self.folder / MANIFEST
