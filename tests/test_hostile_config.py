@@ -413,14 +413,14 @@ def test_a_config_multiplying_a_string_by_a_billion_heads_is_refused_fast_and_sm
         import contextlib, io, json, resource, sys, time
         from attnviz.cli import main
         before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-        start = time.perf_counter()
+        start = time.process_time()  # CPU, not the clock: a loaded machine slows the clock, not the work
         statuses = []
         for folder in json.loads(sys.argv[1]):
             err = io.StringIO()
             with contextlib.redirect_stderr(err):
                 statuses.append(main(["generate", "--model", folder, "--device", "cpu", "hello"]))
             assert err.getvalue().count("\\n") == 1, err.getvalue()
-        took = time.perf_counter() - start
+        took = time.process_time() - start
         grown = (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before) // 1024
         print(json.dumps({"statuses": statuses, "seconds": took, "grown_mb": grown}))
         """
@@ -430,7 +430,7 @@ def test_a_config_multiplying_a_string_by_a_billion_heads_is_refused_fast_and_sm
     )
     report = json.loads(result.stdout.splitlines()[-1])
     assert report["statuses"] == [2, 2, 2]
-    assert report["grown_mb"] < 64 and report["seconds"] < 5, report
+    assert report["grown_mb"] < 64 and report["seconds"] < 5, report  # CPU s, importing torch included
 
 
 # ---------------------------------------------------------------------------------------------
