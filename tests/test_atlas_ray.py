@@ -154,8 +154,30 @@ def test_an_address_where_nothing_answers_is_one_line_without_waiting_on_ray(mon
     assert not ray.is_initialized()
 
 
+def test_ray_address_auto_where_the_last_ray_start_is_gone_is_one_line_without_waiting_on_ray(monkeypatch):
+    """What `ray start` wrote down on this machine, its cluster since stopped: Ray would wait on it for minutes."""
+    from ray_cluster import free_port
+
+    folder = Path(tempfile.mkdtemp(prefix="ray-"))
+    gone = f"127.0.0.1:{free_port()}"
+    (folder / "ray").mkdir()
+    (folder / "ray" / "ray_current_cluster").write_text(gone)
+    monkeypatch.setenv("RAY_TMPDIR", str(folder))
+    monkeypatch.setenv("RAY_ADDRESS", " auto ")
+    try:
+        with pytest.raises(
+            AtlasError, match=rf"^nothing answers at RAY_ADDRESS=auto \({gone}\) \(Connection refused\)"
+        ):
+            with connected("cpu"):
+                pass
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
+    assert not ray.is_initialized() and os.environ["RAY_ADDRESS"] == " auto ", "the environment as it was"
+
+
 @pytest.mark.slow
-def test_without_ray_address_a_ray_of_its_own_starts_never_the_last_ray_starts(monkeypatch):
+@pytest.mark.parametrize("address", [None, "local"])
+def test_without_ray_address_a_ray_of_its_own_starts_never_the_last_ray_starts(address, monkeypatch):
     """ray.init() with no address joins the cluster the last `ray start` on the machine wrote down (or waits
     on it when it is gone): the engine starts a Ray of its own, and stops every process of it."""
     from ray_cluster import free_port
@@ -165,13 +187,20 @@ def test_without_ray_address_a_ray_of_its_own_starts_never_the_last_ray_starts(m
     (folder / "ray").mkdir()
     (folder / "ray" / "ray_current_cluster").write_text(gone)  # left by a `ray start` since stopped
     monkeypatch.setenv("RAY_TMPDIR", str(folder))
-    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    if address is None:
+        monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    else:
+        monkeypatch.setenv("RAY_ADDRESS", address)  # Ray's own word for a Ray of its own
+    monkeypatch.delenv(LOCAL_ONLY)  # set for the Ray this module imported; the engine sets it for its own
     try:
         with connected("cpu") as plan:
             assert ray.get_runtime_context().gcs_address != gone
+            assert ray.get_runtime_context().gcs_address.startswith("127.0.0.1:"), "a Ray on 127.0.0.1 only"
             assert plan.device == "cpu" and plan.actors >= 1
             pids = _ray_pids()
         assert not ray.is_initialized()
+        assert LOCAL_ONLY not in os.environ, "Ray's single-machine switch is not left to this process's children"
+        assert os.environ.get("RAY_ADDRESS") == address
         assert not [pid for pid in pids if _alive(pid)], "the Ray it started is stopped"
     finally:
         shutil.rmtree(folder, ignore_errors=True)
@@ -192,6 +221,8 @@ def test_a_failed_ray_run_ends_with_one_line_that_says_what_to_do():
     assert str(one_line(wrapped)) == str(theirs), "an actor's own attnviz error keeps its message"
     both = wrapped.as_instanceof_cause()  # Ray's copy, an AtlasError too, whose text is the traceback
     assert isinstance(both, AtlasError) and str(one_line(both)) == str(theirs)
+    padded = AtlasError("\n\x1b[31mthe real line\x1b[0m\nFailed to apply UDF transform after 1/1 attempts")
+    assert str(one_line(ray.exceptions.RayTaskError("f", "tb", padded))) == "the real line"
     try:
         try:
             raise theirs
@@ -199,6 +230,27 @@ def test_a_failed_ray_run_ends_with_one_line_that_says_what_to_do():
             raise ray.exceptions.ActorDiedError() from e
     except ray.exceptions.RayError as died:
         assert str(one_line(died)) == str(theirs)
+
+
+def test_an_actors_own_failure_that_is_not_attnviz_is_named_not_blamed_on_the_cluster():
+    """Out of memory in a batch, or a node whose install is broken: the same run would fail again, so the
+    line names what the actor raised (without Ray's colours) rather than "the cluster gave up ... resume"."""
+    from attnviz.atlas.ray_engine import one_line
+
+    oom = RuntimeError("CUDA out of memory. Tried to allocate 2.00 GiB\nmore detail")
+    task = ray.exceptions.RayTaskError("\x1b[36mray::MapWorker.submit()\x1b[39m", "Traceback ...", oom, ip="10.0.0.7")
+    for error, node in ((task, " on node 10.0.0.7"), (task.as_instanceof_cause(), "")):  # Ray's copy has no ip
+        message = str(one_line(error))
+        assert message.startswith(f"an actor failed{node} (RuntimeError: CUDA out of memory. Tried to"), message
+        assert "\n" not in message and "\x1b" not in message and "once that is mended" in message, message
+    traceback = (
+        "\x1b[36mray::MapWorker.__init__()\x1b[39m (pid=1, ip=10.0.0.8)\nTraceback (most recent call last):\n"
+        "  File \"worker.py\", line 3, in <module>\nModuleNotFoundError: No module named 'attnviz'"
+    )
+    died = ray.exceptions.ActorDiedError.from_task_error(ray.exceptions.RayTaskError("init", traceback, ImportError()))
+    message = str(one_line(died))
+    assert "an actor failed (ModuleNotFoundError: No module named 'attnviz'); " in message, message
+    assert "\n" not in message and "\x1b" not in message, message
 
 
 # ---------------------------------------------------------------------------------------------

@@ -29,6 +29,7 @@ import io
 import json
 import logging
 import os
+import re
 import socket
 from collections import defaultdict
 from collections.abc import Callable, Iterable, Iterator, Sequence
@@ -114,9 +115,9 @@ class AtlasWorker:
     """A Ray actor holding one copy of the model; called by ``map_batches`` with rows that are batches."""
 
     def __init__(self, checkpoint: str, sha256: str, device: str, precision: str, threads: int):
-        # An attnviz error here is kept and raised by the first call: raised in the constructor it
-        # reaches the driver as the actor's death, its message lost (Ray 2.60), where a call's error
-        # comes back as it is (raise_original_map_exception).
+        # An error here is kept and raised by the first call: raised in the constructor it reaches the
+        # driver as the actor's death, its message lost in a traceback's text (Ray 2.60), where a call's
+        # error comes back as it is (raise_original_map_exception).
         self.error = None
         try:
             torch.set_num_threads(threads)
@@ -127,7 +128,11 @@ class AtlasWorker:
                     "every node must see the same model"
                 )
         except AttnvizError as e:
-            self.error = f"on node {_node_address()}: {e}"
+            self.error = f"on node {_node_address()}: {_own_line(e)}"
+        except Exception as e:  # noqa: BLE001 - the node's own trouble (no GPU memory, a broken install): said as it is
+            self.error = (
+                f"on node {_node_address()}: the model could not be loaded ({type(e).__name__}: {_first_line(e)})"
+            )
         self.precision = precision
 
     def __call__(self, rows: pd.DataFrame) -> pd.DataFrame:
@@ -214,9 +219,29 @@ def _where(address: str) -> tuple[str, int] | None:
     return host, int(port)
 
 
-def _check_reachable(address: str) -> None:
-    """One line when nothing answers at ``RAY_ADDRESS``: Ray itself would try again for minutes."""
+def _resolved(address: str) -> tuple[str, tuple[str, int] | None]:
+    """``RAY_ADDRESS`` and the host and port Ray will reach for it: for ``auto``, the cluster the last
+    ``ray start`` on this machine wrote down, as Ray itself reads it (AtlasError where there is none)."""
     where = _where(address)
+    if where is not None:
+        return address, where
+    try:
+        from ray._private.services import canonicalize_bootstrap_address_or_die
+    except ImportError:  # another Ray than the one this was written against: Ray finds it alone
+        return address, None
+    try:
+        found = canonicalize_bootstrap_address_or_die("auto")
+    except (ConnectionError, ValueError) as e:
+        raise AtlasError(
+            f"RAY_ADDRESS=auto finds no Ray cluster on this machine ({_first_line(e)}): run the command on a "
+            "node of the cluster, or leave RAY_ADDRESS unset for a local Ray"
+        ) from None
+    return f"auto ({found})", _where(found)
+
+
+def _check_reachable(resolved: tuple[str, tuple[str, int] | None]) -> None:
+    """One line when nothing answers where ``RAY_ADDRESS`` leads: Ray itself would try again for minutes."""
+    address, where = resolved
     if where is None:
         return
     try:
@@ -228,8 +253,12 @@ def _check_reachable(address: str) -> None:
         ) from None
 
 
+ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")  # Ray colours the names in its messages
+
+
 def _first_line(error: BaseException) -> str:
-    lines = [line.strip() for line in str(error).splitlines() if line.strip()]
+    """The first line of an error's text that says something, without colours, at most 300 characters."""
+    lines = [line.strip() for line in ANSI.sub("", str(error)).splitlines() if line.strip()]
     return (lines[0] if lines else type(error).__name__)[:300]
 
 
@@ -239,12 +268,32 @@ def connected(device: str) -> Iterator[ActorPlan]:
     its live nodes on ``device`` (`plan_actors`): AtlasError of one line for a Ray not installed, an
     address of no form Ray Data can use, one where nothing answers or that Ray refuses, or a cluster
     no actor fits. Ray Data's settings for the run (progress bars off, an actor's own errors raised
-    as they are, `NO_PROGRESS_S`) hold inside only; a Ray started here is stopped at the end."""
+    as they are, `NO_PROGRESS_S`) hold inside only, as do the environment variables set for Ray; a
+    Ray started here is stopped at the end."""
+    no_progress = _no_progress_s()
     address = os.environ.get("RAY_ADDRESS", "").strip()
-    if not address:
-        # Ray's own switch for a single-machine Ray (meant for laptops): its node address becomes
-        # 127.0.0.1 and every server it starts listens there only. Read when Ray is imported.
-        os.environ.setdefault(LOCAL_ONLY, "0")
+    address = "" if address == "local" else address  # Ray's own word for a Ray of its own
+    environment = {name: os.environ.get(name) for name in ("RAY_ADDRESS", LOCAL_ONLY)}
+    try:
+        if address:
+            os.environ["RAY_ADDRESS"] = address  # ray.init reads it again, spaces and all
+        else:
+            os.environ.pop("RAY_ADDRESS", None)
+            # Ray's own switch for a single-machine Ray (meant for laptops): its node address becomes
+            # 127.0.0.1 and every server it starts listens there only. Read when Ray is imported.
+            os.environ.setdefault(LOCAL_ONLY, "0")
+        with _ray_ready(address, device, no_progress) as plan:
+            yield plan
+    finally:
+        for name, value in environment.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
+
+
+@contextmanager
+def _ray_ready(address: str, device: str, no_progress: float) -> Iterator[ActorPlan]:
     try:
         import ray
     except ImportError:
@@ -252,10 +301,11 @@ def connected(device: str) -> Iterator[ActorPlan]:
     started = not ray.is_initialized()
     if started:
         if address:
-            _check_reachable(address)
+            _check_reachable(_resolved(address))
         # "local": a Ray of its own, never the cluster the last `ray start` on this machine wrote down
-        # (ray.init() would join that one, or wait on it when it is gone).
-        local = {} if address else {"include_dashboard": False}
+        # (ray.init() would join that one, or wait on it when it is gone); its node on 127.0.0.1 even
+        # where Ray was imported before the switch above was set.
+        local = {} if address else {"include_dashboard": False, "_node_ip_address": "127.0.0.1"}
         try:
             ray.init(address=address or "local", logging_level=logging.ERROR, log_to_driver=False, **local)
         except Exception as e:  # noqa: BLE001 - Ray's own refusals (ConnectionError, RuntimeError, ValueError, ...)
@@ -274,7 +324,7 @@ def connected(device: str) -> Iterator[ActorPlan]:
         settings = {
             "enable_progress_bars": False,  # the CLI draws its own
             "raise_original_map_exception": True,  # an actor's AtlasError, not Ray's UserCodeException
-            "execution_no_progress_timeout_s": _no_progress_s(),
+            "execution_no_progress_timeout_s": no_progress,
         }
         before = {name: getattr(context, name) for name in settings}
         for name, value in settings.items():
@@ -320,25 +370,30 @@ def run_ray(
 
 def one_line(error: BaseException, plan: ActorPlan | None = None) -> AtlasError:
     """The one line a failed Ray run ends with: an attnviz error raised in an actor (a node that sees
-    another model) with its own message; no batch back for `NO_PROGRESS_S` as what to check; anything
-    else (a node lost for good, a dataset Ray gave up on) as a failure of the cluster, whose written
-    shards the same command resumes from."""
+    another model) with its own message; any other error of an actor's own code (out of memory, a
+    broken install on a node) by its type and first line; no batch back for `NO_PROGRESS_S` as what
+    to check; anything else (a node lost for good, a dataset Ray gave up on) as a failure of the
+    cluster, whose written shards the same command resumes from."""
     import ray
     from ray.data.exceptions import ExecutionTimeoutError
 
+    resume = "the shards written are kept: run the same command again to resume"
+    theirs = None  # the first exception of an actor's own code, not Ray's: "Type: first line"
     seen, todo = set(), [error]
     while todo:
-        e = todo.pop()
+        e = todo.pop(0)
         if e is None or id(e) in seen:
             continue
         seen.add(id(e))
         cause = getattr(e, "cause", None)  # a RayTaskError's: the actor's exception itself
-        if isinstance(cause, AttnvizError):
-            return AtlasError(_own_line(cause))
-        if isinstance(e, AttnvizError) and not isinstance(e, ray.exceptions.RayError):  # Ray's copy has a traceback
-            return AtlasError(_own_line(e))
+        for candidate in (cause, e):
+            if isinstance(candidate, AttnvizError) and not isinstance(candidate, ray.exceptions.RayError):
+                return AtlasError(_own_line(candidate))  # not Ray's copy (both at once), which has a traceback
+        if theirs is None and isinstance(cause, Exception) and not isinstance(cause, ray.exceptions.RayError):
+            theirs = f"{type(cause).__name__}: {_first_line(cause)}"
+        if theirs is None and getattr(e, "actor_init_failed", False):  # only the text of what it raised is kept
+            theirs = _last_raised(str(e))
         todo += [cause, e.__cause__, e.__context__]
-    resume = "the shards written are kept: run the same command again to resume"
     if isinstance(error, ExecutionTimeoutError):
         asks = "" if plan is None else f" (each of {plan.actors} actors asks for {_asks(plan)})"
         return AtlasError(
@@ -346,12 +401,32 @@ def one_line(error: BaseException, plan: ActorPlan | None = None) -> AtlasError:
             f"no node may have room for an actor{asks} while other work holds its CPUs, or a node stopped "
             f"answering (set {NO_PROGRESS} to wait longer); {resume}"
         )
+    if theirs is not None:
+        where = getattr(error, "ip", None)
+        return AtlasError(
+            f"an actor failed{f' on node {where}' if where else ''} ({theirs}); the shards written are kept: "
+            "once that is mended, the same command resumes"
+        )
     return AtlasError(f"the Ray cluster gave up on the work ({type(error).__name__}: {_first_line(error)}); {resume}")
 
 
 def _own_line(error: AttnvizError) -> str:
-    """An attnviz error's own message (one line), without what Ray Data adds below it (how often it tried)."""
-    return str(error).split("\n", 1)[0]
+    """An attnviz error's own message (its first line that says something), without what Ray Data adds
+    below it (how often it tried)."""
+    lines = [line.strip() for line in ANSI.sub("", str(error)).splitlines() if line.strip()]
+    return lines[0] if lines else type(error).__name__
+
+
+RAISED = re.compile(r"^([A-Za-z_][\w.]*(?:Error|Exception|Interrupt|Exit)): (.+)$")
+
+
+def _last_raised(text: str) -> str | None:
+    """ "Type: message" of the last exception a traceback's text names (an actor that died starting)."""
+    for line in reversed(ANSI.sub("", text).splitlines()):
+        found = RAISED.match(line.strip())
+        if found:
+            return f"{found[1].rsplit('.', 1)[-1]}: {found[2][:300]}"
+    return None
 
 
 def _no_progress_s() -> float:
