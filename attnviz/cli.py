@@ -92,8 +92,10 @@ def float_in(low: float, high: float) -> Callable[[str], float]:
 
 
 def path_text(value: str) -> str:
-    """A path argument: Unicode, and short enough to name a file."""
+    """A path argument: Unicode, not empty, and short enough to name a file."""
     value = text(value)
+    if not value:  # pathlib reads "" as ".", the current folder
+        raise argparse.ArgumentTypeError("an empty path names no file or folder")
     if len(value.encode("utf-8")) > MAX_PATH or any(len(part.encode("utf-8")) > 255 for part in Path(value).parts):
         raise argparse.ArgumentTypeError(f"the path is too long ({len(value)} characters) to name a file")
     return value
@@ -128,6 +130,8 @@ def out_file(value: str) -> str:
         raise argparse.ArgumentTypeError(f"the folder {str(folder)!r} does not exist: create it first")
     if path.is_dir():
         raise argparse.ArgumentTypeError(f"{value!r} is a folder: name a file in it")
+    if value.endswith(("/", os.sep)):  # pathlib drops the slash: "m.npz/" would write the file m.npz
+        raise argparse.ArgumentTypeError(f"{value!r} ends in '/', which names a folder: name a file (drop the '/')")
     if not os.access(folder, os.W_OK):
         raise argparse.ArgumentTypeError(f"the folder {str(folder)!r} is not writable")
     return str(path)
@@ -285,13 +289,13 @@ def _check_maps_size(bundle, args) -> None:
     the bound `attention` writes under, and the memory `attribute`'s methods work in (each reads every
     head's map)."""
     from attnviz.api import maps_size
-    from attnviz.export import max_export_bytes
+    from attnviz.export import max_export_bytes, size_text
 
     n, size = maps_size(bundle, args.src, args.tgt, args.generate)
     if size > max_export_bytes():  # a file attnviz's own diff and snapshot plugin would refuse to read
         raise InputError(
-            f"the text is {n:,} tokens: its maps would take about {size / 2**20:,.0f} MB, over the "
-            f"{max_export_bytes() / 2**20:,.0f} MB an export may hold (ATTNVIZ_MAX_EXPORT_MB raises it); "
+            f"the text is {n:,} tokens: its maps would take about {size_text(size)}, over the "
+            f"{size_text(max_export_bytes())} an export may hold (ATTNVIZ_MAX_EXPORT_MB raises it); "
             "attnviz.tiled_attention in Python computes any head of it tile by tile"
         )
 
@@ -405,7 +409,11 @@ def _evaluate(args) -> None:
     task_name = bundle.info.get("task")
     if not task_name:
         raise AttnvizError(f"model {bundle.name!r} was not trained on a generated task: nothing to evaluate")
-    pairs = get_task(task_name).pairs(args.n, args.seed, "heldout")
+    try:
+        task = get_task(task_name)
+    except InputError as e:  # a config edited by hand, or written by an attnviz with other tasks
+        raise InputError(f"model {bundle.name!r} names a task this attnviz cannot evaluate: {e}") from None
+    pairs = task.pairs(args.n, args.seed, "heldout")
     if bundle.config.decoder_only:  # a language model's card gives its accuracy on the repeated half
         from attnviz.training.lm import repeat_accuracy
 
@@ -461,7 +469,7 @@ def _history(args) -> None:
 
     import numpy as np
 
-    from attnviz.export import max_export_bytes, write_atomically
+    from attnviz.export import max_export_bytes, size_text, write_atomically
     from attnviz.training.history import load_history
 
     history = load_history(args.folder)
@@ -476,8 +484,8 @@ def _history(args) -> None:
         size = sum(a.nbytes for a in arrays.values())
         if size > max_export_bytes():
             raise InputError(
-                f"the history's arrays take {size / 2**20:,.0f} MB, over the {max_export_bytes() / 2**20:,.0f} MB an "
-                "export may hold (ATTNVIZ_MAX_EXPORT_MB raises it)"
+                f"the history's arrays take {size_text(size)}, over the {size_text(max_export_bytes())} an export "
+                "may hold (ATTNVIZ_MAX_EXPORT_MB raises it)"
             )
         buf = io.BytesIO()
         np.savez_compressed(buf, **arrays)
@@ -485,8 +493,8 @@ def _history(args) -> None:
         what = f"{len(history.probes)} probes' maps"
     if len(data) > max_export_bytes():
         raise InputError(
-            f"the file would be {len(data) / 2**20:,.0f} MB, over the {max_export_bytes() / 2**20:,.0f} MB an export "
-            "may hold (ATTNVIZ_MAX_EXPORT_MB raises it)"
+            f"the file would be {size_text(len(data))}, over the {size_text(max_export_bytes())} an export may "
+            "hold (ATTNVIZ_MAX_EXPORT_MB raises it)"
         )
     write_atomically(out, data)
     steps = history.step

@@ -77,6 +77,9 @@ ARRAY_KINDS = {  # what each standard array's dtype must be: numpy's kind letter
     "tgt_token_lengths": "iu",
     "manifest": "U",
 }
+# The arrays that hold one value per token: a 0-d string would be read as a token per character, a 2-D one as
+# tokens that are lists, and ids of another shape would never equal the same text's.
+LISTS = ("src_ids", "tgt_ids", "src_tokens", "tgt_tokens")
 
 
 def max_export_bytes() -> int:
@@ -95,6 +98,13 @@ def max_export_bytes() -> int:
     if not (math.isfinite(mb) and mb > 0):
         raise ExportError(f"ATTNVIZ_MAX_EXPORT_MB={text!r} is not a positive number of MB")
     return int(mb * 2**20)
+
+
+def size_text(n_bytes: float) -> str:
+    """'1,024 MB', '2.5 MB', '3,888 bytes': a size for a message, never rounded to "0 MB" (a small
+    ATTNVIZ_MAX_EXPORT_MB had made "about 0 MB, over the 0 MB an export may hold")."""
+    mb = n_bytes / 2**20
+    return f"{mb:,.0f} MB" if mb >= 10 else f"{mb:.2g} MB" if mb >= 1 else f"{n_bytes:,.0f} bytes"
 
 
 def maps_bytes(cfg, src_len: int, tgt_len: int | None = None) -> int:
@@ -184,6 +194,10 @@ def _check_members(path: Path, archive: zipfile.ZipFile) -> None:
         if kinds is not None and dtype.kind not in kinds:
             want = {"f": "real floating-point numbers", "iu": "integers", "U": "text"}[kinds]
             raise ExportError(f"{path}: the array {name!r} holds {dtype} values, not {want}")
+        if name in LISTS and len(shape) != 1:
+            raise ExportError(
+                f"{path}: the array {name!r} is shaped {tuple(shape)}, not a list (1-D) with one entry per token"
+            )
         if name == "manifest" and dtype.itemsize // 4 > MAX_MANIFEST_CHARS:
             raise ExportError(
                 f"{path}: its manifest is {dtype.itemsize // 4:,} characters long, over {MAX_MANIFEST_CHARS:,}"
@@ -191,8 +205,8 @@ def _check_members(path: Path, archive: zipfile.ZipFile) -> None:
         total += math.prod(shape) * dtype.itemsize
         if total > limit:
             raise ExportError(
-                f"{path} declares {total / 2**20:,.0f} MB of arrays or more once decompressed, over the limit of "
-                f"{limit / 2**20:,.0f} MB (ATTNVIZ_MAX_EXPORT_MB raises it)"
+                f"{path} declares {size_text(total)} of arrays or more once decompressed, over the limit of "
+                f"{size_text(limit)} (ATTNVIZ_MAX_EXPORT_MB raises it)"
             )
 
 
@@ -383,6 +397,14 @@ def load_export(path: str | Path) -> AttentionExport:
             missing = [name for name in (*required, "manifest") if name not in z.files]
             if missing:
                 raise ExportError(f"{path} is not an attnviz export: no {', '.join(missing)} in it (it has: {found})")
+            # Ids stand for tokens, which attnviz always writes with them: ids alone were compared with nothing
+            # (diff called such a file equal to one without them) or with the other file's tokens.
+            for side in sides:
+                if f"{side}_ids" in z.files and f"{side}_tokens" not in z.files:
+                    raise ExportError(
+                        f"{path} is inconsistent: it has {side}_ids but no {side}_tokens, which attnviz writes with "
+                        "them; write the file again, or remove its ids"
+                    )
             try:
                 manifest = json.loads(str(z["manifest"]))
             except RecursionError:

@@ -972,6 +972,27 @@ def test_a_no_progress_limit_that_is_no_number_of_seconds_is_one_line(value, mon
     assert _no_progress_s() == -1
 
 
+def test_atlas_limits_that_are_not_a_positive_number_are_one_line(corpus, tmp_path, capsys, monkeypatch):
+    """ATTNVIZ_MAX_ATLAS_ROWS=inf had been an OverflowError (exit 3), and nan or abc the default limit without a
+    word; as ATTNVIZ_MAX_EXPORT_MB, such a setting is the operator's mistake, said in one line."""
+    args = ["atlas", "--corpus", str(corpus), "--limit", "2", "--out"]
+    assert main([*args, str(tmp_path / "done")]) == 0
+    capsys.readouterr()
+    for name, unit in (("ATTNVIZ_MAX_ATLAS_ROWS", "rows"), ("ATTNVIZ_MAX_ATLAS_MB", "MB")):
+        for value in ("inf", "nan", "abc", "0", "-5", ""):
+            message = f"{name}={value!r} is not a positive number of {unit}"
+            with monkeypatch.context() as patched:
+                patched.setenv(name, value)
+                with pytest.raises(AtlasError, match=re.escape(message)):  # where an atlas is read: the app, the API
+                    load_atlas(tmp_path / "done")
+                if unit == "rows":  # the CLI checks the rows an atlas will hold before any batch runs
+                    assert main([*args, str(tmp_path / "new")]) == 2
+                    assert capsys.readouterr().err == f"attnviz: error: {message}\n"
+    monkeypatch.setenv("ATTNVIZ_MAX_ATLAS_ROWS", "1e6")  # a number as float() reads it, as before
+    monkeypatch.setenv("ATTNVIZ_MAX_ATLAS_MB", "0.5")
+    assert len(load_atlas(tmp_path / "done").heads) > 0
+
+
 def test_a_run_into_a_folder_another_run_is_writing_is_refused(corpus, tmp_path, capsys):
     """Two runs in one --out would compute the same shards into the same temporary files: the second
     is refused before it writes anything, and the folder is free again once the first ends."""

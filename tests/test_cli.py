@@ -101,6 +101,27 @@ def test_evaluate_last_line(capsys):
     assert 0.0 <= float(last.split("=")[1]) <= 1.0
 
 
+def test_evaluate_a_model_whose_config_names_an_unknown_task_is_exit_2_naming_the_tasks(tmp_path, capsys):
+    """A config edited by hand, or written by another attnviz, that names a task this one does not have: it was an
+    unforeseen ValueError (exit 3) from get_task."""
+    import shutil
+
+    from attnviz.checkpoints.catalog import pretrained_dir
+    from attnviz.errors import InputError
+    from attnviz.training.data import TASKS, get_task
+
+    model = tmp_path / "chess"
+    shutil.copytree(pretrained_dir() / "reverse", model, ignore=shutil.ignore_patterns("history"))
+    config = json.loads((model / "config.json").read_text())
+    (model / "config.json").write_text(json.dumps({**config, "task": "chess"}))
+    assert main(["evaluate", "--model", str(model), "--n", "5"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith("attnviz: error: ") and "'chess'" in err, err
+    assert all(name in err for name in TASKS), err
+    with pytest.raises(InputError, match="unknown task 'chess'"):
+        get_task("chess")
+
+
 @pytest.mark.parametrize(
     "args, message",
     [
@@ -139,6 +160,11 @@ BAD_ARGUMENTS = {
     "train batch of a million": (["train", "reverse", "--out", "x", "--batch-size", "1000000"], "between 1 and 4096"),
     "diff a missing file": (["diff", "/no/such/a.npz", THIS_FILE], "argument a: no such file or folder"),
     "diff one file": (["diff", THIS_FILE], "the following arguments are required: b"),
+    "diff an empty path": (["diff", "", THIS_FILE], "argument a: an empty path names no file"),  # had been "."
+    "out ends in a slash": (  # had written the file m.npz
+        ["attention", "--src", "a", "--out", "m.npz/"],
+        "'m.npz/' ends in '/', which names a folder: name a file",
+    ),
     "diff atol negative": (["diff", THIS_FILE, THIS_FILE, "--atol=-1"], "--atol: must be between 0"),
     "diff atol nan": (["diff", THIS_FILE, THIS_FILE, "--atol", "nan"], "--atol: must be between 0"),
     "diff rtol over 1": (["diff", THIS_FILE, THIS_FILE, "--rtol", "2"], "--rtol: must be between 0 and 1"),
@@ -548,6 +574,8 @@ def test_attention_of_a_text_whose_maps_are_over_the_export_limit_is_exit_2_befo
     assert main(["attention", "--model", "reverse", "--src", text, "--tgt", "h g f e d c b a", "--out", str(out)]) == 2
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and "tiled_attention" in err and "ATTNVIZ_MAX_EXPORT_MB" in err
+    # Under a MB, sizes in bytes: both had been "0 MB" ("about 0 MB, over the 0 MB an export may hold").
+    assert f"about {size:,} bytes, over the {size // 2:,} bytes an export may hold" in err, err
     assert not out.exists()
     monkeypatch.setenv("ATTNVIZ_MAX_EXPORT_MB", str(2 * size / 2**20))
     assert main(["attention", "--model", "reverse", "--src", text, "--tgt", "h g f e d c b a", "--out", str(out)]) == 0

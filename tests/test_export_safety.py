@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import re
 import subprocess
 import sys
 import zipfile
@@ -12,7 +13,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import toy_export
+from conftest import TOY_SRC, toy_export
 
 from attnviz.cli import main
 from attnviz.errors import ExportError
@@ -153,3 +154,64 @@ def test_the_plugin_never_deletes_a_folder_and_replaces_a_golden_file_whole(tmp_
     assert run.returncode == 0, run.stdout
     assert load_export(golden).src_tokens == toy_export().src_tokens
     assert sorted(p.name for p in golden.parent.iterdir()) == ["test_snapshot.npz"], "no temporary file left"
+
+
+def _saved(path: Path, export, **arrays) -> Path:
+    """``export``'s arrays, with ``arrays`` put in (None: left out), written as numpy writes them."""
+    written = {**export.arrays(), **arrays}
+    np.savez_compressed(path, **{name: a for name, a in written.items() if a is not None})
+    return path
+
+
+def _language_model(export):
+    return dataclasses.replace(export, encoder=None, cross=None, src_ids=None, src_tokens=None)
+
+
+def _encoder_only(export):
+    return dataclasses.replace(export, decoder=None, cross=None, tgt_ids=None, tgt_tokens=None)
+
+
+@pytest.mark.parametrize("side", ["src", "tgt"])
+def test_ids_without_their_tokens_are_refused_in_one_line(tmp_path, capsys, side):
+    """A language model's file with a src_ids array (or an encoder's with tgt_ids) had diff crash with a
+    TypeError (exit 3) against a file with that side's tokens, and say EQUAL against one without its ids."""
+    toy = toy_export()
+    plain = _language_model(toy) if side == "src" else _encoder_only(toy)
+    odd = _saved(tmp_path / "odd.npz", plain, **{f"{side}_ids": getattr(toy, f"{side}_ids")})
+    with pytest.raises(ExportError, match=f"has {side}_ids but no {side}_tokens"):
+        load_export(odd)
+    for other in (plain.save(tmp_path / "plain.npz"), toy.save(tmp_path / "whole.npz")):
+        for a, b in ((odd, other), (other, odd)):
+            assert main(["diff", str(a), str(b)]) == 2, (a.name, b.name)
+            err = capsys.readouterr().err
+            assert err.count("\n") == 1 and err.startswith("attnviz: error: ") and f"no {side}_tokens" in err, err
+
+
+@pytest.mark.parametrize(
+    ("name", "value"),
+    [
+        ("src_tokens", np.array("".join("x" * len(TOY_SRC)))),  # 0-d: had been read as a token per character
+        ("src_tokens", np.array([[t] for t in TOY_SRC])),  # 2-D: had been read as tokens that are lists
+        ("src_ids", np.arange(len(TOY_SRC)).reshape(1, -1)),  # diff had called the same tokens "tokenised differently"
+        ("tgt_ids", np.array(7)),
+    ],
+    ids=["tokens 0-d", "tokens 2-D", "ids 2-D", "ids 0-d"],
+)
+def test_tokens_and_ids_that_are_not_a_list_are_refused(tmp_path, name, value):
+    path = _saved(tmp_path / "x.npz", toy_export(), **{name: value})
+    with pytest.raises(ExportError, match=rf"the array '{name}' is shaped {re.escape(str(value.shape))}, not a list"):
+        load_export(path)
+
+
+def test_files_without_ids_or_of_one_side_still_load(tmp_path):
+    """What the refusals above leave: maps from another library have tokens and no ids, and a language
+    model's or an encoder's file has one side."""
+    toy = toy_export()
+    for export in (
+        dataclasses.replace(toy, src_ids=None, tgt_ids=None),
+        _language_model(toy),
+        _encoder_only(toy),
+    ):
+        loaded = load_export(export.save(tmp_path / "x.npz"))
+        assert (loaded.src_tokens, loaded.tgt_tokens) == (export.src_tokens, export.tgt_tokens)
+        assert (loaded.src_ids is None, loaded.tgt_ids is None) == (export.src_ids is None, export.tgt_ids is None)

@@ -520,6 +520,18 @@ def test_a_saved_state_that_is_not_a_trainings_is_exit_2_and_one_line(tmp_path, 
     assert err.startswith("attnviz: error:") and err.count("\n") == 1 and "not a training's saved state" in err, err
 
 
+def test_a_training_that_diverges_is_exit_2_and_one_line(tmp_path, capsys, monkeypatch):
+    """A loss of NaN comes of the settings the user chose (--lr-scale up to 1000): it had been a bare RuntimeError,
+    which the CLI reports as unforeseen (exit 3)."""
+    monkeypatch.setattr(loop, "optimise", lambda *args, **kwargs: float("nan"))  # as a diverged step's loss
+    with pytest.raises(InputError, match=r"^training diverged at step 1 \(loss nan\); lower --lr-scale$"):
+        _train(tmp_path / "run", steps=2, every=0)
+    monkeypatch.setattr(loop, "train", lambda *args, **kwargs: _train(tmp_path / "cli", steps=2, every=0))
+    assert main(["train", "reverse", "--out", str(tmp_path / "cli"), *SMALL]) == 2
+    err = capsys.readouterr().err
+    assert err == "attnviz: error: training diverged at step 1 (loss nan); lower --lr-scale\n", err
+
+
 def test_a_training_stopped_after_its_last_step_is_finished_by_resume(tmp_path, monkeypatch):
     """Killed in its final evaluation, a training had its state and history but no model, and --resume refused."""
     out = tmp_path / "run"

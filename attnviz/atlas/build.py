@@ -32,7 +32,7 @@ from attnviz.atlas.store import FORMAT, AtlasFolder, load_atlas, max_atlas_rows,
 from attnviz.atlas.summary import Atlas, add_sums, divergence_sums, inputs_frame, stats_frame
 from attnviz.checkpoints import Bundle
 from attnviz.errors import InputError
-from attnviz.export import maps_bytes, max_export_bytes, package_version
+from attnviz.export import maps_bytes, max_export_bytes, package_version, size_text
 
 ENGINES = ("local", "ray")
 SHARD_SIZE = 512  # sentences per shard: what a killed run loses at most, and how often a shard is written
@@ -111,7 +111,7 @@ def _check_size(corpus: Survey, bundle: Bundle) -> None:
     if size > max_export_bytes():
         raise InputError(
             f"line {longest.line} of the corpus is {len(longest.src_ids):,} tokens: its maps would take about "
-            f"{size / 2**20:,.0f} MB, over the {max_export_bytes() / 2**20:,.0f} MB an export may hold "
+            f"{size_text(size)}, over the {size_text(max_export_bytes())} an export may hold "
             "(ATTNVIZ_MAX_EXPORT_MB raises it); shorten that line or leave it out"
         )
 

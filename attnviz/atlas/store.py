@@ -20,6 +20,7 @@ from __future__ import annotations
 import fcntl
 import json
 import logging
+import math
 import os
 import shutil
 import stat
@@ -374,16 +375,27 @@ COLUMNS = {  # what each table must hold for the app and the CLI to read it
 }
 
 
-def _limit(name: str, default: int) -> int:
-    try:
-        return int(float(os.environ.get(name, default)))
-    except ValueError:
+def _limit(name: str, default: int, unit: str) -> float:
+    """``default``, or the environment's ``name``: a setting that is not a positive number is an AtlasError, as
+    ``ATTNVIZ_MAX_EXPORT_MB``'s: read as the default, as no room or as infinity, it would allow or refuse what
+    its operator did not mean."""
+    text = os.environ.get(name)
+    if text is None:
         return default
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not (math.isfinite(value) and value > 0):
+        raise AtlasError(
+            f"{name}={text!r} is not a positive number of {unit}", "the server's atlas limits are misconfigured"
+        )
+    return value
 
 
 def max_atlas_rows() -> int:
     """The most rows a table of an atlas may hold: ``ATTNVIZ_MAX_ATLAS_ROWS``, else `MAX_ATLAS_ROWS`."""
-    return _limit("ATTNVIZ_MAX_ATLAS_ROWS", MAX_ATLAS_ROWS)
+    return int(_limit("ATTNVIZ_MAX_ATLAS_ROWS", MAX_ATLAS_ROWS, "rows"))
 
 
 def _checked_file(folder: Path, name: str, max_bytes: int) -> Path:
@@ -468,7 +480,7 @@ def _read_table(folder: Path, name: str, numbers: tuple[str, ...] = ()) -> pd.Da
     checked (``numbers``: more columns that, where the table has them, hold numbers)."""
     import pyarrow.parquet as pq
 
-    path = _checked_file(folder, f"{name}.parquet", _limit("ATTNVIZ_MAX_ATLAS_MB", MAX_ATLAS_MB) * 2**20)
+    path = _checked_file(folder, f"{name}.parquet", int(_limit("ATTNVIZ_MAX_ATLAS_MB", MAX_ATLAS_MB, "MB") * 2**20))
     max_rows = max_atlas_rows()
     try:
         meta = pq.ParquetFile(path)

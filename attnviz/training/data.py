@@ -27,6 +27,8 @@ import zlib
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
+from attnviz.errors import InputError
+
 HELDOUT_SHARE = 10  # one source string in ten is held out
 
 
@@ -278,8 +280,9 @@ TASKS: dict[str, Task] = {
 
 
 def get_task(name: str) -> Task:
-    """The task called ``name``; the error lists the ones there are."""
+    """The task called ``name``; an InputError, listing the ones there are, for another (a model's config names
+    its task, and one edited by hand or written by another attnviz may name any)."""
     try:
         return TASKS[name]
     except KeyError:
-        raise ValueError(f"unknown task {name!r}; tasks: {', '.join(TASKS)}") from None
+        raise InputError(f"unknown task {name!r}; the tasks are {', '.join(TASKS)}") from None

@@ -36,7 +36,7 @@ import numpy as np
 import pandas as pd
 
 from attnviz.errors import InputError, describe
-from attnviz.export import max_export_bytes
+from attnviz.export import max_export_bytes, size_text
 
 HISTORY = "history"  # the folder inside a training's --out
 RECORDS = "records"
@@ -486,7 +486,7 @@ def _read_maps(folder: Path, expected: dict[str, tuple[int, ...]], budget: int, 
                 total += math.prod(shape) * 2
                 if total > budget:
                     raise InputError(
-                        f"{what}: the history's maps pass {budget / 2**20:,.0f} MB once decompressed "
+                        f"{what}: the history's maps pass {size_text(budget)} once decompressed "
                         "(ATTNVIZ_MAX_EXPORT_MB raises the bound)"
                     )
         with np.load(path, allow_pickle=False) as z:

@@ -91,8 +91,8 @@ def optimise(optimizer, schedule, logits, labels, label_smoothing: float) -> flo
 def running_mean(mean: float | None, value: float, step: int, keep: float) -> float:
     """The loss's exponential running mean (``keep`` of the old per step), refusing a diverged run."""
     mean = value if mean is None else keep * mean + (1 - keep) * value
-    if not math.isfinite(mean):
-        raise RuntimeError(f"training diverged at step {step} (loss {mean}); lower --lr-scale")
+    if not math.isfinite(mean):  # the settings the user chose (a learning rate too high): bad input, exit 2
+        raise InputError(f"training diverged at step {step} (loss {mean}); lower --lr-scale")
     return mean
 
 
