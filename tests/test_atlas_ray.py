@@ -43,7 +43,7 @@ def _ray_pids() -> list[int]:
     return [p.process.pid for procs in node.all_processes.values() for p in procs]
 
 
-@pytest.fixture
+@pytest.fixture(scope="class")
 def local_ray():
     ray.init(num_cpus=2, num_gpus=0, include_dashboard=False, logging_level=logging.ERROR, log_to_driver=False)
     pids = _ray_pids()
@@ -56,91 +56,93 @@ def local_ray():
 
 
 @pytest.mark.slow
-def test_the_ray_engine_equals_the_local_engine(local_ray, tmp_path):
-    corpus = tmp_path / "corpus.txt"
-    corpus.write_text("\n".join(LINES) + "\n", encoding="utf-8")
-    bundle = attnviz.load("en-de", device="cpu")
-    kwargs = dict(batch_size=2, shard_size=3)
-    local = build_atlas(bundle, corpus, tmp_path / "local", engine="local", **kwargs)
-    remote = build_atlas(bundle, corpus, tmp_path / "ray", engine="ray", **kwargs)
-    assert remote.manifest["engine"] == "ray" and remote.manifest["versions"]["ray"] == ray.__version__
-    assert (
-        remote.manifest["counts"]
-        == local.manifest["counts"]
-        == {
-            "lines": 7,
-            "sentences": 6,
-            "skipped": {
-                "empty": 1,
-                "too_long": 0,
-                "not_utf8": 0,
-                "empty_target": 0,
-                "target_too_long": 0,
-                "unknown": 0,
-                "unknown_target": 0,
-            },
-        }
-    )
-    assert ray.is_initialized(), "a Ray the caller started is left running"
-    for name in ("sentences", "heads", "distances", "mds", "inputs"):
-        ours, theirs = getattr(local, name), getattr(remote, name)
-        numbers = ours.select_dtypes("number").columns
-        pd.testing.assert_frame_equal(ours.drop(columns=numbers), theirs.drop(columns=numbers), check_like=False)
-        got, want = (frame[numbers].astype("float64").to_numpy() for frame in (theirs, ours))  # NA becomes NaN
-        np.testing.assert_allclose(got, want, atol=1e-5, rtol=0, err_msg=name)
+class TestOnALocalRay:
+    """One local 2-CPU Ray, started and stopped here, for these tests in turn (each start costs seconds): the
+    engine uses a Ray its caller started, and leaves it running. The test whose actors wait on held CPUs is last."""
 
+    def test_the_ray_engine_equals_the_local_engine(self, local_ray, tmp_path):
+        corpus = tmp_path / "corpus.txt"
+        corpus.write_text("\n".join(LINES) + "\n", encoding="utf-8")
+        bundle = attnviz.load("en-de", device="cpu")
+        kwargs = dict(batch_size=2, shard_size=3)
+        local = build_atlas(bundle, corpus, tmp_path / "local", engine="local", **kwargs)
+        remote = build_atlas(bundle, corpus, tmp_path / "ray", engine="ray", **kwargs)
+        assert remote.manifest["engine"] == "ray" and remote.manifest["versions"]["ray"] == ray.__version__
+        assert (
+            remote.manifest["counts"]
+            == local.manifest["counts"]
+            == {
+                "lines": 7,
+                "sentences": 6,
+                "skipped": {
+                    "empty": 1,
+                    "too_long": 0,
+                    "not_utf8": 0,
+                    "empty_target": 0,
+                    "target_too_long": 0,
+                    "unknown": 0,
+                    "unknown_target": 0,
+                },
+            }
+        )
+        assert ray.is_initialized(), "a Ray the caller started is left running"
+        for name in ("sentences", "heads", "distances", "mds", "inputs"):
+            ours, theirs = getattr(local, name), getattr(remote, name)
+            numbers = ours.select_dtypes("number").columns
+            pd.testing.assert_frame_equal(ours.drop(columns=numbers), theirs.drop(columns=numbers), check_like=False)
+            got, want = (frame[numbers].astype("float64").to_numpy() for frame in (theirs, ours))  # NA becomes NaN
+            np.testing.assert_allclose(got, want, atol=1e-5, rtol=0, err_msg=name)
 
-@pytest.mark.slow
-def test_an_error_raised_in_an_actor_ends_the_run_with_its_own_line(local_ray, tmp_path):
-    """A node that sees another model folder (its checkpoint's hash is not the driver's): the actor's own
-    AtlasError, one line naming the node; not "the cluster gave up", and no traceback."""
-    corpus = tmp_path / "corpus.txt"
-    _reverse_corpus(corpus, 5)
-    bundle = attnviz.load("reverse", device="cpu")
-    elsewhere = dataclasses.replace(bundle, sha256="0" * 64)  # the driver's model is not the one the nodes load
-    with pytest.raises(AtlasError) as caught:
-        write_atlas(elsewhere, corpus, tmp_path / "out", engine="ray", batch_size=2)
-    message = str(caught.value)
-    assert "\n" not in message and "Traceback" not in message, message
-    assert message.startswith("on node 127.0.0.1: the model folder ") and "is not the driver's" in message, message
-
-
-@pytest.mark.slow
-def test_a_cluster_whose_cpus_other_work_holds_stops_with_a_line_to_act_on(local_ray, tmp_path, monkeypatch):
-    """Every CPU held by another job: the actors wait to be placed. The run stops once no batch came back
-    for the set time (Ray Data's own default: 30 minutes), saying what each actor asks for."""
-
-    @ray.remote(num_cpus=2)
-    class Holder:
-        def ready(self) -> bool:
-            return True
-
-    holder = Holder.remote()
-    ray.get(holder.ready.remote())
-    corpus = tmp_path / "corpus.txt"
-    _reverse_corpus(corpus, 5)
-    monkeypatch.setenv(NO_PROGRESS, "5")
-    try:
+    def test_an_error_raised_in_an_actor_ends_the_run_with_its_own_line(self, local_ray, tmp_path):
+        """A node that sees another model folder (its checkpoint's hash is not the driver's): the actor's own
+        AtlasError, one line naming the node; not "the cluster gave up", and no traceback."""
+        corpus = tmp_path / "corpus.txt"
+        _reverse_corpus(corpus, 5)
+        bundle = attnviz.load("reverse", device="cpu")
+        elsewhere = dataclasses.replace(bundle, sha256="0" * 64)  # the driver's model is not the one the nodes load
         with pytest.raises(AtlasError) as caught:
-            write_atlas(attnviz.load("reverse", device="cpu"), corpus, tmp_path / "out", engine="ray")
-    finally:
-        ray.kill(holder)
-    message = str(caught.value)
-    assert "\n" not in message, message
-    assert message.startswith("no batch came back from the Ray cluster for 5 s (ExecutionTimeoutError)"), message
-    assert "each of 1 actors asks for 2 CPU" in message and message.endswith("run the same command again to resume")
+            write_atlas(elsewhere, corpus, tmp_path / "out", engine="ray", batch_size=2)
+        message = str(caught.value)
+        assert "\n" not in message and "Traceback" not in message, message
+        assert message.startswith("on node 127.0.0.1: the model folder ") and "is not the driver's" in message, message
 
+    def test_device_cuda_on_a_cluster_without_gpus_is_refused_before_anything_is_written(
+        self, local_ray, tmp_path, capsys
+    ):
+        """The driver needs no GPU of its own (the nodes run the model), and the plan comes before the folder."""
+        corpus, out = tmp_path / "corpus.txt", tmp_path / "out"
+        _reverse_corpus(corpus, 5)
+        args = ["atlas", "--model", "reverse", "--device", "cuda", "--engine", "ray", "--corpus", str(corpus)]
+        assert main([*args, "--out", str(out)]) == 2
+        err = capsys.readouterr().err
+        assert (
+            err.count("\n") == 1 and "no node of the Ray cluster has a GPU and a CPU (nodes: 2 CPUs and 0 GPUs)" in err
+        )
+        assert not out.exists()
 
-@pytest.mark.slow
-def test_device_cuda_on_a_cluster_without_gpus_is_refused_before_anything_is_written(local_ray, tmp_path, capsys):
-    """The driver needs no GPU of its own (the nodes run the model), and the plan comes before the folder."""
-    corpus, out = tmp_path / "corpus.txt", tmp_path / "out"
-    _reverse_corpus(corpus, 5)
-    args = ["atlas", "--model", "reverse", "--device", "cuda", "--engine", "ray", "--corpus", str(corpus)]
-    assert main([*args, "--out", str(out)]) == 2
-    err = capsys.readouterr().err
-    assert err.count("\n") == 1 and "no node of the Ray cluster has a GPU and a CPU (nodes: 2 CPUs and 0 GPUs)" in err
-    assert not out.exists()
+    def test_a_cluster_whose_cpus_other_work_holds_stops_with_a_line_to_act_on(self, local_ray, tmp_path, monkeypatch):
+        """Every CPU held by another job: the actors wait to be placed. The run stops once no batch came back
+        for the set time (Ray Data's own default: 30 minutes), saying what each actor asks for."""
+
+        @ray.remote(num_cpus=2)
+        class Holder:
+            def ready(self) -> bool:
+                return True
+
+        holder = Holder.remote()
+        ray.get(holder.ready.remote())
+        corpus = tmp_path / "corpus.txt"
+        _reverse_corpus(corpus, 5)
+        monkeypatch.setenv(NO_PROGRESS, "5")
+        try:
+            with pytest.raises(AtlasError) as caught:
+                write_atlas(attnviz.load("reverse", device="cpu"), corpus, tmp_path / "out", engine="ray")
+        finally:
+            ray.kill(holder)
+        message = str(caught.value)
+        assert "\n" not in message, message
+        assert message.startswith("no batch came back from the Ray cluster for 5 s (ExecutionTimeoutError)"), message
+        assert "each of 1 actors asks for 2 CPU" in message and message.endswith("run the same command again to resume")
 
 
 def test_an_address_where_nothing_answers_is_one_line_without_waiting_on_ray(monkeypatch):
