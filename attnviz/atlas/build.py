@@ -252,6 +252,8 @@ def write_atlas(
     Two passes over the file: the first counts lines, usable sentences and shards and checks sizes
     before any work (``reading(lines read, lines in all)`` follows it: it tokenises the whole corpus);
     the second computes the shards not yet in ``out`` (``progress(sentences done, sentences in all)``).
+    On Ray the cluster is joined and its actors planned before the first pass (`ray_engine.connected`),
+    and ``out`` is locked for this run from the first write to the end (`store.AtlasFolder`).
     """
     if engine not in ENGINES:
         raise InputError(f"engine must be one of {', '.join(ENGINES)}; got {engine!r}")
