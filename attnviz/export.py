@@ -31,7 +31,7 @@ from typing import BinaryIO
 
 import numpy as np
 
-from attnviz.errors import ExportError
+from attnviz.errors import AttnvizError, ExportError
 from attnviz.kinds import KINDS, axis_names, check_kind, writing_labels
 
 STANDARD_ARRAYS = (
@@ -82,22 +82,28 @@ ARRAY_KINDS = {  # what each standard array's dtype must be: numpy's kind letter
 LISTS = ("src_ids", "tgt_ids", "src_tokens", "tgt_tokens")
 
 
-def max_export_bytes() -> int:
-    """The most bytes a file's arrays may hold once decompressed: ``ATTNVIZ_MAX_EXPORT_MB``, else 512 MB.
-
-    A setting that is not a positive number is an ExportError, as the checkpoints' ``ATTNVIZ_MAX_*``
-    limits: read as 512 MB or as a negative bound, it would allow or refuse what its operator did not mean.
-    """
-    text = os.environ.get("ATTNVIZ_MAX_EXPORT_MB")
+def positive_setting(
+    name: str, default: float, unit: str, error: type[AttnvizError] = ExportError, public: str | None = None
+) -> float:
+    """``default``, or the environment's ``name``; one that is not a finite positive number is ``error``
+    (with ``public`` for a visitor), as the checkpoints' ``ATTNVIZ_MAX_*`` limits: read as the default, as
+    no room or as no bound, it would allow or refuse what its operator did not mean."""
+    text = os.environ.get(name)
     if text is None:
-        return MAX_EXPORT_MB * 2**20
+        return default
     try:
-        mb = float(text)
+        value = float(text)
     except ValueError:
-        mb = math.nan
-    if not (math.isfinite(mb) and mb > 0):
-        raise ExportError(f"ATTNVIZ_MAX_EXPORT_MB={text!r} is not a positive number of MB")
-    return int(mb * 2**20)
+        value = math.nan
+    if not (math.isfinite(value) and value > 0):
+        raise error(f"{name}={text!r} is not a positive number of {unit}", public)
+    return value
+
+
+def max_export_bytes() -> int:
+    """The most bytes a file's arrays may hold once decompressed: ``ATTNVIZ_MAX_EXPORT_MB``, else 512 MB
+    (`positive_setting`)."""
+    return int(positive_setting("ATTNVIZ_MAX_EXPORT_MB", MAX_EXPORT_MB, "MB") * 2**20)
 
 
 def size_text(n_bytes: float) -> str:

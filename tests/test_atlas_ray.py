@@ -156,8 +156,10 @@ def test_an_address_where_nothing_answers_is_one_line_without_waiting_on_ray(mon
     assert not ray.is_initialized()
 
 
-def test_ray_address_auto_where_the_last_ray_start_is_gone_is_one_line_without_waiting_on_ray(monkeypatch):
-    """What `ray start` wrote down on this machine, its cluster since stopped: Ray would wait on it for minutes."""
+@pytest.fixture
+def gone_cluster(monkeypatch):
+    """The address a `ray start` on this machine wrote down, its cluster since stopped, in a Ray folder of
+    this test's own (RAY_TMPDIR; short: Ray's socket paths must fit)."""
     from ray_cluster import free_port
 
     folder = Path(tempfile.mkdtemp(prefix="ray-"))
@@ -165,47 +167,42 @@ def test_ray_address_auto_where_the_last_ray_start_is_gone_is_one_line_without_w
     (folder / "ray").mkdir()
     (folder / "ray" / "ray_current_cluster").write_text(gone)
     monkeypatch.setenv("RAY_TMPDIR", str(folder))
+    yield gone
+    shutil.rmtree(folder, ignore_errors=True)
+
+
+def test_ray_address_auto_where_the_last_ray_start_is_gone_is_one_line_without_waiting_on_ray(
+    gone_cluster, monkeypatch
+):
+    """What `ray start` wrote down on this machine, its cluster since stopped: Ray would wait on it for minutes."""
     monkeypatch.setenv("RAY_ADDRESS", " auto ")
-    try:
-        with pytest.raises(
-            AtlasError, match=rf"^nothing answers at RAY_ADDRESS=auto \({gone}\) \(Connection refused\)"
-        ):
-            with connected("cpu"):
-                pass
-    finally:
-        shutil.rmtree(folder, ignore_errors=True)
+    with pytest.raises(
+        AtlasError, match=rf"^nothing answers at RAY_ADDRESS=auto \({gone_cluster}\) \(Connection refused\)"
+    ):
+        with connected("cpu"):
+            pass
     assert not ray.is_initialized() and os.environ["RAY_ADDRESS"] == " auto ", "the environment as it was"
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("address", [None, "local"])
-def test_without_ray_address_a_ray_of_its_own_starts_never_the_last_ray_starts(address, monkeypatch):
+def test_without_ray_address_a_ray_of_its_own_starts_never_the_last_ray_starts(address, gone_cluster, monkeypatch):
     """ray.init() with no address joins the cluster the last `ray start` on the machine wrote down (or waits
     on it when it is gone): the engine starts a Ray of its own, and stops every process of it."""
-    from ray_cluster import free_port
-
-    folder = Path(tempfile.mkdtemp(prefix="ray-"))  # short: Ray's socket paths must fit
-    gone = f"127.0.0.1:{free_port()}"
-    (folder / "ray").mkdir()
-    (folder / "ray" / "ray_current_cluster").write_text(gone)  # left by a `ray start` since stopped
-    monkeypatch.setenv("RAY_TMPDIR", str(folder))
     if address is None:
         monkeypatch.delenv("RAY_ADDRESS", raising=False)
     else:
         monkeypatch.setenv("RAY_ADDRESS", address)  # Ray's own word for a Ray of its own
     monkeypatch.delenv(LOCAL_ONLY)  # set for the Ray this module imported; the engine sets it for its own
-    try:
-        with connected("cpu") as plan:
-            assert ray.get_runtime_context().gcs_address != gone
-            assert ray.get_runtime_context().gcs_address.startswith("127.0.0.1:"), "a Ray on 127.0.0.1 only"
-            assert plan.device == "cpu" and plan.actors >= 1
-            pids = _ray_pids()
-        assert not ray.is_initialized()
-        assert LOCAL_ONLY not in os.environ, "Ray's single-machine switch is not left to this process's children"
-        assert os.environ.get("RAY_ADDRESS") == address
-        assert not [pid for pid in pids if _alive(pid)], "the Ray it started is stopped"
-    finally:
-        shutil.rmtree(folder, ignore_errors=True)
+    with connected("cpu") as plan:
+        assert ray.get_runtime_context().gcs_address != gone_cluster
+        assert ray.get_runtime_context().gcs_address.startswith("127.0.0.1:"), "a Ray on 127.0.0.1 only"
+        assert plan.device == "cpu" and plan.actors >= 1
+        pids = _ray_pids()
+    assert not ray.is_initialized()
+    assert LOCAL_ONLY not in os.environ, "Ray's single-machine switch is not left to this process's children"
+    assert os.environ.get("RAY_ADDRESS") == address
+    assert not [pid for pid in pids if _alive(pid)], "the Ray it started is stopped"
 
 
 def test_a_failed_ray_run_ends_with_one_line_that_says_what_to_do():

@@ -128,7 +128,7 @@ class AtlasWorker:
                     "every node must see the same model"
                 )
         except AttnvizError as e:
-            self.error = f"on node {_node_address()}: {_own_line(e)}"
+            self.error = f"on node {_node_address()}: {_first_line(e, None)}"
         except Exception as e:  # noqa: BLE001 - the node's own trouble (no GPU memory, a broken install): said as it is
             self.error = (
                 f"on node {_node_address()}: the model could not be loaded ({type(e).__name__}: {_first_line(e)})"
@@ -256,10 +256,11 @@ def _check_reachable(resolved: tuple[str, tuple[str, int] | None]) -> None:
 ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")  # Ray colours the names in its messages
 
 
-def _first_line(error: BaseException) -> str:
-    """The first line of an error's text that says something, without colours, at most 300 characters."""
+def _first_line(error: BaseException, limit: int | None = 300) -> str:
+    """The first line of an error's text that says something, without colours, at most ``limit``
+    characters (an attnviz error's own line whole: Ray Data adds lines below it, how often it tried)."""
     lines = [line.strip() for line in ANSI.sub("", str(error)).splitlines() if line.strip()]
-    return (lines[0] if lines else type(error).__name__)[:300]
+    return (lines[0] if lines else type(error).__name__)[:limit]
 
 
 @contextmanager
@@ -362,10 +363,8 @@ def run_ray(
         if shards:
             try:
                 yield from _run_chunk(ray, plan, checkpoint, sha256, shards, batch_size, precision, on_batch)
-            except (ray.exceptions.RayError, ExecutionTimeoutError) as e:  # a node lost for good, a stuck dataset
+            except (ray.exceptions.RayError, ExecutionTimeoutError) as e:  # an actor's error, a node lost, a stall
                 raise one_line(e, plan) from None
-            except AttnvizError as e:  # an actor's own, raised as it is
-                raise AtlasError(_own_line(e)) from None
 
 
 def one_line(error: BaseException, plan: ActorPlan | None = None) -> AtlasError:
@@ -375,6 +374,7 @@ def one_line(error: BaseException, plan: ActorPlan | None = None) -> AtlasError:
     to check; anything else (a node lost for good, a dataset Ray gave up on) as a failure of the
     cluster, whose written shards the same command resumes from."""
     import ray
+    import ray.data
     from ray.data.exceptions import ExecutionTimeoutError
 
     resume = "the shards written are kept: run the same command again to resume"
@@ -388,7 +388,7 @@ def one_line(error: BaseException, plan: ActorPlan | None = None) -> AtlasError:
         cause = getattr(e, "cause", None)  # a RayTaskError's: the actor's exception itself
         for candidate in (cause, e):
             if isinstance(candidate, AttnvizError) and not isinstance(candidate, ray.exceptions.RayError):
-                return AtlasError(_own_line(candidate))  # not Ray's copy (both at once), which has a traceback
+                return AtlasError(_first_line(candidate, None))  # not Ray's copy (both at once), which has a traceback
         if theirs is None and isinstance(cause, Exception) and not isinstance(cause, ray.exceptions.RayError):
             theirs = f"{type(cause).__name__}: {_first_line(cause)}"
         if theirs is None and getattr(e, "actor_init_failed", False):  # only the text of what it raised is kept
@@ -396,8 +396,9 @@ def one_line(error: BaseException, plan: ActorPlan | None = None) -> AtlasError:
         todo += [cause, e.__cause__, e.__context__]
     if isinstance(error, ExecutionTimeoutError):
         asks = "" if plan is None else f" (each of {plan.actors} actors asks for {_asks(plan)})"
+        seconds = ray.data.DataContext.get_current().execution_no_progress_timeout_s  # what the run waited
         return AtlasError(
-            f"no batch came back from the Ray cluster for {_no_progress_s():g} s (ExecutionTimeoutError): "
+            f"no batch came back from the Ray cluster for {seconds:g} s (ExecutionTimeoutError): "
             f"no node may have room for an actor{asks} while other work holds its CPUs, or a node stopped "
             f"answering (set {NO_PROGRESS} to wait longer); {resume}"
         )
@@ -408,13 +409,6 @@ def one_line(error: BaseException, plan: ActorPlan | None = None) -> AtlasError:
             "once that is mended, the same command resumes"
         )
     return AtlasError(f"the Ray cluster gave up on the work ({type(error).__name__}: {_first_line(error)}); {resume}")
-
-
-def _own_line(error: AttnvizError) -> str:
-    """An attnviz error's own message (its first line that says something), without what Ray Data adds
-    below it (how often it tried)."""
-    lines = [line.strip() for line in ANSI.sub("", str(error)).splitlines() if line.strip()]
-    return lines[0] if lines else type(error).__name__
 
 
 RAISED = re.compile(r"^([A-Za-z_][\w.]*(?:Error|Exception|Interrupt|Exit)): (.+)$")

@@ -20,7 +20,6 @@ from __future__ import annotations
 import fcntl
 import json
 import logging
-import math
 import os
 import shutil
 import stat
@@ -44,6 +43,7 @@ from attnviz.atlas.summary import (
     sort_sentences,
 )
 from attnviz.errors import AtlasError, describe
+from attnviz.export import positive_setting
 
 FORMAT = "attnviz-atlas/1"
 MANIFEST = "manifest.json"
@@ -376,21 +376,8 @@ COLUMNS = {  # what each table must hold for the app and the CLI to read it
 
 
 def _limit(name: str, default: int, unit: str) -> float:
-    """``default``, or the environment's ``name``: a setting that is not a positive number is an AtlasError, as
-    ``ATTNVIZ_MAX_EXPORT_MB``'s: read as the default, as no room or as infinity, it would allow or refuse what
-    its operator did not mean."""
-    text = os.environ.get(name)
-    if text is None:
-        return default
-    try:
-        value = float(text)
-    except ValueError:
-        value = math.nan
-    if not (math.isfinite(value) and value > 0):
-        raise AtlasError(
-            f"{name}={text!r} is not a positive number of {unit}", "the server's atlas limits are misconfigured"
-        )
-    return value
+    """``default``, or the environment's ``name``: a setting that is not a positive number is an AtlasError."""
+    return positive_setting(name, default, unit, AtlasError, "the server's atlas limits are misconfigured")
 
 
 def max_atlas_rows() -> int:
