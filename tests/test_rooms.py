@@ -349,30 +349,96 @@ def test_a_store_error_while_opening_leaves_nothing_counted(store):
 
 @pytest.mark.parametrize(
     "damage",
-    [{"expires": "inf"}, {"updated": None}, {"expires": float("nan")}, {"ended": "no"}],
-    ids=["expires as text", "no update time", "expires NaN", "ended as text"],
-)
+    [
+        {"expires": "inf"},
+        {"updated": None},
+        {"expires": float("nan")},
+        {"ended": "no"},
+        {"updated": 10**400},  # math.isfinite raised OverflowError on it
+        {"changed": 10**400},
+        {"updated": 1e300},  # a coalesced change's timer died on it (timestamp out of range), its room stuck
+        {"expires": 1e308},  # Redis's expiry in ms overflowed
+        {"created": -1.0},
+        {"secret": "é"},  # hmac.compare_digest raised TypeError on it
+        {"secret": ""},
+        {"state": {"BAD KEY": 1}},  # a view no presenter could have published, shown to every follower
+        {"state": {"n": float("nan")}},
+        {"state": {"big": 10**300}},
+        {"state": {"t": "x" * (1024 * 1024 + 1)}},  # over the most any operator may allow
+    ],
+    ids=[
+        "expires as text", "no update time", "expires NaN", "ended as text", "a huge whole update time",
+        "a huge whole change time", "an update time far off", "an expiry far off", "created before 1970",
+        "a secret not hex", "an empty secret", "a key no view has", "a NaN value", "a huge number", "a huge view",
+    ],
+)  # fmt: skip
 def test_a_record_of_the_wrong_types_is_one_line(store, damage):
-    """A record a person wrote into the store by hand: one line, never a TypeError in the page."""
-    rooms_ = make_rooms(store)
+    """A record a person wrote into the store by hand: one line to every call, never a TypeError, an OverflowError
+    or a view no presenter published in the page."""
+    rooms_ = make_rooms(store, publishes_per_s=1e6)
     mine = rooms_.open_room(STATE)
     key = f"room:{mine.code}"
     revision, text = store.get(key)
     record = {**json.loads(text), **damage}
     store.put(key, json.dumps(record), 3600, expect=revision)
     raises("other", rooms_.read, mine.code)
+    raises("other", rooms_.follow, mine.code, "session")
+    raises("other", rooms_.publish, mine.code, mine.secret, {"page": "next"})
+    raises("other", rooms_.resume, mine.code, mine.secret)
+    raises("other", rooms_.end, mine.code, mine.secret)
+    assert not rooms_._timers, "no change waits on a record that is not a room's"
+
+
+def test_a_record_nested_past_pythons_recursion_is_one_line(store):
+    """JSON nested 100,000 deep: json.loads raised RecursionError through every call."""
+    rooms_ = make_rooms(store)
+    mine = rooms_.open_room(STATE)
+    key = f"room:{mine.code}"
+    revision, _ = store.get(key)
+    store.put(key, "[" * 100_000, 3600, expect=revision)
+    raises("other", rooms_.read, mine.code)
+    raises("other", rooms_.publish, mine.code, mine.secret, STATE)
+
+
+def test_a_change_of_a_values_type_alone_is_published(store):
+    """1, 1.0 and true are equal in Python: a change from one to another was taken for no change, and the
+    followers kept the old value though the presenter was told it was published."""
+    rooms_ = make_rooms(store, publishes_per_s=1e6)
+    room = rooms_.open_room({"x": 1})
+    for value in (True, 1.0, -0.0, 0.0, [1], [True]):
+        store.clock.advance(1)
+        rooms_.publish(room.code, room.secret, {"x": value})
+        shown = rooms_.read(room.code).state["x"]
+        assert json.dumps(shown) == json.dumps(value), (value, shown)
+
+
+def test_a_coalesced_change_waits_no_longer_than_the_interval(store):
+    """A record whose last write is stamped ahead of this replica's clock (another machine's clock, or a hand
+    edit): the change is coalesced for the interval at most, never for as long as the stamp is ahead."""
+    rooms_ = make_rooms(store, publishes_per_s=10)
+    room = rooms_.open_room(STATE)
+    key = f"room:{room.code}"
+    revision, text = store.get(key)
+    store.put(key, json.dumps({**json.loads(text), "updated": store.clock() + 86_400}), 3600, expect=revision)
+    rooms_.publish(room.code, room.secret, {"page": "next"})
+    assert rooms_._timers[room.code].interval <= 0.1
+    rooms_.end(room.code, room.secret)
 
 
 @pytest.mark.parametrize("store", ["sqlite", "redis"], indirect=True)  # the stores a person can write into
-def test_a_revision_that_is_no_number_is_one_line(store):
-    """Written by hand into a shared store: the rooms say they are not available, never a ValueError."""
+@pytest.mark.parametrize("revision", ["abc", "-1", "0", "1000000000001", "9999999999999999999"])
+def test_a_revision_that_is_no_number_is_one_line(store, revision):
+    """Written by hand into a shared store: the rooms say they are not available, never a ValueError. A revision
+    is 1 up to 10**12: -1 was read as a version, 0 as "no record", and 10**19 - 1 made Redis's next revision
+    1e+19, after which the room could not be read at all."""
     rooms_ = make_rooms(store)
     mine = rooms_.open_room(STATE)
     if isinstance(store, SQLiteStore):
-        store._connect().execute("UPDATE records SET revision = 'abc' WHERE key = ?", (f"room:{mine.code}",))
+        store._connect().execute("UPDATE records SET revision = ? WHERE key = ?", (revision, f"room:{mine.code}"))
     else:
-        store._redis.hset(f"attnviz:rooms:room:{mine.code}", "revision", "abc")
+        store._redis.hset(f"attnviz:rooms:room:{mine.code}", "revision", revision)
     raises("unavailable", rooms_.read, mine.code)
+    raises("unavailable", rooms_.publish, mine.code, mine.secret, {"page": "next"})
 
 
 @pytest.mark.parametrize("store", ["redis"], indirect=True)  # the one store that holds bytes
@@ -562,6 +628,17 @@ def test_redis_is_chosen_by_its_url(environment, redis_server):
     room = rooms.open_room(STATE)
     rooms.follow(room.code, "session")
     assert rooms.read(room.code).followers == 1
+
+
+@pytest.mark.parametrize("database", ["abc", "1x", "0/extra", "-1", "99999999999999999999", "1?db=abc", "?db=x"])
+def test_a_redis_database_that_is_no_whole_number_is_refused(environment, redis_server, caplog, database):
+    """redis-py drops a database it cannot read, and the rooms went to database 0 of a Redis that answers without
+    a word; -1 and 10**20 failed later, as a store that "does not answer"."""
+    environment.setenv("ATTNVIZ_ROOMS_URL", redis_server.url.removesuffix("/0") + "/" + database)
+    assert rooms.store_status() == UNAVAILABLE
+    said = [r.getMessage() for r in caplog.records if "ATTNVIZ_ROOMS_URL" in r.getMessage()]
+    assert any("database" in line and "whole number" in line for line in said), said
+    raises("unavailable", rooms.open_room, STATE)
 
 
 def test_the_operators_limits_come_from_the_environment(environment):

@@ -35,7 +35,7 @@ import time
 import weakref
 from collections.abc import Callable
 
-from attnviz.app.rooms.settings import ENDED_KEPT_S, FOLLOW_WINDOW_S, Limits
+from attnviz.app.rooms.settings import ENDED_KEPT_S, FOLLOW_WINDOW_S, MOST_STATE_KB, Limits
 from attnviz.app.rooms.store import Store, StoreError
 from attnviz.errors import InputError, describe
 
@@ -50,6 +50,11 @@ STATE_KEY = re.compile(r"[a-z][a-z0-9_]{0,31}")  # a key: like a URL parameter o
 LIST_ITEMS = 256  # items in one list value (words chosen, a pointed cell)
 LARGEST_INT = 2**53  # JSON numbers beyond lose digits in a browser
 FOLLOWER_CHARS = 128  # a follower's session id
+DIGEST = re.compile(r"[0-9a-f]{64}")  # a record's secret: the SHA-256 of the presenter's, in hex (`_hash`)
+MOST_STATE_BYTES = MOST_STATE_KB * 1024  # a stored view at most: the largest ATTNVIZ_ROOM_STATE_KB allows
+# The latest time a record may hold (about the year 2242): 1e300 had overflowed a coalesced change's timer
+# (its room's changes never written again) and Redis's expiry in milliseconds.
+LAST_TIME = 2.0**33
 OPEN_TRIES = 8  # fresh codes tried when one is taken (with a billion codes, twice is already rare)
 WRITE_TRIES = 8  # compare-and-set attempts when other writers keep getting in first
 # Between two attempts a writer waits a random time, up to 1, 2, 4, ... ms (at most BACKOFF_MAX_S):
@@ -164,7 +169,7 @@ def check_state(state: object, most_bytes: int) -> str:
             if not _plain(item):
                 _refuse(f"The room's value {key!r} cannot be shared: {describe(item)} is not a plain value.", "state")
     try:
-        text = json.dumps(state, sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
+        text = _text(state)
         size = len(text.encode("utf-8"))
     except (ValueError, UnicodeEncodeError):
         _refuse("The room's view holds text that is not valid Unicode.", "state")
@@ -175,6 +180,11 @@ def check_state(state: object, most_bytes: int) -> str:
             "state",
         )
     return text
+
+
+def _text(state: dict) -> str:
+    """``state`` as the rooms compare and store it: compact JSON, keys sorted."""
+    return json.dumps(state, sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
 
 
 def _plain(value: object) -> bool:
@@ -387,11 +397,15 @@ class Rooms:
         for attempt in range(WRITE_TRIES):
             _back_off(attempt)
             version, record = self._live(store, code, change.secret)
-            if record["state"] == change.state or (delayed and _made(record) > change.made):
+            # compared as JSON, where 1, 1.0 and true differ (in Python they are equal, and a change from one to
+            # another had been taken for none: the followers kept the old value)
+            if _text(record["state"]) == _text(change.state) or (delayed and _made(record) > change.made):
                 self._forget_pending(code)
                 return version
             now = store.clock()
-            wait = float(record["updated"]) + 1 / self._limits().publishes_per_s - now
+            interval = 1 / self._limits().publishes_per_s
+            # at most the interval: a last write stamped ahead of this clock (another machine's) holds no change longer
+            wait = min(float(record["updated"]) + interval - now, interval)
             if wait > 0:
                 self._coalesce(code, change, wait)
                 return version
@@ -467,10 +481,7 @@ def _key(code: str) -> str:
 def _made(record: dict) -> float:
     """When the presenter made the view ``record`` holds (the store's clock); -inf for a record that does not say
     (written by an earlier attnviz): any change is newer."""
-    made = record.get("changed")
-    if isinstance(made, (int, float)) and not isinstance(made, bool) and math.isfinite(made):
-        return float(made)
-    return -math.inf
+    return float(record["changed"]) if "changed" in record else -math.inf
 
 
 def _followers(code: str) -> str:
@@ -478,17 +489,30 @@ def _followers(code: str) -> str:
 
 
 def _record(code: str, text: str) -> dict:
+    """The room's record as the store holds it; `RoomError` for one this code could not have written (another
+    program's, a hand edit): its times, its secret's digest and its view are checked as they were written, so
+    that no page shows, waits on or compares what no presenter made."""
     try:
         record = json.loads(text)
-        if isinstance(record, dict) and isinstance(record.get("state"), dict):
-            times = (record.get("updated"), record.get("expires"))
-            numbers = all(isinstance(t, (int, float)) and not isinstance(t, bool) and math.isfinite(t) for t in times)
-            if numbers and isinstance(record.get("secret"), str) and isinstance(record.get("ended"), bool):
-                return record
-    except (ValueError, KeyError, TypeError):
+        if (
+            isinstance(record, dict)
+            and all(_time(record.get(name)) for name in ("updated", "expires"))
+            and all(_time(record[name]) for name in ("created", "changed") if name in record)  # an earlier attnviz's
+            and isinstance(record.get("secret"), str)
+            and DIGEST.fullmatch(record["secret"])
+            and isinstance(record.get("ended"), bool)
+        ):
+            check_state(record.get("state"), MOST_STATE_BYTES)
+            return record
+    except (ValueError, KeyError, TypeError, RecursionError, RoomError):  # RecursionError: JSON nested too deep
         pass
     log.error("room %s: the store holds a record that is not a room's", code)
     raise RoomError(f"Room {code} cannot be read on this server; the presenter can open a new one.", reason="other")
+
+
+def _time(value: object) -> bool:
+    """A time as the rooms write it: seconds since 1970 by the store's clock, up to `LAST_TIME`."""
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and 0 <= value <= LAST_TIME
 
 
 def _check_secret(code: str, record: dict, secret: object) -> None:

@@ -26,6 +26,7 @@ import logging
 import math
 import os
 import threading
+import urllib.parse
 from pathlib import Path
 
 from attnviz.app.rooms.redis_store import RedisStore
@@ -37,6 +38,7 @@ log = logging.getLogger(__name__)
 FOLLOW_WINDOW_S = 10.0  # a follower counts while its last heartbeat is this recent (pages send one a second)
 ENDED_KEPT_S = 3600.0  # an ended or expired room still answers "ended" this long, then it is unknown
 MOST_HOURS = 24 * 365  # a room's lifetime at most: a year (1e306 hours overflowed the stores' expiry times)
+MOST_STATE_KB = 1024  # ATTNVIZ_ROOM_STATE_KB at most
 
 _said: set[tuple[str, str]] = set()  # (setting, value) whose replacement the log has said: once per process
 
@@ -85,7 +87,7 @@ class Limits:
             per_minute=int(_number("ATTNVIZ_ROOMS_PER_MINUTE", base.per_minute, 1, 10_000)),
             followers=int(_number("ATTNVIZ_ROOM_FOLLOWERS", base.followers, 1, 100_000)),
             publishes_per_s=_number("ATTNVIZ_ROOM_PUBLISHES_PER_S", base.publishes_per_s, 0.01, 1_000_000),
-            state_bytes=int(_number("ATTNVIZ_ROOM_STATE_KB", base.state_bytes / 1024, 1, 1024) * 1024),
+            state_bytes=int(_number("ATTNVIZ_ROOM_STATE_KB", base.state_bytes / 1024, 1, MOST_STATE_KB) * 1024),
         )
 
 
@@ -117,6 +119,22 @@ def store() -> Store:
         if made is None:
             if url and not url.startswith(("redis://", "rediss://", "unix://")):
                 raise StoreError("ATTNVIZ_ROOMS_URL must be a Redis address (redis://host:port/db)")
+            if url:
+                _check_database(url)
             made = RedisStore(url) if url else SQLiteStore(folder)
             _chosen[(url, folder)] = made
         return made
+
+
+def _check_database(url: str) -> None:
+    """`StoreError` unless the Redis database ``url`` names (its path, or ``?db=``) is a whole number from 0 up:
+    redis-py drops one it cannot read, and the rooms would go to database 0 without a word."""
+    parts = urllib.parse.urlsplit(url)
+    named = [] if parts.scheme == "unix" else [parts.path.lstrip("/")]  # a socket's path is no database
+    named += urllib.parse.parse_qs(parts.query, keep_blank_values=True).get("db", [])
+    for database in named:
+        if database and not (database.isascii() and database.isdigit() and int(database) < 2**31):
+            raise StoreError(
+                f"ATTNVIZ_ROOMS_URL names the Redis database {database[:40]!r}: a database is a whole number from 0 "
+                "up (redis://host:port/0)"
+            )

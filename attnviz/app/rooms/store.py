@@ -22,6 +22,10 @@ import time
 from collections.abc import Callable
 from typing import Protocol
 
+# A record's revision at most: a room written 10 times a second for a year reaches 3.2e8. Redis's scripts count
+# in Lua, whose numbers are written back with 14 significant digits: 10**19 - 1 plus one had become "1e+19".
+LAST_REVISION = 10**12
+
 
 class StoreError(Exception):
     """The store cannot be reached or written (a Redis gone, a folder that cannot be written)."""
@@ -115,11 +119,16 @@ class MemoryStore:
 
 
 def revision_of(raw) -> int:
-    """A record's revision as the store gave it, a whole number; `StoreError` for anything else (a store
-    someone wrote into by hand), which the rooms turn into one line for the visitor."""
-    if type(raw) is int:
-        return raw
+    """A record's revision as the store gave it, a whole number from 1 to `LAST_REVISION`; `StoreError` for
+    anything else (a store someone wrote into by hand), which the rooms turn into one line for the visitor
+    (-1 had been read as a version, and 0 means no record to `Store.put`)."""
     text = raw.decode("ascii", "replace") if isinstance(raw, bytes) else raw
-    if isinstance(text, str) and re.fullmatch(r"\s*-?[0-9]{1,19}\s*", text):
-        return int(text)
-    raise StoreError(f"the store holds a revision that is not a whole number: {str(raw)[:40]!r}")
+    if type(raw) is int:
+        revision = raw
+    elif isinstance(text, str) and re.fullmatch(r"\s*-?[0-9]{1,19}\s*", text):
+        revision = int(text)
+    else:
+        revision = None
+    if revision is not None and 1 <= revision <= LAST_REVISION:
+        return revision
+    raise StoreError(f"the store holds a revision that is not a whole number from 1 up: {str(raw)[:40]!r}")
