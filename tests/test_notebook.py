@@ -668,3 +668,189 @@ def test_an_export_path_refuses_what_it_would_ignore(tmp_path):
             with pytest.raises(InputError, match=message):
                 model_view(name, mode="widget", **extra)
     assert head_view(path, mode="widget").frame["cols"] == list(TOY_SRC)
+
+
+def test_arguments_a_source_does_not_use_are_refused_not_dropped(tmp_path, monkeypatch):
+    """text=, tgt= and generate= beside plain maps or an export, a text given twice to a model, and maps beside a
+    model had been dropped without a word: the view drew something other than what was asked for."""
+    from attnviz.notebook import data
+
+    attentions, tokens = hf_attentions(causal=False), [f"t{i}" for i in range(6)]
+    for extra in ({"text": "x"}, {"tgt": "y"}, {"generate": 5}):
+        with pytest.raises(InputError, match="only with an attnviz model"):
+            head_view(attentions, tokens, kind="encoder", mode="widget", **extra)
+        with pytest.raises(InputError, match="only with an attnviz model"):
+            model_view(plain_export(attentions, tokens, kind="encoder"), mode="widget", **extra)
+        with pytest.raises(InputError, match="only with an attnviz model"):
+            head_view(toy_export().save(tmp_path / "toy.npz"), mode="widget", **extra)
+    monkeypatch.setattr(data, "_is_bundle", lambda value: value == "a model")
+    monkeypatch.setattr(data, "from_model", lambda *args, **kwargs: pytest.fail("the model was run"))
+    with pytest.raises(InputError, match="the text twice"):
+        data.as_source("a model", "a cat", text="the dog")
+    with pytest.raises(InputError, match="runs on its text: give no maps"):
+        data.as_source("a model", text="the dog", encoder=attentions, src_tokens=tokens)
+    with pytest.raises(InputError, match="holds one text already"):
+        data.as_source("a model", text="the dog", batch=0)
+
+
+@pytest.mark.parametrize(
+    "tokens",
+    [
+        pytest.param("tensor", id="a tensor of ids"),
+        pytest.param([b"a", b"b", b"c", b"d", b"e", b"f"], id="bytes"),
+        pytest.param([None] * 6, id="None"),
+        pytest.param(list(range(6)), id="ids"),
+        pytest.param(6, id="a number"),
+    ],
+)
+def test_tokens_that_are_not_strings_are_refused_not_str_ed(tokens):
+    import torch
+
+    if tokens == "tensor":
+        tokens = torch.arange(6)
+    with pytest.raises(InputError, match="tokens must be a list of strings"):
+        head_view(hf_attentions(causal=False), tokens, kind="encoder", mode="widget")
+
+
+def test_no_layers_or_no_texts_are_clear_errors():
+    tokens = [f"t{i}" for i in range(4)]
+    with pytest.raises(InputError, match="no layers given"):
+        head_view(np.zeros((0, 2, 4, 4), np.float32), tokens, mode="widget")
+    with pytest.raises(InputError, match="no layers given"):
+        head_view(np.zeros((0, 1, 2, 4, 4), np.float32), tokens, mode="widget")
+    with pytest.raises(InputError, match="batch axis holds no texts"):
+        head_view([np.zeros((0, 2, 4, 4), np.float32)], tokens, mode="widget")
+
+
+def test_complex_maps_are_refused_not_cut_to_their_real_part():
+    import torch
+
+    layer = hf_attentions(layers=1)[0]
+    tokens = [f"t{i}" for i in range(6)]
+    for complex_layer in (layer.astype(np.complex64), torch.tensor(layer).to(torch.complex64)):
+        with pytest.raises(InputError, match="complex"):
+            head_view([complex_layer], tokens, mode="widget")
+
+
+@pytest.mark.parametrize("view", [head_view, model_view])
+@pytest.mark.parametrize("contrast", ["bogus", None, ["linear"]])
+def test_a_bad_contrast_is_an_input_error(view, contrast):
+    with pytest.raises(InputError, match="contrast must be one of"):
+        view(toy_export(), contrast=contrast, mode="widget")
+
+
+def _own_decoding(changes=None, L=2, H=2, S=3):
+    """A Decoding of two steps made by hand (as a user may), with ``changes`` {step: {field: value}} applied."""
+    import torch
+
+    from attnviz.decoding import Candidate, DecodeStep, Decoding
+
+    rng = np.random.default_rng(0)
+    steps = []
+    for i, token in enumerate((6, 7)):
+        fields = {
+            "index": i,
+            "token_id": token,
+            "prob": 0.5,
+            "top": (Candidate(token, 0.5),),
+            "self_attn": torch.tensor(_softmax(rng.normal(size=(L, H, i + 1)))),
+            "cross_attn": torch.tensor(_softmax(rng.normal(size=(L, H, S)))),
+        }
+        fields.update((changes or {}).get(i, {}))
+        steps.append(DecodeStep(**fields))
+    return Decoding(ids=(6, 7), steps=tuple(steps), score=0.0)
+
+
+def test_a_decoding_of_ones_own_is_checked_as_plain_maps_are():
+    """A hand-made Decoding had been drawn with NaN or weights of 5 or a probability of 7, or had failed with a
+    numpy ValueError, an AttributeError or a TypeError."""
+    import torch
+
+    from attnviz.notebook import step_view
+
+    given = {"src_tokens": list("abc"), "tgt_tokens": ["<s>", "t6"], "id_to_token": lambda i: f"t{i}", "mode": "widget"}
+    good = _own_decoding()
+    step_view(good, **given)
+    cross = good.steps[1].cross_attn
+    for changes, message in (
+        ({1: {"cross_attn": cross * float("nan")}}, "NaN or infinite"),
+        ({1: {"cross_attn": cross * 5}}, r"0\.\.1"),
+        ({0: {"self_attn": good.steps[0].self_attn * 0.5}}, "not 1"),
+        ({1: {"prob": float("nan")}}, "probability"),
+        ({1: {"prob": 7.0}}, "probability"),
+        ({1: {"top": ((7, 0.5),)}}, "candidates"),
+        ({1: {"cross_attn": torch.ones(2, 2, 4) / 4}}, r"step 1 \(from 0\).* \(2, 2, 4\), step 0's \(2, 2, 3\)"),
+        ({1: {"self_attn": torch.ones(3, 2, 2) / 2}}, r"step 1 \(from 0\).* \(3, 2, 2\)"),
+        ({1: {"cross_attn": None}}, "cross-attention in some steps"),
+        ({0: {"self_attn": torch.ones(2, 1)}}, r"\(layers, heads, positions\)"),
+        ({0: {"cross_attn": cross.to(torch.complex64)}}, "complex"),
+    ):
+        with pytest.raises(InputError, match=message):
+            step_view(_own_decoding(changes), **given)
+    for bad, message in (
+        ({"tgt_tokens": 5}, "tgt_tokens must be a list of strings"),
+        ({"src_tokens": 3}, "src_tokens must be a list of strings"),
+        ({"tgt_tokens": [b"<s>", b"t6"]}, "tgt_tokens must be a list of strings"),
+    ):
+        with pytest.raises(InputError, match=message):
+            step_view(good, **{**given, **bad})
+    with pytest.raises(InputError, match="takes an attnviz.decoding.Decoding"):
+        step_view([1, 2, 3], **given)
+
+
+def _own_tiled(q_shape=(1, 2, 6, 4), k_shape=(1, 2, 6, 4), tokens=tuple("abcdef"), q=None, **more):
+    """A TiledAttention made by hand (the docs invite one), of a decoder, with ``more`` kinds' (q, k) beside it."""
+    rng = np.random.default_rng(0)
+    queries = {"decoder": rng.normal(size=q_shape).astype(np.float32) if q is None else q}
+    keys = {"decoder": rng.normal(size=k_shape).astype(np.float32)}
+    for kind, (q_more, k_more) in more.items():
+        queries[kind], keys[kind] = q_more, k_more
+    return TiledAttention(queries, keys, tuple("xyz") if more else None, tokens, {"model": "made up"})
+
+
+def test_a_tiled_attention_of_ones_own_is_checked():
+    """A hand-made TiledAttention had been drawn with more rows than labels, or with NaN, or had failed with an
+    IndexError at a head past its key heads."""
+    import torch
+
+    head_view(_own_tiled(), mode="widget")
+    model_view(_own_tiled(q_shape=(1, 4, 6, 4)), mode="widget")  # grouped-query: 4 query heads over 2 key heads
+    cross = (np.ones((2, 2, 6, 4), np.float32), np.ones((2, 2, 3, 4), np.float32))
+    for tiled, message in (
+        (_own_tiled(tokens=tuple("abcd")), "6 queries but 4 tokens"),
+        (_own_tiled(tokens=None), "tgt_tokens must be a list of strings"),
+        (_own_tiled(tokens=list(range(6))), "tgt_tokens must be a list of strings"),
+        (_own_tiled(q=np.full((1, 2, 6, 4), np.nan, np.float32)), "NaN or infinite"),
+        (_own_tiled(q_shape=(1, 3, 6, 4)), "3 query heads is not a multiple of its 2 key heads"),
+        (_own_tiled(k_shape=(1, 3, 6, 4)), "2 query heads is not a multiple of its 3 key heads"),
+        (_own_tiled(k_shape=(1, 2, 6, 5)), "queries of 4 dimensions but keys of 5"),
+        (_own_tiled(q_shape=(2, 2, 6, 4)), "2 layers of queries but 1 of keys"),
+        (_own_tiled(q_shape=(2, 4)), r"\(layers, heads, queries, dimensions\)"),
+        (_own_tiled(cross=cross), "every kind needs the same layers"),
+        (_own_tiled(q=torch.ones(1, 2, 6, 4)), "float32 numpy"),
+        (TiledAttention({"decoder": np.ones((1, 1, 2, 2), np.float32)}, {}, None, ("a", "b"), {}), "the same kinds"),
+    ):
+        with pytest.raises(InputError, match=message):
+            head_view(tiled, mode="widget")
+        with pytest.raises(InputError, match=message):
+            model_view(tiled, mode="widget")
+
+
+def test_the_model_views_page_keeps_its_thumbnail_grids_within_the_budget(monkeypatch):
+    """Every kind's grid under every contrast had been embedded whatever its size, past PAGE_BUDGET. The page
+    answers a head frame with its kind's and contrast's grid, so every head frame kept has its grid."""
+    from attnviz.notebook import standalone
+
+    budget = 400_000
+    monkeypatch.setattr(standalone, "PAGE_BUDGET", budget)
+    attentions = hf_attentions(layers=4, heads=4, T=100, causal=False)  # grids of 16 heads x 96 x 96: 147 kB each
+    view = model_view(attentions, [f"t{i}" for i in range(100)], contrast="log", mode="html")
+    frames = view.frames_for_page()
+    grids = sum(len(g["grid"]) for g in frames["grids"].values())
+    heads = sum(len(f["indices"]) + len(f["weights"]) for f in frames["head"].values())
+    assert grids + heads <= budget, f"{grids} bytes of grids and {heads} of head frames embedded"
+    assert "encoder|log" in frames["grids"] and "encoder|1|1|log|0" in frames["head"]  # what the page opens on
+    assert all(f"{f['kind']}|{f['contrast']}" in frames["grids"] for f in frames["head"].values())
+    assert not frames["complete"]
+    whole = model_view(hf_attentions(layers=1, heads=1, T=4), list("abcd"), mode="html").frames_for_page()
+    assert len(whole["grids"]) == 3 and whole["complete"]  # a small model's page keeps every choice

@@ -19,7 +19,7 @@ B batch, H heads, Q queries, K keys.
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -39,10 +39,17 @@ MAX_PLAIN_MB = 2048
 def _numpy(value, what: str) -> np.ndarray:
     """``value`` (a torch tensor on any device, numpy, nested lists) as float32 numpy."""
     if hasattr(value, "detach"):  # torch, without importing it here
+        if value.is_complex():  # .float() would keep the real part and only warn
+            raise InputError(f"{what} holds complex numbers: attention weights are real, in 0..1")
         value = value.detach().float().cpu().numpy()
     try:
-        array = np.asarray(value, dtype=np.float32)
+        array = np.asarray(value)
+        if array.dtype.kind == "c":  # converting would keep the real part and only warn
+            raise InputError(f"{what} holds complex numbers: attention weights are real, in 0..1")
+        array = array.astype(np.float32, copy=False)
     except (TypeError, ValueError) as e:
+        if isinstance(e, InputError):
+            raise
         raise InputError(f"{what} must be numbers (tensors or arrays): {e}") from None
     return array
 
@@ -98,6 +105,8 @@ def stack_layers(maps, what: str, batch: int | None = None) -> np.ndarray:
     else:
         array = _shaped(maps, what)
         shape = tuple(array.shape)
+        if len(shape) in (4, 5) and shape[0] == 0:
+            raise InputError(f"{what}: no layers given (an array of shape {shape}, with a layer axis of size 0)")
         if len(shape) == 4 and batch is not None:
             raise InputError(
                 f"{what} is one 4-D array {shape}, which a view reads as (layers, heads, queries, keys) with no batch "
@@ -115,6 +124,8 @@ def stack_layers(maps, what: str, batch: int | None = None) -> np.ndarray:
         shapes = [shape[1:]] * shape[0]
     has_batch = len(shapes[0]) == 4
     n_texts = shapes[0][0] if has_batch else 1
+    if n_texts == 0:
+        raise InputError(f"{what}: the batch axis holds no texts (each layer is {shapes[0]}); a view shows one text")
     if batch is None:
         if n_texts != 1:
             raise InputError(
@@ -206,12 +217,78 @@ def check_export(export: AttentionExport) -> AttentionExport:
     return export
 
 
+def token_list(tokens, what: str) -> tuple[str, ...]:
+    """``tokens`` as a tuple of strings, or an InputError: str() of ids, bytes or None would label a map with
+    text the user never read ("tensor(101)", "b'a'")."""
+    if isinstance(tokens, str):
+        raise InputError(f"{what} must be a list of strings, one per position, not one string")
+    if not isinstance(tokens, Iterable):
+        raise InputError(f"{what} must be a list of strings, one per position; got {type(tokens).__name__}")
+    listed = tuple(tokens)
+    for token in listed:
+        if not isinstance(token, str):
+            raise InputError(
+                f"{what} must be a list of strings, one per position; one is {token!r} ({type(token).__name__}): "
+                "ids? give the tokenizer's tokens (e.g. tokenizer.convert_ids_to_tokens(ids))"
+            )
+    return listed
+
+
+def check_tiled(tiled: TiledAttention) -> TiledAttention:
+    """``tiled`` itself, checked as an export is: per kind, float32 queries (L, H, Q, D) and keys (L, H_kv, K, D),
+    finite, sharing L and D, with H a multiple of H_kv (grouped-query heads), as many queries and keys as its
+    tokens, and one L for every kind; an InputError otherwise. `attnviz.api.tiled_attention` makes them so; one
+    made by hand may not, and would be drawn with rows no token labels, or fail deep in a head's tile."""
+    queries, keys = tiled.queries, tiled.keys
+    if not isinstance(queries, dict) or not isinstance(keys, dict) or not queries or set(queries) != set(keys):
+        raise InputError(
+            "a TiledAttention's queries and keys must be dicts with the same kinds ('encoder', 'decoder', 'cross'); "
+            f"got {sorted(queries) if isinstance(queries, dict) else queries!r} and "
+            f"{sorted(keys) if isinstance(keys, dict) else keys!r}"
+        )
+    unknown = sorted(set(queries) - set(KINDS))
+    if unknown:
+        raise InputError(f"a TiledAttention's kinds are 'encoder', 'decoder' and 'cross'; got {', '.join(unknown)}")
+    layers = {kind: _check_tiled_kind(tiled, kind) for kind in tiled.kinds}
+    if len(set(layers.values())) > 1:
+        raise InputError(f"every kind needs the same layers; this TiledAttention has {layers}")
+    return tiled
+
+
+def _check_tiled_kind(tiled: TiledAttention, kind: str) -> int:
+    """L, after checking ``kind``'s queries and keys (`check_tiled`)."""
+    what = f"the TiledAttention's {kind}"
+    q, k = tiled.queries[kind], tiled.keys[kind]
+    for name, array in (("queries", q), ("keys", k)):
+        if not isinstance(array, np.ndarray) or array.dtype != np.float32:
+            raise InputError(f"{what} {name} must be a float32 numpy array; got {type(array).__name__}")
+        if array.ndim != 4 or 0 in array.shape:
+            raise InputError(f"{what} {name} must be (layers, heads, {name}, dimensions); got shape {array.shape}")
+        if not all(np.isfinite(layer).all() for layer in array):  # a layer at a time: no mask of them all
+            raise InputError(f"{what} {name} hold NaN or infinite values")
+    (L, H, Q, D), (L_k, H_kv, K, D_k) = q.shape, k.shape
+    if L != L_k:
+        raise InputError(f"{what} has {L} layers of queries but {L_k} of keys")
+    if D != D_k:
+        raise InputError(f"{what} has queries of {D} dimensions but keys of {D_k}: a score is their dot product")
+    if H % H_kv:
+        raise InputError(
+            f"{what}: {H} query heads is not a multiple of its {H_kv} key heads (grouped-query attention shares "
+            "each key head among H / H_kv query heads)"
+        )
+    sides = {"encoder": ("src_tokens", "src_tokens"), "decoder": ("tgt_tokens", "tgt_tokens")}
+    rows, columns = sides.get(kind, ("tgt_tokens", "src_tokens"))  # cross: target rows, source columns
+    for n, axis, side in ((Q, "queries", rows), (K, "keys", columns)):
+        tokens = token_list(getattr(tiled, side), f"{what} maps' {side}")
+        if len(tokens) != n:
+            raise InputError(f"{what} has {n} {axis} but {len(tokens)} tokens in {side}: one token per position")
+    return L
+
+
 def _tokens(tokens, n: int, what: str, axis: str) -> tuple[str, ...]:
     if tokens is None:
         raise InputError(f"{what}: give the tokens of its {axis} ({n} of them)")
-    if isinstance(tokens, str):
-        raise InputError(f"{what}: tokens must be a list of strings, one per position, not one string")
-    tokens = tuple(str(t) for t in tokens)
+    tokens = token_list(tokens, f"{what}: tokens")
     if len(tokens) != n:
         raise InputError(f"{what} has {n} {axis} positions but {len(tokens)} tokens were given: one token per position")
     return tokens
@@ -419,6 +496,22 @@ def as_source(data=None, tokens=None, *, text=None, tgt=None, generate: int = 0,
     """A [`Source`][attnviz.notebook.data.Source] from anything a view takes (the module's docstring lists them)."""
     from attnviz.export import load_export
 
+    if _is_bundle(data):
+        if tokens is not None and text is not None:
+            raise InputError("the text twice: give a model's text as the second argument or as text=, not both")
+        if plain:
+            raise InputError(f"a model runs on its text: give no maps or tokens beside it ({', '.join(plain)})")
+        if batch is not None:
+            raise InputError("batch picks one text of plain maps; a model holds one text already")
+        return from_model(bundle=data, text=text if text is not None else tokens, tgt=tgt, generate=generate)
+    unused = [name for name, value in (("text", text), ("tgt", tgt)) if value is not None] + (
+        ["generate"] if generate != 0 else []
+    )
+    if unused:
+        raise InputError(
+            f"{', '.join(unused)} go only with an attnviz model (head_view(model, text)): these maps are drawn as "
+            "they are; give none of them"
+        )
     if isinstance(data, (Source, AttentionExport, TiledAttention)) or is_export_path(data):
         if tokens is not None or plain:  # a path as an object: its own tokens and maps, never others beside them
             raise InputError("an attnviz export carries its own tokens: pass it alone")
@@ -427,8 +520,6 @@ def as_source(data=None, tokens=None, *, text=None, tgt=None, generate: int = 0,
         if isinstance(data, Source):
             return data
         if isinstance(data, TiledAttention):
-            return Source(data)
+            return Source(check_tiled(data))
         return Source(check_export(data if isinstance(data, AttentionExport) else load_export(data)))
-    if _is_bundle(data):
-        return from_model(bundle=data, text=text if text is not None else tokens, tgt=tgt, generate=generate)
     return Source(plain_export(data, tokens, batch=batch, kind=kind, **plain))

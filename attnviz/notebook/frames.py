@@ -18,6 +18,7 @@ from dataclasses import dataclass, replace
 import numpy as np
 
 from attnviz import tiles
+from attnviz.decoding import Candidate, Decoding
 from attnviz.errors import InputError
 from attnviz.export import row_labels
 from attnviz.figures.common import WEIGHT_COLORSCALE, kind_titles
@@ -39,7 +40,7 @@ from attnviz.figures.images import (
     thumbnail_indices,
 )
 from attnviz.kinds import TITLES, allowed, causal_mask, shown_token
-from attnviz.notebook.data import Source
+from attnviz.notebook.data import Source, _check_rows, _check_weights, _numpy, token_list
 
 DTYPES = ("float16", "float32")  # how weights travel to the browser: half the bytes, or every digit
 SCANS_KEPT = 8  # heads of a long text whose overviews (one pass over the map each, 8 MB) are kept for the next choice
@@ -238,6 +239,17 @@ def overview(head: tiles.HeadQK, kind: str) -> Overview:
     return Overview(head, replace(scanned, column_maxima=None), linear, per_row, allowed, blocks)
 
 
+def grid_bytes(source: Source, kind: str, thumbnail: int = THUMBNAIL) -> int:
+    """The bytes of `grid_frame`'s palette indices for ``kind`` (any contrast), from its shape alone: whole maps
+    pool to at most ``thumbnail`` pixels a side (`attnviz.analysis.downsample`), tiles in whole blocks."""
+    L, H, Q, K = source.shape(kind)
+    if source.tiled:
+        h, w = (math.ceil(n / tiles.block_size(n, thumbnail)) for n in (Q, K))
+    else:
+        h, w = min(Q, thumbnail), min(K, thumbnail)
+    return L * H * h * w
+
+
 def grid_frame(source: Source, kind: str, contrast: str, thumbnail: int = THUMBNAIL) -> dict:
     """The model view's thumbnails of ``kind``: every layer and head max-pooled to ``thumbnail`` pixels a side,
     as `attnviz.figures.images.head_grid` draws them."""
@@ -282,34 +294,48 @@ def step_data(decoding, src_tokens, tgt_tokens, id_to_token) -> dict:
     language model. ``tgt_tokens`` is the decoder input (the start token or the prompt, then the output): P
     tokens, or P + 1 with the last token written. Each token a step wrote is checked against it.
     """
+    if not isinstance(decoding, Decoding):
+        raise InputError(
+            f"step_view takes an attnviz.decoding.Decoding (or a model and a text); got {type(decoding).__name__}"
+        )
     steps = decoding.steps
     if not steps:
         raise InputError("this decoding has no steps")
     if not callable(id_to_token):
         raise InputError(f"id_to_token must be a function from an id to its token; got {type(id_to_token).__name__}")
-    for what, tokens in (("src_tokens", src_tokens), ("tgt_tokens", tgt_tokens)):
-        if isinstance(tokens, str):
-            raise InputError(f"{what} must be a list of strings, one per position, not one string")
-    first = steps[0].self_attn.detach().float().cpu().numpy()
-    L, H = first.shape[:2]
-    lengths = [int(s.self_attn.shape[-1]) for s in steps]
+    src_tokens = None if src_tokens is None else token_list(src_tokens, "src_tokens")
+    tgt_tokens = token_list(tgt_tokens, "tgt_tokens")
+    for i, step in enumerate(steps):
+        _check_probabilities(step, f"step {i} (from 0)")
+    own_rows = _step_rows(steps, "self_attn", 2)  # each step's prefix is one longer
+    L, H = own_rows[0].shape[:2]
+    lengths = [int(r.shape[-1]) for r in own_rows]
     P = max(lengths)
     self_rows = np.zeros((len(steps), L, H, P), dtype=np.float32)
-    for i, s in enumerate(steps):
-        self_rows[i, :, :, : lengths[i]] = s.self_attn.detach().float().cpu().numpy()
-    has_cross = steps[0].cross_attn is not None
+    for i, rows in enumerate(own_rows):
+        self_rows[i, :, :, : lengths[i]] = rows
+    crossed = [s.cross_attn is not None for s in steps]
+    if any(crossed) and not all(crossed):
+        raise InputError(
+            f"this decoding has cross-attention in some steps and not in others (step {crossed.index(not crossed[0])} "
+            "from 0 differs from step 0): every step of an encoder-decoder has it, no step of a language model"
+        )
+    has_cross = crossed[0]
     if has_cross:  # each step's cross row has one weight per source token: the view reads them by that count
-        S = int(steps[0].cross_attn.shape[-1])
+        cross_rows = np.stack(_step_rows(steps, "cross_attn", 3))
+        if cross_rows.shape[1:3] != (L, H):
+            raise InputError(
+                f"this decoding's cross_attn rows are {cross_rows.shape[1:]} (layers, heads, source) but its "
+                f"self_attn rows have {L} layers of {H} heads: each step's rows come from the same heads"
+            )
+        S = int(cross_rows.shape[-1])
         if src_tokens is None or len(src_tokens) != S:
             given = "none" if src_tokens is None else len(src_tokens)
             raise InputError(f"this decoding's cross-attention reads {S} source tokens; src_tokens gives {given}")
-    elif src_tokens:
-        raise InputError("this decoding has no cross-attention (a language model's): give no src_tokens")
-    cross_rows = (
-        np.stack([s.cross_attn.detach().float().cpu().numpy() for s in steps]).astype(np.float32)
-        if has_cross
-        else np.zeros((0,), dtype=np.float32)
-    )
+    else:
+        if src_tokens:
+            raise InputError("this decoding has no cross-attention (a language model's): give no src_tokens")
+        cross_rows = np.zeros((0,), dtype=np.float32)
     prefix = list(tgt_tokens)
     if len(prefix) not in (P, P + 1):
         raise InputError(
@@ -339,6 +365,36 @@ def step_data(decoding, src_tokens, tgt_tokens, id_to_token) -> dict:
         "cross_rows": cross_rows.tobytes(),
         "truncated": bool(decoding.truncated),
     }
+
+
+def _step_rows(steps, name: str, same: int) -> list[np.ndarray]:
+    """Each step's ``name`` rows (L, H, n) as float32, checked as plain maps are (`attnviz.notebook.data`): finite
+    weights in 0..1, each row summing to 1, and the first ``same`` axes of every step's as step 0's."""
+    rows = []
+    for i, step in enumerate(steps):
+        what = f"step {i} (from 0)'s {name}"
+        one = _numpy(getattr(step, name), what)
+        if one.ndim != 3:
+            raise InputError(f"{what} must be one row per layer and head, (layers, heads, positions); got {one.shape}")
+        if rows and one.shape[:same] != rows[0].shape[:same]:
+            raise InputError(f"{what} is {one.shape}, step 0's {rows[0].shape}: every step has the same heads")
+        _check_weights(one[:, :, None], what)  # (L, H, 1, n): one query's row of each head
+        _check_rows(one[:, :, None], what, causal=name == "self_attn")
+        rows.append(one)
+    return rows
+
+
+def _check_probabilities(step, what: str) -> None:
+    """Nothing, or an InputError when ``step``'s probability or candidates are not probabilities (0..1, finite)."""
+    if not all(isinstance(c, Candidate) for c in step.top):
+        raise InputError(f"{what}'s top candidates must be attnviz.decoding.Candidate(token_id, prob)")
+    for name, prob in (("probability", step.prob), *(("candidates' probability", c.prob) for c in step.top)):
+        try:
+            value = float(prob)
+        except (TypeError, ValueError):
+            value = math.nan
+        if not 0 <= value <= 1:  # NaN too
+            raise InputError(f"{what}'s {name} is {prob!r}: a probability lies in 0..1")
 
 
 def atlas_data(atlas) -> dict:

@@ -31,6 +31,7 @@ from attnviz.figures.images import CONTRASTS, LEVELS, colour_indices, contrast_v
 
 STATIC = Path(__file__).parent / "static"
 PAGE_BUDGET = 32 * 2**20  # the most bytes of frames a standalone page embeds (base64 adds a third)
+GRID_SHARE = 0.5  # of PAGE_BUDGET, the most the model view's thumbnail grids take: the rest keeps head frames
 MIN_PICTURE_PX = 320  # a fallback picture is scaled up (whole pixels per cell) to at least this many pixels
 SVG_CELLS = 128 * 128  # up to this many cells an SVG draws one rectangle per cell; beyond, one embedded image
 TOP_WEIGHTS = 8  # the fallback's table: the strongest weights of the map shown
@@ -121,11 +122,13 @@ def frame_key(kind: str, layer: int, head: int, contrast: str, words: bool) -> s
     return f"{kind}|{layer}|{head}|{contrast}|{int(bool(words))}"
 
 
-def head_frames(frames, source, state: dict) -> dict:
-    """The head view's frames for a page: every choice if they fit in `PAGE_BUDGET`, else the fewest
-    choices around the current one (this head under each contrast, then this head alone). Each frame
+def head_frames(frames, source, state: dict, budget: int | None = None, grids: dict | None = None) -> dict:
+    """The head view's frames for a page: every choice if they fit in ``budget`` (`PAGE_BUDGET`), else the
+    fewest choices around the current one (this head under each contrast, then this head alone). Each frame
     counts at its own kind's and wording's size: a short target's cross-attention frames are small, but
-    every encoder frame beside them is S x S."""
+    every encoder frame beside them is S x S. With the model view's ``grids``, only the kinds and contrasts
+    that have their grid on the page: the page shows a head frame with its grid."""
+    budget = PAGE_BUDGET if budget is None else budget
     kind, layer, head = state["kind"], state["layer"], state["head"]
     contrast, words = state["contrast"], state["words"]
     wordings = [False, True] if source.words is not None else [False]
@@ -136,11 +139,14 @@ def head_frames(frames, source, state: dict) -> dict:
         for c in CONTRASTS
         for w in wordings
     ]
+    shown = every if grids is None else [choice for choice in every if f"{choice[0]}|{choice[3]}" in grids]
     size = {(k, w): frames.frame_bytes(k, w) for k in source.kinds for w in wordings}
-    this_head = [(kind, layer, head, c, w) for c in CONTRASTS for w in wordings]
-    if sum(size[k, w] for k, _, _, _, w in every) <= PAGE_BUDGET:
-        chosen = every
-    elif sum(size[k, w] for k, _, _, _, w in this_head) <= PAGE_BUDGET:
+    this_head = [
+        (kind, layer, head, c, w) for c in CONTRASTS for w in wordings if grids is None or f"{kind}|{c}" in grids
+    ]
+    if sum(size[k, w] for k, _, _, _, w in shown) <= budget:
+        chosen = shown
+    elif sum(size[k, w] for k, _, _, _, w in this_head) <= budget:
         chosen = this_head
     else:
         chosen = [(kind, layer, head, contrast, words)]
@@ -154,10 +160,20 @@ def head_frames(frames, source, state: dict) -> dict:
 
 
 def grid_frames(source, state: dict) -> dict:
-    """The model view's thumbnails for a page: every kind under every contrast."""
-    from attnviz.notebook.frames import grid_frame
+    """The model view's thumbnails for a page: every kind under every contrast if they fit in `GRID_SHARE` of
+    `PAGE_BUDGET`, else the current kind's and contrast's, then as many of the others as fit (this kind's other
+    contrasts first). Sizes come from the shapes (`grid_bytes`): a grid left out is never computed."""
+    from attnviz.notebook.frames import grid_bytes, grid_frame
 
-    return {f"{k}|{c}": grid_frame(source, k, c) for k in source.kinds for c in CONTRASTS}
+    kind, contrast = state["kind"], state["contrast"]
+    others = [(k, c) for k in sorted(source.kinds, key=lambda k: k != kind) for c in CONTRASTS]
+    chosen, spent = [], 0
+    for k, c in [(kind, contrast), *(pair for pair in others if pair != (kind, contrast))]:
+        size = grid_bytes(source, k)
+        if not chosen or spent + size <= GRID_SHARE * PAGE_BUDGET:
+            chosen.append((k, c))
+            spent += size
+    return {f"{k}|{c}": grid_frame(source, k, c) for k, c in chosen}
 
 
 # ---------------------------------------------------------------------------------------------

@@ -251,8 +251,13 @@ class ModelView(HeadView):
             self.grid, self.grid_info = data, grid
 
     def frames_for_page(self) -> dict:
-        frames = super().frames_for_page()
-        frames["grids"] = standalone.grid_frames(self._source, self.state())
+        """The grids the page can show within its share of the budget, then the head frames of those kinds and
+        contrasts within what is left."""
+        state = self.state()
+        grids = standalone.grid_frames(self._source, state)
+        left = standalone.PAGE_BUDGET - sum(len(grid["grid"]) for grid in grids.values())
+        frames = standalone.head_frames(self._frames, self._source, state, left, grids)
+        frames["grids"] = grids
         return frames
 
 
