@@ -293,8 +293,10 @@ class AttentionExport:
         return kind_tokens(kind, self.src_tokens, self.tgt_tokens)
 
     def writes(self, end_token: str = "</s>") -> tuple[str, ...] | None:
-        """Per decoder position, the token it writes; None for an encoder-only model (`written`)."""
-        return written(self.tgt_tokens, bool(self.manifest.get("tgt_truncated")), self.encoder is None, end_token)
+        """Per decoder position, the token it writes; None for an encoder-only model (`written`). Maps from another
+        library (no ids) say nothing of what their last position writes: "…", with or without an encoder's maps."""
+        unknown_end = self.encoder is None or (self.tgt_ids is None and self.tgt_tokens is not None)
+        return written(self.tgt_tokens, bool(self.manifest.get("tgt_truncated")), unknown_end, end_token)
 
     def arrays(self) -> dict[str, np.ndarray]:
         """The arrays of the .npz file: numbers, unicode strings and a JSON manifest; no objects.

@@ -24,6 +24,7 @@ pytest.importorskip("anywidget")
 
 from attnviz import tiles  # noqa: E402
 from attnviz.errors import InputError  # noqa: E402
+from attnviz.export import row_labels  # noqa: E402
 from attnviz.figures.common import WEIGHT_COLORSCALE  # noqa: E402
 from attnviz.figures.images import (  # noqa: E402
     attention_image,
@@ -138,6 +139,19 @@ def test_an_encoder_decoders_plain_maps_and_their_checks():
         plain_export(encoder=three, cross=export.cross, src_tokens=TOY_SRC[:3], tgt_tokens=TOY_TGT)
     with pytest.raises(InputError, match="4 tokens were given"):
         plain_export(cross=export.cross, src_tokens=TOY_SRC[:4], tgt_tokens=TOY_TGT)
+
+
+def test_plain_decoder_rows_end_on_an_unknown_token_with_or_without_the_encoders_maps():
+    """Maps from another library carry no ids: what the last decoder position writes is unknown. It had been
+    labelled "</s>" when the encoder's maps were passed and "…" when they were not, for the same rows."""
+    export = toy_export()
+    decoder, cross = [m[None] for m in export.decoder], [m[None] for m in export.cross]
+    tokens = {"src_tokens": TOY_SRC, "tgt_tokens": TOY_TGT}
+    both = plain_export(encoder=[m[None] for m in export.encoder], decoder=decoder, cross=cross, **tokens)
+    alone = plain_export(decoder=decoder, cross=cross, **tokens)
+    assert both.writes() == alone.writes() == (*TOY_TGT[1:], "…")
+    assert row_labels(both, "cross") == row_labels(alone, "cross") == writing_labels(TOY_TGT, [*TOY_TGT[1:], "…"])
+    assert export.writes()[-1] == "</s>", "an export with ids (a model's run) knows it ends the translation"
 
 
 def test_a_bare_4d_array_with_batch_is_refused_not_read_as_layers():
