@@ -319,3 +319,137 @@ def test_the_update_summary_lists_what_xdist_workers_wrote(project):
     pytest.importorskip("xdist")
     result = project.runpytest("-n", "2", "-p", "xdist", "--attnviz-update")
     result.stdout.fnmatch_lines(["*attnviz snapshots*", f"wrote {GOLDEN}", "1 golden file(s) written*"])
+
+
+def test_maps_that_are_not_numpy_attention_are_one_clear_line_and_never_kept(project):
+    """A torch tensor (bfloat16, on any device), a list, a batch axis, integer maps, an extra of Python objects, a
+    manifest with a numpy number or tokens that are not text failed deep inside numpy, json or the comparison, or
+    were written as a golden file that no later run could read."""
+    project.makepyfile(
+        test_user_kinds="""
+        import dataclasses
+
+        import numpy as np
+        import pytest
+        import torch
+        from test_user_maps import toy
+
+        CASES = {
+            "tensor": lambda e: {"cross": torch.from_numpy(e.cross)},
+            "bfloat16": lambda e: {"cross": torch.from_numpy(e.cross).bfloat16()},
+            "list": lambda e: {"cross": e.cross.tolist()},
+            "batch": lambda e: {"cross": e.cross[None]},
+            "two-d": lambda e: {"cross": e.cross[0, 0]},
+            "ints": lambda e: {"cross": (e.cross > 0.5).astype(np.int64)},
+            "objects": lambda e: {"extras": {"score": np.array([{}], dtype=object)}},
+            "complex": lambda e: {"extras": {"score": np.array([1j])}},
+            "ids": lambda e: {"src_ids": e.src_ids.astype(np.float32)},
+            "clash": lambda e: {"extras": {"cross": e.cross}},
+            "manifest": lambda e: {"manifest": None},
+            "json": lambda e: {"manifest": {**e.manifest, "temperature": np.float32(0.5)}},
+            "tokens": lambda e: {"src_tokens": tuple(range(5))},
+        }
+
+        @pytest.mark.parametrize("case", CASES)
+        def test_kind(attention_snapshot, case):
+            export = toy()
+            attention_snapshot(dataclasses.replace(export, **CASES[case](export)))
+        """
+    )
+    for flag in ((), ("--attnviz-update",)):
+        result = project.runpytest("test_user_kinds.py", *flag)
+        result.assert_outcomes(failed=13)
+        out = result.stdout.str()
+        assert "Traceback" not in out and "Error: " not in out and "attnviz/testing" not in out, out
+        assert out.count("attention_snapshot: this run's export cannot be compared or kept:") == 13, out
+        result.stdout.fnmatch_lines(
+            [
+                "*cross is a torch.Tensor (torch.float32 on cpu), not a numpy array: pass tensor.float().cpu().numpy()",
+                "*cross is a torch.Tensor (torch.bfloat16 on cpu), not a numpy array*",
+                "*cross is a list, not a numpy array*",
+                "*cross is shaped (1, 2, 3, 4, 5), not (layer, head, query, key)*",
+                "*cross is shaped (4, 5), not (layer, head, query, key)*",
+                "*cross holds int64 values, not real floating-point numbers*",
+                "*the extra array score holds object values, not numbers or text*",
+                "*the extra array score holds complex128 values, not numbers or text*",
+                "*src_ids holds float32 values, not integers*",
+                "*the extra array cross has the name of one of the export's own arrays*",
+                "*the manifest is a NoneType, not a dict*",
+                "*the manifest cannot be written as JSON: Object of type float32 is not JSON serializable*",
+                "*src_tokens holds 0, a int, not a token (text)*",
+            ],
+            consecutive=False,
+        )
+    assert not (project.path / "__snapshots__" / "test_user_kinds").exists()
+
+
+def test_an_unreadable_golden_file_is_one_message_not_a_chain_of_two(project):
+    project.runpytest("--attnviz-update").assert_outcomes(passed=1)
+    (project.path / GOLDEN).write_bytes(b"PK truncated")
+    result = project.runpytest()
+    result.assert_outcomes(failed=1)
+    result.stdout.fnmatch_lines([f"the golden file {GOLDEN} cannot be read: *; rewrite it with --attnviz-update"])
+    assert "During handling" not in result.stdout.str() and result.stdout.str().count("is not a readable") == 1
+
+
+def test_a_long_parameter_id_keeps_a_golden_file_of_its_own(project):
+    """A file name is at most 255 bytes: a long id failed with OSError "File name too long", on reading and writing."""
+    project.makepyfile(
+        test_user_long="""
+        import pytest
+        from test_user_maps import toy
+
+        @pytest.mark.parametrize("case", [1, 2, 3], ids=["a" * 300, "a" * 299 + "b", "ä" * 200])
+        def test_p(attention_snapshot, case):
+            attention_snapshot(toy())
+            attention_snapshot(toy())
+        """
+    )
+    result = project.runpytest("test_user_long.py")
+    result.assert_outcomes(failed=3)
+    result.stdout.fnmatch_lines(["*no golden file __snapshots__/test_user_long/test_p[[]aaa*"])
+    project.runpytest("test_user_long.py", "--attnviz-update").assert_outcomes(passed=3)
+    written = sorted(p.name for p in (project.path / "__snapshots__" / "test_user_long").iterdir())
+    assert len(written) == 6 and all(len(name.encode()) <= 255 for name in written), written
+    project.runpytest("test_user_long.py").assert_outcomes(passed=3)
+
+
+def test_long_tokens_and_manifest_values_are_cut_in_the_report(project, monkeypatch):
+    """A golden file may hold a token or a manifest value of a megabyte (up to the manifest's million characters):
+    the report printed each whole, twice in a row for a changed token."""
+    project.makepyfile(
+        test_user_long_values="""
+        import dataclasses
+        import os
+
+        from test_user_maps import SRC, toy
+
+        def test_values(attention_snapshot):
+            export = toy()
+            if os.environ.get("TOY_PERTURB") == "long":
+                manifest = {**export.manifest, "model": "m" * 500_000}
+                export = dataclasses.replace(export, src_tokens=("x" * 1_000_000, *SRC[1:]), manifest=manifest)
+            attention_snapshot(export)
+        """
+    )
+    project.runpytest("test_user_long_values.py", "--attnviz-update").assert_outcomes(passed=1)
+    monkeypatch.setenv("TOY_PERTURB", "long")
+    result = project.runpytest("test_user_long_values.py")
+    result.assert_outcomes(failed=1)
+    result.stdout.fnmatch_lines(
+        [
+            '    B (5 tokens): 0:"xxx*"... (1,000,000 characters) 1:"▁cat" *',
+            "  model: 'toy' (A) vs 'mmm*... (500,002 characters) (B)",
+        ]
+    )
+    assert len(result.stdout.str()) < 20_000
+
+
+def test_an_export_made_in_the_test_is_not_reported_as_an_old_file_format(project, monkeypatch):
+    """An export built in memory (the toy's, a notebook's plain_export) has no format_version; it was reported as
+    format 1 against its golden file's, a line of context on every failure that explained nothing."""
+    project.runpytest("--attnviz-update").assert_outcomes(passed=1)
+    monkeypatch.setenv("TOY_PERTURB", "head")
+    result = project.runpytest()
+    result.assert_outcomes(failed=1)
+    assert "format_version" not in result.stdout.str() and "context (" not in result.stdout.str()

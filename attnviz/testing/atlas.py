@@ -17,7 +17,7 @@ import numpy as np
 import pandas as pd
 
 from attnviz.errors import ExportError
-from attnviz.testing.report import MAX_GROUPS_SHOWN, Finding, Report, differences, manifest_context
+from attnviz.testing.report import MAX_GROUPS_SHOWN, Finding, Report, clip, differences, manifest_context
 
 HEAD_KEYS = ["kind", "layer", "head"]
 
@@ -87,7 +87,7 @@ def _column_differences(
     details = []
     for i in order[:MAX_GROUPS_SHOWN]:
         gap_text = f", |A - B| {gap[i]:.2e}" if numeric else ""
-        shown = (f"{x[i]:.6g}", f"{y[i]:.6g}") if numeric else (repr(x[i]), repr(y[i]))
+        shown = (f"{x[i]:.6g}", f"{y[i]:.6g}") if numeric else (clip(repr(x[i])), clip(repr(y[i])))
         details.append(f"{name_row(i)}: A {shown[0]}, B {shown[1]}{gap_text}")
     if off.sum() > MAX_GROUPS_SHOWN:
         details.append(f"... and {int(off.sum()) - MAX_GROUPS_SHOWN} more rows")

@@ -26,7 +26,14 @@ import numpy as np
 from attnviz.errors import ExportError
 from attnviz.export import DEFAULT_ATOL, AttentionExport, load_export
 from attnviz.kinds import KIND_SIDES, KINDS, axis_names, causal_mask
-from attnviz.testing.report import MAX_GROUPS_SHOWN, Finding, Report, differences, manifest_context
+from attnviz.testing.report import (
+    MAX_GROUPS_SHOWN,
+    MAX_VALUE_CHARS,
+    Finding,
+    Report,
+    differences,
+    manifest_context,
+)
 
 ROW_SUM_ATOL = 1e-5  # how far a row of float32 weights may sum from 1 (or atol, when larger)
 MAX_TOKENS_SHOWN = 12  # tokens listed around the first changed one
@@ -35,6 +42,8 @@ SIDES = {"source": ("src_ids", "src_tokens", "src"), "target": ("tgt_ids", "tgt_
 
 
 def _quote(token: str) -> str:
+    if len(token) > MAX_VALUE_CHARS:  # quoted in part, so that the quotes still show where it starts
+        return f"{json.dumps(token[:MAX_VALUE_CHARS], ensure_ascii=False)}... ({len(token):,} characters)"
     return json.dumps(token, ensure_ascii=False)  # "ein", with quotes and escapes visible
 
 

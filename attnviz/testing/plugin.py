@@ -18,7 +18,9 @@ folder for an atlas). A missing golden file fails the test and names the flag; `
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
+import json
 import math
 import os
 import re
@@ -29,6 +31,7 @@ import pytest
 
 UPDATE_FLAG = "--attnviz-update"
 SNAPSHOT_DIR = "__snapshots__"
+MAX_STEM_BYTES = 250  # a golden file's name without ".npz" (an atlas folder's staging copy adds ".", ".new")
 _written = pytest.StashKey[list]()
 
 
@@ -60,6 +63,84 @@ def _file_name(nodeid: str) -> str:
     if safe != name.replace("::", "."):
         safe += "-" + hashlib.sha256(name.encode("utf-8")).hexdigest()[:8]
     return safe
+
+
+def _fit(stem: str) -> str:
+    """``stem`` cut to ``MAX_STEM_BYTES`` of UTF-8, ending with 8 hex digits of the whole when cut: a file name
+    is at most 255 bytes, and a long parametrize id ("a" * 300) failed with OSError "File name too long"."""
+    if len(stem.encode("utf-8")) <= MAX_STEM_BYTES:
+        return stem
+    digest = hashlib.sha256(stem.encode("utf-8")).hexdigest()[:8]
+    head = stem.encode("utf-8")[: MAX_STEM_BYTES - 9].decode("utf-8", "ignore")  # never half a character
+    return f"{head}-{digest}"
+
+
+def _type_name(value) -> str:
+    kind = type(value)
+    return kind.__qualname__ if kind.__module__ == "builtins" else f"{kind.__module__}.{kind.__qualname__}"
+
+
+def _export_problem(export) -> str | None:
+    """Why the comparison cannot read ``export`` (what the test made) nor a golden file hold it, or None.
+
+    A torch tensor, a list or a non-numeric array failed deep inside numpy or the comparison, with its traceback;
+    integer maps, a batch axis or an extra array of Python objects were written as a golden file that
+    ``load_export`` refuses (or that compares against nothing), on every later run.
+    """
+    import numpy as np
+
+    from attnviz.errors import ExportError
+    from attnviz.export import ARRAY_KINDS, STANDARD_ARRAYS, check_sizes
+    from attnviz.kinds import KINDS
+    from attnviz.testing.compare import is_plain_attention
+
+    if not isinstance(export.manifest, dict):
+        return f"the manifest is a {_type_name(export.manifest)}, not a dict"
+    try:  # what the golden file holds: a numpy number in it (np.float32(0.5)) failed inside json, on writing only
+        json.dumps(export.manifest, ensure_ascii=False)
+    except (TypeError, ValueError) as e:
+        return f"the manifest cannot be written as JSON: {e}"
+    for name in ("src_tokens", "tgt_tokens"):
+        tokens = getattr(export, name)
+        if tokens is None:
+            continue
+        if not isinstance(tokens, (tuple, list)):
+            return f"{name} is a {_type_name(tokens)}, not a tuple of tokens"
+        if bad := [t for t in tokens if not isinstance(t, str)]:
+            return f"{name} holds {bad[0]!r}, a {_type_name(bad[0])}, not a token (text)"
+    wants = {"f": "real floating-point numbers", "iu": "integers"}
+    arrays = {name: getattr(export, name) for name in (*KINDS, "src_ids", "tgt_ids")}
+    arrays.update({f"the extra array {name}": value for name, value in export.extras.items()})
+    for label, value in arrays.items():
+        if value is None:
+            continue
+        if not isinstance(value, np.ndarray):
+            if type(value).__module__ == "torch" and hasattr(value, "device"):
+                return (
+                    f"{label} is a torch.Tensor ({value.dtype} on {value.device}), not a numpy array: pass "
+                    "tensor.float().cpu().numpy()"
+                )
+            return f"{label} is a {_type_name(value)}, not a numpy array"
+        kinds = ARRAY_KINDS.get(label, "biufUS")  # an extra: what the comparison reads (no complex, no objects)
+        if value.dtype.kind not in kinds:
+            return f"{label} holds {value.dtype} values, not {wants.get(kinds, 'numbers or text')}"
+    for name in export.extras:
+        if name in STANDARD_ARRAYS:
+            return f"the extra array {name} has the name of one of the export's own arrays"
+    for name in ("src_ids", "tgt_ids"):
+        if arrays[name] is not None and arrays[name].ndim != 1:
+            return f"{name} is shaped {arrays[name].shape}, not a list (1-D) with one entry per token"
+    # a method's maps may be per layer (attnviz attribute); a batch axis is never compared with one sentence's maps
+    allowed = (4,) if is_plain_attention(export) else (3, 4)
+    for name in KINDS:
+        if arrays[name] is not None and arrays[name].ndim not in allowed:
+            also = "" if allowed == (4,) else " or, for a method's maps, (layer, query, key)"
+            return f"{name} is shaped {arrays[name].shape}, not (layer, head, query, key){also}"
+    try:
+        check_sizes(export, "this run's export")
+    except ExportError as e:
+        return str(e)
+    return None
 
 
 def _tolerance_value(value, where: str) -> float:
@@ -109,7 +190,8 @@ class AttentionSnapshot:
         atol = self._tolerance("attnviz_atol", atol, DEFAULT_ATOL)
         rtol = self._tolerance("attnviz_rtol", rtol, 0.0)
         is_atlas = False
-        if not isinstance(actual, AttentionExport):
+        in_memory = isinstance(actual, AttentionExport)  # not read from a file, whose format is the file's
+        if not in_memory:
             if not isinstance(actual, (str, Path)):
                 raise TypeError(
                     f"attention_snapshot takes an AttentionExport or the path of an export; got {type(actual).__name__}"
@@ -118,6 +200,7 @@ class AttentionSnapshot:
             if not actual_path.exists():
                 pytest.fail(f"attention_snapshot: {actual_path} does not exist", pytrace=False)
             is_atlas = actual_path.is_dir()
+            unreadable = None
             try:  # what the test made must be readable before it is compared, let alone kept as golden
                 if is_atlas:
                     from attnviz.testing.atlas import read_atlas
@@ -126,7 +209,19 @@ class AttentionSnapshot:
                 else:
                     actual = load_export(actual_path)
             except ExportError as e:
-                pytest.fail(f"attention_snapshot: the export this test made cannot be read: {e}", pytrace=False)
+                unreadable = str(e)
+            if unreadable is not None:  # failed outside the except: pytest would print the ExportError above it too
+                pytest.fail(
+                    f"attention_snapshot: the export this test made cannot be read: {unreadable}", pytrace=False
+                )
+        if not is_atlas and (problem := _export_problem(actual)) is not None:
+            pytest.fail(f"attention_snapshot: this run's export cannot be compared or kept: {problem}", pytrace=False)
+        if in_memory and "format_version" not in actual.manifest:
+            # made in memory (a plain_export, a hand-built one): compared as what the flag writes, the newest format,
+            # not as "format 1", a line of context against every golden file that explains nothing
+            from attnviz.export import FORMAT_VERSION
+
+            actual = dataclasses.replace(actual, manifest={**actual.manifest, "format_version": FORMAT_VERSION})
         if name is not None and (not isinstance(name, str) or not re.fullmatch(r"[\w.=+-]+", name) or ".." in name):
             pytest.fail(
                 f"attention_snapshot: name={name!r} must be letters, digits and . _ = + - (a file name in the test's "
@@ -136,6 +231,7 @@ class AttentionSnapshot:
         if path is None:
             stem = _file_name(self._request.node.nodeid)
             stem += f"-{name}" if name else (f"-{self._calls}" if self._calls > 1 else "")
+            stem = _fit(stem)
             golden = self.folder / (stem if is_atlas else f"{stem}.npz")
         else:  # a relative path is the project's (pytest's rootdir), wherever pytest was started
             golden = Path(path) if Path(path).is_absolute() else self._request.config.rootpath / path
@@ -151,6 +247,7 @@ class AttentionSnapshot:
             self._write(actual, golden, "wrote")
             return None
         labels = (f"{shown} (golden)", str(actual_path) if is_atlas else "this run")
+        unreadable = None
         try:
             if is_atlas:
                 from attnviz.testing.atlas import compare_atlases
@@ -159,9 +256,12 @@ class AttentionSnapshot:
             else:
                 report = compare_exports(load_export(golden), actual, atol, rtol, labels)
         except (ExportError, IsADirectoryError, NotADirectoryError) as e:
+            unreadable = str(e)
+        if unreadable is not None:  # handled outside the except, so that pytest prints the one line, not a chain
             if not update:
                 pytest.fail(
-                    f"the golden file {shown} cannot be read: {e}; rewrite it with {UPDATE_FLAG}", pytrace=False
+                    f"the golden file {shown} cannot be read: {unreadable}; rewrite it with {UPDATE_FLAG}",
+                    pytrace=False,
                 )
             self._write(actual, golden, "rewrote unreadable")
             return None
@@ -202,6 +302,7 @@ class AttentionSnapshot:
                 pytrace=False,
             )
         golden.parent.mkdir(parents=True, exist_ok=True)
+        failure = None
         try:
             if isinstance(actual, (str, Path)):  # an atlas folder
                 _replace_folder(Path(actual), golden)
@@ -210,8 +311,10 @@ class AttentionSnapshot:
             else:
                 actual.save(golden)  # a temporary file renamed over the old one: never half a golden file
         except ExportError as e:
+            failure = str(e)
+        if failure is not None:  # outside the except: one line, not the ExportError and then this
             pytest.fail(
-                f"attention_snapshot: cannot write the golden file {self._relative(golden)}: {e}", pytrace=False
+                f"attention_snapshot: cannot write the golden file {self._relative(golden)}: {failure}", pytrace=False
             )
         self._request.config.stash.setdefault(_written, []).append(f"{action} {self._relative(golden)}")
 

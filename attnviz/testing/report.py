@@ -11,6 +11,13 @@ from dataclasses import dataclass, field
 import numpy as np
 
 MAX_GROUPS_SHOWN = 8  # heads listed per array; the count of the others follows
+MAX_VALUE_CHARS = 120  # a token, string or manifest value shown in a report; the count of its characters follows
+
+
+def clip(text: str, limit: int = MAX_VALUE_CHARS) -> str:
+    """``text`` as a report shows it: cut after ``limit`` characters, saying how long it was. A golden file may hold
+    a token or a manifest value of a megabyte, and the report printed each whole (twice for a changed token)."""
+    return text if len(text) <= limit else f"{text[:limit]}... ({len(text):,} characters)"
 
 
 @dataclass(frozen=True)
@@ -153,7 +160,7 @@ def _context_line(entry: dict) -> str:
     for missing, other in (("a", "B"), ("b", "A")):
         if entry[missing] is None and isinstance(entry["b" if missing == "a" else "a"], dict):
             return f"{entry['key']}: recorded in {other} only"
-    return f"{entry['key']}: {entry['a']!r} (A) vs {entry['b']!r} (B)"
+    return f"{entry['key']}: {clip(repr(entry['a']))} (A) vs {clip(repr(entry['b']))} (B)"
 
 
 # ---------------------------------------------------------------------------------------------
