@@ -3,10 +3,13 @@ step, recording leaves the training unchanged, resuming keeps records, torn and 
 
 from __future__ import annotations
 
+import io
 import json
 import os
 import shutil
+import time
 import zipfile
+from contextlib import nullcontext
 from dataclasses import asdict, replace
 
 import numpy as np
@@ -175,6 +178,7 @@ def _write(folder, steps=(10, 20, 30), kind="language model", values=None, manif
         tokens=[(None, ["<s>", "a", "b", "a", "b"])],
     )
     rng = np.random.default_rng(0)
+    causal = np.tril(np.ones((5, 5), dtype=bool))  # a language model's decoder sees no later token
     for i, step in enumerate(steps):
         heads = pd.DataFrame(
             {"kind": "decoder", "layer": [1, 1, 2, 2], "head": [1, 2, 1, 2], "induction": [0.1, 0.2, 0.3, 0.4]}
@@ -182,7 +186,9 @@ def _write(folder, steps=(10, 20, 30), kind="language model", values=None, manif
         if values is not None:
             heads["induction"] = values[i]
         loss = 3.0 - i
-        writer.record(step, loss + 0.1, loss, 1e-3 * (i + 1), [{"decoder": rng.random((2, 2, 5, 5))}], heads)
+        weights = rng.random((2, 2, 5, 5)) * causal
+        weights /= weights.sum(-1, keepdims=True)
+        writer.record(step, loss + 0.1, loss, 1e-3 * (i + 1), [{"decoder": weights}], heads)
     return writer
 
 
@@ -256,6 +262,19 @@ def test_a_history_of_another_training_is_refused(tmp_path):
         ("step_not_whole", "numbers its step with other values than a whole number"),
         ("kind_null", "has a row with no kind"),
         ("kind_a_list", "names kinds with other values than text"),
+        ("manifest_kind_a_list", "names no known kind of model"),
+        ("manifest_nan", "manifest.json holds NaN or Infinity"),
+        ("maps_encrypted", "maps.npz cannot be read .*: it is corrupt"),
+        ("maps_member_without_npy", "maps.npz holds the member 'p0_decoder', not a name.npy"),
+        ("maps_member_twice", "maps.npz holds p0_decoder.npy twice"),
+        ("head_missing", "has 3 rows for decoder heads, not one for each of the model's 2 layers of 2"),
+        ("layer_null", "has a row with no layer or head"),
+        ("statistic_infinite", "holds an infinite value in induction"),
+        ("maps_nan", "p0_decoder holds weights outside 0 to 1"),
+        ("maps_negative", "p0_decoder holds weights outside 0 to 1"),
+        ("maps_over_one", "p0_decoder holds weights outside 0 to 1"),
+        ("maps_rows_not_one", "p0_decoder holds rows whose weights do not sum to 1"),
+        ("maps_see_later_tokens", "p0_decoder holds weights on later tokens"),
     ],
 )
 def test_hostile_or_damaged_histories_are_refused_with_a_clear_message(tmp_path, damage, message, monkeypatch):
@@ -324,6 +343,47 @@ def test_hostile_or_damaged_histories_are_refused_with_a_clear_message(tmp_path,
         frame = pd.read_parquet(record / "heads.parquet")
         frame["kind"] = [None, *frame["kind"][1:]] if damage == "kind_null" else [["decoder"]] * len(frame)
         frame.to_parquet(record / "heads.parquet", index=False)
+    elif damage == "manifest_kind_a_list":  # `kind not in SITES` had hashed the list: exit 3, unexpected TypeError
+        (folder / MANIFEST).write_text(json.dumps({**manifest, "kind": [manifest["kind"]]}))
+    elif damage == "manifest_nan":  # the writer refuses NaN: a resumed training had failed on it, the export kept it
+        (folder / MANIFEST).write_text(json.dumps({**manifest, "every": float("nan")}))
+    elif damage == "maps_encrypted":  # zipfile had raised a RuntimeError: exit 3
+        _mark_encrypted(record / MAPS)
+    elif damage.startswith("maps_member_"):  # np.load had read a member the header check had not
+        other = np.zeros((2, 2, 5, 5), dtype=np.float16)
+        other[..., 0] = 1
+        buffer = io.BytesIO()
+        np.lib.format.write_array(buffer, other)
+        name = "p0_decoder" if damage == "maps_member_without_npy" else "p0_decoder.npy"
+        with zipfile.ZipFile(record / MAPS) as archive:
+            valid = archive.read("p0_decoder.npy")
+        with pytest.warns(UserWarning, match="Duplicate name") if name == "p0_decoder.npy" else nullcontext():
+            with zipfile.ZipFile(record / MAPS, "w") as archive:
+                archive.writestr(name, buffer.getvalue())
+                archive.writestr("p0_decoder.npy", valid)
+    elif damage in ("head_missing", "layer_null", "statistic_infinite"):
+        frame = pd.read_parquet(record / "heads.parquet")
+        if damage == "head_missing":  # formation_step had answered another step for that head
+            frame = frame.iloc[:-1]
+        elif damage == "layer_null":  # an empty layer had been exported, every_head had raised a ValueError
+            frame["layer"] = pd.array([None, *frame["layer"][1:]], dtype="Int64")
+        else:
+            frame["induction"] = [np.inf, *frame["induction"][1:]]
+        frame.to_parquet(record / "heads.parquet", index=False)
+    elif damage.startswith("maps_"):  # weights no softmax gives had been drawn
+        with np.load(record / MAPS) as z:
+            maps = z["p0_decoder"].copy()
+        if damage == "maps_nan":
+            maps[0, 0, 2, 0] = np.nan
+        elif damage == "maps_negative":
+            maps[0, 0, 2, :2] = [-0.5, 1.5]
+        elif damage == "maps_over_one":
+            maps[0, 0, 2, :3] = [2, -0.5, -0.5]
+        elif damage == "maps_rows_not_one":
+            maps[1, 1, 3] *= 0.9
+        else:
+            maps[1, 0, 2] = 0.2
+        np.savez_compressed(record / MAPS, p0_decoder=maps)
     else:  # a head's row: a statistic as text, a layer the model lacks, a kind that does not exist
         frame = pd.read_parquet(record / "heads.parquet")
         column, value = {
@@ -335,6 +395,80 @@ def test_hostile_or_damaged_histories_are_refused_with_a_clear_message(tmp_path,
         frame.to_parquet(record / "heads.parquet", index=False)
     with pytest.raises(InputError, match=message):
         load_history(tmp_path)
+
+
+def _mark_encrypted(path):
+    """Set the encryption flag of every member of the zip file ``path``, in its local and central headers."""
+    data = bytearray(path.read_bytes())
+    with zipfile.ZipFile(path) as archive:
+        locals_, central = [info.header_offset for info in archive.infolist()], archive.start_dir
+    for offset in locals_:
+        data[offset + 6] |= 0x1
+    while data[central : central + 4] == b"PK\x01\x02":
+        data[central + 8] |= 0x1
+        central += 46 + sum(int.from_bytes(data[central + at : central + at + 2], "little") for at in (28, 30, 32))
+    path.write_bytes(bytes(data))
+
+
+def test_the_record_count_is_bounded_before_steps_are_compared(tmp_path, monkeypatch):
+    """Two records of one step had been looked for by comparing every pair: 12,000 records took 23 seconds."""
+    from attnviz.training import history as history_module
+
+    _write(tmp_path)
+    records = tmp_path / HISTORY / RECORDS
+    shutil.copytree(records / "00000020", records / "000000020")
+    monkeypatch.setattr(history_module, "MAX_RECORDS", 3)
+    with pytest.raises(InputError, match="4 records, over the limit of 3"):
+        load_history(tmp_path)
+    for step in range(40, 6000):  # empty folders: refused whole in well under a second
+        (records / f"{step:08d}").mkdir()
+    (records / "000005999").mkdir()
+    monkeypatch.setattr(history_module, "MAX_RECORDS", 100_000)
+    started = time.perf_counter()
+    with pytest.raises(InputError, match="two records of step 20"):
+        load_history(tmp_path)
+    assert time.perf_counter() - started < 1
+
+
+def _widen(frame, n):
+    """``frame`` with ``n`` more statistics, all 0."""
+    return pd.concat([frame, pd.DataFrame(0.0, index=frame.index, columns=[f"s{i}" for i in range(n)])], axis=1)
+
+
+@pytest.mark.parametrize("damage", ["columns", "values", "bytes"])
+def test_a_table_s_decompressed_size_is_bounded_from_its_metadata(tmp_path, monkeypatch, damage):
+    """A small Parquet file had decompressed to any size: 319 columns of 100,000 equal rows (208 kB) to 255 MB."""
+    from attnviz.training import history as history_module
+
+    _write(tmp_path)
+    path = tmp_path / HISTORY / RECORDS / "00000020" / "heads.parquet"
+    frame = pd.read_parquet(path)
+    if damage == "columns":
+        frame = _widen(frame, 300)
+        message = "has 305 columns, over the limit of 256"
+    elif damage == "values":  # 100,000 rows of 50 columns, each a run of one value
+        frame = _widen(frame.iloc[np.zeros(100_000, dtype=int)].reset_index(drop=True), 45)
+        message = "has 100,000 rows of 50 columns, over the limit of 4,000,000 values"
+    else:  # a bound this small (real tables are a few kB) stands for a text column of hundreds of MB
+        monkeypatch.setattr(history_module, "MAX_TABLE_DECODED_BYTES", 1 << 16)
+        frame["kind"] = "decoder" + "x" * 100_000
+        message = "decompresses to 0.1 MB, over the limit of 0.0625 MB"
+    frame.to_parquet(path, index=False)
+    read, real = [], pd.read_parquet
+    monkeypatch.setattr(pd, "read_parquet", lambda path, *a, **k: read.append(path) or real(path, *a, **k))
+    with pytest.raises(InputError, match=f"record 00000020: heads.parquet {message}"):
+        load_history(tmp_path)
+    assert path not in read, "refused from its metadata, before it is read"
+
+
+def test_the_shipped_histories_hold_attention_weights():
+    """The value checks pass what real trainings wrote (float16 rows sum to 1 within their rounding)."""
+    from attnviz.checkpoints.catalog import pretrained_dir
+
+    folders = sorted(pretrained_dir().glob("*/history"))
+    assert folders
+    for folder in folders:
+        assert len(load_history(folder).step) > 0
 
 
 def test_probes_whose_maps_have_other_layers_or_heads_are_refused(tmp_path):
@@ -473,13 +607,17 @@ def test_cli_history_bad_input_is_one_line_and_exit_2(tmp_path, capsys):
     assert ".npz" in capsys.readouterr().err
 
 
-@pytest.mark.parametrize("damage", ["a huge integer", "statistics a number"])
+@pytest.mark.parametrize("damage", ["a huge integer", "statistics a number", "kind a list", "NaN"])
 def test_cli_history_of_a_damaged_manifest_is_one_line_and_exit_2(tmp_path, capsys, damage):
     _write(tmp_path)
     path = tmp_path / HISTORY / MANIFEST
     manifest = json.loads(path.read_text())
     if damage == "a huge integer":
         path.write_text(json.dumps(manifest)[:-1] + ', "every": ' + "9" * 5000 + "}")
+    elif damage == "kind a list":
+        path.write_text(json.dumps({**manifest, "kind": [manifest["kind"]]}))
+    elif damage == "NaN":
+        path.write_text(json.dumps({**manifest, "every": float("inf")}))
     else:
         path.write_text(json.dumps({**manifest, "statistics": 5}))
     assert main(["history", str(tmp_path), "--out", str(tmp_path / "f.npz")]) == 2

@@ -175,8 +175,16 @@ def write_record(out: Path, step: int) -> None:
     from attnviz.training.history import ENCODER_DECODER, HistoryWriter
 
     writer = HistoryWriter(out, ENCODER_DECODER, "reverse", [("a b", "b a")], {})
-    maps = {site: np.full((2, 1, 3, 3), 1 / 3) for site in ("encoder", "decoder", "cross")}
-    heads = pd.DataFrame({"kind": ["cross"] * 2, "layer": [1, 2], "head": [1, 1], "anti_diagonal": [0.2, 0.9]})
+    maps = {site: np.full((2, 1, 3, 3), 1 / 3) for site in ("encoder", "cross")}
+    maps["decoder"] = np.broadcast_to(np.tril(np.ones((3, 3))) / np.arange(1, 4)[:, None], (2, 1, 3, 3))  # causal
+    heads = pd.DataFrame(  # a row for every head: load_history refuses a table that lacks one
+        {
+            "kind": ["encoder"] * 2 + ["decoder"] * 2 + ["cross"] * 2,
+            "layer": [1, 2] * 3,
+            "head": [1] * 6,
+            "anti_diagonal": [np.nan] * 4 + [0.2, 0.9],
+        }
+    )
     writer.record(step, 1.0, 1.1, 1e-3, [maps], heads)
 
 

@@ -12,7 +12,8 @@
 A record is written into a temporary folder and renamed into place, so a training killed at any
 moment leaves either the whole record or none that counts; a resumed training keeps every record
 and writes none twice. A history is data, never code: nothing in it is unpickled, and every file's
-size, every array's dtype and shape are checked before it is read whole.
+size, every array's dtype and shape are checked before it is read whole; every map's weights after
+(what a softmax gives: each row sums to 1, a causal map's row sees no later token).
 
 Shape letters: N records, L layers, H heads, Q queries, K keys (rows are queries, columns keys).
 """
@@ -28,6 +29,7 @@ import shutil
 import stat
 import zipfile
 import zlib
+from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -57,9 +59,18 @@ MAX_PROBES = 16
 MAX_MANIFEST_BYTES = 1 << 20
 MAX_TABLE_BYTES = 16 << 20  # per Parquet file of one record: a real one is a few kB
 MAX_HEAD_ROWS = 100_000  # per record: heads of every kind
+# What one record's table may decompress to, read from its metadata: a file of 208 kB, runs of one value, had held
+# 255 MB (a real table is a few hundred values of about 20 columns, a few kB).
+MAX_TABLE_COLUMNS = 256
+MAX_TABLE_VALUES = 4_000_000  # rows times columns: 32 MB of float64
+MAX_TABLE_DECODED_BYTES = 64 << 20
 # The head rows of all records together, counted from each table's metadata before it is read: a history is read
 # whole, at about 100 bytes a row (en-de's 50 records are 1,800 rows; 2,000,000 are about 200 MB).
 MAX_HISTORY_ROWS = 2_000_000
+# How far a stored row of weights may sum from 1: float16 keeps 11 bits, so a softmax row's rounding errors add up to
+# about 5e-4 at most; a row a hundred times further off was not written by a softmax.
+ROW_SUM_TOLERANCE = 1e-2
+CAUSAL_SITE = "decoder"  # the decoder's self-attention (a language model's too) sees no later token
 
 log = logging.getLogger(__name__)
 
@@ -356,10 +367,18 @@ def recorded_every(out: Path) -> int:
     return every if type(every) is int and every > 0 else 0
 
 
+def _no_constant(name: str):
+    """Refuse NaN and Infinity, which Python's json reads but JSON lacks: the writer (allow_nan=False) and an
+    export of the manifest would fail on them later."""
+    raise InputError(f"the history's manifest.json holds NaN or Infinity ({name}): JSON has no such number")
+
+
 def _read_manifest(folder: Path) -> dict:
     path = _checked_file(folder, MANIFEST, MAX_MANIFEST_BYTES, "the history")
     try:
-        manifest = json.loads(path.read_text(encoding="utf-8"))
+        manifest = json.loads(path.read_text(encoding="utf-8"), parse_constant=_no_constant)
+    except InputError:
+        raise
     except (OSError, ValueError, RecursionError) as e:  # ValueError: JSONDecodeError, an integer of 4,300 digits
         raise InputError(f"the history's manifest.json cannot be read ({type(e).__name__})") from None
     if not isinstance(manifest, dict) or manifest.get("format") != FORMAT:
@@ -383,7 +402,7 @@ def _is_tokens(value) -> bool:
 def _check_manifest(manifest: dict) -> None:
     """The fields the reader uses, of the types it uses: else an InputError."""
     kind, probes = manifest.get("kind"), manifest.get("probes")
-    if kind not in SITES:
+    if not isinstance(kind, str) or kind not in SITES:  # a list is not hashable: `in` would raise a TypeError
         raise InputError(f"the history's manifest names no known kind of model (kind {kind!r})")
     if not isinstance(manifest.get("task"), str):
         raise InputError("the history's manifest names no task")
@@ -431,6 +450,23 @@ def _is_text(kind) -> bool:
     return pa.types.is_string(kind) or pa.types.is_large_string(kind) or pa.types.is_string_view(kind)
 
 
+def _check_decoded_size(metadata, name: str, what: str) -> None:
+    """Refuse a table whose metadata says it decompresses past its bounds: too many columns, values or bytes."""
+    columns, rows = metadata.num_columns, metadata.num_rows
+    if columns > MAX_TABLE_COLUMNS:
+        raise InputError(f"{what}: {name} has {columns:,} columns, over the limit of {MAX_TABLE_COLUMNS:,}")
+    if rows * columns > MAX_TABLE_VALUES:  # runs of one value compress to nothing: the count bounds them
+        raise InputError(
+            f"{what}: {name} has {rows:,} rows of {columns:,} columns, over the limit of {MAX_TABLE_VALUES:,} values"
+        )
+    size = sum(max(metadata.row_group(g).total_byte_size, 0) for g in range(metadata.num_row_groups))
+    if size > MAX_TABLE_DECODED_BYTES:  # long text compresses well: a head's kind had held 300 MB
+        raise InputError(
+            f"{what}: {name} decompresses to {size / 2**20:,.1f} MB, over the limit of "
+            f"{MAX_TABLE_DECODED_BYTES / 2**20:g} MB"
+        )
+
+
 def _read_table(
     folder: Path, name: str, columns: Sequence[str], what: str, max_rows: int = MAX_HEAD_ROWS, over: str = ""
 ) -> pd.DataFrame:
@@ -444,6 +480,7 @@ def _read_table(
         rows, schema = meta.metadata.num_rows, meta.schema_arrow
         if rows > max_rows:
             raise InputError(f"{what}: {name} has {rows:,} rows, over {over or f'the limit of {max_rows:,}'}")
+        _check_decoded_size(meta.metadata, name, what)
         missing = [c for c in columns if c not in schema.names]
         if missing:
             raise InputError(f"{what}: {name} lacks the columns {', '.join(missing)}")
@@ -460,6 +497,21 @@ def _read_table(
         raise InputError(f"{what}: {name} cannot be read ({type(e).__name__}): it is corrupt") from None
 
 
+def _members(archive: zipfile.ZipFile, what: str) -> dict[str, zipfile.ZipInfo]:
+    """The archive's members by array name, each ``<name>.npy``, once, unencrypted: np.load reads a member by
+    either name, so a second one (``p0_decoder`` before ``p0_decoder.npy``) would be read unchecked."""
+    members: dict[str, zipfile.ZipInfo] = {}
+    for info in archive.infolist():
+        if not info.filename.endswith(".npy"):
+            raise InputError(f"{what}: {MAPS} holds the member {info.filename[:40]!r}, not a name.npy")
+        if info.filename.removesuffix(".npy") in members:
+            raise InputError(f"{what}: {MAPS} holds {info.filename[:40]} twice")
+        if info.flag_bits & 0x1:  # zipfile would raise a RuntimeError: a password is required
+            raise InputError(f"{what}: {MAPS} cannot be read (an encrypted member): it is corrupt")
+        members[info.filename.removesuffix(".npy")] = info
+    return members
+
+
 def _read_maps(folder: Path, expected: dict[str, tuple[int, ...]], budget: int, what: str) -> tuple[dict, int]:
     """The record's maps {name: (L, H, Q, K) float16} and the bytes they take, each array's header
     checked against the manifest's shape before any is decompressed."""
@@ -467,7 +519,7 @@ def _read_maps(folder: Path, expected: dict[str, tuple[int, ...]], budget: int, 
     total = 0
     try:
         with zipfile.ZipFile(path) as archive:
-            names = {info.filename.removesuffix(".npy"): info for info in archive.infolist()}
+            names = _members(archive, what)
             if set(names) != set(expected):
                 raise InputError(f"{what}: {MAPS} holds {sorted(names)[:8]}, not {sorted(expected)}")
             for name, info in names.items():
@@ -498,8 +550,9 @@ def _read_maps(folder: Path, expected: dict[str, tuple[int, ...]], budget: int, 
 
 
 def _check_heads(table: pd.DataFrame, sizes: dict[str, tuple[int, int]], statistics: Sequence[str], what: str) -> None:
-    """Rows of the history's model's heads, one at most for each, each naming a kind it has and a whole layer
-    and head (from 1), with every statistic the manifest names."""
+    """Rows of the history's model's heads, exactly one for each (a missing one had made formation_step answer
+    another step), each naming a kind it has and a whole layer and head (from 1), with every statistic the
+    manifest names."""
     missing = [c for c in statistics if c not in table.columns]
     if missing:
         raise InputError(f"{what}: {HEADS} lacks the statistics {', '.join(map(str, missing[:4]))}")
@@ -512,12 +565,55 @@ def _check_heads(table: pd.DataFrame, sizes: dict[str, tuple[int, int]], statist
         raise InputError(f"{what}: {HEADS} has no row: a record measures the model's heads")
     if table["kind"].isna().any():  # groupby would leave the row out, and the page file it under another head
         raise InputError(f"{what}: {HEADS} has a row with no kind")
+    if table["layer"].hasnans or table["head"].hasnans:  # nullable integers: an empty layer had been exported
+        raise InputError(f"{what}: {HEADS} has a row with no layer or head")
+    counts = dict.fromkeys(sizes, 0)
     for kind, rows in table.groupby("kind", sort=False):
         if kind not in sizes:
             raise InputError(f"{what}: {HEADS} names the kind {str(kind)[:40]!r}, not one of {', '.join(sizes)}")
         layers, heads = sizes[kind]
         if not (rows["layer"].between(1, layers).all() and rows["head"].between(1, heads).all()):
             raise InputError(f"{what}: {HEADS} names a {kind} head outside the model's {layers} layers of {heads}")
+        counts[kind] = len(rows)
+    for kind, count in counts.items():  # no row twice, each in range: then a count tells a missing one
+        layers, heads = sizes[kind]
+        if count != layers * heads:
+            raise InputError(
+                f"{what}: {HEADS} has {count} rows for {kind} heads, not one for each of the model's {layers} "
+                f"layers of {heads}"
+            )
+
+
+def _check_statistics(heads: pd.DataFrame) -> None:
+    """Refuse an infinite statistic (NaN stands for one a kind of head lacks), on every record's rows at once: one
+    pass, not one per record."""
+    statistics = heads.columns.drop(list(HEAD_COLUMNS))
+    infinite = np.isinf(heads[statistics].to_numpy(np.float64, na_value=np.nan))
+    if infinite.any():
+        row, column = np.argwhere(infinite)[0]
+        record = _record_name(int(heads["step"].iloc[row]))
+        raise InputError(f"the history's record {record}: {HEADS} holds an infinite value in {statistics[column]}")
+
+
+def _check_weights(maps: np.ndarray, name: str, causal: bool, records: Sequence[str]) -> None:
+    """Refuse maps (N, L, H, Q, K) no softmax gives, naming the first record that holds them: weights outside 0 to 1
+    (NaN too), rows that do not sum to 1, and (``causal``) a weight on a later token. The page would draw them."""
+    Q, K = maps.shape[-2:]
+    later = np.triu(np.ones((Q, K), dtype=bool), 1)
+    faults = (
+        ("weights outside 0 to 1", ((maps >= 0) & (maps <= 1)).all(axis=(1, 2, 3, 4))),
+        ("rows whose weights do not sum to 1", _rows_sum_to_one(maps)),
+        ("weights on later tokens", ~maps[..., later].any(axis=(1, 2, 3)) if causal else None),
+    )
+    for fault, ok in faults:
+        if ok is not None and not ok.all():
+            raise InputError(f"the history's record {records[int(np.argmin(ok))]}: {MAPS}'s {name} holds {fault}")
+
+
+def _rows_sum_to_one(maps: np.ndarray) -> np.ndarray:
+    """Per record, whether each row sums to 1 within float16's rounding (summed in float32: float16 would add its
+    own error)."""
+    return (np.abs(maps.sum(-1, dtype=np.float32) - 1) <= ROW_SUM_TOLERANCE).all(axis=(1, 2, 3))
 
 
 def load_history(folder: str | Path) -> History:
@@ -534,17 +630,19 @@ def load_history(folder: str | Path) -> History:
     if not names:
         empty = "holds no record yet: train with --history-every N"
         raise InputError(f"the history in {folder} {empty}", public=f"the model's training history {empty}")
-    if len({int(n) for n in names}) != len(names):  # 00000400 and 000000400: two records of one step
-        step = next(int(n) for n in names if sum(int(m) == int(n) for m in names) > 1)
-        raise InputError(f"the history holds two records of step {step}; a step has one record")
-    if len(names) > MAX_RECORDS:
+    if len(names) > MAX_RECORDS:  # first: what follows is bounded by it
         raise InputError(f"the history holds {len(names):,} records, over the limit of {MAX_RECORDS:,}")
+    steps = Counter(int(n) for n in names)
+    if len(steps) != len(names):  # 00000400 and 000000400: two records of one step
+        step = min(step for step, count in steps.items() if count > 1)
+        raise InputError(f"the history holds two records of step {step}; a step has one record")
     expected = {
         f"p{p}_{site}": tuple(probe["shapes"][site]) for p, probe in enumerate(manifest["probes"]) for site in sites
     }
     budget, rows_left = max_export_bytes(), MAX_HISTORY_ROWS
     losses, heads, maps = [], [], []
-    for name in sorted(names, key=int):
+    records = sorted(names, key=int)
+    for name in records:
         record = folder / RECORDS / name
         what = f"the history's record {name}"
         if record.is_symlink() or not record.is_dir():
@@ -572,13 +670,18 @@ def load_history(folder: str | Path) -> History:
         heads.append(table)
         maps.append(arrays)
     loss = pd.concat(losses, ignore_index=True)
+    table = pd.concat(heads, ignore_index=True)
+    _check_statistics(table)
+    stacked = {name: np.stack([m[name] for m in maps]) for name in expected}
+    for name, array in stacked.items():  # on the stacked maps: one pass over each probe's site, not one per record
+        _check_weights(array, name, name.endswith(f"_{CAUSAL_SITE}"), records)
     probes = [
         Probe(
             text=probe["text"],
             target=probe["target"],
             src_tokens=probe["src_tokens"],
             tgt_tokens=probe["tgt_tokens"],
-            maps={site: np.stack([m[f"p{p}_{site}"] for m in maps]) for site in sites},
+            maps={site: stacked[f"p{p}_{site}"] for site in sites},
         )
         for p, probe in enumerate(manifest["probes"])
     ]
@@ -590,7 +693,7 @@ def load_history(folder: str | Path) -> History:
         train_loss=loss["train_loss"].to_numpy(np.float64),
         heldout_loss=loss["heldout_loss"].to_numpy(np.float64),
         lr=loss["lr"].to_numpy(np.float64),
-        heads=pd.concat(heads, ignore_index=True),
+        heads=table,
         probes=probes,
         manifest=manifest,
     )
