@@ -185,12 +185,20 @@ class AtlasFolder:
         else:
             self.manifest, self.run_added = {"format": FORMAT, "complete": False, "plan": plan, **manifest}, True
         if not self.complete:
+            # A link would have this run read another folder's shards as its own and write into it; a file in
+            # its place had failed on mkdir with an errno
+            if self.shards.is_symlink() or (self.shards.exists() and not self.shards.is_dir()):
+                raise AtlasError(
+                    f"{self.folder} holds an atlas whose {SHARDS} is not a folder of its own: remove that folder or "
+                    "choose another --out folder"
+                )
             self.shards.mkdir(parents=True, exist_ok=True)
         write_json(self.folder / MANIFEST, self.manifest)
 
     def _check_finished(self) -> None:
         """A folder marked finished: refused when its manifest cannot be read as a finished atlas's, marked
-        unfinished (to be computed again, with a warning) when a table is missing."""
+        unfinished (to be computed again, with a warning) when a table is missing or fails `load_atlas`'s checks
+        of its metadata."""
         try:
             _check_finished_manifest(self.manifest)
         except AtlasError as e:
@@ -202,6 +210,17 @@ class AtlasFolder:
         if missing:
             log.warning("%s is marked finished but lacks %s: it is computed again", self.folder, ", ".join(missing))
             self.manifest = {**self.manifest, "complete": False}
+            return
+        # Each table as `load_atlas` checks it from its metadata (not read whole: cheap on any atlas), so that
+        # a truncated or forged table is computed again, not reported finished and then refused by every reader
+        numbers = tuple(f"{s}{std}" for s in self.manifest["statistics"] for std in ("", "_std"))
+        for name in TABLES:
+            try:
+                _read_table(self.folder, name, numbers if name == "heads" else (), whole=False)
+            except AtlasError as e:
+                log.warning("%s is marked finished but cannot be read (%s): it is computed again", self.folder, e)
+                self.manifest = {**self.manifest, "complete": False}
+                return
 
     def _add_run(self) -> None:
         """This run among the manifest's runs, once, as it first writes into the folder."""
@@ -212,7 +231,7 @@ class AtlasFolder:
 
     @property
     def complete(self) -> bool:
-        return bool(self.manifest.get("complete"))
+        return self.manifest.get("complete") is True  # not "false", nor NaN, which are true to bool()
 
     def _shard(self, index: int, part: str) -> Path:
         return self.shards / f"{index:05d}.{part}.parquet"
@@ -242,6 +261,11 @@ class AtlasFolder:
         record = self._read_record(index)
         if record is None:
             return "it has no readable record"
+        # The record names its shard: a shard's files and record copied under another number (or a record from
+        # an attnviz before it named them) match their hashes, yet would merge one shard's lines twice
+        # and another's not at all
+        if type(record.get("index")) is not int or record["index"] != index:
+            return "its record is not this shard's"
         if sentences is not None and record["inputs"]["rows"] != sentences:
             return f"it holds {record['inputs']['rows']} sentences where the plan has {sentences}"
         for part in PARTS:
@@ -256,7 +280,11 @@ class AtlasFolder:
         """The shards already written whose files are exactly as recorded when they were (and, with
         ``sizes``, hold the plan's number of sentences). Any other shard's files are removed, with a
         warning, so that it is computed again: a shard is never merged on trust."""
-        found = {int(p.name[:5]) for p in self.shards.iterdir() if p.name[:5].isdigit() and p.name[5:6] == "."}
+        found = {  # ASCII digits: "²" is a digit to isdigit() but not to int()
+            int(p.name[:5])
+            for p in self.shards.iterdir()
+            if p.name[:5].isascii() and p.name[:5].isdigit() and p.name[5:6] == "."
+        }
         good = set()
         for index in sorted(found):
             why = self._matches(index, None if sizes is None else sizes.get(index))
@@ -279,7 +307,7 @@ class AtlasFolder:
             ],
             ignore_index=True,
         )
-        record = {}
+        record: dict = {"index": index}  # which shard it is: see `_matches`
         for part, frame in zip(PARTS, (inputs, pairs, sentences), strict=True):
             write_table(self._shard(index, part), frame)
             record[part] = {"rows": len(frame), "sha256": file_sha256(self._shard(index, part))}
@@ -361,10 +389,14 @@ def summarise(
 MAX_MANIFEST_BYTES = 1 << 20
 MAX_ATLAS_MB = 256  # per table file; ATTNVIZ_MAX_ATLAS_MB changes it
 MAX_ATLAS_ROWS = 2_000_000  # per table, read from the file's metadata first; ATTNVIZ_MAX_ATLAS_ROWS changes it
+LIST_VALUES_PER_ROW = 16  # values of one column (a list column's tokens, all rows) per row of that limit
 # The types of the columns the app and the CLI read (pandas' categories of strings are text too); every other
 # column of COLUMNS, and each statistic of the heads' table, holds numbers. Lists (src_ids, ...) are not checked.
 TEXT_COLUMNS = frozenset({"kind", "src"})
 WHOLE_COLUMNS = frozenset({"line", "layer", "head", "layer_a", "head_a", "layer_b", "head_b", "queries", "keys"})
+# Statistics every real query row has the key of (attnviz.atlas.stats): never NaN, for a sentence or a head,
+# where the others are for a kind (`stats.defined`) or a sentence too short for them
+NEVER_NAN = ("entropy", "diagonal", "first", "special", "punctuation", "confidence")
 LIST_COLUMNS = frozenset({"src_ids", "src_tokens", "tgt_ids", "tgt_tokens"})
 COLUMNS = {  # what each table must hold for the app and the CLI to read it
     "sentences": ("line", "kind", "layer", "head", *STATISTICS),
@@ -462,13 +494,18 @@ def _wrong_type(column: str, kind) -> str | None:
     return None if pa.types.is_integer(kind) or pa.types.is_floating(kind) else "numbers"
 
 
-def _read_table(folder: Path, name: str, numbers: tuple[str, ...] = ()) -> pd.DataFrame:
+def _read_table(folder: Path, name: str, numbers: tuple[str, ...] = (), whole: bool = True) -> pd.DataFrame | None:
     """One table, after its size, its row count (from the file's own metadata), its columns and their types are
-    checked (``numbers``: more columns that, where the table has them, hold numbers)."""
+    checked (``numbers``: more columns that, where the table has them, hold numbers); None, those checks
+    passed, without ``whole``."""
     import pyarrow.parquet as pq
 
     path = _checked_file(folder, f"{name}.parquet", int(_limit("ATTNVIZ_MAX_ATLAS_MB", MAX_ATLAS_MB, "MB") * 2**20))
     max_rows = max_atlas_rows()
+    # A row count bounds no list column (src_ids, ...): a file of a few kilobytes can declare one row of
+    # billions of zeros, which pandas would decode whole. LIST_VALUES_PER_ROW values a row at the row limit
+    # leaves the longest sentences room; past it, the file is refused before anything is decoded.
+    max_values, values = max_rows * LIST_VALUES_PER_ROW, {}
     try:
         meta = pq.ParquetFile(path)
         rows, columns = meta.metadata.num_rows, set(meta.schema_arrow.names)
@@ -483,6 +520,17 @@ def _read_table(folder: Path, name: str, numbers: tuple[str, ...] = ()) -> pd.Da
                 raise AtlasError(
                     f"the atlas's {name}.parquet holds other values than {want} in {column}: compute it again"
                 )
+        for i in range(meta.metadata.num_row_groups):  # a list column's values, which decode whole, from metadata
+            group = meta.metadata.row_group(i)
+            for j in range(group.num_columns):
+                values[j] = values.get(j, 0) + group.column(j).num_values
+        if max(values.values(), default=0) > max_values:
+            raise AtlasError(
+                f"the atlas's {name}.parquet holds {max(values.values()):,} values in one column, over the limit "
+                f"of {max_values:,}: compute it again"
+            )
+        if not whole:
+            return None
         table = pd.read_parquet(path)
         for column in [c for c in COLUMNS[name] if c in TEXT_COLUMNS | WHOLE_COLUMNS]:
             if table[column].isna().any():
@@ -499,7 +547,7 @@ def load_atlas(folder: str | Path) -> Atlas:
     or not safe to read: every file is checked as checkpoint files are before any is read whole."""
     folder = Path(folder)
     manifest = read_manifest(folder)
-    if not manifest.get("complete"):
+    if manifest.get("complete") is not True:  # as `AtlasFolder.complete`
         raise AtlasError("this atlas is not finished: run the same `attnviz atlas` command again to complete it")
     _check_finished_manifest(manifest)
     numbers = {"heads": tuple(f"{s}{std}" for s in manifest["statistics"] for std in ("", "_std"))}
@@ -508,6 +556,22 @@ def load_atlas(folder: str | Path) -> Atlas:
     missing = [s for s in manifest["statistics"] if s not in heads.columns or f"{s}_std" not in heads.columns]
     if missing:  # the manifest names what the app's pages draw of each head
         raise AtlasError(f"the atlas's heads.parquet lacks the statistics {', '.join(missing[:4])}: compute it again")
+    for name in TABLES:  # numbers the pages would draw as right: no statistic, divergence or place is infinite
+        table = getattr(atlas, name)
+        for column in [c for c in table.columns if c not in LIST_COLUMNS and pd.api.types.is_float_dtype(table[c])]:
+            values = table[column].to_numpy(dtype=float, na_value=np.nan)  # pandas' Float64 too
+            if np.isinf(values).any() or (
+                column in NEVER_NAN and name in ("sentences", "heads") and np.isnan(values).any()
+            ):
+                raise AtlasError(
+                    f"the atlas's {name}.parquet has {column} infinite or missing in a row: compute it again"
+                )
+    lines = atlas.inputs["line"]
+    if lines.duplicated().any():  # a sentence counted twice (a shard merged twice) would skew every mean
+        raise AtlasError(
+            f"the atlas's inputs.parquet has more than one row for line {lines[lines.duplicated()].iloc[0]}: "
+            "compute it again"
+        )
     twice = heads.duplicated(["kind", "layer", "head"])
     if twice.any():
         kind, layer, head = heads.loc[twice, ["kind", "layer", "head"]].iloc[0]
