@@ -65,6 +65,7 @@ MAX_EXPORT_MB = 512
 DEFAULT_ATOL = 1e-5
 MAX_MANIFEST_CHARS = 1_000_000
 MAX_JSON_DEPTH = 16  # a real manifest nests 3 deep (config, axes, run, ablation)
+KIND_WORDS = {"f": "real floating-point numbers", "iu": "integers", "U": "text"}  # ARRAY_KINDS, in words
 ARRAY_KINDS = {  # what each standard array's dtype must be: numpy's kind letters
     "encoder": "f",  # real floats: a complex map would compare as equal to its real part
     "decoder": "f",
@@ -198,7 +199,7 @@ def _check_members(path: Path, archive: zipfile.ZipFile) -> None:
             )
         kinds = ARRAY_KINDS.get(name)
         if kinds is not None and dtype.kind not in kinds:
-            want = {"f": "real floating-point numbers", "iu": "integers", "U": "text"}[kinds]
+            want = KIND_WORDS[kinds]
             raise ExportError(f"{path}: the array {name!r} holds {dtype} values, not {want}")
         if name in LISTS and len(shape) != 1:
             raise ExportError(

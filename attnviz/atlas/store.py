@@ -213,10 +213,9 @@ class AtlasFolder:
             return
         # Each table as `load_atlas` checks it from its metadata (not read whole: cheap on any atlas), so that
         # a truncated or forged table is computed again, not reported finished and then refused by every reader
-        numbers = tuple(f"{s}{std}" for s in self.manifest["statistics"] for std in ("", "_std"))
         for name in TABLES:
             try:
-                _read_table(self.folder, name, numbers if name == "heads" else (), whole=False)
+                _read_table(self.folder, name, _numbers(self.manifest, name), whole=False)
             except AtlasError as e:
                 log.warning("%s is marked finished but cannot be read (%s): it is computed again", self.folder, e)
                 self.manifest = {**self.manifest, "complete": False}
@@ -494,6 +493,12 @@ def _wrong_type(column: str, kind) -> str | None:
     return None if pa.types.is_integer(kind) or pa.types.is_floating(kind) else "numbers"
 
 
+def _numbers(manifest: dict, name: str) -> tuple[str, ...]:
+    """The columns of table ``name`` that hold numbers besides its `COLUMNS`: the heads' statistics and their
+    standard deviations, as the manifest names them."""
+    return tuple(f"{s}{std}" for s in manifest["statistics"] for std in ("", "_std")) if name == "heads" else ()
+
+
 def _read_table(folder: Path, name: str, numbers: tuple[str, ...] = (), whole: bool = True) -> pd.DataFrame | None:
     """One table, after its size, its row count (from the file's own metadata), its columns and their types are
     checked (``numbers``: more columns that, where the table has them, hold numbers); None, those checks
@@ -550,8 +555,7 @@ def load_atlas(folder: str | Path) -> Atlas:
     if manifest.get("complete") is not True:  # as `AtlasFolder.complete`
         raise AtlasError("this atlas is not finished: run the same `attnviz atlas` command again to complete it")
     _check_finished_manifest(manifest)
-    numbers = {"heads": tuple(f"{s}{std}" for s in manifest["statistics"] for std in ("", "_std"))}
-    atlas = Atlas(manifest=manifest, **{name: _read_table(folder, name, numbers.get(name, ())) for name in TABLES})
+    atlas = Atlas(manifest=manifest, **{name: _read_table(folder, name, _numbers(manifest, name)) for name in TABLES})
     heads = atlas.heads
     missing = [s for s in manifest["statistics"] if s not in heads.columns or f"{s}_std" not in heads.columns]
     if missing:  # the manifest names what the app's pages draw of each head

@@ -28,6 +28,7 @@ import plotly.graph_objects as go
 from PIL import Image
 
 from attnviz.analysis import downsample
+from attnviz.errors import InputError
 from attnviz.figures.common import (
     HIGHLIGHT,
     MASKED_GREY,
@@ -63,8 +64,9 @@ FRAME_GREY = "#d9d9d9"
 
 
 def check_contrast(contrast: str) -> str:
-    if contrast not in CONTRASTS:
-        raise ValueError(f"contrast must be one of {', '.join(CONTRASTS)}; got {contrast!r}")
+    """``contrast`` itself; an InputError (a ValueError) for anything but one of `CONTRASTS`, None included."""
+    if not isinstance(contrast, str) or contrast not in CONTRASTS:
+        raise InputError(f"contrast must be one of {', '.join(CONTRASTS)}; got {contrast!r}")
     return contrast
 
 

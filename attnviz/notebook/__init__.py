@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from attnviz.errors import InputError
 from attnviz.export import AttentionExport
-from attnviz.figures.images import CONTRASTS
+from attnviz.figures.images import check_contrast
 from attnviz.notebook.data import Source, _is_bundle, as_source, is_export_path, plain_export, stack_layers
 from attnviz.notebook.frames import step_data
 from attnviz.notebook.widgets import AtlasView, HeadView, ModelView, StepView
@@ -77,7 +77,7 @@ def head_view(
     ``dtype`` ("float32" or "float16") is how the weights travel to the browser. ``mode``: "widget",
     "html" (one self-contained document) or "auto".
     """
-    _check_contrast(contrast)
+    check_contrast(contrast)
     source = _source(data, tokens, text, tgt, generate, encoder, decoder, cross, src_tokens, tgt_tokens, kind, batch)
     return HeadView(
         source, kind=_first_kind(kind), layer=layer, head=head, contrast=contrast, words=words, dtype=dtype, mode=mode
@@ -104,7 +104,7 @@ def model_view(
 ) -> ModelView:
     """Every layer and head of a kind as thumbnails, max-pooled past 96 tokens as in the app; a click on
     a head opens it in the head view below. Takes what [`head_view`][attnviz.notebook.head_view] takes."""
-    _check_contrast(contrast)
+    check_contrast(contrast)
     source = _source(data, tokens, text, tgt, generate, encoder, decoder, cross, src_tokens, tgt_tokens, kind, batch)
     return ModelView(source, kind=_first_kind(kind), contrast=contrast, dtype=dtype, mode=mode)
 
@@ -162,12 +162,6 @@ def _first_kind(kind: str | None) -> str | None:
     if kind is not None and kind not in ("encoder", "decoder", "cross"):
         raise InputError(f"kind must be 'encoder', 'decoder' or 'cross' (or None: the view chooses); got {kind!r}")
     return kind
-
-
-def _check_contrast(contrast) -> None:
-    """Nothing, or an InputError as for every other bad argument (`check_contrast` raises a plain ValueError)."""
-    if not isinstance(contrast, str) or contrast not in CONTRASTS:
-        raise InputError(f"contrast must be one of {', '.join(CONTRASTS)}; got {contrast!r}")
 
 
 def _source(data, tokens, text, tgt, generate, encoder, decoder, cross, src_tokens, tgt_tokens, kind, batch) -> Source:

@@ -37,20 +37,22 @@ MAX_PLAIN_MB = 2048
 
 
 def _numpy(value, what: str) -> np.ndarray:
-    """``value`` (a torch tensor on any device, numpy, nested lists) as float32 numpy."""
+    """``value`` (a torch tensor on any device, numpy, nested lists) as float32 numpy; complex numbers refused, as
+    converting them would keep the real part and only warn."""
+    complex_ = InputError(f"{what} holds complex numbers: attention weights are real, in 0..1")
     if hasattr(value, "detach"):  # torch, without importing it here
-        if value.is_complex():  # .float() would keep the real part and only warn
-            raise InputError(f"{what} holds complex numbers: attention weights are real, in 0..1")
+        if value.is_complex():
+            raise complex_
         value = value.detach().float().cpu().numpy()
     try:
         array = np.asarray(value)
-        if array.dtype.kind == "c":  # converting would keep the real part and only warn
-            raise InputError(f"{what} holds complex numbers: attention weights are real, in 0..1")
-        array = array.astype(np.float32, copy=False)
+        real = array.dtype.kind != "c"
+        if real:
+            array = array.astype(np.float32, copy=False)
     except (TypeError, ValueError) as e:
-        if isinstance(e, InputError):
-            raise
         raise InputError(f"{what} must be numbers (tensors or arrays): {e}") from None
+    if not real:
+        raise complex_
     return array
 
 
@@ -504,9 +506,8 @@ def as_source(data=None, tokens=None, *, text=None, tgt=None, generate: int = 0,
         if batch is not None:
             raise InputError("batch picks one text of plain maps; a model holds one text already")
         return from_model(bundle=data, text=text if text is not None else tokens, tgt=tgt, generate=generate)
-    unused = [name for name, value in (("text", text), ("tgt", tgt)) if value is not None] + (
-        ["generate"] if generate != 0 else []
-    )
+    given = (("text", text is not None), ("tgt", tgt is not None), ("generate", generate != 0))
+    unused = [name for name, is_given in given if is_given]
     if unused:
         raise InputError(
             f"{', '.join(unused)} go only with an attnviz model (head_view(model, text)): these maps are drawn as "

@@ -90,7 +90,7 @@ def _export_problem(export) -> str | None:
     import numpy as np
 
     from attnviz.errors import ExportError
-    from attnviz.export import ARRAY_KINDS, STANDARD_ARRAYS, check_sizes
+    from attnviz.export import ARRAY_KINDS, KIND_WORDS, STANDARD_ARRAYS, check_sizes
     from attnviz.kinds import KINDS
     from attnviz.testing.compare import is_plain_attention
 
@@ -108,7 +108,6 @@ def _export_problem(export) -> str | None:
             return f"{name} is a {_type_name(tokens)}, not a tuple of tokens"
         if bad := [t for t in tokens if not isinstance(t, str)]:
             return f"{name} holds {bad[0]!r}, a {_type_name(bad[0])}, not a token (text)"
-    wants = {"f": "real floating-point numbers", "iu": "integers"}
     arrays = {name: getattr(export, name) for name in (*KINDS, "src_ids", "tgt_ids")}
     arrays.update({f"the extra array {name}": value for name, value in export.extras.items()})
     for label, value in arrays.items():
@@ -123,7 +122,7 @@ def _export_problem(export) -> str | None:
             return f"{label} is a {_type_name(value)}, not a numpy array"
         kinds = ARRAY_KINDS.get(label, "biufUS")  # an extra: what the comparison reads (no complex, no objects)
         if value.dtype.kind not in kinds:
-            return f"{label} holds {value.dtype} values, not {wants.get(kinds, 'numbers or text')}"
+            return f"{label} holds {value.dtype} values, not {KIND_WORDS.get(kinds, 'numbers or text')}"
     for name in export.extras:
         if name in STANDARD_ARRAYS:
             return f"the extra array {name} has the name of one of the export's own arrays"
