@@ -24,6 +24,7 @@ import secrets
 import stat
 import zipfile
 import zlib
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
@@ -31,7 +32,7 @@ from typing import BinaryIO
 
 import numpy as np
 
-from attnviz.errors import AttnvizError, ExportError
+from attnviz.errors import AttnvizError, ExportError, describe
 from attnviz.kinds import KINDS, axis_names, check_kind, writing_labels
 
 STANDARD_ARRAYS = (
@@ -181,11 +182,47 @@ def _json_depth(value, depth: int = 0) -> int:
     return depth
 
 
+def array_members(archive: zipfile.ZipFile, error: Callable[[str, str], AttnvizError]) -> dict[str, zipfile.ZipInfo]:
+    """The archive's members by array name, each a ``<name>.npy``, once, unencrypted; otherwise
+    ``error(problem, member)`` is raised, ``problem`` being "not an array", "twice" or "encrypted", so that each
+    reader words it as its own messages.
+
+    np.load reads a member by either name (a bare ``encoder`` before ``encoder.npy``, the last of two
+    ``encoder.npy``), so a second one would be read unchecked; zipfile raises a RuntimeError for an encrypted one;
+    and a member of another name is raw bytes to numpy, not an array.
+    """
+    members: dict[str, zipfile.ZipInfo] = {}
+    for info in archive.infolist():
+        name = info.filename.removesuffix(".npy")
+        if name in members:
+            raise error("twice", info.filename)
+        if name == info.filename:
+            raise error("not an array", info.filename)
+        if info.flag_bits & 0x1:
+            raise error("encrypted", info.filename)
+        members[name] = info
+    return members
+
+
+def _member_error(path: Path) -> Callable[[str, str], ExportError]:
+    def error(problem: str, member: str) -> ExportError:
+        shown = describe(member)
+        return ExportError(
+            f"{path} is not a readable attnviz export: "
+            + {
+                "not an array": f"it holds the member {shown}, which is not an array member (name.npy)",
+                "twice": f"it holds the array {describe(member.removesuffix('.npy'))} twice",
+                "encrypted": f"its member {shown} is encrypted, which an attnviz export never is",
+            }[problem]
+        )
+
+    return error
+
+
 def _check_members(path: Path, archive: zipfile.ZipFile) -> None:
     """Each array's declared dtype and shape, read from its header alone, against the limits."""
     total, limit = 0, max_export_bytes()
-    for info in archive.infolist():
-        name = info.filename.removesuffix(".npy")
+    for name, info in array_members(archive, _member_error(path)).items():
         with archive.open(info) as member:
             version = np.lib.format.read_magic(member)
             read_header = (
@@ -380,7 +417,8 @@ def load_export(path: str | Path) -> AttentionExport:
     axes and a manifest.
 
     Raises [`ExportError`][attnviz.errors.ExportError] for a file that is not an attnviz export (corrupt,
-    truncated, another program's .npz, pickled data) or that a newer attnviz wrote.
+    truncated, another program's .npz, pickled data, a member twice or encrypted, maps or manifest fields that are
+    not what attnviz writes: `check_contents`) or that a newer attnviz wrote.
     """
     path = Path(path)
     check_regular_file(path)
@@ -435,11 +473,104 @@ def load_export(path: str | Path) -> AttentionExport:
                 manifest=manifest,
                 extras={name: z[name] for name in z.files if name not in STANDARD_ARRAYS},
             )
-            check_sizes(export, str(path))
+            check_contents(export, str(path))
             return export
     except (ValueError, KeyError, EOFError, zipfile.BadZipFile, zlib.error, NotImplementedError) as e:
         # numpy's own messages for these speak of pickles and zip members; say what the user has.
         raise ExportError(f"{path} is not a readable attnviz export (.npz): {type(e).__name__}: {e}") from None
+
+
+def holds_weights(manifest: dict) -> bool:
+    """Whether an export with this manifest holds post-softmax weights, not a method's numbers (``method``)."""
+    return manifest.get("method") in (None, "attention")
+
+
+def _non_finite(value, where: str = "") -> str | None:
+    """Where in a parsed JSON value the first number that is not finite is ("run.threads"), or None."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return where
+    items = value.items() if isinstance(value, dict) else enumerate(value) if isinstance(value, list) else ()
+    for key, item in items:
+        inner = f"{where}[{key}]" if isinstance(key, int) else f"{where}.{key}" if where else str(key)
+        if (found := _non_finite(item, inner)) is not None:
+            return found
+    return None
+
+
+def check_manifest(manifest: dict, what: str) -> None:
+    """An ExportError where a manifest field that attnviz reads back is not of the type it writes: a number for
+    ``src`` had crashed diff, and ``"tgt_truncated": "false"``, true for Python, labelled every row '→ …'."""
+    if (where := _non_finite(manifest)) is not None:  # json reads NaN and Infinity, which JSON itself has not
+        raise ExportError(f"{what}: its manifest holds a number that is not finite ({where})")
+    fields = {  # field: (what a value must be, whether one is); an absent field is always allowed
+        "src": ("a text or null", lambda v: v is None or isinstance(v, str)),
+        "tgt": ("a text or null", lambda v: v is None or isinstance(v, str)),
+        "method": ("the name of a method (a text) or null", lambda v: v is None or isinstance(v, str)),
+        "note": ("a text", lambda v: isinstance(v, str)),
+        "tgt_truncated": ("true, false or a whole number", lambda v: isinstance(v, int)),
+        "generated": ("true, false or a whole number of 0 or more", lambda v: isinstance(v, int) and v >= 0),
+    }
+    for name, (want, good) in fields.items():
+        if name in manifest and not good(manifest[name]):
+            raise ExportError(f"{what}: its manifest's {name} is {describe(manifest[name])}, not {want}")
+    axes = manifest.get("axes", {})
+    if not isinstance(axes, dict):
+        raise ExportError(f"{what}: its manifest's axes are {describe(axes)}, not an object of each kind's axes")
+    for kind, names in axes.items():
+        if kind not in KINDS:
+            raise ExportError(f"{what}: its manifest names the axes of {describe(kind)}, which is not a kind of map")
+        # The axes follow from the kind, and diff labels cells by them: axes that contradict the kind (encoder axes
+        # naming decoder positions) say the file is not what it claims, and which of the two is right is unknown.
+        legal = [
+            [*lead, *axis_names(kind, unit)] for lead in (["layer", "head"], ["layer"]) for unit in ("position", "word")
+        ]
+        if names not in legal:
+            raise ExportError(
+                f"{what}: its manifest's axes of {kind} are {describe(names)}, not ({', '.join(legal[0])}) as "
+                "attnviz writes them"
+            )
+
+
+def _check_maps(export: AttentionExport, what: str, finite: bool = True) -> None:
+    """An ExportError where a kind's maps are not of a rank attnviz writes (weights (layer, head, query, key), a
+    method's per head or per layer (layer, query, key)), have no layer or head, or hold a number that is not
+    finite (``finite``: the snapshot plugin leaves those to its invariants, which say in which heads): diff had
+    compared such maps by value alone, and NaN equals NaN there."""
+    weights = holds_weights(export.manifest)
+    axes = export.manifest.get("axes", {})
+    for kind in KINDS:
+        maps = getattr(export, kind)
+        if maps is None:
+            continue
+        shape = tuple(np.shape(maps))
+        if len(shape) != 4 and (weights or len(shape) != 3):
+            also = "" if weights else " or, for a method's maps, (layer, query, key)"
+            raise ExportError(f"{what}: its {kind} maps are shaped {shape}, not (layer, head, query, key){also}")
+        if kind in axes and len(axes[kind]) != len(shape):
+            raise ExportError(
+                f"{what}: its {kind} maps are shaped {shape}, but its manifest names {len(axes[kind])} axes for them"
+            )
+        if 0 in shape[:-2]:
+            raise ExportError(f"{what}: its {kind} maps have no layer or no head (shaped {shape})")
+        if not finite:
+            continue
+        good = np.isfinite(maps)
+        if not good.all():
+            n = int(good.size - np.count_nonzero(good))
+            first = tuple(int(i) for i in np.argwhere(~good)[0])
+            raise ExportError(
+                f"{what}: its {kind} maps hold {n:,} value{'s' * (n != 1)} that {'is' if n == 1 else 'are'} not "
+                f"finite (NaN or infinite), the first at index {first}"
+            )
+
+
+def check_contents(export: AttentionExport, what: str, finite: bool = True) -> None:
+    """An ExportError, naming ``what``, where an export is not what attnviz writes: a manifest field of another type
+    (`check_manifest`), maps of another rank, without layers or heads or not finite (`_check_maps`), or maps whose
+    sizes disagree with their tokens (`check_sizes`). load_export checks every file with it."""
+    check_manifest(export.manifest, what)
+    _check_maps(export, what, finite)
+    check_sizes(export, what)
 
 
 def check_sizes(export: AttentionExport, what: str) -> None:

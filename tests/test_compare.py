@@ -71,14 +71,18 @@ def test_the_tolerance_decides():
 
 
 def test_nan_equals_nan_but_not_a_number():
-    golden = toy_export(method="gradient")  # a method's maps: no invariants, values only
+    """In the values' comparison NaN equals NaN; a NaN is still never a map's number (an invariant, methods too)."""
+    golden = toy_export(method="gradient")  # a method's maps: no weights' invariants, finite only
     a = golden.cross.copy()
     a[0, 0, 0, 0] = np.nan
     b = a.copy()
-    assert compare_exports(dataclasses.replace(golden, cross=a), dataclasses.replace(golden, cross=b)).equal
+    report = compare_exports(dataclasses.replace(golden, cross=a), dataclasses.replace(golden, cross=b))
+    assert [(f.what, f.subject) for f in report.findings] == [("invariant", "cross")] * 2, report.to_text()
+    assert all("1 cell not finite (NaN or infinite)" in f.text for f in report.findings)
     b[0, 0, 0, 0] = 0.5
     report = compare_exports(dataclasses.replace(golden, cross=a), dataclasses.replace(golden, cross=b))
-    (finding,) = report.findings
+    finding, invariant = report.findings  # the values first, then what breaks an invariant (A's NaN)
+    assert finding.what == "values" and invariant.what == "invariant"
     assert finding.data["cells_off"] == 1 and finding.data["largest"] == np.inf
     strict = json.loads(json.dumps(report.to_json(), allow_nan=False))  # what --json prints is strict JSON
     assert strict["findings"][0]["largest"] == "inf" and strict["findings"][0]["worst"][0]["a"] == "nan"

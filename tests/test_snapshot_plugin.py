@@ -323,8 +323,8 @@ def test_the_update_summary_lists_what_xdist_workers_wrote(project):
 
 def test_maps_that_are_not_numpy_attention_are_one_clear_line_and_never_kept(project):
     """A torch tensor (bfloat16, on any device), a list, a batch axis, integer maps, an extra of Python objects, a
-    manifest with a numpy number or tokens that are not text failed deep inside numpy, json or the comparison, or
-    were written as a golden file that no later run could read."""
+    manifest with a numpy number, a field of another type or tokens that are not text failed deep inside numpy, json
+    or the comparison, or were written as a golden file that no later run could read."""
     project.makepyfile(
         test_user_kinds="""
         import dataclasses
@@ -348,6 +348,9 @@ def test_maps_that_are_not_numpy_attention_are_one_clear_line_and_never_kept(pro
             "manifest": lambda e: {"manifest": None},
             "json": lambda e: {"manifest": {**e.manifest, "temperature": np.float32(0.5)}},
             "tokens": lambda e: {"src_tokens": tuple(range(5))},
+            "src": lambda e: {"manifest": {**e.manifest, "src": 5}},
+            "truncated": lambda e: {"manifest": {**e.manifest, "tgt_truncated": "false"}},
+            "no-layers": lambda e: {"cross": e.cross[:0]},
         }
 
         @pytest.mark.parametrize("case", CASES)
@@ -358,17 +361,17 @@ def test_maps_that_are_not_numpy_attention_are_one_clear_line_and_never_kept(pro
     )
     for flag in ((), ("--attnviz-update",)):
         result = project.runpytest("test_user_kinds.py", *flag)
-        result.assert_outcomes(failed=13)
+        result.assert_outcomes(failed=16)
         out = result.stdout.str()
         assert "Traceback" not in out and "Error: " not in out and "attnviz/testing" not in out, out
-        assert out.count("attention_snapshot: this run's export cannot be compared or kept:") == 13, out
+        assert out.count("attention_snapshot: this run's export cannot be compared or kept:") == 16, out
         result.stdout.fnmatch_lines(
             [
                 "*cross is a torch.Tensor (torch.float32 on cpu), not a numpy array: pass tensor.float().cpu().numpy()",
                 "*cross is a torch.Tensor (torch.bfloat16 on cpu), not a numpy array*",
                 "*cross is a list, not a numpy array*",
-                "*cross is shaped (1, 2, 3, 4, 5), not (layer, head, query, key)*",
-                "*cross is shaped (4, 5), not (layer, head, query, key)*",
+                "*its cross maps are shaped (1, 2, 3, 4, 5), not (layer, head, query, key)*",
+                "*its cross maps are shaped (4, 5), not (layer, head, query, key)*",
                 "*cross holds int64 values, not real floating-point numbers*",
                 "*the extra array score holds object values, not numbers or text*",
                 "*the extra array score holds complex128 values, not numbers or text*",
@@ -377,6 +380,9 @@ def test_maps_that_are_not_numpy_attention_are_one_clear_line_and_never_kept(pro
                 "*the manifest is a NoneType, not a dict*",
                 "*the manifest cannot be written as JSON: Object of type float32 is not JSON serializable*",
                 "*src_tokens holds 0, a int, not a token (text)*",
+                "*its manifest's src is 5, not a text or null*",
+                "*its manifest's tgt_truncated is 'false', not true, false or a whole number*",
+                "*its cross maps have no layer or no head (shaped (0, 3, *))*",
             ],
             consecutive=False,
         )

@@ -24,7 +24,7 @@ from pathlib import Path
 import numpy as np
 
 from attnviz.errors import ExportError
-from attnviz.export import DEFAULT_ATOL, AttentionExport, load_export
+from attnviz.export import DEFAULT_ATOL, AttentionExport, holds_weights, load_export
 from attnviz.kinds import KIND_SIDES, KINDS, axis_names, causal_mask
 from attnviz.testing.report import (
     MAX_GROUPS_SHOWN,
@@ -131,9 +131,10 @@ def _compare_side(side: str, a: AttentionExport, b: AttentionExport) -> Finding 
         data = {"side": side, "first_difference": first, "a_tokens": list(a_tok), "b_tokens": list(b_tok)}
         why = f"the {side} tokens differ from position {first} (a file without ids is compared by its tokens)"
         return Finding("inputs", side, why, details, {**data, "cause": "tokens"})
-    if a_ids is None or b_ids is None:
-        which, other = ("A", b) if b_ids is None else ("B", a)
-        kind = "a language model" if other.src_ids is None else "encoder-only"
+    if a_tok is None or b_tok is None:
+        # by the tokens, not the ids: maps from another library have none, and both files lacking them named A
+        which = "A" if b_tok is None else "B"
+        kind = "a language model" if side == "source" else "encoder-only"
         return Finding("inputs", side, f"only {which} has a {side} side (the other model is {kind})")
     same_ids = a_ids.shape == b_ids.shape and bool(np.array_equal(a_ids, b_ids))
     if same_ids and tuple(a_tok) == tuple(b_tok):
@@ -248,7 +249,7 @@ def _compare_values(
 
 def is_plain_attention(export: AttentionExport) -> bool:
     """Whether the export holds post-softmax weights (not a method's relevance, whose rows need not sum to 1)."""
-    return export.manifest.get("method") in (None, "attention")
+    return holds_weights(export.manifest)
 
 
 def check_invariants(export: AttentionExport, label: str, atol: float = 0.0) -> list[Finding]:
@@ -256,37 +257,39 @@ def check_invariants(export: AttentionExport, label: str, atol: float = 0.0) -> 
 
     Every weight is finite and in [0, 1], every row sums to 1 (within ``max(ROW_SUM_ATOL, atol)``),
     and every cell of the decoder's future (the causal mask, 3.2.3) is exactly 0. A method's maps
-    (``manifest["method"]``) are compared by value only.
+    (``manifest["method"]``), (L, H, Q, K) or (L, Q, K), need only be finite: its numbers need not be shares.
     """
-    if not is_plain_attention(export):
-        return []
+    weights = is_plain_attention(export)
     findings = []
     row_tol = max(ROW_SUM_ATOL, atol)
     for kind in KINDS:
         w = getattr(export, kind)
-        if w is None or w.ndim != 4 or w.dtype.kind != "f":
+        if w is None or w.dtype.kind != "f" or w.ndim not in ((4,) if weights else (3, 4)):
             continue
         axes = axes_of(kind, w, export)
-        L, H, Q, K = w.shape
+        lead = w.ndim - 2  # (layer, head) or a method's (layer)
+        groups, group_word = int(np.prod(w.shape[:lead])), "heads" if lead == 2 else "layers"
+        Q, K = w.shape[-2:]
         w64 = w.astype(np.float64)
         checks = []
         bad = ~np.isfinite(w64)
         checks.append(("not finite (NaN or infinite)", bad, None))
-        with np.errstate(invalid="ignore"):
-            checks.append(("outside [0, 1]", np.isfinite(w64) & ((w64 < 0) | (w64 > 1 + row_tol)), w64))
-            sums = w64.sum(-1)  # (L, H, Q)
-            rows_bad = np.abs(sums - 1) > row_tol
-        if kind == "decoder":
-            future = ~causal_mask(Q, K)
-            checks.append(("not 0 in the causal mask (a query sees a later position)", (w64 != 0) & future, w64))
+        if weights:
+            with np.errstate(invalid="ignore"):
+                checks.append(("outside [0, 1]", np.isfinite(w64) & ((w64 < 0) | (w64 > 1 + row_tol)), w64))
+                sums = w64.sum(-1)  # (L, H, Q)
+                rows_bad = np.abs(sums - 1) > row_tol
+            if kind == "decoder":
+                future = ~causal_mask(Q, K)
+                checks.append(("not 0 in the causal mask (a query sees a later position)", (w64 != 0) & future, w64))
         for problem, cells, values in checks:
             if cells.any():
                 index = tuple(int(i) for i in np.argwhere(cells)[0])
                 shown = "" if values is None else f" = {values[index]:.6g}"
-                heads = sorted({(int(li), int(h)) for li, h in np.argwhere(cells)[:, :2]})
+                heads = {tuple(int(i) for i in at) for at in np.argwhere(cells)[:, :lead]}
                 text = (
                     f"invariant broken in {label}: {kind}: {_cells(int(cells.sum()))} {problem}, in {len(heads)} of "
-                    f"{L * H} heads; first at {_cell_label(index, axes, w.shape, export)}{shown}"
+                    f"{groups} {group_word}; first at {_cell_label(index, axes, w.shape, export)}{shown}"
                 )
                 data = {
                     "array": kind,
@@ -296,6 +299,9 @@ def check_invariants(export: AttentionExport, label: str, atol: float = 0.0) -> 
                     "first": list(index),
                 }
                 findings.append(Finding("invariant", kind, text, data=data))
+        if not weights:
+            continue
+        L, H = w.shape[:2]
         if rows_bad.any():
             worst = tuple(
                 int(i) for i in np.unravel_index(np.argmax(np.where(rows_bad, np.abs(sums - 1), -1)), sums.shape)

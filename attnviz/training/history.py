@@ -38,7 +38,7 @@ import numpy as np
 import pandas as pd
 
 from attnviz.errors import InputError, describe
-from attnviz.export import max_export_bytes, size_text
+from attnviz.export import array_members, max_export_bytes, size_text
 
 HISTORY = "history"  # the folder inside a training's --out
 RECORDS = "records"
@@ -498,18 +498,18 @@ def _read_table(
 
 
 def _members(archive: zipfile.ZipFile, what: str) -> dict[str, zipfile.ZipInfo]:
-    """The archive's members by array name, each ``<name>.npy``, once, unencrypted: np.load reads a member by
-    either name, so a second one (``p0_decoder`` before ``p0_decoder.npy``) would be read unchecked."""
-    members: dict[str, zipfile.ZipInfo] = {}
-    for info in archive.infolist():
-        if not info.filename.endswith(".npy"):
-            raise InputError(f"{what}: {MAPS} holds the member {info.filename[:40]!r}, not a name.npy")
-        if info.filename.removesuffix(".npy") in members:
-            raise InputError(f"{what}: {MAPS} holds {info.filename[:40]} twice")
-        if info.flag_bits & 0x1:  # zipfile would raise a RuntimeError: a password is required
-            raise InputError(f"{what}: {MAPS} cannot be read (an encrypted member): it is corrupt")
-        members[info.filename.removesuffix(".npy")] = info
-    return members
+    """The archive's members by array name, each ``<name>.npy``, once, unencrypted (`attnviz.export.array_members`)."""
+
+    def error(problem: str, member: str) -> InputError:
+        return InputError(
+            {
+                "not an array": f"{what}: {MAPS} holds the member {member[:40]!r}, not a name.npy",
+                "twice": f"{what}: {MAPS} holds {member[:40]} twice",
+                "encrypted": f"{what}: {MAPS} cannot be read (an encrypted member): it is corrupt",
+            }[problem]
+        )
+
+    return array_members(archive, error)
 
 
 def _read_maps(folder: Path, expected: dict[str, tuple[int, ...]], budget: int, what: str) -> tuple[dict, int]:
