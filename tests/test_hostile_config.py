@@ -412,10 +412,13 @@ def test_a_config_multiplying_a_string_by_a_billion_heads_is_refused_fast_and_sm
         """
         import contextlib, io, json, resource, sys, time
         from attnviz.cli import main
+        folders = json.loads(sys.argv[1])
+        with contextlib.redirect_stderr(io.StringIO()):  # once first: torch and attnviz imported (3 CPU s) untimed
+            main(["generate", "--model", folders[0], "--device", "cpu", "hello"])
         before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
         start = time.process_time()  # CPU, not the clock: a loaded machine slows the clock, not the work
         statuses = []
-        for folder in json.loads(sys.argv[1]):
+        for folder in folders:
             err = io.StringIO()
             with contextlib.redirect_stderr(err):
                 statuses.append(main(["generate", "--model", folder, "--device", "cpu", "hello"]))
@@ -430,7 +433,9 @@ def test_a_config_multiplying_a_string_by_a_billion_heads_is_refused_fast_and_sm
     )
     report = json.loads(result.stdout.splitlines()[-1])
     assert report["statuses"] == [2, 2, 2]
-    assert report["grown_mb"] < 64 and report["seconds"] < 5, report  # CPU s, importing torch included
+    # CPU s, after the imports: each refusal takes milliseconds, and a billion of anything made takes minutes. With
+    # the imports counted, 5 s was missed on a loaded 2-core Zen 5 EPYC (5.7 s)
+    assert report["grown_mb"] < 64 and report["seconds"] < 5, report
 
 
 # ---------------------------------------------------------------------------------------------

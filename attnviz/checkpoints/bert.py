@@ -115,7 +115,8 @@ def bert_config(hf: dict, special_ids: dict[str, int] | None = None, source: str
         "dropout": f.number("hidden_dropout_prob", 0.1, 0.0, 1.0),
         "max_len": f.int("max_position_embeddings", 512, high=MAX_CLAIMED_POSITIONS),
         "ln_eps": f.number("layer_norm_eps", 1e-12, 0.0, 1.0, low_open=True),
-        "type_vocab_size": f.int("type_vocab_size", 2, low=0),
+        # BERT adds type 0's embedding to every token: a table of none cannot run (transformers fails on it)
+        "type_vocab_size": f.int("type_vocab_size", 2),
     }
     try:
         return TransformerConfig(

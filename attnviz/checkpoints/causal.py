@@ -38,10 +38,12 @@ from attnviz.checkpoints.files import (
     has_model_type,
     hub_name,
     model_folder,
+    plan_names,
     read_config,
     read_json,
     read_tokenizer_json,
     refuse_quantized,
+    shown,
 )
 from attnviz.checkpoints.limits import current_limits
 from attnviz.config import TransformerConfig
@@ -52,6 +54,7 @@ log = logging.getLogger(__name__)
 
 INDEX_FILE = "model.safetensors.index.json"
 PICKLE_FILE = "pytorch_model.bin"
+MAX_FILE_NAME_BYTES = 255  # the longest file name Linux, macOS and Windows file systems take (NAME_MAX)
 WORD_MARK = "\u2581"  # "▁": the app's mark of a piece that starts a word (sentencepiece's)
 SHOWN = {" ": WORD_MARK, "\n": "↵", "\t": "⇥", "\r": "␍"}  # how a label shows what would be invisible
 EXAMPLES = [
@@ -180,12 +183,30 @@ def read_tokenizer(path: Path, max_tokens: int, bos_id: int | None, eos_id: int 
 # Sharded weights
 
 
+def _shard_problem(shard: str) -> str | None:
+    """What makes ``shard``, a file name from an index, one attnviz does not open, or None.
+
+    The name reaches the file system and, in messages, a terminal: one too long makes the OS raise
+    (File name too long), and control characters would be run by the terminal that shows the error.
+    """
+    if not shard.endswith(".safetensors"):
+        return "that is not a .safetensors file"
+    if Path(shard).name != shard or "\\" in shard:  # a backslash: Windows' separator
+        return "outside its folder"
+    if len(shard.encode("utf-8", "surrogatepass")) > MAX_FILE_NAME_BYTES:
+        return f"longer than a file name may be ({MAX_FILE_NAME_BYTES} bytes)"
+    if not shard.isprintable():
+        return "holding control or other unprintable characters"
+    return None
+
+
 class ShardedWeights(WeightsFile):
     """The tensors of the shards ``model.safetensors.index.json`` lists, read as one file is.
 
     The index's ``weight_map`` names each tensor's shard; every shard must be a plain file in the
-    folder (no path elsewhere). A shard is opened when a tensor the model needs is first asked of
-    it, so shards holding nothing the model reads are never opened or hashed (`opened`).
+    folder (no path elsewhere), its name one a file system takes and a terminal shows as it is
+    (`_shard_problem`). A shard is opened when a tensor the model needs is first asked of it, so
+    shards holding nothing the model reads are never opened or hashed (`opened`).
     """
 
     def __init__(self, index_file: Path, max_bytes: int, rename: Callable[[str], str] = lambda name: name):
@@ -198,9 +219,10 @@ class ShardedWeights(WeightsFile):
         if not isinstance(weight_map, dict) or not all(isinstance(v, str) for v in weight_map.values()):
             raise CheckpointError(f"{index_file} has no weight_map of tensor names to shard files", BAD_WEIGHTS)
         for shard in set(weight_map.values()):
-            if Path(shard).name != shard or not shard.endswith(".safetensors"):
-                raise CheckpointError(f"{index_file} names a shard ({describe(shard)}) outside its folder", BAD_WEIGHTS)
-        self.names = {rename(stored): stored for stored in weight_map}  # the plan's name -> the stored name
+            problem = _shard_problem(shard)
+            if problem:
+                raise CheckpointError(f"{index_file} names a shard ({describe(shard)}) {problem}", BAD_WEIGHTS)
+        self.names = plan_names(index_file, weight_map, rename)
         self._shard_of = weight_map  # the stored name -> its shard's file name
         self.opened: dict[str, WeightsFile] = {}  # the shards read so far, by file name
 
@@ -213,7 +235,7 @@ class ShardedWeights(WeightsFile):
         weights = self.opened[shard]
         if name not in weights:
             raise CheckpointError(
-                f"{self.file} places tensor '{stored}' in {shard}, which does not hold it", BAD_WEIGHTS
+                f"{self.file} places tensor {shown(stored)} in {shard}, which does not hold it", BAD_WEIGHTS
             )
         return weights
 

@@ -58,9 +58,9 @@ class Fields:
         return value
 
     def number(
-        self, key: str, default: float, low: float, high: float, low_open: bool = False, nullable: bool = False
+        self, key: str, default: float | None, low: float, high: float, low_open: bool = False, nullable: bool = False
     ) -> float:
-        """A finite number in [low, high] (or (low, high] with ``low_open``), as a float."""
+        """A finite number in [low, high] (or (low, high] with ``low_open``), as a float; ``default`` None: required."""
         value, _ = self._value(key, default, nullable)
         bracket = "(" if low_open else "["
         if (

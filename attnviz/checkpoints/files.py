@@ -19,7 +19,7 @@ import os
 import pickle
 import stat
 import warnings
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from contextvars import ContextVar
 from pathlib import Path
@@ -48,6 +48,7 @@ PICKLE_REFUSED = "its weights are a pickle file, which this server does not load
 QUANTIZED = "its weights are quantized (FP8 or another low-precision format), which attnviz does not load"
 # Where a Hugging Face config.json says its weights are quantized (compression_config: older compressed-tensors files)
 QUANTIZATION_KEYS = ("quantization_config", "compression_config")
+MAX_SHOWN_NAME = 200  # characters of a stored name a message quotes; real tensor names are under 100
 
 
 def checkpoint_root(folder: Path) -> Path:
@@ -324,6 +325,47 @@ def all_finite(t: torch.Tensor) -> bool:
     return bool(torch.isfinite(t.sum())) or bool(torch.isfinite(t).all())
 
 
+def shown(name: str) -> str:
+    """A tensor or file name read from a file, as a message shows it: quoted, control characters escaped
+    (a terminal would run them), and described by its length when too long to be a real one's."""
+    return repr(name) if len(name) <= MAX_SHOWN_NAME else describe(name)
+
+
+def _plain(value: object) -> bool:
+    """Whether ``value`` is a dense tensor with its values in CPU memory, as a state dict's are.
+
+    weights_only unpickles meta, sparse, nested and quantized tensors too; none can be read as a
+    matrix of numbers (a meta tensor has no values at all).
+    """
+    return (
+        isinstance(value, torch.Tensor)
+        and value.layout == torch.strided
+        and value.device.type == "cpu"
+        and not value.is_nested
+        and not value.is_quantized
+    )
+
+
+def plan_names(file: Path, stored: Iterable[str], rename: Callable[[str], str]) -> dict[str, str]:
+    """The plan's name for each stored name (``rename``'s), refused when two stored names give one.
+
+    A file may hold a tensor both with the prefix ``rename`` strips and without it (``model.norm.weight``
+    and ``norm.weight``); transformers reads one of them, and which one differs by family, so neither
+    is guessed.
+    """
+    names: dict[str, str] = {}
+    for name in stored:
+        ours = rename(name)
+        if ours in names:
+            raise CheckpointError(
+                f"{file}: two stored tensors, {shown(names[ours])} and {shown(name)}, both name {shown(ours)}; "
+                "attnviz cannot tell which one the model uses: remove the stray one",
+                BAD_WEIGHTS,
+            )
+        names[ours] = name
+    return names
+
+
 class WeightsFile:
     """The tensors of one weights file by name: safetensors, or a pickled state dict where allowed.
 
@@ -336,7 +378,11 @@ class WeightsFile:
         self.file = file
         self._tensors: dict[str, torch.Tensor] | None = None
         self._handle = None
-        if not file.exists():
+        try:
+            missing = not file.exists()
+        except OSError:  # a name too long for the file system: regular_file says so as a CheckpointError
+            missing = False
+        if missing:
             raise CheckpointError(f"{file} is missing: the model's weights (safetensors)", BAD_WEIGHTS)
         real = regular_file(file, max_bytes)
         if file.suffix == ".bin":
@@ -347,7 +393,7 @@ class WeightsFile:
                 stored = list(self._handle.keys())
             except (SafetensorError, OSError, ValueError) as e:
                 raise self._unreadable(e) from None
-        self.names = {rename(name): name for name in stored}  # the plan's name -> the stored name
+        self.names = plan_names(self.file, stored, rename)
 
     def _unpickle(self, real: Path) -> list[str]:
         """Read a pickled state dict, only where ``weights_only=True`` has no known bypass."""
@@ -371,8 +417,12 @@ class WeightsFile:
                 "be truncated or hold more than tensors. attnviz never loads it any other way: use model.safetensors",
                 BAD_WEIGHTS,
             ) from None
-        if not isinstance(data, dict) or not all(isinstance(v, torch.Tensor) for v in data.values()):
-            raise CheckpointError(f"{self.file} does not hold a dictionary of tensors (a state dict)", BAD_WEIGHTS)
+        if not isinstance(data, dict) or not all(isinstance(k, str) and _plain(v) for k, v in data.items()):
+            raise CheckpointError(
+                f"{self.file} does not hold a dictionary of tensors (a state dict): every key must be a name and "
+                "every value a plain CPU tensor (not meta, sparse, nested or quantized)",
+                BAD_WEIGHTS,
+            )
         log.warning("%s is a pickle file; read with torch.load(weights_only=True). Prefer model.safetensors", self.file)
         self._tensors = data
         return list(data)
@@ -402,11 +452,11 @@ class WeightsFile:
             raise self._unreadable(e) from None
         if not t.is_floating_point():
             raise CheckpointError(
-                f"{self.file}: tensor '{stored}' has dtype {t.dtype}; weights must be floating point", BAD_WEIGHTS
+                f"{self.file}: tensor {shown(stored)} has dtype {t.dtype}; weights must be floating point", BAD_WEIGHTS
             )
         if t.dtype.itemsize < 2:  # float8 (e4m3fn, e5m2, their fnuz forms, e8m0fnu) and smaller: quantized formats
             raise CheckpointError(
-                f"{self.file}: tensor '{stored}' is stored as {t.dtype}, a quantized format whose values mean "
+                f"{self.file}: tensor {shown(stored)} is stored as {t.dtype}, a quantized format whose values mean "
                 "something only with scales attnviz does not apply; load the model's unquantized weights (float32, "
                 "float16 or bfloat16)",
                 QUANTIZED,
@@ -415,8 +465,8 @@ class WeightsFile:
         if not all_finite(t):
             bad = int((~torch.isfinite(t)).sum())
             raise CheckpointError(
-                f"{self.file}: tensor '{stored}' holds {bad:,} NaN or infinite values; every attention map computed "
-                "with it would be wrong",
+                f"{self.file}: tensor {shown(stored)} holds {bad:,} NaN or infinite values; every attention map "
+                "computed with it would be wrong",
                 NON_FINITE,
             )
         return t
@@ -445,7 +495,8 @@ class WeightsFile:
                 got, want = self.shape(name), expected[ours]
                 if got != want and got != (1, *want):
                     raise CheckpointError(
-                        f"{self.file}: tensor '{self.names[name]}' has shape {got} but {CONFIG_FILE} implies {want}",
+                        f"{self.file}: tensor {shown(self.names[name])} has shape {got} but {CONFIG_FILE} implies "
+                        f"{want}",
                         BAD_WEIGHTS,
                     )
         tensors = {}

@@ -15,7 +15,8 @@ differ: Mistral's are 8 key/value heads, 131072 positions and a sliding window o
 as many key/value heads as query heads and 2048 positions.
 
 Refused, with the key named, before any weight is read: a quantized model, a RoPE scaling type
-other than llama3 (linear, dynamic, yarn, longrope, ...) or a null one, a head size other than
+other than llama3 (linear, dynamic, yarn, longrope, ...) or a null one, llama3 scaling without a key
+transformers requires (factor, low_freq_factor, high_freq_factor), a head size other than
 hidden_size / num_attention_heads, an active sliding window, soft-capping, QK-norm, experts, and
 any activation but SiLU. A ``partial_rotary_factor`` is read as transformers reads it for these
 families with plain RoPE: ignored, every dimension rotated (transformers applies it only to
@@ -45,6 +46,7 @@ DESCRIPTION = (
 )
 ROPE_TYPES = ("default", "llama3")
 MAX_ROPE_THETA = 1e12  # real bases are 1e4 to 1e6; beyond this every frequency but the first is nearly 0
+LLAMA3_REQUIRED = ("factor", "low_freq_factor", "high_freq_factor")  # transformers' required keys it cannot fill in
 MAX_ROPE_FACTOR = 1e6  # llama3's factors are 8, 1 and 4 in Llama 3.1; far beyond any real scaling
 # transformers 5's defaults (LlamaConfig, MistralConfig) for the keys where the families differ; None: as many
 # key/value heads as query heads. An explicit null is that in every family.
@@ -66,10 +68,11 @@ def rope_settings(f: Fields, max_positions: int, partial: float) -> dict:
 
     transformers 5 keeps them in ``rope_parameters`` (``rope_type``, ``rope_theta`` and the scaling's
     values); older files say ``rope_theta`` and ``rope_scaling`` (with ``type`` or ``rope_type``).
-    llama3's values are checked as transformers' ``_validate_llama3_parameters`` states them (a factor
-    of at least 1, low_freq_factor below high_freq_factor), but refused rather than warned about; each
-    is finite and at most `MAX_ROPE_FACTOR`. ``max_positions`` is the model's max_position_embeddings,
-    llama3's original length when no other is given; ``partial`` the top-level partial_rotary_factor.
+    llama3's values are checked as transformers' ``_validate_llama3_parameters`` states them (the keys
+    it requires present, a factor of at least 1, low_freq_factor below high_freq_factor), but refused
+    rather than warned about; each is finite and at most `MAX_ROPE_FACTOR`. ``max_positions`` is the
+    model's max_position_embeddings, llama3's original length when no other is given; ``partial`` the
+    top-level partial_rotary_factor.
     """
     # As transformers 5 reads them (PreTrainedConfig.convert_rope_params_to_dict): a non-empty rope_scaling wins
     # over rope_parameters, and a rope_theta missing from the one used comes from the top level.
@@ -87,6 +90,14 @@ def rope_settings(f: Fields, max_positions: int, partial: float) -> dict:
         )
     settings = {"rope_theta": theta_from.number("rope_theta", 10000.0, 1.0, MAX_ROPE_THETA, low_open=True)}
     if kind == "llama3":
+        # transformers fills in only original_max_position_embeddings (the model's length); without these it
+        # raises (Missing required keys), so a default here would run a model transformers cannot
+        missing = [key for key in LLAMA3_REQUIRED if key not in params.hf]
+        if missing:
+            raise f.fail(
+                f'llama3 RoPE scaling in "{params.where[:-1]}" is missing {", ".join(map(repr, missing))}, which '
+                "transformers requires"
+            )
         # transformers rotates part of each head then (rope_parameters' factor, else the top level's), and fails
         if params.number("partial_rotary_factor", partial, 0.0, 1.0, low_open=True, nullable=True) != 1.0:
             where = params.where if "partial_rotary_factor" in params.hf else ""
@@ -94,8 +105,8 @@ def rope_settings(f: Fields, max_positions: int, partial: float) -> dict:
                 f'"{where}partial_rotary_factor" with llama3 scaling asks for rotary positions on part of each head, '
                 "which attnviz does not implement (transformers applies it there, and fails)"
             )
-        low = params.number("low_freq_factor", 1.0, 0.0, MAX_ROPE_FACTOR, low_open=True)
-        high = params.number("high_freq_factor", 4.0, 0.0, MAX_ROPE_FACTOR, low_open=True)
+        low = params.number("low_freq_factor", None, 0.0, MAX_ROPE_FACTOR, low_open=True)
+        high = params.number("high_freq_factor", None, 0.0, MAX_ROPE_FACTOR, low_open=True)
         if not low < high:
             raise f.fail(
                 f'"{params.where}low_freq_factor" ({low:g}) must be below "{params.where}high_freq_factor" ({high:g}): '
@@ -103,7 +114,7 @@ def rope_settings(f: Fields, max_positions: int, partial: float) -> dict:
             )
         settings |= {
             "rope_scaling": "llama3",
-            "rope_factor": params.number("factor", 8.0, 1.0, MAX_ROPE_FACTOR),
+            "rope_factor": params.number("factor", None, 1.0, MAX_ROPE_FACTOR),
             "rope_low_freq_factor": low,
             "rope_high_freq_factor": high,
             # transformers: a top-level original_max_position_embeddings wins, else the params', else the model's
