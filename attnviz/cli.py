@@ -158,7 +158,11 @@ def out_dir(value: str) -> str:
         if not os.access(path, os.W_OK):
             raise argparse.ArgumentTypeError(f"the folder {value!r} is not writable")
         return str(path)
+    if path.is_symlink():  # mkdir would fail on it, and a command that writes at its end would fail only then
+        raise argparse.ArgumentTypeError(f"{value!r} is a link to {os.readlink(path)!r}, which does not exist")
     parent = path.parent if str(path.parent) else Path(".")
+    if parent.is_file():
+        raise argparse.ArgumentTypeError(f"{str(parent)!r} is a file, not a folder: name a folder")
     if not parent.is_dir():
         raise argparse.ArgumentTypeError(f"the folder {str(parent)!r} does not exist: create it first")
     if not os.access(parent, os.W_OK):
@@ -414,18 +418,43 @@ def _evaluate(args) -> None:
     except InputError as e:  # a config edited by hand, or written by an attnviz with other tasks
         raise InputError(f"model {bundle.name!r} names a task this attnviz cannot evaluate: {e}") from None
     pairs = task.pairs(args.n, args.seed, "heldout")
+    unreadable = _check_task_known(bundle, task_name, pairs)
     if bundle.config.decoder_only:  # a language model's card gives its accuracy on the repeated half
         from attnviz.training.lm import repeat_accuracy
 
         accuracy = repeat_accuracy(bundle.model, bundle.tokenizer, [text for text, _ in pairs])
         print(f"model={bundle.name} task={task_name} n={args.n} seed={args.seed} held-out texts")
         print(f"repeat_accuracy={accuracy:.4f}")
+        _warn(unreadable)
         return
     em, misses = exact_match(bundle.model, bundle.tokenizer, pairs)
     for src, ref, out in misses[: args.show_misses]:
         print(f"miss: {src!r} -> {out!r} (expected {ref!r})")
     print(f"model={bundle.name} task={task_name} n={args.n} seed={args.seed} held-out pairs")
     print(f"exact_match={em:.4f}")
+    _warn(unreadable)
+
+
+def _check_task_known(bundle, task_name: str, pairs: list[tuple[str, str]]) -> list[str]:
+    """Refuse a task whose held-out text the model's tokenizer mostly cannot read (a config naming another task
+    than the model's): each input would be unknown tokens and the score a silent 0. A few pairs with a character
+    its tokenizer never saw are the model's own gap, which the score measures: a warning to give after it."""
+    from attnviz.api import unknown_pieces
+
+    decoder_only = bundle.config.decoder_only
+    unread = [(src, unknown_pieces(bundle, src, None if decoder_only else tgt)) for src, tgt in pairs]
+    unread = [(src, pieces) for src, pieces in unread if pieces]
+    if not unread:
+        return []
+    src, pieces = unread[0]
+    shown = ", ".join(repr(p) for p in list(dict.fromkeys(pieces))[:UNKNOWN_SHOWN])
+    what = (
+        f"{len(unread):,} of the {len(pairs):,} held-out pairs of task {task_name!r} have characters model "
+        f"{bundle.name!r}'s tokenizer cannot read (the first, {src[:40]!r}: {shown})"
+    )
+    if 2 * len(unread) > len(pairs):
+        raise InputError(f"{what}: the model cannot read its task's text; is it another task's model?")
+    return [f"{what}, each read as the unknown token"]
 
 
 def _train(args) -> None:

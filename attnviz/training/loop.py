@@ -28,14 +28,15 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from attnviz.checkpoints.native import CARD_FILE, WEIGHTS_FILE, save_checkpoint
+from attnviz.checkpoints.files import CONFIG_FILE
+from attnviz.checkpoints.native import CARD_FILE, SPM_FILE, WEIGHTS_FILE, save_checkpoint
 from attnviz.devices import resolve_device
 from attnviz.errors import InputError
 from attnviz.model import Transformer
 from attnviz.training import lm, seq2seq
 from attnviz.training.data import Task, get_task
 from attnviz.training.formation import lm_section, seq2seq_section
-from attnviz.training.history import HISTORY, load_history, recorded_every
+from attnviz.training.history import HISTORY, MANIFEST, load_history, recorded_every
 from attnviz.training.optim import paper_optimizer
 from attnviz.training.recipes import RECIPES, Recipe
 from attnviz.training.recording import TrainingRecorder
@@ -49,7 +50,7 @@ STATE_TYPES = {
     "optimizer": dict,
     "schedule": dict,
     "rng": torch.Tensor,
-    "loss_avg": (float, type(None)),
+    "loss_avg": float,  # every state follows a step, which gave the running mean a value
     "curve": list,
     "seconds": (int, float),
     "recipe": dict,
@@ -58,6 +59,8 @@ STATE_TYPES = {
 }
 # What a training writes into its --out: a new training there, not resumed, would mix its files with these.
 TRAINING_FILES = (HISTORY, STATE_FILE, WEIGHTS_FILE)
+# What else it writes there, the rest of its checkpoint: a file of these names (a user's README.md) would be lost.
+CHECKPOINT_FILES = (CONFIG_FILE, SPM_FILE, CARD_FILE, lm.PROBE_FILE)
 CURVE_EVERY = lm.CURVE_EVERY
 
 
@@ -146,12 +149,15 @@ def load_state(path: Path, recipe: Recipe, seed: int) -> dict:
     if not isinstance(state, dict):
         wrong = ["it is not a dictionary"]
     else:
-        wrong = [key for key, kind in STATE_TYPES.items() if not isinstance(state.get(key), kind)]
+        wrong = [key for key, kind in STATE_TYPES.items() if not _of_type(state.get(key), kind)]
     if wrong:
         raise InputError(
             f"{STATE_FILE} is not a training's saved state (missing or of the wrong type: {', '.join(wrong)}): it is "
             "damaged; train again"
         )
+    damage = _damage(state)
+    if damage:
+        raise InputError(f"{STATE_FILE} is damaged: {'; '.join(damage)}; train again")
     saved = dict(state["recipe"])
     wanted = dataclasses.asdict(recipe)
     saved.pop("steps", None), wanted.pop("steps")
@@ -160,15 +166,77 @@ def load_state(path: Path, recipe: Recipe, seed: int) -> dict:
     return state
 
 
+def _of_type(value, kind) -> bool:
+    """Whether ``value`` is of ``kind`` (a type or a tuple of types), a bool counting as no number: ``True`` is
+    no step."""
+    kinds = kind if isinstance(kind, tuple) else (kind,)
+    return isinstance(value, kinds) and (bool in kinds or not isinstance(value, bool))
+
+
+def _damage(state: dict) -> list[str]:
+    """What is wrong with the values of a state whose types are right: each a phrase, none for a sound state."""
+    step, every, seconds, loss = state["step"], state.get("history_every"), state["seconds"], state["loss_avg"]
+    damage = []
+    if step < 1:  # a state is saved after a step
+        damage.append(f"its step is {step}, not 1 or more")
+    if every is not None and every < 0:
+        damage.append(f"its history_every is {every}, not 0 (none) or more")
+    if not math.isfinite(loss):
+        damage.append(f"its loss_avg is {loss}")
+    if not (math.isfinite(seconds) and seconds >= 0):
+        damage.append(f"its seconds are {seconds}, not a time")
+    points = state["curve"]
+    if not all(
+        isinstance(p, (list, tuple))
+        and len(p) == 2
+        and _of_type(p[0], int)
+        and 1 <= p[0] <= step
+        and _of_type(p[1], (int, float))
+        and math.isfinite(p[1])
+        for p in points
+    ):
+        damage.append("its curve is not a list of [step, loss] points up to its step")
+    return damage
+
+
 def _check_fresh(out: Path) -> None:
     """Refuse an --out that holds a training already (its history, its saved state or its checkpoint): a new
-    training there would keep the first one's history records under its own manifest."""
-    held = [name for name in TRAINING_FILES if (out / name).exists() or (out / name).is_symlink()]
-    if held:
+    training there would keep the first one's history records under its own manifest; and one that holds a file
+    the training would write (a user's README.md), which would be lost.
+
+    Other files are left be: a training writes only the files named here, so a folder that holds the user's
+    notes or data loses nothing, and the checkpoint reads only its own files."""
+
+    def held(names) -> list[str]:
+        return [name for name in names if (out / name).exists() or (out / name).is_symlink()]
+
+    if held(TRAINING_FILES):
         raise InputError(
-            f"{out} holds a training ({', '.join(held)}): add --resume to continue it, or choose another --out for a "
-            "new one"
+            f"{out} holds a training ({', '.join(held(TRAINING_FILES))}): add --resume to continue it, or choose "
+            "another --out for a new one"
         )
+    if held(CHECKPOINT_FILES):
+        raise InputError(
+            f"{out} holds {', '.join(held(CHECKPOINT_FILES))}, which the training would write over: choose another "
+            "--out, or move them"
+        )
+
+
+def _make_out(out: Path) -> None:
+    """Create ``out`` (and the folders above it), refusing one that cannot be written: before the training, which
+    would otherwise run to its end to fail on writing its checkpoint."""
+    if out.is_symlink() and not out.exists():
+        raise InputError(f"{out} is a link to {os.readlink(out)}, which does not exist: name a folder")
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except FileExistsError:
+        raise InputError(f"{out} is a file: name a folder") from None
+    except NotADirectoryError:
+        raise InputError(f"{out} is under a file, not a folder: name a folder") from None
+    except OSError as e:
+        raise InputError(f"the folder {out} cannot be created ({e.strerror or type(e).__name__})") from None
+    if not os.access(out, os.W_OK | os.X_OK):
+        raise InputError(f"the folder {out} is not writable")
 
 
 def _finished(out: Path) -> bool:
@@ -179,16 +247,29 @@ def _finished(out: Path) -> bool:
 
 def _resumed_every(out: Path, state: dict, asked: int) -> int:
     """The history interval a resumed training records at: the stopped run's, which ``asked`` (the flag) may
-    leave out (0) but not change; a run that recorded none may begin with ``asked``."""
+    leave out (0) but not change; a run that recorded none may begin with ``asked``. The stopped run's history is
+    checked to be there and readable (its manifest), when the state says it had records."""
     saved = state.get("history_every")  # states written before it was kept: the history's own manifest
-    saved = recorded_every(out) if saved is None else int(saved)
+    saved = recorded_every(out) if saved is None else saved
     if saved and asked and asked != saved:
         raise InputError(
             f"the training in {out} records its history every {saved} steps: resume with --history-every {saved} "
             "or without the flag"
         )
-    if saved and not asked:
-        print(f"resuming its history: a record every {saved} steps, as before", file=sys.stderr)
+    done, stopped_at = state["step"], state["recipe"].get("steps")
+    if saved and (done >= saved or done == stopped_at):  # a record was due by then: the history has it
+        if not (out / HISTORY / MANIFEST).is_file():
+            # Recording on would write a history of the later steps alone, and the card's formation from it.
+            raise InputError(
+                f"the history the training in {out} recorded (every {saved} steps, to step {done}) is gone: "
+                f"restore {out / HISTORY}, or train again"
+            )
+        recorded = recorded_every(out)  # reads the manifest: a damaged one is refused now, before the tokenizer
+        if recorded != saved:
+            raise InputError(
+                f"the history in {out} is not the one its {STATE_FILE} names (recorded every {recorded} steps, not "
+                f"{saved}): one of them is damaged; train again"
+            )
     return asked or saved
 
 
@@ -211,15 +292,25 @@ def train(
     from its last saved state (``--steps`` may be raised), keeping its history's records and
     recording on at the stopped run's interval (``history_every`` 0 takes it; another is refused);
     a training stopped after its last step, before its checkpoint was written, goes straight to its
-    final evaluation. Without ``resume``, an ``out_dir`` that holds a training is refused.
+    final evaluation. Without ``resume``, an ``out_dir`` that holds a training, or a file the training would
+    write, is refused; ``out_dir`` is created (or refused) before the training begins.
     """
     task = get_task(task_name)
     recipe = dataclasses.replace(RECIPES[task_name], **{k: v for k, v in overrides.items() if v is not None})
     out = Path(out_dir)
+    asked_every = history_every
     if resume:  # before the tokenizer is trained: a refusal comes at once
         state = load_state(out / STATE_FILE, recipe, seed)
+        done = state["step"]
+        # Stopped at its last step with no checkpoint yet (killed in its final evaluation): the loop below
+        # runs no step, and the training ends as it would have.
+        if done > recipe.steps or (done == recipe.steps and _finished(out)):
+            raise InputError(f"the training in {out} stopped at step {done}: raise --steps to train on")
+        history_every = _resumed_every(out, state, history_every)
     else:
         _check_fresh(out)
+        done = 0
+    _make_out(out)
     dev = resolve_device(device)
     torch.manual_seed(seed)
     start = time.time()
@@ -229,7 +320,7 @@ def train(
     optimizer, schedule = paper_optimizer(model.parameters(), recipe.d_model, recipe.warmup, recipe.lr_scale)
     kind = _kind(task, recipe, tok, seed, dev)
     monitor = None if task.decoder_only else seq2seq.Monitor(task, tok, seed, recipe.steps)
-    loss_avg, curve, done, elapsed = None, [], 0, 0.0
+    loss_avg, curve, elapsed = None, [], 0.0
     if resume:
         try:
             model.load_state_dict(state["model"])
@@ -241,13 +332,8 @@ def train(
             raise InputError(
                 f"{STATE_FILE} does not fit this training's model ({type(e).__name__}): it is damaged; train again"
             ) from None
-        done, loss_avg, elapsed = state["step"], state["loss_avg"], state["seconds"]
+        loss_avg, elapsed = state["loss_avg"], state["seconds"]
         start -= elapsed
-        # Stopped at its last step with no checkpoint yet (killed in its final evaluation): the loop below
-        # runs no step, and the training ends as it would have.
-        if done > recipe.steps or (done == recipe.steps and _finished(out)):
-            raise InputError(f"the training in {out} stopped at step {done}: raise --steps to train on")
-        history_every = _resumed_every(out, state, history_every)
         kind.texts = itertools.islice(kind.texts, done, None)  # the data of the steps done, drawn and left
     recorder = None
     if history_every:
@@ -257,6 +343,8 @@ def train(
 
         manifest = {"model_config": model.cfg.to_dict(), "recipe": dataclasses.asdict(recipe), "seed": seed}
         recorder = TrainingRecorder(out, task, tok, history_every, recipe.steps, heldout_loss, manifest)
+    if resume and history_every and not asked_every:  # said once all is checked: a refusal stays its one line
+        print(f"resuming its history: a record every {history_every} steps, as before", file=sys.stderr)
 
     def state() -> dict:
         return {
