@@ -9,6 +9,7 @@ from attnviz.app.frame import Context, frame
 from attnviz.app.present import presenting
 from attnviz.app.registry import PAGES
 from attnviz.app.widgets import escape_markdown, guarded
+from attnviz.figures.common import export_config
 from attnviz.kinds import TITLES, allowed
 
 # What the home page says of the model in front of the visitor: a translation model (and no model
@@ -110,7 +111,8 @@ def show_teaser(ctx: Context) -> None:
     mask = allowed(kind, *matrix.shape)
     rows, columns = views.row_labels(export, kind), export.tokens(kind)[1]
     fig = views.one_head(shown, matrix, rows, columns, kind, contrast, mask, title)
-    map_chart(picture, fig, "_home_map")
+    name = f"{ctx.file_stem}-{kind}" + ("-words" if words else "") + f"-L{layer}H{head}"
+    map_chart(picture, fig, "_home_map", config=export_config(name, "png"))
 
 
 def model_kind(ctx: Context) -> str:

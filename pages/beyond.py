@@ -72,15 +72,25 @@ class Asked:
 
     @property
     def stem(self) -> str:
-        return f"{self.ctx.file_stem}-{self.kind}-L{self.layer}"
+        return f"{self.ctx.file_stem}-{self.kind}" + ("-words" if self.words else "") + f"-L{self.layer}"
+
+    @property
+    def explained(self) -> str:
+        """'-position3' where the method explains one decoder position, else nothing."""
+        return f"-position{self.position}" if self.position is not None else ""
+
+    @property
+    def npz_name(self) -> str:
+        """The method's NPZ: every map of it, so no kind, layer or head; over words or pieces, and the position
+        it explains, change every array in it."""
+        return f"{self.ctx.file_stem}" + ("-words" if self.words else "") + f"-{self.method}{self.explained}"
 
     @property
     def view_name(self) -> str:
         """The method's files (CSV, figure): the head where the method has one map per head, the position it
         explains where it explains one; a method per layer covers every head at once."""
         head = f"H{self.head}" if self.spec.per_head else ""
-        position = f"-position{self.position}" if self.position is not None else ""
-        return f"{self.stem}{head}-{self.method}{position}"
+        return f"{self.stem}{head}-{self.method}{self.explained}"
 
 
 def method_controls(
@@ -175,7 +185,7 @@ def relevance(asked: Asked, export: AttentionExport, result) -> None:
             html.escape(explained, quote=False),
         ),
     )
-    st.plotly_chart(room(fig), width="stretch")
+    st.plotly_chart(room(fig), width="stretch", config=export_config(f"{asked.npz_name}-relevance", "png"))
 
 
 def method_downloads(asked: Asked, shape: tuple[int, ...], q_tokens, k_tokens, result: AttentionExport) -> None:
@@ -204,7 +214,7 @@ def method_downloads(asked: Asked, shape: tuple[int, ...], q_tokens, k_tokens, r
         cols[1],
         f"NPZ of every {spec.title.lower()} array",
         export_download(asked.result, result),
-        f"{asked.ctx.file_stem}-{method}.npz",
+        f"{asked.npz_name}.npz",
         "application/octet-stream",
         hint=f"`attnviz attribute --method {method} --out` writes it from the command line.",
         help=f"The same file as `attnviz attribute --method {method}`: its arrays, ids, tokens and a manifest.",
@@ -267,7 +277,9 @@ def ablation_section(bundle, kinds: list[str], asked: Asked, contrast: str) -> N
         title = f"{TITLES[kind]}, layer {layer}, head {head}: {label}"
         shown = ("beyond-ablation", *ctx.key, heads, mode, asked.words)
         fig = views.one_head((*shown, kind, layer, head), matrix, rows, k_tokens, kind, contrast, mask, title)
-        column.plotly_chart(room(fig, 0.5), width="stretch")
+        off = "intact" if label == "intact" else f"{mode}-off-" + heads.replace(":", "-L").replace(".", "H")
+        name = f"{asked.stem}H{head}-{off}"
+        column.plotly_chart(room(fig, 0.5), width="stretch", config=export_config(name, "png"))
     st.caption(
         "Both maps read the same decoder input, so rows line up; the layer and head are those chosen above. "
         "A head switched off still has weights: it is its output that is replaced."
@@ -372,6 +384,7 @@ def importance_section(ctx: Context, bundle, kinds: list[str]) -> None:
             on_select=lambda kind=kind: apply_importance_click(kind),
             selection_mode="points",
             width="stretch",
+            config=export_config(f"{ctx.file_stem}-{kind}-importance-{len(sentences)}-sentences", "png"),
         )
 
 

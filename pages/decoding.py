@@ -16,6 +16,7 @@ from attnviz.app.present import data_table, picture_area, room
 from attnviz.app.widgets import escape_markdown
 from attnviz.decoding import DecodeStep, Decoding
 from attnviz.figures.attention import attention_heatmap
+from attnviz.figures.common import export_config
 from attnviz.figures.decoding import step_rows_grid, topk_bar
 from attnviz.kinds import causal_mask, writing_labels
 
@@ -93,6 +94,7 @@ class Shown:
     key: tuple  # what this step's figures depend on: the decoding, then the step
     teacher: bool
     beam: int
+    stem: str  # the figures' file names start with it: the model, the decoding and the step
     lm: bool = False  # a language model: src_tokens is its prompt, read in one pass before step 1
 
     @property
@@ -173,6 +175,7 @@ def body(ctx: Context) -> None:
         key=(ctx.model, ctx.device, *job, t),
         teacher=teacher,
         beam=beam,
+        stem=f"{ctx.file_stem}-" + ("teacher" if teacher else f"beam{beam}") + f"-step{t + 1}",
         lm=lm,
     )
     draw_figures(shown, top)
@@ -229,7 +232,9 @@ def draw_alignment(s: Shown) -> None:
             narrow=narrow,
         ),
     )
-    map_chart(st, fig, "_dec_alignment_map", share=0.5)  # a click on a cell points at it, for a room's followers
+    name = f"{s.stem}-cross-L{layer}H{head}-alignment"
+    # a click on a cell points at it, for a room's followers
+    map_chart(st, fig, "_dec_alignment_map", share=0.5, config=export_config(name, "png"))
     st.caption(
         'The alignment grows by one row per step: the row "a → b" is where the decoder looked while reading a '
         "and writing b."
@@ -253,7 +258,9 @@ def draw_lm_alignment(s: Shown) -> None:
         )  # fmt: skip
 
     fig = shared("decoding-lm-rows", (*s.key, layer, head, s.contrast, narrow), figure)
-    map_chart(st, fig, "_dec_lm_map", share=0.5)  # a click on a cell points at it, for a room's followers
+    name = f"{s.stem}-decoder-L{layer}H{head}-alignment"
+    # a click on a cell points at it, for a room's followers
+    map_chart(st, fig, "_dec_lm_map", share=0.5, config=export_config(name, "png"))
     st.caption(
         'One row per step: the row "a → b" is where the model looked while reading a and writing b, over the '
         "prompt and what it has written so far (the prompt was read in one pass, then one token per step)."
@@ -266,7 +273,7 @@ def draw_candidates(s: Shown) -> None:
     labels = [tok.target_token(c.token_id) for c in step.top]
     chosen = tok.target_token(step.token_id)
     top = shared("decoding-top", s.key, lambda: topk_bar(labels, [c.prob for c in step.top], chosen=chosen))
-    st.plotly_chart(room(top, 0.5), width="stretch")
+    st.plotly_chart(room(top, 0.5), width="stretch", config=export_config(f"{s.stem}-candidates", "png"))
     if s.teacher:
         predicted = step.top[0]
         verdict = (
@@ -309,7 +316,8 @@ def draw_step_rows(s: Shown) -> None:
             contrast=s.contrast,
         ),
     )
-    map_chart(st, fig, "_dec_self_row_map", share=0.5)
+    name = f"{s.stem}-decoder-L{layer}H{head}-row"
+    map_chart(st, fig, "_dec_self_row_map", share=0.5, config=export_config(name, "png"))
     if step.cross_attn is None:  # a language model has no source to look at
         return
     cross_row = step.cross_attn[layer - 1, head - 1].numpy()[None]
@@ -326,7 +334,8 @@ def draw_step_rows(s: Shown) -> None:
             contrast=s.contrast,
         ),
     )
-    map_chart(st, fig, "_dec_cross_row_map", share=0.5)
+    name = f"{s.stem}-cross-L{layer}H{head}-row"
+    map_chart(st, fig, "_dec_cross_row_map", share=0.5, config=export_config(name, "png"))
 
 
 def draw_step_grid(s: Shown) -> None:
@@ -341,7 +350,7 @@ def draw_step_grid(s: Shown) -> None:
         s.key,
         lambda: step_rows_grid(rows, keys, title=f"{what} of step {t + 1}, every layer and head", kind=kind),
     )
-    st.plotly_chart(room(grid, 0.5), width="stretch")
+    st.plotly_chart(room(grid, 0.5), width="stretch", config=export_config(f"{s.stem}-{kind}-all-heads", "png"))
 
 
 frame(body, intro=INTRO)

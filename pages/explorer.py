@@ -283,7 +283,8 @@ def draw_lines(p: Picked) -> Drawn | None:
         ),
     )
     st.caption("Queries on the left, keys on the right; a line's opacity is the weight (under 0.01 not drawn).")
-    return Drawn(fig, f"{p.stem}-L{p.layer}-lines", p.csv(layers=[p.layer], heads=heads))
+    shown = "-".join(str(h) for h in sorted(heads))  # the heads drawn, in the CSV's order
+    return Drawn(fig, f"{p.stem}-L{p.layer}H{shown}-lines", p.csv(layers=[p.layer], heads=heads))
 
 
 AGGREGATES = {
@@ -355,7 +356,13 @@ def stats_table(table, stem: str, key: tuple) -> None:
     )
     # one row per head: its CSV is small, made once and kept with the results
     data = shared("explorer-stats-csv", key, lambda: table.to_csv(index=False).encode("utf-8"))
-    download_buttons(Download(len(data), lambda out: out.write(data)), None, None, f"{stem}-head-statistics")
+    download_buttons(
+        Download(len(data), lambda out: out.write(data)),
+        None,
+        None,
+        f"{stem}-head-statistics",
+        holds="One row per head: " + ", ".join(map(str, table.columns)) + ".",
+    )
 
 
 def draw_qk(p: Picked) -> None:

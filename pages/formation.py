@@ -1,5 +1,6 @@
 """How attention forms: a model's heads across its training, replayed from the history recorded while it trained."""
 
+import re
 import time
 
 import streamlit as st
@@ -10,6 +11,7 @@ from attnviz.app.cache import model_history
 from attnviz.app.frame import Context, frame
 from attnviz.app.present import picture_area, room
 from attnviz.app.widgets import escape_markdown
+from attnviz.figures.common import export_config
 from attnviz.figures.formation import loss_curves, phase_change_figure, statistic_lines
 from attnviz.figures.images import head_grid
 from attnviz.kinds import TITLES, allowed
@@ -28,6 +30,11 @@ STATISTIC, HEAD, PROBE = "formation_statistic", "formation_head", "formation_pro
 STEPS = "_formation_steps"  # this run's recorded steps, for the buttons' callbacks
 LINES_CHART, GRID_CHART = "_formation_lines", "_formation_grid"
 TICK_S = 1.0  # Play shows each record this long: time to see what changed before the next
+
+
+def file_safe(text: str) -> str:
+    """``text`` fit for a file name: a statistic is a column of the history's table, which may hold any text."""
+    return re.sub(r"[^\w.-]", "_", text, flags=re.ASCII)
 
 
 def move(delta: int | None = None, to: int | None = None) -> None:
@@ -164,6 +171,8 @@ def replay(ctx: Context) -> None:
     maps_final = formation.probe_maps(probe.maps, site, len(steps) - 1)
     mask = allowed(site, *maps_now.shape[-2:])
 
+    # the figures' file names: the model, the head and probe where one is shown, and the step
+    probe_stem = f"{ctx.file_stem}-probe{probe_index + 1}-{site}"
     top.markdown(f"**Step {step}** (record {record + 1} of {len(steps)}), probe: {escape_markdown(probe.text)}")
     left, right = top.columns(2)
     for column, maps, when, at in ((left, maps_now, f"step {step}", record), (right, maps_final, "final", -1)):
@@ -171,8 +180,11 @@ def replay(ctx: Context) -> None:
         title = f"{formation.head_name(site, layer, head_number, short=True)}, {when}"
         key = (*version, "formation", probe_index, site, layer, head_number, steps[at])
         matrix = maps[layer - 1, head_number - 1]
+        name = f"{probe_stem}-L{layer}H{head_number}-" + ("final" if at == -1 else f"step{step}")
         column.plotly_chart(
-            room(views.one_head(key, matrix, rows, columns, site, contrast, mask, title), 0.5), width="stretch"
+            room(views.one_head(key, matrix, rows, columns, site, contrast, mask, title), 0.5),
+            width="stretch",
+            config=export_config(name, "png"),
         )
     st.caption(
         f"Left: the head at step {step}; right: the same head at the last record (step {steps[-1]}), on the same "
@@ -188,7 +200,7 @@ def replay(ctx: Context) -> None:
         (*version, step, drop),
         lambda: loss_curves(steps, history.train_loss, history.heldout_loss, step, drop),
     )
-    left.plotly_chart(room(loss, 0.5), width="stretch")
+    left.plotly_chart(room(loss, 0.5), width="stretch", config=export_config(f"{ctx.file_stem}-loss-step{step}", "png"))
     figure = shared(
         "formation-lines",
         (*version, statistic, step, head),
@@ -200,6 +212,7 @@ def replay(ctx: Context) -> None:
         key=LINES_CHART,
         on_select=lambda: pick_head(LINES_CHART),
         selection_mode="points",
+        config=export_config(f"{ctx.file_stem}-{head}-{file_safe(statistic)}-step{step}", "png"),
     )
     right.caption("One line per head; click a line to pick its head.")
 
@@ -216,6 +229,7 @@ def replay(ctx: Context) -> None:
         key=GRID_CHART,
         on_select=lambda: pick_head(GRID_CHART, site),
         selection_mode="points",
+        config=export_config(f"{probe_stem}-all-heads-step{step}", "png"),
     )
     st.caption(f"Every {TITLES[site].lower()} head at step {step}; click one to pick it.")
 
@@ -245,7 +259,8 @@ def replay(ctx: Context) -> None:
                 step,
             ),
         )
-        st.plotly_chart(room(fig), width="stretch")
+        name = f"{ctx.file_stem}-phase-change-step{step}"
+        st.plotly_chart(room(fig), width="stretch", config=export_config(name, "png"))
         st.caption(
             "Olsson et al. (2022): an induction head forms at the loss's sudden drop, after a previous-token head "
             "that it builds on. Both scores are measured on the recorded probe set at every record."

@@ -13,6 +13,7 @@ from attnviz.app.widgets import escape_markdown, guarded
 from attnviz.checkpoints.catalog import checkpoint_stamp
 from attnviz.errors import InputError
 from attnviz.figures import positional as pp
+from attnviz.figures.common import export_config
 from attnviz.lessons import positional as pe
 from attnviz.lessons import rotary
 from attnviz.lessons.rotary import FIT_OFFSET
@@ -68,6 +69,16 @@ class Controls:
         """Every control of the page, in order: the key of what is drawn from them."""
         return (self.d_model, self.base, self.layout, self.n, self.k, self.precision, self.start)
 
+    @property
+    def sinusoids(self) -> str:
+        """The start of a figure's file name: the sinusoids chosen (d_model, base, layout)."""
+        return f"linearity-d{self.d_model}-base{self.base:g}-{self.layout}"
+
+    @property
+    def stem(self) -> str:
+        """The start of the file name of a figure drawn from every control."""
+        return f"{self.sinusoids}-n{self.n}-k{self.k}-{self.precision}-from{self.start}"
+
 
 def controls() -> Controls:
     c1, c2, c3, c4 = st.columns(4)
@@ -100,7 +111,7 @@ def rotation_section(c: Controls, M: np.ndarray, table: np.ndarray) -> None:
     d_model, k = c.d_model, c.k
     left, right = first("lin_rotation").columns([2, 3])  # M_k and one dimension, first in presenter mode
     rotation = shared("lin-rotation", (d_model, c.base, c.layout, k), lambda: pp.rotation_heatmap(M, k))
-    left.plotly_chart(room(rotation, 0.4), width="stretch")
+    left.plotly_chart(room(rotation, 0.4), width="stretch", config=export_config(f"{c.sinusoids}-k{k}-M_k", "png"))
     left.caption(
         "Each pair (sin pos·ω_i, cos pos·ω_i) is turned by the angle k·ω_i: the 2×2 block "
         "[[cos kω_i, sin kω_i], [−sin kω_i, cos kω_i]]. No entry involves pos. In the concatenated layout "
@@ -124,7 +135,7 @@ def rotation_section(c: Controls, M: np.ndarray, table: np.ndarray) -> None:
             (*c.key, dim),
             lambda: pp.shift_chart(positions, check.predicted[:, dim], check.actual[:, dim], k, label),
         )
-        st.plotly_chart(room(shift, 0.6), width="stretch")
+        st.plotly_chart(room(shift, 0.6), width="stretch", config=export_config(f"{c.stem}-dim{dim}-shift", "png"))
         st.caption("The line is the table shifted by k; the markers are M_k applied to the unshifted table.")
     residual = shared(
         "lin-residual",
@@ -137,7 +148,7 @@ def rotation_section(c: Controls, M: np.ndarray, table: np.ndarray) -> None:
             "largest error over dimensions",
         ),
     )
-    st.plotly_chart(room(residual), width="stretch")
+    st.plotly_chart(room(residual), width="stretch", config=export_config(f"{c.stem}-residual", "png"))
     worst = float(check.residual.max())
     st.caption(
         f"Largest residual over every position: **{worst:.2e}**. One float32 step near 1 is 1.2e-7 and one "
@@ -162,7 +173,7 @@ def angle_section(c: Controls) -> None:
     st.latex(r"PE_{pos+k,\,2i} = PE_{pos,\,2i}\,PE_{k,\,2i+1} + PE_{pos,\,2i+1}\,PE_{k,\,2i}")
     st.latex(r"PE_{pos+k,\,2i+1} = PE_{pos,\,2i+1}\,PE_{k,\,2i+1} - PE_{pos,\,2i}\,PE_{k,\,2i}")
     fig, gap = shared("lin-angles", (*c.key, i), lambda: angle_figure(c, i))
-    st.plotly_chart(room(fig), width="stretch")
+    st.plotly_chart(room(fig), width="stretch", config=export_config(f"{c.stem}-pair{i}-angles", "png"))
     st.caption(
         f"sin(a + b) = sin a cos b + cos a sin b and cos(a + b) = cos a cos b − sin a sin b, with a = pos·ω_i "
         f"and b = k·ω_i. The coefficients PE(k, ·) are the encoding of the offset itself. Largest gap between "
@@ -195,7 +206,8 @@ def fit_section(c: Controls, ctx: Context) -> None:
             "relative residual ‖X·Mᵀ − Y‖ / ‖Y‖",
         ),
     )
-    st.plotly_chart(room(fit), width="stretch")
+    name = f"{c.sinusoids}-{c.precision}-kmax{k_max}" + (f"-{ctx.file_stem}" if ctx.ready else "") + "-fit"
+    st.plotly_chart(room(fit), width="stretch", config=export_config(name, "png"))
     st.caption(
         f"For each k, one matrix fitted by least squares over all pairs (pos, pos + k) with pos < N − {max(ks)} "
         f"(N = {n_fit} positions for the synthetic tables: twice d_model pairs, since with fewer pairs than "
@@ -243,6 +255,7 @@ def breakdown_section(c: Controls) -> None:
     st.plotly_chart(
         room(shared("lin-breakdown", (c.k, c.d_model, c.base, c.layout), lambda: breakdown_figure(c))),
         width="stretch",
+        config=export_config(f"{c.sinusoids}-k{c.k}-breakdown", "png"),
     )
     st.caption(
         "Never, mathematically, for any base, d_model or k. In float64 the error grows only with the size of "
@@ -285,7 +298,8 @@ def rotary_section(ctx: Context) -> None:
         (*ctx.key, layer, max_offset),
         lambda: pp.score_by_offset_chart(offsets, f"Layer {layer}: one query/key pair at every offset"),
     )
-    st.plotly_chart(room(fig), width="stretch")
+    name = f"{ctx.file_stem}-decoder-L{layer}-rope-offsets{max_offset}"
+    st.plotly_chart(room(fig), width="stretch", config=export_config(name, "png"))
     st.caption(
         "The prompt's last query and its first word's key, each head's score as the query stands 0 to "
         f"{max_offset} positions after the key. The curve is the head's positional preference for that pair of "

@@ -9,6 +9,7 @@ from attnviz.app.frame import Context, frame
 from attnviz.app.present import data_table, first, folded, presenting, room
 from attnviz.app.widgets import escape_markdown
 from attnviz.figures import teaching as tp
+from attnviz.figures.common import export_config
 from attnviz.lessons import mechanics
 
 INTRO = (
@@ -204,7 +205,10 @@ def scaling_tab() -> None:
     d_ks = tuple(d for d in (1, 4, 16, 64, 256, 1024) if d <= d_max)
     df = scaling(d_ks, n_keys, int(seed))
     fig = shared("mech-scaling", (d_ks, n_keys, int(seed)), lambda: tp.scaling_figure(df))
-    first("mech_scaling").plotly_chart(room(fig), width="stretch", key="mech_scaling_chart")
+    stem = f"scaling-dk{d_max}-keys{n_keys}-seed{int(seed)}"
+    first("mech_scaling").plotly_chart(
+        room(fig), width="stretch", key="mech_scaling_chart", config=export_config(stem, "png")
+    )
     st.caption(
         f"Means over 1000 random queries, each against {n_keys} random keys. Blue: scores divided by √d_k; red: "
         "raw dot products. Without scaling the entropy falls towards 0 and the largest weight towards 1 as d_k "
@@ -212,7 +216,13 @@ def scaling_tab() -> None:
     )
     scale = bound(st.toggle, "Divide the scores by √d_k (the paper)", value=True, key="mech_dk_scale")
     weights = mechanics.one_query_weights(PAPER_D_K, n_keys, int(seed), scale=scale)
-    st.plotly_chart(room(tp.query_weights_bars(weights, PAPER_D_K, scale)), width="stretch", key="mech_dk_query")
+    query_name = f"one-query-dk{PAPER_D_K}-keys{n_keys}-seed{int(seed)}" + ("-scaled" if scale else "-unscaled")
+    st.plotly_chart(
+        room(tp.query_weights_bars(weights, PAPER_D_K, scale)),
+        width="stretch",
+        key="mech_dk_query",
+        config=export_config(query_name, "png"),
+    )
     data_table(df.round(4), hide_index=True)
 
 
@@ -235,7 +245,9 @@ def masks_tab() -> None:
     masks = {"padding": padding, "subsequent": subsequent, "both": padding & subsequent}
     titles = {"padding": "padding mask", "subsequent": "subsequent mask", "both": "both: padding and subsequent"}
     grid = shared("mech-masks", (n, length), lambda: tp.mask_grid({titles[name]: m for name, m in masks.items()}))
-    first("mech_mask").plotly_chart(room(grid), width="stretch", key="mech_mask_chart")
+    stem = f"masks-n{n}-length{length}"
+    config = export_config(stem, "png")
+    first("mech_mask").plotly_chart(room(grid), width="stretch", key="mech_mask_chart", config=config)
     st.caption(
         f"Rows are queries, columns keys, for a sentence of {length} tokens padded to {n}. Padding is masked "
         "as a key only: a padding query still attends to the real tokens, and its output is never used. "
@@ -245,7 +257,8 @@ def masks_tab() -> None:
     table = mechanics.apply_mask_to_row(scores, masks[kind][row])
     c = st.columns([3, 2])
     bars = shared("mech-row", (n, length, row, kind), lambda: tp.masked_row_bars(table, row))
-    c[0].plotly_chart(room(bars, 0.6), width="stretch", key="mech_row_chart")
+    row_name = f"{stem}-row{row}-{kind}"
+    c[0].plotly_chart(room(bars, 0.6), width="stretch", key="mech_row_chart", config=export_config(row_name, "png"))
     c[0].caption(
         f"Query {row} with random scores: grey without the mask, blue after the {kind} mask. Masked keys get "
         "weight 0 and the others grow so that the row still sums to 1."
@@ -274,6 +287,7 @@ def multihead_tab() -> None:
         room(shared("mech-cost", (n, d_model, h), lambda: tp.head_cost_bars(cost)), 0.5),
         width="stretch",
         key="mech_cost_chart",
+        config=export_config(f"head-cost-n{n}-dmodel{d_model}-h{h}", "png"),
     )
     c[0].caption(
         "Narrow heads (the paper) against wide heads that each see all d_model dimensions: wide costs h times "
@@ -328,7 +342,11 @@ def permutation_tab(ctx: Context) -> None:
             ),
         )
         picture = first(f"mech_perm_{'on' if use_positions else 'off'}")
-        picture.plotly_chart(room(fig), width="stretch", key=f"mech_perm_chart_{use_positions}")
+        file_name = f"{ctx.file_stem}-encoder-L{layer}H{head}-{order}" + (f"{int(seed)}" if order == "shuffle" else "")
+        file_name += "-positions-" + ("on" if use_positions else "off")
+        picture.plotly_chart(
+            room(fig), width="stretch", key=f"mech_perm_chart_{use_positions}", config=export_config(file_name, "png")
+        )
         picture.caption(
             "Left: the map for the shuffled sentence. Middle: the original sentence's map with rows and columns "
             "shuffled. Right: their difference, "
@@ -370,6 +388,7 @@ def learning_rate_tab() -> None:
         room(shared("mech-lr", (d_model, warmup, steps), lambda: tp.lr_curve(df, warmup))),
         width="stretch",
         key="mech_lr_chart",
+        config=export_config(f"lr-dmodel{d_model}-warmup{warmup}-steps{steps}", "png"),
     )
     where = (
         f"The peak, {peak:.3e} = d_model^-0.5 · warmup_steps^-0.5, is at the end of warm-up, step {warmup}."

@@ -10,6 +10,7 @@ from attnviz.app.frame import Context, frame
 from attnviz.app.present import first, room
 from attnviz.app.widgets import escape_markdown, guarded
 from attnviz.figures import positional as pp
+from attnviz.figures.common import export_config
 from attnviz.lessons import positional as pe
 
 INTRO = (
@@ -30,11 +31,17 @@ def controls() -> tuple[int, int, float, str]:
     return d_model, n, base, layout
 
 
+def sinusoid_stem(d_model: int, n: int, base: float, layout: str) -> str:
+    """The start of a file name for a figure of the sinusoids the page's controls chose."""
+    return f"pe-d{d_model}-n{n}-base{base:g}-{layout}"
+
+
 def encoding_section(table: np.ndarray, d_model: int, base: float, layout: str) -> None:
     st.header("The encoding matrix")
     title = f"PE for d_model = {d_model}, base {base:g}"
     fig = shared("pe-matrix", (d_model, table.shape[0], base, layout), lambda: pp.encoding_heatmap(table, title=title))
-    first("pe_matrix").plotly_chart(room(fig), width="stretch")
+    name = sinusoid_stem(d_model, table.shape[0], base, layout)
+    first("pe_matrix").plotly_chart(room(fig), width="stretch", config=export_config(name, "png"))
     st.caption(
         "Row p is the vector added to the embedding of the token at position p. Left columns oscillate "
         "fast (wavelength 2π), right columns slowly: together they give every position a distinct code, "
@@ -58,8 +65,11 @@ def curves_section(table: np.ndarray, d_model: int, base: float, layout: str) ->
         if dims:
             labels = [pe.dimension_label(d, d_model, layout) for d in dims]
             key = (d_model, table.shape[0], base, layout, tuple(dims))
+            name = sinusoid_stem(d_model, table.shape[0], base, layout) + "-dims" + "-".join(map(str, dims))
             st.plotly_chart(
-                room(shared("pe-curves", key, lambda: pp.dimension_curves(table, dims, labels)), 0.5), width="stretch"
+                room(shared("pe-curves", key, lambda: pp.dimension_curves(table, dims, labels)), 0.5),
+                width="stretch",
+                config=export_config(name, "png"),
             )
             st.caption(
                 "The Annotated Transformer's chart, interactive: a sine and a cosine share each frequency "
@@ -70,7 +80,8 @@ def curves_section(table: np.ndarray, d_model: int, base: float, layout: str) ->
     with right:
         lam = pe.wavelengths(d_model, base)
         wavelengths = shared("pe-wavelengths", (d_model, base), lambda: pp.wavelength_chart(lam, base))
-        st.plotly_chart(room(wavelengths, 0.5), width="stretch")
+        name = f"pe-d{d_model}-base{base:g}-wavelengths"
+        st.plotly_chart(room(wavelengths, 0.5), width="stretch", config=export_config(name, "png"))
         st.caption(
             f"Pair i has wavelength 2π·base^(2i/d_model): each is {base ** (2 / d_model):.4f} times the one "
             f"before, from {lam[0]:.3f} to {lam[-1]:,.1f} positions, a straight line on this log axis."
@@ -88,14 +99,16 @@ def similarity_figures(table: np.ndarray, cosine: bool, name: str, closed_form: 
     return heatmap, by_offset, spread, relative
 
 
-def similarity_view(key: tuple, table: np.ndarray, cosine: bool, name: str, closed_form=None) -> None:
-    """Heatmap and offset profile of one table (the page's sinusoids or a model's positions); ``key`` names it."""
+def similarity_view(key: tuple, table: np.ndarray, cosine: bool, name: str, stem: str, closed_form=None) -> None:
+    """Heatmap and offset profile of one table (the page's sinusoids or a model's positions); ``key`` names it,
+    ``stem`` starts its figures' file names."""
     heatmap, by_offset, spread, relative = shared(
         "pe-similarity", (*key, cosine), lambda: similarity_figures(table, cosine, name, closed_form)
     )
     left, right = st.columns(2)
-    left.plotly_chart(room(heatmap, 0.5), width="stretch")
-    right.plotly_chart(room(by_offset, 0.5), width="stretch")
+    stem += "-cosine" if cosine else "-dot"
+    left.plotly_chart(room(heatmap, 0.5), width="stretch", config=export_config(f"{stem}-similarity", "png"))
+    right.plotly_chart(room(by_offset, 0.5), width="stretch", config=export_config(f"{stem}-by-offset", "png"))
     st.caption(
         f"Left: every pair of positions. Right: the same values grouped by offset k = q − p; the band is "
         f"the range over p. Largest range over p at any offset: **{spread:.2e}**, {relative:.1e} of the "
@@ -109,7 +122,8 @@ def similarity_section(ctx: Context, table: np.ndarray, d_model: int, base: floa
     cosine = bound(st.toggle, "Cosine similarity (divide by the norms)", key="pe_cosine")
     k = np.arange(table.shape[0])
     closed = pe.offset_similarity(k, d_model, base) / (d_model / 2 if cosine else 1.0)
-    similarity_view(("sinusoids", d_model, table.shape[0], base, layout), table, cosine, "sinusoids", closed)
+    stem = sinusoid_stem(d_model, table.shape[0], base, layout)
+    similarity_view(("sinusoids", d_model, table.shape[0], base, layout), table, cosine, "sinusoids", stem, closed)
     st.markdown(
         "Why: sin a·sin b + cos a·cos b = cos(a − b), so PE(p)·PE(q) = Σ_i cos((p − q)·ω_i), the dotted "
         "line. It is largest at offset 0 and falls off, with ripples, as the offset grows: near positions "
@@ -145,7 +159,7 @@ def model_similarity(ctx: Context, table: np.ndarray, cosine: bool) -> None:
         f"the first {n} positions, as many as chosen above."
     )
     title = f"{html.escape(ctx.label, quote=False)} ({kind})"  # plotly reads HTML in a title
-    similarity_view((ctx.model, ctx.device, n), model_table[:n], cosine, title)
+    similarity_view((ctx.model, ctx.device, n), model_table[:n], cosine, title, f"{ctx.file_stem}-positions-n{n}")
 
 
 def layout_figure(d_model: int, n: int, base: float):
@@ -160,7 +174,8 @@ def layout_figure(d_model: int, n: int, base: float):
 def layout_section(d_model: int, n: int, base: float) -> None:
     st.header("Interleaved or concatenated: both are valid")
     fig, same, sim_gap = shared("pe-layouts", (d_model, n, base), lambda: layout_figure(d_model, n, base))
-    st.plotly_chart(room(fig), width="stretch")
+    name = f"pe-d{d_model}-n{n}-base{base:g}-layouts"
+    st.plotly_chart(room(fig), width="stretch", config=export_config(name, "png"))
     st.caption(
         "The paper interleaves sin and cos (columns 2i and 2i+1); tensor2tensor and Marian put every sine "
         "first. Reordering the interleaved columns gives the concatenated table exactly "

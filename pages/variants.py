@@ -9,6 +9,7 @@ from attnviz.app.frame import Context, frame
 from attnviz.app.present import data_table, first, room
 from attnviz.figures import teaching as tp
 from attnviz.figures.attention import attention_heatmap
+from attnviz.figures.common import export_config
 from attnviz.lessons import variants
 
 INTRO = (
@@ -36,7 +37,10 @@ def patterns_tab() -> None:
     grid = shared(
         "var-patterns", (n, k, causal), lambda: tp.mask_grid({f"{p}: {counts[p]} pairs": m for p, m in masks.items()})
     )
-    first("var_pattern").plotly_chart(room(grid), width="stretch", key="var_pattern_chart")
+    stem = f"variants-n{n}-k{k}" + ("-causal" if causal else "")
+    first("var_pattern").plotly_chart(
+        room(grid), width="stretch", key="var_pattern_chart", config=export_config(f"{stem}-patterns", "png")
+    )
     st.caption(f"Rows are queries, columns keys; n = {n}, k = {k}. The title gives the pairs each pattern computes.")
     st.table(
         pd.DataFrame(
@@ -50,7 +54,8 @@ def patterns_tab() -> None:
         )
     )
     cost = shared("var-cost", (k, causal), lambda: tp.cost_figure(variants.cost_curves(k=k, causal=causal), k))
-    st.plotly_chart(room(cost), width="stretch", key="var_cost_chart")
+    cost_name = f"variants-k{k}" + ("-causal" if causal else "") + "-cost"  # over every n: not the chosen one
+    st.plotly_chart(room(cost), width="stretch", key="var_cost_chart", config=export_config(cost_name, "png"))
     st.caption(
         "Exact pair counts of each pattern from n = 16 to 1024 on log-log axes: the slope is the exponent. Full "
         "and causal grow as n², local as n·k, dilated as n²/k; sparse as n·k + n²/k, which is n√n when k = √n."
@@ -93,7 +98,9 @@ def model_tab(ctx: Context) -> None:
             f"{kept}" + (" The translation is unchanged." if text == base_text else " The translation changed.")
         )
     c = first("var_model").columns(2)
-    for col, maps, title, m in ((c[0], base.maps, "as trained", None), (c[1], run.maps, f"{name} pattern", mask)):
+    pattern = name if name == "causal" else f"{name}-k{k}"
+    shown = ((c[0], base.maps, "as trained", None, "as-trained"), (c[1], run.maps, f"{name} pattern", mask, pattern))
+    for col, maps, title, m, file_part in shown:
         fig = shared(
             "var-map",
             (ctx.model, ctx.device, ctx.choices.src, name if m is not None else None, k, layer, head),
@@ -106,7 +113,10 @@ def model_tab(ctx: Context) -> None:
                 mask=m,
             ),
         )
-        col.plotly_chart(room(fig, 0.5), width="stretch", key=f"var_map_{m is None}")
+        file_name = f"{ctx.file_stem}-encoder-L{layer}H{head}-{file_part}"
+        col.plotly_chart(
+            room(fig, 0.5), width="stretch", key=f"var_map_{m is None}", config=export_config(file_name, "png")
+        )
     st.caption(
         "Encoder self-attention of the chosen layer and head, rows are queries and columns keys. In layer 1 the "
         "pattern only renormalises the trained weights over the allowed keys; deeper layers also receive "
@@ -130,7 +140,10 @@ def synthesizer_tab() -> None:
     token = bound(c[3].slider, "Token to change", 0, n - 1, key="var_syn_token")
     demo = variants.synthesizer_demo(n, d, int(seed))
     weights = shared("var-syn-weights", (n, d, int(seed)), lambda: tp.heatmap_row(demo.weights))
-    first("var_syn").plotly_chart(room(weights), width="stretch", key="var_syn_weights")
+    stem = f"synthesizer-n{n}-d{d}-seed{int(seed)}"
+    first("var_syn").plotly_chart(
+        room(weights), width="stretch", key="var_syn_weights", config=export_config(f"{stem}-weights", "png")
+    )
     st.caption("Attention weights of the three methods for the same input: rows are queries, columns keys.")
     changed = variants.token_dependence(demo, token)
     grid = shared(
@@ -143,7 +156,8 @@ def synthesizer_tab() -> None:
             legend=("unchanged", "changed"),
         ),
     )
-    st.plotly_chart(room(grid), width="stretch", key="var_syn_changed")
+    changed_name = f"{stem}-token{token}-changed"
+    st.plotly_chart(room(grid), width="stretch", key="var_syn_changed", config=export_config(changed_name, "png"))
     st.caption(
         f"Which scores change (blue) when token {token} is replaced by another vector: dot-product, its row and its "
         "column (it is a query and a key); dense Synthesizer, its row only; random Synthesizer, nothing."
@@ -173,7 +187,8 @@ def complexity_tab() -> None:
         forget("timing")
     df = computed("timing", None, "cpu", width)
     timing = tp.timing_figure(df)  # re-measured: not shared
-    c[1].plotly_chart(room(timing, 0.75), width="stretch", key="var_time_chart")
+    config = export_config(f"timing-d{width}", "png")
+    c[1].plotly_chart(room(timing, 0.75), width="stretch", key="var_time_chart", config=config)
     c[1].caption(
         f"Median of 5 runs of one layer of width {width} on one sequence, on this machine's CPU "
         f"({df.attrs.get('threads', '?')} threads). The GRU steps through the n positions one after another; "

@@ -8,6 +8,7 @@ from attnviz.app.frame import Context, frame
 from attnviz.app.present import first, presenting, room
 from attnviz.app.widgets import Download, download, escape_markdown
 from attnviz.config import TransformerConfig
+from attnviz.figures.common import export_config
 from attnviz.figures.decoding import topk_bar
 from attnviz.figures.walkthrough import feed_arrow, matrix_figure, table_figure
 from attnviz.lessons import walkthrough as wk
@@ -50,9 +51,10 @@ def stage_of(shown_stage: tuple) -> wk.Stage:
     return shared("walkthrough-stage", shown_stage, build)
 
 
-def show_matrix(m: wk.Matrix, k: int, i: int, shown_stage: tuple) -> None:
+def show_matrix(m: wk.Matrix, k: int, i: int, shown_stage: tuple, name: str) -> None:
     fig = shared("walkthrough-matrix", (*shown_stage, k, i), lambda: matrix_figure(m, k))
-    map_chart(st, fig, f"_wt_fig_{i}")  # a click on a cell of a map points at it, for a room's followers
+    # a click on a cell of a map points at it, for a room's followers
+    map_chart(st, fig, f"_wt_fig_{i}", config=export_config(name, "png"))
     shown = "" if m.style != "matrix" or m.values.shape[1] <= k else f"; the first {k} of {m.values.shape[1]} columns"
     # the recorded name counts layers from 0 (the code's index); say which layer that is in the app's count
     layer = f" ({m.recorded_layer}; the recorded name counts from 0)" if m.recorded_layer else ""
@@ -95,7 +97,10 @@ def body(ctx: Context) -> None:
     key = stage_picker(keys, titles)
     layer, head, step, k = stage_controls(cfg, key, 1 if wt.tgt_ids is None else len(wt.tgt_ids))
     shown_stage = (*ctx.key, key, layer, head, step)
-    show_stage(stage_of(shown_stage), k, shown_stage)
+    # the figures' file names: the model, the stage, and the layer, head and step where the stage uses them
+    stem = f"{ctx.file_stem}-{key}" + (f"-L{layer}" if key in wk.USES_LAYER else "")
+    stem += (f"H{head}" if key in wk.USES_HEAD else "") + (f"-step{step}" if key in wk.USES_STEP else "")
+    show_stage(stage_of(shown_stage), k, shown_stage, stem)
 
 
 def stage_picker(keys: list[str], titles: dict[str, str]) -> str:
@@ -153,8 +158,9 @@ def stage_controls(cfg: TransformerConfig, key: str, T: int) -> tuple[int, int, 
     return layer, head, step, k
 
 
-def show_stage(stage: wk.Stage, k: int, shown_stage: tuple) -> None:
-    """The stage's title, text, notes, table, arrow, candidates, and its matrices two by two."""
+def show_stage(stage: wk.Stage, k: int, shown_stage: tuple, stem: str) -> None:
+    """The stage's title, text, notes, table, arrow, candidates, and its matrices two by two; ``stem`` starts
+    the figures' file names."""
     st.subheader(stage.title)
     st.markdown(stage.text)
     for note in stage.notes:
@@ -162,7 +168,9 @@ def show_stage(stage: wk.Stage, k: int, shown_stage: tuple) -> None:
     if stage.table is not None:  # the stage's picture: first in presenter mode, its heading and text below
         if presenting():  # the room reads a figure's text at its size; a data frame's canvas stays at 14 px
             picture = room(shared("walkthrough-table", shown_stage, lambda: table_figure(stage.table, stage.title)))
-            first("wt_table").plotly_chart(picture, width="stretch", key="wt_table")
+            first("wt_table").plotly_chart(
+                picture, width="stretch", key="wt_table", config=export_config(f"{stem}-table", "png")
+            )
         else:
             st.dataframe(stage.table, hide_index=True, width="stretch")
     if stage.arrow is not None:
@@ -170,16 +178,19 @@ def show_stage(stage: wk.Stage, k: int, shown_stage: tuple) -> None:
             room(shared("walkthrough-arrow", shown_stage, lambda: feed_arrow(*stage.arrow))),
             width="stretch",
             key="wt_arrow",
+            config=export_config(f"{stem}-arrow", "png"),
         )
     if stage.candidates:
         labels, probs = zip(*stage.candidates, strict=True)
         top = shared("walkthrough-top", shown_stage, lambda: topk_bar(list(labels), list(probs), chosen=stage.chosen))
-        first("wt_top").plotly_chart(room(top), width="stretch", key="wt_top")
+        first("wt_top").plotly_chart(
+            room(top), width="stretch", key="wt_top", config=export_config(f"{stem}-candidates", "png")
+        )
         st.caption("Probabilities: the softmax of the model's logits at this step, computed for display.")
     cols = first("wt_matrices").columns(2)
     for i, m in enumerate(stage.matrices):
         with cols[i % 2]:
-            show_matrix(m, int(k), i, shown_stage)
+            show_matrix(m, int(k), i, shown_stage, f"{stem}-{m.file_name}")
 
 
 frame(body, intro=INTRO)

@@ -406,7 +406,7 @@ def test_a_link_reopens_the_exact_explorer_view():
     assert at.selectbox(key="view").value == "lines" and not notices, notices
     assert at.multiselect(key="lines_heads").value == [1, 3]
     chart = at.get("plotly_chart")[0].proto
-    assert "reverse-encoder-L2-lines" in chart.config and "head 3" in chart.spec, "the linked view is the one drawn"
+    assert "reverse-encoder-L2H1-3-lines" in chart.config and "head 3" in chart.spec, "the linked view is the one drawn"
     assert any("address bar" in c.value for c in at.caption), "the page says that the link is the view"
 
 

@@ -141,11 +141,19 @@ def export_download(make_export: Callable[[], AttentionExport], shown: Attention
     return Download(size, lambda out: make_export().write(out))
 
 
+LONG_FORM = "Long form: layer, head, query index and token, key index and token, value."
+
+
 def download_buttons(
-    table: Download, npz: Download | None, image_format: str | None, name: str, npz_name: str = "attention"
+    table: Download,
+    npz: Download | None,
+    image_format: str | None,
+    name: str,
+    npz_name: str = "attention",
+    holds: str = LONG_FORM,
 ) -> None:
     """CSV of the matrix shown (``name``.csv), NPZ of every tensor (``npz_name``.npz), and the image format of the
-    figure's camera button.
+    figure's camera button. ``holds`` is the CSV button's help: what the file's columns are.
 
     The files are built only when a button is clicked, each bounded (`download`): a long form of
     every head of a 500-token sentence has millions of rows, too many to build on every rerun.
@@ -158,7 +166,7 @@ def download_buttons(
         f"{name}.csv",
         "text/csv",
         hint="One head (the view One head) or a shorter text makes a smaller file.",
-        help="Long form: layer, head, query index and token, key index and token, value.",
+        help=holds,
     )
     if npz is not None:
         download(
