@@ -153,6 +153,17 @@ class Decoding:
     truncated: bool = False  # the output did not end within max_len: it is cut at the length limit
 
 
+def best_first(values: Tensor, k: int) -> tuple[Tensor, Tensor]:
+    """The ``k`` largest of the 1-D ``values`` and their indices, best first, ties to the lowest index as
+    ``argmax`` breaks them: ``topk`` orders equal values any way, and a step-through of beam 1 had written
+    another token than greedy decoding at a tie. Exact and cheap: only the values at or above the k-th are
+    sorted."""
+    kth = values.topk(k).values[-1]
+    index = (values >= kth).nonzero().squeeze(-1)  # ascending
+    order = torch.sort(values[index], descending=True, stable=True).indices[:k]
+    return values[index[order]], index[order]
+
+
 def best_reachable(live: list[Beam], max_len: int) -> float:
     """The highest length-normalised score any of ``live`` could still finish with: its log-probability
     so far (each further token only lowers it) over the largest penalty, at ``max_len`` tokens."""
@@ -202,7 +213,8 @@ def step_through(
         logp = torch.log_softmax(_newest(logits, t).float(), dim=-1)  # (n, V)
         self_rows = torch.stack([w[:, :, -1] for w in self_w], dim=1)  # (n, L, H, t+1): the newest query's row
         cross_rows = None if memory is None else torch.stack([w[:, :, -1] for w in cross_w], dim=1)  # (n, L, H, S)
-        top_p, top_i = logp.exp().topk(min(top_k, logp.shape[-1]), dim=-1)
+        top = [best_first(row.exp(), min(top_k, logp.shape[-1])) for row in logp]  # the chosen token first at a tie
+        top_p, top_i = torch.stack([p for p, _ in top]), torch.stack([i for _, i in top])
         history.append(
             {
                 "beams": tuple(live),
@@ -219,7 +231,7 @@ def step_through(
             choices = [(live[0].score + float(logp[0, forced[t]]), 0, forced[t])]
         else:
             total = torch.tensor([b.score for b in live], device=logp.device)[:, None] + logp  # (n, V)
-            scores, flat = total.flatten().topk(min(2 * beam_size, total.numel()))
+            scores, flat = best_first(total.flatten(), min(2 * beam_size, total.numel()))
             V = logp.shape[-1]
             choices = [(s, f // V, f % V) for s, f in zip(scores.tolist(), flat.tolist(), strict=True)]
         new_live, parents = [], []

@@ -129,6 +129,45 @@ def test_beam_size_one_is_greedy_decode(model, sources):
     assert min(lengths) > 0
 
 
+def test_at_a_tie_beam_size_one_takes_the_token_greedy_takes(monkeypatch):
+    """Two tokens of exactly equal logits: greedy's argmax takes the lower id, as transformers' greedy search
+    does; the step-through of beam 1 had taken the other (topk orders ties any way), so the app's decoding page
+    showed another output than `attnviz translate`."""
+    import attnviz
+
+    reverse = attnviz.load("reverse", device="cpu")
+    src = torch.tensor([reverse.tokenizer.encode_source("a b c d e f").ids])
+    first = greedy_decode(reverse.model, src, max_len=20)[0][1]  # the second token written, tied below
+    logits = type(reverse.model).logits
+
+    def tied(self, x):
+        out = logits(self, x).clone()
+        out[..., first + 1] = out[..., first]  # the next id, equal to the best at every position
+        return out
+
+    monkeypatch.setattr(type(reverse.model), "logits", tied)
+    greedy = greedy_decode(reverse.model, src, max_len=20)[0]
+    assert greedy[1] == first, "argmax keeps the lower of the two tied ids"
+    for beam_size in (1, 2):
+        decoding = step_through(reverse.model, src, beam_size=beam_size, max_len=20)
+        assert decoding.steps[1].top[0].token_id == first, "the top list puts the lower tied id first"
+        if beam_size == 1:
+            assert list(decoding.ids) == greedy
+
+
+def test_best_first_breaks_ties_to_the_lowest_index_as_argmax_does():
+    from attnviz.decoding import best_first
+
+    values = torch.tensor([0.5, 2.0, -1.0, 2.0, 2.0, 0.5, 3.0])
+    scores, index = best_first(values, 4)
+    assert index.tolist() == [6, 1, 3, 4] and scores.tolist() == [3.0, 2.0, 2.0, 2.0]
+    scores, index = best_first(values, 6)
+    assert index.tolist() == [6, 1, 3, 4, 0, 5]
+    assert best_first(values, 1)[1].item() == int(values.argmax())
+    many = torch.randn(50_000)  # no ties: as topk
+    assert torch.equal(best_first(many, 8)[1], many.topk(8).indices)
+
+
 def test_greedy_decode_of_a_padded_batch_equals_one_by_one(model, sources, padded_batch):
     ids = [src[0].tolist() for src in sources]
     src, src_valid = padded_batch([len(s) for s in ids], seed=0)
