@@ -191,7 +191,7 @@ def body(ctx: Context) -> None:
     if drawn.zoom is not None:
         key, matrix, title, rows, columns, scores = drawn.zoom
         mask = None if scores else picked.mask()
-        zoom("", key, matrix, rows, columns, kind, contrast, mask, title, scores=scores)
+        zoom("", key, matrix, rows, columns, kind, contrast, mask, title, scores=scores, name=drawn.name, fmt=fmt)
     npz_name = f"{ctx.file_stem}" + ("-words" if words else "") + "-attention"  # every map: no view
     download_buttons(drawn.table, export_download(lambda: ctx.export(words), export), fmt, drawn.name, npz_name)
 
@@ -496,9 +496,10 @@ def long_one(p: LongPicked) -> None:
     title = f"{TITLES[p.kind]}, layer {p.layer}, head {p.head}"
     rows = row_labels(layer, p.kind)
     h = p.head - 1
+    name, fmt = f"{p.ctx.file_stem}-{p.kind}-L{p.layer}H{p.head}", st.session_state.get("image_format", "png")
     views.long_one_head(
         "", (*p.key, p.layer, p.head), layer.heads[h], layer.scans[h], rows, layer.tokens()[1], p.kind, p.contrast,
-        title, p.picture,
+        title, p.picture, name=name, fmt=fmt,
     )  # fmt: skip
 
 

@@ -51,7 +51,8 @@ def stage_of(shown_stage: tuple) -> wk.Stage:
     return shared("walkthrough-stage", shown_stage, build)
 
 
-def show_matrix(m: wk.Matrix, k: int, i: int, shown_stage: tuple, name: str) -> None:
+def show_matrix(m: wk.Matrix, k: int, i: int, shown_stage: tuple, name: str, csv_name: str) -> None:
+    """The matrix ``m`` (its figure's file name ``name``) and its full tensor's CSV (``csv_name``.csv)."""
     fig = shared("walkthrough-matrix", (*shown_stage, k, i), lambda: matrix_figure(m, k))
     # a click on a cell of a map points at it, for a room's followers
     map_chart(st, fig, f"_wt_fig_{i}", config=export_config(name, "png"))
@@ -74,7 +75,7 @@ def show_matrix(m: wk.Matrix, k: int, i: int, shown_stage: tuple, name: str) -> 
         st,
         f"CSV of the full {m.source}",
         Download(size, write),
-        f"{m.file_name}.csv",
+        f"{csv_name}.csv",
         "text/csv",
         key=f"_wt_csv_{i}",
         on_click="ignore",
@@ -100,7 +101,7 @@ def body(ctx: Context) -> None:
     # the figures' file names: the model, the stage, and the layer, head and step where the stage uses them
     stem = f"{ctx.file_stem}-{key}" + (f"-L{layer}" if key in wk.USES_LAYER else "")
     stem += (f"H{head}" if key in wk.USES_HEAD else "") + (f"-step{step}" if key in wk.USES_STEP else "")
-    show_stage(stage_of(shown_stage), k, shown_stage, stem)
+    show_stage(stage_of(shown_stage), k, shown_stage, stem, ctx.file_stem)
 
 
 def stage_picker(keys: list[str], titles: dict[str, str]) -> str:
@@ -158,9 +159,9 @@ def stage_controls(cfg: TransformerConfig, key: str, T: int) -> tuple[int, int, 
     return layer, head, step, k
 
 
-def show_stage(stage: wk.Stage, k: int, shown_stage: tuple, stem: str) -> None:
+def show_stage(stage: wk.Stage, k: int, shown_stage: tuple, stem: str, model: str) -> None:
     """The stage's title, text, notes, table, arrow, candidates, and its matrices two by two; ``stem`` starts
-    the figures' file names."""
+    the figures' file names, ``model`` (the model's file stem) the CSVs'."""
     st.subheader(stage.title)
     st.markdown(stage.text)
     for note in stage.notes:
@@ -190,7 +191,14 @@ def show_stage(stage: wk.Stage, k: int, shown_stage: tuple, stem: str) -> None:
     cols = first("wt_matrices").columns(2)
     for i, m in enumerate(stage.matrices):
         with cols[i % 2]:
-            show_matrix(m, int(k), i, shown_stage, f"{stem}-{m.file_name}")
+            show_matrix(m, int(k), i, shown_stage, f"{stem}-{m.file_name}", csv_name(m, model, shown_stage[-1]))
+
+
+def csv_name(m: wk.Matrix, model: str, step: int) -> str:
+    """A full tensor's CSV name: the model, then the tensor (its layer in its name); the output layer's rows of the
+    top candidates (``…[top]``) are the candidates of one step, so their name says the step. The whole tensor
+    does not depend on the head or step shown."""
+    return f"{model}-{m.file_name}" + (f"-step{step}" if m.source.endswith("[top]") else "")
 
 
 frame(body, intro=INTRO)

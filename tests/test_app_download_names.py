@@ -147,3 +147,135 @@ def test_every_chart_saves_under_a_name_of_its_own():
         assert not at.exception, (page.path, [e.value for e in at.exception])
     missing = {page: titles for page, titles in missing.items() if titles}
     assert not missing, missing
+
+
+# ---------------------------------------------------------------------------------------------
+# Charts the page walk above does not reach: a long text's zoom and tiles, a live training
+
+
+@pytest.fixture(scope="module")
+def llama(tmp_path_factory):
+    pytest.importorskip("transformers")
+    from lm_models import build
+
+    folder = tmp_path_factory.mktemp("long") / "llama"
+    build("llama", folder)
+    return folder
+
+
+LONG_WORDS = "the cat sat on the mat one two three four five six a b c d e f g h".split()
+LONG_PROMPT = " ".join(LONG_WORDS[i % len(LONG_WORDS)] for i in range(150))  # 237 tokens, as tests/test_app_long.py
+
+
+@pytest.fixture
+def long_link(llama, monkeypatch, fresh_streamlit_caches):
+    """A 237-token prompt to a random Llama: maps of 3.4 MB (see tests/test_app_long.py)."""
+    from attnviz.app import CUSTOM_PATH
+
+    monkeypatch.setenv("ATTNVIZ_MODEL_ROOTS", str(llama.parent))
+    monkeypatch.setenv("ATTNVIZ_HEAVY_IN", "threads")
+    return {"model": CUSTOM_PATH, "model_path": str(llama), "src": LONG_PROMPT}
+
+
+@pytest.mark.slow
+def test_a_long_text_s_charts_save_under_names_of_their_own(long_link, monkeypatch):
+    """Tile by tile (over ATTNVIZ_FULL_MAPS_MB): the overview, the exact zoom and the pooled detail; under it:
+    the one-head image's exact zoom. Each names the head, and a zoom its region (newplot.png before)."""
+    from conftest import open_from_link
+
+    names = []
+    zoom = {"zoom_q": ["10", "209"], "zoom_k": ["5", "150"]}  # over 128 a side: the pooled detail
+    for tiled in (True, False):
+        if tiled:
+            monkeypatch.setenv("ATTNVIZ_FULL_MAPS_MB", "1")
+        else:
+            monkeypatch.delenv("ATTNVIZ_FULL_MAPS_MB", raising=False)
+        for region in ({}, zoom) if tiled else ({},):
+            at = open_from_link(
+                "pages/explorer.py", {**long_link, "view": "One head", "layer": "2", "head": "3", **region}
+            )
+            assert not at.exception, [e.value for e in at.exception]
+            assert any("tile by tile" in i.value for i in at.info) == tiled
+            shown = [name for _, name in chart_names(at)]
+            assert len(shown) == 2, shown  # the map (or its overview) and the zoom (or the detail)
+            names += shown
+    assert "newplot" not in names, names
+    assert all("L2H3" in name for name in names), names
+    # the head (its overview, or its image), and each region of it: a zoom names its first and last query and key
+    assert set(names) == {
+        "llama-decoder-L2H3",
+        "llama-decoder-L2H3-q0-47-k0-47",
+        "llama-decoder-L2H3-q10-209-k5-150",
+    }, names
+
+
+@pytest.mark.slow
+def test_a_live_training_s_charts_save_under_names_of_their_own(tmp_path, fresh_streamlit_caches):
+    """The losses, every head's statistic and the clearest head's map, drawn from a small recorded history."""
+    from streamlit.testing.v1 import AppTest
+    from test_live_training import write_record
+
+    write_record(tmp_path, 50)
+    write_record(tmp_path, 100)
+    script = (
+        "from types import SimpleNamespace\n"
+        "from attnviz.app.live_training import draw\n"
+        "from attnviz.training import load_history\n"
+        f"draw(SimpleNamespace(id='run1', task='reverse'), load_history({str(tmp_path)!r}))\n"
+    )
+    at = AppTest.from_string(script, default_timeout=60).run()
+    assert not at.exception, [e.value for e in at.exception]
+    names = [name for _, name in chart_names(at)]
+    assert len(names) == 3, names
+    assert "newplot" not in names, names
+    assert len(set(names)) == 3 and all("reverse" in n and "step100" in n for n in names), names
+    assert any("cross-L2H1" in n for n in names), names  # the clearest head's map says which head
+
+
+def _calls_without_a_name(path) -> list[str]:
+    """``.plotly_chart(`` and ``map_chart(`` calls in ``path`` with neither ``config=`` nor ``**kwargs``."""
+    import ast
+
+    missing = []
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if not isinstance(node, ast.Call):
+            continue
+        func = node.func
+        name = func.attr if isinstance(func, ast.Attribute) else getattr(func, "id", None)
+        if name not in ("plotly_chart", "map_chart"):
+            continue
+        if any(k.arg == "config" or k.arg is None for k in node.keywords):  # None: **kwargs forwarded
+            continue
+        missing.append(f"{path.parent.name}/{path.name}:{node.lineno}")
+    return missing
+
+
+def test_no_chart_call_in_the_app_lacks_a_file_name():
+    """A source scan: every chart the app draws is given a camera file name (``config=export_config(...)``), so a
+    new chart cannot save 'newplot.png' unnoticed where the page walk does not reach it."""
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parent.parent
+    files = [root / "app.py", *sorted((root / "pages").glob("*.py")), *sorted((root / "attnviz" / "app").rglob("*.py"))]
+    assert len(files) > 10
+    missing = [call for path in files for call in _calls_without_a_name(path)]
+    assert not missing, missing
+
+
+@pytest.mark.slow
+@pytest.mark.usefixtures("fresh_streamlit_caches")
+def test_the_walkthrough_s_csv_names_say_the_model_and_the_step(drawn):
+    """Two models' tensors of one name, and the output layer's rows of the top candidates at two steps, are
+    different files: their names differ."""
+    for model in ("en-de", "reverse"):
+        at = open_app("pages/walkthrough.py", model)
+        at.selectbox(key="wt_stage").set_value("embedding").run()
+        at.selectbox(key="wt_stage").set_value("output").run()
+        for step in at.selectbox(key="wt_step").options[:2]:
+            at.selectbox(key="wt_step").set_value(step).run()
+        assert not at.exception, [e.value for e in at.exception]
+    names = {name for name, *_ in drawn}
+    assert any(name.startswith("en-de-") for name in names) and any(name.startswith("reverse-") for name in names), (
+        sorted(names)
+    )
+    assert not clashes(drawn), sorted(clashes(drawn))

@@ -19,6 +19,7 @@ from attnviz.app.live_runs import LIVE_RECIPES, LiveRun, LiveSettings, SlotTaken
 from attnviz.app.present import room
 from attnviz.app.views import one_head
 from attnviz.app.widgets import Download, download
+from attnviz.figures.common import export_config
 from attnviz.figures.formation import loss_curves, statistic_lines
 from attnviz.kinds import allowed
 from attnviz.lessons import formation
@@ -160,6 +161,8 @@ def draw(run: LiveRun, history: History) -> None:
     layer, head = best_head(history.heads, statistic, site)
     chosen = formation.head_id(site, layer, head)
     lines = formation.head_lines(history.heads, statistic, steps)
+    # the figures' file names, as the history's NPZ: the task, then the figure and the step it shows
+    stem, at = f"live-{run.task}", f"step{steps[-1]}"
     left, right = st.columns(2)
     left.plotly_chart(
         room(
@@ -170,6 +173,7 @@ def draw(run: LiveRun, history: History) -> None:
         ),
         width="stretch",
         key=f"_live_loss_{run.id}",
+        config=export_config(f"{stem}-loss-{at}", "png"),
     )
     right.plotly_chart(
         room(
@@ -182,6 +186,7 @@ def draw(run: LiveRun, history: History) -> None:
         ),
         width="stretch",
         key=f"_live_lines_{run.id}",
+        config=export_config(f"{stem}-{statistic}-{at}", "png"),
     )
     probe = history.probes[0]
     rows, columns = formation.probe_labels(probe.src_tokens, probe.tgt_tokens, site)
@@ -192,6 +197,7 @@ def draw(run: LiveRun, history: History) -> None:
         room(one_head(("live", *version), matrix, rows, columns, site, "linear", mask, title)),
         width="stretch",
         key=f"_live_map_{run.id}",
+        config=export_config(f"{stem}-{site}-L{layer}H{head}-{at}", "png"),
     )
     value = history.heads[
         (history.heads["step"] == steps[-1])

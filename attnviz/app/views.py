@@ -24,6 +24,7 @@ from attnviz.app.present import room
 from attnviz.app.widgets import clamp_state
 from attnviz.export import row_labels  # noqa: F401 - the pages' name for it (defined with the export: one labelling)
 from attnviz.figures.attention import attention_heatmap
+from attnviz.figures.common import export_config
 from attnviz.figures.images import (  # the long map's sizes: shared with the notebook views
     CONTRASTS,
     DETAIL,
@@ -209,10 +210,14 @@ def zoom(
     mask: np.ndarray | None,
     title: str,
     scores: bool = False,
+    *,
+    name: str,
+    fmt: str = "png",
 ) -> None:
     """Two range sliders (bound to the URL as ``{prefix}zoom_q`` and ``{prefix}zoom_k``) and the region
     they choose as an exact heatmap: every weight on hover, the contrast's row maxima from whole rows.
-    With ``scores`` the map holds scaled scores, shown on their own diverging scale."""
+    With ``scores`` the map holds scaled scores, shown on their own diverging scale. Its camera button
+    saves ``name`` (the whole map's file name) and the region, as ``fmt``."""
     st.caption(
         f"**Zoom** into a region (up to {ZOOM_MAX} x {ZOOM_MAX}): shown exactly below, with query, key and weight "
         "on hover. Dragging a box on the image above zooms it too."
@@ -239,7 +244,13 @@ def zoom(
             narrow,
         ),
     )
-    st.plotly_chart(room(fig), width="stretch", key=f"_{prefix}zoom_chart")
+    config = export_config(f"{name}-{region_name(q0, q1, k0, k1)}", fmt)
+    st.plotly_chart(room(fig), width="stretch", key=f"_{prefix}zoom_chart", config=config)
+
+
+def region_name(q0: int, q1: int, k0: int, k1: int) -> str:
+    """A region's part of a file name: 'q10-209-k5-150' (first and last query, first and last key)."""
+    return f"q{q0}-{q1}-k{k0}-{k1}"
 
 
 def zoom_region(prefix: str, n_queries: int, n_keys: int) -> tuple[int, int, int, int]:
@@ -313,12 +324,14 @@ def _box_select(fig: go.Figure) -> go.Figure:
     return fig.update_layout(dragmode="select", selectdirection="any")
 
 
-def _box_chart(where, fig: go.Figure, chart: str, prefix: str, shape: tuple[int, int]) -> None:
-    """``fig`` drawn in ``where``; a box dragged on it becomes the zoom's region (a map of ``shape``)."""
+def _box_chart(where, fig: go.Figure, chart: str, prefix: str, shape: tuple[int, int], config: dict) -> None:
+    """``fig`` drawn in ``where``, ``config`` its camera button's; a box dragged on it becomes the zoom's region
+    (a map of ``shape``)."""
     where.plotly_chart(
         room(fig),
         width="stretch",
         key=chart,
+        config=config,
         on_select=lambda: _zoom_to_box(chart, prefix, *shape),
         selection_mode="box",
     )
@@ -335,11 +348,15 @@ def long_one_head(
     contrast: str,
     title: str,
     where=st,
+    *,
+    name: str,
+    fmt: str = "png",
 ) -> None:
     """One head of a long text, tile by tile: the whole map max-pooled to at most `OVERVIEW` pixels,
     and the zoom's region below it, exact up to `ZOOM_MAX` positions a side, else pooled to at most
     `DETAIL` pixels. A box dragged on either picture becomes the zoom's region. The overview goes
-    into ``where`` (presenter mode's picture area), the rest below."""
+    into ``where`` (presenter mode's picture area), the rest below. The camera buttons save ``name``
+    (the overview) and ``name`` with the region (the zoom), as ``fmt``."""
     Q, K = head.shape
     per_row = contrast == "row"
 
@@ -351,7 +368,7 @@ def long_one_head(
         )
 
     overview = shared("long-overview", (*key, contrast, title), lambda: pooled((0, Q), (0, K), OVERVIEW, title))
-    _box_chart(where, overview, f"_{prefix}overview_chart", prefix, (Q, K))
+    _box_chart(where, overview, f"_{prefix}overview_chart", prefix, (Q, K), export_config(name, fmt))
     st.caption(
         f"**Zoom**: drag a box on the map, or set the ranges. A region of up to {ZOOM_MAX} x {ZOOM_MAX} positions "
         f"is shown exactly, with query, key and weight on hover; a larger one at up to {DETAIL} pixels a side, "
@@ -359,6 +376,7 @@ def long_one_head(
     )
     q0, q1, k0, k1 = zoom_region(prefix, Q, K)
     rows, cols = (q0, q1 + 1), (k0, k1 + 1)
+    region = export_config(f"{name}-{region_name(q0, q1, k0, k1)}", fmt)
     if q1 - q0 < ZOOM_MAX and k1 - k0 < ZOOM_MAX:
         narrow = viewport.narrow()
         fig = shared(
@@ -377,8 +395,8 @@ def long_one_head(
                 narrow,
             ),
         )
-        st.plotly_chart(room(fig), width="stretch", key=f"_{prefix}zoom_chart")
+        st.plotly_chart(room(fig), width="stretch", key=f"_{prefix}zoom_chart", config=region)
         return
-    name = f"{title}: queries {q0}-{q1}, keys {k0}-{k1}"
-    detail = shared("long-detail", (*key, contrast, rows, cols, title), lambda: pooled(rows, cols, DETAIL, name))
-    _box_chart(st, detail, f"_{prefix}detail_chart", prefix, (Q, K))
+    shown = f"{title}: queries {q0}-{q1}, keys {k0}-{k1}"
+    detail = shared("long-detail", (*key, contrast, rows, cols, title), lambda: pooled(rows, cols, DETAIL, shown))
+    _box_chart(st, detail, f"_{prefix}detail_chart", prefix, (Q, K), region)
