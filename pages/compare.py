@@ -6,11 +6,11 @@ from dataclasses import dataclass
 import numpy as np
 import streamlit as st
 
-from attnviz.app import CUSTOM_PATH, bound, domain_notice, shared, truncation_notice, views
+from attnviz.app import CUSTOM_PATH, Choices, bound, shared, truncation_notice, views
 from attnviz.app.cache import computed, load_bundle
 from attnviz.app.frame import Context, frame
 from attnviz.app.present import picture_area, room
-from attnviz.app.views import EXACT_MAX, one_head, words_and_contrast
+from attnviz.app.views import EXACT_MAX, KIND_NAMES, one_head, words_and_contrast
 from attnviz.app.widgets import escape_markdown
 from attnviz.checkpoints.catalog import list_models, visitor_model
 from attnviz.export import AttentionExport
@@ -105,6 +105,22 @@ def side_exports(ctx: Context, b: Side, words: bool) -> dict[str, AttentionExpor
     return runs
 
 
+def side_notice(side: str, choices: Choices) -> None:
+    """Side ``side``'s out-of-domain notice (`attnviz.app.domain_notice`), named as that side's: its text on its
+    model, unknown characters included."""
+    if choices.out_of_domain:
+        st.warning(escape_markdown(f"Side {side}: {choices.out_of_domain}"), icon=":material/travel_explore:")
+
+
+def no_common_kind(runs: dict[str, AttentionExport]) -> str:
+    """Why there is nothing to compare: the kinds of attention of each side, none of them in both."""
+    has = {side: ", ".join(KIND_NAMES[k] for k in KINDS if getattr(e, k) is not None) for side, e in runs.items()}
+    return (
+        f"The two models have no kind of attention in common (A: {has['A']}; B: {has['B']}), so no map of one "
+        "can be set beside a map of the other: choose a model B with one of A's kinds."
+    )
+
+
 def body(ctx: Context) -> None:
     picture = picture_area()  # A and B side by side: under the title in presenter mode
     b = side_b(ctx)
@@ -113,9 +129,13 @@ def body(ctx: Context) -> None:
     c1, c2 = st.columns([1, 3])
     words, contrast = words_and_contrast(c1, c2)
     runs = side_exports(ctx, b, words)
-    domain_notice(ctx.choices)
+    for side, choices in (("A", ctx.choices), ("B", Choices(b.model, b.src, b.tgt, ctx.device))):
+        side_notice(side, choices)
     a, b_export = runs["A"], runs["B"]
     kinds = [k for k in KINDS if getattr(a, k) is not None and getattr(b_export, k) is not None]
+    if not kinds:
+        st.info(no_common_kind(runs))
+        return
     kind = views.kind_choice(kinds, "cmp_kind")
     maps = {"A": getattr(a, kind), "B": getattr(b_export, kind)}
     tokens = {side: (views.row_labels(e, kind), e.tokens(kind)[1]) for side, e in runs.items()}
