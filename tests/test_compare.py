@@ -240,7 +240,13 @@ def make_atlas(folder, seed: int = 0, sentences=("the cat sat", "a dog ran")):
     heads["confidence"] = rng.uniform(0, 1, len(heads))
     folder.mkdir()
     heads.to_parquet(folder / "heads.parquet")
-    pd.DataFrame({"sentence": list(sentences), "tokens": [3] * len(sentences)}).to_parquet(folder / "sentences.parquet")
+    # as docs/atlas.md has them: the text in inputs.parquet, a row per sentence and head in sentences.parquet
+    lines = range(1, len(sentences) + 1)
+    pd.DataFrame({"line": lines, "src": list(sentences)}).to_parquet(folder / "inputs.parquet")
+    per_sentence = pd.DataFrame([(line, *row) for line in lines for row in rows], columns=["line", *heads.columns[:3]])
+    per_sentence["queries"] = 3
+    per_sentence["entropy"] = rng.uniform(0, 2, len(per_sentence)).astype(np.float32)
+    per_sentence.to_parquet(folder / "sentences.parquet")
     (folder / "manifest.json").write_text(json.dumps({"model": "toy", "versions": {"torch": "2.13.0"}}))
     return folder
 
@@ -289,9 +295,11 @@ def test_atlases_of_other_sentences_are_not_compared_head_by_head(tmp_path):
     a = make_atlas(tmp_path / "a")
     b = make_atlas(tmp_path / "b", seed=1, sentences=("the cat sat", "a bird flew"))
     report = compare_atlases(a, b, DEFAULT_ATOL)
-    assert [f.what for f in report.findings] == ["inputs", "inputs"]
-    assert "built from different sentences" in report.findings[0].text
-    assert "'a dog ran'" in report.findings[0].details[0] and "not compared" in report.findings[1].text
+    assert [f.what for f in report.findings] == ["inputs", "values", "inputs", "inputs"], report.to_text()
+    assert "built from different inputs: the inputs of 1 line differ" in report.findings[0].text
+    assert report.findings[0].details[0] == "line 2: src 'a dog ran' (A) vs 'a bird flew' (B)"
+    assert report.findings[1].subject == "sentences.parquet:entropy"  # line 1, the same text, has other numbers
+    assert "rows of 1 line not compared" in report.findings[2].text and "not compared" in report.findings[3].text
 
 
 @pytest.mark.parametrize(

@@ -130,6 +130,19 @@ def _json_safe(value):
 
 
 CONTEXT_KEYS = ("model", "checkpoint_sha256", "method", "format_version", "versions", "run", "config")
+# an atlas also records what it was built from and how (docs/atlas.md); a corpus or targets file hashed
+# otherwise is also a finding (attnviz.testing.atlas), the rest may explain a difference
+ATLAS_CONTEXT_KEYS = (
+    *CONTEXT_KEYS,
+    "corpus",
+    "targets",
+    "tgt_from",
+    "precision",
+    "limit",
+    "unknown",
+    "engine",
+    "device",
+)
 
 
 def _flatten(value, prefix: str) -> dict[str, object]:
@@ -138,16 +151,18 @@ def _flatten(value, prefix: str) -> dict[str, object]:
     return {prefix: value}
 
 
-def manifest_context(a: dict, b: dict) -> list[dict]:
-    """What differs between two manifests among what can explain numbers: model, versions, device, kernels, config.
+def manifest_context(a: dict, b: dict, keys: tuple[str, ...] = CONTEXT_KEYS) -> list[dict]:
+    """What differs between two manifests among ``keys``, what can explain numbers: model, versions, device,
+    kernels, config (an atlas's: also its corpus, targets, precision, limit, engine).
 
     One entry per differing leaf, ``{"key": "versions.torch", "a": ..., "b": ...}``; a whole block
     that one side does not record (an older file has no ``run``) is one entry whose missing side is None.
+    A block recorded as null on one side (an atlas without targets) is compared leaf by leaf, as None.
     """
     flat_a, flat_b = {}, {}
-    for key in CONTEXT_KEYS:
+    for key in keys:
         x, y = a.get(key), b.get(key)
-        if (x is None) != (y is None):
+        if (x is None) != (y is None) and not (key in a and key in b):
             flat_a[key], flat_b[key] = x, y  # not recorded on one side: one entry, not one per field
         else:
             flat_a.update(_flatten(x, key))
