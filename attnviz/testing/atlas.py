@@ -204,11 +204,13 @@ def _compare_inputs(a: pd.DataFrame, b: pd.DataFrame) -> tuple[list[Finding], li
     only_a, only_b = a.index.difference(b.index), b.index.difference(a.index)
     columns = [c for c in a.columns if c in b.columns]
     common = a.index.intersection(b.index)
-    changed = []  # (line, the columns that differ)
-    for line in common:
-        off = [c for c in columns if _plain(a.at[line, c]) != _plain(b.at[line, c])]
-        if off:
-            changed.append((line, off))
+    # column by column, not cell by cell (a.at[line, c] took 68 s for a million lines)
+    off_by_column = {}
+    for c in columns:
+        pairs = zip(a.loc[common, c].tolist(), b.loc[common, c].tolist(), strict=True)
+        off_by_column[c] = np.fromiter((_plain(x) != _plain(y) for x, y in pairs), bool, len(common))
+    off_rows = np.flatnonzero(np.logical_or.reduce([*off_by_column.values(), np.zeros(len(common), bool)]))
+    changed = [(common[i], [c for c in columns if off_by_column[c][i]]) for i in off_rows]  # (line, its columns)
     findings = [
         Finding("missing", f"inputs.parquet:{column}", f"inputs.parquet: only {which} has the column {column!r}")
         for which, extra in (("A", a.columns.difference(b.columns)), ("B", b.columns.difference(a.columns)))
