@@ -318,3 +318,26 @@ def test_the_tokens_table_for_a_room_shows_every_cell_as_it_is():
     assert "&lt;/s&gt;" in trace.cells.values[2], "escaped for plotly: a bare </s> would be read as a tag"
     assert fig.layout.height >= TABLE_ROW_PX * (len(table) + 1)
     assert fig.layout.title.text == "1. Tokens"
+
+
+def test_the_rotary_stage_says_which_pair_turns_fastest_as_its_matrices_show():
+    """Pair i of a head's dimensions (i, i + d_k/2) turns by position x theta^(-2i/d_k): pair 0 fastest, one
+    radian per position. The stage's text had said the first pair barely turns; and a language model's input
+    stage numbered its position from 1 in a sentence counting from 0."""
+    bundle = attnviz.load("induction-long", "cpu")
+    wt = api.forward_pass(bundle, bundle.info["examples"][0])
+    facts = wk.ModelFacts.of(bundle.model.cfg)
+    step = len(wt.tgt_ids) - 1
+    stage = wk.build_stage(wt, facts, "rope", 0, 0, step)
+    before, after = (
+        next(m.values for m in stage.matrices if m.title.startswith(t))
+        for t in ("Q, head 1, before", "Q, head 1, turned")
+    )
+    half = before.shape[1] // 2
+    turned = np.angle((after[:, :half] + 1j * after[:, half:]) / (before[:, :half] + 1j * before[:, half:]))
+    per_position = np.abs(turned[1])  # position 1: each pair turned once, by its own rate
+    assert per_position[0] == pytest.approx(1.0, abs=1e-3), "pair 0 turns one radian per position"
+    assert per_position[0] == per_position.max() and per_position[-1] < 1e-3
+    assert "The first pair (i = 0) turns fastest" in stage.text
+    text = wk.build_stage(wt, facts, "dec_input", step=2).text
+    assert "at position 2 it sees positions 0..2" in text, text

@@ -528,7 +528,7 @@ def _dec_input(wt, facts, step, **_):
         rotary = " (none is added: rotary positions turn Q and K inside attention, stage 3a)"
         text = (
             "A language model reads its prompt one position after another: at position "
-            f"{step + 1} it sees positions 0..{step} and predicts the next token. Each piece is embedded, and its "
+            f"{step} it sees positions 0..{step} and predicts the next token. Each piece is embedded, and its "
             f"position added{rotary if facts.pos_encoding == 'rotary' else ''}."
         )
         return mats, text, {}
@@ -565,7 +565,8 @@ def _rope(wt, facts, layer, head, step, **_):
         notes = (f"Grouped-query attention: head {head + 1} reads key/value head {kv_head + 1}, shared by its group.",)
     text = (
         "Here positions enter: each pair of dimensions (i, i + d_k/2) of a query or key is turned by the angle "
-        "position × θ^(−2i/d_k). The first column pair barely turns at low frequencies and spins at high ones. "
+        "position × θ^(−2i/d_k). The first pair (i = 0) turns fastest, one radian per position; each later pair "
+        "turns more slowly, the last barely at all. "
         "Rotations compose, so the score q_i·k_j depends on the positions only through j − i: the relative-position "
         "property of section 3.5, inside attention (the linearity page measures it on this model)."
     )
