@@ -36,6 +36,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import platform
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -72,12 +73,20 @@ __all__ = list(PUBLIC["attnviz.api"])  # the API's part of the one list of publi
 
 def load(name_or_dir: str | Path = DEFAULT_MODEL, device: str = "auto") -> Bundle:
     """Load a shipped model by name, or any checkpoint directory, onto ``device``."""
+    if not isinstance(device, str):
+        raise InputError(f"device must be one of 'auto', 'cpu', 'cuda' or 'mps' (text), got {type(device).__name__}")
     return load_checkpoint(resolve_model(name_or_dir), device)
 
 
 def _source_tensor(bundle: Bundle, text: str) -> torch.Tensor:
     """The encoder input for ``text``: ids (1, S); a language model's prompt, for one."""
     return torch.tensor([bundle.tokenizer.encode_source(text).ids], device=bundle.device)
+
+
+def _check_flag(name: str, value) -> None:
+    """InputError unless ``value`` is True or False: any other value would be read by its truth, "no" as yes."""
+    if not isinstance(value, (bool, np.bool_)):
+        raise InputError(f"{name} must be True or False, got {value!r}")
 
 
 def _check_beam(beam) -> None:
@@ -454,6 +463,7 @@ def attention(
     attention to a word summed over its pieces, from a word averaged), the tokens are the words
     as typed, and the manifest says so (``units``, ``words``).
     """
+    _check_flag("words", words)
     ablation = _ablation(bundle, ablate)
     src_enc = bundle.tokenizer.encode_source(src)  # once: the ablation's scope needs the ids first
     with _ablated(bundle, ablation, torch.tensor([src_enc.ids], device=bundle.device), tgt):
@@ -661,6 +671,7 @@ def compare_ablation(
     With ``words`` the two exports' maps are over words, as [`attention`][attnviz.api.attention] gives them; the steps
     stay pieces, as the decoder writes them.
     """
+    _check_flag("words", words)
     _check_top_k(bundle, top_k)
     ablation = _ablation(bundle, ablate)
     inputs = _inputs(bundle, src, tgt)
@@ -736,7 +747,8 @@ def attribute(
     counts the decoder's pieces, as the model predicts them. ``generate``: a language model's greedy
     tokens appended to the prompt, as in [`attention`][attnviz.api.attention].
     """
-    spec = METHODS.get(method)
+    _check_flag("words", words)
+    spec = METHODS.get(method) if isinstance(method, str) else None
     if spec is None:
         raise InputError(f"unknown method {method!r}; choose one of {', '.join(METHODS)}")
     if position is not None and not spec.uses_position:
@@ -788,6 +800,8 @@ def head_importance(
     for what, texts in (("sentences", sentences), ("references", references)):
         if isinstance(texts, str):  # list() of it would measure one-character sentences
             raise InputError(f"{what} must be a list of texts, not one string: [{texts[:40]!r}]")
+        if texts is not None and not isinstance(texts, Iterable):
+            raise InputError(f"{what} must be a list of texts, got {type(texts).__name__}")
     sentences = list(bundle.info.get("examples") or []) if sentences is None else list(sentences)
     if not sentences:
         raise InputError("no sentences: this model has no examples, so give the sentences to measure over")
@@ -821,6 +835,7 @@ def queries_keys(
     the rotated vectors, whose products are the scores; with ``rotated=False`` the vectors before the
     rotation (their content alone, without their positions), grouped keys repeated per query head.
     """
+    _check_flag("rotated", rotated)
     rope = bundle.config.pos_encoding == "rotary"
     if not rotated and not rope:
         raise InputError("vectors before the rotation exist only for a model with rotary positions")
