@@ -34,6 +34,8 @@ attnviz.attention(lm, "The capital of France is", generate=5).decoder.shape
 from __future__ import annotations
 
 import dataclasses
+import functools
+import inspect
 import logging
 import platform
 from collections.abc import Iterable
@@ -910,3 +912,27 @@ def forward_pass(bundle: Bundle, src: str, tgt: str | None = None) -> ForwardPas
     src_enc = inputs.src_enc
     src_ids, src_tokens = (None, None) if src_enc is None else (src_enc.ids, src_enc.tokens)
     return ForwardPass(tensors, src_ids, src_tokens, inputs.tgt_ids, inputs.tgt_tokens)
+
+
+def _takes_a_model(function):
+    """``function``, refusing a first argument that is not a loaded model: `attnviz.attention("en-de", ...)` had
+    failed deep inside it ("'str' object has no attribute 'config'"). Anything with a config passes: a Bundle, or
+    a stand-in a test or a caller makes of the parts a function reads."""
+
+    @functools.wraps(function)
+    def checked(bundle, *args, **kwargs):
+        if not hasattr(bundle, "config"):
+            shown = repr(bundle)[:60] if isinstance(bundle, (str, Path)) else f"a {type(bundle).__name__}"
+            raise InputError(
+                f"{function.__name__} takes a loaded model first, not {shown}: model = attnviz.load(...), then "
+                f"attnviz.{function.__name__}(model, ...)"
+            )
+        return function(bundle, *args, **kwargs)
+
+    return checked
+
+
+for _name in __all__:  # every public function whose first argument is the model
+    _function = globals().get(_name)
+    if inspect.isfunction(_function) and next(iter(inspect.signature(_function).parameters), None) == "bundle":
+        globals()[_name] = _takes_a_model(_function)

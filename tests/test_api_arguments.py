@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import inspect
+
 import pytest
 
 import attnviz
@@ -63,3 +65,13 @@ def test_an_atlas_of_sentences_that_are_not_a_list_of_texts_is_refused(sources):
     bundle = attnviz.load("reverse", device="cpu")
     with pytest.raises(InputError, match="sources must be a list of texts"):
         attnviz.api.compute_atlas(bundle, sources)
+
+
+@pytest.mark.parametrize("name", ["attention", "translate", "attribute", "forward_pass", "compute_atlas"])
+@pytest.mark.parametrize("first", ["en-de", None, 3])
+def test_a_model_name_or_anything_else_in_place_of_a_loaded_model_is_refused(name, first):
+    """attnviz.attention("en-de", ...) had failed deep inside with "'str' object has no attribute 'config'"."""
+    function = getattr(attnviz, name)
+    with pytest.raises(InputError, match=rf"^{name} takes a loaded model first, not .*attnviz\.load"):
+        function(first, "twenty-one")
+    assert function.__name__ == name and "bundle" in str(inspect.signature(function)), "its signature, as documented"
