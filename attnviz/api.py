@@ -38,7 +38,6 @@ import functools
 import inspect
 import logging
 import platform
-from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -49,6 +48,7 @@ import torch
 
 from attnviz import analysis
 from attnviz.atlas import Atlas, build_atlas, compute_atlas, load_atlas  # noqa: F401 - public (attnviz.public)
+from attnviz.atlas.build import check_texts
 from attnviz.checkpoints import Bundle, load_checkpoint
 from attnviz.checkpoints.catalog import DEFAULT_MODEL, MINILM, list_models, resolve_model  # noqa: F401 - public (attnviz.public)
 from attnviz.decoding import MAX_OUTPUT_TOKENS, Decoding, greedy_decode, output_limit
@@ -799,12 +799,8 @@ def head_importance(
     own greedy outputs. See `attnviz.methods.importance`.
     """
     tok = bundle.tokenizer
-    for what, texts in (("sentences", sentences), ("references", references)):
-        if isinstance(texts, str):  # list() of it would measure one-character sentences
-            raise InputError(f"{what} must be a list of texts, not one string: [{texts[:40]!r}]")
-        if texts is not None and not isinstance(texts, Iterable):
-            raise InputError(f"{what} must be a list of texts, got {type(texts).__name__}")
-    sentences = list(bundle.info.get("examples") or []) if sentences is None else list(sentences)
+    references = None if references is None else check_texts("references", references)
+    sentences = list(bundle.info.get("examples") or []) if sentences is None else check_texts("sentences", sentences)
     if not sentences:
         raise InputError("no sentences: this model has no examples, so give the sentences to measure over")
     if references is not None and len(references) != len(sentences):

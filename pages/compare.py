@@ -6,7 +6,7 @@ from dataclasses import dataclass
 import numpy as np
 import streamlit as st
 
-from attnviz.app import CUSTOM_PATH, Choices, bound, shared, truncation_notice, views
+from attnviz.app import CUSTOM_PATH, Choices, bound, domain_notice, shared, truncation_notice, views
 from attnviz.app.cache import computed, load_bundle
 from attnviz.app.frame import Context, frame
 from attnviz.app.present import picture_area, room
@@ -105,13 +105,6 @@ def side_exports(ctx: Context, b: Side, words: bool) -> dict[str, AttentionExpor
     return runs
 
 
-def side_notice(side: str, choices: Choices) -> None:
-    """Side ``side``'s out-of-domain notice (`attnviz.app.domain_notice`), named as that side's: its text on its
-    model, unknown characters included."""
-    if choices.out_of_domain:
-        st.warning(escape_markdown(f"Side {side}: {choices.out_of_domain}"), icon=":material/travel_explore:")
-
-
 def no_common_kind(runs: dict[str, AttentionExport]) -> str:
     """Why there is nothing to compare: the kinds of attention of each side, none of them in both."""
     has = {side: ", ".join(KIND_NAMES[k] for k in KINDS if getattr(e, k) is not None) for side, e in runs.items()}
@@ -130,7 +123,7 @@ def body(ctx: Context) -> None:
     words, contrast = words_and_contrast(c1, c2)
     runs = side_exports(ctx, b, words)
     for side, choices in (("A", ctx.choices), ("B", Choices(b.model, b.src, b.tgt, ctx.device))):
-        side_notice(side, choices)
+        domain_notice(choices, side)
     a, b_export = runs["A"], runs["B"]
     kinds = [k for k in KINDS if getattr(a, k) is not None and getattr(b_export, k) is not None]
     if not kinds:

@@ -1,6 +1,5 @@
 """How attention forms: a model's heads across its training, replayed from the history recorded while it trained."""
 
-import re
 import time
 
 import streamlit as st
@@ -8,7 +7,7 @@ import streamlit as st
 from attnviz import api, training
 from attnviz.app import bound, clamp_state, links, live_training, shared, views
 from attnviz.app.cache import model_history
-from attnviz.app.frame import Context, frame
+from attnviz.app.frame import Context, file_safe, frame
 from attnviz.app.present import picture_area, room
 from attnviz.app.widgets import escape_markdown
 from attnviz.figures.common import export_config
@@ -30,11 +29,6 @@ STATISTIC, HEAD, PROBE = "formation_statistic", "formation_head", "formation_pro
 STEPS = "_formation_steps"  # this run's recorded steps, for the buttons' callbacks
 LINES_CHART, GRID_CHART = "_formation_lines", "_formation_grid"
 TICK_S = 1.0  # Play shows each record this long: time to see what changed before the next
-
-
-def file_safe(text: str) -> str:
-    """``text`` fit for a file name: a statistic is a column of the history's table, which may hold any text."""
-    return re.sub(r"[^\w.-]", "_", text, flags=re.ASCII)
 
 
 def move(delta: int | None = None, to: int | None = None) -> None:

@@ -42,6 +42,11 @@ from attnviz.startup import freeze_once
 from attnviz.threads import share_the_cores
 
 
+def file_safe(text: str) -> str:
+    """``text`` fit for a file name: anything but letters, digits, '.', '_' and '-' becomes '_'."""
+    return re.sub(r"[^\w.-]", "_", text, flags=re.ASCII)
+
+
 @dataclass(frozen=True)
 class Context:
     """What a page's body receives: the sidebar's choices, and the loaded model and its maps on demand.
@@ -78,8 +83,8 @@ class Context:
 
     @property
     def file_stem(self) -> str:
-        """`label` fit for a file name: anything but letters, digits, '.', '_' and '-' becomes '_'."""
-        return re.sub(r"[^\w.-]", "_", self.label, flags=re.ASCII)
+        """`label` fit for a file name (`file_safe`)."""
+        return file_safe(self.label)
 
     @property
     def device(self) -> str:

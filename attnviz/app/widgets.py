@@ -36,10 +36,12 @@ def truncation_notice(export: AttentionExport) -> None:
         )
 
 
-def domain_notice(choices) -> None:
-    """Say so when the sentence looks outside what the model was trained on (``choices.out_of_domain``)."""
+def domain_notice(choices, side: str | None = None) -> None:
+    """Say so when the sentence looks outside what the model was trained on (``choices.out_of_domain``);
+    ``side`` names whose sentence it is where a page shows two ("Side B: ...")."""
     if choices.out_of_domain:
-        st.warning(escape_markdown(choices.out_of_domain), icon=":material/travel_explore:")
+        said = choices.out_of_domain if side is None else f"Side {side}: {choices.out_of_domain}"
+        st.warning(escape_markdown(said), icon=":material/travel_explore:")
 
 
 def clamp_state(key: str, options) -> None:

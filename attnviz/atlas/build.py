@@ -116,10 +116,12 @@ def _check_size(corpus: Survey, bundle: Bundle) -> None:
         )
 
 
-def _texts(what: str, texts) -> list[str]:
-    """``texts`` as a list of texts; an InputError for one string (list() of it is its characters, each an
-    atlas's sentence) or anything that is not texts (bytes had been counted as "too long")."""
-    if isinstance(texts, (str, bytes)) or not isinstance(texts, Iterable):
+def check_texts(what: str, texts) -> list[str]:
+    """``texts`` as a list of texts; an InputError naming ``what`` for one string (list() of it is its
+    characters, each taken for a sentence) or anything that is not texts (bytes had been called "too long")."""
+    if isinstance(texts, str):
+        raise InputError(f"{what} must be a list of texts, not one string: [{texts[:40]!r}]")
+    if isinstance(texts, bytes) or not isinstance(texts, Iterable):
         raise InputError(f"{what} must be a list of texts, got {type(texts).__name__}")
     texts = list(texts)
     wrong = [t for t in texts if not isinstance(t, str)][:1]  # a list: None itself may be what is wrong
@@ -142,8 +144,8 @@ def compute_atlas(
     A line with characters the model's tokenizer cannot read is one of them, unless ``allow_unknown``."""
     corpus = tokenize(
         bundle.tokenizer,
-        _texts("sources", sources),
-        None if targets is None else _texts("targets", targets),
+        check_texts("sources", sources),
+        None if targets is None else check_texts("targets", targets),
         allow_unknown=allow_unknown,
     )
     _check_usable(corpus, bundle, targets is not None)

@@ -151,9 +151,9 @@ def _column_differences(
         details.append(f"{name_row(i)}: A {shown[0]}, B {shown[1]}{gap_text}")
     if off.sum() > MAX_GROUPS_SHOWN:
         details.append(f"... and {int(off.sum()) - MAX_GROUPS_SHOWN} more rows")
-    text = f"{table} {column}: {int(off.sum()):,} of {len(off):,} rows differ" + (
-        (" (compared exactly)" if exact else "") + f"; largest |A - B| {largest:.2e}" if numeric else ""
-    )
+    text = f"{table} {column}: {int(off.sum()):,} of {len(off):,} rows differ"
+    if numeric:
+        text += (" (compared exactly)" if exact else "") + f"; largest |A - B| {largest:.2e}"
     data = {"table": table, "column": column, "rows_off": int(off.sum()), "rows": len(off), "exact": exact}
     return Finding("values", f"{table}:{column}", text, tuple(details), data), ""
 

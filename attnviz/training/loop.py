@@ -207,18 +207,16 @@ def _check_fresh(out: Path) -> None:
     Other files are left be: a training writes only the files named here, so a folder that holds the user's
     notes or data loses nothing, and the checkpoint reads only its own files."""
 
-    def held(names) -> list[str]:
-        return [name for name in names if (out / name).exists() or (out / name).is_symlink()]
-
-    if held(TRAINING_FILES):
+    held = [name for name in (*TRAINING_FILES, *CHECKPOINT_FILES) if (out / name).exists() or (out / name).is_symlink()]
+    training = [name for name in held if name in TRAINING_FILES]
+    if training:
         raise InputError(
-            f"{out} holds a training ({', '.join(held(TRAINING_FILES))}): add --resume to continue it, or choose "
-            "another --out for a new one"
+            f"{out} holds a training ({', '.join(training)}): add --resume to continue it, or choose another --out for "
+            "a new one"
         )
-    if held(CHECKPOINT_FILES):
+    if held:
         raise InputError(
-            f"{out} holds {', '.join(held(CHECKPOINT_FILES))}, which the training would write over: choose another "
-            "--out, or move them"
+            f"{out} holds {', '.join(held)}, which the training would write over: choose another --out, or move them"
         )
 
 
