@@ -166,6 +166,7 @@ def test_a_line_only_one_side_has_is_named_and_its_rows_are_left_out(atlases, tm
         ("inputs", "inputs.parquet"),
         ("inputs", "sentences.parquet"),
         ("inputs", "heads.parquet"),
+        ("inputs", "distances.parquet"),
     ], report.to_text()
     assert report.findings[0].details == ("line 4: only in A ('b b a')",)
     assert "sentences.parquet entropy: 48 rows, largest |A - B| 0.0e+00" in report.checked
@@ -184,3 +185,44 @@ def test_without_inputs_parquet_the_corpus_hash_decides(atlases, tmp_path):
     report = compare_atlases(a, b, atol=0.05)
     assert [f.subject for f in report.findings] == ["manifest.json:corpus", "sentences.parquet"], report.to_text()
     assert "not compared" in report.findings[1].text
+
+
+def test_a_divergence_between_two_heads_that_moved_is_named_by_the_pair(atlases, tmp_path):
+    """distances.parquet is compared as heads.parquet is: a changed divergence is a finding, named by its pair."""
+    b = copy_of(atlases, tmp_path)
+
+    def nudge(d):
+        pair = (d["kind"] == "encoder") & (d["layer_a"] == 1) & (d["head_a"] == 1)
+        pair &= (d["layer_b"] == 2) & (d["head_b"] == 2)
+        assert pair.sum() == 1
+        d.loc[pair, "js_divergence"] += 0.01
+        return d.iloc[::-1].reset_index(drop=True)  # rows in another order are still matched on their keys
+
+    rewrite(b, "distances", nudge)
+    (finding,) = compare_atlases(atlases / "A", b, atol=1e-4).findings
+    assert finding.subject == "distances.parquet:js_divergence", finding
+    assert finding.text.startswith("distances.parquet js_divergence: 1 of "), finding.text
+    assert finding.details[0].startswith("encoder layer 1 head 1 and layer 2 head 2: A "), finding.details
+    assert compare_atlases(atlases / "A", b, atol=0.05).equal
+
+
+def test_distances_are_compared_in_bf16_and_named_among_the_equal_files(atlases, tmp_path):
+    report = compare_atlases(atlases / "A", atlases / "BF", atol=1e-5)
+    assert "distances.parquet:js_divergence" in {f.subject for f in report.findings}, report.to_text()
+    equal = compare_atlases(atlases / "A", copy_of(atlases, tmp_path), atol=1e-5)
+    assert any(line.startswith("distances.parquet js_divergence: ") for line in equal.checked), equal.checked
+
+
+def test_distances_only_one_side_has_and_distances_of_other_inputs(atlases, tmp_path):
+    """A pair only one side has is listed; where lines differ distances are not compared (they pool every
+    sentence, as heads.parquet does); a folder without distances.parquet is said, not an error."""
+    b = copy_of(atlases, tmp_path)
+    rewrite(b, "distances", lambda d: d[~((d["layer_a"] == 2) & (d["head_a"] == 3))])
+    report = compare_atlases(atlases / "A", b, atol=1e-5)
+    assert [f.subject for f in report.findings] == ["distances.parquet"], report.to_text()
+    assert "only in A: " in report.findings[0].text and " layer 2 head 3 and " in report.findings[0].text
+    (b / "distances.parquet").unlink()
+    report = compare_atlases(atlases / "A", b, atol=1e-5)
+    assert [f.text for f in report.findings] == ["distances.parquet: only A has it"], report.to_text()
+    report = compare_atlases(atlases / "A", atlases / "C", atol=1e-5)
+    assert ("inputs", "distances.parquet") in {(f.what, f.subject) for f in report.findings}, report.to_text()

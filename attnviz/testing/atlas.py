@@ -3,12 +3,16 @@
 An atlas folder holds ``inputs.parquet`` (one row per sentence: ``line``, its text ``src`` and the exact
 token ids and tokens), ``sentences.parquet`` (one row per sentence x kind x layer x head: ``line``,
 ``kind``, ``layer``, ``head``, ``queries``, ``keys`` and every statistic), ``heads.parquet`` (one row
-per kind x layer x head: the statistics pooled over the sentences) and ``manifest.json`` (the corpus
-file and its sha256, targets, precision, device...).
+per kind x layer x head: the statistics pooled over the sentences), ``distances.parquet`` (one row per
+kind x ordered pair of heads: their divergence over the corpus), ``mds.parquet`` (the heads' map drawn from
+those divergences) and ``manifest.json`` (the corpus file and its sha256, targets, precision, device...).
 
 The inputs come first: the lines of ``inputs.parquet`` and the manifest's corpus and targets hashes.
 Statistics of other inputs are not compared: ``sentences.parquet`` only on the lines whose inputs are
-the same on both sides, ``heads.parquet`` (which pools every sentence) only when no line differs.
+the same on both sides, ``heads.parquet`` and ``distances.parquet`` (which pool every sentence) only when
+no line differs. ``mds.parquet`` is not compared: it is drawn from ``distances.parquet`` alone, and each of
+its axes is defined only up to its sign (and up to a rotation where two eigenvalues are equal), so equal
+divergences can give other coordinates.
 Rows are matched on their keys whatever their order in the file, and named by them; integer and flag
 columns (counts, positions, ``positional``) are compared exactly, other numbers within the tolerance,
 text exactly.
@@ -37,6 +41,7 @@ from attnviz.testing.report import (
 
 HEAD_KEYS = ["kind", "layer", "head"]
 SENTENCE_KEYS = ["line", *HEAD_KEYS]
+PAIR_KEYS = ["kind", "layer_a", "head_a", "layer_b", "head_b"]
 INPUT_KEYS = ["line"]
 HASHED_INPUTS = ("corpus", "targets")  # manifest blocks whose sha256 says which file the lines came from
 
@@ -48,6 +53,7 @@ class AtlasFiles:
     heads: pd.DataFrame  # by kind, layer, head
     sentences: pd.DataFrame | None  # by line, kind, layer, head; None when the folder has no sentences.parquet
     inputs: pd.DataFrame | None  # by line; None when the folder has no inputs.parquet
+    distances: pd.DataFrame | None  # by kind and pair of heads; None when the folder has no distances.parquet
     manifest: dict
 
 
@@ -77,7 +83,11 @@ def read_atlas(folder: Path) -> AtlasFiles:
         raise ExportError(f"{folder} is not an attnviz atlas: it has no heads.parquet")
     heads = _keyed(heads_file, HEAD_KEYS, _head_name)
     optional = {}
-    for name, keys, name_row in (("sentences", SENTENCE_KEYS, _row_name), ("inputs", INPUT_KEYS, _line_name)):
+    for name, keys, name_row in (
+        ("sentences", SENTENCE_KEYS, _row_name),
+        ("inputs", INPUT_KEYS, _line_name),
+        ("distances", PAIR_KEYS, _pair_name),
+    ):
         path = folder / f"{name}.parquet"
         optional[name] = _keyed(path, keys, name_row) if path.is_file() else None
     manifest_file = folder / "manifest.json"
@@ -91,12 +101,17 @@ def read_atlas(folder: Path) -> AtlasFiles:
             raise ExportError(f"{manifest_file} is not a JSON object")
         if manifest.get("complete") is False:  # a run stopped part-way: its tables are not the atlas
             raise ExportError(f"{folder} holds an unfinished atlas: run its command again to finish it")
-    return AtlasFiles(heads, optional["sentences"], optional["inputs"], manifest)
+    return AtlasFiles(heads, optional["sentences"], optional["inputs"], optional["distances"], manifest)
 
 
 def _head_name(key: tuple) -> str:
     kind, layer, head = key
     return f"{kind} layer {layer} head {head}"
+
+
+def _pair_name(key: tuple) -> str:
+    kind, layer_a, head_a, layer_b, head_b = key
+    return f"{kind} layer {layer_a} head {head_a} and layer {layer_b} head {head_b}"
 
 
 def _row_name(key: tuple) -> str:
@@ -275,7 +290,7 @@ def _compare_statistics(
     x: AtlasFiles, y: AtlasFiles, differing: set, atol: float, rtol: float
 ) -> tuple[list[Finding], list[str]]:
     """(findings, lines on what was equal) of sentences.parquet on the lines not in ``differing``, and of
-    heads.parquet when ``differing`` is empty: its statistics pool every sentence."""
+    heads.parquet and distances.parquet when ``differing`` is empty: they pool every sentence."""
     findings, checked = [], []
     if x.sentences is not None and y.sentences is not None:
         kept = [s[~s.index.get_level_values("line").isin(differing)] for s in (x.sentences, y.sentences)]
@@ -293,10 +308,20 @@ def _compare_statistics(
     if differing:
         text = "heads.parquet: not compared, since its statistics pool sentences whose inputs differ"
         findings.append(Finding("inputs", "heads.parquet", text))
-    else:
-        found, equal = _compare_table("heads.parquet", x.heads, y.heads, atol, rtol, "head", _head_name)
+        if x.distances is not None or y.distances is not None:
+            text = "distances.parquet: not compared, since its divergences pool sentences whose inputs differ"
+            findings.append(Finding("inputs", "distances.parquet", text))
+        return findings, checked
+    found, equal = _compare_table("heads.parquet", x.heads, y.heads, atol, rtol, "head", _head_name)
+    findings.extend(found)
+    checked.extend(equal)
+    if x.distances is not None and y.distances is not None:
+        found, equal = _compare_table("distances.parquet", x.distances, y.distances, atol, rtol, "pair", _pair_name)
         findings.extend(found)
         checked.extend(equal)
+    elif x.distances is not None or y.distances is not None:
+        which = "A" if y.distances is None else "B"
+        findings.append(Finding("missing", "distances.parquet", f"distances.parquet: only {which} has it"))
     return findings, checked
 
 
