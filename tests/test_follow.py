@@ -710,3 +710,14 @@ def test_a_presenter_whose_address_bar_has_a_foreign_parameter_still_opens_and_p
     assert "utm-source" not in state and "Ref" not in state and state[follow.PAGE_KEY] == "explorer", state
     presenter.selectbox(key="head").set_value(3).run()
     assert rooms.read(mine.code).state.get("head") == "3"
+
+
+def test_a_view_naming_streamlits_embed_parameters_is_followed_without_them(room_store):
+    """A view that names ?embed or ?embed_options (a forged one: no presenter's address bar lists them) had raised
+    StreamlitAPIException in st.switch_page, a traceback on every follower's page; they are set aside, as a
+    screen's own parameters are, and the rest of the view is followed."""
+    mine = rooms.open_room(_view("explorer", embed="true", embed_options="dark_theme", head="2"))
+    follower = open_from_link("app.py", {"follow": mine.code})
+    assert not follower.exception, follower.exception
+    assert follower.title[0].value == "Attention explorer" and follower.session_state["head"] == 2
+    assert "embed" not in follower.query_params and "embed_options" not in follower.query_params

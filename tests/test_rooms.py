@@ -400,6 +400,31 @@ def test_a_record_nested_past_pythons_recursion_is_one_line(store):
     raises("other", rooms_.publish, mine.code, mine.secret, STATE)
 
 
+@pytest.mark.parametrize("grow", ["padded", "an extra value"])
+def test_a_record_larger_than_any_room_writes_is_one_line(store, grow):
+    """A record grown by hand past what any room's record can be: 4 MB of spaces inside its JSON, or a value of
+    4 MB under a name no room writes. Both had been read as the room (parsed on every follower's poll, and the
+    extra value written back on every change); they are a record that is not a room's."""
+    rooms_ = make_rooms(store, publishes_per_s=1e6)
+    mine = rooms_.open_room(STATE)
+    key = f"room:{mine.code}"
+    revision, text = store.get(key)
+    junk = 4 * 1024 * 1024
+    grown = text[:-1] + " " * junk + "}" if grow == "padded" else json.dumps({**json.loads(text), "junk": "x" * junk})
+    store.put(key, grown, 3600, expect=revision)
+    raises("other", rooms_.read, mine.code)
+    raises("other", rooms_.publish, mine.code, mine.secret, {"page": "next"})
+
+
+def test_the_largest_view_an_operator_allows_is_read_back(store):
+    """The bound on a record's size leaves room for the largest view: 1024 KB of characters that JSON writes
+    three times as long (each 4 bytes of UTF-8 is 12 characters as the record stores it)."""
+    rooms_ = make_rooms(store, state_bytes=settings.MOST_STATE_KB * 1024)
+    wide = "\U0001f600" * (settings.MOST_STATE_KB * 256 - 8)
+    mine = rooms_.open_room({"text": wide})
+    assert rooms_.read(mine.code).state == {"text": wide}
+
+
 def test_a_change_of_a_values_type_alone_is_published(store):
     """1, 1.0 and true are equal in Python: a change from one to another was taken for no change, and the
     followers kept the old value though the presenter was told it was published."""
@@ -582,6 +607,24 @@ def test_a_record_without_the_time_of_its_change_takes_a_coalesced_change(store)
     earlier = {k: v for k, v in json.loads(text).items() if k != "changed"}
     store.put(key, json.dumps(earlier), 3600, expect=revision)
     store.clock.advance(0.1)
+    rooms_.publish(room.code, room.secret, {"page": "next"})
+    flush_now(rooms_, room.code)
+    assert rooms_.read(room.code).state == {"page": "next"}
+
+
+@pytest.mark.parametrize("ahead", [("updated",), ("changed",), ("updated", "changed")], ids=" and ".join)
+def test_a_coalesced_change_is_written_though_the_record_is_stamped_ahead_of_the_clock(store, ahead):
+    """A record whose last write, or last change, is stamped a day ahead of this replica's clock (a hand edit,
+    another machine's clock): the presenter's coalesced change is written once its interval has passed. It had
+    been coalesced again on every try (a last write ahead of the clock), or dropped as older than the view stored
+    (a change ahead of the clock), and the class kept the old view while the presenter's page counted it as
+    published."""
+    rooms_ = make_rooms(store, publishes_per_s=0.2)
+    room = rooms_.open_room(STATE)
+    key = f"room:{room.code}"
+    revision, text = store.get(key)
+    stamps = dict.fromkeys(ahead, store.clock() + 86_400)
+    store.put(key, json.dumps({**json.loads(text), **stamps}), 3600, expect=revision)
     rooms_.publish(room.code, room.secret, {"page": "next"})
     flush_now(rooms_, room.code)
     assert rooms_.read(room.code).state == {"page": "next"}

@@ -485,7 +485,10 @@ def apply_state(state: dict[str, Any], code: str) -> None:
         st.session_state[POINT] = {"chart": point[0], "x": point[1], "y": point[2]}
     else:
         st.session_state.pop(POINT, None)
-    params = {k: v for k, v in _link_params(state).items() if k not in OWN_PARAMS}
+    # A screen's own parameters, and Streamlit's embed ones: no presenter's address bar lists those (st.query_params
+    # leaves them out), and st.switch_page raised on a view that named them (a forged one): a traceback on every
+    # follower's page.
+    params = {k: v for k, v in _link_params(state).items() if k.lower() not in (*OWN_PARAMS, *KEPT_PARAMS)}
     target = page_path(str(state.get(PAGE_KEY, "")))
     following = st.session_state.get(FOLLOWING)
     if following is not None:

@@ -52,6 +52,9 @@ LARGEST_INT = 2**53  # JSON numbers beyond lose digits in a browser
 FOLLOWER_CHARS = 128  # a follower's session id
 DIGEST = re.compile(r"[0-9a-f]{64}")  # a record's secret: the SHA-256 of the presenter's, in hex (`_hash`)
 MOST_STATE_BYTES = MOST_STATE_KB * 1024  # a stored view at most: the largest ATTNVIZ_ROOM_STATE_KB allows
+# A stored record at most, in characters: its view as JSON writes each 4 bytes of UTF-8 as 12 characters (\u escapes,
+# a surrogate pair), three times the view's size, and its other fields are well under 4 KB.
+MOST_RECORD_CHARS = 3 * MOST_STATE_BYTES + 4096
 # The latest time a record may hold (about the year 2242): 1e300 had overflowed a coalesced change's timer
 # (its room's changes never written again) and Redis's expiry in milliseconds.
 LAST_TIME = 2.0**33
@@ -397,15 +400,19 @@ class Rooms:
         for attempt in range(WRITE_TRIES):
             _back_off(attempt)
             version, record = self._live(store, code, change.secret)
+            now = store.clock()
             # compared as JSON, where 1, 1.0 and true differ (in Python they are equal, and a change from one to
-            # another had been taken for none: the followers kept the old value)
-            if _text(record["state"]) == _text(change.state) or (delayed and _made(record) > change.made):
+            # another had been taken for none: the followers kept the old value). A view stamped ahead of this
+            # clock (another machine's, a hand edit) is not taken for a later one: it had dropped every coalesced
+            # change of the presenter's, who was told they were published.
+            if _text(record["state"]) == _text(change.state) or (delayed and change.made < _made(record) <= now):
                 self._forget_pending(code)
                 return version
-            now = store.clock()
             interval = 1 / self._limits().publishes_per_s
-            # at most the interval: a last write stamped ahead of this clock (another machine's) holds no change longer
-            wait = min(float(record["updated"]) + interval - now, interval)
+            updated = float(record["updated"])
+            # at most the interval: a last write stamped ahead of this clock holds no change longer; and a change
+            # that has waited that interval is written (coalesced again on every try, it had waited for the stamp)
+            wait = 0.0 if delayed and updated > now else min(updated + interval - now, interval)
             if wait > 0:
                 self._coalesce(code, change, wait)
                 return version
@@ -490,10 +497,10 @@ def _followers(code: str) -> str:
 
 def _record(code: str, text: str) -> dict:
     """The room's record as the store holds it; `RoomError` for one this code could not have written (another
-    program's, a hand edit): its times, its secret's digest and its view are checked as they were written, so
-    that no page shows, waits on or compares what no presenter made."""
+    program's, a hand edit): its size, its times, its secret's digest and its view are checked as they were
+    written, so that no page shows, waits on or compares what no presenter made."""
     try:
-        record = json.loads(text)
+        record = json.loads(text) if len(text) <= MOST_RECORD_CHARS else None
         if (
             isinstance(record, dict)
             and all(_time(record.get(name)) for name in ("updated", "expires"))
