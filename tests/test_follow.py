@@ -721,3 +721,25 @@ def test_a_view_naming_streamlits_embed_parameters_is_followed_without_them(room
     assert not follower.exception, follower.exception
     assert follower.title[0].value == "Attention explorer" and follower.session_state["head"] == 2
     assert "embed" not in follower.query_params and "embed_options" not in follower.query_params
+
+
+def test_a_room_whose_record_is_not_a_rooms_tells_its_followers_once_and_they_stop_polling(room_store, reads, caplog):
+    """A record damaged in the store will not mend itself: its followers had read it twice a second for as long
+    as their tabs stayed open, each read an ERROR line in the server's log."""
+    mine = rooms.open_room(_view(""))
+    follower = open_from_link("app.py", {"follow": mine.code})
+    store = rooms.ROOMS._store()
+    key = f"room:{mine.code}"
+    revision, _ = store.get(key)
+    store.put(key, "{not json", 3600, expect=revision)
+    with caplog.at_level(logging.ERROR, logger="attnviz.app.rooms.room"):
+        follower.run()
+        assert not follower.exception, follower.exception
+        warnings = [w.value for w in follower.warning]
+        assert len(warnings) == 1 and "cannot be read on this server" in warnings[0], warnings
+        polled = len(reads)
+        follower.run()
+        follower.run()
+    assert len(reads) == polled, "no more reads of a room that cannot be read"
+    assert [w.value for w in follower.warning] == warnings
+    assert len([r for r in caplog.records if "not a room's" in r.getMessage()]) == 1

@@ -381,11 +381,11 @@ def test_a_record_of_the_wrong_types_is_one_line(store, damage):
     revision, text = store.get(key)
     record = {**json.loads(text), **damage}
     store.put(key, json.dumps(record), 3600, expect=revision)
-    raises("other", rooms_.read, mine.code)
-    raises("other", rooms_.follow, mine.code, "session")
-    raises("other", rooms_.publish, mine.code, mine.secret, {"page": "next"})
-    raises("other", rooms_.resume, mine.code, mine.secret)
-    raises("other", rooms_.end, mine.code, mine.secret)
+    raises("unreadable", rooms_.read, mine.code)
+    raises("unreadable", rooms_.follow, mine.code, "session")
+    raises("unreadable", rooms_.publish, mine.code, mine.secret, {"page": "next"})
+    raises("unreadable", rooms_.resume, mine.code, mine.secret)
+    raises("unreadable", rooms_.end, mine.code, mine.secret)
     assert not rooms_._timers, "no change waits on a record that is not a room's"
 
 
@@ -396,8 +396,8 @@ def test_a_record_nested_past_pythons_recursion_is_one_line(store):
     key = f"room:{mine.code}"
     revision, _ = store.get(key)
     store.put(key, "[" * 100_000, 3600, expect=revision)
-    raises("other", rooms_.read, mine.code)
-    raises("other", rooms_.publish, mine.code, mine.secret, STATE)
+    raises("unreadable", rooms_.read, mine.code)
+    raises("unreadable", rooms_.publish, mine.code, mine.secret, STATE)
 
 
 @pytest.mark.parametrize("grow", ["padded", "an extra value"])
@@ -412,8 +412,8 @@ def test_a_record_larger_than_any_room_writes_is_one_line(store, grow):
     junk = 4 * 1024 * 1024
     grown = text[:-1] + " " * junk + "}" if grow == "padded" else json.dumps({**json.loads(text), "junk": "x" * junk})
     store.put(key, grown, 3600, expect=revision)
-    raises("other", rooms_.read, mine.code)
-    raises("other", rooms_.publish, mine.code, mine.secret, {"page": "next"})
+    raises("unreadable", rooms_.read, mine.code)
+    raises("unreadable", rooms_.publish, mine.code, mine.secret, {"page": "next"})
 
 
 def test_the_largest_view_an_operator_allows_is_read_back(store):
@@ -473,9 +473,9 @@ def test_a_record_that_is_not_text_is_one_line(store):
     rooms_ = make_rooms(store)
     mine = rooms_.open_room(STATE)
     store._redis.hset(f"attnviz:rooms:room:{mine.code}", "value", b"\xff\xfe not UTF-8")
-    assert "cannot be read" in str(raises("other", rooms_.read, mine.code))
-    raises("other", rooms_.follow, mine.code, "session")
-    raises("other", rooms_.publish, mine.code, mine.secret, STATE)
+    assert "cannot be read" in str(raises("unreadable", rooms_.read, mine.code))
+    raises("unreadable", rooms_.follow, mine.code, "session")
+    raises("unreadable", rooms_.publish, mine.code, mine.secret, STATE)
 
 
 def test_followers_per_room_are_bounded(store):

@@ -548,7 +548,9 @@ def _rejoin() -> None:
     st.session_state[FOLLOWING]["version"] = None  # the presenter's current view, at once
 
 
-GONE = ("code", "unknown", "ended", "expired")  # RoomError reasons after which polling stops: nothing will come
+# RoomError reasons after which polling stops: nothing will come. A record that is not a room's ("unreadable")
+# does not mend: its followers had read it twice a second, each read an ERROR line in the log.
+GONE = ("code", "unknown", "ended", "expired", "unreadable")
 
 
 def follower_bar() -> None:

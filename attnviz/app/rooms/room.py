@@ -92,7 +92,8 @@ class RoomError(InputError):
     ``reason`` says which, for a page that acts on it: "code" (malformed), "unknown", "ended"
     (closed by its presenter), "expired" (its time limit), "secret" (not the presenter's), "full"
     (followers), "limit" (rooms open, or opened per minute), "state" (a view that cannot be
-    shared), "unavailable" (the store does not answer: try again) or "other".
+    shared), "unavailable" (the store does not answer: try again), "unreadable" (the store holds a record
+    that is not a room's: it will not mend) or "other".
     """
 
     def __init__(self, message: str, public: str | None = None, reason: str = "other"):
@@ -514,7 +515,9 @@ def _record(code: str, text: str) -> dict:
     except (ValueError, KeyError, TypeError, RecursionError, RoomError):  # RecursionError: JSON nested too deep
         pass
     log.error("room %s: the store holds a record that is not a room's", code)
-    raise RoomError(f"Room {code} cannot be read on this server; the presenter can open a new one.", reason="other")
+    raise RoomError(
+        f"Room {code} cannot be read on this server; the presenter can open a new one.", reason="unreadable"
+    )
 
 
 def _time(value: object) -> bool:
