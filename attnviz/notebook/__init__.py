@@ -151,10 +151,15 @@ def atlas_view(atlas, mode: str = "auto") -> AtlasView:
     statistic, and the table of heads."""
     from pathlib import Path
 
-    if isinstance(atlas, (str, Path)):
-        from attnviz.atlas import load_atlas
+    from attnviz.atlas import Atlas, load_atlas
 
+    if isinstance(atlas, (str, Path)):
         atlas = load_atlas(atlas)
+    if not isinstance(atlas, Atlas):
+        raise InputError(
+            f"atlas_view takes an attnviz.atlas.Atlas or its folder (`attnviz atlas --out` writes one); "
+            f"got {type(atlas).__name__}"
+        )
     return AtlasView(atlas, mode=mode)
 
 

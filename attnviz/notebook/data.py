@@ -19,12 +19,13 @@ B batch, H heads, Q queries, K keys.
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Sequence
+import reprlib
+from collections.abc import Iterable, Mapping, Sequence, Set
 from dataclasses import dataclass
 
 import numpy as np
 
-from attnviz.errors import ExportError, InputError
+from attnviz.errors import ExportError, InputError, describe
 from attnviz.export import AXES, AttentionExport, check_sizes
 from attnviz.kinds import KINDS
 from attnviz.tiles import TiledAttention
@@ -36,6 +37,15 @@ WEIGHT_SLACK = 1e-3  # post-softmax weights lie in 0..1; a little float error ei
 MAX_PLAIN_MB = 2048
 
 
+def shown(value) -> str:
+    """``value`` for a message: its repr when short, else what `attnviz.errors.describe` says of it, so a message
+    never grows with what it quotes (the tokens of a whole text, given as one of its tokens)."""
+    if isinstance(value, str):
+        return describe(value)  # "a string of 4,600 characters", not reprlib's cut "'the cat ...the mat'"
+    text = reprlib.repr(value)
+    return text if len(text) <= 40 else describe(value)
+
+
 def _numpy(value, what: str) -> np.ndarray:
     """``value`` (a torch tensor on any device, numpy, nested lists) as float32 numpy; complex numbers refused, as
     converting them would keep the real part and only warn."""
@@ -43,6 +53,10 @@ def _numpy(value, what: str) -> np.ndarray:
     if hasattr(value, "detach"):  # torch, without importing it here
         if value.is_complex():
             raise complex_
+        if value.is_meta:
+            raise InputError(f"{what} is a tensor on the meta device: a shape with no values (a model not loaded?)")
+        if str(value.layout) != "torch.strided":  # sparse: the same numbers, one layer of one text at a time here
+            value = value.to_dense()
         value = value.detach().float().cpu().numpy()
     try:
         array = np.asarray(value)
@@ -86,10 +100,33 @@ def stack_layers(maps, what: str, batch: int | None = None) -> np.ndarray:
     Maps over `MAX_PLAIN_MB` are refused before any is converted; the rest are converted a layer at a
     time into one preallocated array, so the input is never copied whole more than once.
     """
+    if isinstance(maps, (str, bytes)):  # numpy would read it as a 0-D array of text, and quote it whole
+        raise InputError(
+            f"{what} is {shown(maps)}, not maps: a text goes with an attnviz model (head_view(model, text)), and an "
+            "exported file's path ends in .npz"
+        )
+    if isinstance(maps, Mapping):  # per-layer maps by name, or a model's whole output (a dict of its own)
+        named = [repr(k) for k in maps if isinstance(k, str) and k.endswith("attentions")]
+        where = (
+            f"pass its {' or '.join(named)} (e.g. outputs.attentions; an encoder-decoder's go in encoder=, "
+            "decoder=, cross=)"
+            if named
+            else "e.g. [maps[name] for name in the layers' names in order]"
+        )
+        raise InputError(
+            f"{what} is a dict of {len(maps):,} key{'s' if len(maps) != 1 else ''}: a view takes one map per layer, "
+            f"as a tuple or list in layer order; {where}"
+        )
     if isinstance(maps, (tuple, list)):
         if not maps:
             raise InputError(
                 f"{what}: no layers given (an empty tuple: was the model run with output_attentions=True?)"
+            )
+        missing = next((i for i, layer in enumerate(maps) if layer is None), None)
+        if missing is not None:
+            raise InputError(
+                f"{what}[{missing}] is None: the model gave no weights for that layer. Fused attention kernels (SDPA, "
+                'flash attention) compute none: load the model with attn_implementation="eager"'
             )
         layers = [_shaped(layer, f"{what}[{i}]") for i, layer in enumerate(maps)]
         shapes = [tuple(layer.shape) for layer in layers]
@@ -100,9 +137,9 @@ def stack_layers(maps, what: str, batch: int | None = None) -> np.ndarray:
                 f"layer 0 {shapes[0]}"
             )
         if len(shapes[0]) not in (3, 4):
-            shown = ", ".join(str(shape) for shape in shapes[:4])
+            first = ", ".join(str(shape) for shape in shapes[:4])
             raise InputError(
-                f"{what}: each layer must be (batch, heads, queries, keys) or (heads, queries, keys); got {shown}"
+                f"{what}: each layer must be (batch, heads, queries, keys) or (heads, queries, keys); got {first}"
             )
     else:
         array = _shaped(maps, what)
@@ -224,14 +261,22 @@ def token_list(tokens, what: str) -> tuple[str, ...]:
     text the user never read ("tensor(101)", "b'a'")."""
     if isinstance(tokens, str):
         raise InputError(f"{what} must be a list of strings, one per position, not one string")
-    if not isinstance(tokens, Iterable):
-        raise InputError(f"{what} must be a list of strings, one per position; got {type(tokens).__name__}")
+    if isinstance(tokens, (Mapping, Set)) or not isinstance(tokens, Iterable):  # a set or a dict: no positions
+        raise InputError(
+            f"{what} must be a list of strings, one per position; got {type(tokens).__name__} (a tokenizer's "
+            "output? give tokenizer.convert_ids_to_tokens(ids))"
+        )
     listed = tuple(tokens)
     for token in listed:
         if not isinstance(token, str):
+            hint = (
+                "one text's tokens, not a list per text (tokens[0]?)"
+                if isinstance(token, (list, tuple))
+                else "ids? give the tokenizer's tokens (e.g. tokenizer.convert_ids_to_tokens(ids))"
+            )
             raise InputError(
-                f"{what} must be a list of strings, one per position; one is {token!r} ({type(token).__name__}): "
-                "ids? give the tokenizer's tokens (e.g. tokenizer.convert_ids_to_tokens(ids))"
+                f"{what} must be a list of strings, one per position; one is {shown(token)} "
+                f"({type(token).__name__}): {hint}"
             )
     return listed
 
@@ -381,6 +426,11 @@ def plain_export(
         if kind == "decoder":
             return _export(None, maps, None, None, toks, "a language model's self-attention, from plain data")
         return _export(maps, None, None, toks, None, "an encoder's self-attention, from plain data")
+    if tokens is not None and encoder is None and decoder is None and cross is None:
+        raise InputError(
+            "the maps are None, beside tokens: was the model run with output_attentions=True? (Hugging Face's "
+            "outputs.attentions is None without it) Pass its maps with the tokens"
+        )
     if tokens is not None:
         raise InputError("tokens goes with attentions; an encoder-decoder takes src_tokens and tgt_tokens")
     if encoder is None and decoder is None and cross is None:

@@ -40,7 +40,7 @@ from attnviz.figures.images import (
     thumbnail_indices,
 )
 from attnviz.kinds import TITLES, allowed, causal_mask, shown_token
-from attnviz.notebook.data import Source, _check_rows, _check_weights, _numpy, token_list
+from attnviz.notebook.data import Source, _check_rows, _check_weights, _numpy, shown, token_list
 
 DTYPES = ("float16", "float32")  # how weights travel to the browser: half the bytes, or every digit
 SCANS_KEPT = 8  # heads of a long text whose overviews (one pass over the map each, 8 MB) are kept for the next choice
@@ -307,6 +307,7 @@ def step_data(decoding, src_tokens, tgt_tokens, id_to_token) -> dict:
     tgt_tokens = token_list(tgt_tokens, "tgt_tokens")
     for i, step in enumerate(steps):
         _check_probabilities(step, f"step {i} (from 0)")
+    token_of = _token_names(id_to_token, [i for s in steps for i in (s.token_id, *(c.token_id for c in s.top))])
     own_rows = _step_rows(steps, "self_attn", 2)  # each step's prefix is one longer
     L, H = own_rows[0].shape[:2]
     lengths = [int(r.shape[-1]) for r in own_rows]
@@ -344,9 +345,9 @@ def step_data(decoding, src_tokens, tgt_tokens, id_to_token) -> dict:
             "with the last token written"
         )
     for i, (step, n) in enumerate(zip(steps, lengths, strict=True)):  # step i writes position n of the input
-        if n < len(prefix) and str(prefix[n]) != str(id_to_token(step.token_id)):
+        if n < len(prefix) and prefix[n] != token_of[step.token_id]:
             raise InputError(
-                f"tgt_tokens[{n}] is {prefix[n]!r}, but step {i} (from 0) wrote {id_to_token(step.token_id)!r} "
+                f"tgt_tokens[{n}] is {prefix[n]!r}, but step {i} (from 0) wrote {token_of[step.token_id]!r} "
                 f"(id {step.token_id}) there: tgt_tokens must be the decoder input, from its first token, as "
                 "id_to_token names the tokens (a list shifted by one holds what each step writes instead)"
             )
@@ -358,13 +359,36 @@ def step_data(decoding, src_tokens, tgt_tokens, id_to_token) -> dict:
         "step_lengths": lengths,
         "src": [shown_token(t) for t in (src_tokens or [])],
         "prefix": [shown_token(t) for t in prefix[:P]],
-        "written": [shown_token(id_to_token(s.token_id)) for s in steps],
+        "written": [shown_token(token_of[s.token_id]) for s in steps],
         "prob": [float(s.prob) for s in steps],
-        "top": [[[shown_token(id_to_token(c.token_id)), float(c.prob)] for c in s.top] for s in steps],
+        "top": [[[shown_token(token_of[c.token_id]), float(c.prob)] for c in s.top] for s in steps],
         "self_rows": self_rows.tobytes(),
         "cross_rows": cross_rows.tobytes(),
         "truncated": bool(decoding.truncated),
     }
+
+
+def _token_names(id_to_token, ids) -> dict:
+    """{id: its token} for ``ids``, from the user's ``id_to_token``; an InputError naming the id when it fails or
+    gives anything but a string (None or the id itself had been drawn as a label, and failed the still picture)."""
+    names = {}
+    for token_id in ids:
+        if token_id in names:
+            continue
+        try:
+            token = id_to_token(token_id)
+        except Exception as e:  # the user's function: its own failure, named with the id it was given
+            raise InputError(
+                f"id_to_token({shown(token_id)}) raised {type(e).__name__}: {e}; it must name every id the decoding "
+                "wrote or proposed"
+            ) from e
+        if not isinstance(token, str):
+            raise InputError(
+                f"id_to_token({shown(token_id)}) gave {shown(token)} ({type(token).__name__}): it must give each id's "
+                "token as a string (e.g. tokenizer.convert_ids_to_tokens)"
+            )
+        names[token_id] = token
+    return names
 
 
 def _step_rows(steps, name: str, same: int) -> list[np.ndarray]:

@@ -170,6 +170,7 @@ class HeadView(View):
     ):
         self._frames = HeadFrames(source, dtype)
         self._source = source
+        self._putting_back = False
         kinds = source.kinds
         kind = kind or ("cross" if "cross" in kinds else kinds[0])
         shapes = {k: list(source.shape(k)) for k in kinds}
@@ -219,13 +220,37 @@ class HeadView(View):
             self.indices, self.weights, self.frame, self.error = indices, weights, frame, ""
 
     def _chosen(self, change) -> None:
+        if self._putting_back or self._shown() == self._choice():
+            return  # nothing to draw: a change put back, or one queued with others that a refusal put back
         if change["name"] != "zoom" and self.zoom:
             self.zoom = []  # a new head or contrast opens whole; that change calls back here
             return
         try:
             self._show(self._frames.frame(self.kind, self.layer, self.head, self.contrast, self.words, self.zoom))
         except AttnvizError as e:
-            self.error = str(e)
+            self._put_back(str(e))
+
+    def _choice(self) -> tuple:
+        return self.kind, self.layer, self.head, self.contrast, self.words, list(self.zoom)
+
+    def _shown(self) -> tuple:
+        """The choice the frame drawn answers, as `_choice` gives it: its zoom [] when it shows the whole map."""
+        frame = self.frame
+        (r0, r1, c0, c1), (Q, K) = frame["region"], frame["full"]
+        zoom = [] if (r0, r1, c0, c1) == (0, Q, 0, K) else [r0, r1, c0, c1]
+        return frame["kind"], frame["layer"], frame["head"], frame["contrast"], frame["words"], zoom
+
+    def _put_back(self, message: str) -> None:
+        """The choice traits set back to what the frame shows, and ``message``: a refused choice (a layer past the
+        last, a kind the maps lack: from Python, or from a front end) must not stay in the state, where every
+        later choice would be refused with it and a saved page would open on it."""
+        self._putting_back = True
+        try:
+            with self.hold_sync():
+                self.kind, self.layer, self.head, self.contrast, self.words, self.zoom = self._shown()
+                self.error = message
+        finally:
+            self._putting_back = False
 
     def frames_for_page(self) -> dict:
         """Every kind, layer, head, contrast and words the page can answer without Python, within its budget."""
@@ -240,15 +265,23 @@ class ModelView(HeadView):
     grid_info = traitlets.Dict().tag(sync=True)
 
     def __init__(self, source: Source, **kwargs):
+        self._grid_shown = None  # (kind, contrast) of the grid sent
         super().__init__(source, view="model", **kwargs)
-        self._grid_for(self.kind, self.contrast)
-        self.observe(lambda change: self._grid_for(self.kind, self.contrast), names=["kind", "contrast"])
+
+    def _show(self, frame: dict) -> None:
+        """The head's frame, and the grid of its kind and contrast: the grid follows what is drawn, never a choice
+        that was refused."""
+        with self.hold_sync():  # one message: the page draws the frame and its grid together
+            super()._show(frame)
+            if (frame["kind"], frame["contrast"]) != self._grid_shown:
+                self._grid_for(frame["kind"], frame["contrast"])
 
     def _grid_for(self, kind: str, contrast: str) -> None:
         grid = grid_frame(self._source, kind, contrast)
         data = grid.pop("grid")
         with self.hold_sync():
             self.grid, self.grid_info = data, grid
+        self._grid_shown = (kind, contrast)
 
     def frames_for_page(self) -> dict:
         """The grids the page can show within its share of the budget, then the head frames of those kinds and
