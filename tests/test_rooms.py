@@ -838,3 +838,25 @@ def test_a_redis_that_hangs_gives_one_line_quickly_and_comes_back(tmp_path):
     finally:
         server.proc.send_signal(signal.SIGCONT)
         server.stop()
+
+
+def test_a_store_that_does_not_answer_is_logged_once_a_while_not_once_a_poll(caplog, monkeypatch):
+    """Every follower's poll fails while the store is down: thirty followers had written sixty WARNING lines a
+    second. One line, then one per `STORE_DOWN_SAID_S` seconds with the count of failures between."""
+    from attnviz.app.rooms import room as room_module
+
+    clock = [1000.0]
+    monkeypatch.setattr(room_module.time, "monotonic", lambda: clock[0])
+    failing = Failing(MemoryStore(), "get", "check")
+    rooms_ = make_rooms(failing)
+    failing.fail = math.inf
+    with caplog.at_level(logging.WARNING, logger="attnviz.app.rooms.room"):
+        for _ in range(50):
+            raises("unavailable", rooms_.read, "K7QX2M")
+            assert rooms_.store_status() is not None
+        clock[0] += room_module.STORE_DOWN_SAID_S
+        raises("unavailable", rooms_.read, "K7QX2M")
+    lines = [r.getMessage() for r in caplog.records if "does not answer" in r.getMessage()]
+    assert len(lines) == 2, lines
+    assert "Timeout reading from socket" in lines[0] and "99 more failures" in lines[1], lines
+    assert failing.failed == 101, "every call still goes to the store: it is not skipped while quiet"

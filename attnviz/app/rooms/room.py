@@ -58,6 +58,7 @@ MOST_RECORD_CHARS = 3 * MOST_STATE_BYTES + 4096
 # The latest time a record may hold (about the year 2242): 1e300 had overflowed a coalesced change's timer
 # (its room's changes never written again) and Redis's expiry in milliseconds.
 LAST_TIME = 2.0**33
+STORE_DOWN_SAID_S = 60.0  # a store that does not answer is logged at most once a minute per process
 OPEN_TRIES = 8  # fresh codes tried when one is taken (with a billion codes, twice is already rare)
 WRITE_TRIES = 8  # compare-and-set attempts when other writers keep getting in first
 # Between two attempts a writer waits a random time, up to 1, 2, 4, ... ms (at most BACKOFF_MAX_S):
@@ -223,6 +224,7 @@ class Rooms:
         # that expires, or that its presenter leaves without ending it, leaves nothing behind.
         self._locks: weakref.WeakValueDictionary[str, threading.Lock] = weakref.WeakValueDictionary()
         self._lock = threading.Lock()
+        self._down_said = (-math.inf, 0, "")  # when the store's failure was last logged, failures since, its text
 
     def open_room(self, state: dict) -> Room:
         """A new room showing ``state``; `RoomError` when a bound of the operator's is reached."""
@@ -231,7 +233,7 @@ class Rooms:
         store = self._open_store()
         lifetime = limits.hours * 3600
         opening = secrets.token_hex(8)  # this attempt, counted among the minute's; let go if no room opens
-        with _unavailable_as_room_error():
+        with self._unavailable():
             if not store.join("opened", opening, 60.0, most=limits.per_minute):
                 _refuse(
                     f"{limits.per_minute} rooms were opened on this server in the last minute, the most it allows "
@@ -281,7 +283,7 @@ class Rooms:
         """The room's latest view; `RoomError` for a malformed, unknown, ended or expired code."""
         code = normal_code(code)
         store = self._open_store()
-        with _unavailable_as_room_error():
+        with self._unavailable():
             version, record = self._live(store, code)
             followers = store.count(_followers(code))
         return RoomView(code, version, record["state"], followers, False, float(record["updated"]))
@@ -296,7 +298,7 @@ class Rooms:
             )
         limits = self._limits()
         store = self._open_store()
-        with _unavailable_as_room_error():
+        with self._unavailable():
             self._live(store, code)
             member = hashlib.sha256(follower.encode("utf-8", "surrogatepass")).hexdigest()[:32]
             if not store.join(_followers(code), member, FOLLOW_WINDOW_S, most=limits.followers):
@@ -315,7 +317,7 @@ class Rooms:
         """
         code = normal_code(code)
         text = check_state(state, self._limits().state_bytes)
-        with self._room_lock(code), _unavailable_as_room_error():
+        with self._room_lock(code), self._unavailable():
             store = self._store()
             return self._write(store, code, _Change(secret, json.loads(text), store.clock()))
 
@@ -334,7 +336,7 @@ class Rooms:
         """
         code = normal_code(code)
         store = self._open_store()
-        with _unavailable_as_room_error():
+        with self._unavailable():
             self._live(store, code, secret)
         return Room(code, secret)
 
@@ -342,7 +344,7 @@ class Rooms:
         """End the room: its followers are told it has ended; `RoomError` on a wrong secret or unknown room."""
         code = normal_code(code)
         store = self._open_store()
-        with self._room_lock(code), _unavailable_as_room_error():
+        with self._room_lock(code), self._unavailable():
             for attempt in range(WRITE_TRIES):
                 _back_off(attempt)
                 version, record = self._fetch(store, code)
@@ -367,12 +369,35 @@ class Rooms:
         try:
             self._store().check()
         except StoreError as e:
-            log.warning("the rooms' store does not answer: %s", e)
+            self._store_down(e)
             return UNAVAILABLE
         return None
 
+    @contextlib.contextmanager
+    def _unavailable(self):
+        """A `StoreError` inside the block becomes a `RoomError` with one line for the visitor (the cause is logged)."""
+        try:
+            yield
+        except StoreError as e:
+            self._store_down(e)
+            raise RoomError(UNAVAILABLE, reason="unavailable") from e
+
+    def _store_down(self, error: StoreError) -> None:
+        """Log that the store does not answer: a failure of another kind at once, the same one at most once every
+        `STORE_DOWN_SAID_S` seconds with the count of failures between. Every follower's poll fails while the
+        store is down, twice a second each."""
+        now, text = time.monotonic(), str(error)
+        with self._lock:
+            said, since, last = self._down_said
+            if text == last and now - said < STORE_DOWN_SAID_S:
+                self._down_said = (said, since + 1, last)
+                return
+            self._down_said = (now, 0, text)
+        more = f" ({since:,} more failures since the last line)" if since and text == last else ""
+        log.warning("the rooms' store does not answer: %s%s", error, more)
+
     def _open_store(self) -> Store:
-        with _unavailable_as_room_error():
+        with self._unavailable():
             return self._store()
 
     def _fetch(self, store: Store, code: str) -> tuple[int, dict]:
@@ -447,7 +472,7 @@ class Rooms:
             if change is None:
                 return
             try:
-                with _unavailable_as_room_error():
+                with self._unavailable():
                     self._write(self._store(), code, change, delayed=True)
             except RoomError as e:
                 if e.reason in DROPPED:
@@ -537,13 +562,3 @@ def _unknown(code: str, limits: Limits) -> RoomError:
         f"(a room ends when its presenter closes it, or after {limits.hours:g} hours).",
         reason="unknown",
     )
-
-
-@contextlib.contextmanager
-def _unavailable_as_room_error():
-    """A `StoreError` inside the block becomes a `RoomError` with one line for the visitor (the cause is logged)."""
-    try:
-        yield
-    except StoreError as e:
-        log.warning("the rooms' store does not answer: %s", e)
-        raise RoomError(UNAVAILABLE, reason="unavailable") from e
