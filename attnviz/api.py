@@ -37,6 +37,7 @@ import dataclasses
 import functools
 import inspect
 import logging
+import os
 import platform
 from dataclasses import dataclass
 from pathlib import Path
@@ -75,6 +76,11 @@ __all__ = list(PUBLIC["attnviz.api"])  # the API's part of the one list of publi
 
 def load(name_or_dir: str | Path = DEFAULT_MODEL, device: str = "auto") -> Bundle:
     """Load a shipped model by name, or any checkpoint directory, onto ``device``."""
+    if not isinstance(name_or_dir, (str, os.PathLike)):  # None or ["en-de"] had been looked for as a model of that name
+        raise InputError(
+            f"the model to load is a name or a folder (text or a Path), got {type(name_or_dir).__name__}: "
+            f"attnviz.load({DEFAULT_MODEL!r}), or attnviz.list_models() for the names"
+        )
     if not isinstance(device, str):
         raise InputError(f"device must be one of 'auto', 'cpu', 'cuda' or 'mps' (text), got {type(device).__name__}")
     return load_checkpoint(resolve_model(name_or_dir), device)
@@ -296,10 +302,20 @@ class _Inputs:
     generated: int = 0  # a language model: how many of the decoder input's tokens it wrote after the prompt
 
 
+def _check_no_target(bundle: Bundle, tgt: str | None) -> None:
+    """InputError when ``tgt`` is given to a model that reads no target: a language model or an encoder-only one.
+    Every function taking a ``tgt`` refuses it so, rather than leave it out of what it counts or reads."""
+    if tgt is None:
+        return
+    if bundle.config.decoder_only:
+        raise InputError("a language model reads one text, its prompt: there is no target sentence")
+    if bundle.config.encoder_only:
+        raise InputError("this model is encoder-only: it takes no target sentence")
+
+
 def _lm_inputs(bundle: Bundle, prompt: Encoded, tgt: str | None, generate: int) -> _Inputs:
     """A language model's input: the prompt's ids, then ``generate`` greedy tokens (fewer if it ends)."""
-    if tgt is not None:
-        raise InputError("a language model reads one text, its prompt: there is no target sentence")
+    _check_no_target(bundle, tgt)
     tok = bundle.tokenizer
     prompt_ids = torch.tensor([prompt.ids], device=bundle.device)
     ids = (*prompt.ids, *_continuation(bundle, prompt_ids, generate))
@@ -329,8 +345,7 @@ def _inputs(bundle: Bundle, src: str, tgt: str | None, src_enc: Encoded | None =
         raise InputError(GENERATE_IS_AN_LM_S)
     src_ids = torch.tensor([src_enc.ids], device=bundle.device)
     if bundle.config.encoder_only:
-        if tgt is not None:
-            raise InputError("this model is encoder-only: it takes no target sentence")
+        _check_no_target(bundle, tgt)
         return _Inputs(src_ids, src_enc, None, None, None, None, False)
     if tgt is None:
         out, truncated = _greedy(bundle, src_ids)
@@ -497,10 +512,12 @@ def unknown_pieces(bundle: Bundle, src: str, tgt: str | None = None) -> tuple[st
     """The pieces of ``src`` (and of a translation model's ``tgt``) that the tokenizer could not read,
     in order: the text each stood for where its label keeps it (``<unk:☃>`` gives ``"☃"``), else its
     label. Empty when every character is known, and always for a tokenizer that has no unknown token
-    (byte-level BPE, sentencepiece with byte fallback)."""
-    tok, cfg = bundle.tokenizer, bundle.config
+    (byte-level BPE, sentencepiece with byte fallback). A ``tgt`` for a model that reads none (a language
+    model, an encoder-only model) is an InputError, as in [`attention`][attnviz.api.attention]."""
+    _check_no_target(bundle, tgt)
+    tok = bundle.tokenizer
     unread = _unread(tok, tok.encode_source(src))
-    if tgt is not None and not (cfg.decoder_only or cfg.encoder_only):
+    if tgt is not None:
         unread += _unread(tok, tok.encode_target(tgt)[0])  # the decoder's input: every piece of tgt after <s>
     return unread
 
@@ -583,6 +600,12 @@ def named_heads(bundle: Bundle) -> dict[str, tuple[int, int]]:
     return named
 
 
+def _main_kind(cfg) -> str:
+    """The attention a page opens on: cross-attention, where the decoder looks; a language model's
+    self-attention; an encoder-only model's."""
+    return "encoder" if cfg.encoder_only else "decoder" if cfg.decoder_only else "cross"
+
+
 def clearest_head(bundle: Bundle, kind: str | None = None) -> HeadChoice:
     """(kind, layer, head), layer and head from 1: the head the app opens on for ``bundle``.
 
@@ -594,7 +617,7 @@ def clearest_head(bundle: Bundle, kind: str | None = None) -> HeadChoice:
     instead: the card lists a circuit's heads in the order they act (the previous-token head, then
     the induction head that reads its output), and says what to look for in that head's map.
     """
-    kind = kind or ("encoder" if bundle.config.encoder_only else "decoder" if bundle.config.decoder_only else "cross")
+    kind = kind or _main_kind(bundle.config)
     if kind not in KINDS or not bundle.config.n_layers_of(kind):
         raise InputError(f"this model has no {kind!r} attention; kind is one of {', '.join(KINDS)} that it has")
     named = named_heads(bundle) if bundle.config.decoder_only and kind == "decoder" else {}
@@ -671,11 +694,18 @@ def compare_ablation(
     """What switching heads off changes for ``src``: translations, step probabilities and maps, side by side.
 
     With ``words`` the two exports' maps are over words, as [`attention`][attnviz.api.attention] gives them; the steps
-    stay pieces, as the decoder writes them.
+    stay pieces, as the decoder writes them. ``ablate`` must name at least one head: the model compared with
+    itself would show every step unchanged, which says nothing.
     """
     _check_flag("words", words)
     _check_top_k(bundle, top_k)
     ablation = _ablation(bundle, ablate)
+    if not ablation:
+        example = f"{_main_kind(bundle.config)}:1.{min(2, bundle.config.n_heads)}"
+        raise InputError(
+            f"compare_ablation compares the model with heads switched off: name at least one head to switch off, "
+            f"e.g. {example}"
+        )
     inputs = _inputs(bundle, src, tgt)
     src_ids = inputs.src
 
@@ -851,12 +881,14 @@ def queries_keys(
 def maps_size(bundle: Bundle, src: str, tgt: str | None = None, generate: int = 0) -> tuple[int, int]:
     """(tokens, bytes): the text's length in tokens, and about how many bytes every attention map of it
     takes in float32, before any is made. A model that writes its own output is taken to write as
-    many tokens as it reads; a language model's ``generate`` tokens are counted."""
+    many tokens as it reads; a language model's ``generate`` tokens are counted. A ``tgt`` for a model that
+    reads none is an InputError, as in [`attention`][attnviz.api.attention]."""
     cfg, tok = bundle.config, bundle.tokenizer
     if generate and not cfg.decoder_only:
         raise InputError(GENERATE_IS_AN_LM_S)
+    _check_no_target(bundle, tgt)
     S = len(tok.encode_source(src).ids)
-    T = len(tok.encode_target(tgt)[0].ids) if tgt and not (cfg.decoder_only or cfg.encoder_only) else None
+    T = len(tok.encode_target(tgt)[0].ids) if tgt is not None else None
     if cfg.decoder_only:
         return S, maps_bytes(cfg, S + _new_tokens(bundle, S, generate), T)
     return S, maps_bytes(cfg, S, T)

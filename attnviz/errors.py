@@ -62,8 +62,11 @@ class InputError(AttnvizError, ValueError):
     """Text or ids the model cannot take (empty, too long, out of vocabulary range)."""
 
 
-class DeviceError(AttnvizError):
-    """The requested device does not exist on this machine."""
+class DeviceError(AttnvizError, ValueError):
+    """The requested device does not exist on this machine.
+
+    A ValueError, as InputError is: a device is an argument, and ``except ValueError`` catches every bad one.
+    """
 
 
 class NonFiniteError(AttnvizError):
