@@ -16,6 +16,7 @@ import pandas as pd
 from attnviz.atlas.corpus import Sentence
 from attnviz.atlas.engine import BatchResult
 from attnviz.atlas.stats import POSITIONAL_SHARE, STATISTICS
+from attnviz.errors import AtlasError, describe
 from attnviz.kinds import KINDS
 
 HEAD = ["kind", "layer", "head"]
@@ -24,7 +25,8 @@ KIND_ORDER = pd.CategoricalDtype(list(KINDS), ordered=True)
 
 @dataclass(frozen=True)
 class Atlas:
-    """Every table of one atlas (docs/atlas.md says what each column holds)."""
+    """Every table of one atlas (docs/atlas.md says what each column holds); an AtlasError when they disagree
+    with each other or with the manifest's counts (`_check_agree`), however the atlas was made or read."""
 
     sentences: pd.DataFrame  # one row per sentence x kind x layer x head
     heads: pd.DataFrame  # one row per kind x layer x head: mean and standard deviation over sentences
@@ -33,9 +35,93 @@ class Atlas:
     inputs: pd.DataFrame  # one row per sentence: the exact encoder and decoder inputs
     manifest: dict
 
+    def __post_init__(self):
+        _check_agree(self)
+
     @property
     def kinds(self) -> list[str]:
         return [k for k in KINDS if k in set(self.heads["kind"])]
+
+
+def _refuse(problem: str) -> AtlasError:
+    return AtlasError(f"the atlas's {problem}: compute it again")
+
+
+def _kind_name(kind) -> str:
+    """``kind`` as a message names it: a kind of attention as it is, anything a forged table holds described."""
+    return kind if kind in KINDS else describe(kind)
+
+
+def _head_name(kind, layer, head) -> str:
+    return f"{_kind_name(kind)} layer {layer} head {head}"
+
+
+def _head_order(key: tuple) -> tuple:
+    kind, layer, head = key
+    return (KINDS.index(kind) if kind in KINDS else len(KINDS), str(kind), layer, head)
+
+
+def _heads_of(frame: pd.DataFrame) -> set[tuple]:
+    """The (kind, layer, head) keys ``frame`` names, each once."""
+    return set(frame[HEAD].drop_duplicates().astype({"kind": object}).itertuples(index=False, name=None))
+
+
+def _check_agree(atlas: Atlas) -> None:
+    """AtlasError unless the tables agree with each other and with the manifest's counts.
+
+    Each table can be whole and of the right types (`attnviz.atlas.store`'s checks) and still belong to
+    another atlas, or have lost rows: the pages would then show a count the tables do not hold, leave
+    heads out of the map, or average the wrong sentences. A sentence and a head are counted once each
+    here; a line or a head given twice is `load_atlas`'s to name.
+    """
+    lines = set(atlas.inputs["line"])
+    if not lines:
+        raise _refuse("inputs.parquet holds no sentence")
+    heads = _heads_of(atlas.heads)
+    if not heads:
+        raise _refuse("heads.parquet holds no head")
+    counts = atlas.manifest.get("counts") or {}
+    counted, read = counts.get("sentences"), counts.get("lines")
+    if counted != len(lines):
+        raise _refuse(f"manifest counts {describe(counted)} sentences and inputs.parquet holds {len(lines):,}")
+    if isinstance(read, int) and read < counted:
+        raise _refuse(f"manifest counts {counted:,} sentences in {read:,} line{'s' if read != 1 else ''}")
+    per_head = atlas.heads["sentences"].to_numpy(dtype="float64", na_value=np.nan)  # pandas' Int64 too
+    wrong = np.flatnonzero(per_head != len(lines))  # NaN included
+    if len(wrong):
+        row, count = atlas.heads.iloc[wrong[0]], per_head[wrong[0]]
+        raise _refuse(
+            f"heads.parquet counts {describe(int(count) if count.is_integer() else float(count))} sentences for "
+            f"{_head_name(row['kind'], row['layer'], row['head'])}, and the atlas holds {len(lines):,}"
+        )
+    for table in ("sentences", "mds"):
+        named = _heads_of(getattr(atlas, table))
+        for more, than, which in ((named - heads, table, "heads"), (heads - named, "heads", table)):
+            if more:
+                first = _head_name(*min(more, key=_head_order))
+                others = f" and {len(more) - 1:,} more" if len(more) > 1 else ""
+                raise _refuse(f"{than}.parquet has heads that {which}.parquet lacks: {first}{others}")
+    if set(atlas.sentences["line"].unique()) != lines:
+        raise _refuse("sentences.parquet holds other sentences than inputs.parquet (their lines differ)")
+    if len(atlas.sentences) != len(lines) * len(heads):
+        raise _refuse(
+            f"sentences.parquet has {len(atlas.sentences):,} rows for {len(lines):,} sentences of {len(heads):,} "
+            "heads (one row each)"
+        )
+    if len(atlas.mds) != len(heads):
+        raise _refuse(f"mds.parquet has {len(atlas.mds):,} rows for {len(heads):,} heads (one place each)")
+    per_kind = atlas.distances.groupby(atlas.distances["kind"].astype(object)).size()
+    for kind in sorted({kind for kind, _, _ in heads}, key=lambda kind: _head_order((kind, 0, 0))):
+        n = sum(1 for k, _, _ in heads if k == kind)
+        if per_kind.get(kind, 0) != n * n:
+            raise _refuse(
+                f"distances.parquet has {per_kind.get(kind, 0):,} rows for the {n:,} {_kind_name(kind)} heads "
+                f"(one per ordered pair: {n * n:,})"
+            )
+    for table, columns in (("mds", ("x", "y")), ("distances", ("js_divergence",))):
+        for column in columns:  # defined for every head and pair (an infinity is load_atlas's to name)
+            if getattr(atlas, table)[column].isna().any():
+                raise _refuse(f"{table}.parquet has {column} missing in a row")
 
 
 def _kind_sides(kind: str) -> tuple[int, int]:
