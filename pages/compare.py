@@ -85,7 +85,23 @@ def side_b(ctx: Context) -> Side | None:
             st.info("Type the path of model B's folder.")
             return None
         model = str(visitor_model(typed))  # a refused path's message comes from the page's guard
-    return Side(model, ctx.choices.src, ctx.choices.tgt)
+    return Side(model, ctx.choices.src, target_for(ctx, model))
+
+
+def target_for(ctx: Context, model: str) -> str | None:
+    """Sentence A's target for model B, when B reads one: a language model or an encoder-only one reads the
+    sentence alone (its side had failed with "there is no target sentence"), and the page says so."""
+    if ctx.choices.tgt is None:
+        return None
+    try:
+        config = load_bundle(model, ctx.device).config
+    except Exception:
+        st.error("Side B:")  # the error's own message follows, from the page's guard
+        raise
+    if config.decoder_only or config.encoder_only:
+        st.caption("Model B reads no target: its maps are of sentence A alone.")
+        return None
+    return ctx.choices.tgt
 
 
 def side_exports(ctx: Context, b: Side, words: bool) -> dict[str, AttentionExport]:

@@ -85,3 +85,20 @@ def test_side_b_model_that_cannot_read_a_s_sentence_gets_a_notice():
     assert_ok(at)
     assert side_notices(at, "B"), [w.value for w in at.warning]
     assert not side_notices(at, "A"), [w.value for w in at.warning]
+
+
+def test_a_targets_model_a_against_a_model_that_reads_none_compares_the_sentence():
+    """A translation model with a target in the sidebar against a language model: B takes the sentence alone
+    and says so, where side B had failed with "a language model reads one text ...: there is no target"."""
+    at = open_app("pages/compare.py", model="reverse")
+    at.text_input(key="tgt").set_value("o l l e h").run()
+    at.radio(key="cmp_what").set_value("model").run()
+    at.selectbox(key="cmp_model").set_value("induction").run()
+    assert_ok(at)
+    assert not at.error, [e.value for e in at.error]
+    said = [c.value for c in at.caption if "reads no target" in c.value]
+    assert len(said) == 1 and "o l l e h" not in said[0], [c.value for c in at.caption]
+    assert at.get("plotly_chart"), "both sides drawn: the decoder's self-attention is in both"
+    at.selectbox(key="cmp_model").set_value("reverse").run()  # a model that reads the target takes it again
+    assert_ok(at)
+    assert not [c.value for c in at.caption if "reads no target" in c.value]
