@@ -68,6 +68,9 @@ def side_b(ctx: Context) -> Side | None:
     what = bound(st.radio, "Compare A with", list(WHAT), format_func=WHAT.get, horizontal=True, key="cmp_what")
     if what == "sentence":
         st.session_state.setdefault("cmp_src", next_example(ctx))
+        config = ctx.bundle.config
+        if config.decoder_only or config.encoder_only:  # a model that reads no target is offered no box for one
+            return Side(ctx.model, bound(st.text_area, "Sentence B", key="cmp_src", height=68), None)
         left, right = st.columns([2, 1])
         src = bound(left.text_area, "Sentence B", key="cmp_src", height=68)
         tgt = bound(right.text_input, "Target B (optional)", key="cmp_tgt").strip() or None

@@ -102,3 +102,13 @@ def test_a_targets_model_a_against_a_model_that_reads_none_compares_the_sentence
     at.selectbox(key="cmp_model").set_value("reverse").run()  # a model that reads the target takes it again
     assert_ok(at)
     assert not [c.value for c in at.caption if "reads no target" in c.value]
+
+
+@pytest.mark.parametrize("model", ["induction", "reverse"])
+def test_another_sentence_offers_a_target_b_only_to_a_model_that_reads_one(model):
+    """A language model's Compare page had a box "Target B (optional)": whatever was typed there failed side B."""
+    at = open_app("pages/compare.py", model=model)
+    assert_ok(at)
+    boxes = [t for t in at.text_input if t.key == "cmp_tgt"]
+    assert len(boxes) == (model == "reverse"), [t.label for t in at.text_input]
+    assert at.get("plotly_chart")
