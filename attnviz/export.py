@@ -32,7 +32,7 @@ from typing import BinaryIO
 
 import numpy as np
 
-from attnviz.errors import AttnvizError, ExportError, describe
+from attnviz.errors import AttnvizError, ExportError, InputError, describe
 from attnviz.kinds import KINDS, axis_names, check_kind, writing_labels
 
 STANDARD_ARRAYS = (
@@ -82,6 +82,16 @@ ARRAY_KINDS = {  # what each standard array's dtype must be: numpy's kind letter
 # The arrays that hold one value per token: a 0-d string would be read as a token per character, a 2-D one as
 # tokens that are lists, and ids of another shape would never equal the same text's.
 LISTS = ("src_ids", "tgt_ids", "src_tokens", "tgt_tokens")
+
+
+def path_argument(name: str, value: object, takes: str) -> Path:
+    """``value``, the argument ``name``, as a Path; an InputError naming it and what it ``takes`` ("the atlas's
+    folder") when it is not text or a path: None or a number had failed deep inside, in ``Path()``, with a bare
+    TypeError, and ``str()`` of one names a file that is not the caller's ("None")."""
+    if isinstance(value, str) or (isinstance(value, os.PathLike) and isinstance(os.fspath(value), str)):
+        return Path(value)
+    got = "None" if value is None else type(value).__name__
+    raise InputError(f"{name} must be {takes}, as text or a Path; got {got}")
 
 
 def positive_setting(
@@ -149,7 +159,7 @@ def check_regular_file(path: Path, what: str = "export") -> None:
 def write_atomically(path: Path, data: bytes) -> Path:
     """Write ``data`` to ``path`` through a temporary file in its folder and a rename, so that a killed
     run never leaves a truncated file, and an earlier good file stays until the new one is whole."""
-    path = Path(path)
+    path = path_argument("path", path, "the file to write")
     if path.is_symlink() and not path.exists():
         raise ExportError(
             f"{path} is a dangling symbolic link (to {os.readlink(path)}, which does not exist): remove the link or "
@@ -361,7 +371,8 @@ class AttentionExport:
 
     def save(self, path: str | Path) -> Path:
         """Write the .npz file to ``path`` (through a temporary file and a rename: never half a file)."""
-        return write_atomically(Path(path), self.to_bytes())  # bytes, so numpy does not append ".npz"
+        path = path_argument("path", path, "the file to write")  # before the file's content is made
+        return write_atomically(path, self.to_bytes())  # bytes, so numpy does not append ".npz"
 
     def to_bytes(self) -> bytes:
         """The .npz file's content (what `attnviz attention --out` writes)."""
@@ -420,7 +431,7 @@ def load_export(path: str | Path) -> AttentionExport:
     truncated, another program's .npz, pickled data, a member twice or encrypted, maps or manifest fields that are
     not what attnviz writes: `check_contents`) or that a newer attnviz wrote.
     """
-    path = Path(path)
+    path = path_argument("path", path, "the export file to read (.npz)")
     check_regular_file(path)
     with open(path, "rb") as f:
         magic = f.read(6)

@@ -11,6 +11,7 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import ExitStack
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
 
 from attnviz.atlas.corpus import (
@@ -31,8 +32,8 @@ from attnviz.atlas.stats import STATISTICS
 from attnviz.atlas.store import FORMAT, AtlasFolder, load_atlas, max_atlas_rows, summarise
 from attnviz.atlas.summary import Atlas, add_sums, divergence_sums, inputs_frame, stats_frame
 from attnviz.checkpoints import Bundle
-from attnviz.errors import InputError
-from attnviz.export import maps_bytes, max_export_bytes, package_version, size_text
+from attnviz.errors import InputError, describe
+from attnviz.export import maps_bytes, max_export_bytes, package_version, path_argument, size_text
 
 ENGINES = ("local", "ray")
 SHARD_SIZE = 512  # sentences per shard: what a killed run loses at most, and how often a shard is written
@@ -130,6 +131,27 @@ def check_texts(what: str, texts) -> list[str]:
     return texts
 
 
+def _whole(name: str, value, optional: bool = False) -> int | None:
+    """``value`` as an int when it is a whole number of 1 or more (or None, when ``optional``); else an InputError
+    naming ``name``. "2", 2.5, 0 or True had been taken, and written into the manifest as they were."""
+    if value is None and optional:
+        return None
+    if isinstance(value, (int, np.integer)) and not isinstance(value, bool) and value >= 1:
+        return int(value)  # numpy's integers too, which JSON cannot write
+    also = " (or None)" if optional else ""
+    raise InputError(f"{name} must be a whole number of 1 or more{also}; got {describe(value)}")
+
+
+def _check_options(allow_unknown, **callbacks) -> None:
+    """InputError for an ``allow_unknown`` that is not True or False ("no" is true to ``if``), or a callback that
+    is not None or callable (it had failed when the first batch was done)."""
+    if not isinstance(allow_unknown, (bool, np.bool_)):
+        raise InputError(f"allow_unknown must be True or False; got {describe(allow_unknown)}")
+    for name, callback in callbacks.items():
+        if callback is not None and not callable(callback):
+            raise InputError(f"{name} must be a function (done, total), or None; got {describe(callback)}")
+
+
 def compute_atlas(
     bundle: Bundle,
     sources: Sequence[str],
@@ -142,6 +164,8 @@ def compute_atlas(
     """The atlas of a list of sentences, in memory (the app); bad lines skipped and counted in the manifest.
 
     A line with characters the model's tokenizer cannot read is one of them, unless ``allow_unknown``."""
+    batch_size = _whole("batch_size", batch_size)
+    _check_options(allow_unknown, progress=progress)
     corpus = tokenize(
         bundle.tokenizer,
         check_texts("sources", sources),
@@ -213,9 +237,9 @@ def build_atlas(
     ``targets`` (one decoder input per line) replaces the model's greedy output; ``limit`` reads
     the first lines only; ``allow_unknown`` keeps lines with characters the tokenizer cannot read.
     Shards already in ``out`` from an interrupted run with the same plan are kept; a finished atlas
-    is read back without computing anything (one marked finished whose tables are gone is computed
-    again). The Ray engine's actors run on ``ray_device`` (auto, cpu or cuda: default, the bundle's
-    device), wherever the cluster has it.
+    is read back without computing anything (one marked finished whose tables are gone, damaged or
+    disagree with each other is computed again). The Ray engine's actors run on ``ray_device`` (auto,
+    cpu or cuda: default, the bundle's device), wherever the cluster has it.
     """
     write_atlas(
         bundle,
@@ -270,9 +294,17 @@ def write_atlas(
     before any work (``reading(lines read, lines in all)`` follows it: it tokenises the whole corpus);
     the second computes the shards not yet in ``out`` (``progress(sentences done, sentences in all)``).
     On Ray the cluster is joined and its actors planned before the first pass (`ray_engine.connected`),
-    and ``out`` is locked for this run from the first write to the end (`store.AtlasFolder`).
+    and ``out`` is locked for this run from the first write to the end (`store.AtlasFolder`). Every argument
+    is checked before anything is read or written.
     """
-    if engine not in ENGINES:
+    corpus = path_argument("corpus", corpus, "the corpus file (one sentence per line)")
+    out = path_argument("out", out, "the folder to write the atlas into")
+    if targets is not None:
+        targets = path_argument("targets", targets, "the file of decoder inputs (one per line), or None")
+    batch_size, shard_size = _whole("batch_size", batch_size), _whole("shard_size", shard_size)
+    limit, chunk_lines = _whole("limit", limit, optional=True), _whole("chunk_lines", chunk_lines, optional=True)
+    _check_options(allow_unknown, progress=progress, reading=reading)
+    if not isinstance(engine, str) or engine not in ENGINES:
         raise InputError(f"engine must be one of {', '.join(ENGINES)}; got {engine!r}")
     # On Ray the model runs on the nodes' devices, not the driver's: only the name is checked here
     check_precision(precision, bundle.device if engine == "local" else None)
@@ -283,7 +315,6 @@ def write_atlas(
             from attnviz.atlas.ray_engine import connected
 
             actors = stack.enter_context(connected(ray_device or bundle.device.type))
-        corpus, targets = Path(corpus), None if targets is None else Path(targets)
         chunk_lines = chunk_lines or max(shard_size, CHUNK_ROWS // heads_per_sentence(bundle))
         tokenizer = bundle.tokenizer
         weight = _maps_weight(bundle, targets is not None)
@@ -318,7 +349,7 @@ def write_atlas(
             **run,
             "runs": [run],
         }
-        folder = stack.enter_context(AtlasFolder(Path(out), plan, manifest))  # this run's alone until it ends
+        folder = stack.enter_context(AtlasFolder(out, plan, manifest))  # this run's alone until it ends
         if folder.complete:
             return folder.manifest
         done_shards = folder.done(dict(enumerate(sizes)))

@@ -43,7 +43,7 @@ from attnviz.atlas.summary import (
     sort_sentences,
 )
 from attnviz.errors import AtlasError, describe
-from attnviz.export import positive_setting
+from attnviz.export import path_argument, positive_setting
 
 FORMAT = "attnviz-atlas/1"
 MANIFEST = "manifest.json"
@@ -119,7 +119,8 @@ class AtlasFolder:
 
     ``plan`` holds everything the results depend on (model and corpus hashes, limit, precision,
     shard size): a folder written under another plan is refused, never mixed with. A folder marked
-    finished is trusted only with its five tables: without them it is computed again. This run joins
+    finished is trusted only when `load_atlas` reads it back: without its five tables, or with tables damaged or
+    disagreeing with each other or with the manifest, it is computed again. This run joins
     the manifest's ``runs`` when it writes into the folder (a folder it begins, a shard, the final
     tables), not when it finds the atlas finished.
     """
@@ -197,8 +198,10 @@ class AtlasFolder:
 
     def _check_finished(self) -> None:
         """A folder marked finished: refused when its manifest cannot be read as a finished atlas's, marked
-        unfinished (to be computed again, with a warning) when a table is missing or fails `load_atlas`'s checks
-        of its metadata."""
+        unfinished (to be computed again, with a warning) when a table is missing or `load_atlas` refuses the
+        atlas: a table truncated or forged, or tables that disagree with each other or with the manifest's counts
+        (`attnviz.atlas.summary.Atlas`). Reading it back computes nothing; it holds the atlas in memory, as every
+        reader of it does (its tables are bounded by ``ATTNVIZ_MAX_ATLAS_ROWS``)."""
         try:
             _check_finished_manifest(self.manifest)
         except AtlasError as e:
@@ -211,15 +214,13 @@ class AtlasFolder:
             log.warning("%s is marked finished but lacks %s: it is computed again", self.folder, ", ".join(missing))
             self.manifest = {**self.manifest, "complete": False}
             return
-        # Each table as `load_atlas` checks it from its metadata (not read whole: cheap on any atlas), so that
-        # a truncated or forged table is computed again, not reported finished and then refused by every reader
-        for name in TABLES:
-            try:
-                _read_table(self.folder, name, _numbers(self.manifest, name), whole=False)
-            except AtlasError as e:
-                log.warning("%s is marked finished but cannot be read (%s): it is computed again", self.folder, e)
-                self.manifest = {**self.manifest, "complete": False}
-                return
+        # Read back as every reader reads it, so that an atlas reported finished is one `load_atlas` takes: each
+        # table's metadata alone had passed tables cut short or edited that no longer agree, refused by every reader
+        try:
+            load_atlas(self.folder)
+        except AtlasError as e:
+            log.warning("%s is marked finished but cannot be read (%s): it is computed again", self.folder, e)
+            self.manifest = {**self.manifest, "complete": False}
 
     def _add_run(self) -> None:
         """This run among the manifest's runs, once, as it first writes into the folder."""
@@ -499,10 +500,9 @@ def _numbers(manifest: dict, name: str) -> tuple[str, ...]:
     return tuple(f"{s}{std}" for s in manifest["statistics"] for std in ("", "_std")) if name == "heads" else ()
 
 
-def _read_table(folder: Path, name: str, numbers: tuple[str, ...] = (), whole: bool = True) -> pd.DataFrame | None:
+def _read_table(folder: Path, name: str, numbers: tuple[str, ...] = ()) -> pd.DataFrame:
     """One table, after its size, its row count (from the file's own metadata), its columns and their types are
-    checked (``numbers``: more columns that, where the table has them, hold numbers); None, those checks
-    passed, without ``whole``."""
+    checked (``numbers``: more columns that, where the table has them, hold numbers)."""
     import pyarrow.parquet as pq
 
     path = _checked_file(folder, f"{name}.parquet", int(_limit("ATTNVIZ_MAX_ATLAS_MB", MAX_ATLAS_MB, "MB") * 2**20))
@@ -534,8 +534,6 @@ def _read_table(folder: Path, name: str, numbers: tuple[str, ...] = (), whole: b
                 f"the atlas's {name}.parquet holds {max(values.values()):,} values in one column, over the limit "
                 f"of {max_values:,}: compute it again"
             )
-        if not whole:
-            return None
         table = pd.read_parquet(path)
         for column in [c for c in COLUMNS[name] if c in TEXT_COLUMNS | WHOLE_COLUMNS]:
             if table[column].isna().any():
@@ -549,8 +547,9 @@ def _read_table(folder: Path, name: str, numbers: tuple[str, ...] = (), whole: b
 
 def load_atlas(folder: str | Path) -> Atlas:
     """Read a finished atlas folder; AtlasError (naming no path) when it is incomplete, not an atlas,
-    or not safe to read: every file is checked as checkpoint files are before any is read whole."""
-    folder = Path(folder)
+    or not safe to read: every file is checked as checkpoint files are before any is read whole; an InputError
+    when ``folder`` is not text or a path."""
+    folder = path_argument("folder", folder, "the atlas's folder")
     manifest = read_manifest(folder)
     if manifest.get("complete") is not True:  # as `AtlasFolder.complete`
         raise AtlasError("this atlas is not finished: run the same `attnviz atlas` command again to complete it")

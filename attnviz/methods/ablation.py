@@ -55,7 +55,7 @@ class Ablation:
 
     def __post_init__(self):
         object.__setattr__(self, "heads", frozenset(self.heads))
-        if self.mode not in MODES:
+        if not isinstance(self.mode, str) or self.mode not in MODES:  # a list is no key of MODES: TypeError
             raise InputError(f"the ablation mode must be {' or '.join(MODES)}, got {self.mode!r}")
         for head in self.heads:
             if (
@@ -69,6 +69,8 @@ class Ablation:
     @classmethod
     def parse(cls, text: str, mode: str = "zero") -> Ablation:
         """The heads of ``text`` (``KIND:LAYER.HEAD`` separated by commas, 1-based); InputError on bad syntax."""
+        if not isinstance(text, str):  # None or a number had failed on text.split
+            raise InputError(f"text must be the heads as text, {SYNTAX}, e.g. 'cross:1.2'; got {type(text).__name__}")
         heads = set()
         for part in (p.strip() for p in text.split(",")):
             if not part:

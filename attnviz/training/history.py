@@ -38,7 +38,7 @@ import numpy as np
 import pandas as pd
 
 from attnviz.errors import InputError, describe
-from attnviz.export import array_members, max_export_bytes, size_text
+from attnviz.export import array_members, max_export_bytes, path_argument, size_text
 
 HISTORY = "history"  # the folder inside a training's --out
 RECORDS = "records"
@@ -131,7 +131,7 @@ class History:
 
 
 def _history_folder(out: Path) -> Path:
-    out = Path(out)
+    out = path_argument("out", out, "a training's --out folder or its history folder")
     return out if out.name == HISTORY else out / HISTORY
 
 
@@ -623,7 +623,7 @@ def load_history(folder: str | Path) -> History:
     [`InputError`][attnviz.errors.InputError] for a folder with no history, a record that is
     incomplete or corrupt, a file over its bound, or a history written by a newer attnviz.
     """
-    folder = _find(Path(folder))
+    folder = _find(path_argument("folder", folder, "a training's --out folder or its history folder"))
     manifest = _read_manifest(folder)
     kind, sites = manifest["kind"], SITES[manifest["kind"]]
     names = sorted(p.name for p in (folder / RECORDS).iterdir() if RECORD_NAME.match(p.name))
