@@ -265,3 +265,22 @@ def test_a_rerun_of_a_good_finished_atlas_computes_nothing(bundle, finished, tmp
     assert {p.name: p.stat().st_mtime_ns for p in atlas.iterdir() if p.name != "manifest.json"} == {
         name: t for name, t in before.items() if name != "manifest.json"
     }
+
+
+def test_a_finished_atlas_s_rerun_neither_reads_its_corpus_nor_joins_a_cluster(bundle, finished, tmp_path, monkeypatch):
+    """Its first pass had tokenised the whole corpus again (minutes for a lab's million lines), and with --engine
+    ray joined the cluster and planned its actors first, all to find the atlas finished."""
+    from attnviz.atlas import ray_engine
+
+    atlas = shutil.copytree(finished / "A", tmp_path / "A")
+
+    def refused(*args, **kwargs):
+        raise AssertionError("a finished atlas's rerun read its corpus or joined a cluster")
+
+    monkeypatch.setattr(build, "survey", refused)
+    monkeypatch.setattr(ray_engine, "connected", refused)
+    for engine in ("local", "ray"):
+        manifest = write_atlas(bundle, finished / "c.txt", atlas, engine=engine)
+        assert manifest["complete"] is True and manifest == load_atlas(atlas).manifest
+    with pytest.raises(AssertionError, match="read its corpus"):  # another setting: the run's own checks decide
+        write_atlas(bundle, finished / "c.txt", atlas, shard_size=7)

@@ -29,10 +29,10 @@ from attnviz.atlas.corpus import (
 from attnviz.atlas.engine import check_precision, run_local, run_tagged
 from attnviz.atlas.roles import PERIOD, PROBES, ROLES, SEED, role_table
 from attnviz.atlas.stats import STATISTICS
-from attnviz.atlas.store import FORMAT, AtlasFolder, load_atlas, max_atlas_rows, summarise
+from attnviz.atlas.store import FORMAT, AtlasFolder, load_atlas, max_atlas_rows, read_manifest, summarise
 from attnviz.atlas.summary import Atlas, add_sums, divergence_sums, inputs_frame, stats_frame
 from attnviz.checkpoints import Bundle
-from attnviz.errors import InputError, describe
+from attnviz.errors import AtlasError, InputError, describe
 from attnviz.export import maps_bytes, max_export_bytes, package_version, path_argument, size_text
 
 ENGINES = ("local", "ray")
@@ -259,6 +259,24 @@ def build_atlas(
     return load_atlas(out)
 
 
+def _finished(out: Path, plan: Callable[[], dict]) -> dict | None:
+    """The manifest of the finished atlas in ``out``, when it was made under this run's ``plan()`` and
+    `load_atlas` reads it back whole: a rerun of a finished command then neither tokenises its corpus again
+    (minutes for a lab's million lines) nor joins a cluster. None for anything else (no atlas there, an
+    unfinished one, another plan, one that cannot be read), which the run's own checks then answer."""
+    try:
+        manifest = read_manifest(out)
+        if (
+            manifest.get("complete") is not True
+            or not isinstance(manifest.get("runs", []), list)  # damaged: `AtlasFolder` says so
+            or manifest.get("plan") != plan()
+        ):
+            return None
+        return load_atlas(out).manifest
+    except (AtlasError, OSError):
+        return None
+
+
 def _shard_batches(
     work: Iterable[dict[int, Sequence[Sentence]]], batch_size: int
 ) -> Iterator[tuple[tuple[int, bool], list[Sentence]]]:
@@ -293,7 +311,8 @@ def write_atlas(
     Two passes over the file: the first counts lines, usable sentences and shards and checks sizes
     before any work (``reading(lines read, lines in all)`` follows it: it tokenises the whole corpus);
     the second computes the shards not yet in ``out`` (``progress(sentences done, sentences in all)``).
-    On Ray the cluster is joined and its actors planned before the first pass (`ray_engine.connected`),
+    A finished atlas of the same plan is read back before either (`_finished`), its corpus read only for its
+    hash. On Ray the cluster is joined and its actors planned before the first pass (`ray_engine.connected`),
     and ``out`` is locked for this run from the first write to the end (`store.AtlasFolder`). Every argument
     is checked before anything is read or written.
     """
@@ -309,19 +328,10 @@ def write_atlas(
     # On Ray the model runs on the nodes' devices, not the driver's: only the name is checked here
     check_precision(precision, bundle.device if engine == "local" else None)
     _check_model(bundle, targets is not None)
-    with ExitStack() as stack:
-        actors = None
-        if engine == "ray":  # joined, and the actors planned, before any reading or writing
-            from attnviz.atlas.ray_engine import connected
+    chunk_lines = chunk_lines or max(shard_size, CHUNK_ROWS // heads_per_sentence(bundle))
 
-            actors = stack.enter_context(connected(ray_device or bundle.device.type))
-        chunk_lines = chunk_lines or max(shard_size, CHUNK_ROWS // heads_per_sentence(bundle))
-        tokenizer = bundle.tokenizer
-        weight = _maps_weight(bundle, targets is not None)
-        found = survey(tokenizer, corpus, targets, limit, chunk_lines, shard_size, weight, reading, allow_unknown)
-        _check_usable(found, bundle, targets is not None)
-        _check_size(found, bundle)
-        plan = {
+    def plan() -> dict:  # everything the results depend on: a folder made under another plan is not this run's
+        return {
             "checkpoint_sha256": bundle.sha256,
             "corpus_sha256": file_sha256(corpus),
             "targets_sha256": None if targets is None else file_sha256(targets),
@@ -331,6 +341,21 @@ def write_atlas(
             "chunk_lines": chunk_lines,
             "unknown": "kept" if allow_unknown else "skipped",  # lines with characters the tokenizer cannot read
         }
+
+    if (finished := _finished(out, plan)) is not None:
+        return finished
+    with ExitStack() as stack:
+        actors = None
+        if engine == "ray":  # joined, and the actors planned, before any reading or writing
+            from attnviz.atlas.ray_engine import connected
+
+            actors = stack.enter_context(connected(ray_device or bundle.device.type))
+        tokenizer = bundle.tokenizer
+        weight = _maps_weight(bundle, targets is not None)
+        found = survey(tokenizer, corpus, targets, limit, chunk_lines, shard_size, weight, reading, allow_unknown)
+        _check_usable(found, bundle, targets is not None)
+        _check_size(found, bundle)
+        plan = plan()
         sizes = found.shard_sizes
         device = str(bundle.device) if actors is None else actors.device  # on Ray, the nodes'
         run = {"engine": engine, "device": device, "batch": batch_size}
