@@ -188,6 +188,7 @@ def test_beam_score_is_the_teacher_forced_log_probability(model, sources):
         assert decoding.score == pytest.approx(_log_prob(model, src, outputs), abs=1e-4)
 
 
+@pytest.mark.slow  # 1.5 s or more in the quick tier on a 2-core AMD EPYC with AVX2 only
 def test_beam_steps_record_the_live_beams_and_the_followed_one(model, sources):
     for src in sources:
         decoding = step_through(model, src, beam_size=4, max_len=MAX_LEN)

@@ -87,6 +87,7 @@ def shipped_heads() -> list[pd.DataFrame]:
     return [load_history(folder).heads for folder in sorted(pretrained_dir().glob("*/history"))]
 
 
+@pytest.mark.slow  # 1.5 s or more in the quick tier on a 2-core AMD EPYC with AVX2 only
 def test_head_lines_and_every_head_agree_with_a_pivot_table():
     """On the shipped models' histories (every statistic, every record) and on tables with what they lack: steps
     asked for that were never recorded, in another order, a step recorded twice, and layers past 9."""
@@ -118,6 +119,7 @@ def test_head_lines_and_every_head_agree_with_a_pivot_table():
     assert not formation.head_lines(heads_table(5), "mean_distance", [7, 9]).heads
 
 
+@pytest.mark.slow  # 1.5 s or more in the quick tier on a 2-core AMD EPYC with AVX2 only
 def test_the_opening_head_is_the_one_a_sorted_table_puts_first():
     """On the shipped histories, for every statistic: the highest at the last record, a cross-attention head where
     there are, the first row of the highest on a tie, as a stable sort of the table puts it."""

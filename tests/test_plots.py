@@ -230,6 +230,7 @@ def test_lines_view_with_no_weight_above_the_threshold_draws_only_the_heads_lege
     assert [t.name for t in fig.data if t.mode == "lines"] == ["head 2", "head 5"]
 
 
+@pytest.mark.slow  # 1.5 s or more in the quick tier on a 2-core AMD EPYC with AVX2 only
 def test_lines_view_draws_thousands_of_lines_in_a_few_traces_a_head():
     """A long sentence's heads: thousands of lines, at most 64 traces a head, each line once."""
     maps = random_maps(6, 40, 40, seed=12)  # (heads, Q, K)

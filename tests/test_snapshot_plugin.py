@@ -315,6 +315,7 @@ def test_update_refuses_to_keep_maps_that_are_not_attention_weights(project):
     assert not (project.path / "__snapshots__" / "test_user_bad").exists()
 
 
+@pytest.mark.slow  # 1.5 s or more in the quick tier on a 2-core AMD EPYC with AVX2 only
 def test_the_update_summary_lists_what_xdist_workers_wrote(project):
     pytest.importorskip("xdist")
     result = project.runpytest("-n", "2", "-p", "xdist", "--attnviz-update")
