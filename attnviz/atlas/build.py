@@ -330,7 +330,7 @@ def write_atlas(
     _check_model(bundle, targets is not None)
     chunk_lines = chunk_lines or max(shard_size, CHUNK_ROWS // heads_per_sentence(bundle))
 
-    def plan() -> dict:  # everything the results depend on: a folder made under another plan is not this run's
+    def plan_of() -> dict:  # everything the results depend on: a folder made under another plan is not this run's
         return {
             "checkpoint_sha256": bundle.sha256,
             "corpus_sha256": file_sha256(corpus),
@@ -342,7 +342,7 @@ def write_atlas(
             "unknown": "kept" if allow_unknown else "skipped",  # lines with characters the tokenizer cannot read
         }
 
-    if (finished := _finished(out, plan)) is not None:
+    if (finished := _finished(out, plan_of)) is not None:
         return finished
     with ExitStack() as stack:
         actors = None
@@ -355,7 +355,7 @@ def write_atlas(
         found = survey(tokenizer, corpus, targets, limit, chunk_lines, shard_size, weight, reading, allow_unknown)
         _check_usable(found, bundle, targets is not None)
         _check_size(found, bundle)
-        plan = plan()
+        plan = plan_of()
         sizes = found.shard_sizes
         device = str(bundle.device) if actors is None else actors.device  # on Ray, the nodes'
         run = {"engine": engine, "device": device, "batch": batch_size}
