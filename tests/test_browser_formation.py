@@ -102,6 +102,25 @@ def _open(tab, url: str, width: int = 1400, height: int = 1000):
     return page
 
 
+PLAY = "[data-testid='stMain'] label:has-text('Play')"
+# Whether Play's switch shows on (the checkbox input inside its label).
+PLAYING = """() => [...document.querySelectorAll("[data-testid='stMain'] label")]
+    .find(l => l.textContent.trim() === 'Play').querySelector('input').checked"""
+
+
+def _switch_play(page, on: bool) -> None:
+    """Click Play's switch and wait until it shows ``on``: a click that a page under load did not take (the switch
+    unchanged) fails here, apart from a page that went on running after Play showed off."""
+    from playwright.sync_api import TimeoutError as PlaywrightTimeout
+
+    page.locator(PLAY).click()
+    try:
+        page.wait_for_function(f"() => ({PLAYING})() === {str(on).lower()}", timeout=30_000, polling=100)
+    except PlaywrightTimeout:
+        shown = "off" if on else "on"
+        raise AssertionError(f"Play clicked {'on' if on else 'off'}: the switch still shows it {shown}") from None
+
+
 def _steps(page) -> list[int]:
     """The recorded steps: the x values of the loss chart, one per record."""
     return [int(s) for s in page.evaluate(SHOWN_STEP_LIST)]
@@ -131,10 +150,13 @@ def test_play_shift_right_and_a_click_on_a_heads_line(server, browser_tab, where
         assert f"step={steps[1]}" in page.url, "the step is in the link"
 
         # Play: the step advances by itself, record by record, until Play is switched off
-        page.locator("[data-testid='stMain'] label:has-text('Play')").click()
+        _switch_play(page, on=True)
         page.wait_for_function(f"() => ({SHOWN_STEP})() >= {steps[3]}", timeout=60_000)
-        page.locator("[data-testid='stMain'] label:has-text('Play')").click()
-        settled(page, "Play switched off")
+        _switch_play(page, on=False)
+        try:
+            settled(page, "Play switched off")
+        except AssertionError as e:  # say whether the switch went back on by itself, or stayed off and the page ran on
+            raise AssertionError(f"{e} (Play shows {'on' if page.evaluate(PLAYING) else 'off'})") from None
         stopped = page.evaluate(SHOWN_STEP)
         assert stopped in steps[3:]
         page.wait_for_timeout(2500)  # longer than a record is shown while playing
