@@ -37,17 +37,17 @@ FIRST_TITLE = """() => {
     return t ? t.textContent : null;
 }"""
 # Of the chart of every head's statistic: the line (not the chosen head's, drawn last) whose last point is drawn
-# farthest from every other line's, as the head its points name, where that point is and how far the next one is.
-# The head's line whose last point lies farthest from any other line's, and that point, in pixels from the
-# chart's top left corner (the click goes through the chart's locator, which waits until the chart stands still).
+# farthest from every other line's last point, as the head its points name, where that point is, in pixels from
+# the chart's top left corner, and how far the nearest other is. The lines carry no markers (the chosen head's
+# alone does), so the points are placed by plotly's own axes (the click goes through the chart's locator, which
+# waits until the chart stands still).
 A_LINE = """() => {
     const plot = [...document.querySelectorAll('.js-plotly-plot')]
         .find(p => (p.querySelector('.gtitle') || {}).textContent?.startsWith("Every head's"));
-    const box = plot.getBoundingClientRect();
-    const traces = [...plot.querySelectorAll('.scatterlayer .trace')];  // in the order of the data
-    const ends = traces.map(t => {
-        const dots = t.querySelectorAll('.points path'), b = dots[dots.length - 1].getBoundingClientRect();
-        return [b.left + b.width / 2 - box.left, b.top + b.height / 2 - box.top];
+    const {xaxis, yaxis} = plot._fullLayout;
+    const ends = plot._fullData.map(t => {  // in the order of the data; x and y decoded (the figure's are base64)
+        const x = Array.from(t.x), y = Array.from(t.y), last = x.length - 1;
+        return [xaxis._offset + xaxis.l2p(x[last]), yaxis._offset + yaxis.l2p(y[last])];
     });
     let best = null;
     for (let i = 0; i < ends.length - 1; i++) {

@@ -217,6 +217,9 @@ def test_the_statistic_lines_draw_one_line_per_head_the_chosen_one_red_and_on_to
     assert len(fig.data) == len(lines.heads)
     last = fig.data[-1]
     assert set(last.customdata) == {chosen} and last.line.color == HIGHLIGHT, "the chosen head is drawn last, red"
+    drawn = [trace.marker.opacity != 0 and not trace.marker.maxdisplayed for trace in fig.data]
+    assert drawn == [False] * (len(fig.data) - 1) + [True], "the chosen head's records are marked, no other's"
+    assert {trace.mode for trace in fig.data} == {"lines+markers"}, "every line's points can be clicked (selected)"
     for trace in fig.data:
         (head,) = set(trace.customdata)  # every point of a line names its head: a click picks it
         np.testing.assert_array_equal(trace.y, lines.values[lines.ids.index(head)])
