@@ -194,6 +194,15 @@ def test_a_follower_follows_the_presenter_live(room_server, monkeypatch):
             teacher.reload()
             settled(teacher, "the presenter's page, reloaded")
             assert _room_code(teacher) == code
+            # ... and so it does when it is given the room's link: it asks its tab, as any new session, and presents
+            # again, with a line that says where a link is followed (it had forgotten its room, which no one could
+            # then end, and followed it)
+            teacher.goto(link)
+            teacher.get_by_text(f"This tab presents room {code}").wait_for(timeout=60_000)
+            settled(teacher, "the presenter's tab at the room's link")
+            assert _room_code(teacher) == code
+            assert teacher.get_by_text(f"Following room {code}").count() == 0
+            assert teacher.get_by_role("button", name="End the room").count() == 1
             for page in (teacher, student, forger):
                 assert page.locator("[data-testid='stException']").count() == 0
             print(f"follower caught up in {', '.join(f'{s * 1000:.0f}' for s in seen)} ms")

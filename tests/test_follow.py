@@ -264,6 +264,28 @@ def test_a_presenter_who_ends_the_room_presents_no_more(room_store):
         rooms.read(mine.code)
 
 
+@pytest.mark.parametrize("whose", ["another room", "its own room"])
+def test_a_presenting_tab_given_a_rooms_link_keeps_presenting_and_says_where_links_are_followed(room_store, whose):
+    """The presenter's tab opened at a room's link: it had followed that room, published the room's views to its own
+    class, and hidden its room panel ("End the room" with it)."""
+    other = rooms.open_room(_view("explorer", head="3", sentence="another class's sentence"))
+    presenter = open_app()
+    mine = _open_room(presenter)
+    before = rooms.read(mine.code)
+    presenter.query_params[follow.FOLLOW] = other.code if whose == "another room" else mine.code
+    presenter.run()
+    assert not presenter.exception, presenter.exception
+    assert follow.FOLLOWING not in presenter.session_state, "it follows no room"
+    assert presenter.session_state[follow.ROOM_STATE] == mine, "it presents its room"
+    assert [b.key for b in presenter.sidebar.button if b.key == "_room_end"] == ["_room_end"], "its room panel shows"
+    assert any(f"This tab presents room {mine.code}" in w.value for w in presenter.sidebar.warning), _texts(presenter)
+    assert follow.FOLLOW not in presenter.query_params, "the link's code is let go"
+    presenter.run()
+    after = rooms.read(mine.code)
+    assert (after.version, after.state) == (before.version, before.state), "its class sees what it saw"
+    assert "another class's sentence" not in json.dumps(after.state)
+
+
 def test_a_follower_cannot_drive(room_store):
     """Whatever a follower's page sends (its widgets, a forged pointed cell), the room's view stays the presenter's."""
     mine = rooms.open_room(_view("explorer", head="2"))

@@ -167,14 +167,16 @@ _keeper = st.components.v2.component("attnviz.room_keeper", js=_KEEP_JS)
 def keep_room() -> None:
     """Tell the presenter's tab to keep its room, or ask a new session's tab for the room it kept.
 
-    A presenter's every run hands the tab its room (code and secret); a session with no room, not
-    following one, asks its tab once whether it presented one; a room ended, or refused when
-    claimed, is forgotten. The component draws nothing; the frame calls this at the page's end.
+    A presenter's every run hands the tab its room (code and secret); a session with no room asks its
+    tab once whether it presented one, a follower's too (a presenter's tab reloaded at a room's link
+    presents again: `presents_here`; it had forgotten its room, which no one could then end); a room
+    ended, or refused when claimed, is forgotten. The component draws nothing; the frame calls this
+    at the page's end.
     """
     mine = presenting_room()
     if mine is not None:
         data: dict[str, Any] = {"keep": {"code": mine.code, "secret": mine.secret}}
-    elif st.session_state.get(FOLLOWING) is not None or st.session_state.get(KEPT) == "forget":
+    elif st.session_state.get(KEPT) == "forget":
         data = {"forget": True}
     else:
         data = {"ask": st.session_state.setdefault(KEPT, secrets.token_hex(8))}
@@ -200,6 +202,8 @@ def _claimed() -> None:
             st.session_state["_room_error"] = f"{e} Your room is kept; reload the page when the store answers."
         return
     st.session_state.pop(PUBLISHED_STATE, None)  # the page's view is published at the run's end
+    if st.session_state.get(FOLLOWING) is not None:  # the tab was reloaded at a room's link
+        presents_here(st.session_state[ROOM_STATE])
     log.info("room %s resumed by its presenter in a new session", code)
 
 
@@ -407,6 +411,10 @@ def start(page: str) -> None:
     code = st.query_params.get(FOLLOW)
     if code is None:
         return
+    mine = presenting_room()
+    if mine is not None:
+        presents_here(mine)
+        return
     following = st.session_state.get(FOLLOWING)
     if following is not None and following.get("link") == code:  # the link as given: "code" is trimmed
         wanted = following.get("pending")
@@ -420,6 +428,20 @@ def start(page: str) -> None:
         "detached": False,
         "id": secrets.token_hex(8),
     }
+
+
+def presents_here(mine: rooms.Room) -> None:
+    """A tab that presents room ``mine`` and opens a room's link: it keeps presenting, and says where a link is
+    followed. Followed there, it had published the other room's views to its own class, with its room panel (and
+    "End the room") gone."""
+    st.session_state.pop(FOLLOWING, None)
+    st.session_state.pop(DRAWING, None)
+    st.session_state["_room_error"] = (
+        f"This tab presents room {mine.code}, so it follows no room: open a room's link in another tab or on "
+        "another screen, or end this room first."
+    )
+    if FOLLOW in st.query_params:
+        del st.query_params[FOLLOW]
 
 
 def _page_lost() -> bool:
