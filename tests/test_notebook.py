@@ -351,6 +351,96 @@ def test_a_long_text_opens_pooled_and_a_zoom_gives_exact_weights():
     assert view.zoom == [] and view.frame["blocks"] == [2, 2]
 
 
+def _pooled_by_hand(weights: np.ndarray, region, causal: bool, contrast: str) -> tuple[np.ndarray, np.ndarray, tuple]:
+    """A plain map's picture of ``region`` as the head view's docstring defines it, in numpy alone: each cell's
+    colour value (row: over its whole row), the largest in each block of the overview's size from the region's
+    top left, grey where every cell of a block is masked; and each block's largest weight."""
+    r0, r1, c0, c1 = region
+    part = weights[r0:r1, c0:c1].astype(np.float64)
+    if contrast == "linear":
+        values = np.clip(part, 0, 1)
+    elif contrast == "log":
+        values = (np.log10(np.clip(part, 1e-5, 1)) + 5) / 5
+    else:
+        values = part / weights[r0:r1].astype(np.float64).max(axis=1, keepdims=True)
+    fr, fc = -(-(r1 - r0) // 1024), -(-(c1 - c0) // 1024)
+    rows, cols = np.arange(0, r1 - r0, fr), np.arange(0, c1 - c0, fc)  # each block's first row and column
+
+    def block_max(a):  # numpy's reduceat over the blocks' starts, rows then columns
+        return np.maximum.reduceat(np.maximum.reduceat(a, rows, axis=0), cols, axis=1)
+
+    ok = np.arange(r0, r1)[:, None] >= np.arange(c0, c1)[None, :] if causal else np.ones(part.shape, bool)
+    colour, peak, grey = block_max(values), block_max(part), ~block_max(ok)
+    indices = np.rint(np.clip(colour, 0, 1) * 253).astype(np.uint8)
+    indices[grey] = 254  # the masked grey, after the 254 levels
+    return indices, peak, (fr, fc)
+
+
+@pytest.mark.slow  # maps of over a thousand tokens, each picture made four to six times: 0.7-1.4 s each on a Xeon
+@pytest.mark.parametrize(
+    ("kind", "shape", "zoom"),
+    [
+        ("decoder", (1101, 1101), None),  # pooled 2 x 2, the last block of each side short
+        ("decoder", (1300, 1300), [10, 1290, 200, 1300]),  # keys past the queries: blocks wholly masked, and not
+        ("cross", (1100, 2100), [100, 1090, 7, 2100]),  # target rows by source columns, pooled 1 x 3
+    ],
+)
+def test_a_plain_maps_pooled_picture_is_each_blocks_largest_a_band_of_rows_at_a_time(monkeypatch, kind, shape, zoom):
+    """The first picture of a long plain map is coloured and pooled a band of rows at a time (a few MiB, where the
+    whole map in float64 copies had taken several times its size): bands of every size give the picture numpy
+    gives of the whole, under each contrast."""
+    from attnviz.notebook import frames
+
+    rng = np.random.default_rng(5)
+    Q, K = shape
+    scores = rng.normal(size=(1, 1, Q, K)) * 3
+    if kind == "decoder":
+        scores = np.where(causal_mask(Q), scores, -np.inf)
+        maps = {"attentions": _softmax(scores), "tokens": [f"t{i}" for i in range(Q)], "kind": "decoder"}
+    else:
+        maps = {"cross": _softmax(scores), "src_tokens": [f"s{i}" for i in range(K)],
+                "tgt_tokens": [f"t{i}" for i in range(Q)]}  # fmt: skip
+    weights = _softmax(scores)[0, 0]
+    region = zoom or [0, Q, 0, K]
+    for band_cells in (frames.BAND_CELLS, 100_000):  # one band; several, the last one short
+        monkeypatch.setattr(frames, "BAND_CELLS", band_cells)
+        maps_and_tokens = dict(maps)
+        attentions = maps_and_tokens.pop("attentions", None)
+        view = head_view(attentions, mode="widget", **maps_and_tokens)
+        for contrast in ("linear", "log", "row"):
+            view.contrast = contrast
+            if zoom:
+                view.zoom = zoom
+            indices, peak, blocks = _pooled_by_hand(weights, region, kind == "decoder", contrast)
+            assert view.frame["blocks"] == list(blocks) and view.frame["region"] == region
+            np.testing.assert_array_equal(frame_indices(view), indices, err_msg=f"{contrast}, bands of {band_cells}")
+            np.testing.assert_array_equal(frame_weights(view), peak.astype(np.float32))
+
+
+@pytest.mark.slow  # a map of 5,000 tokens made and checked: about 2 s
+def test_a_long_plain_maps_first_picture_takes_less_memory_than_the_map():
+    """A plain map of 5,000 tokens (95 MiB of float32): its first picture, under each contrast, takes a few bands'
+    worth of memory, not the float64 copies of the whole map (0.6-0.9 GiB for 6,000 tokens before)."""
+    import tracemalloc
+
+    from attnviz.notebook.data import as_source
+    from attnviz.notebook.frames import HeadFrames
+
+    n = 5000
+    weights = np.tril(np.random.default_rng(0).random((n, n), dtype=np.float32))
+    weights /= weights.sum(axis=-1, keepdims=True)
+    frames = HeadFrames(as_source(weights[None, None], [f"t{i}" for i in range(n)], kind="decoder"))
+    for contrast in ("linear", "log", "row"):
+        tracemalloc.start()
+        try:
+            frame = frames.frame("decoder", 1, 1, contrast)
+            peak = tracemalloc.get_traced_memory()[1]
+        finally:
+            tracemalloc.stop()
+        assert frame["blocks"] == [5, 5]
+        assert peak < 0.8 * weights.nbytes, f"{contrast}: {peak / weights.nbytes:.2f} x the map's size at the peak"
+
+
 def test_the_model_views_thumbnails_are_the_apps_grid():
     export = toy_export()
     view = model_view(export, kind="encoder", contrast="row", mode="widget")
