@@ -10,6 +10,7 @@ import shutil
 import numpy as np
 import pandas as pd
 import pytest
+import torch
 from conftest import toy_export
 
 import attnviz
@@ -148,15 +149,27 @@ def test_numpy_whole_numbers_are_taken_and_recorded_as_json_numbers(bundle, corp
         ({"allow_unknown": None}, "^allow_unknown must be True or False; got null"),
         ({"progress": "bar"}, "^progress must be a function"),
         ({"reading": 5}, "^reading must be a function"),
+        ({"ray_device": "gpu", "engine": "ray"}, "^ray_device must be one of auto, cpu, cuda .*; got 'gpu'"),
+        ({"ray_device": "mps", "engine": "ray"}, "^ray_device must be one of auto, cpu, cuda .*; got 'mps'"),
+        (
+            {"ray_device": torch.device("cuda")},
+            "^ray_device must be one of .*; got a value of type device",
+        ),
     ],
 )
 def test_flags_and_callbacks_of_another_kind_are_refused_first(bundle, corpus, tmp_path, no_reading, options, words):
     """allow_unknown="no" had been read as yes and recorded as "kept"; a progress of text failed after a batch."""
     with pytest.raises(InputError, match=words):
         write_atlas(bundle, corpus, tmp_path / "out", **options)
-    if "reading" not in options:
+    if "reading" not in options and "ray_device" not in options:  # in memory: no reading, no Ray
         with pytest.raises(InputError, match=words):
             compute_atlas(bundle, ["a b c"], **options)
+
+
+def test_the_local_engine_takes_the_command_lines_device_as_ray_device(bundle, corpus, tmp_path):
+    """`attnviz atlas --device mps` hands write_atlas ray_device="mps" whatever the engine: the local engine, which runs
+    on the model's own device, takes it."""
+    assert write_atlas(bundle, corpus, tmp_path / "out", ray_device="mps")["complete"] is True
 
 
 # ---------------------------------------------------------------------------------------------

@@ -142,6 +142,9 @@ def _whole(name: str, value, optional: bool = False) -> int | None:
     raise InputError(f"{name} must be a whole number of 1 or more{also}; got {describe(value)}")
 
 
+RAY_DEVICES = ("auto", "cpu", "cuda")  # where the Ray engine's actors can run (`ray_engine.plan_actors`)
+
+
 def _check_options(allow_unknown, **callbacks) -> None:
     """InputError for an ``allow_unknown`` that is not True or False ("no" is true to ``if``), or a callback that
     is not None or callable (it had failed when the first batch was done)."""
@@ -325,6 +328,15 @@ def write_atlas(
     _check_options(allow_unknown, progress=progress, reading=reading)
     if not isinstance(engine, str) or engine not in ENGINES:
         raise InputError(f"engine must be one of {', '.join(ENGINES)}; got {engine!r}")
+    if ray_device is not None and (
+        not isinstance(ray_device, str) or (engine == "ray" and ray_device not in RAY_DEVICES)
+    ):
+        # found out on Ray only, once the cluster was joined ("torch.device('cuda')" in its message); the local engine
+        # runs on the model's device, and the command line hands it its --device, mps included
+        raise InputError(
+            f"ray_device must be one of {', '.join(RAY_DEVICES)} (where the Ray engine's actors run), or None for "
+            f"the model's own device; got {describe(ray_device)}"
+        )
     # On Ray the model runs on the nodes' devices, not the driver's: only the name is checked here
     check_precision(precision, bundle.device if engine == "local" else None)
     _check_model(bundle, targets is not None)

@@ -41,6 +41,7 @@ import numpy as np
 import pandas as pd
 import torch
 
+from attnviz.atlas.build import RAY_DEVICES
 from attnviz.atlas.corpus import Sentence, batch_plan
 from attnviz.atlas.engine import BatchResult, run_batch
 from attnviz.checkpoints import load_checkpoint
@@ -167,7 +168,7 @@ def plan_actors(nodes: Sequence[dict], device: str) -> ActorPlan:
     more copies, no CPU idle). Actors of one size fit the nodes exactly (each node takes its CPUs //
     size of them), which Ray Data's pool, of one size, needs.
     """
-    if device not in ("auto", "cpu", "cuda"):
+    if device not in RAY_DEVICES:  # the model's own device, when no other is asked for: "mps"
         raise AtlasError(
             f"the Ray engine runs its actors on CPUs or CUDA GPUs, not {device}: use --device cpu, cuda or auto"
         )
