@@ -280,6 +280,31 @@ def test_a_rerun_of_a_good_finished_atlas_computes_nothing(bundle, finished, tmp
     }
 
 
+def test_a_rerun_of_a_finished_atlas_reads_no_table_back(bundle, finished, tmp_path, monkeypatch):
+    """A rerun had read the whole atlas back to know it finished: several GB of tables for a lab's million lines,
+    far past the bound the run itself keeps. It now checks the tables' bytes against what the finishing run
+    recorded, a megabyte at a time; an atlas whose record is gone is read back as before."""
+    import hashlib
+
+    from attnviz.atlas import store
+
+    atlas = shutil.copytree(finished / "A", tmp_path / "A")
+    manifest = json.loads((atlas / "manifest.json").read_text(encoding="utf-8"))
+    record = manifest["finished_sha256"]
+    for name in ("sentences", "heads", "distances", "mds", "inputs"):
+        assert record[name] == hashlib.sha256((atlas / f"{name}.parquet").read_bytes()).hexdigest(), name
+    reads = []
+    monkeypatch.setattr(store, "_read_table", lambda *a, **k: reads.append(a) or pytest.fail("a table was read back"))
+    again = write_atlas(bundle, finished / "c.txt", atlas)
+    assert again == manifest and reads == []
+
+    _rewrite_manifest(atlas, lambda m: m.pop("finished_sha256"))  # an atlas of an attnviz before the record
+    monkeypatch.undo()
+    read_back = []
+    monkeypatch.setattr(build, "load_atlas", lambda folder: read_back.append(folder) or load_atlas(folder))
+    assert write_atlas(bundle, finished / "c.txt", atlas)["complete"] is True and read_back == [atlas]
+
+
 def test_a_finished_atlas_s_rerun_neither_reads_its_corpus_nor_joins_a_cluster(bundle, finished, tmp_path, monkeypatch):
     """Its first pass had tokenised the whole corpus again (minutes for a lab's million lines), and with --engine
     ray joined the cluster and planned its actors first, all to find the atlas finished."""

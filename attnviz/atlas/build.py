@@ -29,7 +29,16 @@ from attnviz.atlas.corpus import (
 from attnviz.atlas.engine import check_precision, run_local, run_tagged
 from attnviz.atlas.roles import PERIOD, PROBES, ROLES, SEED, role_table
 from attnviz.atlas.stats import STATISTICS
-from attnviz.atlas.store import FORMAT, AtlasFolder, load_atlas, max_atlas_rows, read_manifest, summarise
+from attnviz.atlas.store import (
+    FORMAT,
+    AtlasFolder,
+    check_finished_manifest,
+    intact,
+    load_atlas,
+    max_atlas_rows,
+    read_manifest,
+    summarise,
+)
 from attnviz.atlas.summary import Atlas, add_sums, divergence_sums, inputs_frame, stats_frame
 from attnviz.checkpoints import Bundle
 from attnviz.errors import AtlasError, InputError, describe
@@ -263,10 +272,11 @@ def build_atlas(
 
 
 def _finished(out: Path, plan: Callable[[], dict]) -> dict | None:
-    """The manifest of the finished atlas in ``out``, when it was made under this run's ``plan()`` and
-    `load_atlas` reads it back whole: a rerun of a finished command then neither tokenises its corpus again
-    (minutes for a lab's million lines) nor joins a cluster. None for anything else (no atlas there, an
-    unfinished one, another plan, one that cannot be read), which the run's own checks then answer."""
+    """The manifest of the finished atlas in ``out``, when it was made under this run's ``plan()`` and its tables
+    are as its finishing run wrote them (`store.intact`, in bounded memory), or else `load_atlas` reads it back
+    whole: a rerun of a finished command then neither tokenises its corpus again (minutes for a lab's million
+    lines) nor joins a cluster. None for anything else (no atlas there, an unfinished one, another plan, one
+    that cannot be read), which the run's own checks then answer."""
     try:
         manifest = read_manifest(out)
         if (
@@ -275,7 +285,8 @@ def _finished(out: Path, plan: Callable[[], dict]) -> dict | None:
             or manifest.get("plan") != plan()
         ):
             return None
-        return load_atlas(out).manifest
+        check_finished_manifest(manifest)
+        return manifest if intact(out, manifest) else load_atlas(out).manifest
     except (AtlasError, OSError):
         return None
 

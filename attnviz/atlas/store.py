@@ -18,6 +18,7 @@ table from sums that add up over chunks (`attnviz.atlas.summary.add_head_parts`)
 from __future__ import annotations
 
 import fcntl
+import hashlib
 import json
 import logging
 import os
@@ -48,6 +49,8 @@ from attnviz.export import path_argument, positive_setting
 FORMAT = "attnviz-atlas/1"
 MANIFEST = "manifest.json"
 TABLES = ("sentences", "heads", "distances", "mds", "inputs")
+# The finishing run's record, in the manifest: each final table's SHA-256 and the manifest's own (`intact`)
+FINISHED = "finished_sha256"
 SHARDS = "shards"
 PARTS = ("inputs", "pairs", "sentences")  # a shard's files, in the order they are written
 RECORD = "record.json"  # a shard's record, written after its files: each file's rows and sha256
@@ -203,7 +206,7 @@ class AtlasFolder:
         (`attnviz.atlas.summary.Atlas`). Reading it back computes nothing; it holds the atlas in memory, as every
         reader of it does (its tables are bounded by ``ATTNVIZ_MAX_ATLAS_ROWS``)."""
         try:
-            _check_finished_manifest(self.manifest)
+            check_finished_manifest(self.manifest)
         except AtlasError as e:
             raise AtlasError(
                 f"{self.folder} holds a finished atlas that cannot be read ({e}): remove that folder or choose another "
@@ -213,6 +216,8 @@ class AtlasFolder:
         if missing:
             log.warning("%s is marked finished but lacks %s: it is computed again", self.folder, ", ".join(missing))
             self.manifest = {**self.manifest, "complete": False}
+            return
+        if intact(self.folder, self.manifest):
             return
         # Read back as every reader reads it, so that an atlas reported finished is one `load_atlas` takes: each
         # table's metadata alone had passed tables cut short or edited that no longer agree, refused by every reader
@@ -356,7 +361,9 @@ class AtlasFolder:
             write_table(self.folder / f"{name}.parquet", frame)
         for writer in tables.values():
             writer.close()
-        self.manifest = {**self.manifest, **updates, "complete": True}
+        manifest = {**self.manifest, **updates, "complete": True}
+        written = {name: file_sha256(self.folder / f"{name}.parquet") for name in TABLES}  # see `intact`
+        self.manifest = {**manifest, FINISHED: {**written, MANIFEST: _manifest_sha256(manifest)}}
         write_json(self.folder / MANIFEST, self.manifest)
         shutil.rmtree(self.shards)
         return self.manifest
@@ -439,6 +446,34 @@ def _checked_file(folder: Path, name: str, max_bytes: int) -> Path:
     return path
 
 
+def _manifest_sha256(manifest: dict) -> str:
+    """The SHA-256 of what a finished atlas's manifest says, its runs and its finishing record left out."""
+    said = {key: value for key, value in manifest.items() if key not in ("runs", FINISHED)}
+    return hashlib.sha256(json.dumps(said, sort_keys=True, ensure_ascii=False).encode("utf-8")).hexdigest()
+
+
+def intact(folder: Path, manifest: dict) -> bool:
+    """Whether the finished atlas in ``folder`` is, byte for byte, what the run that finished it wrote: each table's
+    SHA-256, and the manifest's own, are those ``manifest`` recorded then (`AtlasFolder.finish`). Read a megabyte at
+    a time: a rerun of a finished command, which had read the whole atlas back to know it finished (tables of several
+    GB for a lab's million lines, far past the driver's bound), knows it so in bounded memory. False for an atlas
+    that recorded none (an attnviz before it), and for a table or a count changed, or a table gone or not a regular
+    file of the folder: its readers check it whole (`load_atlas`)."""
+    written = manifest.get(FINISHED)
+    if not isinstance(written, dict) or set(written) != {*TABLES, MANIFEST}:
+        return False
+    if written[MANIFEST] != _manifest_sha256(manifest):
+        return False
+    for name in TABLES:
+        try:
+            path = _checked_file(Path(folder), f"{name}.parquet", 1 << 62)  # its size is its readers' to bound
+            if not isinstance(written[name], str) or file_sha256(path) != written[name]:
+                return False
+        except (AtlasError, OSError):
+            return False
+    return True
+
+
 def read_manifest(folder: Path) -> dict:
     if not (Path(folder) / MANIFEST).exists() and not (Path(folder) / MANIFEST).is_symlink():
         raise AtlasError("no atlas there: manifest.json is missing (`attnviz atlas --out` writes one)")
@@ -452,7 +487,7 @@ def read_manifest(folder: Path) -> dict:
     return manifest
 
 
-def _check_finished_manifest(manifest: dict) -> None:
+def check_finished_manifest(manifest: dict) -> None:
     """The fields a finished atlas's readers use, of the types they use: else an AtlasError."""
     model, counts = manifest.get("model"), manifest.get("counts")
     fields = {
@@ -553,7 +588,7 @@ def load_atlas(folder: str | Path) -> Atlas:
     manifest = read_manifest(folder)
     if manifest.get("complete") is not True:  # as `AtlasFolder.complete`
         raise AtlasError("this atlas is not finished: run the same `attnviz atlas` command again to complete it")
-    _check_finished_manifest(manifest)
+    check_finished_manifest(manifest)
     atlas = Atlas(manifest=manifest, **{name: _read_table(folder, name, _numbers(manifest, name)) for name in TABLES})
     heads = atlas.heads
     missing = [s for s in manifest["statistics"] if s not in heads.columns or f"{s}_std" not in heads.columns]
