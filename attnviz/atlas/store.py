@@ -203,8 +203,9 @@ class AtlasFolder:
         """A folder marked finished: refused when its manifest cannot be read as a finished atlas's, marked
         unfinished (to be computed again, with a warning) when a table is missing or `load_atlas` refuses the
         atlas: a table truncated or forged, or tables that disagree with each other or with the manifest's counts
-        (`attnviz.atlas.summary.Atlas`). Reading it back computes nothing; it holds the atlas in memory, as every
-        reader of it does (its tables are bounded by ``ATTNVIZ_MAX_ATLAS_ROWS``)."""
+        (`attnviz.atlas.summary.Atlas`). An atlas whose files are as its finishing run wrote them (`intact`) is not
+        read back; reading one back computes nothing, and holds the atlas in memory, as every reader of it does
+        (its tables are bounded by ``ATTNVIZ_MAX_ATLAS_ROWS``)."""
         try:
             check_finished_manifest(self.manifest)
         except AtlasError as e:
