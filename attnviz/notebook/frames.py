@@ -177,7 +177,7 @@ class HeadFrames:
         itself, and one of 16,000 would have taken several GiB.
         """
         r0, r1, c0, c1 = region
-        causal = allowed(kind, 1, 1) is not None
+        causal = allowed(kind, 1, 1) is not None  # a decoder's map: a query's later keys are masked
         row_max = weights[r0:r1].max(axis=-1)  # of whole rows: a region's rows go on beyond it
         blocks = (tiles.block_size(r1 - r0, OVERVIEW), tiles.block_size(c1 - c0, OVERVIEW))
         if blocks == (1, 1):
