@@ -305,6 +305,19 @@ def test_a_rerun_of_a_finished_atlas_reads_no_table_back(bundle, finished, tmp_p
     assert write_atlas(bundle, finished / "c.txt", atlas)["complete"] is True and read_back == [atlas]
 
 
+def test_a_finished_atlas_past_the_readers_size_bound_is_not_computed_again(bundle, finished, tmp_path, monkeypatch):
+    """A lab's million lines make tables of hundreds of MB, past the 256 MB a reader takes unless
+    ATTNVIZ_MAX_ATLAS_MB is raised: every rerun of the finished command had found it unreadable and computed it
+    all again (20 minutes and more), to the same size."""
+    atlas = shutil.copytree(finished / "A", tmp_path / "A")
+    monkeypatch.setenv("ATTNVIZ_MAX_ATLAS_MB", "0.001")
+    with pytest.raises(AtlasError, match="over the limit"):
+        load_atlas(atlas)
+    monkeypatch.setattr(build, "run_tagged", lambda *a, **k: pytest.fail("a finished atlas was computed again"))
+    manifest = write_atlas(bundle, finished / "c.txt", atlas)
+    assert manifest["complete"] is True and len(manifest["runs"]) == 1
+
+
 def test_a_finished_atlas_s_rerun_neither_reads_its_corpus_nor_joins_a_cluster(bundle, finished, tmp_path, monkeypatch):
     """Its first pass had tokenised the whole corpus again (minutes for a lab's million lines), and with --engine
     ray joined the cluster and planned its actors first, all to find the atlas finished."""
