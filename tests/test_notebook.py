@@ -387,8 +387,8 @@ def _pooled_by_hand(weights: np.ndarray, region, causal: bool, contrast: str) ->
 )
 def test_a_plain_maps_pooled_picture_is_each_blocks_largest_a_band_of_rows_at_a_time(monkeypatch, kind, shape, zoom):
     """The first picture of a long plain map is coloured and pooled a band of rows at a time (a few MiB, where the
-    whole map in float64 copies had taken several times its size): bands of every size give the picture numpy
-    gives of the whole, under each contrast."""
+    whole map in float64 copies had taken several times its size): in one band or in several, the last one short,
+    it is the picture numpy gives of the whole, under each contrast."""
     from attnviz.notebook import frames
 
     rng = np.random.default_rng(5)
