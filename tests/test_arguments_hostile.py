@@ -301,7 +301,7 @@ def test_a_rerun_of_a_finished_atlas_reads_no_table_back(bundle, finished, tmp_p
     _rewrite_manifest(atlas, lambda m: m.pop("finished_sha256"))  # an atlas of an attnviz before the record
     monkeypatch.undo()
     read_back = []
-    monkeypatch.setattr(build, "load_atlas", lambda folder: read_back.append(folder) or load_atlas(folder))
+    monkeypatch.setattr(store, "load_atlas", lambda folder: read_back.append(folder) or load_atlas(folder))
     assert write_atlas(bundle, finished / "c.txt", atlas)["complete"] is True and read_back == [atlas]
 
 

@@ -32,8 +32,8 @@ from attnviz.atlas.stats import STATISTICS
 from attnviz.atlas.store import (
     FORMAT,
     AtlasFolder,
+    check_finished,
     check_finished_manifest,
-    intact,
     load_atlas,
     max_atlas_rows,
     read_manifest,
@@ -273,10 +273,10 @@ def build_atlas(
 
 def _finished(out: Path, plan: Callable[[], dict]) -> dict | None:
     """The manifest of the finished atlas in ``out``, when it was made under this run's ``plan()`` and its tables
-    are as its finishing run wrote them (`store.intact`, in bounded memory), or else `load_atlas` reads it back
-    whole: a rerun of a finished command then neither tokenises its corpus again (minutes for a lab's million
-    lines) nor joins a cluster. None for anything else (no atlas there, an unfinished one, another plan, one
-    that cannot be read), which the run's own checks then answer."""
+    are as its finishing run wrote them, or else `load_atlas` reads it back whole (`store.check_finished`): a
+    rerun of a finished command then neither tokenises its corpus again (minutes for a lab's million lines) nor
+    joins a cluster. None for anything else (no atlas there, an unfinished one, another plan, one that cannot be
+    read), which the run's own checks then answer."""
     try:
         manifest = read_manifest(out)
         if (
@@ -286,7 +286,8 @@ def _finished(out: Path, plan: Callable[[], dict]) -> dict | None:
         ):
             return None
         check_finished_manifest(manifest)
-        return manifest if intact(out, manifest) else load_atlas(out).manifest
+        check_finished(out, manifest)
+        return manifest
     except (AtlasError, OSError):
         return None
 

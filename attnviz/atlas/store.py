@@ -218,12 +218,8 @@ class AtlasFolder:
             log.warning("%s is marked finished but lacks %s: it is computed again", self.folder, ", ".join(missing))
             self.manifest = {**self.manifest, "complete": False}
             return
-        if intact(self.folder, self.manifest):
-            return
-        # Read back as every reader reads it, so that an atlas reported finished is one `load_atlas` takes: each
-        # table's metadata alone had passed tables cut short or edited that no longer agree, refused by every reader
         try:
-            load_atlas(self.folder)
+            check_finished(self.folder, self.manifest)
         except AtlasError as e:
             log.warning("%s is marked finished but cannot be read (%s): it is computed again", self.folder, e)
             self.manifest = {**self.manifest, "complete": False}
@@ -473,6 +469,14 @@ def intact(folder: Path, manifest: dict) -> bool:
         except (AtlasError, OSError):
             return False
     return True
+
+
+def check_finished(folder: Path, manifest: dict) -> None:
+    """AtlasError unless the finished atlas in ``folder`` is as its finishing run wrote it (`intact`, in bounded
+    memory) or else `load_atlas` reads it back whole, as every reader reads it: each table's metadata alone had
+    passed tables cut short or edited that no longer agree, refused by every reader."""
+    if not intact(folder, manifest):
+        load_atlas(folder)
 
 
 def read_manifest(folder: Path) -> dict:
