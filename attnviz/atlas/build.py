@@ -151,9 +151,6 @@ def _whole(name: str, value, optional: bool = False) -> int | None:
     raise InputError(f"{name} must be a whole number of 1 or more{also}; got {describe(value)}")
 
 
-RAY_DEVICES = ("auto", "cpu", "cuda")  # where the Ray engine's actors can run (`ray_engine.plan_actors`)
-
-
 def _check_options(allow_unknown, **callbacks) -> None:
     """InputError for an ``allow_unknown`` that is not True or False ("no" is true to ``if``), or a callback that
     is not None or callable (it had failed when the first batch was done)."""
@@ -340,6 +337,8 @@ def write_atlas(
     _check_options(allow_unknown, progress=progress, reading=reading)
     if not isinstance(engine, str) or engine not in ENGINES:
         raise InputError(f"engine must be one of {', '.join(ENGINES)}; got {engine!r}")
+    from attnviz.atlas.ray_engine import RAY_DEVICES  # Ray itself is imported only to join a cluster
+
     if ray_device is not None and (
         not isinstance(ray_device, str) or (engine == "ray" and ray_device not in RAY_DEVICES)
     ):

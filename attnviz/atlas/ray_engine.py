@@ -41,7 +41,6 @@ import numpy as np
 import pandas as pd
 import torch
 
-from attnviz.atlas.build import RAY_DEVICES
 from attnviz.atlas.corpus import Sentence, batch_plan
 from attnviz.atlas.engine import BatchResult, run_batch
 from attnviz.checkpoints import load_checkpoint
@@ -155,6 +154,9 @@ class ActorPlan:
     actors: int  # how many
     threads: int  # torch threads per actor
     device: str  # "cpu" or "cuda"
+
+
+RAY_DEVICES = ("auto", "cpu", "cuda")  # where actors can run (`plan_actors`); `write_atlas` checks its ray_device
 
 
 def plan_actors(nodes: Sequence[dict], device: str) -> ActorPlan:
