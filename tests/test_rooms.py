@@ -15,12 +15,14 @@ import signal
 import sqlite3
 import threading
 import time
+import types
 
 import pytest
 from rooms_servers import RedisServer
 
 from attnviz.app import rooms
 from attnviz.app.rooms import FOLLOW_WINDOW_S, Limits, RoomError, Rooms, settings, sqlite_store
+from attnviz.app.rooms import room as room_module
 from attnviz.app.rooms.redis_store import RedisStore
 from attnviz.app.rooms.room import ALPHABET, CODE_LENGTH, LIST_ITEMS, STATE_KEYS, UNAVAILABLE
 from attnviz.app.rooms.settings import ENDED_KEPT_S
@@ -191,6 +193,38 @@ def test_a_follower_reads_what_the_presenter_publishes(store):
     assert (view.version, view.state, view.updated) == (version, changed, store.clock())
     store.clock.advance(1)
     assert rooms_.publish(room.code, room.secret, changed) == version  # the same view is no change
+
+
+def test_a_presenter_who_loses_every_race_is_told_to_try_again_in_one_line(store, monkeypatch):
+    """Another replica's write lands between each read and write of the presenter's: after WRITE_TRIES tries,
+    with random, doubling waits between them, the presenter is told to try again and the other's view stands;
+    ending the room is refused the same way."""
+    rooms_ = make_rooms(store, publishes_per_s=math.inf)  # every change written at once, none coalesced
+    room = rooms_.open_room(STATE)
+    put, theirs = store.put, []
+
+    def beaten(key, value, ttl, expect=None):
+        record = {**json.loads(value), "ended": False, "state": {**STATE, "layer": len(theirs)}}
+        theirs.append(put(key, json.dumps(record), ttl))
+        return put(key, value, ttl, expect=expect)
+
+    slept = []
+    monkeypatch.setattr(store, "put", beaten)
+    monkeypatch.setattr(room_module, "time", types.SimpleNamespace(sleep=slept.append, monotonic=time.monotonic))
+    error = raises("other", rooms_.publish, room.code, room.secret, {**STATE, "layer": 99})
+    assert str(error) == f"Room {room.code} is changing too fast to publish to; try again."
+    assert len(theirs) == room_module.WRITE_TRIES
+    view = rooms_.read(room.code)
+    assert view.version == theirs[-1] and view.state == {**STATE, "layer": room_module.WRITE_TRIES - 1}
+    # no wait before the first try, then at most 1, 2, 4, ... ms, never more than BACKOFF_MAX_S
+    bounds = [min(room_module.BACKOFF_MAX_S, room_module.BACKOFF_S * 2**i) for i in range(len(slept))]
+    assert len(slept) == room_module.WRITE_TRIES - 1
+    assert all(0 <= s <= bound for s, bound in zip(slept, bounds, strict=True))
+    assert sum(bounds) < 1.25
+
+    error = raises("other", rooms_.end, room.code, room.secret)
+    assert str(error) == f"Room {room.code} is changing too fast to end; try again."
+    assert not rooms_.read(room.code).ended
 
 
 def test_a_code_is_read_however_it_is_typed(store):
