@@ -60,6 +60,25 @@ def test_a_choice_sent_from_the_front_end_is_put_back_when_refused():
     assert not view.error and view.grid_info["grid_kind"] == "encoder" and view.frame["title"].endswith("2, head 3")
 
 
+@pytest.mark.parametrize(
+    ("state", "trait"), [({"layer": 1.5}, "layer"), ({"layer": 2, "head": "3"}, "head"), ({"zoom": ["a"]}, "zoom")]
+)
+def test_a_value_of_the_wrong_type_from_the_front_end_is_refused_in_the_view_and_sent_back(state, trait):
+    """ipywidgets let the TraitError out of set_state (a traceback in the kernel's log) and the page kept the value
+    Python had refused. The whole message is refused (no trait of it is set), the view says why, and the page is
+    sent Python's values for what it sent."""
+    view = head_view(hf_attentions(causal=False), TOKENS, kind="encoder", mode="widget")
+    sent = []
+    view._send = lambda msg, buffers=None: sent.append(msg)
+    view.set_state(state)
+    assert f"'{trait}' trait" in view.error and "\n" not in view.error
+    assert (view.layer, view.head, view.zoom) == (1, 1, []) == (view.frame["layer"], view.frame["head"], [])
+    back = [msg["state"] for msg in sent if msg["method"] == "update" and set(state) <= set(msg["state"])]
+    assert back == [{name: {"layer": 1, "head": 1, "zoom": []}[name] for name in state}]
+    view.set_state({"layer": 2})
+    assert not view.error and view.frame["layer"] == 2
+
+
 # ---------------------------------------------------------------------------------------------
 # A step view's id_to_token
 

@@ -71,6 +71,16 @@ class View(anywidget.AnyWidget):
     def mode(self) -> str:
         return self._mode
 
+    def set_state(self, sync_data):
+        """A front end's message, applied as ipywidgets applies it; a value no trait takes (a layer of 1.5, a
+        zoom of strings) is refused as a whole and shown in the view, where ipywidgets let the TraitError out into
+        the kernel's log and left the front end holding the value Python had refused."""
+        try:
+            super().set_state(sync_data)
+        except traitlets.TraitError as e:  # traitlets has put every trait of the message back already
+            self.error = str(e).splitlines()[0] if str(e) else "a value sent by the view was refused"
+            self.send_state([name for name in sync_data if name in self.keys])  # the front end shows Python's values
+
     def state(self) -> dict:
         """Every synced value the script reads (bytes as they are): what a standalone page embeds."""
         return {name: getattr(self, name) for name in self.keys if not name.startswith("_") and name != "layout"}
