@@ -24,7 +24,7 @@ from pathlib import Path
 import anywidget
 import traitlets
 
-from attnviz.errors import AttnvizError, InputError
+from attnviz.errors import AttnvizError, InputError, describe
 from attnviz.figures.images import CONTRASTS
 from attnviz.notebook import standalone
 from attnviz.notebook.data import Source
@@ -46,6 +46,13 @@ def check_mode(mode: str) -> str:
     if mode == "auto":
         return "html" if offline_widgets_fail() else "widget"
     return mode
+
+
+def shown(value: object) -> str:
+    """``value`` as a message shows it (`describe`), a short list item by item."""
+    if isinstance(value, (list, tuple)) and len(value) <= 8:
+        return f"[{', '.join(describe(v) for v in value)}]"
+    return describe(value)
 
 
 class View(anywidget.AnyWidget):
@@ -77,9 +84,27 @@ class View(anywidget.AnyWidget):
         the kernel's log and left the front end holding the value Python had refused."""
         try:
             super().set_state(sync_data)
-        except traitlets.TraitError as e:  # traitlets has put every trait of the message back already
-            self.error = str(e).splitlines()[0] if str(e) else "a value sent by the view was refused"
+        except traitlets.TraitError:  # traitlets has put every trait of the message back already
+            self.error = self._refusal(sync_data)
             self.send_state([name for name in sync_data if name in self.keys])  # the front end shows Python's values
+
+    def _refusal(self, sync_data: dict) -> str:
+        """One line on the first value of ``sync_data`` its trait refuses, which never grows with the value:
+        traitlets' own message quotes the value whole (a string of a megabyte, shown in the view)."""
+        for name, value in sync_data.items():
+            if name not in self.keys:
+                continue
+            trait = self.traits()[name]
+            try:
+                trait._validate(self, value)  # as set_trait checks it: the type, then the class's @validate
+            except traitlets.TraitError as e:
+                text = str(e)
+                if len(text) <= 300 and "\n" not in text:
+                    return text
+                item = getattr(trait, "_trait", None)  # a List's trait for its items
+                each = f", each item {item.info()}" if isinstance(trait, traitlets.List) and item is not None else ""
+                return f"{name} must be {trait.info()}{each}; got {shown(value)}"
+        return "a value the view sent was refused"
 
     def state(self) -> dict:
         """Every synced value the script reads (bytes as they are): what a standalone page embeds."""
@@ -219,7 +244,7 @@ class HeadView(View):
         if zoom and (len(zoom) != 4 or not (0 <= zoom[0] < zoom[1] and 0 <= zoom[2] < zoom[3])):
             raise traitlets.TraitError(
                 f"zoom is [] (the whole map) or [first row, row after the last, first column, column after the last], "
-                f"from 0 and half-open; got {zoom}"
+                f"from 0 and half-open; got {shown(zoom)}"
             )
         return zoom
 
