@@ -95,6 +95,7 @@ class View(anywidget.AnyWidget):
             if name not in self.keys:
                 continue
             trait = self.traits()[name]
+            value = self.trait_metadata(name, "from_json", self._trait_from_json)(value, self)  # as set_state reads it
             try:
                 trait._validate(self, value)  # as set_trait checks it: the type, then the class's @validate
             except traitlets.TraitError as e:
