@@ -738,6 +738,11 @@ def test_wrong_arguments_are_clear_errors_not_tracebacks_or_guesses():
     assert (view.contrast, view.zoom) == ("linear", [])  # refused values leave the view drawable
     view.zoom = [0, 2, 0, 3]
     assert not view.error and view.frame["region"] == [0, 2, 0, 3]
+    Q, K = view.frame["full"]
+    view.zoom = [1, 2, 1, K + 100]  # past the last column: drawn clipped, and the state says so
+    assert (view.zoom, view.frame["region"]) == ([1, 2, 1, K], [1, 2, 1, K]) and not view.error
+    view.zoom = [0, Q + 5, 0, K + 5]  # the whole map and more: the whole map
+    assert (view.zoom, view.frame["region"]) == ([], [0, Q, 0, K])
 
     from conftest import seeded_model, tiny_config
 

@@ -92,6 +92,22 @@ def test_a_value_of_the_wrong_type_from_the_front_end_is_refused_in_the_view_and
     assert not view.error and view.frame["layer"] == 2
 
 
+def test_a_box_past_the_map_from_the_front_end_is_drawn_clipped_and_the_page_told_so():
+    """A zoom past the map was drawn clipped to it, but the trait, and the page, kept the box asked for: the state
+    said [1, 2, 3, 100] where the view showed [1, 2, 3, 6], until the next choice."""
+    view = head_view(hf_attentions(causal=False), TOKENS, kind="encoder", mode="widget")
+    Q, K = view.frame["full"]
+    sent = []
+    view._send = lambda msg, buffers=None: sent.append(msg)
+    view.set_state({"zoom": [1, 2, 3, 100]})
+    assert (view.zoom, view.frame["region"], view.error) == ([1, 2, 3, K], [1, 2, 3, K], "")
+    zooms = [msg["state"]["zoom"] for msg in sent if "zoom" in msg["state"]]
+    assert zooms[-1] == [1, 2, 3, K], zooms  # after ipywidgets' echo of the value sent, the box drawn
+    view.set_state({"zoom": [0, 1, 0, 2]})  # a box within the map stays as sent
+    assert view.zoom == view.frame["region"] == [0, 1, 0, 2]
+    assert [msg["state"]["zoom"] for msg in sent if "zoom" in msg["state"]][len(zooms) :] in ([], [[0, 1, 0, 2]])
+
+
 # ---------------------------------------------------------------------------------------------
 # A step view's id_to_token
 

@@ -265,6 +265,10 @@ class HeadView(View):
             self._show(self._frames.frame(self.kind, self.layer, self.head, self.contrast, self.words, self.zoom))
         except AttnvizError as e:
             self._put_back(str(e))
+            return
+        drawn = self._shown()[-1]
+        if self.zoom != drawn:
+            self.zoom = drawn  # a box past the map is drawn clipped to it: the state says what is drawn
 
     def _choice(self) -> tuple:
         return self.kind, self.layer, self.head, self.contrast, self.words, list(self.zoom)
