@@ -48,8 +48,10 @@ def check_mode(mode: str) -> str:
     return mode
 
 
-def shown(value: object) -> str:
-    """``value`` as a message shows it (`describe`), a short list item by item."""
+def sent_value(value: object) -> str:
+    """A value from the front end as a message shows it (`describe`), a short list item by item, so that a zoom's
+    four numbers are named; `attnviz.notebook.data.shown` cuts a list's repr instead, for the maps and tokens a
+    caller passes."""
     if isinstance(value, (list, tuple)) and len(value) <= 8:
         return f"[{', '.join(describe(v) for v in value)}]"
     return describe(value)
@@ -104,7 +106,7 @@ class View(anywidget.AnyWidget):
                     return text
                 item = getattr(trait, "_trait", None)  # a List's trait for its items
                 each = f", each item {item.info()}" if isinstance(trait, traitlets.List) and item is not None else ""
-                return f"{name} must be {trait.info()}{each}; got {shown(value)}"
+                return f"{name} must be {trait.info()}{each}; got {sent_value(value)}"
         return "a value the view sent was refused"
 
     def state(self) -> dict:
@@ -245,7 +247,7 @@ class HeadView(View):
         if zoom and (len(zoom) != 4 or not (0 <= zoom[0] < zoom[1] and 0 <= zoom[2] < zoom[3])):
             raise traitlets.TraitError(
                 f"zoom is [] (the whole map) or [first row, row after the last, first column, column after the last], "
-                f"from 0 and half-open; got {shown(zoom)}"
+                f"from 0 and half-open; got {sent_value(zoom)}"
             )
         return zoom
 
@@ -266,9 +268,8 @@ class HeadView(View):
         except AttnvizError as e:
             self._put_back(str(e))
             return
-        drawn = self._shown()[-1]
-        if self.zoom != drawn:
-            self.zoom = drawn  # a box past the map is drawn clipped to it: the state says what is drawn
+        if self._choice() != self._shown():
+            self._put_back("")  # a box past the map is drawn clipped to it: the state says what is drawn
 
     def _choice(self) -> tuple:
         return self.kind, self.layer, self.head, self.contrast, self.words, list(self.zoom)
@@ -283,7 +284,8 @@ class HeadView(View):
     def _put_back(self, message: str) -> None:
         """The choice traits set back to what the frame shows, and ``message``: a refused choice (a layer past the
         last, a kind the maps lack: from Python, or from a front end) must not stay in the state, where every
-        later choice would be refused with it and a saved page would open on it."""
+        later choice would be refused with it and a saved page would open on it; nor a box past the map, which is
+        drawn clipped to it."""
         self._putting_back = True
         try:
             with self.hold_sync():
