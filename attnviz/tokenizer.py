@@ -12,6 +12,7 @@ from __future__ import annotations
 import io
 import json
 import math
+import re
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Protocol
@@ -50,8 +51,12 @@ def train_sentencepiece(
     return buf.getvalue()
 
 
+_LONE_SURROGATE = re.compile("[\ud800-\udfff]")  # Python strings never pair them: any is lone
+
+
 def check_text(text: str, side: str, max_tokens: int, count: Callable[[str], int] | None = None) -> None:
-    """Raise InputError for text no tokenizer should take: not a string, empty, or far too long.
+    """Raise InputError for text no tokenizer should take: not a string, empty, holding a lone surrogate, or far
+    too long.
 
     A text of over 20 characters per token the model takes is refused before it is tokenised whole
     (a token is rarely longer than 20 characters); the message counts tokens, as the limit does:
@@ -62,6 +67,12 @@ def check_text(text: str, side: str, max_tokens: int, count: Callable[[str], int
         raise InputError(f"the {side} text must be a string, got {type(text).__name__}")
     if not text.strip():
         raise InputError(f"the {side} text is empty: type a sentence")
+    lone = _LONE_SURROGATE.search(text)
+    if lone:  # no tokenizer library takes one (sentencepiece raised a RuntimeError from C++); UTF-8 cannot hold it
+        raise InputError(
+            f"the {side} text holds U+{ord(lone.group()):04X} at character {lone.start() + 1:,}, half of a UTF-16 "
+            "surrogate pair and no character on its own (bytes read as text that were not UTF-8?): remove it"
+        )
     most = 20 * max_tokens
     if len(text) > most:
         n = count(text[:most]) if count is not None else 0

@@ -43,6 +43,21 @@ def encoder_only(reverse):
 # A target where the model takes none
 
 
+def test_a_lone_surrogate_is_refused_with_where_it_is_not_a_native_librarys_error(reverse, induction):
+    """A string holding half a surrogate pair (bytes that were not UTF-8, read with surrogateescape) had reached
+    sentencepiece, whose C++ binding raised "RuntimeError: Unable to cast Python instance of type <class 'str'>"."""
+    shipped = attnviz.load("en-de", device="cpu")
+    for call, where in (
+        (lambda: attnviz.attention(shipped, "ab\udc80c"), "source text holds U+DC80 at character 3,"),
+        (lambda: attnviz.attention(shipped, "one", "tw\udc80o"), "target text holds U+DC80 at character 3,"),
+        (lambda: attnviz.translate(reverse, "x\ud800"), "source text holds U+D800 at character 2,"),
+        (lambda: attnviz.generate(induction, "a b \udfff", 2), "prompt text holds U+DFFF at character 5,"),
+    ):
+        with pytest.raises(InputError) as refused:
+            call()
+        assert where in str(refused.value) and str(refused.value).isascii(), refused.value  # printable anywhere
+
+
 @pytest.mark.parametrize("function", [attnviz.maps_size, attnviz.unknown_pieces])
 def test_a_target_for_a_language_model_is_refused_as_attention_refuses_it(induction, function):
     """maps_size had counted the prompt alone and unknown_pieces had read it alone, the target ignored."""

@@ -147,6 +147,8 @@ def test_tokenizer_labels_and_refusals(tiny_bert):
         tok.encode_source("   ")
     with pytest.raises(InputError, match="empty once this model's tokenizer has read it"):
         tok.encode_source("\u200b\ufeff")  # the normaliser drops both: nothing but [CLS] [SEP] would be left
+    with pytest.raises(InputError, match=r"source text holds U\+DC80 at character 1,"):
+        tok.encode_source("\udc80 the cat")  # what bytes that are not UTF-8 become, read with surrogateescape
     typed = tok.encode_source("[CLS] the [SEP]")  # a special token's text, typed, is read as text
     assert typed.tokens[0] == "[CLS]" and typed.tokens[-1] == "[SEP]" and len(typed.tokens) > 3
     specials = set(tok.special_ids.values()) - {tok.unk_id}  # "[" is unknown to this tiny vocabulary: [UNK]

@@ -295,6 +295,8 @@ def test_ids_are_exactly_the_tokenizers_with_the_bos_a_post_processor_adds(lm):
     typed = " ".join(bundle.tokenizer.label(i) for i in sorted(specials))
     added = [i for i in encoded.ids if i in specials]
     assert [i for i in bundle.tokenizer.encode_source(f"{typed} {PROMPT}").ids if i in specials] == added, typed
+    with pytest.raises(InputError, match=r"prompt text holds U\+DCFF at character 3"):  # tokenizers' own: a TypeError
+        bundle.tokenizer.encode_source("ab\udcffc")
 
 
 def test_byte_level_pieces_read_as_text_and_merge_into_words(lm):

@@ -199,6 +199,8 @@ def test_tokenizer_matches_transformers(pair):
     for side in (tok.encode_source, tok.encode_target):  # SentencePiece's word mark alone is read as nothing
         with pytest.raises(InputError, match="empty once"):
             side("\u2581 \u2581")
+        with pytest.raises(InputError, match=r"text holds U\+D800 at character 5"):  # sentencepiece: a RuntimeError
+            side("die \ud800katze")
 
 
 def test_pickled_weights_load_with_weights_only(marian_dir, tmp_path, caplog, monkeypatch):
