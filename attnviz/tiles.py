@@ -38,6 +38,7 @@ import torch
 from torch import Tensor
 
 from attnviz.analysis import DISTANCE_NOTES, aligned_keys, induction_targets
+from attnviz.errors import NonFiniteError
 from attnviz.export import kind_tokens, written
 from attnviz.kinds import KINDS, check_kind
 
@@ -131,6 +132,9 @@ def scan(
     those `attnviz.analysis.head_statistics` averages, with the same definitions; ``induction``
     needs the query ``tokens`` (without them it is NaN). ``statistics=False`` leaves them out
     (``rows`` is empty): about half the work, for a picture that needs only the normalisers.
+
+    NonFiniteError when a row's normaliser is not a finite number: its queries times its keys overflow
+    float32 (or hold NaN), and every weight of the row would be NaN, drawn as zeros.
     """
     check_kind(kind)
     if head.causal != (kind == "decoder"):
@@ -149,6 +153,13 @@ def scan(
         hi = head.reach(r1)
         scores = _scores(head, q, k, (r0, r1), (0, hi))  # (R, hi)
         block_lse = torch.logsumexp(scores, dim=-1)  # (R,)
+        broken = ~torch.isfinite(block_lse)
+        if broken.any():
+            row = r0 + int(broken.nonzero()[0, 0])
+            raise NonFiniteError(
+                f"the {kind} scores of query row {row} (from 0) are not finite numbers (its query times the keys "
+                "overflows float32, or holds NaN), so nothing is drawn rather than a wrong picture"
+            )
         lse[r0:r1] = block_lse
         if maxima is None:
             top = scores.amax(dim=-1)
@@ -409,7 +420,15 @@ class TiledAttention:
     def map(self, kind: str, layer: int, head: int) -> np.ndarray:
         """One head's whole (Q, K) map, float32: 4 Q K bytes, so for a map that fits."""
         one = self.head(kind, layer, head)
-        return tile(one, scan(one, kind), (0, one.shape[0]), (0, one.shape[1]))
+        return tile(one, self._scan(one, kind, layer, head), (0, one.shape[0]), (0, one.shape[1]))
+
+    @staticmethod
+    def _scan(one: HeadQK, kind: str, layer: int, head: int, *args) -> Scan:
+        """`scan` of head ``head`` of layer ``layer``, whose NonFiniteError names the head."""
+        try:
+            return scan(one, kind, *args)
+        except NonFiniteError as e:
+            raise NonFiniteError(f"layer {layer}, head {head}: {e}") from None
 
     def layer_tiles(self, kind: str, layer: int, thumbnail: int = 96) -> LayerTiles:
         """Layer ``layer`` of ``kind``: every head's queries, keys and scan, and its thumbnail of at most
@@ -419,8 +438,8 @@ class TiledAttention:
         heads = tuple(self.head(kind, layer, h) for h in range(1, H + 1))
         scans, thumbnails = [], []
         queries = self.tokens(kind)[0]
-        for one in heads:
-            full = scan(one, kind, blocks[1], queries)
+        for h, one in enumerate(heads, 1):
+            full = self._scan(one, kind, layer, h, blocks[1], queries)
             thumbnails.append([pooled_from_scan(full, blocks[0], per_row_max) for per_row_max in (False, True)])
             scans.append(dataclasses.replace(full, column_maxima=None))  # Q x K / block floats: not kept
         labels = (*self.tokens(kind), self.writes())
@@ -431,7 +450,11 @@ class TiledAttention:
         L, H, _, _ = self.shape(kind)
         queries = self.tokens(kind)[0]
         rows = [
-            {"layer": layer, "head": h, **statistics_row(scan(self.head(kind, layer, h), kind, None, queries))}
+            {
+                "layer": layer,
+                "head": h,
+                **statistics_row(self._scan(self.head(kind, layer, h), kind, layer, h, None, queries)),
+            }
             for layer in range(1, L + 1)
             for h in range(1, H + 1)
         ]

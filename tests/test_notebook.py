@@ -23,7 +23,7 @@ from PIL import Image
 pytest.importorskip("anywidget")
 
 from attnviz import tiles  # noqa: E402
-from attnviz.errors import ExportError, InputError  # noqa: E402
+from attnviz.errors import ExportError, InputError, NonFiniteError  # noqa: E402
 from attnviz.export import row_labels  # noqa: E402
 from attnviz.figures.common import WEIGHT_COLORSCALE  # noqa: E402
 from attnviz.figures.images import (  # noqa: E402
@@ -612,6 +612,34 @@ def test_the_step_views_decoder_input_is_checked_against_what_each_step_wrote(ti
         step_view(decoding, tgt_tokens=shifted, **given)
 
 
+def test_the_step_view_refuses_steps_whose_prefix_does_not_grow_by_one(tiny_model):
+    """Each step reads the prefix the step before read and the token it wrote. Steps whose rows were as long as
+    the step before's (or jumped) had been taken, and a label no step wrote was drawn as a key: the check of
+    each written token skips a position no step's row ends at."""
+    import dataclasses
+
+    import torch
+
+    from attnviz.decoding import step_through
+    from attnviz.notebook import step_view
+
+    decoding = step_through(tiny_model, torch.tensor([[5, 9, 7, 11, 2]]), forced=[6, 8, 10, 2])
+    given = {"src_tokens": [f"s{i}" for i in range(5)], "id_to_token": lambda i: f"t{i}", "mode": "widget"}
+    steps = decoding.steps
+    assert [s.self_attn.shape[-1] for s in steps] == [1, 2, 3, 4]
+    # the same rows, shown as equal (step 1 reads step 0's one token) and as a jump (step 2 reads 4, step 3 four)
+    same = dataclasses.replace(steps[1], self_attn=steps[0].self_attn)
+    jump = dataclasses.replace(steps[2], self_attn=steps[3].self_attn)
+    for bad, message in (
+        ((steps[0], same, *steps[2:]), r"step 1 \(from 0\)'s self_attn rows read 1 decoder input tokens, step 0's 1"),
+        ((*steps[:2], jump, steps[3]), r"step 2 \(from 0\)'s self_attn rows read 4 decoder input tokens, step 0's 1"),
+    ):
+        with pytest.raises(InputError, match=message + r".*\(\d here\)"):
+            step_view(dataclasses.replace(decoding, steps=bad), tgt_tokens=["<s>", "t6", "zz", "t10"], **given)
+    view = step_view(decoding, tgt_tokens=["<s>", "t6", "t8", "t10"], **given)
+    assert view.spec["step_lengths"] == [1, 2, 3, 4]
+
+
 @pytest.mark.slow
 def test_a_built_wheel_ships_the_script_and_style_and_a_view_runs_from_it(tmp_path):
     """A non-editable install: the wheel built from the package holds static/views.js and views.css, and a
@@ -936,13 +964,20 @@ def test_a_tiled_attention_of_ones_own_is_checked():
         (_own_tiled(q_shape=(2, 2, 6, 4)), "2 layers of queries but 1 of keys"),
         (_own_tiled(q_shape=(2, 4)), r"\(layers, heads, queries, dimensions\)"),
         (_own_tiled(cross=cross), "every kind needs the same layers"),
-        (_own_tiled(q=torch.ones(1, 2, 6, 4)), "float32 numpy"),
+        (_own_tiled(q=torch.ones(1, 2, 6, 4)), "float32 numpy array; got Tensor"),
+        (_own_tiled(q=np.ones((1, 2, 6, 4), np.float16)), "float32 numpy array; got float16 array"),
         (TiledAttention({"decoder": np.ones((1, 1, 2, 2), np.float32)}, {}, None, ("a", "b"), {}), "the same kinds"),
     ):
         with pytest.raises(InputError, match=message):
             head_view(tiled, mode="widget")
         with pytest.raises(InputError, match=message):
             model_view(tiled, mode="widget")
+    # finite queries and keys whose scores overflow float32: every weight had been NaN, drawn as a blank map
+    overflowing = _own_tiled(q=np.full((1, 2, 6, 4), 1e19, np.float32))
+    overflowing.keys["decoder"][:] = 1e20
+    for view in (head_view, model_view):
+        with pytest.raises(NonFiniteError, match=r"the decoder scores of query row 0 \(from 0\) are not finite"):
+            view(overflowing, mode="widget")
 
 
 def test_the_model_views_page_keeps_its_thumbnail_grids_within_the_budget(monkeypatch):

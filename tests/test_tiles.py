@@ -152,6 +152,38 @@ def test_a_tile_outside_the_map_or_a_mask_that_does_not_fit_is_refused():
         HeadQK(head.queries, head.keys[:5], causal=True)
 
 
+def test_scores_that_overflow_float32_are_refused_and_large_finite_ones_drawn():
+    """Finite queries and keys whose products overflow float32 had given NaN normalisers: every weight NaN, drawn
+    as an empty map with no word. Products just under the limit are drawn, and equal float64's softmax."""
+    from attnviz.errors import NonFiniteError
+
+    rng = np.random.default_rng(3)
+    q, k = rng.normal(size=(2, 1, 50, 8)).astype(np.float32), rng.normal(size=(2, 1, 60, 8)).astype(np.float32)
+    q[1, 0, 37] *= 1e19  # layer 2's row 37: scores of about 1e39 / sqrt(8), over float32's 3.4e38
+    k[1] *= 1e20
+    tiled = tiles.TiledAttention({"cross": q}, {"cross": k}, tuple("s" * 60), tuple("t" * 50), {})
+    assert np.isfinite(q).all() and np.isfinite(k).all()
+    row = r"the cross scores of query row 37 \(from 0\) are not finite numbers"
+    for call in (
+        lambda: tiled.map("cross", 2, 1),
+        lambda: tiled.layer_tiles("cross", 2),
+        lambda: tiled.statistics("cross"),
+    ):
+        with pytest.raises(NonFiniteError, match="^layer 2, head 1: " + row):
+            call()
+    with pytest.raises(NonFiniteError, match="^" + row):
+        tiles.scan(tiled.head("cross", 2, 1), "cross")
+    nan = q.copy()
+    nan[0, 0, 4, 2] = np.nan
+    with pytest.raises(NonFiniteError, match=r"row 4 \(from 0\)"):
+        tiles.scan(HeadQK(nan[0, 0], k[0, 0], causal=False), "cross")
+    # layer 1 is untouched; scores near 1e37 (under the limit, far over exp's) are drawn exactly as float64 does
+    np.testing.assert_allclose(tiled.map("cross", 1, 1), _numpy_map(tiled.head("cross", 1, 1)), atol=ATOL, rtol=1e-5)
+    large = HeadQK(q[0, 0] * 1e18, k[0, 0] * 1e18, causal=False)
+    assert 1e36 < np.abs(large.queries.astype(np.float64) @ large.keys.T.astype(np.float64)).max() < 1e38
+    np.testing.assert_allclose(tiles.tile(large, tiles.scan(large, "cross"), (0, 50), (0, 60)), _numpy_map(large))
+
+
 # ---------------------------------------------------------------------------------------------
 # Every head of a real model: tiled_attention against attnviz.attention
 

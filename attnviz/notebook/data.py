@@ -308,7 +308,8 @@ def _check_tiled_kind(tiled: TiledAttention, kind: str) -> int:
     q, k = tiled.queries[kind], tiled.keys[kind]
     for name, array in (("queries", q), ("keys", k)):
         if not isinstance(array, np.ndarray) or array.dtype != np.float32:
-            raise InputError(f"{what} {name} must be a float32 numpy array; got {type(array).__name__}")
+            got = f"{array.dtype} array" if isinstance(array, np.ndarray) else type(array).__name__
+            raise InputError(f"{what} {name} must be a float32 numpy array; got {got}")
         if array.ndim != 4 or 0 in array.shape:
             raise InputError(f"{what} {name} must be (layers, heads, {name}, dimensions); got shape {array.shape}")
         if not all(np.isfinite(layer).all() for layer in array):  # a layer at a time: no mask of them all

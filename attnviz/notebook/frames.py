@@ -321,9 +321,15 @@ def step_data(decoding, src_tokens, tgt_tokens, id_to_token) -> dict:
     for i, step in enumerate(steps):
         _check_probabilities(step, f"step {i} (from 0)")
     token_of = _token_names(id_to_token, [i for s in steps for i in (s.token_id, *(c.token_id for c in s.top))])
-    own_rows = _step_rows(steps, "self_attn", 2)  # each step's prefix is one longer
+    own_rows = _step_rows(steps, "self_attn", 2)
     L, H = own_rows[0].shape[:2]
     lengths = [int(r.shape[-1]) for r in own_rows]
+    for i, n in enumerate(lengths):  # each step reads what the last read and the token it wrote
+        if n != lengths[0] + i:
+            raise InputError(
+                f"step {i} (from 0)'s self_attn rows read {n} decoder input tokens, step 0's {lengths[0]}: each step "
+                f"reads one more than the step before ({lengths[0] + i} here), the token the step before wrote"
+            )
     P = max(lengths)
     self_rows = np.zeros((len(steps), L, H, P), dtype=np.float32)
     for i, rows in enumerate(own_rows):
