@@ -137,6 +137,15 @@ def out_file(value: str) -> str:
     return str(path)
 
 
+def npz_out(value: str) -> str:
+    """`out_file`, named ``.npz``: what attention and attribute write is an .npz archive, and any other name
+    (``--out model.safetensors`` in the model's own folder) had been overwritten with one."""
+    path = out_file(value)  # a folder, a missing folder or a trailing "/" first: each has its own message
+    if not path.lower().endswith(".npz"):
+        raise argparse.ArgumentTypeError(f"{Path(path).name!r} does not end in .npz: name the .npz file to write")
+    return path
+
+
 def in_file(value: str) -> str:
     """A file to read: it must exist, be a file (not a folder) and be readable."""
     path = Path(path_text(value)).expanduser()
@@ -622,7 +631,7 @@ def _attention_arguments(p: argparse.ArgumentParser) -> None:
         "--tgt", type=text, help="target sentence for the decoder input (default: the model's greedy output)"
     )
     generate_arg(p)
-    p.add_argument("--out", required=True, type=out_file, help="output .npz file")
+    p.add_argument("--out", required=True, type=npz_out, help="output .npz file")
     words_arg(p)
     unknown_arg(p)
 
@@ -649,7 +658,7 @@ def _attribute_arguments(p: argparse.ArgumentParser) -> None:
     )
     words_arg(p)
     generate_arg(p)
-    p.add_argument("--out", required=True, type=out_file, help="output .npz file")
+    p.add_argument("--out", required=True, type=npz_out, help="output .npz file")
     unknown_arg(p)
 
 

@@ -75,3 +75,17 @@ def test_a_bare_name_is_a_shipped_model_even_beside_a_folder_of_that_name(tmp_pa
         resolve_model("nothing")
     with pytest.raises(CheckpointError, match="cannot use"):
         resolve_model("x" * 300)
+
+
+def test_dot_and_dot_dot_are_this_folder_and_the_one_above(tmp_path, monkeypatch):
+    """`attnviz translate --model .` in a checkpoint's folder had looked for pretrained/config.json, "." being a
+    folder under pretrained/ (itself), and ".." listed the repository's files in its message."""
+    import shutil
+
+    from attnviz.cli import main
+
+    shutil.copytree(pretrained_dir() / "reverse", tmp_path / "mine")
+    monkeypatch.chdir(tmp_path / "mine")
+    assert resolve_model(".") == Path(".") and resolve_model("..") == Path("..")
+    assert resolve_model(" . ") == Path(".")  # as typed in a form, spaces around it
+    assert main(["translate", "--model", ".", "a b c"]) == 0

@@ -147,6 +147,11 @@ BAD_ARGUMENTS = {
     "evaluate n negative": (["evaluate", "--n=-3"], "--n: must be between 1"),
     "out in a missing folder": (["attention", "--src", "a", "--out", "/no/such/folder/m.npz"], "does not exist"),
     "out is a folder": (["attention", "--src", "a", "--out", "."], "is a folder"),
+    "out not .npz": (  # had overwritten the model's weights with an .npz archive
+        ["attention", "--model", "reverse", "--src", "a", "--out", "pretrained/reverse/model.safetensors"],
+        "--out: 'model.safetensors' does not end in .npz: name the .npz file to write",
+    ),
+    "attribute out not .npz": (["attribute", "--src", "a", "--method", "norm", "--out", "m.json"], "end in .npz"),
     "text not unicode": (["translate", "a\udcff"], "not valid UTF-8"),
     "src not unicode": (["attention", "--src", "\udcfe", "--out", "m.npz"], "not valid UTF-8"),
     "model path too long": (["translate", "--model", "m" * 5000, "a"], "too long"),

@@ -133,9 +133,11 @@ def list_models() -> list[str]:
 
 
 def _shipped(text: str) -> Path | None:
-    """The shipped model's folder when ``text`` is a bare name of one (no path separator), else None."""
+    """The shipped model's folder when ``text`` is a bare name of one (no path separator), else None. "." and ".."
+    name this folder and the one above it, never pretrained/ itself or what holds it."""
     folder = pretrained_dir() / text
-    return folder if text and "/" not in text and os.sep not in text and folder.is_dir() else None
+    bare = text not in ("", ".", "..") and "/" not in text and os.sep not in text
+    return folder if bare and folder.is_dir() else None
 
 
 CHECKPOINT_SUFFIXES = (".json", ".safetensors", ".bin", ".model", ".spm", ".txt")  # what a model is read from
