@@ -198,6 +198,13 @@ def translate(bundle: Bundle, text: str, beam: int = 1, ablate: str | Ablation |
 
 MAX_NEW_TOKENS = 256  # the most tokens generate appends to a prompt
 GENERATE_IS_AN_LM_S = "generate applies to language models; this model's decoder input is its translation"
+GENERATE_NO_DECODER_S = "generate applies to language models; this model is encoder-only: it writes no text"
+
+
+def _generate_is_an_lm(cfg) -> str:
+    """The message for ``generate`` asked of a model that is no language model (an encoder-only one has no decoder
+    input: the translator's message had been given to MiniLM)."""
+    return GENERATE_NO_DECODER_S if cfg.encoder_only else GENERATE_IS_AN_LM_S
 
 
 def _new_tokens(bundle: Bundle, prompt_len: int, max_new: int) -> int:
@@ -230,7 +237,14 @@ def generate(
     by beam search, stopping at the end token. ``ablate``: heads switched off, as in
     [`translate`][attnviz.api.translate]. The text returned is the continuation alone, without the prompt."""
     if not bundle.config.decoder_only:
-        raise InputError("generate continues a language model's prompt; this model translates: use translate")
+        raise InputError(
+            "generate continues a language model's prompt; "
+            + (
+                "this model is encoder-only: it writes no text"
+                if bundle.config.encoder_only
+                else "this model translates: use translate"
+            )
+        )
     _check_beam(beam)
     prompt_ids = _source_tensor(bundle, prompt)
     ablation = _ablation(bundle, ablate)
@@ -342,7 +356,7 @@ def _inputs(bundle: Bundle, src: str, tgt: str | None, src_enc: Encoded | None =
     if bundle.config.decoder_only:
         return _lm_inputs(bundle, src_enc, tgt, generate)
     if generate:
-        raise InputError(GENERATE_IS_AN_LM_S)
+        raise InputError(_generate_is_an_lm(bundle.config))
     src_ids = torch.tensor([src_enc.ids], device=bundle.device)
     if bundle.config.encoder_only:
         _check_no_target(bundle, tgt)
@@ -885,7 +899,7 @@ def maps_size(bundle: Bundle, src: str, tgt: str | None = None, generate: int = 
     reads none is an InputError, as in [`attention`][attnviz.api.attention]."""
     cfg, tok = bundle.config, bundle.tokenizer
     if generate and not cfg.decoder_only:
-        raise InputError(GENERATE_IS_AN_LM_S)
+        raise InputError(_generate_is_an_lm(cfg))
     _check_no_target(bundle, tgt)
     S = len(tok.encode_source(src).ids)
     T = len(tok.encode_target(tgt)[0].ids) if tgt is not None else None

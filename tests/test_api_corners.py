@@ -69,6 +69,19 @@ def test_a_target_for_a_language_model_is_refused_as_attention_refuses_it(induct
     assert function(induction, "a b c") == function(induction, "a b c", None)  # no target: as before
 
 
+def test_generate_asked_of_an_encoder_only_model_says_it_writes_nothing(encoder_only, reverse):
+    """An encoder-only model (MiniLM) had been told "this model translates: use translate", and that "its decoder
+    input is its translation": translate refuses it too, and it has no decoder."""
+    with pytest.raises(InputError, match="^generate continues a language model's prompt; this model is encoder-only"):
+        attnviz.generate(encoder_only, "a b c")
+    with pytest.raises(InputError, match="^generate applies to language models; this model is encoder-only: it wr"):
+        attnviz.maps_size(encoder_only, "a b c", generate=2)
+    with pytest.raises(InputError, match="this model translates: use translate"):  # a translator's is unchanged
+        attnviz.generate(reverse, "a b c")
+    with pytest.raises(InputError, match="this model's decoder input is its translation"):
+        attnviz.attention(reverse, "a b c", generate=2)
+
+
 @pytest.mark.parametrize("function", [attnviz.maps_size, attnviz.unknown_pieces])
 def test_a_target_for_an_encoder_only_model_is_refused(encoder_only, function):
     with pytest.raises(InputError, match="this model is encoder-only: it takes no target sentence"):
