@@ -110,6 +110,18 @@ def test_train_refuses_an_out_under_a_file_naming_the_file(tmp_path, capsys, mon
     assert "is a file, not a folder" in err, err
 
 
+def test_train_on_a_device_this_machine_lacks_makes_no_out_folder(tmp_path, capsys, monkeypatch):
+    """It had said so in one line, and left the --out folder it had made, empty, behind."""
+    import torch
+
+    _no_work(monkeypatch)
+    missing = "mps" if not torch.backends.mps.is_available() else "cuda" if not torch.cuda.is_available() else None
+    if missing is None:
+        pytest.skip("this machine has every device --device names")
+    err = _refused(capsys, ["train", "reverse", "--out", str(tmp_path / "new"), "--device", missing, "--steps", "2"])
+    assert missing in err.lower() and not (tmp_path / "new").exists(), err
+
+
 @pytest.mark.parametrize("where", ["a dangling link", "under a file"])
 def test_train_called_from_python_refuses_an_out_it_cannot_create_before_training(tmp_path, monkeypatch, where):
     from attnviz.errors import InputError

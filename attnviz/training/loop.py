@@ -308,8 +308,8 @@ def train(
     else:
         _check_fresh(out)
         done = 0
+    dev = resolve_device(device)  # before the folder is made: a missing GPU had left an empty --out behind
     _make_out(out)
-    dev = resolve_device(device)
     torch.manual_seed(seed)
     start = time.time()
     side = lm if task.decoder_only else seq2seq
