@@ -191,6 +191,28 @@ def test_extras_are_compared_and_a_missing_array_is_named():
     assert finding.what == "missing" and finding.text == "relevance: only A has this array"
 
 
+def test_an_extra_that_is_not_finite_breaks_an_invariant_in_each_file_that_holds_it():
+    """NaN in an extra (grad-attention's source_relevance) had equalled NaN: `attnviz diff` said EQUAL, and the snapshot
+    plugin kept such a golden file. Its cell is named by the extra's axes, with the token where the manifest says."""
+    golden = toy_export()
+    relevance = np.full(len(TOY_SRC), 1 / len(TOY_SRC), np.float32)
+    relevance[1] = np.nan
+    manifest = {**golden.manifest, "axes": {**golden.manifest.get("axes", {}), "source_relevance": ["source position"]}}
+    a = dataclasses.replace(golden, extras={"source_relevance": relevance}, manifest=manifest)
+    report = compare_exports(a, dataclasses.replace(a, extras={"source_relevance": relevance.copy()}))
+    assert [(f.what, f.subject, f.data["file"]) for f in report.findings] == [
+        ("invariant", "source_relevance", "A"),
+        ("invariant", "source_relevance", "B"),
+    ], report.to_text()
+    assert report.findings[0].text == (
+        f"invariant broken in A: source_relevance: 1 cell not finite (NaN or infinite) of {len(TOY_SRC)}; first at "
+        f'source position 1 "{TOY_SRC[1]}" = nan'
+    )
+    relevance[1] = np.inf
+    assert not check_invariants(dataclasses.replace(a, extras={"count": np.arange(3)}), "A")  # whole numbers: finite
+    assert "1 cell not finite" in check_invariants(dataclasses.replace(a, extras={"r": relevance}), "A")[0].text
+
+
 def test_another_shape_is_named_and_not_compared():
     report = compare_exports(toy_export(), toy_export(layers=3))
     assert {f.what for f in report.findings} == {"shape"}

@@ -315,6 +315,30 @@ def test_update_refuses_to_keep_maps_that_are_not_attention_weights(project):
     assert not (project.path / "__snapshots__" / "test_user_bad").exists()
 
 
+def test_update_refuses_to_keep_an_extra_that_is_not_finite(project):
+    """It had been written, and every later run passed: NaN equals NaN in the comparison."""
+    project.makepyfile(
+        test_user_nan="""
+        import dataclasses
+        import numpy as np
+        from test_user_maps import toy
+
+        def test_relevance(attention_snapshot):
+            attention_snapshot(dataclasses.replace(toy(), extras={"relevance": np.array([0.5, np.nan], np.float32)}))
+        """
+    )
+    result = project.runpytest("test_user_nan.py", "--attnviz-update")
+    result.assert_outcomes(failed=1)
+    result.stdout.fnmatch_lines(
+        [
+            "*refusing to write the golden file*: this run's export holds numbers that are not finite",
+            "- invariant broken in this run: relevance: 1 cell not finite (NaN or infinite) of 2; first at axis 0 1 = "
+            "nan",
+        ]
+    )
+    assert not (project.path / "__snapshots__" / "test_user_nan").exists()
+
+
 @pytest.mark.slow  # 1.5 s or more in the quick tier on a 2-core AMD EPYC with AVX2 only
 def test_the_update_summary_lists_what_xdist_workers_wrote(project):
     pytest.importorskip("xdist")

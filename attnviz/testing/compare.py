@@ -258,6 +258,8 @@ def check_invariants(export: AttentionExport, label: str, atol: float = 0.0) -> 
     Every weight is finite and in [0, 1], every row sums to 1 (within ``max(ROW_SUM_ATOL, atol)``),
     and every cell of the decoder's future (the causal mask, 3.2.3) is exactly 0. A method's maps
     (``manifest["method"]``), (L, H, Q, K) or (L, Q, K), need only be finite: its numbers need not be shares.
+    So do the export's further numeric arrays (``extras``, e.g. grad-attention's ``source_relevance``): NaN there
+    had compared equal to NaN, and a golden file holding it passed every run.
     """
     weights = is_plain_attention(export)
     findings = []
@@ -323,6 +325,19 @@ def check_invariants(export: AttentionExport, label: str, atol: float = 0.0) -> 
                 "worst": list(worst),
             }
             findings.append(Finding("invariant", kind, text, details, data))
+    for name, values in export.extras.items():
+        if not (isinstance(values, np.ndarray) and values.dtype.kind == "f" and values.size):
+            continue
+        bad = ~np.isfinite(values)
+        if bad.any():
+            index = tuple(int(i) for i in np.argwhere(bad)[0])
+            cell = _cell_label(index, axes_of(name, values, export), values.shape, export)
+            text = (
+                f"invariant broken in {label}: {name}: {_cells(int(bad.sum()))} not finite (NaN or infinite) of "
+                f"{_n(bad.size)}; first at {cell} = {values[index]}"
+            )
+            data = {"array": name, "invariant": "not finite (NaN or infinite)", "file": label, "cells": int(bad.sum())}
+            findings.append(Finding("invariant", name, text, data={**data, "first": list(index)}))
     return findings
 
 

@@ -285,12 +285,20 @@ class AttentionSnapshot:
             )
         from attnviz.errors import ExportError
         from attnviz.export import AttentionExport
+        from attnviz.kinds import KINDS
         from attnviz.testing.compare import check_invariants
 
         if isinstance(actual, AttentionExport) and (broken := check_invariants(actual, "this run")):
+            maps = all(finding.subject in KINDS for finding in broken)
             pytest.fail(  # a golden file that breaks them would fail every run after, however often rewritten
-                f"refusing to write the golden file {self._relative(golden)}: this run's maps are not attention "
-                "weights\n" + "\n".join(f"- {finding.text}" for finding in broken),
+                f"refusing to write the golden file {self._relative(golden)}: "
+                + (
+                    "this run's maps are not attention weights"
+                    if maps
+                    else "this run's export holds numbers that are not finite"
+                )
+                + "\n"
+                + "\n".join(f"- {finding.text}" for finding in broken),
                 pytrace=False,
             )
         golden.parent.mkdir(parents=True, exist_ok=True)
