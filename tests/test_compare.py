@@ -349,8 +349,36 @@ def test_a_statistic_stored_as_text_or_gone_infinite_differs(tmp_path):
     (finding,) = compare_atlases(a, b, DEFAULT_ATOL).findings
     assert finding.text.startswith("heads.parquet entropy: numbers in A, ") and "in B" in finding.text
     rewrite_heads(c, lambda h: h.assign(entropy=[np.inf] + h["entropy"].tolist()[1:]))
-    (finding,) = compare_atlases(a, c, DEFAULT_ATOL).findings
+    finding, invariant = compare_atlases(a, c, DEFAULT_ATOL).findings
     assert finding.text.endswith("largest |A - B| inf"), finding.text
+    assert invariant.what == "invariant" and invariant.data == {
+        "table": "heads",
+        "column": "entropy",
+        "file": "B",
+        "rows": 1,
+    }
+
+
+def test_an_atlas_broken_alike_on_both_sides_is_not_equal(tmp_path):
+    """NaN had equalled NaN and inf inf, in tables `load_atlas` refuses: `attnviz diff A B` said EQUAL. A statistic
+    that may be undefined (induction, on a sentence with no repeated token) stays NaN on both sides, and equal."""
+    folders = [make_atlas(tmp_path / "a"), make_atlas(tmp_path / "b")]
+    for folder in folders:
+        rewrite_heads(folder, lambda h: h.assign(entropy=[np.nan] + h["entropy"].tolist()[1:], induction=np.nan))
+        sentences = pd.read_parquet(folder / "sentences.parquet")
+        sentences.loc[3, "entropy"] = np.inf
+        sentences.to_parquet(folder / "sentences.parquet")
+    line, kind, layer, head = sentences.loc[3, ["line", "kind", "layer", "head"]]
+    report = compare_paths(*folders)
+    texts = [f.text for f in report.findings]
+    assert [f.what for f in report.findings] == ["invariant"] * 4, report.to_text()
+    assert texts[0] == (
+        "invariant broken in A: sentences.parquet entropy: 1 row infinite or missing (NaN); first at "
+        f"line {line}, {kind} layer {layer} head {head} = inf"
+    ), texts
+    assert texts[1].startswith("invariant broken in A: heads.parquet entropy: 1 row infinite or missing (NaN); first")
+    assert texts[2:] == [t.replace(" in A: ", " in B: ") for t in texts[:2]]
+    assert not any("induction" in t for t in texts)
 
 
 @pytest.mark.parametrize(

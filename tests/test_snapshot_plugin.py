@@ -226,6 +226,19 @@ def test_a_snapshot_of_a_shipped_model_and_of_an_atlas_folder(project, monkeypat
             "    cross layer 1 head 2: A 1, B 1.25, |A - B| 2.50e-01",
         ]
     )
+    monkeypatch.setenv("TOY_SHIFT", "inf")  # an atlas load_atlas refuses had been kept as golden
+    result = project.runpytest("test_user_atlas.py", "--attnviz-update")
+    result.assert_outcomes(failed=1)
+    result.stdout.fnmatch_lines(
+        [
+            "*refusing to write the golden file __snapshots__/test_user_atlas/test_atlas: this run's atlas holds "
+            "numbers that are not finite",
+            "- invariant broken in this run: heads.parquet entropy: 1 row infinite or missing (NaN); first at cross "
+            "layer 1 head 2 = inf",
+        ]
+    )
+    golden = pd.read_parquet(project.path / "__snapshots__/test_user_atlas/test_atlas/heads.parquet")
+    assert golden["entropy"].tolist() == [0.5, 1.0], "the golden atlas is kept as it was"
 
 
 def test_an_unreadable_export_from_the_test_is_not_blamed_on_the_golden_file(project):

@@ -325,6 +325,36 @@ def _compare_statistics(
     return findings, checked
 
 
+def atlas_invariants(files: AtlasFiles, label: str) -> list[Finding]:
+    """What `attnviz.atlas.load_atlas` refuses in an atlas's numbers, as findings: an infinite statistic,
+    divergence or place in any table, and a missing (NaN) one among those never missing (`NEVER_NAN`) in
+    sentences.parquet and heads.parquet. The comparison reads NaN as equal to NaN and inf to inf, so two
+    atlases broken alike had compared equal, and the snapshot plugin kept such a folder as golden."""
+    from attnviz.atlas.store import NEVER_NAN
+
+    findings = []
+    for table, frame in (("sentences", files.sentences), ("heads", files.heads), ("distances", files.distances)):
+        if frame is None:
+            continue
+        for column in frame.columns:
+            if not pd.api.types.is_float_dtype(frame[column]):
+                continue
+            values = frame[column].to_numpy(dtype=float, na_value=np.nan)
+            bad = np.isinf(values) | (np.isnan(values) if column in NEVER_NAN and table != "distances" else False)
+            if not bad.any():
+                continue
+            first = int(np.argmax(bad))
+            name_row = {"sentences": _row_name, "heads": _head_name, "distances": _pair_name}[table]
+            key = frame.index[first]
+            text = (
+                f"invariant broken in {label}: {table}.parquet {column}: {_plural(int(bad.sum()), 'row')} infinite or "
+                f"missing (NaN); first at {name_row(key if isinstance(key, tuple) else (key,))} = {values[first]}"
+            )
+            data = {"table": table, "column": column, "file": label, "rows": int(bad.sum())}
+            findings.append(Finding("invariant", f"{table}.parquet:{column}", text, data=data))
+    return findings
+
+
 def compare_atlases(
     a: str | Path, b: str | Path, atol: float, rtol: float = 0.0, labels: tuple[str, str] | None = None
 ) -> Report:
@@ -353,6 +383,7 @@ def compare_atlases(
         found, equal = _compare_statistics(x, y, differing, atol, rtol)
         findings.extend(found)
         checked.extend(equal)
-    context = manifest_context(x.manifest, y.manifest, ATLAS_CONTEXT_KEYS)
     labels = labels or (str(a), str(b))
+    findings.extend([*atlas_invariants(x, "A"), *atlas_invariants(y, "B")])
+    context = manifest_context(x.manifest, y.manifest, ATLAS_CONTEXT_KEYS)
     return Report(labels[0], labels[1], atol, rtol, tuple(findings), tuple(checked), tuple(context))

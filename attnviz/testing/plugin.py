@@ -288,14 +288,21 @@ class AttentionSnapshot:
         from attnviz.kinds import KINDS
         from attnviz.testing.compare import check_invariants
 
-        if isinstance(actual, AttentionExport) and (broken := check_invariants(actual, "this run")):
+        if isinstance(actual, AttentionExport):
+            broken = check_invariants(actual, "this run")
+        else:  # an atlas folder, read already (it was compared, or found readable)
+            from attnviz.testing.atlas import atlas_invariants, read_atlas
+
+            broken = atlas_invariants(read_atlas(Path(actual)), "this run")
+        if broken:
             maps = all(finding.subject in KINDS for finding in broken)
             pytest.fail(  # a golden file that breaks them would fail every run after, however often rewritten
                 f"refusing to write the golden file {self._relative(golden)}: "
                 + (
                     "this run's maps are not attention weights"
                     if maps
-                    else "this run's export holds numbers that are not finite"
+                    else f"this run's {'export' if isinstance(actual, AttentionExport) else 'atlas'} holds numbers "
+                    "that are not finite"
                 )
                 + "\n"
                 + "\n".join(f"- {finding.text}" for finding in broken),
