@@ -300,15 +300,49 @@ def test_parameters_told_apart_by_odd_characters_keep_their_own_golden_files(pro
         import pytest
         from test_user_maps import toy
 
-        @pytest.mark.parametrize("case", ["a/b", "a_b", "a b"])
+        @pytest.mark.parametrize("case", ["a/b", "a_b", "a b", "x::y", "x.y"])  # '::' had read as '.'
         def test_p(attention_snapshot, case):
             attention_snapshot(toy())
         """
     )
-    project.runpytest("test_user_ids.py", "--attnviz-update").assert_outcomes(passed=3)
+    project.runpytest("test_user_ids.py", "--attnviz-update").assert_outcomes(passed=5)
     written = sorted(p.name for p in (project.path / "__snapshots__" / "test_user_ids").iterdir())
-    assert len(written) == 3 and "test_p[a_b].npz" in written, written
-    project.runpytest("test_user_ids.py").assert_outcomes(passed=3)
+    assert len(written) == 5 and {"test_p[a_b].npz", "test_p[x.y].npz"} <= set(written), written
+    project.runpytest("test_user_ids.py").assert_outcomes(passed=5)
+
+
+def test_two_snapshots_named_for_one_golden_file_fail_rather_than_overwrite_each_other(project):
+    """Each printed "wrote" and then "updated" for the same file, and the next plain run failed."""
+    project.makepyfile(
+        test_user_names="""
+        import dataclasses
+        from test_user_maps import toy
+
+        def test_same_name(attention_snapshot):
+            attention_snapshot(toy(), name="x")
+            attention_snapshot(dataclasses.replace(toy(), manifest={"model": "other"}), name="x")
+
+        def test_a_name_the_count_gives(attention_snapshot):
+            attention_snapshot(toy(), name="3")
+            attention_snapshot(toy())
+            attention_snapshot(toy())  # the third: "-3"
+
+        def test_one_path_for_two_on_purpose(attention_snapshot):
+            attention_snapshot(toy(), path="golden/shared.npz")
+            attention_snapshot(toy(), path="golden/shared.npz")
+        """
+    )
+    result = project.runpytest("test_user_names.py", "--attnviz-update")
+    result.assert_outcomes(passed=1, failed=2)
+    result.stdout.fnmatch_lines(
+        [
+            "*attention_snapshot: this test compares with __snapshots__/test_user_names/test_same_name-x.npz twice; "
+            "give each snapshot its own name=",
+            "*attention_snapshot: this test compares with "
+            "__snapshots__/test_user_names/test_a_name_the_count_gives-3.npz twice; give each snapshot its own name=",
+        ],
+        consecutive=False,
+    )
 
 
 def test_update_refuses_to_keep_maps_that_are_not_attention_weights(project):

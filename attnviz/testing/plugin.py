@@ -56,11 +56,15 @@ def _file_name(nodeid: str) -> str:
     """A file name for a test: 'TestX::test_y[en-de]' -> 'TestX.test_y[en-de]', other characters as '_'.
 
     A name that lost characters so ends with 8 hex digits of the test's own id, so that parameters
-    told apart only by those characters ('a/b' and 'a b') keep golden files of their own.
+    told apart only by those characters ('a/b' and 'a b') keep golden files of their own. Only the
+    separators of classes and tests read as '.': a '::' inside a parameter's id is a lost character
+    (ids 'x::y' and 'x.y' had shared one file).
     """
     name = nodeid.split("::", 1)[1] if "::" in nodeid else nodeid
-    safe = re.sub(r"[^\w.\[\]=+-]", "_", name.replace("::", "."))
-    if safe != name.replace("::", "."):
+    test, bracket, params = name.partition("[")
+    kept = test.replace("::", ".") + bracket + params
+    safe = re.sub(r"[^\w.\[\]=+-]", "_", kept)
+    if safe != kept:
         safe += "-" + hashlib.sha256(name.encode("utf-8")).hexdigest()[:8]
     return safe
 
@@ -152,6 +156,7 @@ class AttentionSnapshot:
     def __init__(self, request: pytest.FixtureRequest):
         self._request = request
         self._calls = 0
+        self._golden: set[str] = set()  # the golden paths this test's snapshots compared with
 
     @property
     def folder(self) -> Path:
@@ -228,6 +233,8 @@ class AttentionSnapshot:
         else:  # a relative path is the project's (pytest's rootdir), wherever pytest was started
             golden = Path(path) if Path(path).is_absolute() else self._request.config.rootpath / path
         shown = self._relative(golden)
+        if path is None:  # a path= given may serve several snapshots on purpose: each compares with one reference
+            self._take(golden, shown)
         update = self._request.config.getoption(UPDATE_FLAG)
         if not golden.exists():
             if not update:
@@ -267,6 +274,19 @@ class AttentionSnapshot:
             f"if the change is intended, rerun with {UPDATE_FLAG} and review the golden file's diff",
             pytrace=False,
         )
+
+    def _take(self, golden: Path, shown: str) -> None:
+        """Fail the test when another of its snapshots has compared with ``golden``, a file named for it,
+        already: with --attnviz-update each had overwritten the other's file, and the next run failed
+        (name="x" twice, name="3" beside the third call's automatic "-3"). Other tests' files have other
+        names (a parameter's odd characters add a digest of its id: `_file_name`)."""
+        key = os.path.abspath(golden)
+        if key in self._golden:
+            pytest.fail(
+                f"attention_snapshot: this test compares with {shown} twice; give each snapshot its own name=",
+                pytrace=False,
+            )
+        self._golden.add(key)
 
     def _relative(self, path: Path) -> str:
         """``path`` as the report shows it: from the project's root where it lies inside (never resolving a link,
