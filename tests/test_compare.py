@@ -133,6 +133,25 @@ def test_new_labels_on_the_same_ids_still_compare_the_maps():
     assert report.findings[0].data["cause"] == "labels"
 
 
+@pytest.mark.parametrize(("model", "text"), [("reverse", "a b c"), ("en-de", "twenty-one")])
+def test_pieces_against_words_are_named_as_such_not_as_new_labels(model, text):
+    """A piece-level export against a word-level one (--words) of the same text had been blamed on "the vocabulary's
+    labels changed" (reverse: the same ids), or compared as maps of other shapes (en-de); the manifests' units were
+    not even in the context."""
+    import attnviz
+
+    bundle = attnviz.load(model, device="cpu")
+    report = compare_exports(attnviz.attention(bundle, text), attnviz.attention(bundle, text, words=True))
+    sides = [f for f in report.findings if f.what == "inputs" and f.subject in ("source", "target")]
+    assert sides and all(f.data["cause"] == "units" for f in sides), report.to_text()
+    assert sides[0].text == (
+        "the source tokens are pieces in A and words in B (attnviz attention --words merges pieces into words): "
+        "the maps are over other units"
+    )
+    assert [f.what for f in report.findings if f not in sides] == ["inputs"]  # the maps: not compared cell by cell
+    assert {"key": "units", "a": "pieces", "b": "words"} in report.context
+
+
 @pytest.mark.parametrize(
     "break_it, invariant",
     [

@@ -145,6 +145,13 @@ def _compare_side(side: str, a: AttentionExport, b: AttentionExport) -> Finding 
         f"B ({len(b_tok)} tokens): {_tokens_excerpt(b_tok, first)}",
     )
     data = {"side": side, "first_difference": first, "a_tokens": list(a_tok), "b_tokens": list(b_tok)}
+    units = a.manifest.get("units"), b.manifest.get("units")
+    if units[0] != units[1] and all(isinstance(u, str) for u in units):  # `--words` on one side only
+        why = (
+            f"the {side} tokens are {units[0]} in A and {units[1]} in B (attnviz attention --words merges pieces "
+            "into words): the maps are over other units"
+        )
+        return Finding("inputs", side, why, details, {**data, "cause": "units"})
     if same_ids:
         why = f"the {side} ids are equal but their tokens differ from position {first}: the vocabulary's labels changed"
         return Finding("inputs", side, why, details, {**data, "cause": "labels"})

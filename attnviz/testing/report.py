@@ -129,7 +129,7 @@ def _json_safe(value):
 # Labels: which cell of which map, in the app's words
 
 
-CONTEXT_KEYS = ("model", "checkpoint_sha256", "method", "format_version", "versions", "run", "config")
+CONTEXT_KEYS = ("model", "checkpoint_sha256", "method", "units", "format_version", "versions", "run", "config")
 # an atlas also records what it was built from and how (docs/atlas.md); a corpus or targets file hashed
 # otherwise is also a finding (attnviz.testing.atlas), the rest may explain a difference
 ATLAS_CONTEXT_KEYS = (
