@@ -321,7 +321,9 @@ def kinds_section(ctx: Context) -> None:
     data_table(shown.style.format(numbers, na_rep="—"), hide_index=True, width="stretch")
     st.caption(
         "The sinusoids (the paper's table) and RoPE's angles are exactly a rotation of themselves: the fit leaves "
-        "rounding. A learned table (the loaded model's, when it has one) is as linear as training made it. The "
+        "rounding. A learned table (the loaded model's, when it has one) is as linear as training made it, fitted "
+        f"over up to twice its width in positions (a table with no more than its width and {FIT_OFFSET} has none to "
+        "spare: any would fit, so it shows —). The "
         "second column runs the loaded model only, for its own kind: with positions added to the embeddings "
         "(sinusoidal or learned), moving every position changes the scores, since content and position mix; "
         "with rotary positions it changes nothing but rounding. Loading GPT-2, `induction` and `induction-long` "

@@ -132,3 +132,32 @@ def test_three_kinds_of_positions_on_the_same_two_measurements(llama):
     causal = torch.ones(T, T, dtype=torch.bool).tril()
     expected = float((moved - base)[:, causal].abs().max() / base[:, causal].abs().max())
     assert got == pytest.approx(expected, rel=1e-4) and got > 0.1, "an additive code's scores move with the positions"
+
+
+@pytest.mark.parametrize(("width", "positions", "fitted"), [(768, 1024, 1024), (48, 96, 96), (64, 70, None)])
+def test_a_learned_table_is_fitted_over_more_positions_than_its_width(width, positions, fitted):
+    """GPT-2's learned table (768 wide, 1024 positions) had been cut to 256 positions, no more than its width, and
+    the fit refused: the page's table of kinds failed for GPT-2. The residual equals numpy's least squares over
+    the positions fitted; a table with no more positions than its width and the offset is not measured."""
+    from types import SimpleNamespace
+
+    from attnviz.config import TransformerConfig
+    from attnviz.model import Transformer
+
+    cfg = TransformerConfig(
+        src_vocab_size=50, tgt_vocab_size=50, n_enc_layers=0, n_dec_layers=1, d_model=width, n_heads=4, d_ff=32,
+        dropout=0.0, max_len=positions, pos_encoding="learned", norm_first=True,
+    )  # fmt: skip
+    torch.manual_seed(0)
+    model = Transformer(cfg).eval()
+    rows = rotary.kinds_table(SimpleNamespace(config=cfg, model=model)).set_index("kind")
+    if fitted is None:
+        assert np.isnan(rows.loc["learned", "fit_residual"])
+        return
+    table = model.pos.table.detach().double().numpy()[:fitted]
+    k = rotary.FIT_OFFSET
+    x, y = table[:-k], table[k:]
+    solution = np.linalg.lstsq(x, y, rcond=None)[0]
+    expected = np.linalg.norm(y - x @ solution) / np.linalg.norm(y)
+    assert expected > 0.1  # a random table: far from linear, far from rounding
+    np.testing.assert_allclose(rows.loc["learned", "fit_residual"], expected, rtol=1e-6)

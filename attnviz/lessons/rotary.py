@@ -125,7 +125,10 @@ def kinds_table(bundle=None, ids: torch.Tensor | None = None, n: int = 256, d: i
     - ``fit_residual``: the best linear map from a position's code to the code ``FIT_OFFSET`` positions
       later, fitted over ``n`` positions; what it leaves unexplained, relative (section 3.5's claim:
       0 up to rounding). The sinusoids are the paper's table (d columns); the learned table is the
-      loaded model's when it has one; the rotary code is its angles (with the loaded model's theta).
+      loaded model's when it has one, over at least twice its width in positions where it has them (a
+      fit over no more positions than dimensions fits any table: GPT-2's 768 had been refused over 256),
+      None when it has no more than its width and ``FIT_OFFSET``; the rotary code is its angles (with
+      the loaded model's theta).
     - ``shift_change``: on the loaded model only (the others need a model of their kind), the largest
       relative change of any score of its first layer when every position moves by the same amount.
     """
@@ -139,7 +142,10 @@ def kinds_table(bundle=None, ids: torch.Tensor | None = None, n: int = 256, d: i
     d_head = cfg.d_head if kind == "rotary" else d
     learned = None
     if kind == "learned":
-        learned = bundle.model.pos.table.detach().double().cpu().numpy()[:n]
+        full = bundle.model.pos.table.detach().double().cpu().numpy()
+        width = full.shape[1]
+        if len(full) - FIT_OFFSET > width:  # else any table would fit exactly: no measurement
+            learned = full[: max(n, 2 * width + FIT_OFFSET)]
     for name, table in (
         ("sinusoidal", sinusoids),
         ("learned", learned),
