@@ -144,3 +144,12 @@ def test_a_repeated_parameter_takes_the_last_and_sets_the_others_aside(
     assert not at.exception, [e.value for e in at.exception]
     assert at.session_state[key] == taken
     assert [f"Set aside from the link (not available here): {aside}."] == _set_aside(at)
+
+
+@pytest.mark.parametrize(("key", "values", "taken"), [("layer", ["2", "2"], 2), ("view", ["stats", "stats"], "stats")])
+def test_a_parameter_repeated_with_the_value_taken_is_not_set_aside(key, values, taken, fresh_streamlit_caches):
+    """?layer=2&layer=2 had said "layer='2' cannot be shown here, so another value is shown", showing layer 2."""
+    at = open_from_link("pages/explorer.py", {key: values})
+    assert not at.exception, [e.value for e in at.exception]
+    assert at.session_state[key] == taken
+    assert not _set_aside(at) and not at.get("toast")

@@ -173,13 +173,22 @@ def range_from_link(key: str) -> None:
     range, besides Streamlit's own ``key=2000&key=2090``: rewritten in Streamlit's form before the slider reads it.
 
     Streamlit reads one value as no range and drops it, so a hand-written zoom link opened on the first
-    positions instead of its region.
+    positions instead of its region. Either form is put in order: ``key=7&key=2`` had been read as the range
+    7 to 2, an empty zoom (a tiled map's failed).
     """
     values = st.query_params.get_all(key)
-    found = re.fullmatch(r"\s*(\d+)\s*[-,:]\s*(\d+)\s*", values[0]) if len(values) == 1 else None
-    if found is None:
+    if len(values) == 1:
+        found = re.fullmatch(r"\s*(\d+)\s*[-,:]\s*(\d+)\s*", values[0])
+        pair = None if found is None else [int(v) for v in found.groups()]
+    elif len(values) == 2 and all(re.fullmatch(r"\d+", v) for v in values):
+        pair = [int(v) for v in values]
+        if pair[0] <= pair[1]:  # Streamlit's own form, in order: the slider reads it as it is
+            return
+    else:
         return
-    low, high = sorted(int(v) for v in found.groups())
+    if pair is None:
+        return
+    low, high = sorted(pair)
     st.query_params[key] = [str(low), str(high)]
     with get_session_state().query_params() as params:
         params.set_initial_query_params_from_current()
@@ -299,7 +308,9 @@ def set_aside() -> list[tuple[str, str]]:
             continue  # the page's own value, from the run before: its widget may since have moved on
         value, repeated = st.session_state[key], link.get("repeats", {}).get(key)
         if repeated and not isinstance(value, (list, tuple)) and _taken(repeated[-1], value, shown):
-            aside.append((key, ",".join(repeated[:-1])))  # the last was taken: the ones before it were not
+            # the last was taken: the ones before it were not, unless they name the same (?layer=2&layer=2)
+            if earlier := [r for r in repeated[:-1] if not _taken(r, value, shown)]:
+                aside.append((key, ",".join(earlier)))
         elif not _taken(raw, value, shown):
             aside.append((key, raw))
     return aside
