@@ -2,14 +2,14 @@
 
 import html
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
 import pandas as pd
 import streamlit as st
 
-from attnviz.app import bound, clamp_state, shared, viewport, views
+from attnviz.app import bound, clamp_state, domain_notice, shared, viewport, views
 from attnviz.app.follow import map_chart
 from attnviz.app.frame import Context, frame
 from attnviz.app.present import data_table, picture_area, room
@@ -141,6 +141,7 @@ def body(ctx: Context) -> None:
         )
         return
     job = (ctx.choices.src, 1 if teacher else beam, ctx.choices.tgt if teacher else None)  # the decoding's inputs
+    domain_notice(ctx.choices if teacher else replace(ctx.choices, tgt=None))  # the target: only when it is fed
     dec = ctx.on_model("decoding", *job)
     if dec.truncated:
         st.warning(

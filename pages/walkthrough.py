@@ -2,7 +2,7 @@
 
 import streamlit as st
 
-from attnviz.app import bound, clamp_state, computed, load_bundle, shared
+from attnviz.app import bound, clamp_state, computed, domain_notice, load_bundle, shared
 from attnviz.app.follow import map_chart
 from attnviz.app.frame import Context, frame
 from attnviz.app.present import first, presenting, room
@@ -87,6 +87,7 @@ def body(ctx: Context) -> None:
     bundle = ctx.bundle
     cfg = bundle.config
     wt = ctx.on_text("forward_pass")
+    domain_notice(ctx.choices)  # the pass reads the source, and the target as the decoder input where one is given
     stages = wk.stage_list(cfg.encoder_only, cfg.decoder_only, cfg.pos_encoding == "rotary")
     keys, titles = [k for k, _ in stages], dict(stages)
     st.session_state["wt_keys"] = keys

@@ -11,7 +11,7 @@ import shutil
 from pathlib import Path
 
 import pytest
-from conftest import open_app
+from conftest import open_app, open_from_link
 from streamlit.testing.v1 import AppTest
 
 from attnviz.app import CUSTOM_PATH, Page, registry
@@ -158,6 +158,8 @@ def test_bad_source_text_gives_a_message(page, text):
     assert_ok(at)
     if text.strip() and len(text) < 1000:
         assert shows_content(at), "unknown characters still give a map (as <unk> tokens)"
+        # said on every page that runs the text (the decoding and walkthrough pages had said nothing)
+        assert any("This model was trained on" in w.value for w in at.warning), [w.value for w in at.warning]
     else:
         assert at.error, "expected a clear message"
         assert "empty" in at.error[0].value or "at most" in at.error[0].value
@@ -175,6 +177,21 @@ def test_unknown_characters_in_the_target_are_said_as_in_the_source():
     ]
     at.sidebar.text_input(key="tgt").set_value("fünf").run()
     assert not any("The target has" in w.value for w in at.warning)
+
+
+@pytest.mark.parametrize(("page", "params"), [("pages/walkthrough.py", {}), ("pages/decoding.py", {"teacher": "true"})])
+def test_the_pages_that_read_the_target_say_so_too(page, params):
+    """The walkthrough and teacher-forced decoding read the target as the decoder's input and had said nothing of
+    its unknown pieces (decoding showed "Given token <unk>"); decoding without teacher forcing does not read it."""
+    at = open_from_link(page, {"src": "five", "tgt": "fu\u0308nf", **params})
+    assert_ok(at)
+    assert any("The target has 1 piece the model cannot read" in w.value for w in at.warning), [
+        w.value for w in at.warning
+    ]
+    if params:
+        at = open_from_link(page, {"src": "five", "tgt": "fu\u0308nf"})
+        assert_ok(at)
+        assert not any("The target has" in w.value for w in at.warning)
 
 
 @pytest.mark.slow
