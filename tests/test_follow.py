@@ -475,8 +475,13 @@ def test_a_redis_that_goes_away_tells_followers_and_the_presenter_keeps_presenti
         server.proc.send_signal(signal.SIGSTOP)  # the store stops answering, its connections open
         head = 2
         lost()
+        # the change made while it hung is kept and sent again (it had been dropped, and an older one held back
+        # could land after it): the room panel says so until a write takes it
+        assert rooms.unwritten(mine.code) == rooms.room.UNWRITTEN
         server.proc.send_signal(signal.SIGCONT)  # it answers again: the presenter's next change reaches the class
         presenter.selectbox(key="head").set_value(3).run()
+        assert rooms.unwritten(mine.code) is None, "the change written takes the place of the one kept"
+        presenter.run()  # the panel's line was drawn before the run's change was written: its next refresh
         assert not presenter.warning, _texts(presenter)
         follower.run()
         assert not follower.warning and follower.session_state["head"] == 3, _texts(follower)

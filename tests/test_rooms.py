@@ -24,7 +24,7 @@ from attnviz.app import rooms
 from attnviz.app.rooms import FOLLOW_WINDOW_S, Limits, RoomError, Rooms, settings, sqlite_store
 from attnviz.app.rooms import room as room_module
 from attnviz.app.rooms.redis_store import RedisStore
-from attnviz.app.rooms.room import ALPHABET, CODE_LENGTH, LIST_ITEMS, STATE_KEYS, UNAVAILABLE
+from attnviz.app.rooms.room import ALPHABET, CODE_LENGTH, LIST_ITEMS, STATE_KEYS, UNAVAILABLE, UNWRITTEN
 from attnviz.app.rooms.settings import ENDED_KEPT_S
 from attnviz.app.rooms.sqlite_store import SQLiteStore
 from attnviz.app.rooms.store import MemoryStore, StoreError
@@ -630,6 +630,51 @@ def test_of_two_replicas_coalesced_changes_the_later_one_stays(store):
     flush_now(second, room.code)
     flush_now(first, room.code)  # the older change's timer comes last
     assert first.read(room.code).state == {"page": "newer"}
+
+
+def test_a_replica_back_on_the_view_stored_outlasts_an_older_change_another_holds(store):
+    """The presenter goes from y to x on one replica (x held back), then, resumed on another, back to y, which the
+    room already shows: nothing was written, and the first replica's timer wrote x over the presenter's latest."""
+    first, second = make_rooms(store, publishes_per_s=0.2), make_rooms(store, publishes_per_s=0.2)
+    room = first.open_room(STATE)
+    store.clock.advance(10)
+    version = first.publish(room.code, room.secret, {"page": "y"})  # written at once
+    store.clock.advance(0.1)
+    first.publish(room.code, room.secret, {"page": "x"})  # held back: within the interval
+    store.clock.advance(0.1)
+    second.resume(room.code, room.secret)
+    assert second.publish(room.code, room.secret, {"page": "y"}) == version  # the view stored: no new version
+    flush_now(first, room.code)
+    view = first.read(room.code)
+    assert (view.state, view.version) == ({"page": "y"}, version)
+
+
+def test_a_change_the_store_did_not_take_is_sent_again_in_place_of_an_older_one_held_back(store):
+    """A publish that failed for the store had been dropped: an older change held back landed after it, the class
+    stayed there, and the presenter's page said the class would see the view once the store answered."""
+    failing = Failing(store, "get")
+    rooms_ = make_rooms(failing, publishes_per_s=10)
+    room = rooms_.open_room(STATE)
+    store.clock.advance(1)
+    rooms_.publish(room.code, room.secret, {"page": "b"})
+    rooms_.publish(room.code, room.secret, {"page": "c"})  # held back
+    failing.fail = 1
+    raises("unavailable", rooms_.publish, room.code, room.secret, {"page": "d"})
+    assert rooms_.unwritten(room.code) == UNWRITTEN
+    store.clock.advance(1)
+    eventually(lambda: rooms_.read(room.code).state == {"page": "d"})
+    assert rooms_.unwritten(room.code) is None
+
+
+def test_a_code_drawn_again_leaves_the_live_room_counted_as_open(store, monkeypatch):
+    """Drawing a live room's code had renewed its entry among the open rooms, then taken it out: the bound counted
+    one room fewer, and let one more open."""
+    drawn = iter("AAAAAAAAAAAABBBBBBCCCCCC")
+    monkeypatch.setattr(room_module.secrets, "choice", lambda alphabet: next(drawn))
+    rooms_ = make_rooms(store, rooms_open=2)
+    assert [rooms_.open_room(STATE).code for _ in range(2)] == ["AAAAAA", "BBBBBB"]
+    assert store.count("open") == 2
+    raises("limit", rooms_.open_room, STATE)
 
 
 def test_a_record_without_the_time_of_its_change_takes_a_coalesced_change(store):

@@ -248,6 +248,9 @@ class Rooms:
             try:
                 for _ in range(OPEN_TRIES):
                     code = "".join(secrets.choice(ALPHABET) for _ in range(CODE_LENGTH))
+                    if store.get(_key(code)) is not None:  # taken (a live or recently ended room): draw another
+                        code = None  # before joining: a live room's "open" entry had been renewed, then taken out
+                        continue
                     if not store.join("open", code, lifetime, most=limits.rooms_open):
                         code = None
                         store.leave("opened", opening)  # refused: no room was opened this minute by it
@@ -270,7 +273,7 @@ class Rooms:
                     if store.put(_key(code), json.dumps(record), lifetime + ENDED_KEPT_S, expect=0) is not None:
                         log.info("room %s opened, for %.1f hours", code, limits.hours)
                         return Room(code, secret)
-                    store.leave("open", code)  # the code is taken (a live or recently ended room): draw another
+                    store.leave("open", code)  # taken since it was looked up (another replica's room): draw another
                     code = None
                 store.leave("opened", opening)
             except StoreError:
@@ -321,9 +324,19 @@ class Rooms:
         """
         code = normal_code(code)
         text = check_state(state, self._limits().state_bytes)
-        with self._room_lock(code), self._unavailable():
-            store = self._store()
-            return self._write(store, code, _Change(secret, json.loads(text), store.clock()))
+        with self._room_lock(code):
+            change = None
+            try:
+                with self._unavailable():
+                    store = self._store()
+                    change = _Change(secret, json.loads(text), store.clock())
+                    return self._write(store, code, change)
+            except RoomError as e:
+                if e.reason == "unavailable" and change is not None:
+                    # kept and written once the store answers, in place of any older change held back: the class
+                    # had been left on that older one, and this one was never tried again
+                    self._try_again(code, change, e)
+                raise
 
     def unwritten(self, code: str) -> str | None:
         """None unless a change of the presenter's to room ``code``, coalesced in this process, failed to be written
@@ -435,8 +448,16 @@ class Rooms:
             # another had been taken for none: the followers kept the old value). A view stamped ahead of this
             # clock (another machine's, a hand edit) is not taken for a later one: it had dropped every coalesced
             # change of the presenter's, who was told they were published.
-            if _text(record["state"]) == _text(change.state) or (delayed and change.made < _made(record) <= now):
+            if delayed and change.made < max(_made(record), _kept(store, code)) <= now:
                 self._forget_pending(code)
+                return version
+            if _text(record["state"]) == _text(change.state):
+                self._forget_pending(code)
+                if not delayed and _made(record) < change.made:
+                    # the view stored is the presenter's latest again: said beside it (its version stays, for the
+                    # followers), or an older change another replica holds back would be written over it
+                    ttl = float(record["expires"]) + ENDED_KEPT_S - now
+                    store.put(_kept_key(code), repr(change.made), ttl)
                 return version
             interval = 1 / self._limits().publishes_per_s
             updated = float(record["updated"])
@@ -513,6 +534,20 @@ class Rooms:
 
 def _key(code: str) -> str:
     return "room:" + code
+
+
+def _kept_key(code: str) -> str:
+    return "kept:" + code
+
+
+def _kept(store: Store, code: str) -> float:
+    """When the presenter last published the view the room already showed (the store's clock), -inf if never: a
+    change held back before it is older than the view, though the room's record was not written."""
+    found = store.get(_kept_key(code))
+    try:
+        return float(found[1]) if found is not None else -math.inf
+    except ValueError:  # not written by this code: no such time
+        return -math.inf
 
 
 def _made(record: dict) -> float:
