@@ -116,6 +116,14 @@ def replay(ctx: Context) -> None:
             icon=":material/history_toggle_off:",
         )
         return
+    mismatch = formation.history_mismatch(history.kind, history.heads, ctx.bundle.config)
+    if mismatch:
+        st.error(
+            f"{escape_markdown(ctx.bundle.name)}'s folder holds another model's training history: {mismatch}. "
+            "Nothing of it is drawn; `attnviz train` writes a history beside the model it trains.",
+            icon=":material/history_toggle_off:",
+        )
+        return
     steps = [int(s) for s in history.step]
     st.session_state[STEPS] = steps
     links.nearest_from_link(STEP, steps)

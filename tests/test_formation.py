@@ -246,3 +246,31 @@ def test_the_phase_change_figure_puts_loss_and_scores_on_one_step_axis():
     assert {t.xaxis for t in fig.data} == {"x"}, "one step axis"
     assert "layer 1 head 1" in fig.data[1].name and "layer 2 head 2" in fig.data[2].name
     assert [(s.x0, s.x1) for s in fig.layout.shapes if s.type == "rect"] == [(100, 250)]
+
+
+def test_a_history_of_other_heads_than_the_models_is_named_as_anothers():
+    """A folder holding another training's history had its maps drawn under the model's name, or failed the page
+    on a head its card names and the history lacks (a 1-layer, 2-head induction history beside a 2 x 4 model)."""
+    from attnviz.config import TransformerConfig
+
+    lm = TransformerConfig(
+        src_vocab_size=10, tgt_vocab_size=10, n_enc_layers=0, n_dec_layers=2, d_model=16, n_heads=4, d_ff=8
+    )
+    translator = TransformerConfig(
+        src_vocab_size=10, tgt_vocab_size=10, n_enc_layers=2, n_dec_layers=2, d_model=16, n_heads=4, d_ff=8
+    )
+
+    def heads(sites, layers, n_heads):
+        rows = [(0, s, la, h) for s in sites for la in range(1, layers + 1) for h in range(1, n_heads + 1)]
+        return pd.DataFrame(rows, columns=["step", "kind", "layer", "head"])
+
+    assert formation.history_mismatch("language model", heads(["decoder"], 2, 4), lm) is None
+    assert formation.history_mismatch("encoder-decoder", heads(formation.SITES, 2, 4), translator) is None
+    assert formation.history_mismatch("language model", heads(["decoder"], 1, 2), lm) == (
+        "its history records decoder self-attention (masked) in 1 layer of 2 heads, and the model has 2 layers of "
+        "4 heads"
+    )
+    assert formation.history_mismatch("encoder-decoder", heads(formation.SITES, 2, 4), lm) == (
+        "its history is an encoder-decoder's training, and the model is a language model"
+    )
+    assert "cross-attention" in formation.history_mismatch("encoder-decoder", heads(["cross"], 3, 4), translator)

@@ -138,6 +138,19 @@ def test_a_history_without_a_record_gets_one_line_that_names_no_server_path(tmp_
     assert str(tmp_path.parent) not in said[0], said
 
 
+def test_another_models_history_beside_the_weights_is_one_line_and_nothing_drawn(tmp_path):
+    """reverse's history in a copy of induction had been drawn as induction's, its maps under induction's name."""
+    into = write_history("reverse", tmp_path / "histories")
+    folder = tmp_path / "induction"
+    shutil.copytree(pretrained_dir() / "induction", folder, ignore=shutil.ignore_patterns("history"))
+    shutil.copytree(into / "history", folder / "history")
+    at = open_history(str(folder.relative_to(tmp_path.parent)))
+    assert not at.exception, [e.value for e in at.exception]
+    said = [e.value for e in at.error]
+    assert len(said) == 1 and "holds another model's training history: its history is an encoder-decoder's" in said[0]
+    assert not at.get("plotly_chart") or not any(", step " in t for t in titles(at)), titles(at)
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("model", SHIPPED)
 def test_every_shipped_history_opens_and_steps(model):

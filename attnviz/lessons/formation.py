@@ -37,6 +37,41 @@ OPENING_STATISTIC = {
 PREVIOUS, INDUCTION = "previous", "induction"  # the two scores of the phase change
 
 
+def history_mismatch(kind: str, heads: pd.DataFrame, config) -> str | None:
+    """Why a history (its ``kind``, "encoder-decoder" or "language model", and its ``heads`` table) is not the
+    training of a model of ``config`` (`attnviz.config.TransformerConfig`), or None when its heads are the model's.
+
+    A history lies beside the weights it trained (``history/``), but a folder put together by hand may hold
+    another training's: its maps had been drawn under this model's name, and the heads its card names, which
+    the history lacks, had failed the page."""
+    model_kind = (
+        "language model" if config.decoder_only else "encoder-only" if config.encoder_only else "encoder-decoder"
+    )
+    if kind != model_kind:
+        return f"its history is {_a(kind)}'s training, and the model is {_a(model_kind)}"
+    layers = {"encoder": config.n_enc_layers, "decoder": config.n_dec_layers, "cross": config.n_dec_layers}
+    for site in SITES:
+        rows = heads[heads["kind"] == site]
+        if rows.empty:
+            continue
+        recorded = (int(rows["layer"].max()), int(rows["head"].max()))
+        if recorded != (layers[site], config.n_heads):
+            return (
+                f"its history records {TITLES[site].lower()} in {_count(recorded[0], 'layer')} of "
+                f"{_count(recorded[1], 'head')}, and the model has {_count(layers[site], 'layer')} of "
+                f"{_count(config.n_heads, 'head')}"
+            )
+    return None
+
+
+def _a(noun: str) -> str:
+    return f"{'an' if noun[0] in 'aeiou' else 'a'} {noun}"
+
+
+def _count(n: int, word: str) -> str:
+    return f"{n} {word}{'s' * (n != 1)}"
+
+
 def statistics_of(heads: pd.DataFrame) -> list[str]:
     """The statistics a heads table holds: the atlas's (`attnviz.atlas.stats.STATISTICS`) in its order, then others."""
     named = [c for c in heads.columns if c not in INDEX_COLUMNS]
