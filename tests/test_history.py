@@ -631,7 +631,11 @@ def test_train_refuses_a_folder_that_holds_a_training_unless_resumed(tmp_path, c
     """A second training into the same --out had left the first one's history under the second's manifest."""
     out = tmp_path / "run"
     out.mkdir()
-    (out / HISTORY).mkdir() if held == HISTORY else (out / held).write_bytes(b"the first training's")
+    if held == HISTORY:  # a history with its manifest (one with nothing in it yet is no training: test_train_cli)
+        (out / HISTORY).mkdir()
+        (out / HISTORY / "manifest.json").write_text("{}")
+    else:
+        (out / held).write_bytes(b"the first training's")
     assert main(["train", "reverse", "--out", str(out), *SMALL]) == 2
     err = capsys.readouterr().err
     assert err.startswith("attnviz: error:") and err.count("\n") == 1, err

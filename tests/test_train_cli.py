@@ -218,3 +218,17 @@ def test_evaluate_refuses_a_task_the_models_tokenizer_cannot_read(tmp_path, caps
     (model / "config.json").write_text(json.dumps({**config, "task": "en-de"}))
     err = _refused(capsys, ["evaluate", "--model", str(model), "--n", "2"])
     assert "'en-de'" in err and "cannot read" in err, err
+
+
+def test_a_training_killed_before_its_first_record_starts_again_without_resume(tmp_path, capsys, monkeypatch):
+    """It left history/records/ empty: a new training there was refused as "holds a training (history)", and
+    --resume as "nothing to resume": only deleting the folder by hand went on. A history with a record still counts."""
+    _no_work(monkeypatch)
+    out = tmp_path / "early"
+    (out / "history" / "records").mkdir(parents=True)
+    (out / "history" / "records" / ".tmp-000000001").mkdir()  # what a killed write may leave
+    with pytest.raises(AssertionError, match="the training began"):  # past every refusal
+        loop.train("reverse", out, steps=2, eval_n=2)
+    (out / "history" / "records" / "000000001").mkdir()
+    err = _refused(capsys, ["train", "reverse", "--out", str(out), "--steps", "2"])
+    assert "holds a training (history): add --resume" in err, err

@@ -36,7 +36,15 @@ from attnviz.model import Transformer
 from attnviz.training import lm, seq2seq
 from attnviz.training.data import Task, get_task
 from attnviz.training.formation import lm_section, seq2seq_section
-from attnviz.training.history import HISTORY, MANIFEST, load_history, recorded_every
+from attnviz.training.history import (
+    HISTORY,
+    MANIFEST,
+    RECORD_NAME,
+    RECORDS,
+    TEMP_PREFIX,
+    load_history,
+    recorded_every,
+)
 from attnviz.training.optim import paper_optimizer
 from attnviz.training.recipes import RECIPES, Recipe
 from attnviz.training.recording import TrainingRecorder
@@ -208,6 +216,8 @@ def _check_fresh(out: Path) -> None:
     notes or data loses nothing, and the checkpoint reads only its own files."""
 
     held = [name for name in (*TRAINING_FILES, *CHECKPOINT_FILES) if (out / name).exists() or (out / name).is_symlink()]
+    if HISTORY in held and _history_unstarted(out / HISTORY):
+        held.remove(HISTORY)  # a training killed before its first record: nothing to resume, nothing to keep
     training = [name for name in held if name in TRAINING_FILES]
     if training:
         raise InputError(
@@ -218,6 +228,21 @@ def _check_fresh(out: Path) -> None:
         raise InputError(
             f"{out} holds {', '.join(held)}, which the training would write over: choose another --out, or move them"
         )
+
+
+def _history_unstarted(folder: Path) -> bool:
+    """Whether ``folder`` (a training's history/) holds no manifest and no record, only the empty records/ folder a
+    training makes as it starts (and what a killed write left half-done): it had been taken for a training that
+    --resume then refused, having no saved state, and only deleting the folder by hand went on."""
+    if folder.is_symlink() or not folder.is_dir() or (folder / MANIFEST).exists():
+        return False
+    entries = {p.name for p in folder.iterdir() if not p.name.startswith(TEMP_PREFIX)}
+    if entries - {RECORDS}:
+        return False
+    records = folder / RECORDS
+    if RECORDS in entries and (records.is_symlink() or not records.is_dir()):
+        return False
+    return RECORDS not in entries or not any(RECORD_NAME.match(p.name) for p in records.iterdir() if p.is_dir())
 
 
 def _make_out(out: Path) -> None:
