@@ -232,3 +232,16 @@ def test_a_training_killed_before_its_first_record_starts_again_without_resume(t
     (out / "history" / "records" / "000000001").mkdir()
     err = _refused(capsys, ["train", "reverse", "--out", str(out), "--steps", "2"])
     assert "holds a training (history): add --resume" in err, err
+
+
+def test_a_state_half_saved_by_a_killed_run_is_removed_when_the_training_starts_again(tmp_path, monkeypatch):
+    """save_state writes .train_state.pt.<pid>.tmp, then renames it: a kill between left it there for good."""
+    _no_work(monkeypatch)
+    out = tmp_path / "run"
+    out.mkdir()
+    half = out / f".{loop.STATE_FILE}.12345.tmp"
+    half.write_bytes(b"half a state")
+    (out / "notes.txt").write_text("the user's")
+    with pytest.raises(AssertionError, match="the training began"):
+        loop.train("reverse", out, steps=2, eval_n=2)
+    assert sorted(p.name for p in out.iterdir()) == ["notes.txt"]

@@ -335,6 +335,9 @@ def train(
         done = 0
     dev = resolve_device(device)  # before the folder is made: a missing GPU had left an empty --out behind
     _make_out(out)
+    for left in out.glob(f".{STATE_FILE}.*.tmp"):  # a state half-saved by a killed run (`save_state`): never read
+        if left.is_file() or left.is_symlink():
+            left.unlink()
     torch.manual_seed(seed)
     start = time.time()
     side = lm if task.decoder_only else seq2seq
