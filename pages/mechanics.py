@@ -356,14 +356,7 @@ def permutation_tab(ctx: Context) -> None:
 
 def permutation_summary(checks: dict[bool, mechanics.PermutationCheck]) -> None:
     """How far the shuffled sentence's outputs and maps are from the shuffled originals, without and with positions."""
-    summary = pd.DataFrame(
-        {
-            "positional encoding": ["off", "on"],
-            "max |enc(P x) − P enc(x)|": [checks[False].output_max_diff, checks[True].output_max_diff],
-            "max |A(P x) − P A(x) Pᵀ|, every layer": [checks[False].max_diff, checks[True].max_diff],
-            "max |enc(x)|, for scale": [checks[False].output_max_abs, checks[True].output_max_abs],
-        }
-    )
+    summary = mechanics.permutation_table(checks)
     st.table(number_table(summary, "{:.3g}", summary.columns[1:]))
     holds = checks[False].max_diff < 1e-6
     st.markdown(

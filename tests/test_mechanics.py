@@ -211,6 +211,24 @@ def test_permutation_is_exact_without_positions_and_broken_with_them(pos_encodin
     assert next(model.parameters()).dtype == torch.float32
 
 
+def test_the_pages_permutation_table_shows_the_maps_difference_in_the_maps_column():
+    """The maps' column had shown max_diff, the encoder outputs' difference where larger: 2.6 on the shipped reverse
+    with positions, for weights that lie in [0, 1]. Here each column is recomputed from the maps and outputs."""
+    import attnviz
+
+    bundle = attnviz.load("reverse", device="cpu")
+    ids = bundle.tokenizer.encode_source("a t t e n t i o n").ids
+    perm = tuple(range(len(ids) - 1, -1, -1))
+    checks = {up: mechanics.permutation_check(bundle.model, ids, perm, up) for up in (False, True)}
+    table = mechanics.permutation_table(checks).set_index("positional encoding")
+    on = checks[True]
+    maps_gap = np.abs(on.permuted_attention - on.expected()).max()
+    assert 0.1 < maps_gap <= 1 < on.output_max_diff  # the comparison is well-posed: the two differ, far from rounding
+    assert table.loc["on", "max |A(P x) − P A(x) Pᵀ|, every layer"] == pytest.approx(maps_gap, rel=1e-12)
+    assert table.loc["on", "max |enc(P x) − P enc(x)|"] == on.output_max_diff
+    assert table.loc["off", "max |A(P x) − P A(x) Pᵀ|, every layer"] < 1e-6
+
+
 def test_permutation_in_float32_is_exact_to_the_rounding_only(tiny_model):
     perm = tuple(reversed(range(len(SRC))))
     check = mechanics.permutation_check(tiny_model, SRC, perm, use_positions=False, dtype=torch.float32)
