@@ -953,7 +953,7 @@ def forward_pass(bundle: Bundle, src: str, tgt: str | None = None) -> ForwardPas
     _check_finite("scores", {k: v for k, v in tensors.items() if k.endswith(".scores")}, allow_masked=True)
     src_enc = inputs.src_enc
     src_ids, src_tokens = (None, None) if src_enc is None else (src_enc.ids, src_enc.tokens)
-    return ForwardPass(tensors, src_ids, src_tokens, inputs.tgt_ids, inputs.tgt_tokens)
+    return ForwardPass(tensors, src_ids, src_tokens, inputs.tgt_ids, inputs.tgt_tokens, bool(inputs.truncated))
 
 
 def _takes_a_model(function):

@@ -620,7 +620,9 @@ class ForwardPass:
 
     ``tensors`` maps point names (`attnviz.hooks`), such as ``encoder.0.attn.weights``, to
     float32 arrays without the batch axis; ``tgt_ids`` and ``tgt_tokens`` are None for an
-    encoder-only model. The forward-pass walkthrough shows it stage by stage.
+    encoder-only model. The forward-pass walkthrough shows it stage by stage. ``tgt_truncated``: the
+    decoder input is the model's greedy output, cut at the length limit before its end token (as an
+    export's manifest says it).
     """
 
     tensors: dict[str, np.ndarray]
@@ -628,3 +630,4 @@ class ForwardPass:
     src_tokens: tuple[str, ...]
     tgt_ids: tuple[int, ...] | None
     tgt_tokens: tuple[str, ...] | None
+    tgt_truncated: bool = False

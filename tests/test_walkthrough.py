@@ -341,3 +341,48 @@ def test_the_rotary_stage_says_which_pair_turns_fastest_as_its_matrices_show():
     assert "The first pair (i = 0) turns fastest" in stage.text
     text = wk.build_stage(wt, facts, "dec_input", step=2).text
     assert "at position 2 it sees positions 0..2" in text, text
+
+
+def test_a_greedy_output_cut_at_the_length_limit_writes_no_end_token_in_the_labels(monkeypatch):
+    """The last decoder row had said "→ </s>" though the output stopped at the limit unfinished, where the explorer's
+    labels (the export's) say "→ …": the same input, labelled two ways."""
+    from attnviz.export import row_labels
+
+    bundle = attnviz.load("reverse", "cpu")
+    monkeypatch.setattr(api, "output_limit", lambda src_len, max_len: 3)
+    wt = api.forward_pass(bundle, "a t t e n t i o n")
+    assert wt.tgt_truncated and len(wt.tgt_ids) == 4  # the start token and three written, none of them the end
+    facts = wk.ModelFacts.of(bundle.config)
+    stage = wk.build_stage(wt, facts, "dec_cross", 0, 0, len(wt.tgt_ids) - 1)
+    labels = next(m.row_labels for m in stage.matrices if m.source == "decoder.0.cross_attn.weights")
+    assert list(labels) == row_labels(api.attention(bundle, "a t t e n t i o n"), "cross")
+    assert labels[-1].endswith("→ …"), labels
+    monkeypatch.undo()
+    full = api.forward_pass(bundle, "a t t e n")  # not cut: the last input writes the end token
+    assert not full.tgt_truncated
+    stage = wk.build_stage(full, facts, "dec_cross", 0, 0, len(full.tgt_ids) - 1)
+    last = next(m.row_labels for m in stage.matrices if m.source == "decoder.0.cross_attn.weights")[-1]
+    assert last.endswith("→ </s>"), last
+
+
+def test_the_rotary_stage_names_the_key_value_head_every_query_head_of_a_group_reads():
+    """Grouped-query attention: query head 1 had no note (its index was compared with its key/value head's, both
+    0), and the keys before the rotation were titled with the query head's number, showing the group's head."""
+    cfg = tiny_config(n_enc_layers=0, pos_encoding="rotary", n_heads=4, n_kv_heads=2, norm_first=True)
+    model = seeded_model(cfg, 4)
+    tgt = torch.tensor([[cfg.bos_id, 7, 9, 11, 13]])
+    with torch.no_grad(), Recorder() as rec:
+        model(None, tgt)
+    tensors = {k: (v if k.endswith(".pos") else v[0]).float().numpy() for k, v in rec.tensors.items()}
+    wt = ForwardPass(tensors, None, None, tuple(tgt[0].tolist()), tuple(f"t{i}" for i in range(5)))
+    facts = wk.ModelFacts.of(cfg)
+    unrotated = tensors["decoder.0.self_attn.k_unrotated"]
+    assert unrotated.shape[0] == 2  # one per key/value head
+    for head, kv in ((0, 0), (1, 0), (2, 1), (3, 1)):
+        stage = wk.build_stage(wt, facts, "rope", 0, head, 4)
+        assert stage.notes == (
+            f"Grouped-query attention: head {head + 1} reads key/value head {kv + 1}, shared by its group.",
+        ), (head, stage.notes)
+        keys = next(m for m in stage.matrices if m.title.startswith("K, ") and m.title.endswith("before the rotation"))
+        assert keys.title == f"K, key/value head {kv + 1}, before the rotation"
+        np.testing.assert_array_equal(keys.values, unrotated[kv])

@@ -541,8 +541,9 @@ def _dec_input(wt, facts, step, **_):
 
 def _writing(wt, n: int) -> list[str]:
     """The first ``n`` decoder positions as "input → the token it writes" (the last input writes </s>; a
-    language model's last position writes a token its input does not hold: "…")."""
-    last = "…" if wt.src_tokens is None else "</s>"
+    language model's last position, or a greedy output's cut at the length limit, writes a token its input does
+    not hold: "…", as the explorer's labels say it, `attnviz.export.written`)."""
+    last = "…" if wt.src_tokens is None or wt.tgt_truncated else "</s>"
     return writing_labels(wt.tgt_tokens[:n], [*wt.tgt_tokens[1:], last][:n])
 
 
@@ -550,18 +551,18 @@ def _rope(wt, facts, layer, head, step, **_):
     """Rotary positions: one head's queries and keys before and after their rotation."""
     n, rows = step + 1, wt.tgt_tokens[: step + 1]
     p = attention_site("decoder", layer)
-    kv_head = head // (facts.n_heads // (facts.n_kv_heads or facts.n_heads))
+    group = facts.n_heads // (facts.n_kv_heads or facts.n_heads)  # query heads per key/value head
+    kv_head = head // group
+    k_name = f"key/value head {kv_head + 1}" if group > 1 else f"head {head + 1}"  # the head its rows are
     ax = ("head", T_AX, "d_k")
     mats = [
         _m(wt, act_name(p, "q_unrotated"), ax, rows, f"Q, head {head + 1}, before the rotation", (head, slice(0, n))),
         _m(wt, act_name(p, "q"), ax, rows, f"Q, head {head + 1}, turned by its position", (head, slice(0, n))),
-        _m(
-            wt, act_name(p, "k_unrotated"), ax, rows, f"K, head {head + 1}, before the rotation", (kv_head, slice(0, n))
-        ),
+        _m(wt, act_name(p, "k_unrotated"), ax, rows, f"K, {k_name}, before the rotation", (kv_head, slice(0, n))),
         _m(wt, act_name(p, "k"), ax, rows, f"K, head {head + 1}, turned by its position", (head, slice(0, n))),
     ]
     notes = ()
-    if kv_head != head:
+    if group > 1:  # every query head of a group, the first included (its index had been compared with the group's)
         notes = (f"Grouped-query attention: head {head + 1} reads key/value head {kv_head + 1}, shared by its group.",)
     text = (
         "Here positions enter: each pair of dimensions (i, i + d_k/2) of a query or key is turned by the angle "
