@@ -585,6 +585,21 @@ def _read_table(folder: Path, name: str, numbers: tuple[str, ...] = ()) -> pd.Da
         raise AtlasError(f"the atlas's {name}.parquet cannot be read ({type(e).__name__}); compute it again") from None
 
 
+def broken_numbers(name: str, table: pd.DataFrame) -> dict[str, np.ndarray]:
+    """{column: which rows are broken} of atlas table ``name`` (sentences, heads, distances...): a number that
+    is infinite, or missing (NaN) in a statistic never missing (`NEVER_NAN`) of sentences or heads. What
+    `load_atlas` refuses, and what the comparisons (`attnviz.testing.atlas`) report."""
+    broken = {}
+    for column in [c for c in table.columns if c not in LIST_COLUMNS and pd.api.types.is_float_dtype(table[c])]:
+        values = table[column].to_numpy(dtype=float, na_value=np.nan)  # pandas' Float64 too
+        bad = np.isinf(values)
+        if column in NEVER_NAN and name in ("sentences", "heads"):
+            bad |= np.isnan(values)
+        if bad.any():
+            broken[column] = bad
+    return broken
+
+
 def load_atlas(folder: str | Path) -> Atlas:
     """Read a finished atlas folder; AtlasError (naming no path) when it is incomplete, not an atlas,
     or not safe to read: every file is checked as checkpoint files are before any is read whole; an InputError
@@ -600,15 +615,8 @@ def load_atlas(folder: str | Path) -> Atlas:
     if missing:  # the manifest names what the app's pages draw of each head
         raise AtlasError(f"the atlas's heads.parquet lacks the statistics {', '.join(missing[:4])}: compute it again")
     for name in TABLES:  # numbers the pages would draw as right: no statistic, divergence or place is infinite
-        table = getattr(atlas, name)
-        for column in [c for c in table.columns if c not in LIST_COLUMNS and pd.api.types.is_float_dtype(table[c])]:
-            values = table[column].to_numpy(dtype=float, na_value=np.nan)  # pandas' Float64 too
-            if np.isinf(values).any() or (
-                column in NEVER_NAN and name in ("sentences", "heads") and np.isnan(values).any()
-            ):
-                raise AtlasError(
-                    f"the atlas's {name}.parquet has {column} infinite or missing in a row: compute it again"
-                )
+        for column in broken_numbers(name, getattr(atlas, name)):
+            raise AtlasError(f"the atlas's {name}.parquet has {column} infinite or missing in a row: compute it again")
     lines = atlas.inputs["line"]
     if lines.duplicated().any():  # a sentence counted twice (a shard merged twice) would skew every mean
         raise AtlasError(

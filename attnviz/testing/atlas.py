@@ -330,25 +330,21 @@ def atlas_invariants(files: AtlasFiles, label: str) -> list[Finding]:
     divergence or place in any table, and a missing (NaN) one among those never missing (`NEVER_NAN`) in
     sentences.parquet and heads.parquet. The comparison reads NaN as equal to NaN and inf to inf, so two
     atlases broken alike had compared equal, and the snapshot plugin kept such a folder as golden."""
-    from attnviz.atlas.store import NEVER_NAN
+    from attnviz.atlas.store import broken_numbers
 
     findings = []
-    for table, frame in (("sentences", files.sentences), ("heads", files.heads), ("distances", files.distances)):
-        if frame is None:
-            continue
-        for column in frame.columns:
-            if not pd.api.types.is_float_dtype(frame[column]):
-                continue
-            values = frame[column].to_numpy(dtype=float, na_value=np.nan)
-            bad = np.isinf(values) | (np.isnan(values) if column in NEVER_NAN and table != "distances" else False)
-            if not bad.any():
-                continue
+    for table, frame, name_row in (
+        ("sentences", files.sentences, _row_name),
+        ("heads", files.heads, _head_name),
+        ("distances", files.distances, _pair_name),
+    ):
+        for column, bad in ({} if frame is None else broken_numbers(table, frame)).items():
             first = int(np.argmax(bad))
-            name_row = {"sentences": _row_name, "heads": _head_name, "distances": _pair_name}[table]
             key = frame.index[first]
+            value = frame[column].to_numpy(dtype=float, na_value=np.nan)[first]
             text = (
                 f"invariant broken in {label}: {table}.parquet {column}: {_plural(int(bad.sum()), 'row')} infinite or "
-                f"missing (NaN); first at {name_row(key if isinstance(key, tuple) else (key,))} = {values[first]}"
+                f"missing (NaN); first at {name_row(key if isinstance(key, tuple) else (key,))} = {value}"
             )
             data = {"table": table, "column": column, "file": label, "rows": int(bad.sum())}
             findings.append(Finding("invariant", f"{table}.parquet:{column}", text, data=data))
