@@ -36,15 +36,7 @@ from attnviz.model import Transformer
 from attnviz.training import lm, seq2seq
 from attnviz.training.data import Task, get_task
 from attnviz.training.formation import lm_section, seq2seq_section
-from attnviz.training.history import (
-    HISTORY,
-    MANIFEST,
-    RECORD_NAME,
-    RECORDS,
-    TEMP_PREFIX,
-    load_history,
-    recorded_every,
-)
+from attnviz.training.history import HISTORY, MANIFEST, RECORDS, TEMP_PREFIX, load_history, recorded_every
 from attnviz.training.optim import paper_optimizer
 from attnviz.training.recipes import RECIPES, Recipe
 from attnviz.training.recording import TrainingRecorder
@@ -231,18 +223,19 @@ def _check_fresh(out: Path) -> None:
 
 
 def _history_unstarted(folder: Path) -> bool:
-    """Whether ``folder`` (a training's history/) holds no manifest and no record, only the empty records/ folder a
-    training makes as it starts (and what a killed write left half-done): it had been taken for a training that
-    --resume then refused, having no saved state, and only deleting the folder by hand went on."""
-    if folder.is_symlink() or not folder.is_dir() or (folder / MANIFEST).exists():
-        return False
-    entries = {p.name for p in folder.iterdir() if not p.name.startswith(TEMP_PREFIX)}
-    if entries - {RECORDS}:
+    """Whether ``folder`` (a training's history/) holds nothing but the empty records/ folder a training makes as it
+    starts, and what a killed write left half-done (no manifest: the first record writes it): it had been taken for
+    a training that --resume then refused, having no saved state, and only deleting the folder by hand went on."""
+    if folder.is_symlink() or not folder.is_dir():
         return False
     records = folder / RECORDS
-    if RECORDS in entries and (records.is_symlink() or not records.is_dir()):
-        return False
-    return RECORDS not in entries or not any(RECORD_NAME.match(p.name) for p in records.iterdir() if p.is_dir())
+    if any(p != records for p in folder.iterdir() if not p.name.startswith(TEMP_PREFIX)):
+        return False  # its manifest, or anything else
+    if not records.exists():
+        return True
+    return (
+        not records.is_symlink() and records.is_dir() and all(p.name.startswith(TEMP_PREFIX) for p in records.iterdir())
+    )
 
 
 def _make_out(out: Path) -> None:
