@@ -177,18 +177,13 @@ def range_from_link(key: str) -> None:
     7 to 2, an empty zoom (a tiled map's failed).
     """
     values = st.query_params.get_all(key)
-    if len(values) == 1:
-        found = re.fullmatch(r"\s*(\d+)\s*[-,:]\s*(\d+)\s*", values[0])
-        pair = None if found is None else [int(v) for v in found.groups()]
-    elif len(values) == 2 and all(re.fullmatch(r"\d+", v) for v in values):
-        pair = [int(v) for v in values]
-        if pair[0] <= pair[1]:  # Streamlit's own form, in order: the slider reads it as it is
-            return
+    if len(values) == 1 and (found := re.fullmatch(r"\s*(\d+)\s*[-,:]\s*(\d+)\s*", values[0])):
+        pair = found.groups()
+    elif len(values) == 2 and all(re.fullmatch(r"\d+", v) for v in values) and int(values[0]) > int(values[1]):
+        pair = values  # Streamlit's own form, high first (in order, the slider reads it as it is)
     else:
         return
-    if pair is None:
-        return
-    low, high = sorted(pair)
+    low, high = sorted(int(v) for v in pair)
     st.query_params[key] = [str(low), str(high)]
     with get_session_state().query_params() as params:
         params.set_initial_query_params_from_current()
