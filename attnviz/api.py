@@ -198,7 +198,8 @@ def translate(bundle: Bundle, text: str, beam: int = 1, ablate: str | Ablation |
 
 MAX_NEW_TOKENS = 256  # the most tokens generate appends to a prompt
 GENERATE_IS_AN_LM_S = "generate applies to language models; this model's decoder input is its translation"
-GENERATE_NO_DECODER_S = "generate applies to language models; this model is encoder-only: it writes no text"
+WRITES_NOTHING_S = "this model is encoder-only: it writes no text"
+GENERATE_NO_DECODER_S = f"generate applies to language models; {WRITES_NOTHING_S}"
 
 
 def _generate_is_an_lm(cfg) -> str:
@@ -237,14 +238,8 @@ def generate(
     by beam search, stopping at the end token. ``ablate``: heads switched off, as in
     [`translate`][attnviz.api.translate]. The text returned is the continuation alone, without the prompt."""
     if not bundle.config.decoder_only:
-        raise InputError(
-            "generate continues a language model's prompt; "
-            + (
-                "this model is encoder-only: it writes no text"
-                if bundle.config.encoder_only
-                else "this model translates: use translate"
-            )
-        )
+        why = WRITES_NOTHING_S if bundle.config.encoder_only else "this model translates: use translate"
+        raise InputError(f"generate continues a language model's prompt; {why}")
     _check_beam(beam)
     prompt_ids = _source_tensor(bundle, prompt)
     ablation = _ablation(bundle, ablate)
