@@ -24,6 +24,7 @@ from attnviz.atlas.stats import STATISTICS
 from attnviz.export import written
 from attnviz.kinds import TITLES, writing_labels
 from attnviz.training.formation import CRITERIA, best_head
+from attnviz.training.history import ENCODER_DECODER, LANGUAGE_MODEL
 
 INDEX_COLUMNS = ("step", "kind", "layer", "head")  # the heads table's row keys; every other column is a statistic
 SITES = ("encoder", "decoder", "cross")  # the order heads are listed in: the paper's, source to output
@@ -44,9 +45,7 @@ def history_mismatch(kind: str, heads: pd.DataFrame, config) -> str | None:
     A history lies beside the weights it trained (``history/``), but a folder put together by hand may hold
     another training's: its maps had been drawn under this model's name, and the heads its card names, which
     the history lacks, had failed the page."""
-    model_kind = (
-        "language model" if config.decoder_only else "encoder-only" if config.encoder_only else "encoder-decoder"
-    )
+    model_kind = LANGUAGE_MODEL if config.decoder_only else "encoder-only" if config.encoder_only else ENCODER_DECODER
     if kind != model_kind:
         return f"its history is {_a(kind)}'s training, and the model is {_a(model_kind)}"
     layers = {"encoder": config.n_enc_layers, "decoder": config.n_dec_layers, "cross": config.n_dec_layers}
