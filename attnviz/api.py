@@ -58,7 +58,7 @@ from attnviz.devices import device_name
 from attnviz.errors import InputError, NonFiniteError
 from attnviz.export import AXES, FORMAT_VERSION, AttentionExport, ForwardPass, load_export, maps_bytes, package_version  # noqa: F401 - public (attnviz.public)
 from attnviz.hooks import Recorder, act_name, attention_site
-from attnviz.kinds import KINDS, axis_names
+from attnviz.kinds import KINDS, held_axes
 from attnviz.linear import onednn_enabled
 from attnviz.methods import METHODS
 from attnviz.methods.ablation import MODES, Ablation, ablation_scope, step_comparison
@@ -456,7 +456,7 @@ def _manifest(bundle: Bundle, src: str, tgt: str | None, inputs: _Inputs) -> dic
         "generated": inputs.generated,  # a language model: tokens it appended to the prompt
         "max_output_tokens": None if encoder_only or lm else _max_output(bundle, inputs.src.shape[1]),
         "units": "pieces",
-        "axes": AXES,
+        "axes": held_axes(("decoder",) if lm else ("encoder",) if encoder_only else KINDS),
         "note": "rows are queries, columns are keys; weights are post-softmax, per head",
         "versions": versions(),
         "run": run_record(bundle),
@@ -800,13 +800,13 @@ def attribute(
     result = spec.function(bundle.model, inputs.src, inputs.tgt, position=position)
     _check_finite(spec.title, {kind: m for kind, m in result.maps.items() if m is not None})
     manifest = _manifest(bundle, src, tgt, inputs)
-    lead = ["layer", "head"] if spec.per_head else ["layer"]
+    lead = ("layer", "head") if spec.per_head else ("layer",)
     manifest.update(
         method=spec.name,
         method_title=spec.title,
         paper=spec.paper,
         normalisation=spec.normalisation,
-        axes={kind: [*lead, *axis_names(kind)] for kind in result.maps},
+        axes=held_axes([kind for kind, maps in result.maps.items() if maps is not None], lead),
         note="rows are queries, columns are keys; " + ("per head" if spec.per_head else "per layer"),
         extras=dict(spec.extras),
     )

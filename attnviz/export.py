@@ -33,7 +33,7 @@ from typing import BinaryIO
 import numpy as np
 
 from attnviz.errors import AttnvizError, ExportError, InputError, describe
-from attnviz.kinds import KINDS, axis_names, check_kind, writing_labels
+from attnviz.kinds import KINDS, axis_names, check_kind, held_axes, writing_labels
 
 STANDARD_ARRAYS = (
     "encoder",
@@ -55,8 +55,8 @@ FORMAT_VERSIONS = {
     "encoder, cross or src_*; the manifest names the family and the architecture",
 }
 FORMAT_VERSION = max(FORMAT_VERSIONS)  # what AttentionExport.save writes
-# What each axis of each exported array holds; written into every manifest.
-AXES = {kind: ["layer", "head", *axis_names(kind)] for kind in KINDS}
+# What each axis of each kind of exported map holds; a manifest names those of the kinds its file holds (held_axes).
+AXES = held_axes(KINDS)
 # A file's arrays are checked against these before any is decompressed: golden files arrive in pull
 # requests, and a 1 MB .npz can declare a GiB of zeros. ATTNVIZ_MAX_EXPORT_MB raises the bound.
 MAX_EXPORT_MB = 512

@@ -42,6 +42,14 @@ def axis_names(kind: str, unit: str = "position") -> tuple[str, str]:
     return axis_name(kind, "query", unit), axis_name(kind, "key", unit)
 
 
+def held_axes(kinds, lead: Sequence[str] = ("layer", "head"), unit: str = "position") -> dict[str, list[str]]:
+    """An export manifest's ``axes``: the axes of each of ``kinds``, the kinds of map its file holds, in `KINDS`'
+    order. A language model's file names only the decoder's, an encoder-only model's only the encoder's: manifests
+    had named the axes of all three, which a reader of the manifest alone took for maps the file holds."""
+    held = set(kinds)
+    return {kind: [*lead, *axis_names(kind, unit)] for kind in KINDS if kind in held}
+
+
 def causal_mask(n_queries: int, n_keys: int | None = None, start: int = 0) -> np.ndarray:
     """The subsequent mask (3.2.3), (Q, K) bool: query i, at position start + i, may attend to keys 0..start + i.
 

@@ -126,7 +126,7 @@ def merge_export(
     manifest = {
         **export.manifest,
         "units": "words",
-        "axes": {kind: [*lead[kind], *axis_names(kind, "word")] for kind in KIND_SIDES},
+        "axes": {kind: [*lead[kind], *axis_names(kind, "word")] for kind in KIND_SIDES if maps[kind] is not None},
         "note": note.replace("rows are queries, columns are keys", "rows are query words, columns key words")
         + ", merged from pieces",
         "words": {

@@ -454,6 +454,7 @@ def test_attention_with_generate_exports_the_decoder_over_prompt_and_output(lm, 
     np.testing.assert_allclose(export.decoder.sum(-1), 1.0, atol=1e-5)
     assert export.manifest["family"] == family and export.manifest["architecture"] == "decoder-only"
     assert export.manifest["generated"] == 3 and export.manifest["src"] == PROMPT
+    assert list(export.manifest["axes"]) == ["decoder"], "the manifest names the axes of the maps the file holds"
 
 
 def test_generate_prints_the_continuation_and_translate_points_to_it(lm, capsys):
@@ -528,6 +529,8 @@ def test_words_merge_a_language_models_maps(lm):
     export = attnviz.attention(bundle, "the cat sat on the mat", words=True)
     words = [w for w in export.tgt_tokens if w != "<s>"]
     assert words == ["the", "cat", "sat", "on", "the", "mat"]
+    word_axes = ["layer", "head", "query: decoder input word", "key: decoder input word"]
+    assert export.manifest["axes"] == {"decoder": word_axes}  # no axes of maps the export does not hold
     np.testing.assert_allclose(export.decoder.sum(-1), 1.0, atol=1e-5)
 
 

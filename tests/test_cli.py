@@ -421,12 +421,14 @@ def test_encoder_only_export_holds_the_encoder_only(tmp_path):
     with np.load(out, allow_pickle=False) as z:
         assert set(z.files) == {"encoder", "src_ids", "src_tokens", "manifest"}
         assert z["encoder"].shape[:2] == (6, 12) and z["src_tokens"][0] == "[CLS]"
+        assert list(json.loads(str(z["manifest"]))["axes"]) == ["encoder"]  # no axes of maps it does not hold
     assert main(["translate", "--model", "minilm", "hello"]) == 2
     out = tmp_path / "minilm-vz.npz"
     src = "The cat sat on the mat."
     assert main(["attribute", "--model", "minilm", "--src", src, "--method", "value-zeroing", "--out", str(out)]) == 0
     with np.load(out, allow_pickle=False) as z:
         assert set(z.files) == {"encoder", "src_ids", "src_tokens", "manifest"} and z["encoder"].shape[0] == 6
+        assert list(json.loads(str(z["manifest"]))["axes"]) == ["encoder"]
     assert main(["attribute", "--model", "minilm", "--src", src, "--method", "grad-attention", "--out", str(out)]) == 2
 
 

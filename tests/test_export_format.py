@@ -114,6 +114,7 @@ def test_a_plain_export_round_trips_through_its_file(name, tmp_path, capsys):
     assert_same_export(loaded, export)
     view = head_view(path, mode="widget")
     assert view.spec["kinds"] == [kind for kind in KINDS if getattr(export, kind) is not None]
+    assert list(loaded.manifest["axes"]) == view.spec["kinds"], "the manifest names the axes of the maps it holds"
     assert main(["diff", str(path), str(path)]) == 0
     assert "EQUAL" in capsys.readouterr().out
 

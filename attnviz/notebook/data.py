@@ -26,8 +26,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from attnviz.errors import ExportError, InputError, describe
-from attnviz.export import AXES, AttentionExport, check_sizes
-from attnviz.kinds import KINDS
+from attnviz.export import AttentionExport, check_sizes
+from attnviz.kinds import KINDS, held_axes
 from attnviz.tiles import TiledAttention
 
 LONG_TOKENS = 1024  # a model's text longer than this is opened tile by tile (attnviz.tiles), not as whole maps
@@ -492,7 +492,12 @@ def _export(encoder, decoder, cross, src_tokens, tgt_tokens, what: str) -> Atten
         raise InputError(
             f"every kind of map needs the same layers and heads; got (layers, heads) {sorted(set(shapes))}"
         )
-    manifest = {"model": what, "axes": AXES, "note": "rows are queries, columns are keys; weights are post-softmax"}
+    held = [kind for kind, maps in zip(KINDS, (encoder, decoder, cross), strict=True) if maps is not None]
+    manifest = {
+        "model": what,
+        "axes": held_axes(held),
+        "note": "rows are queries, columns are keys; weights are post-softmax",
+    }
     return AttentionExport(encoder, decoder, cross, None, None, src_tokens, tgt_tokens, manifest)
 
 
