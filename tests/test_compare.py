@@ -124,6 +124,30 @@ def test_another_text_and_another_greedy_output_are_named():
     assert finding.subject == "target" and finding.data["cause"] == "greedy output"
 
 
+def test_a_language_model_against_an_encoder_decoder_names_what_each_decoder_input_is():
+    """A language model's decoder input is its prompt: diff had called the two decoder inputs "the model's own
+    greedy output", changed."""
+    pair = toy_export()  # its target is given
+    lm = dataclasses.replace(
+        pair,
+        encoder=None,
+        cross=None,
+        src_ids=None,
+        src_tokens=None,
+        tgt_ids=pair.tgt_ids[::-1].copy(),
+        manifest={**pair.manifest, "generated": 2},
+    )
+    source, target, _ = compare_exports(lm, pair).findings
+    assert source.text == "only B has a source side (the other model is a language model)"
+    assert target.data["cause"] == "model kind"
+    said = "a language model's prompt and its continuation in A and an encoder-decoder's given target in B"
+    assert target.text == f"the decoder input is {said}"
+    greedy = dataclasses.replace(pair, manifest={**pair.manifest, "tgt": None})
+    _, target, _ = compare_exports(greedy, dataclasses.replace(lm, manifest=pair.manifest)).findings
+    said = "an encoder-decoder's own greedy output in A and a language model's prompt in B"
+    assert target.text == f"the decoder input is {said}"
+
+
 def test_new_labels_on_the_same_ids_still_compare_the_maps():
     golden = toy_export()
     relabelled = dataclasses.replace(golden, src_tokens=("the", "cat", "sat", "down", "EOS"))

@@ -111,6 +111,14 @@ def _cells(count: int) -> str:
 # Inputs: tokens and ids, compared before any number
 
 
+def _decoder_input(export: AttentionExport) -> str:
+    """What an export's decoder input is, in words: a language model's prompt, an encoder-decoder's given target or
+    its own greedy output."""
+    if export.src_tokens is None:
+        return "a language model's prompt" + (" and its continuation" if export.manifest.get("generated") else "")
+    return "an encoder-decoder's " + ("given target" if export.manifest.get("tgt") is not None else "own greedy output")
+
+
 def _compare_side(side: str, a: AttentionExport, b: AttentionExport) -> Finding | None:
     ids_name, tokens_name, text_key = SIDES[side]
     a_ids, b_ids = getattr(a, ids_name), getattr(b, ids_name)
@@ -155,6 +163,9 @@ def _compare_side(side: str, a: AttentionExport, b: AttentionExport) -> Finding 
     if same_ids:
         why = f"the {side} ids are equal but their tokens differ from position {first}: the vocabulary's labels changed"
         return Finding("inputs", side, why, details, {**data, "cause": "labels"})
+    if side == "target" and (a.src_tokens is None) != (b.src_tokens is None):  # a language model and a translator
+        why = f"the decoder input is {_decoder_input(a)} in A and {_decoder_input(b)} in B"
+        return Finding("inputs", side, why, details, {**data, "cause": "model kind"})
     lm = a.src_ids is None and b.src_ids is None  # language models: the decoder input is the prompt (and more)
     a_text, b_text = (
         (a.manifest.get("src"), b.manifest.get("src")) if lm else (a.manifest.get(text_key), b.manifest.get(text_key))
