@@ -137,12 +137,14 @@ def replay(ctx: Context) -> None:
     record = steps.index(step)
     version = (str(history.folder), len(steps), steps[-1])  # what every figure of this history depends on
 
-    statistics = formation.statistics_of(history.heads)
-    opening = formation.opening_statistic(history.heads, history.kind, history.task)
+    statistics = formation.statistics_of(history.heads)  # those with a value recorded
     every_head = formation.every_head(history.heads)
     st.session_state["_formation_heads"] = every_head
     c1, c2, c3 = st.columns([1, 1, 2])
-    statistic = bound(c1.selectbox, "Statistic", statistics, index=statistics.index(opening), key=STATISTIC)
+    opening = statistic = None
+    if statistics:
+        opening = formation.opening_statistic(history.heads, history.kind, history.task)
+        statistic = bound(c1.selectbox, "Statistic", statistics, index=statistics.index(opening), key=STATISTIC)
     named = api.named_heads(ctx.bundle).get("induction")  # the head the card names
     default_head = formation.opening_head(history.heads, opening, None if named is None else ("decoder", *named))
     clamp_state(HEAD, every_head)
@@ -194,7 +196,6 @@ def replay(ctx: Context) -> None:
         + (" (target rows by source columns)." if site == "cross" else ".")
     )
 
-    lines = formation.head_lines(history.heads, statistic, steps)
     drop = training.loss_drop(history) if history.kind == "language model" else None
     left, right = st.columns(2)
     loss = shared(
@@ -203,20 +204,31 @@ def replay(ctx: Context) -> None:
         lambda: loss_curves(steps, history.train_loss, history.heldout_loss, step, drop),
     )
     left.plotly_chart(room(loss, 0.5), width="stretch", config=export_config(f"{ctx.file_stem}-loss-step{step}", "png"))
-    figure = shared(
-        "formation-lines",
-        (*version, statistic, step, head),
-        lambda: statistic_lines(steps, lines.values, lines.heads, lines.ids, statistic, step, head),
-    )
-    right.plotly_chart(
-        room(figure, 0.5),
-        width="stretch",
-        key=LINES_CHART,
-        on_select=lambda: pick_head(LINES_CHART),
-        selection_mode="points",
-        config=export_config(f"{ctx.file_stem}-{head}-{file_safe(statistic)}-step{step}", "png"),
-    )
-    right.caption("One line per head; click a line to pick its head.")
+    unmeasured = formation.unmeasured(history.heads)
+    if statistic is None:
+        right.info(
+            "The history's heads table records no value of any statistic, so there is no chart of them: the maps "
+            "and the losses are what it holds.",
+            icon=":material/query_stats:",
+        )
+    else:
+        lines = formation.head_lines(history.heads, statistic, steps)
+        figure = shared(
+            "formation-lines",
+            (*version, statistic, step, head),
+            lambda: statistic_lines(steps, lines.values, lines.heads, lines.ids, statistic, step, head),
+        )
+        right.plotly_chart(
+            room(figure, 0.5),
+            width="stretch",
+            key=LINES_CHART,
+            on_select=lambda: pick_head(LINES_CHART),
+            selection_mode="points",
+            config=export_config(f"{ctx.file_stem}-{head}-{file_safe(statistic)}-step{step}", "png"),
+        )
+        right.caption("One line per head; click a line to pick its head.")
+    if unmeasured:
+        right.caption(f"Not offered, with no value recorded at any step: {escape_markdown(', '.join(unmeasured))}.")
 
     grid = shared(
         "formation-grid",

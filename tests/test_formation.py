@@ -147,6 +147,18 @@ def test_the_statistics_come_in_the_atlas_order_then_the_others():
     ]
 
 
+def test_a_statistic_with_no_value_recorded_is_not_offered():
+    """A statistic NaN for every head at every record had been offered, and its chart drawn empty."""
+    table = heads_table().assign(previous=np.nan, confidence=np.nan)
+    assert formation.statistics_of(table) == ["entropy", "mean_distance", "anti_diagonal", "induction"]
+    assert formation.unmeasured(table) == ["confidence", "previous"]
+    assert formation.unmeasured(heads_table()) == [], "NaN for some kinds of head only (mean_distance): measured"
+    nothing = table.assign(entropy=np.nan, induction=np.nan, anti_diagonal=np.nan, mean_distance=np.nan)
+    assert formation.statistics_of(nothing) == []
+    assert formation.opening_head(nothing, None) == formation.every_head(nothing)[0] == "encoder-L1-H1"
+    assert formation.opening_head(nothing, None, ("decoder", 2, 1)) == "decoder-L2-H1"
+
+
 def test_the_opening_statistic_and_head():
     table = heads_table()
     assert formation.opening_statistic(table, "encoder-decoder", "reverse") == "anti_diagonal"

@@ -6,6 +6,8 @@ from __future__ import annotations
 import json
 import shutil
 
+import numpy as np
+import pandas as pd
 import pytest
 from conftest import open_app, open_from_link
 from formation_histories import STEPS, write_history
@@ -149,6 +151,26 @@ def test_another_models_history_beside_the_weights_is_one_line_and_nothing_drawn
     said = [e.value for e in at.error]
     assert len(said) == 1 and "holds another model's training history: its history is an encoder-decoder's" in said[0]
     assert not at.get("plotly_chart") or not any(", step " in t for t in titles(at)), titles(at)
+
+
+def test_a_history_with_no_value_of_any_statistic_draws_its_maps_and_says_why_there_is_no_chart(tmp_path):
+    """A heads table of NaN alone had been offered statistic by statistic, each drawn as an empty chart."""
+    folder = write_history("reverse", tmp_path)
+    for table in (folder / "history" / "records").glob("*/heads.parquet"):
+        heads = pd.read_parquet(table)
+        pd.concat(
+            [heads[list(formation.INDEX_COLUMNS)], heads.drop(columns=list(formation.INDEX_COLUMNS)) * np.nan], axis=1
+        ).to_parquet(table)
+    at = open_history(str(folder))
+    assert_ok(at)
+    assert "Statistic" not in [box.label for box in at.selectbox]
+    said = [i.value for i in at.info]
+    assert len(said) == 1 and "records no value of any statistic, so there is no chart of them" in said[0], said
+    assert not any("over training" in t and "Loss" not in t for t in titles(at)), titles(at)
+    assert shown_step(at) == STEPS[0] and "Loss over training" in titles(at), "its maps and losses are drawn"
+    assert [c.value for c in at.caption if c.value.startswith("Not offered")] == [
+        r"Not offered, with no value recorded at any step: diagonal, induction, mean\_distance, previous."  # markdown
+    ]
 
 
 @pytest.mark.slow

@@ -72,9 +72,16 @@ def _count(n: int, word: str) -> str:
 
 
 def statistics_of(heads: pd.DataFrame) -> list[str]:
-    """The statistics a heads table holds: the atlas's (`attnviz.atlas.stats.STATISTICS`) in its order, then others."""
-    named = [c for c in heads.columns if c not in INDEX_COLUMNS]
+    """The statistics a heads table holds a value of, for some head at some record: the atlas's
+    (`attnviz.atlas.stats.STATISTICS`) in its order, then others. One that is NaN everywhere (`unmeasured`) is
+    left out: the page had offered it, and drawn its chart empty."""
+    named = [c for c in heads.columns if c not in INDEX_COLUMNS and heads[c].notna().any()]
     return [s for s in STATISTICS if s in named] + sorted(s for s in named if s not in STATISTICS)
+
+
+def unmeasured(heads: pd.DataFrame) -> list[str]:
+    """The statistics a heads table names but holds no value of (NaN for every head at every record)."""
+    return sorted(c for c in heads.columns if c not in INDEX_COLUMNS and not heads[c].notna().any())
 
 
 def opening_statistic(heads: pd.DataFrame, kind: str, task: str = "") -> str:
@@ -147,12 +154,14 @@ def every_head(heads: pd.DataFrame) -> list[str]:
     return [head_id(*h) for h in _heads_in_order(heads)[0]]
 
 
-def opening_head(heads: pd.DataFrame, statistic: str, named: tuple[str, int, int] | None = None) -> str:
+def opening_head(heads: pd.DataFrame, statistic: str | None, named: tuple[str, int, int] | None = None) -> str:
     """The `head_id` the page opens on: ``named`` (kind, layer, head: the card's) when the table has it, else the
     head with the highest ``statistic`` at the last record, a cross-attention head where there are (where the
-    decoder looks: the alignment forming)."""
+    decoder looks: the alignment forming); the first head when there is no statistic (None) to rank them by."""
     if named is not None and head_id(*named) in every_head(heads):
         return head_id(*named)
+    if statistic is None:
+        return every_head(heads)[0]
     step, value = heads["step"].to_numpy(), heads[statistic].to_numpy(np.float64)
     cross = heads["kind"].to_numpy() == "cross"
     candidates = (step == step.max()) & ~np.isnan(value)  # the last record's defined values
