@@ -63,8 +63,12 @@ def _vocab(pieces: list[str], pad_last: bool) -> dict[str, int]:
     return {name: i for i, name in enumerate(dict.fromkeys(names))}
 
 
-def make_marian(folder: Path, *, shared: bool, activation: str, d_model: int, heads: int, enc: int, dec: int, seed=0):
-    """A random Marian folder (config.json, model.safetensors, spm models, vocab files); returns the HF model."""
+def make_marian(
+    folder: Path, *, shared: bool, activation: str, d_model: int, heads: int, enc: int, dec: int, seed=0, tied=True
+):
+    """A random Marian folder (config.json, model.safetensors, spm models, vocab files); returns the HF model.
+    ``tied=False`` unties the output from the embeddings, and (in transformers 5) the encoder's and decoder's
+    embeddings from the shared one."""
     src_spm = train_sentencepiece(SOURCE, vocab_size=60)
     tgt_spm = train_sentencepiece(TARGET, vocab_size=60)
     src_pieces, tgt_pieces = _pieces(src_spm)[DROPPED:], _pieces(tgt_spm)[DROPPED:]
@@ -94,6 +98,7 @@ def make_marian(folder: Path, *, shared: bool, activation: str, d_model: int, he
         forced_eos_token_id=None,
         init_std=0.15,  # large enough that attention is far from uniform
         attn_implementation="eager",
+        tie_word_embeddings=tied,
     )
     torch.manual_seed(seed)
     hf = transformers.MarianMTModel(config).eval()
@@ -115,6 +120,8 @@ def make_marian(folder: Path, *, shared: bool, activation: str, d_model: int, he
 CONFIGS = {
     "shared-swish-3heads": dict(shared=True, activation="swish", d_model=48, heads=3, enc=2, dec=3),
     "separate-relu": dict(shared=False, activation="relu", d_model=32, heads=4, enc=3, dec=1),
+    # one vocabulary, untied: transformers 5 keeps four matrices (shared, encoder's, decoder's, output's)
+    "shared-untied": dict(shared=True, tied=False, activation="relu", d_model=32, heads=2, enc=1, dec=2),
 }
 
 
@@ -173,7 +180,8 @@ def test_logits_attention_and_greedy_match_transformers(pair):
     assert not bundle.model.training
     assert bundle.info["family"] == "marian" and bundle.info["source"] == "Hugging Face Marian"
     cfg = bundle.config
-    assert cfg.share_embeddings == hf.config.share_encoder_decoder_embeddings
+    assert cfg.share_embeddings == (hf.config.share_encoder_decoder_embeddings and hf.config.tie_word_embeddings)
+    assert cfg.tie_output == hf.config.tie_word_embeddings
     assert (cfg.n_enc_layers, cfg.n_dec_layers, cfg.n_heads) == (
         hf.config.encoder_layers,
         hf.config.decoder_layers,
@@ -253,6 +261,25 @@ def test_foreign_directory_says_what_it_found(tmp_path):
     assert not marian.detect(tmp_path)
     with pytest.raises(CheckpointError, match=r"config\.json.*'bert'.*expected \"marian\""):
         marian.load(tmp_path, device="cpu")
+
+
+def test_an_untied_file_that_stores_the_shared_embedding_alone_gives_it_to_both_sides(tmp_path):
+    """transformers 4 tied the encoder's and decoder's embeddings to the shared one whatever tie_word_embeddings
+    said, and stored a tied matrix once: such a file gives both sides the shared matrix, and its own output."""
+    untied = tmp_path / "untied"
+    make_marian(untied, **CONFIGS["shared-untied"])
+
+    def edit(t):
+        del t["model.encoder.embed_tokens.weight"], t["model.decoder.embed_tokens.weight"]
+
+    folder = _copy_with(untied, tmp_path, edit)
+    stored = load_file(folder / "model.safetensors")
+    model = marian.load(folder, device="cpu").model
+    shared, output = stored["model.shared.weight"], stored["lm_head.weight"]
+    assert not torch.equal(shared, output)
+    for embedding in (model.src_embed.weight, model.tgt_embed.weight):
+        assert torch.equal(embedding, shared)
+    assert torch.equal(model.out_proj, output)
 
 
 def _copy_with(marian_dir: Path, tmp_path: Path, edit) -> Path:

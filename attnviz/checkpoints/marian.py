@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import logging
 import re
-from collections.abc import Iterable, Sequence
+from collections.abc import Container, Iterable, Sequence
 from pathlib import Path
 
 import sentencepiece as spm
@@ -116,6 +116,7 @@ def marian_config(hf: dict, unk_id: int = 1, source: str = CONFIG_FILE) -> Trans
     eos = f.token_id("eos_token_id", 0)
     pad = f.token_id("pad_token_id", 58100)
     shared = f.flag("share_encoder_decoder_embeddings", True)
+    tied = f.flag("tie_word_embeddings", True)
     src_vocab = f.int("vocab_size", 58101)
     tgt_vocab = src_vocab if shared else (f.int("decoder_vocab_size", None, nullable=True) or src_vocab)
     fields = {
@@ -124,7 +125,7 @@ def marian_config(hf: dict, unk_id: int = 1, source: str = CONFIG_FILE) -> Trans
         "d_model": f.int("d_model", 1024),
         "dropout": f.number("dropout", 0.1, 0.0, 1.0),
         "max_len": f.int("max_position_embeddings", 1024, high=MAX_CLAIMED_POSITIONS),
-        "tie_output": f.flag("tie_word_embeddings", True),
+        "tie_output": tied,
         "scale_embedding": f.flag("scale_embedding", False),
         "bos_id": f.token_id("decoder_start_token_id", pad),
     }
@@ -137,7 +138,10 @@ def marian_config(hf: dict, unk_id: int = 1, source: str = CONFIG_FILE) -> Trans
             norm_first=False,
             activation=ACTIVATIONS[activation],
             pos_encoding="sinusoidal_concat",
-            share_embeddings=shared,
+            # One vocabulary whose matrices are untied: transformers 5 ties the encoder's and the decoder's embeddings
+            # to the shared one only with tie_word_embeddings, as it ties the output's, so they are two (and the shared
+            # one is used by neither). transformers 4 tied them whatever the flag: its files store them equal.
+            share_embeddings=shared and tied,
             output_bias=True,
             attn_bias=True,
             ln_eps=1e-5,
@@ -347,7 +351,15 @@ def _key_map(cfg: TransformerConfig) -> dict[str, str]:
     return names
 
 
-def _embedding_sources(cfg: TransformerConfig) -> dict[str, tuple[str, ...]]:
+def _own_or_shared(side: str, stored: Container[str]) -> str:
+    """The stored name of ``side``'s own embedding: its own tensor, or the shared one where the file stores only that
+    (transformers 4 saved a tied copy once, and tied the encoder's and decoder's embeddings to it whatever the
+    config said)."""
+    own = f"model.{side}.embed_tokens.weight"
+    return own if own in stored or "model.shared.weight" not in stored else "model.shared.weight"
+
+
+def _embedding_sources(cfg: TransformerConfig, stored: Container[str]) -> dict[str, tuple[str, ...]]:
     """For each embedding-like parameter of ours, the Hugging Face names that may hold it.
 
     Files differ in which copies of a tied matrix they store; every copy present must agree.
@@ -356,10 +368,10 @@ def _embedding_sources(cfg: TransformerConfig) -> dict[str, tuple[str, ...]]:
         shared = ("model.shared.weight", "model.encoder.embed_tokens.weight", "model.decoder.embed_tokens.weight")
         sources = {"src_embed.weight": shared}
         target_key = "src_embed.weight"
-    else:
+    else:  # a target vocabulary of its own, or one vocabulary untied (`marian_config`)
         sources = {
-            "src_embed.weight": ("model.encoder.embed_tokens.weight",),
-            "tgt_embed.weight": ("model.decoder.embed_tokens.weight",),
+            "src_embed.weight": (_own_or_shared("encoder", stored),),
+            "tgt_embed.weight": (_own_or_shared("decoder", stored),),
         }
         target_key = "tgt_embed.weight"
     if cfg.tie_output:
@@ -372,7 +384,7 @@ def _embedding_sources(cfg: TransformerConfig) -> dict[str, tuple[str, ...]]:
 def _plan(cfg: TransformerConfig, weights: WeightsFile) -> dict[str, list[str]]:
     """For each of our parameters, the Hugging Face tensors that hold it (tied copies after the first)."""
     plan = {ours: [hf] for hf, ours in _key_map(cfg).items()}
-    plan.update({ours: list(names) for ours, names in _embedding_sources(cfg).items()})
+    plan.update({ours: list(names) for ours, names in _embedding_sources(cfg, weights).items()})
     if "final_logits_bias" in weights:
         plan["out_bias"] = ["final_logits_bias"]
     return plan
