@@ -17,6 +17,7 @@ import argparse
 import logging
 import os
 import sys
+import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -122,6 +123,19 @@ def heads(value: str) -> Ablation:
     return ablation
 
 
+def _refuses_files(folder: Path) -> str | None:
+    """Why ``folder`` takes no new file (os.strerror's words), or None. A file is made there and removed at once, as
+    writing does: os.access answers yes to root for /proc and /sys, whose refusal had come only after the command's
+    work, naming its temporary file."""
+    if not os.access(folder, os.W_OK):
+        return "it is not writable"
+    try:
+        with tempfile.TemporaryFile(dir=folder):
+            return None
+    except OSError as e:
+        return f"a file cannot be made there ({e.strerror or e})"
+
+
 def out_file(value: str) -> str:
     """A file to write: its folder must exist and be writable, and it must not be a folder itself."""
     path = Path(path_text(value)).expanduser()
@@ -132,8 +146,9 @@ def out_file(value: str) -> str:
         raise argparse.ArgumentTypeError(f"{value!r} is a folder: name a file in it")
     if value.endswith(("/", os.sep)):  # pathlib drops the slash: "m.npz/" would write the file m.npz
         raise argparse.ArgumentTypeError(f"{value!r} ends in '/', which names a folder: name a file (drop the '/')")
-    if not os.access(folder, os.W_OK):
-        raise argparse.ArgumentTypeError(f"the folder {str(folder)!r} is not writable")
+    refused = _refuses_files(folder)
+    if refused:
+        raise argparse.ArgumentTypeError(f"the folder {str(folder)!r} cannot be written: {refused}")
     return str(path)
 
 
@@ -164,8 +179,9 @@ def out_dir(value: str) -> str:
     if path.exists():
         if not path.is_dir():
             raise argparse.ArgumentTypeError(f"{value!r} is a file: name a folder")
-        if not os.access(path, os.W_OK):
-            raise argparse.ArgumentTypeError(f"the folder {value!r} is not writable")
+        refused = _refuses_files(path)
+        if refused:
+            raise argparse.ArgumentTypeError(f"the folder {value!r} cannot be written: {refused}")
         return str(path)
     if path.is_symlink():  # mkdir would fail on it, and a command that writes at its end would fail only then
         raise argparse.ArgumentTypeError(f"{value!r} is a link to {os.readlink(path)!r}, which does not exist")
@@ -174,8 +190,9 @@ def out_dir(value: str) -> str:
         raise argparse.ArgumentTypeError(f"{str(parent)!r} is a file, not a folder: name a folder")
     if not parent.is_dir():
         raise argparse.ArgumentTypeError(f"the folder {str(parent)!r} does not exist: create it first")
-    if not os.access(parent, os.W_OK):
-        raise argparse.ArgumentTypeError(f"the folder {str(parent)!r} is not writable")
+    refused = _refuses_files(parent)
+    if refused:
+        raise argparse.ArgumentTypeError(f"the folder {str(parent)!r} cannot be written: {refused}")
     return str(path)
 
 

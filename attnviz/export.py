@@ -170,7 +170,10 @@ def write_atomically(path: Path, data: bytes) -> Path:
     # A short name of its own ("x": never someone else's file): ".NAME.tmp" passes the 255-byte limit on a file
     # name when NAME comes near it. open(), not mkstemp: the file keeps the permissions the umask gives.
     tmp = path.with_name(f".attnviz-{os.getpid()}-{secrets.token_hex(4)}.tmp")
-    f = open(tmp, "xb")
+    try:
+        f = open(tmp, "xb")
+    except OSError as e:  # not the temporary file's name: the caller never named it
+        raise ExportError(f"{path} cannot be written: its folder takes no new file ({e.strerror or e})") from None
     try:
         with f:
             f.write(data)

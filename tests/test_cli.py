@@ -187,6 +187,12 @@ BAD_ARGUMENTS = {
         ["attribute", "--src", "a", "--method", "rollout", "--position", "1", "--out", "m.npz"],
         "--position: applies to --method grad-attention only",
     ),
+    # Root may "write" /proc and /sys by os.access: the refusal had come after the maps, naming a temporary file
+    "out in a folder that takes no file": (
+        ["attention", "--src", "a", "--out", "/proc/m.npz"],
+        "'/proc' cannot be written",
+    ),
+    "train out in a folder that takes no file": (["train", "reverse", "--out", "/sys/run"], "'/sys' cannot be written"),
     "attribute out in a missing folder": (
         ["attribute", "--src", "a", "--method", "norm", "--out", "/no/such/folder/m.npz"],
         "does not exist",

@@ -180,6 +180,14 @@ def test_a_dangling_link_as_the_output_is_named_as_one(tmp_path, capsys):
     assert len(err.splitlines()) == 1 and "is a dangling symbolic link" in err, err
 
 
+def test_a_folder_that_takes_no_file_is_named_not_the_temporary_file():
+    """The error had named the writer's own temporary file ('/proc/.attnviz-123-ab12cd34.tmp'), never given."""
+    with pytest.raises(ExportError) as caught:
+        toy_export().save("/proc/maps.npz")  # no file can be made in /proc, even by root
+    assert str(caught.value).startswith("/proc/maps.npz cannot be written: its folder takes no new file (")
+    assert ".tmp" not in str(caught.value)
+
+
 def _with_manifest(tmp_path: Path, **changes) -> Path:
     export = toy_export()
     path = tmp_path / "changed.npz"
