@@ -7,6 +7,7 @@ input (target) rows by source columns. Masks are boolean, True = this query may 
 
 from __future__ import annotations
 
+import unicodedata
 from collections.abc import Sequence
 
 import numpy as np
@@ -66,11 +67,59 @@ def allowed(kind: str, n_queries: int, n_keys: int) -> np.ndarray | None:
 
 
 LONE_SPACE = "␣"  # how a piece that is only sentencepiece's word marker "▁" is shown: a space, visibly
+# Unicode's bidirectional isolates (UAX #9): a text between FSI and its PDI is laid out on its own, its direction
+# taken from its first strong letter, and moves nothing around it.
+LRI, RLI, FSI, PDI = "\u2066", "\u2067", "\u2068", "\u2069"
+# What reorders the text around a token: right-to-left letters and Arabic digits (their bidirectional classes), and
+# the invisible marks, embeddings and overrides.
+RIGHT_TO_LEFT = frozenset({"R", "AL", "AN"})
+BIDI_CONTROLS = frozenset("\u061c\u200e\u200f\u202a\u202b\u202c\u202d\u202e")
+
+
+def _isolates_closed(text: str) -> bool:
+    """Whether every isolate ``text`` opens (LRI, RLI, FSI) is closed by a PDI of its own, and no PDI closes more."""
+    depth = 0
+    for c in text:
+        if c in (LRI, RLI, FSI):
+            depth += 1
+        elif c == PDI:
+            if depth == 0:
+                return False
+            depth -= 1
+    return depth == 0
 
 
 def shown_token(token: str) -> str:
-    """A token as a figure shows it: itself, but a lone word marker "▁" (a space) as "␣", not a stray underscore."""
-    return LONE_SPACE if token == "▁" else token
+    """A token, or a label made of shown tokens, as a figure shows it: a lone word marker "▁" (a space) as "␣", not
+    a stray underscore; and one holding right-to-left letters or bidirectional controls in an isolate (FSI ... PDI).
+
+    Without the isolate, a decoder row of Hebrew or Arabic tokens, "שלום → עולם", is laid out right to left with its
+    arrow pointing from the token written to the token read, and a token holding U+202E (right-to-left override)
+    reverses whatever follows it on its line: "0.600" after it reads "006.0". Isolates a token does not close
+    itself are shown as code points ("<U+2069>"): they would end the isolate early, or never. A shown token shown
+    again is unchanged."""
+    if token == "▁":
+        return LONE_SPACE
+    if token.isascii():
+        return token
+    if not _isolates_closed(token):
+        token = "".join(f"<U+{ord(c):04X}>" if c in (LRI, RLI, FSI, PDI) else c for c in token)
+    if any(c in BIDI_CONTROLS or unicodedata.bidirectional(c) in RIGHT_TO_LEFT for c in _outside_isolates(token)):
+        return f"{FSI}{token}{PDI}"
+    return token  # what reorders is already isolated: a shown token, or a label of shown tokens
+
+
+def _outside_isolates(text: str) -> str:
+    """The characters of ``text`` (whose isolates are closed) outside every isolate."""
+    depth, outside = 0, []
+    for c in text:
+        if c in (LRI, RLI, FSI):
+            depth += 1
+        elif c == PDI:
+            depth -= 1
+        elif depth == 0:
+            outside.append(c)
+    return "".join(outside)
 
 
 def writing_labels(inputs: Sequence[str], writes: Sequence[str]) -> list[str]:

@@ -565,6 +565,35 @@ def test_html_mode_renders_with_hover_and_pickers_and_no_widget_manager(html_pag
     assert [u for u in seen if not u.startswith(("about:", "data:"))] == []  # not one request
 
 
+def test_html_mode_a_choice_the_page_does_not_hold_is_put_back_and_the_next_one_it_holds_is_drawn(
+    html_page, monkeypatch
+):
+    """A page over its size budget holds some heads alone. A refused head had stayed in the page's state and its
+    picker: the pickers named a head the map did not show, and every later choice, one the page holds included,
+    was refused with it."""
+    import numpy as np
+    from playwright.sync_api import expect
+
+    from attnviz.notebook import head_view, standalone
+
+    page, _ = html_page
+    maps = np.random.default_rng(0).random((1, 4, 60, 60)).astype(np.float32)
+    maps /= maps.sum(-1, keepdims=True)
+    monkeypatch.setattr(standalone, "PAGE_BUDGET", 2**16)  # head 1 under its three contrasts: 60 x 60 each
+    view = head_view(maps, tokens=[f"w{i}" for i in range(60)], kind="encoder", mode="html")
+    assert sorted(view.frames_for_page()["head"]) == [f"encoder|1|1|{c}|0" for c in ("linear", "log", "row")]
+    frame = _show_html_mode(page, view)
+    panel = frame.locator(".attnviz-head")
+    expect(panel).to_have_attribute("data-frame", re.compile(r"^encoder\|1\|1\|linear\|"))
+    head = panel.locator("select[aria-label='Head']")
+    head.select_option("2")
+    expect(panel.locator(".attnviz-error")).to_contain_text("This choice is not saved in this page")
+    expect(head).to_have_value("1")  # the picker names the head the map shows
+    panel.locator("select[aria-label='Contrast']").select_option("log")
+    expect(panel).to_have_attribute("data-frame", re.compile(r"^encoder\|1\|1\|log\|"))
+    expect(panel.locator(".attnviz-error")).to_have_text("")
+
+
 def test_html_mode_model_view_click_opens_the_head(html_page):
     from playwright.sync_api import expect
     from test_notebook import hf_attentions

@@ -69,6 +69,12 @@ function setOptions(box, options, value) {
   box.value = String(value);
 }
 
+// The first n characters of text, by code point: String.slice counts UTF-16 units, and had cut an emoji in half
+// (a lone surrogate, drawn as a replacement character).
+function clip(text, n) {
+  return Array.from(text).slice(0, n).join("");
+}
+
 function range(n) {
   return Array.from({ length: n }, (_, i) => i + 1);
 }
@@ -238,12 +244,12 @@ function headPanel(model, root) {
     for (let i = 0; i < h; i++) {
       ctx.fillStyle = i === hover.row ? HIGHLIGHT : "#1a1a1a";
       ctx.textAlign = "right";
-      ctx.fillText(frame.rows[r0 + i].slice(0, 18), left - 6, 14 + i * pitch);
+      ctx.fillText(clip(frame.rows[r0 + i], 18), left - 6, 14 + i * pitch);
     }
     for (let j = 0; j < w; j++) {
       ctx.fillStyle = j === hover.col ? HIGHLIGHT : "#1a1a1a";
       ctx.textAlign = "left";
-      ctx.fillText(frame.cols[c0 + j].slice(0, 18), right + 6, 14 + j * pitch);
+      ctx.fillText(clip(frame.cols[c0 + j], 18), right + 6, 14 + j * pitch);
     }
     const top = frame.levels - 1;
     for (let i = 0; i < h; i++) {
@@ -397,6 +403,8 @@ function headPanel(model, root) {
   function showError() {
     error.textContent = model.get("error") || "";
     delete panel.dataset.pending;
+    const frame = model.get("frame");
+    if (model.get("error") && frame && frame.shape) syncPickers(frame); // a refused choice: back to what is drawn
   }
 
   model.on("change:frame", redraw);
@@ -684,6 +692,10 @@ function attnvizStandalone(el, rawState, rawFrames) {
       const key = `${state.kind}|${state.layer}|${state.head}|${state.contrast}|${state.words ? 1 : 0}`;
       const found = frames.head[key];
       if (!found) {
+        // As the widget's Python puts a refused choice back: the state (and the pickers) say what the map shows.
+        // A refused choice left in the state had made every later key hold it, and refused choices the page has.
+        const { kind, layer, head, contrast, words } = state.frame;
+        Object.assign(state, { kind, layer, head, contrast, words });
         state.error = "This choice is not saved in this page (it keeps what fits in its size budget): run the notebook for every head.";
         fire("error");
         return;
