@@ -25,7 +25,6 @@ smaller ones are reused by the C allocator itself.
 from __future__ import annotations
 
 import math
-import os
 import threading
 import weakref
 from collections.abc import Callable
@@ -33,16 +32,16 @@ from collections.abc import Callable
 import torch
 from torch import Tensor
 
+from attnviz.settings import number_setting
+
 DEFAULT_MB = 1024
 SLACK = 2  # a buffer serves a request of at least 1/SLACK of its size (a corpus's batches vary in length)
 
 
 def keep_bytes() -> int:
-    """The bytes of unused buffers the pool may keep: ``ATTNVIZ_MAP_POOL_MB`` MB, else `DEFAULT_MB`."""
-    try:
-        return max(0, int(float(os.environ.get("ATTNVIZ_MAP_POOL_MB", DEFAULT_MB)) * 2**20))
-    except ValueError:
-        return DEFAULT_MB * 2**20
+    """The bytes of unused buffers the pool may keep: ``ATTNVIZ_MAP_POOL_MB`` MB (0 to a TB: `attnviz.settings`),
+    else `DEFAULT_MB`."""
+    return int(number_setting("ATTNVIZ_MAP_POOL_MB", DEFAULT_MB, 0, 2**20) * 2**20)
 
 
 class _Buffer:

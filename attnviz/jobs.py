@@ -34,6 +34,7 @@ from collections import OrderedDict
 from collections.abc import Callable
 from typing import IO, Any
 
+from attnviz.settings import number_setting
 from attnviz.startup import imports_kept
 
 # Run as a process of its own (``python -m attnviz.jobs``), these imports are its start's, kept out of the
@@ -477,8 +478,7 @@ def use_threads() -> int:
     default (the workers and the server share the cores: `attnviz.threads`). Returns the number."""
     from attnviz.threads import compute_on
 
-    setting = os.environ.get("ATTNVIZ_WORKER_THREADS", "1")
-    threads = max(1, int(setting)) if setting.isdigit() else 1
+    threads = number_setting("ATTNVIZ_WORKER_THREADS", 1, 1, 1024, whole=True)
     compute_on(threads)
     return threads
 

@@ -98,6 +98,30 @@ def test_limits_come_from_the_environment_and_bad_values_fall_back(monkeypatch):
     assert (limits.at_once, limits.queue, limits.seconds, limits.in_processes) == (3, 64, 120, False)
 
 
+@pytest.mark.parametrize(
+    "at_once, queue, seconds, expected",
+    [
+        ("0.5", "0.5", "inf", (1, 64, 120)),  # int(0.5) had been 0 at once, which let every job in; inf: no bound
+        ("1e9", "1e9", "1e9", (heavy.MOST_AT_ONCE, heavy.MOST_WAITING, heavy.A_DAY)),  # a billion workers warmed
+        ("nan", "-3", "0", (1, 64, 120)),
+        ("2.0", " 7 ", "0.05", (2, 7, 0.05)),
+    ],
+)
+def test_an_operators_number_out_of_its_range_is_its_default_or_its_bound_never_an_error(
+    monkeypatch, caplog, at_once, queue, seconds, expected
+):
+    monkeypatch.setattr(os, "cpu_count", lambda: 2)  # the default: the cores less one
+    monkeypatch.setenv("ATTNVIZ_HEAVY_AT_ONCE", at_once)
+    monkeypatch.setenv("ATTNVIZ_HEAVY_QUEUE", queue)
+    monkeypatch.setenv("ATTNVIZ_HEAVY_SECONDS", seconds)
+    with caplog.at_level("WARNING", logger="attnviz.settings"):
+        limits = heavy.Limits.from_environment()
+    assert (limits.at_once, limits.queue, limits.seconds) == expected
+    assert isinstance(limits.at_once, int) and isinstance(limits.queue, int)
+    if expected[1] != 7:
+        assert "ATTNVIZ_HEAVY_QUEUE=" in caplog.text, "a replaced value is said in the log"
+
+
 @pytest.mark.parametrize("setting, started", [(None, 2), ("1", 2), ("0", 0), (" 0 ", 0)])
 def test_workers_warm_with_the_first_model_unless_the_operator_says_0(monkeypatch, setting, started):
     """Loading a model starts ATTNVIZ_HEAVY_AT_ONCE workers that load it too; ATTNVIZ_HEAVY_WARM=0 starts none."""
@@ -107,10 +131,11 @@ def test_workers_warm_with_the_first_model_unless_the_operator_says_0(monkeypatc
         monkeypatch.delenv("ATTNVIZ_HEAVY_WARM", raising=False)
     else:
         monkeypatch.setenv("ATTNVIZ_HEAVY_WARM", setting)
-    calls, done = [], threading.Event()
+    calls, done, warmed = [], threading.Event(), set()
 
     def call(worker, name, model, device, *rest):  # no process: what the warm-up asks of each worker
         calls.append((name, model, device))
+        warmed.add(id(worker))
         if len(calls) == 2:
             done.set()
 
@@ -122,6 +147,7 @@ def test_workers_warm_with_the_first_model_unless_the_operator_says_0(monkeypatc
     for t in threads:  # the warm-up runs in the background: wait for it
         t.join(timeout=30)
     assert calls == [("warm", "en-de", "cpu")] * started
+    assert len(warmed) == started, "as many workers as at once: one worker had been taken, warmed and taken again"
     assert len(threads) == (1 if started else 0)
 
 

@@ -17,6 +17,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+import attnviz.settings
 from attnviz import jobs
 from attnviz.app import heavy, live_runs
 from attnviz.app.live_runs import LIVE_RECIPES, LiveSettings, SlotTaken
@@ -117,6 +118,7 @@ def test_the_operator_sets_how_many_at_once_and_can_turn_it_off(stand_in, monkey
 
 def test_settings_that_are_not_finite_or_past_their_bound_fall_back_and_say_so(monkeypatch, caplog):
     """Infinity had passed: int(inf) broke the page's live-training section, and setitimer(inf) the worker."""
+    monkeypatch.setattr(attnviz.settings, "_said", set())  # each replaced value is logged once a process
     for value in ("inf", "-inf", "nan", "1e400"):
         monkeypatch.setenv("ATTNVIZ_LIVE_TRAININGS", value)
         monkeypatch.setenv("ATTNVIZ_LIVE_TRAINING_CPU_SECONDS", value)

@@ -594,6 +594,28 @@ def test_html_mode_a_choice_the_page_does_not_hold_is_put_back_and_the_next_one_
     expect(panel.locator(".attnviz-error")).to_have_text("")
 
 
+def test_the_lines_view_cuts_a_long_label_by_character_not_inside_an_emoji(html_page):
+    """The lines view cuts labels at 18 characters; counted in UTF-16 units, it had cut an emoji in half and drawn
+    its lone surrogate as a replacement character."""
+    import numpy as np
+
+    from attnviz.notebook import head_view
+
+    page, _ = html_page
+    page.add_init_script(  # every frame, the page's iframe included: what the canvases are asked to draw
+        "window.drawnText = []; const fill = CanvasRenderingContext2D.prototype.fillText;"
+        "CanvasRenderingContext2D.prototype.fillText = function (t, ...a) { window.drawnText.push(String(t));"
+        " return fill.call(this, t, ...a); };"
+    )
+    tokens = ["a" * 17 + "\N{GRINNING FACE}" + "tail", "b"]
+    frame = _show_html_mode(
+        page, head_view(np.full((1, 1, 2, 2), 0.5, np.float32), tokens=tokens, kind="encoder", mode="html")
+    )
+    drawn = frame.locator("body").evaluate("() => window.drawnText")
+    assert "a" * 17 + "\N{GRINNING FACE}" in drawn, drawn  # 18 characters: the emoji whole
+    assert not any(0xD800 <= ord(c) <= 0xDFFF for text in drawn for c in text), drawn
+
+
 def test_html_mode_model_view_click_opens_the_head(html_page):
     from playwright.sync_api import expect
     from test_notebook import hf_attentions

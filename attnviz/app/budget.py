@@ -12,7 +12,6 @@ that no page can change what another session sees.
 from __future__ import annotations
 
 import dataclasses
-import os
 import sys
 import threading
 from collections import OrderedDict
@@ -21,15 +20,15 @@ from typing import Any
 
 import numpy as np
 
+from attnviz.settings import number_setting
+
 DEFAULT_MB = 512
 
 
 def budget_bytes() -> int:
-    """The operator's budget, ``ATTNVIZ_CACHE_MB`` (a number of MB), else `DEFAULT_MB`."""
-    try:
-        return int(float(os.environ.get("ATTNVIZ_CACHE_MB", DEFAULT_MB)) * 2**20)
-    except ValueError:
-        return DEFAULT_MB * 2**20
+    """The operator's budget, ``ATTNVIZ_CACHE_MB`` (a number of MB, 0 to a TB: `attnviz.settings`), else
+    `DEFAULT_MB`."""
+    return int(number_setting("ATTNVIZ_CACHE_MB", DEFAULT_MB, 0, 2**20) * 2**20)
 
 
 def held_bytes(value: Any, seen: set[int] | None = None) -> int:

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import inspect
 import logging
-import os
 import threading
 from collections.abc import Callable
 from pathlib import Path
@@ -24,6 +23,7 @@ from attnviz.app.budget import ByteBudget
 from attnviz.checkpoints import Bundle
 from attnviz.checkpoints.catalog import checkpoint_stamp, visitor_path
 from attnviz.errors import AtlasError, CheckpointError, InputError
+from attnviz.settings import number_setting
 from attnviz.training.history import HISTORY, History, load_history
 
 ATLAS_MEMORY = 8  # atlases computed in the app, kept for every session (the oldest goes first)
@@ -97,11 +97,8 @@ FULL_MAPS_MB = 256  # ATTNVIZ_FULL_MAPS_MB: a text whose maps take more is shown
 
 
 def _int_setting(name: str, default: int) -> int:
-    """The operator's whole-number setting ``name`` (at least 1), else ``default``."""
-    try:
-        return max(1, int(os.environ.get(name, default)))
-    except ValueError:
-        return default
+    """The operator's whole-number setting ``name`` (1 to a billion: `attnviz.settings`), else ``default``."""
+    return number_setting(name, default, 1, 10**9, whole=True)
 
 
 def text_facts(model: str, device: str, src: str, tgt: str | None = None) -> jobs.TextFacts:

@@ -44,6 +44,7 @@ from typing import Any
 
 from attnviz import jobs
 from attnviz.errors import AttnvizError
+from attnviz.settings import number_setting
 
 log = logging.getLogger(__name__)
 
@@ -64,12 +65,9 @@ LOST = (
 )
 
 
-def _setting(name: str, default: float) -> float:
-    try:
-        value = float(os.environ.get(name, default))
-    except ValueError:
-        return default
-    return value if value > 0 else default
+MOST_AT_ONCE = 1024  # ATTNVIZ_HEAVY_AT_ONCE's bound: each is a worker process (a thread with ATTNVIZ_HEAVY_IN=threads)
+MOST_WAITING = 100_000
+A_DAY = 86_400.0  # the most any of the waits and bounds may be, in seconds
 
 
 @dataclasses.dataclass(frozen=True)
@@ -86,11 +84,11 @@ class Limits:
     @classmethod
     def from_environment(cls) -> Limits:
         return cls(
-            at_once=int(_setting("ATTNVIZ_HEAVY_AT_ONCE", max(1, (os.cpu_count() or 2) - 1))),
-            queue=int(_setting("ATTNVIZ_HEAVY_QUEUE", 64)),
-            seconds=_setting("ATTNVIZ_HEAVY_SECONDS", 120),
+            at_once=number_setting("ATTNVIZ_HEAVY_AT_ONCE", max(1, (os.cpu_count() or 2) - 1), 1, MOST_AT_ONCE, True),
+            queue=number_setting("ATTNVIZ_HEAVY_QUEUE", 64, 1, MOST_WAITING, whole=True),
+            seconds=number_setting("ATTNVIZ_HEAVY_SECONDS", 120, 0.01, A_DAY),
             in_processes=os.environ.get("ATTNVIZ_HEAVY_IN", "processes").strip().lower() != "threads",
-            wait=_setting("ATTNVIZ_QUEUE_WAIT_SECONDS", 300),
+            wait=number_setting("ATTNVIZ_QUEUE_WAIT_SECONDS", 300, 0.01, A_DAY),
             warm=os.environ.get("ATTNVIZ_HEAVY_WARM", "1").strip() != "0",
         )
 
@@ -382,8 +380,8 @@ class Pool:
         """
 
         def start() -> None:
-            for _ in range(self.limits.at_once):
-                worker = self.take()
+            # every worker taken before any is given back: taken one by one, each had been the one just warmed
+            for worker in [self.take() for _ in range(self.limits.at_once)]:
                 try:
                     worker.call("warm", model, device, (), 120, None, lambda: None)
                 except BusyError as e:  # it ended (the server stopping kills it): said in one line, no traceback

@@ -36,7 +36,6 @@ import collections
 import dataclasses
 import json
 import logging
-import math
 import os
 import shutil
 import tempfile
@@ -52,6 +51,7 @@ import pandas as pd
 
 from attnviz.app import heavy
 from attnviz.errors import AttnvizError, InputError
+from attnviz.settings import number_setting
 from attnviz.training import History, Probe, load_history
 from attnviz.training.history import HEADS, HISTORY, LOSSES, MANIFEST, MAPS, RECORDS, SITES
 
@@ -97,29 +97,10 @@ class LiveSettings:
     @classmethod
     def from_environment(cls) -> LiveSettings:
         return cls(
-            trainings=int(_number("ATTNVIZ_LIVE_TRAININGS", 1, minimum=0, maximum=MAX_TRAININGS)),
-            cpu_seconds=_number("ATTNVIZ_LIVE_TRAINING_CPU_SECONDS", 120, minimum=1, maximum=MAX_CPU_SECONDS),
-            left_after=_number("ATTNVIZ_LIVE_LEFT_AFTER_SECONDS", LEFT_AFTER_S, minimum=1, maximum=LEFT_PAGE_S),
+            trainings=number_setting("ATTNVIZ_LIVE_TRAININGS", 1, 0, MAX_TRAININGS, whole=True),
+            cpu_seconds=number_setting("ATTNVIZ_LIVE_TRAINING_CPU_SECONDS", 120, 1, MAX_CPU_SECONDS),
+            left_after=number_setting("ATTNVIZ_LIVE_LEFT_AFTER_SECONDS", LEFT_AFTER_S, 1, LEFT_PAGE_S),
         )
-
-
-def _number(name: str, default: float, minimum: float, maximum: float) -> float:
-    """The setting ``name``: ``default`` when unset or not a finite number of at least ``minimum``, ``maximum``
-    when it is more (each logged)."""
-    text = os.environ.get(name, "").strip()
-    if not text:
-        return default
-    try:
-        value = float(text)
-    except ValueError:
-        value = float("nan")
-    if not (math.isfinite(value) and value >= minimum):
-        log.warning("%s=%r is not a finite number of at least %g: %g is used", name, text, minimum, default)
-        return default
-    if value > maximum:
-        log.warning("%s=%r is more than the most it may be: %g is used", name, text, maximum)
-        return maximum
-    return value
 
 
 class Slots(Protocol):
