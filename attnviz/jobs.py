@@ -37,6 +37,11 @@ from typing import IO, Any
 from attnviz.settings import number_setting
 from attnviz.startup import imports_kept
 
+if __name__ == "__main__" and hasattr(os, "nice"):  # a process of its own: a fork server or a worker
+    # Below the server's own threads, a cached page and the health check first; before torch's import, which
+    # had run at the server's priority for its first CPU seconds, while a class's first pages were drawn.
+    os.nice(10)
+
 # Run as a process of its own (``python -m attnviz.jobs``), these imports are its start's, kept out of the
 # garbage collector's passes (attnviz.startup); imported by a server, they are the server's, and left be.
 with imports_kept(own_process=__name__ == "__main__"):
@@ -304,8 +309,12 @@ def _apply_settings(settings: dict[str, str]) -> None:
     os.environ.update(settings)
 
 
-def serve(read: Callable[[int], bytes], out: IO[bytes]) -> None:
+def serve(read: Callable[[int], bytes], out: IO[bytes], watch: int | None = None) -> None:
     """Answer jobs until the server closes the pipe: ``("job", name, model, device, args, settings)``.
+
+    ``watch``, the pipe's or socket's file descriptor, is watched while a job runs: the server ends this worker
+    by closing its end, and a worker had computed on, for as long as its job took, after its server had died
+    (a replica crashed, or killed), beside the replica started in its place.
 
     Replies: ``("progress", done, total)`` while an atlas runs, then ``("done", result)`` or ``("error", e)``.
     A server that has ended with a message of this worker's unread resets the connection, and one that ends
@@ -313,10 +322,35 @@ def serve(read: Callable[[int], bytes], out: IO[bytes]) -> None:
     Ctrl-C in the server's terminal once printed a worker's ConnectionResetError there).
     """
     with contextlib.suppress(BrokenPipeError, ConnectionResetError):
-        _answer(read, out)
+        _answer(read, out, watch)
 
 
-def _answer(read: Callable[[int], bytes], out: IO[bytes]) -> None:
+WATCH_S = 0.5  # how often a worker looks, while a job runs, whether its server has gone
+WATCH_THEIR_SERVER = {"live_training"}  # jobs that watch their server themselves: it deletes its folder first
+
+
+def _end_when_closed(fd: int, finished: threading.Event) -> None:
+    """Until ``finished``: end this process when the other end of ``fd`` has closed. The server writes nothing
+    while a job runs, so anything to read on ``fd`` then is its end: a hang-up, or a socket that reads empty."""
+    import select
+
+    try:
+        sock = socket.socket(fileno=os.dup(fd))
+    except OSError:  # a pipe: its reader sees a hang-up when the writer closes
+        sock = None
+    poller = select.poll()
+    poller.register(fd, select.POLLIN | select.POLLHUP | select.POLLERR)
+    with contextlib.closing(sock) if sock is not None else contextlib.nullcontext():
+        while not finished.is_set():
+            for _, events in poller.poll(WATCH_S * 1000):
+                if events & (select.POLLHUP | select.POLLERR):
+                    os._exit(0)
+                if sock is not None and sock.recv(1, socket.MSG_PEEK | socket.MSG_DONTWAIT) == b"":
+                    os._exit(0)
+                finished.wait(WATCH_S)
+
+
+def _answer(read: Callable[[int], bytes], out: IO[bytes], watch: int | None = None) -> None:
     models: OrderedDict[tuple[str, str, tuple], Any] = OrderedDict()
     send(out, ("ready",))
     while (message := receive(read)) is not None:
@@ -333,7 +367,13 @@ def _answer(read: Callable[[int], bytes], out: IO[bytes]) -> None:
             if model is not None:
                 models.move_to_end(key)
             bundle = models.get(key)  # None for a job that takes no model
-            result = run_job(bundle, name, args, lambda done, total: send(out, ("progress", done, total)))
+            finished = threading.Event()
+            if watch is not None and name not in WATCH_THEIR_SERVER:
+                threading.Thread(target=_end_when_closed, args=(watch, finished), daemon=True).start()
+            try:
+                result = run_job(bundle, name, args, lambda done, total: send(out, ("progress", done, total)))
+            finally:
+                finished.set()
             reply = ("done", result)
         except Exception as e:  # noqa: BLE001 - the server shows the visitor what went wrong
             reply = ("error", sendable(e))
@@ -443,7 +483,7 @@ def _forked_worker(control: socket.socket, fd: int, environ: dict[str, str], cwd
         tempfile.tempdir = None  # TMPDIR as the server has it now, not as the fork server found it
         os.chdir(cwd)
         use_threads()
-        serve(lambda n: os.read(fd, n), os.fdopen(os.dup(fd), "wb"))
+        serve(lambda n: os.read(fd, n), os.fdopen(os.dup(fd), "wb"), watch=fd)
     except KeyboardInterrupt:  # a Ctrl-C in the server's terminal: it stops the server too
         status = 128 + signal.SIGINT
     except BaseException:  # noqa: BLE001 - said on stderr; the server sees the worker end
@@ -460,8 +500,6 @@ def main() -> None:
     Anything else printed goes to stderr."""
     out = os.fdopen(os.dup(sys.stdout.fileno()), "wb")
     os.dup2(sys.stderr.fileno(), sys.stdout.fileno())  # a stray print cannot break the pipe's framing
-    if hasattr(os, "nice"):
-        os.nice(10)  # below the server's own threads: a cached page and the health check come first
     if sys.argv[1:2] == ["--fork-server"]:  # --fork-server [--live-training] FD
         signal.signal(signal.SIGINT, signal.SIG_IGN)  # a Ctrl-C stops the server; the server's end closing stops this
         *flags, fd = sys.argv[2:]
@@ -470,7 +508,7 @@ def main() -> None:
         # At once: tearing down torch and the rest took over 10 s at nice 10 beside two busy processes.
         os._exit(0)
     use_threads()
-    serve(sys.stdin.buffer.read, out)
+    serve(sys.stdin.buffer.read, out, watch=sys.stdin.fileno())
 
 
 def use_threads() -> int:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import io
 import os
@@ -629,6 +630,89 @@ def test_a_forked_worker_takes_the_server_s_environment_and_folder_as_they_are_w
     finally:
         forks.close()
     assert forks.proc.returncode == 0, "its server's end closed: the fork server ended by itself"
+
+
+@pytest.mark.slow
+def test_a_worker_process_imports_torch_already_below_the_server():
+    """``python -m attnviz.jobs`` (a fork server or a worker) had lowered its priority after its imports: torch's
+    first CPU seconds ran at the server's priority, while a class's first pages were drawn."""
+    spy = (
+        "import os, runpy, sys\n"
+        "class Spy:\n"
+        "    def find_spec(self, name, path=None, target=None):\n"
+        "        if name == 'torch':\n"
+        "            print('niceness at torch', os.nice(0), file=sys.stderr)\n"
+        "            sys.meta_path.remove(self)\n"
+        "sys.meta_path.insert(0, Spy())\n"
+        "runpy.run_module('attnviz.jobs', run_name='__main__', alter_sys=True)\n"
+    )
+    done = subprocess.run(  # its replies (pickles) to nobody; no job: it says it is ready and ends
+        [sys.executable, "-c", spy],
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+        timeout=300,
+    )
+    assert f"niceness at torch {os.nice(0) + 10}" in done.stderr, done.stderr[-2000:]
+
+
+# A fork server whose workers have a job that computes for ten minutes, and say so in a file first.
+SPINNING_FORK_SERVER = (
+    "import os, sys, time\n"
+    "from attnviz import jobs\n"
+    "def spin(_, marker):\n"
+    "    open(marker, 'w').write(str(os.getpid()))\n"
+    "    end = time.monotonic() + 600\n"
+    "    while time.monotonic() < end:\n"
+    "        sum(range(1000))\n"
+    "jobs.JOBS['spin'] = spin\n"
+    "sys.argv[1:1] = ['--fork-server']\n"
+    "jobs.main()\n"
+)
+
+
+@pytest.mark.slow
+def test_a_worker_whose_server_dies_mid_job_ends_with_it(tmp_path):
+    """A worker had computed on, for as long as its job took, after its server was killed (a replica crashed),
+    beside the replica started in its place: it now ends when its server's end of the socket closes."""
+    marker = tmp_path / "worker.pid"
+    server = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            "import sys\n"
+            "from attnviz.app import heavy\n"
+            f"forks = heavy.ForkServer((sys.executable, '-c', {SPINNING_FORK_SERVER!r}))\n"
+            "heavy.fork_server = lambda: forks\n"
+            f"heavy.Worker().call('spin', None, 'cpu', ({str(marker)!r},), 3600, None, lambda: None)\n",
+        ]
+    )
+    try:
+        deadline = time.monotonic() + 120
+        while not (marker.exists() and marker.read_text()):
+            assert time.monotonic() < deadline and server.poll() is None, "the worker never started its job"
+            time.sleep(0.05)
+        worker = int(marker.read_text())
+    finally:
+        server.kill()
+        server.wait()
+    deadline = time.monotonic() + 30
+    try:
+        while os.path.exists(f"/proc/{worker}") and _state(worker) != "Z":
+            assert time.monotonic() < deadline, "the worker computes on for nobody"
+            time.sleep(0.1)
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(worker, 9)  # a worker left computing: not past this test
+
+
+def _state(pid: int) -> str:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return "gone"
 
 
 # A fork server whose workers can run a short live training (10 steps of reverse's live recipe) and say
