@@ -217,6 +217,44 @@ def test_sigterm_stops_every_process_it_started(served):
     assert not any(_in_use(p) for p in (port, port + 1, port + 2)), "nginx or a replica outlived serve.sh"
 
 
+def test_ctrl_c_stops_every_process_it_started_and_says_nothing_went_wrong(tmp_path):
+    """A Ctrl-C reaches the terminal's whole process group: nginx and the replicas had taken it and ended first,
+    serve.sh had said "a process ended" and exited 1, and a second Ctrl-C while it stopped had left its folder."""
+    if shutil.which("nginx") is None:
+        pytest.skip("nginx is not installed: apt-get install -y nginx")
+    port = free_port()
+    while _in_use(port + 1):
+        port = free_port()
+    proc = subprocess.Popen(
+        ["bash", str(SERVE), "--replicas", "1", "--port", str(port)],
+        cwd=ROOT,
+        env={**os.environ, "PYTHON": sys.executable, "TMPDIR": str(tmp_path)},
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,  # its own group, as a terminal's foreground job
+    )
+    try:
+        said = proc.stderr.readline()
+        assert f"behind nginx at http://127.0.0.1:{port}" in said, said + proc.stderr.read()
+        replica = _replica_pid(port + 1)
+        assert replica is not None and list(tmp_path.glob("attnviz-serve.*"))
+        os.killpg(proc.pid, signal.SIGINT)
+        time.sleep(0.3)
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGINT)  # a second Ctrl-C while it stops
+        assert proc.wait(timeout=60) == 0, proc.stderr.read()
+        assert "a process ended" not in proc.stderr.read()
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    deadline = time.time() + 10
+    while time.time() < deadline and (_in_use(port) or _in_use(port + 1) or os.path.exists(f"/proc/{replica}")):
+        time.sleep(0.2)
+    assert not _in_use(port) and not _in_use(port + 1) and not os.path.exists(f"/proc/{replica}")
+    assert not list(tmp_path.glob("attnviz-serve.*")), "its folder, with nginx.conf and the logs, removed"
+
+
 @pytest.mark.parametrize(
     ("args", "message"),
     [
@@ -224,11 +262,39 @@ def test_sigterm_stops_every_process_it_started(served):
         (["--replicas", "two"], "whole number"),
         (["--port", "80"], "--port must leave room"),
         (["--workers", "2"], "unknown argument"),
+        (["--replicas", "2", "--port"], "--port needs a value"),  # had ended with status 1 and nothing said
+        (["--replicas"], "--replicas needs a value"),
+        # read in decimal: 0010 replicas are 10 (bash had read 8), and a port of 018770 had failed as octal
+        (["--replicas", "0010", "--port", "65530"], "room for 10 replica ports above it (1024..65525)"),
+        (["--replicas", "1", "--port", "0000065535"], "must be at most 64 and 65535"),
     ],
 )
 def test_bad_arguments_exit_2_with_one_line(args, message):
     result = subprocess.run(["bash", str(SERVE), *args], capture_output=True, text=True, timeout=30, check=False)
     assert result.returncode == 2 and message in result.stderr and result.stderr.count("\n") == 1, result.stderr
+
+
+@pytest.mark.skipif(shutil.which("nginx") is None, reason="nginx is not installed: apt-get install -y nginx")
+def test_a_port_taken_is_one_line_before_anything_starts():
+    """nginx had failed to bind only after the replicas had started and been visited (about 25 s), and after
+    serve.sh had said it was serving."""
+    import socket
+
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        start = time.monotonic()
+        result = subprocess.run(
+            ["bash", str(SERVE), "--replicas", "1", "--port", str(port)],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=False,
+        )
+    assert result.returncode == 2 and result.stderr.count("\n") == 1, result.stderr
+    assert f"serve.sh: cannot listen on 127.0.0.1:{port}: Address already in use" in result.stderr
+    assert "behind nginx at" not in result.stderr and time.monotonic() - start < 20
 
 
 # A fresh interpreter: the first visit's module and the protocol it speaks, then what they imported.
@@ -249,6 +315,24 @@ def test_the_first_visit_imports_none_of_the_apps_computation():
     assert done.stdout.strip() == "[]", done.stdout + done.stderr
 
 
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--port", "0"], "--port: must be a port from 1 to 65535, got '0'"),  # had visited port 80
+        (["--port", "99999"], "--port: must be a port from 1 to 65535"),  # had been a ValueError's traceback
+        (["--port", "8501", "--timeout", "-1"], "--timeout: must be a number of seconds above 0, got '-1'"),
+        (["--port", "8501", "--timeout", "nan"], "--timeout: must be a number of seconds above 0"),
+    ],
+)
+def test_the_first_visit_refuses_a_bad_argument_in_one_line(capsys, args, message):
+    from attnviz.app import visit
+
+    with pytest.raises(SystemExit) as done:
+        visit.main(args)
+    err = capsys.readouterr().err.strip()
+    assert done.value.code == 2 and message in err and "\n" not in err, err
+
+
 def test_the_first_visit_without_a_server_exits_2_with_one_line(capsys):
     import socket
 
@@ -259,4 +343,5 @@ def test_the_first_visit_without_a_server_exits_2_with_one_line(capsys):
         port = s.getsockname()[1]
     assert visit.main(["--port", str(port), "--timeout", "5"]) == 2
     err = capsys.readouterr().err.strip()
-    assert err.startswith(f"attnviz: could not open the app on port {port}") and "\n" not in err
+    assert err.startswith(f"attnviz: could not open the app on port {port}: ") and "\n" not in err
+    assert err.split(": ", 2)[2].strip(), "a reason, not nothing: the error's own text or its name"

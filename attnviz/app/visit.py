@@ -15,8 +15,10 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import math
 import sys
 import time
+from typing import NoReturn
 
 WARM_PAGES = ("", "explorer")  # Streamlit's page names (the URL paths): the home page and the explorer
 
@@ -81,17 +83,47 @@ async def warm(port: int, pages: tuple[str, ...] = WARM_PAGES, timeout: float = 
     return problems
 
 
+class _OneLine(argparse.ArgumentParser):
+    """argparse, its errors one line (no usage block), exit status 2: as attnviz's own command line."""
+
+    def error(self, message: str) -> NoReturn:
+        print(f"{self.prog}: error: {message}", file=sys.stderr)
+        raise SystemExit(2)
+
+
+def _port(text: str) -> int:
+    """A TCP port, 1 to 65535 (0 had reached port 80, 99999 a ValueError's traceback)."""
+    try:
+        port = int(text)
+    except ValueError:
+        port = 0
+    if not 1 <= port <= 65535:
+        raise argparse.ArgumentTypeError(f"must be a port from 1 to 65535, got {text!r}")
+    return port
+
+
+def _seconds(text: str) -> float:
+    """A finite number of seconds above 0 (-1 or nan had failed at once with no reason given)."""
+    try:
+        seconds = float(text)
+    except ValueError:
+        seconds = math.nan
+    if not (math.isfinite(seconds) and seconds > 0):
+        raise argparse.ArgumentTypeError(f"must be a number of seconds above 0, got {text!r}")
+    return seconds
+
+
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
+    parser = _OneLine(
         prog="python -m attnviz.app.visit", description="Open the home page and the explorer once on a local server."
     )
-    parser.add_argument("--port", type=int, required=True, help="the server's port on 127.0.0.1")
-    parser.add_argument("--timeout", type=float, default=300, help="seconds to wait for each page")
+    parser.add_argument("--port", type=_port, required=True, help="the server's port on 127.0.0.1")
+    parser.add_argument("--timeout", type=_seconds, default=300, help="seconds to wait for each page")
     args = parser.parse_args(argv)
     try:
         problems = asyncio.run(warm(args.port, timeout=args.timeout))
     except (OSError, TimeoutError) as e:
-        print(f"attnviz: could not open the app on port {args.port}: {e or type(e).__name__}", file=sys.stderr)
+        print(f"attnviz: could not open the app on port {args.port}: {str(e) or type(e).__name__}", file=sys.stderr)
         return 2
     for problem in problems:
         print(f"attnviz: the first visit showed: {problem}", file=sys.stderr)
