@@ -334,9 +334,11 @@ def _end_when_closed(fd: int, finished: threading.Event) -> None:
     while a job runs, so anything to read on ``fd`` then is its end: a hang-up, or a socket that reads empty."""
     import select
 
+    copy = os.dup(fd)
     try:
-        sock = socket.socket(fileno=os.dup(fd))
+        sock = socket.socket(fileno=copy)
     except OSError:  # a pipe: its reader sees a hang-up when the writer closes
+        os.close(copy)
         sock = None
     poller = select.poll()
     poller.register(fd, select.POLLIN | select.POLLHUP | select.POLLERR)

@@ -91,9 +91,12 @@ trap stop EXIT
 # in their store, not in the replica. One that exits within RESTART_AFTER_S of its start is broken,
 # not crashed: it is not started again, and serve.sh stops (below). SIGTERM stops it and its server.
 RESTART_AFTER_S=10
+STOP_S=10
 replica() {
   local i=$1 p=$2 child="" started
-  trap 'kill -TERM $child 2>/dev/null; wait $child 2>/dev/null; exit 0' TERM
+  # SIGTERM: Streamlit's own shutdown, for up to STOP_S, then SIGKILL (its fork server and workers end with it).
+  # A replica stopped by a Ctrl-C in a loaded full test run once outlived its SIGTERM by over a minute.
+  trap 'kill -TERM $child 2>/dev/null; for _ in $(seq 1 $((STOP_S * 10))); do kill -0 $child 2>/dev/null || break; sleep 0.1; done; kill -KILL $child 2>/dev/null; wait $child 2>/dev/null; exit 0' TERM
   trap '' INT  # a Ctrl-C is serve.sh's to act on: it stops every replica by its process id
   while true; do
     started=$SECONDS
@@ -199,6 +202,7 @@ for i in $(seq 1 "$replicas"); do
   (cd "$root" && exec "$python" -m attnviz.app.visit --port $((port + i))) &
   visit=$!
   wait "$visit" || echo "serve.sh: replica $i's first visit showed a problem (above)" >&2
+  visit=""  # waited for: its process id may be another process's now
 done
 
 # In a process group of its own: a Ctrl-C reaches serve.sh, which stops nginx by its process id, where nginx

@@ -233,6 +233,9 @@ def test_ctrl_c_stops_every_process_it_started_and_says_nothing_went_wrong(tmp_p
         stderr=subprocess.PIPE,
         text=True,
         start_new_session=True,  # its own group, as a terminal's foreground job
+        # with SIGINT as a terminal's shell leaves it: a test worker (pytest-xdist) ignores it, and a shell that
+        # starts with a signal ignored cannot trap it
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
     )
     try:
         said = proc.stderr.readline()
@@ -246,8 +249,12 @@ def test_ctrl_c_stops_every_process_it_started_and_says_nothing_went_wrong(tmp_p
         assert proc.wait(timeout=60) == 0, proc.stderr.read()
         assert "a process ended" not in proc.stderr.read()
     finally:
-        if proc.poll() is None:
-            proc.kill()
+        if proc.poll() is None:  # its SIGTERM stops what it started; nginx and the replicas are in other groups
+            proc.terminate()
+            try:
+                proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                proc.kill()
     deadline = time.time() + 10
     while time.time() < deadline and (_in_use(port) or _in_use(port + 1) or os.path.exists(f"/proc/{replica}")):
         time.sleep(0.2)

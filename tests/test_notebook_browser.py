@@ -598,20 +598,23 @@ def test_the_lines_view_cuts_a_long_label_by_character_not_inside_an_emoji(html_
     """The lines view cuts labels at 18 characters; counted in UTF-16 units, it had cut an emoji in half and drawn
     its lone surrogate as a replacement character."""
     import numpy as np
+    from playwright.sync_api import expect
 
     from attnviz.notebook import head_view
 
     page, _ = html_page
-    page.add_init_script(  # every frame, the page's iframe included: what the canvases are asked to draw
-        "window.drawnText = []; const fill = CanvasRenderingContext2D.prototype.fillText;"
-        "CanvasRenderingContext2D.prototype.fillText = function (t, ...a) { window.drawnText.push(String(t));"
-        " return fill.call(this, t, ...a); };"
-    )
     tokens = ["a" * 17 + "\N{GRINNING FACE}" + "tail", "b"]
-    frame = _show_html_mode(
-        page, head_view(np.full((1, 1, 2, 2), 0.5, np.float32), tokens=tokens, kind="encoder", mode="html")
+    view = head_view(np.full((1, 1, 2, 2), 0.5, np.float32), tokens=tokens, kind="encoder", mode="html")
+    frame = _show_html_mode(page, view)
+    panel = frame.locator(".attnviz-head")
+    panel.evaluate(  # what the canvases are asked to draw from now on: a hover draws the lines again
+        "() => { window.drawnText = []; const fill = CanvasRenderingContext2D.prototype.fillText;"
+        " CanvasRenderingContext2D.prototype.fillText = function (t, ...a) { window.drawnText.push(String(t));"
+        " return fill.call(this, t, ...a); }; }"
     )
-    drawn = frame.locator("body").evaluate("() => window.drawnText")
+    _hover_cell(panel.locator(".attnviz-overlay"), (2, 2), 1, 0)
+    expect(panel).to_have_attribute("data-tip", "1,0")
+    drawn = panel.evaluate("() => window.drawnText")
     assert "a" * 17 + "\N{GRINNING FACE}" in drawn, drawn  # 18 characters: the emoji whole
     assert not any(0xD800 <= ord(c) <= 0xDFFF for text in drawn for c in text), drawn
 
