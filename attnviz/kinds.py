@@ -76,17 +76,20 @@ RIGHT_TO_LEFT = frozenset({"R", "AL", "AN"})
 BIDI_CONTROLS = frozenset("\u061c\u200e\u200f\u202a\u202b\u202c\u202d\u202e")
 
 
-def _isolates_closed(text: str) -> bool:
-    """Whether every isolate ``text`` opens (LRI, RLI, FSI) is closed by a PDI of its own, and no PDI closes more."""
-    depth = 0
+def _outside_isolates(text: str) -> str | None:
+    """The characters of ``text`` outside every isolate; None when an isolate it opens (LRI, RLI, FSI) is not
+    closed by a PDI of its own, or a PDI closes one it never opened."""
+    depth, outside = 0, []
     for c in text:
         if c in (LRI, RLI, FSI):
             depth += 1
         elif c == PDI:
             if depth == 0:
-                return False
+                return None
             depth -= 1
-    return depth == 0
+        elif depth == 0:
+            outside.append(c)
+    return "".join(outside) if depth == 0 else None
 
 
 def shown_token(token: str) -> str:
@@ -102,24 +105,12 @@ def shown_token(token: str) -> str:
         return LONE_SPACE
     if token.isascii():
         return token
-    if not _isolates_closed(token):
-        token = "".join(f"<U+{ord(c):04X}>" if c in (LRI, RLI, FSI, PDI) else c for c in token)
-    if any(c in BIDI_CONTROLS or unicodedata.bidirectional(c) in RIGHT_TO_LEFT for c in _outside_isolates(token)):
+    outside = _outside_isolates(token)
+    if outside is None:  # its own isolates shown, none left: the whole token is outside
+        token = outside = "".join(f"<U+{ord(c):04X}>" if c in (LRI, RLI, FSI, PDI) else c for c in token)
+    if any(c in BIDI_CONTROLS or unicodedata.bidirectional(c) in RIGHT_TO_LEFT for c in outside):
         return f"{FSI}{token}{PDI}"
     return token  # what reorders is already isolated: a shown token, or a label of shown tokens
-
-
-def _outside_isolates(text: str) -> str:
-    """The characters of ``text`` (whose isolates are closed) outside every isolate."""
-    depth, outside = 0, []
-    for c in text:
-        if c in (LRI, RLI, FSI):
-            depth += 1
-        elif c == PDI:
-            depth -= 1
-        elif depth == 0:
-            outside.append(c)
-    return "".join(outside)
 
 
 def writing_labels(inputs: Sequence[str], writes: Sequence[str]) -> list[str]:

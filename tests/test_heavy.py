@@ -697,22 +697,16 @@ def test_a_worker_whose_server_dies_mid_job_ends_with_it(tmp_path):
     finally:
         server.kill()
         server.wait()
+    from test_live_training import ended  # gone, or a zombie not yet reaped
+
     deadline = time.monotonic() + 30
     try:
-        while os.path.exists(f"/proc/{worker}") and _state(worker) != "Z":
+        while not ended(worker):
             assert time.monotonic() < deadline, "the worker computes on for nobody"
             time.sleep(0.1)
     finally:
         with contextlib.suppress(ProcessLookupError):
             os.kill(worker, 9)  # a worker left computing: not past this test
-
-
-def _state(pid: int) -> str:
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0]
-    except OSError:
-        return "gone"
 
 
 # A fork server whose workers can run a short live training (10 steps of reverse's live recipe) and say
